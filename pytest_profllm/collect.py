@@ -1,0 +1,104 @@
+"""Suite files as pytest collectors: `bench_x.yaml` -> one collector per server -> one item per
+workload, so node ids read `benchmarks/bench_x.yaml::qwen3-8b-tp1::random-rate4` and every
+case of one server shares a parent (which is what groups them on one xdist worker).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pytest_profllm.plan import Case, expand
+from pytest_profllm.suite import SuiteError, load_suite_file, validate_suite
+
+PROFLLM_MARKER = "profllm"
+CASE_FIXTURE = "profllm_case"
+SESSION_KEY: pytest.StashKey[Any] = pytest.StashKey()  # set by plugin.py: the WorkerSession factory
+
+
+class ThresholdMissed(Exception):
+    """A case ran but a metric is past its bound."""
+
+
+class SuiteFile(pytest.File):
+    def collect(self) -> Iterator[pytest.Collector]:
+        where = self.nodeid or self.path.name
+        try:
+            suite, lines = load_suite_file(self.path)
+            cases = expand(suite, where, lines)
+        except SuiteError as error:
+            # The rootdir-relative path reads better than the absolute one the loader knows.
+            raise self.CollectError(str(error).replace(str(self.path), where)) from None
+        by_server: dict[str, list[Case]] = {}
+        for case in cases:
+            by_server.setdefault(case.server_label, []).append(case)
+        for label, server_cases in by_server.items():
+            yield ServerCollector.from_parent(self, name=label, cases=server_cases)
+
+
+class ServerCollector(pytest.Collector):
+    def __init__(self, *, cases: list[Case], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cases = cases
+
+    def collect(self) -> Iterator[pytest.Item]:
+        for case in self.cases:
+            yield BenchItem.from_parent(self, name=case.workload_label, case=case)
+
+
+class BenchItem(pytest.Item):
+    """One case of a YAML suite."""
+
+    def __init__(self, *, case: Case, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.case = case
+
+    def runtest(self) -> None:
+        outcome = self.config.stash[SESSION_KEY]().run(self.case, self.nodeid, self.stash)
+        if outcome.missed:
+            from pytest_profllm.runner import describe_missed
+
+            raise ThresholdMissed(describe_missed(outcome.missed))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        from pytest_profllm.session import CASE_ERRORS
+
+        if isinstance(excinfo.value, (ThresholdMissed, *CASE_ERRORS)):
+            return f"{self.nodeid}: {excinfo.value}"
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"{self.case.suite}: {self.case.name}"
+
+
+def case_of(item: pytest.Item | None) -> Case | None:
+    """The benchmark case an item runs, in either form (YAML item or marked test)."""
+    if isinstance(item, BenchItem):
+        return item.case
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        case = callspec.params.get(CASE_FIXTURE)
+        if isinstance(case, Case):
+            return case
+    return None
+
+
+def marker_cases(metafunc: pytest.Metafunc) -> list[Case] | None:
+    """The cases of a test marked `@pytest.mark.profllm(server=..., benchmark=...)`."""
+    marker = metafunc.definition.get_closest_marker(PROFLLM_MARKER)
+    if marker is None:
+        return None
+    if marker.args:
+        raise pytest.Collector.CollectError(
+            f"{metafunc.definition.nodeid}: @pytest.mark.profllm takes keyword arguments only "
+            "(server=..., benchmark=..., thresholds=..., repeat=...)"
+        )
+    where = metafunc.definition.nodeid
+    try:
+        suite = validate_suite(dict(marker.kwargs), where)
+        return expand(suite, where)
+    except SuiteError as error:
+        # A collection error of this module alone, shown as the one line, not a traceback.
+        raise pytest.Collector.CollectError(str(error)) from None

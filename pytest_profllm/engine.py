@@ -1,0 +1,119 @@
+"""Which engine serves the benchmarks (real vLLM or the simulator), and the command that starts it.
+
+Both engines get the same `vllm serve` argv, rendered from the suite's snake_case engine
+arguments, so a suite written on a laptop runs unchanged on a GPU host.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, Literal
+
+EngineName = Literal["vllm", "sim"]
+ENGINE_CHOICES = ("auto", "vllm", "sim")
+REDACTED = "***"
+# Values of these arguments are passed to the server but never written anywhere we write.
+_SECRET = re.compile(r"(^|_)(api_key|token|secret|password)$")
+
+
+class EngineUnavailable(Exception):
+    """The engine asked for cannot run on this host; the message says why."""
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    name: EngineName
+    reason: str
+    version: str | None
+
+    def as_record(self) -> dict[str, str | None]:
+        return {"name": self.name, "reason": self.reason, "version": self.version}
+
+
+def choose_engine(requested: str, gpu_count: int) -> EngineChoice:
+    """`auto` takes vLLM where it is importable and a GPU is present, else the simulator."""
+    vllm_version = _vllm_version()
+    if requested == "sim":
+        return EngineChoice("sim", "--profllm-engine sim", _own_version())
+    if requested == "vllm":
+        if vllm_version is None:
+            raise EngineUnavailable(
+                "--profllm-engine vllm: vLLM is not installed in this environment "
+                "(pip install 'pytest-profllm[vllm]' on a GPU host)"
+            )
+        if gpu_count == 0:
+            raise EngineUnavailable("--profllm-engine vllm: NVML reports no GPU on this host")
+        return EngineChoice("vllm", "--profllm-engine vllm", vllm_version)
+    if vllm_version is not None and gpu_count > 0:
+        return EngineChoice("vllm", f"auto: vLLM {vllm_version} and {gpu_count} GPU(s)", vllm_version)
+    missing = "vLLM is not installed" if vllm_version is None else "no GPU found by NVML"
+    return EngineChoice("sim", f"auto: {missing}, using the simulated engine", _own_version())
+
+
+def _vllm_version() -> str | None:
+    # find_spec does not import vLLM (seconds, and CUDA initialisation) just to look.
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _own_version() -> str:
+    from pytest_profllm import __version__
+
+    return __version__
+
+
+def serve_command(engine: EngineName, server: dict[str, Any], host: str, port: int) -> list[str]:
+    """The full command: `vllm serve MODEL --flag value ...` or the simulator with the same argv."""
+    if engine == "vllm":
+        head = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+    else:
+        head = [sys.executable, "-m", "pytest_profllm.sim"]
+    return head + serve_args(server) + ["--host", host, "--port", str(port)]
+
+
+def serve_args(server: dict[str, Any]) -> list[str]:
+    """Engine arguments as vLLM's parser takes them: the model first, then `--kebab-case` flags.
+
+    True and False become `--flag` and `--no-flag`; mappings become JSON; lists become
+    several values after one flag.
+    """
+    args = [str(server["model"])]
+    for name, value in server.items():
+        if name == "model" or value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, dict):
+            args += [flag, json.dumps(value, separators=(",", ":"))]
+        elif isinstance(value, list):
+            args += [flag, *(str(item) for item in value)]
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def is_secret(name: str) -> bool:
+    return bool(_SECRET.search(name.replace("-", "_")))
+
+
+def redact(server: dict[str, Any]) -> dict[str, Any]:
+    return {key: REDACTED if is_secret(key) and value is not None else value
+            for key, value in server.items()}
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    shown = list(argv)
+    for index, token in enumerate(shown[:-1]):
+        if token.startswith("--") and is_secret(token[2:]):
+            shown[index + 1] = REDACTED
+    return shown

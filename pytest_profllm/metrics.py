@@ -1,0 +1,148 @@
+"""Serving metrics with the definitions of `vllm bench serve` (vllm/benchmarks/serve.py).
+
+TTFT runs from a request's start to its first content message; ITL are the gaps between content
+messages, pooled over requests; E2EL runs to the last content message; TPOT is
+(E2EL - TTFT) / (output_tokens - 1) for requests with more than one output token. Failed requests
+are left out of the statistics, but the duration that divides the throughputs includes them.
+Percentiles use numpy's linear interpolation, as vLLM's do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+COUNT_METRICS = (
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    "duration",
+)
+# The names the original ProfLLM record used; kept so old dashboards and thresholds still work.
+PROFLLM_ALIASES = {"completed_requests": "completed", "failed_requests": "failed"}
+# ProfLLM's record always had these, whatever percentiles a suite asks for.
+ALWAYS_PERCENTILES = {"ttft": (95.0,), "tpot": (95.0,)}
+
+
+@dataclass
+class RequestOutcome:
+    """What the client saw of one request; times in seconds on a monotonic clock."""
+
+    prompt_len: int
+    success: bool = False
+    output_tokens: int | None = None
+    ttft: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    latency: float = 0.0
+    start_time: float = 0.0
+    intended_start: float = 0.0
+    generated_text: str = ""
+    error: str = ""
+
+
+def percentile_key(percentile: float) -> str:
+    # vLLM writes p99 for 99 and p99.9 for 99.9.
+    word = str(int(percentile)) if int(percentile) == percentile else str(percentile)
+    return f"p{word}"
+
+
+def result_names(latency_metrics: Sequence[str], percentiles: Sequence[float]) -> list[str]:
+    """Every key `compute` returns for these settings, in the order it returns them."""
+    names = list(COUNT_METRICS) + list(PROFLLM_ALIASES)
+    for metric in latency_metrics:
+        names += [f"mean_{metric}_ms", f"median_{metric}_ms", f"std_{metric}_ms"]
+        for percentile in _percentiles_for(metric, percentiles):
+            names.append(f"{percentile_key(percentile)}_{metric}_ms")
+    return names
+
+
+def _percentiles_for(metric: str, percentiles: Sequence[float]) -> list[float]:
+    wanted = list(percentiles) + [p for p in ALWAYS_PERCENTILES.get(metric, ()) if p not in percentiles]
+    return sorted(wanted)
+
+
+def compute(
+    outcomes: Sequence[RequestOutcome],
+    duration: float,
+    *,
+    latency_metrics: Sequence[str] = LATENCY_METRICS,
+    percentiles: Sequence[float] = (50.0, 90.0, 95.0, 99.0),
+    goodput_ms: dict[str, float] | None = None,
+    count_tokens: Callable[[str], int] | None = None,
+) -> dict[str, float | int | None]:
+    """The summary vLLM's client prints and saves, plus ProfLLM's names, from per-request outcomes.
+
+    `count_tokens` counts output tokens of a request whose stream carried no usage chunk, as
+    vLLM's client does with its tokenizer.
+    """
+    import numpy as np
+
+    samples: dict[str, list[float]] = {name: [] for name in LATENCY_METRICS}
+    all_tpots: list[float] = []  # with 0 for single-token outputs, as vLLM's goodput uses
+    completed = total_input = total_output = 0
+    for outcome in outcomes:
+        if not outcome.success:
+            continue
+        output_len = outcome.output_tokens
+        if not output_len and count_tokens is not None:
+            output_len = count_tokens(outcome.generated_text)
+        output_len = output_len or 0
+        total_output += output_len
+        total_input += outcome.prompt_len
+        tpot = 0.0
+        if output_len > 1:
+            tpot = (outcome.latency - outcome.ttft) / (output_len - 1)
+            samples["tpot"].append(tpot)
+        all_tpots.append(tpot)
+        samples["itl"].extend(outcome.itl)
+        samples["ttft"].append(outcome.ttft)
+        samples["e2el"].append(outcome.latency)
+        completed += 1
+
+    good = _good_count(samples["ttft"], all_tpots, samples["e2el"], goodput_ms)
+    results: dict[str, float | int | None] = {
+        "completed": completed,
+        "failed": len(outcomes) - completed,
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": completed / duration if duration > 0 else 0.0,
+        "request_goodput": good / duration if good is not None and duration > 0 else None,
+        "output_throughput": total_output / duration if duration > 0 else 0.0,
+        "total_token_throughput": (total_input + total_output) / duration if duration > 0 else 0.0,
+        "duration": duration,
+    }
+    for alias, name in PROFLLM_ALIASES.items():
+        results[alias] = results[name]
+    for metric in latency_metrics:
+        values = samples[metric] or [0.0]  # vLLM's `x or 0`: an empty list reports zeros
+        results[f"mean_{metric}_ms"] = float(np.mean(values)) * 1000
+        results[f"median_{metric}_ms"] = float(np.median(values)) * 1000
+        results[f"std_{metric}_ms"] = float(np.std(values)) * 1000
+        for percentile in _percentiles_for(metric, percentiles):
+            key = f"{percentile_key(percentile)}_{metric}_ms"
+            results[key] = float(np.percentile(values, percentile)) * 1000
+    return results
+
+
+def _good_count(
+    ttfts: list[float],
+    tpots: list[float],
+    e2els: list[float],
+    goodput_ms: dict[str, float] | None,
+) -> int | None:
+    if not goodput_ms:
+        return None
+    columns = {"ttft": ttfts, "tpot": tpots, "e2el": e2els}
+    chosen = [(columns[name], limit / 1000) for name, limit in goodput_ms.items()]
+    return sum(
+        1
+        for index in range(len(ttfts))
+        if all(values[index] <= limit for values, limit in chosen)
+    )

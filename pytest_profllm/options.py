@@ -1,0 +1,170 @@
+"""Command-line and ini options of the `profllm` group, and the settings built from them."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pytest_profllm.engine import ENGINE_CHOICES
+
+DEFAULT_PORTS = "20000-21999"
+DEFAULT_SUITE_GLOB = "bench_*.yaml"
+DEFAULT_STARTUP_TIMEOUT = 900.0  # vLLM loads weights and compiles graphs: minutes on big models
+DEFAULT_LEASE_TIMEOUT = 3600.0
+
+
+def parse_gpus(text: str) -> int | tuple[str, ...]:
+    """`4` is a count (the first 4 GPUs, or 4 virtual ones); `0,1,3` names CUDA device ids."""
+    text = text.strip()
+    if text.isdigit():
+        count = int(text)
+        if count < 1:
+            raise argparse.ArgumentTypeError("--profllm-gpus: a count must be at least 1")
+        return count
+    ids = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not ids or not all(part.isdigit() for part in ids):
+        raise argparse.ArgumentTypeError(
+            f"--profllm-gpus: expected a count like 4 or device ids like 0,1,3, got {text!r}"
+        )
+    if len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(f"--profllm-gpus: device ids repeat in {text!r}")
+    return ids
+
+
+def parse_ports(text: str) -> range:
+    """`START-END`, both included; at least one block of ports for one server."""
+    from pytest_profllm.pool import PORT_BLOCK
+
+    try:
+        start_text, end_text = text.split("-")
+        start, end = int(start_text), int(end_text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--profllm-ports: expected START-END like {DEFAULT_PORTS}, got {text!r}"
+        ) from None
+    if not 1024 <= start <= end <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"--profllm-ports: {text!r} must lie within 1024-65535 with START <= END"
+        )
+    if end - start + 1 < PORT_BLOCK:
+        raise argparse.ArgumentTypeError(
+            f"--profllm-ports: {text!r} holds fewer than {PORT_BLOCK} ports (one server's block)"
+        )
+    return range(start, end + 1)
+
+
+def parse_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("profllm", "vLLM serving benchmarks (pytest-profllm)")
+    group.addoption(
+        "--profllm-out", metavar="DIR", default=None,
+        help="write a JSON record per case, results.db and server logs to DIR "
+        "(ini: profllm_out; default: no files)",
+    )
+    group.addoption(
+        "--profllm-db", metavar="PATH", default=None,
+        help="SQLite file to load the records into (ini: profllm_db; default: DIR/results.db)",
+    )
+    group.addoption(
+        "--profllm-engine", choices=ENGINE_CHOICES, default=None,
+        help="serving engine: vllm, sim (the simulated engine) or auto: vLLM where it is "
+        "importable and a GPU is present, else sim (ini: profllm_engine; default: auto)",
+    )
+    group.addoption(
+        "--profllm-gpus", metavar="N|IDS", type=parse_gpus, default=None,
+        help="GPUs to lease: a count (virtual GPUs where there is no real one) or device ids "
+        "like 0,1,3 (ini: profllm_gpus; default: every GPU NVML finds, else 8 virtual)",
+    )
+    group.addoption(
+        "--profllm-ports", metavar="START-END", type=parse_ports, default=None,
+        help=f"ports to lease for servers (ini: profllm_ports; default: {DEFAULT_PORTS})",
+    )
+    group.addoption(
+        "--profllm-startup-timeout", metavar="SECONDS", type=parse_seconds, default=None,
+        help="how long a server may take to answer /health "
+        f"(ini: profllm_startup_timeout; default: {DEFAULT_STARTUP_TIMEOUT:.0f})",
+    )
+    group.addoption(
+        "--profllm-lease-timeout", metavar="SECONDS", type=parse_seconds, default=None,
+        help="how long a case may wait for free GPUs and ports "
+        f"(ini: profllm_lease_timeout; default: {DEFAULT_LEASE_TIMEOUT:.0f})",
+    )
+    parser.addini("profllm_out", "directory for records, results.db and logs", default=None)
+    parser.addini("profllm_db", "SQLite file for the records", default=None)
+    parser.addini("profllm_engine", "auto, vllm or sim", default="auto")
+    parser.addini("profllm_gpus", "GPU count or device ids", default=None)
+    parser.addini("profllm_ports", "START-END ports to lease", default=DEFAULT_PORTS)
+    parser.addini("profllm_startup_timeout", "server start-up timeout, seconds",
+                  default=str(DEFAULT_STARTUP_TIMEOUT))
+    parser.addini("profllm_lease_timeout", "GPU and port lease timeout, seconds",
+                  default=str(DEFAULT_LEASE_TIMEOUT))
+    parser.addini("profllm_suite_glob", "file names collected as benchmark suites",
+                  default=DEFAULT_SUITE_GLOB)
+
+
+@dataclass(frozen=True)
+class Settings:
+    out_dir: Path | None
+    db_path: Path | None
+    engine: str
+    gpus: int | tuple[str, ...] | None
+    ports: range
+    startup_timeout: float
+    lease_timeout: float
+    suite_glob: str
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Settings:
+        def pick(option: str, ini: str) -> object:
+            value = config.getoption(option)
+            return value if value is not None else config.getini(ini)
+
+        def parsed(option: str, ini: str, parse: object) -> object:
+            value = config.getoption(option)
+            if value is not None:
+                return value
+            text = config.getini(ini)
+            if text in (None, ""):
+                return None
+            try:
+                return parse(str(text))  # type: ignore[operator]
+            except argparse.ArgumentTypeError as error:
+                raise pytest.UsageError(f"ini option {ini}: {error}") from None
+
+        engine = str(pick("profllm_engine", "profllm_engine") or "auto")
+        if engine not in ENGINE_CHOICES:
+            raise pytest.UsageError(
+                f"ini option profllm_engine: {engine!r} is not one of {', '.join(ENGINE_CHOICES)}"
+            )
+        out = pick("profllm_out", "profllm_out")
+        db = pick("profllm_db", "profllm_db")
+        # Relative paths are from where pytest was started, whatever the rootdir.
+        here = config.invocation_params.dir
+        out_dir = here / str(out) if out else None
+        db_path = here / str(db) if db else (out_dir / "results.db" if out_dir else None)
+        return cls(
+            out_dir=out_dir,
+            db_path=db_path,
+            engine=engine,
+            gpus=parsed("profllm_gpus", "profllm_gpus", parse_gpus),  # type: ignore[arg-type]
+            ports=parsed("profllm_ports", "profllm_ports", parse_ports),  # type: ignore[arg-type]
+            startup_timeout=parsed(  # type: ignore[arg-type]
+                "profllm_startup_timeout", "profllm_startup_timeout", parse_seconds
+            ),
+            lease_timeout=parsed(  # type: ignore[arg-type]
+                "profllm_lease_timeout", "profllm_lease_timeout", parse_seconds
+            ),
+            suite_glob=str(config.getini("profllm_suite_glob")),
+        )

@@ -1,0 +1,226 @@
+"""The plan: a suite's cross product, expanded into cases with stable ids and server keys.
+
+Cases are ordered server-major, so that every case of one server runs back to back in one
+server. A case id reads `bench_smoke.yaml::qwen3-8b-tp1-seqs64::random-rate4`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from pytest_profllm.suite import (
+    BenchmarkConfig,
+    Exclusion,
+    Suite,
+    SuiteError,
+    Threshold,
+    describe_error,
+    did_you_mean,
+)
+
+# Short names for the axes users sweep most; other axes use their words' initials.
+_ABBREVIATIONS = {
+    "tensor_parallel_size": "tp",
+    "pipeline_parallel_size": "pp",
+    "data_parallel_size": "dp",
+    "max_num_seqs": "seqs",
+    "max_num_batched_tokens": "mnbt",
+    "max_model_len": "len",
+    "gpu_memory_utilization": "gmu",
+    "enable_prefix_caching": "prefix-cache",
+    "enable_chunked_prefill": "chunked",
+    "request_rate": "rate",
+    "max_concurrency": "conc",
+    "num_prompts": "n",
+    "random_input_len": "in",
+    "random_output_len": "out",
+    "random_prefix_len": "prefix",
+    "random_range_ratio": "range",
+    "dataset_name": "",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark run: a server configuration and one workload against it."""
+
+    suite: str
+    source: str  # the suite file, or the test function of a marker
+    server_label: str
+    workload_label: str
+    server: dict[str, Any]
+    benchmark: BenchmarkConfig
+    thresholds: dict[str, Threshold]
+    repeat_index: int = 0
+    repeat_count: int = 1
+
+    @property
+    def server_key(self) -> str:
+        return server_key(self.server)
+
+    @property
+    def name(self) -> str:
+        """The case's part of the node id, after the file: `server::workload`."""
+        return f"{self.server_label}::{self.workload_label}"
+
+    @property
+    def gpus_needed(self) -> int:
+        return gpus_needed(self.server)
+
+
+def server_key(server: dict[str, Any]) -> str:
+    """A short hash of the effective server configuration: equal configs share one server."""
+    canonical = json.dumps(server, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def gpus_needed(server: dict[str, Any]) -> int:
+    sizes = (
+        server.get(name, 1) or 1
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+    )
+    return math.prod(int(size) for size in sizes)
+
+
+def expand(suite: Suite, source: str, lines: dict[tuple[Any, ...], int] | None = None) -> list[Case]:
+    """Every case of a suite, server-major, exclusions removed, thresholds checked."""
+    lines = lines or {}
+    suite_name = suite.name or _suite_name(source)
+    server_axes = _axes(suite.server)
+    bench_axes = _axes(suite.benchmark)
+    servers = list(_combinations(suite.server))
+    workloads = [
+        _validate_benchmark(values, source, lines) for values in _combinations(suite.benchmark)
+    ]
+    for workload in workloads:
+        _check_thresholds(suite, workload, source, lines)
+    cases: list[Case] = []
+    server_labels = _unique_labels(
+        [_label(_model_short_name(str(s["model"])), s, server_axes - {"model"}) for s in servers]
+    )
+    bench_labels = _unique_labels(
+        [_label(w.dataset_name, w.model_dump(), bench_axes) for w in workloads]
+    )
+    for server, server_label in zip(servers, server_labels, strict=True):
+        for workload, workload_label, raw in zip(
+            workloads, bench_labels, _combinations(suite.benchmark), strict=True
+        ):
+            if _excluded(suite.exclude, server, raw):
+                continue
+            for index in range(suite.repeat):
+                label = workload_label if suite.repeat == 1 else f"{workload_label}-r{index + 1}"
+                cases.append(
+                    Case(
+                        suite=suite_name,
+                        source=source,
+                        server_label=server_label,
+                        workload_label=label,
+                        server=server,
+                        benchmark=workload,
+                        thresholds=suite.thresholds,
+                        repeat_index=index,
+                        repeat_count=suite.repeat,
+                    )
+                )
+    return cases
+
+
+def _suite_name(source: str) -> str:
+    stem = re.split(r"[\\/]", source)[-1].split("::")[0]
+    return stem.removesuffix(".yaml").removesuffix(".yml").removeprefix("bench_")
+
+
+def _axes(block: dict[str, Any]) -> set[str]:
+    return {key for key, value in block.items() if isinstance(value, list)}
+
+
+def _combinations(block: dict[str, Any]) -> list[dict[str, Any]]:
+    keys = list(block)
+    choices = [block[key] if isinstance(block[key], list) else [block[key]] for key in keys]
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*choices)]
+
+
+def _validate_benchmark(
+    values: dict[str, Any], source: str, lines: dict[tuple[Any, ...], int]
+) -> BenchmarkConfig:
+    try:
+        return BenchmarkConfig.model_validate(values)
+    except ValidationError as error:
+        raise SuiteError(
+            describe_error(error, source, lines, BenchmarkConfig, prefix=("benchmark",))
+        ) from None
+
+
+def _check_thresholds(
+    suite: Suite, workload: BenchmarkConfig, source: str, lines: dict[tuple[Any, ...], int]
+) -> None:
+    allowed = workload.result_names()
+    for metric in suite.thresholds:
+        if metric not in allowed:
+            line = lines.get(("thresholds", metric))
+            where = f"{source}:{line}" if line else source
+            raise SuiteError(
+                f"{where}: unknown metric 'thresholds.{metric}'{did_you_mean(metric, allowed)}; "
+                f"allowed: {', '.join(allowed)}"
+            )
+
+
+def _excluded(exclusions: list[Exclusion], server: dict[str, Any], bench: dict[str, Any]) -> bool:
+    return any(
+        all(server.get(k) == v for k, v in rule.server.items())
+        and all(bench.get(k) == v for k, v in rule.benchmark.items())
+        for rule in exclusions
+    )
+
+
+def _model_short_name(model: str) -> str:
+    return model.rstrip("/").split("/")[-1].lower()
+
+
+def _label(head: str, values: dict[str, Any], axes: set[str]) -> str:
+    parts = [head] if head else []
+    for key in sorted(axes, key=list(values).index):
+        parts.append(_abbreviate(key) + _format_value(values[key]))
+    return _slug("-".join(parts)) or "default"
+
+
+def _abbreviate(key: str) -> str:
+    if key in _ABBREVIATIONS:
+        return _ABBREVIATIONS[key]
+    return "".join(word[0] for word in key.split("_") if word)
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "-on" if value else "-off"
+    if isinstance(value, float) and math.isinf(value):
+        return "-inf" if value > 0 else "-minf"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, dict | list):
+        return "-" + hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:6]
+    text = str(value)
+    return text if text[:1].isdigit() else f"-{text}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "-", text).strip("-").lower()
+
+
+def _unique_labels(labels: list[str]) -> list[str]:
+    # Labels collide only when two different values format alike; a counter keeps ids unique.
+    seen: dict[str, int] = {}
+    unique = []
+    for label in labels:
+        count = seen.get(label, 0)
+        seen[label] = count + 1
+        unique.append(label if count == 0 else f"{label}-{count + 1}")
+    return unique

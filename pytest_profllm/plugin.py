@@ -1,0 +1,209 @@
+"""pytest-profllm's pytest hooks: options, collection of suites, fixtures, and the hand-over of
+records from the process that ran a case to the one that writes it. The work lives elsewhere.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_profllm import collect, options, session
+from pytest_profllm.collect import CASE_FIXTURE, PROFLLM_MARKER, SESSION_KEY, case_of
+from pytest_profllm.plan import Case
+
+_SETTINGS = pytest.StashKey[options.Settings]()
+_IDENTITY = pytest.StashKey[session.RunIdentity]()
+_WORKER = pytest.StashKey[session.WorkerSession]()
+_CONTROLLER = pytest.StashKey[session.ControllerSession]()
+_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{PROFLLM_MARKER}(server, benchmark, thresholds=None, repeat=1): run the test against "
+        "each case of this benchmark matrix; the profllm_result fixture holds the case's result",
+    )
+    settings = options.Settings.from_config(config)
+    config.stash[_SETTINGS] = settings
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        identity = session.RunIdentity.from_workerinput(workerinput["profllm"])
+    else:
+        from pytest_profllm.engine import EngineUnavailable, choose_engine
+        from pytest_profllm.gpus import discover
+
+        try:
+            engine = choose_engine(settings.engine, len(discover().gpus))
+        except EngineUnavailable as error:
+            raise pytest.UsageError(str(error)) from None
+        identity = session.RunIdentity(session.new_session_id(), engine)
+        config.stash[_CONTROLLER] = session.ControllerSession(settings, identity)
+        # Only here: on an xdist worker it would take records out before they are sent.
+        config.pluginmanager.register(_ReportHooks(config), "profllm-reports")
+    config.stash[_IDENTITY] = identity
+    config.stash[SESSION_KEY] = lambda: _worker_session(config)
+
+
+def _worker_session(config: pytest.Config) -> session.WorkerSession:
+    if _WORKER not in config.stash:
+        config.stash[_WORKER] = session.WorkerSession(
+            config.stash[_SETTINGS], config.stash[_IDENTITY], session.worker_name()
+        )
+    return config.stash[_WORKER]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    node.workerinput["profllm"] = node.config.stash[_IDENTITY].to_workerinput()
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from pytest_profllm.scheduler import TAKEN_OVER_MODES, ServerScopeScheduling
+
+    if config.getvalue("dist") in TAKEN_OVER_MODES:
+        return ServerScopeScheduling(config, log)
+    return None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    settings = config.stash[_SETTINGS]
+    engine = config.stash[_IDENTITY].engine
+    out = f"records in {settings.out_dir}" if settings.out_dir else "no --profllm-out: no files"
+    return [f"profllm: engine {engine.name} ({engine.reason}); {out}"]
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if fnmatch.fnmatch(file_path.name, parent.config.stash[_SETTINGS].suite_glob):
+        return collect.SuiteFile.from_parent(parent, path=file_path)
+    return None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    cases = collect.marker_cases(metafunc)
+    if cases is None:
+        return
+    if CASE_FIXTURE not in metafunc.fixturenames:
+        raise pytest.Collector.CollectError(
+            f"{metafunc.definition.nodeid}: @pytest.mark.profllm needs the profllm_result "
+            "(or profllm_case) fixture"
+        )
+    ids = [case.name.replace("::", "/") for case in cases]
+    metafunc.parametrize(CASE_FIXTURE, cases, ids=ids)
+
+
+@pytest.fixture
+def profllm_case(request: pytest.FixtureRequest) -> Case:
+    """The benchmark case of this test, from its `@pytest.mark.profllm` matrix."""
+    if not hasattr(request, "param"):
+        raise pytest.UsageError(
+            f"{request.node.nodeid}: profllm_case needs @pytest.mark.profllm(server=..., benchmark=...)"
+        )
+    case: Case = request.param
+    return case
+
+
+@pytest.fixture
+def profllm_result(request: pytest.FixtureRequest, profllm_case: Case) -> Any:
+    """Runs this test's benchmark case and returns its outcome (`.results` holds the metrics)."""
+    return request.config.stash[SESSION_KEY]().run(profllm_case, request.node.nodeid, request.node.stash)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    item.stash.setdefault(_REPORTS, {})[report.when] = report
+    return report
+
+
+def pytest_runtest_call(item: pytest.Item) -> None:
+    # Marked tests run their own asserts; the matrix's thresholds are checked after them.
+    if isinstance(item, collect.BenchItem):
+        return
+    outcome = item.stash.get(session.OUTCOME_KEY, None)
+    if outcome is not None and outcome.missed:
+        from pytest_profllm.runner import describe_missed
+
+        pytest.fail(describe_missed(outcome.missed), pytrace=False)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    outcome = item.stash.get(session.OUTCOME_KEY, None)
+    if outcome is None:
+        return
+    worker = item.config.stash.get(_WORKER, None)
+    if worker is not None:
+        worker.after_case(case_of(nextitem))
+    status, message = session.status_of(item.stash.get(_REPORTS, {}))
+    item.user_properties.append((session.RECORD_PROPERTY, outcome.record(status, message)))
+    item.user_properties.append((session.REQUESTS_PROPERTY, outcome.requests))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    worker = session.config.stash.get(_WORKER, None)
+    if worker is not None:
+        worker.close()
+    controller = session.config.stash.get(_CONTROLLER, None)
+    if controller is not None:
+        controller.finish()
+
+
+class _ReportHooks:
+    """Hooks that see reports where they are processed: the controller, or the only process."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.bad_suites = 0
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed and report.nodeid.endswith((".yaml", ".yml")):
+            self.bad_suites += 1
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        # A bad suite file fails its own collection and the other suites still run, as they do
+        # under xdist. An error in a Python test module still stops the run, as pytest does.
+        if self.bad_suites and self.bad_suites == session.testsfailed:
+            session.config.option.continue_on_collection_errors = True
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # Take the record out of the report, so it is written once (here) and not copied into
+        # JUnit XML by the plugins that read user_properties after us.
+        if report.when != "teardown":
+            return
+        properties = dict(report.user_properties)
+        record = properties.get(session.RECORD_PROPERTY)
+        if record is None:
+            return
+        report.user_properties = [
+            (name, value)
+            for name, value in report.user_properties
+            if name not in (session.RECORD_PROPERTY, session.REQUESTS_PROPERTY)
+        ]
+        controller = self.config.stash.get(_CONTROLLER, None)
+        if controller is not None:
+            controller.receive(record, properties.get(session.REQUESTS_PROPERTY))
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    from pytest_profllm.report import summary_lines
+
+    controller = config.stash.get(_CONTROLLER, None)
+    if controller is None or not controller.records:
+        return
+    terminalreporter.write_sep("=", "profllm benchmark results")
+    for line in summary_lines(controller):
+        terminalreporter.write_line(line)

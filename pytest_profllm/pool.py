@@ -1,0 +1,171 @@
+"""A host-wide pool of GPUs and ports, leased through OS file locks.
+
+Every xdist worker and every pytest session on the host leases from the same directory, so no
+two servers share a GPU or a port. The locks are `flock`s: the kernel drops them when their
+holder dies, so a killed worker's lease is free at once, with no stale files to clean up.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import filelock
+
+POOL_DIR_ENV = "PROFLLM_POOL_DIR"
+# One API port, then vLLM's internal ports (VLLM_PORT and up), per lease.
+PORT_BLOCK = 10
+_POLL_S = 0.2
+
+
+class LeaseTimeout(Exception):
+    """No GPUs or ports came free in time."""
+
+
+def default_pool_dir() -> Path:
+    directory = os.environ.get(POOL_DIR_ENV)
+    if directory:
+        return Path(directory)
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    return Path(tempfile.gettempdir()) / f"pytest-profllm-pool-{uid}"
+
+
+@dataclass
+class Lease:
+    gpus: tuple[str, ...]
+    port: int
+    internal_port: int  # VLLM_PORT: vLLM takes this and the ports after it for its own sockets
+    wait_s: float
+    _locks: list[filelock.BaseFileLock] = field(default_factory=list, repr=False)
+
+    def release(self) -> None:
+        while self._locks:
+            self._locks.pop().release(force=True)
+
+
+@dataclass(frozen=True)
+class HostPool:
+    directory: Path
+    gpu_ids: tuple[str, ...]  # CUDA device ids, or virtual ids for the simulator
+    gpu_lock_names: tuple[str, ...]  # per GPU: its UUID on real GPUs, so all sessions agree
+    ports: range
+
+    @property
+    def port_blocks(self) -> range:
+        return range(self.ports.start, self.ports.stop - PORT_BLOCK + 1, PORT_BLOCK)
+
+    def acquire(self, gpu_count: int, timeout: float) -> Lease:
+        """GPUs and a port block, waiting up to `timeout` seconds for them to come free."""
+        if gpu_count > len(self.gpu_ids):
+            raise LeaseTimeout(
+                f"needs {gpu_count} GPU(s) but the pool has {len(self.gpu_ids)}"
+            )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        deadline = started + timeout
+        while True:
+            gpu_locks = self._try_gpus(gpu_count)
+            if gpu_locks is not None:
+                port_lock = self._try_port_block()
+                if port_lock is not None:
+                    block, lock = port_lock
+                    ids = tuple(self.gpu_ids[i] for i, _ in gpu_locks)
+                    return Lease(
+                        gpus=ids,
+                        port=block,
+                        internal_port=block + 1,
+                        wait_s=time.monotonic() - started,
+                        _locks=[lock for _, lock in gpu_locks] + [lock],
+                    )
+                for _, lock in gpu_locks:
+                    lock.release(force=True)
+            if time.monotonic() >= deadline:
+                raise LeaseTimeout(
+                    f"no {gpu_count} free GPU(s) and port block in {timeout:.0f} s "
+                    f"(pool: GPUs {','.join(self.gpu_ids)}, ports "
+                    f"{self.ports.start}-{self.ports.stop - 1}, lock dir {self.directory})"
+                )
+            time.sleep(_POLL_S)
+
+    @contextmanager
+    def serial_start(self, timeout: float) -> Iterator[None]:
+        """Held while a server starts: vLLM sizes its KV cache wrongly when two start at once."""
+        lock = self._lock("server-start")
+        lock.acquire(timeout=timeout)
+        try:
+            yield
+        finally:
+            lock.release(force=True)
+
+    def _try_gpus(self, count: int) -> list[tuple[int, filelock.BaseFileLock]] | None:
+        taken: list[tuple[int, filelock.BaseFileLock]] = []
+        for index, name in enumerate(self.gpu_lock_names):
+            if len(taken) == count:
+                break
+            lock = self._lock(f"gpu-{name}")
+            if _try(lock):
+                taken.append((index, lock))
+        if len(taken) == count:
+            return taken
+        for _, lock in taken:
+            lock.release(force=True)
+        return None
+
+    def _try_port_block(self) -> tuple[int, filelock.BaseFileLock] | None:
+        for block in self.port_blocks:
+            lock = self._lock(f"port-{block}")
+            if not _try(lock):
+                continue
+            # A port outside our control (another program) may be bound already.
+            if all(_port_free(port) for port in range(block, block + PORT_BLOCK)):
+                return block, lock
+            lock.release(force=True)
+        return None
+
+    def _lock(self, name: str) -> filelock.BaseFileLock:
+        return filelock.FileLock(self.directory / f"{name}.lock", thread_local=False)
+
+
+def _try(lock: filelock.BaseFileLock) -> bool:
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        return False
+    return True
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def make_pool(
+    directory: Path, gpu_spec: int | Sequence[str] | None, ports: range, real_gpus: Sequence[tuple[str, str]]
+) -> HostPool:
+    """The pool for this session.
+
+    `real_gpus` holds (index, uuid) of NVML's GPUs. `gpu_spec` is a count (the first N real
+    GPUs, or N virtual ones where there is none), explicit device ids, or None (all real GPUs,
+    else 8 virtual ones).
+    """
+    if isinstance(gpu_spec, int) or gpu_spec is None:
+        count = gpu_spec if gpu_spec is not None else (len(real_gpus) or 8)
+        if real_gpus:
+            chosen = list(real_gpus)[:count]
+            return HostPool(directory, tuple(i for i, _ in chosen), tuple(u for _, u in chosen), ports)
+        virtual = tuple(str(i) for i in range(count))
+        return HostPool(directory, virtual, tuple(f"virtual-{i}" for i in virtual), ports)
+    by_index = dict(real_gpus)
+    names = tuple(by_index.get(i, f"virtual-{i}") for i in gpu_spec)
+    return HostPool(directory, tuple(gpu_spec), names, ports)

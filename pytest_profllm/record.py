@@ -1,0 +1,128 @@
+"""The per-case JSON record (schema version 1) and how it is written.
+
+Workers build records; the controller writes them, atomically, as each case ends. Metric
+values live under `results` with vLLM's names; parameters live in `config`, never only in
+file names. Secret engine arguments are redacted before a record exists.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+Status = Literal["passed", "failed", "error"]
+
+
+class EngineInfo(BaseModel):
+    name: Literal["vllm", "sim"]
+    reason: str
+    version: str | None = None
+
+
+class Verdict(BaseModel):
+    metric: str
+    bound: Literal["min", "max"]
+    limit: float
+    value: float | None
+    passed: bool
+
+
+class RunConfig(BaseModel):
+    server: dict[str, Any]
+    benchmark: dict[str, Any]
+
+
+class SystemInfo(BaseModel):
+    host: str
+    platform: str
+    python: str
+    cpu_count: int | None = None
+    gpu_names: list[str] = Field(default_factory=list)
+    gpu_uuids: list[str] = Field(default_factory=list)
+    driver_version: str | None = None
+    vllm_version: str | None = None
+    # Null where NVML is absent (the simulator, a CPU host): never invented.
+    peak_gpu_memory_mib: float | None = None
+    mean_gpu_utilization: float | None = None
+
+
+class RuntimeInfo(BaseModel):
+    worker: str
+    server_key: str
+    gpus: list[str] = Field(default_factory=list)
+    port: int | None = None
+    server_started_at: float | None = None
+    server_ready_at: float | None = None
+    server_stopped_at: float | None = None
+    lease_wait_s: float | None = None
+
+
+class BenchmarkRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    run_id: str
+    session_id: str
+    suite: str
+    source: str
+    case_id: str
+    nodeid: str
+    repeat_index: int = 0
+    timestamp: str  # ISO 8601, UTC, when the case started
+    duration: float  # seconds the whole case took, server start included
+    status: Status
+    message: str | None = None
+    engine: EngineInfo
+    config: RunConfig
+    results: dict[str, float | int | None] = Field(default_factory=dict)
+    system: SystemInfo
+    runtime: RuntimeInfo
+    profiling: dict[str, Any] | None = None
+    thresholds: dict[str, dict[str, float | None]] = Field(default_factory=dict)
+    verdicts: list[Verdict] = Field(default_factory=list)
+
+
+def normalize(data: dict[str, Any]) -> BenchmarkRecord:
+    """A record read from disk, brought to the current schema (there is only version 1 yet)."""
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"unsupported record schema_version {version!r} (this is {SCHEMA_VERSION})")
+    return BenchmarkRecord.model_validate(data)
+
+
+def json_schema() -> dict[str, Any]:
+    return BenchmarkRecord.model_json_schema()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Readers see the old file or the new one, never a part (rename is atomic on POSIX)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_record(out_dir: Path, record: dict[str, Any]) -> Path:
+    path = out_dir / f"{record['run_id']}.json"
+    write_atomic(path, json.dumps(record, indent=2, allow_nan=False).encode() + b"\n")
+    return path
+
+
+def write_requests(out_dir: Path, run_id: str, requests: list[dict[str, Any]]) -> Path:
+    """Per-request records as gzipped JSON lines, beside the case record."""
+    lines = "".join(json.dumps(request, allow_nan=False) + "\n" for request in requests)
+    path = out_dir / f"{run_id}.requests.jsonl.gz"
+    write_atomic(path, gzip.compress(lines.encode(), mtime=0))
+    return path

@@ -1,0 +1,211 @@
+"""Running one case: server, prompts, load, metrics, verdicts; and the record that says so.
+
+The runner never prints and never raises for a missed threshold: it returns the outcome, and
+the pytest item decides how to fail. The record is finished after the item's teardown, when
+it is known whether its server stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import platform
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pytest_profllm import gpus, metrics
+from pytest_profllm.client import LoadSettings, run_load
+from pytest_profllm.dataset import TokenizerCodec, random_prompts
+from pytest_profllm.engine import EngineChoice, redact
+from pytest_profllm.plan import Case
+from pytest_profllm.record import BenchmarkRecord, Status, Verdict
+from pytest_profllm.server import ServerProcess, WorkerServers, describe_runtime
+from pytest_profllm.sim.model_files import MODEL_DIR
+
+_ERRORS_QUOTED = 3
+
+
+class CaseFailed(Exception):
+    """The case ran but must not pass: every request failed, or no output came back."""
+
+
+@dataclass
+class CaseOutcome:
+    """What one case produced; `record()` turns it into the JSON record."""
+
+    case: Case
+    nodeid: str
+    session_id: str
+    engine: EngineChoice
+    worker: str
+    started_at: float
+    finished_at: float = 0.0
+    results: dict[str, float | int | None] = field(default_factory=dict)
+    verdicts: list[Verdict] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    server: ServerProcess | None = None
+    error: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        import hashlib
+
+        digest = hashlib.sha256(self.nodeid.encode()).hexdigest()[:10]
+        return f"{self.session_id}-{digest}"
+
+    @property
+    def missed(self) -> list[Verdict]:
+        return [verdict for verdict in self.verdicts if not verdict.passed]
+
+    def record(self, status: Status, message: str | None) -> dict[str, Any]:
+        case = self.case
+        record = BenchmarkRecord(
+            run_id=self.run_id,
+            session_id=self.session_id,
+            suite=case.suite,
+            source=case.source,
+            case_id=f"{case.source.split('/')[-1]}::{case.name}",
+            nodeid=self.nodeid,
+            repeat_index=case.repeat_index,
+            timestamp=datetime.fromtimestamp(self.started_at, UTC).isoformat(),
+            duration=(self.finished_at or time.time()) - self.started_at,
+            status=status,
+            message=message,
+            engine=self.engine.as_record(),  # type: ignore[arg-type]
+            config={"server": redact(case.server), "benchmark": case.benchmark.model_dump(mode="json")},  # type: ignore[arg-type]
+            results={k: v for k, v in self.results.items() if not _bad_float(v)},
+            system=system_info(self.engine, self.server),  # type: ignore[arg-type]
+            runtime=describe_runtime(self.server, self.worker, case),  # type: ignore[arg-type]
+            thresholds={name: t.model_dump() for name, t in case.thresholds.items()},
+            verdicts=self.verdicts,
+        )
+        return record.model_dump(mode="json")
+
+
+def _bad_float(value: object) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOutcome:
+    """Start or reuse the server, send the workload, compute metrics and verdicts."""
+    server = servers.server_for(case)
+    outcome.server = server
+    bench = case.benchmark
+    codec = TokenizerCodec.load(_tokenizer_for(case, servers.engine))
+    prompts = random_prompts(bench, codec)
+    settings = LoadSettings(
+        base_url=server.base_url,
+        model=str(_served_name(case.server)),
+        request_rate=bench.request_rate,
+        burstiness=bench.burstiness,
+        max_concurrency=bench.max_concurrency,
+        seed=bench.seed,
+        ignore_eos=bench.ignore_eos,
+        temperature=bench.temperature,
+        num_warmups=bench.num_warmups,
+        request_timeout_s=bench.request_timeout_s,
+        api_key=case.server.get("api_key"),
+    )
+    load = asyncio.run(run_load(settings, prompts))
+    outcome.results = metrics.compute(
+        load.outcomes,
+        load.duration,
+        latency_metrics=bench.latency_metrics,
+        percentiles=bench.percentiles,
+        goodput_ms=bench.goodput,
+        count_tokens=lambda text: len(codec.encode(text)),
+    )
+    outcome.requests = [_request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)]
+    outcome.verdicts = evaluate(case, outcome.results)
+    outcome.finished_at = time.time()
+    _check_served(load.outcomes, outcome.results)
+    return outcome
+
+
+def _check_served(outcomes: list[metrics.RequestOutcome], results: dict[str, Any]) -> None:
+    # vLLM's client exits 0 even when every request failed; a benchmark of nothing must fail.
+    if not results.get("completed"):
+        first = list(dict.fromkeys(o.error for o in outcomes if o.error))[:_ERRORS_QUOTED]
+        raise CaseFailed(
+            f"all {len(outcomes)} requests failed; first errors: {'; '.join(first) or 'none given'}"
+        )
+    if not results.get("total_output_tokens"):
+        raise CaseFailed("the server returned no output tokens for any request")
+
+
+def evaluate(case: Case, results: dict[str, float | int | None]) -> list[Verdict]:
+    verdicts = []
+    for name, threshold in case.thresholds.items():
+        value = results.get(name)
+        for bound, limit in (("min", threshold.min), ("max", threshold.max)):
+            if limit is None:
+                continue
+            passed = value is not None and (value >= limit if bound == "min" else value <= limit)
+            verdicts.append(
+                Verdict(metric=name, bound=bound, limit=limit,  # type: ignore[arg-type]
+                        value=None if value is None else float(value), passed=passed)
+            )
+    return verdicts
+
+
+def describe_missed(missed: list[Verdict]) -> str:
+    parts = []
+    for verdict in missed:
+        relation = "below min" if verdict.bound == "min" else "above max"
+        value = "missing" if verdict.value is None else f"{verdict.value:.4g}"
+        parts.append(f"{verdict.metric} = {value}, {relation} {verdict.limit:g}")
+    return "threshold missed: " + "; ".join(parts)
+
+
+def _tokenizer_for(case: Case, engine: str) -> str:
+    if case.benchmark.tokenizer:
+        return case.benchmark.tokenizer
+    if engine == "sim":
+        # The simulator serves its bundled tokenizer unless the model folder has one.
+        model = str(case.server["model"])
+        return model if os.path.isfile(os.path.join(model, "tokenizer.json")) else str(MODEL_DIR)
+    return str(case.server.get("tokenizer") or case.server["model"])
+
+
+def _served_name(server: dict[str, Any]) -> str:
+    names = server.get("served_model_name")
+    if isinstance(names, list) and names:
+        return str(names[0])
+    return str(names or server["model"])
+
+
+def _request_row(index: int, outcome: metrics.RequestOutcome, clock_start: float) -> dict[str, Any]:
+    # Times in seconds from the benchmark's start, so every statistic can be recomputed later.
+    return {
+        "index": index,
+        "success": outcome.success,
+        "prompt_len": outcome.prompt_len,
+        "output_tokens": outcome.output_tokens,
+        "intended_start_s": outcome.intended_start - clock_start,
+        "start_s": outcome.start_time - clock_start,
+        "ttft_s": outcome.ttft,
+        "itl_s": outcome.itl,
+        "latency_s": outcome.latency,
+        "error": outcome.error or None,
+    }
+
+
+def system_info(engine: EngineChoice, server: ServerProcess | None) -> dict[str, Any]:
+    host = gpus.discover()
+    leased = set(server.lease.gpus) if server else set()
+    chosen = [gpu for gpu in host.gpus if str(gpu.index) in leased]
+    return {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+        "gpu_names": [gpu.name for gpu in chosen],
+        "gpu_uuids": [gpu.uuid for gpu in chosen],
+        "driver_version": host.driver_version,
+        "vllm_version": engine.version if engine.name == "vllm" else None,
+    }

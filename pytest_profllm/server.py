@@ -1,0 +1,230 @@
+"""A server process (vLLM or the simulator): start in its own process group, wait for
+`/health`, stop with SIGTERM then SIGKILL of the whole group.
+
+`WorkerServers` keeps the one server this worker is using and swaps it when the server key
+changes, so all cases of one server key share one start.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_profllm.engine import EngineName, redact_argv, serve_command
+from pytest_profllm.plan import Case
+from pytest_profllm.pool import HostPool, Lease
+
+HOST = "127.0.0.1"
+LOG_TAIL_LINES = 50
+_HEALTH_PROBE_TIMEOUT_S = 2.0
+_LIKELY_CAUSES = (
+    (re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory", re.I), "out of GPU memory"),
+    (re.compile(r"address already in use|Errno 98", re.I), "port already in use"),
+    (re.compile(r"unrecognized arguments|invalid choice|error: argument", re.I), "bad engine argument"),
+    (re.compile(r"No such file or directory|does not exist|not a valid model", re.I), "model not found"),
+)
+
+
+class ServerStartError(Exception):
+    """The server died or never became ready; the message carries the log's tail."""
+
+
+@dataclass
+class ServerProcess:
+    key: str
+    label: str
+    engine: EngineName
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    lease: Lease
+    started_at: float = 0.0  # Unix seconds, as the record's runtime block wants
+    ready_at: float | None = None
+    stopped_at: float | None = None
+    _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.lease.port}"
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"# profllm: {' '.join(redact_argv(self.argv))}\n".encode())
+            log.flush()
+            self.started_at = time.time()
+            self._process = subprocess.Popen(
+                self.argv,
+                env={**os.environ, **self.env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so stop() reaches every child
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+
+    def wait_ready(self, timeout: float) -> None:
+        import requests
+
+        assert self._process is not None, "start() first"
+        deadline = time.monotonic() + timeout
+        with requests.Session() as session:
+            while time.monotonic() < deadline:
+                code = self._process.poll()
+                if code is not None:
+                    raise self._start_error(f"exited with code {code} during start-up")
+                try:
+                    response = session.get(
+                        f"{self.base_url}/health", timeout=_HEALTH_PROBE_TIMEOUT_S
+                    )
+                    if response.status_code == 200:
+                        self.ready_at = time.time()
+                        return
+                except requests.RequestException:
+                    pass
+                time.sleep(0.1)
+        raise self._start_error(f"was not ready on /health within {timeout:.0f} s")
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM to the group, SIGKILL to what is left after `grace` seconds."""
+        process = self._process
+        if process is None or self.stopped_at is not None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        # Children (vLLM's EngineCore and workers) may outlive the API process: kill the group.
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+        self.stopped_at = time.time()
+
+    def describe(self) -> str:
+        return f"server {self.label} ({self.engine}, port {self.lease.port}, GPUs {','.join(self.lease.gpus)})"
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            with self.log_path.open(errors="replace") as log:
+                return "".join(deque(log, maxlen=lines))
+        except OSError:
+            return ""
+
+    def _start_error(self, what: str) -> ServerStartError:
+        tail = self.log_tail()
+        cause = next((name for pattern, name in _LIKELY_CAUSES if pattern.search(tail)), None)
+        likely = f" (likely cause: {cause})" if cause else ""
+        self.stop(grace=5.0)
+        return ServerStartError(
+            f"{self.describe()} {what}{likely}; log: {self.log_path}\n"
+            f"--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
+        )
+
+
+def _die_with_parent() -> None:
+    # If the worker is killed outright, the kernel sends the server SIGTERM: no orphans that
+    # hold GPUs and ports after a crash.
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class WorkerServers:
+    """The server this worker is using; at most one at a time, swapped when the key changes."""
+
+    engine: EngineName
+    pool: HostPool
+    log_dir: Path
+    startup_timeout: float
+    lease_timeout: float
+    current: ServerProcess | None = None
+    failed: dict[str, ServerStartError] = field(default_factory=dict)
+    starts: int = 0
+
+    def server_for(self, case: Case) -> ServerProcess:
+        """The running server for this case's key, started (once) if need be."""
+        key = case.server_key
+        if key in self.failed:
+            # Every case of a server that failed to start fails the same way, without retrying.
+            raise ServerStartError(f"{self.failed[key]}".splitlines()[0] + " (see the first case)")
+        if self.current is not None and self.current.key == key and self.current.alive():
+            return self.current
+        self.release()
+        lease = self.pool.acquire(case.gpus_needed, timeout=self.lease_timeout)
+        server = ServerProcess(
+            key=key,
+            label=case.server_label,
+            engine=self.engine,
+            argv=serve_command(self.engine, case.server, HOST, lease.port),
+            env=server_env(lease),
+            log_path=self.log_dir / f"{_safe(case.suite)}-{case.server_label}-{key}.log",
+            lease=lease,
+        )
+        try:
+            with self.pool.serial_start(timeout=self.lease_timeout + self.startup_timeout):
+                server.start()
+                self.starts += 1
+                server.wait_ready(self.startup_timeout)
+        except BaseException as error:
+            server.stop(grace=5.0)
+            lease.release()
+            if isinstance(error, ServerStartError):
+                self.failed[key] = error
+            raise
+        self.current = server
+        return server
+
+    def after_case(self, next_case: Case | None) -> None:
+        """Stop the server unless the next case on this worker uses it too."""
+        if self.current is not None and (next_case is None or next_case.server_key != self.current.key):
+            self.release()
+
+    def release(self) -> None:
+        server, self.current = self.current, None
+        if server is not None:
+            server.stop()
+            server.lease.release()
+
+
+def server_env(lease: Lease) -> dict[str, str]:
+    return {
+        "CUDA_VISIBLE_DEVICES": ",".join(lease.gpus),
+        # A private base for vLLM's internal ports: without it, servers on one host collide.
+        "VLLM_PORT": str(lease.internal_port),
+    }
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
+
+
+def describe_runtime(server: ServerProcess | None, worker: str, case: Case) -> dict[str, Any]:
+    lease = server.lease if server else None
+    return {
+        "worker": worker,
+        "server_key": case.server_key,
+        "gpus": list(lease.gpus) if lease else [],
+        "port": lease.port if lease else None,
+        "server_started_at": server.started_at if server else None,
+        "server_ready_at": server.ready_at if server else None,
+        "server_stopped_at": server.stopped_at if server else None,
+        "lease_wait_s": lease.wait_s if lease else None,
+    }

@@ -1,0 +1,107 @@
+"""The SQLite store: one row per record in `benchmark_runs`, one column per server argument,
+workload parameter, metric and system figure.
+
+Columns are prefixed by where they come from (`server_`, `bench_`, `system_`, `runtime_`);
+metrics keep vLLM's names unprefixed. Loading is an upsert on `run_id` in one `BEGIN IMMEDIATE`
+transaction, so re-loading a record changes nothing and concurrent writers wait their turn.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pytest_profllm.record import normalize
+
+TABLE = "benchmark_runs"
+_BUSY_TIMEOUT_MS = 30_000
+
+
+def record_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A record flattened to one table row."""
+    row: dict[str, Any] = {
+        key: record.get(key)
+        for key in (
+            "run_id", "session_id", "suite", "source", "case_id", "nodeid", "repeat_index",
+            "timestamp", "duration", "status", "message",
+        )
+    }
+    engine = record.get("engine") or {}
+    row["engine"] = engine.get("name")
+    row["engine_version"] = engine.get("version")
+    row["engine_reason"] = engine.get("reason")
+    config = record.get("config") or {}
+    for prefix, block in (("server_", config.get("server")), ("bench_", config.get("benchmark"))):
+        for key, value in (block or {}).items():
+            row[prefix + key] = _cell(value)
+    row.update(record.get("results") or {})
+    for prefix, block in (("system_", record.get("system")), ("runtime_", record.get("runtime"))):
+        for key, value in (block or {}).items():
+            row[prefix + key] = _cell(value)
+    for key in ("thresholds", "verdicts", "profiling"):
+        row[key] = _cell(record.get(key))
+    row["failed_verdicts"] = ",".join(
+        verdict["metric"] for verdict in record.get("verdicts") or [] if not verdict["passed"]
+    ) or None
+    return row
+
+
+def _cell(value: Any) -> Any:
+    # SQLite has no lists or mappings: store them as JSON text, which Datasette renders.
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def load_records(db_path: Path, records: Iterable[dict[str, Any]]) -> int:
+    """Upsert records into `benchmark_runs`; returns how many rows were written."""
+    import sqlite_utils
+
+    rows = [record_row(record) for record in records]
+    if not rows:
+        return 0
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite_utils.Database(db_path)
+    try:
+        db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        db.enable_wal()
+        db.conn.execute("BEGIN IMMEDIATE")
+        try:
+            db[TABLE].insert_all(  # type: ignore[union-attr]
+                rows, pk="run_id", replace=True, alter=True, batch_size=len(rows)
+            )
+            for column in ("suite", "case_id", "timestamp", "status", "engine"):
+                db[TABLE].create_index([column], if_not_exists=True)  # type: ignore[union-attr]
+            db.conn.execute("COMMIT")
+        except BaseException:
+            if db.conn.in_transaction:
+                db.conn.execute("ROLLBACK")
+            raise
+    finally:
+        db.close()
+    return len(rows)
+
+
+def read_record_files(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Record files from anywhere (other hosts, CI artifacts), checked against the schema."""
+    records = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+            records.append(normalize(data).model_dump(mode="json"))
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{path}: not a profllm record: {error}") from None
+    return records
+
+
+def record_files(paths: Iterable[Path]) -> list[Path]:
+    """The record files named, or found in the folders named (per-request files left out)."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += sorted(p for p in path.glob("*.json") if not p.name.startswith("."))
+        else:
+            found.append(path)
+    return found

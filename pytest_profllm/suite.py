@@ -1,0 +1,237 @@
+"""Suite files: the typed form of `bench_*.yaml` and of the `profllm` marker's arguments.
+
+A suite declares `server:` (vLLM engine arguments, snake_case) and `benchmark:` (the workload,
+`vllm bench serve` flags in snake_case); a list value is an axis. Errors name the file, the
+line, the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+
+from pytest_profllm import metrics
+
+_ARG_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# Set by the lease, never by a suite: two servers must not be told the same port.
+LEASED_SERVER_ARGS = frozenset({"host", "port"})
+
+
+class SuiteError(Exception):
+    """A suite that cannot be run; the message is one line naming file, line and key."""
+
+
+class Threshold(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> Threshold:
+        if self.min is None and self.max is None:
+            raise ValueError("a threshold needs 'min', 'max' or both")
+        return self
+
+
+class Exclusion(BaseModel):
+    """Cases whose server and benchmark values match all of these are left out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    server: dict[str, Any] = Field(default_factory=dict)
+    benchmark: dict[str, Any] = Field(default_factory=dict)
+
+
+class BenchmarkConfig(BaseModel):
+    """One workload, with the names of `vllm bench serve`'s flags in snake_case."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["openai"] = "openai"
+    dataset_name: Literal["random"] = "random"
+    num_prompts: int = Field(100, gt=0)
+    random_input_len: int = Field(1024, gt=0)
+    random_output_len: int = Field(128, gt=0)
+    random_range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    random_prefix_len: int = Field(0, ge=0)
+    request_rate: float = Field(math.inf, gt=0)
+    burstiness: float = Field(1.0, gt=0)
+    max_concurrency: int | None = Field(None, gt=0)
+    seed: int = 0
+    # vLLM's own client forces ignore_eos for the random dataset, so lengths are exact.
+    ignore_eos: bool = True
+    temperature: float = Field(0.0, ge=0.0)
+    tokenizer: str | None = None
+    num_warmups: int = Field(0, ge=0)
+    percentile_metrics: str = "ttft,tpot,itl,e2el"
+    metric_percentiles: str = "50,90,95,99"
+    goodput: dict[Literal["ttft", "tpot", "e2el"], float] | None = None
+    request_timeout_s: float = Field(600.0, gt=0)
+
+    @field_validator("percentile_metrics")
+    @classmethod
+    def _known_metrics(cls, value: str) -> str:
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        unknown = [name for name in names if name not in metrics.LATENCY_METRICS]
+        if unknown or not names:
+            raise ValueError(
+                f"unknown latency metric {unknown or value!r}; "
+                f"allowed: {', '.join(metrics.LATENCY_METRICS)}"
+            )
+        return ",".join(names)
+
+    @field_validator("metric_percentiles")
+    @classmethod
+    def _percentiles(cls, value: str) -> str:
+        try:
+            numbers = [float(p) for p in value.split(",") if p.strip()]
+        except ValueError:
+            raise ValueError("metric_percentiles takes numbers like '50,90,99'") from None
+        if not numbers or not all(0 < p < 100 for p in numbers):
+            raise ValueError("metric_percentiles must lie strictly between 0 and 100")
+        return value
+
+    @field_serializer("request_rate")
+    def _rate_json(self, rate: float) -> float | str:
+        # JSON has no infinity; vLLM's result files write "inf" too.
+        return "inf" if math.isinf(rate) else rate
+
+    @property
+    def percentiles(self) -> list[float]:
+        return [float(p) for p in self.metric_percentiles.split(",") if p.strip()]
+
+    @property
+    def latency_metrics(self) -> list[str]:
+        return self.percentile_metrics.split(",")
+
+    def result_names(self) -> list[str]:
+        return metrics.result_names(self.latency_metrics, self.percentiles)
+
+
+class Suite(BaseModel):
+    """A whole suite file before expansion; list values in server/benchmark are axes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    description: str | None = None
+    server: dict[str, Any]
+    benchmark: dict[str, Any] = Field(default_factory=dict)
+    thresholds: dict[str, Threshold] = Field(default_factory=dict)
+    repeat: int = Field(1, gt=0)
+    exclude: list[Exclusion] = Field(default_factory=list)
+
+    @field_validator("server")
+    @classmethod
+    def _server_args(cls, server: dict[str, Any]) -> dict[str, Any]:
+        if "model" not in server:
+            raise ValueError("'model' is required (the model name or path vLLM serves)")
+        for key in server:
+            if not isinstance(key, str) or not _ARG_NAME.match(key):
+                raise ValueError(
+                    f"{key!r} is not an engine argument name (snake_case, as in vLLM's EngineArgs)"
+                )
+            if key in LEASED_SERVER_ARGS:
+                raise ValueError(f"'{key}' is set by profllm's port lease; remove it")
+        return server
+
+
+def load_suite_file(path: Path) -> tuple[Suite, dict[tuple[Any, ...], int]]:
+    """Read and validate a YAML suite; returns the suite and each key path's line (1-based)."""
+    try:
+        text = path.read_text()
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise SuiteError(f"{where}: invalid YAML: {error.problem}") from None
+    except (OSError, yaml.YAMLError) as error:
+        raise SuiteError(f"{path}: cannot read suite: {error}") from None
+    lines = _key_lines(node) if node is not None else {}
+    if not isinstance(data, dict):
+        raise SuiteError(f"{path}:1: a suite is a mapping with 'server:' and 'benchmark:' blocks")
+    return validate_suite(data, str(path), lines), lines
+
+
+def validate_suite(
+    data: dict[str, Any], where: str, lines: dict[tuple[Any, ...], int] | None = None
+) -> Suite:
+    try:
+        return Suite.model_validate(data)
+    except ValidationError as error:
+        raise SuiteError(describe_error(error, where, lines or {}, Suite)) from None
+
+
+def describe_error(
+    error: ValidationError,
+    where: str,
+    lines: dict[tuple[Any, ...], int],
+    model: type[BaseModel],
+    prefix: tuple[Any, ...] = (),
+) -> str:
+    """The first validation error as one line: `file:line: key: what is wrong; what is allowed`."""
+    first = error.errors()[0]
+    loc = prefix + tuple(first["loc"])
+    line = _nearest_line(lines, loc)
+    location = f"{where}:{line}" if line else where
+    key = ".".join(str(part) for part in loc) or "(top level)"
+    if first["type"] == "extra_forbidden":
+        allowed = _allowed_fields(model, loc[len(prefix) :])
+        hint = did_you_mean(str(loc[-1]), allowed)
+        return f"{location}: unknown key '{key}'{hint}; allowed: {', '.join(allowed)}"
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{location}: {key}: {message} (got {first.get('input')!r})"
+
+
+def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    # Walk nested models along the error location to list the keys allowed there.
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        elif part == "exclude" or isinstance(part, int):
+            model = Exclusion
+    return list(model.model_fields)
+
+
+def did_you_mean(name: str, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _nearest_line(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int | None:
+    for end in range(len(loc), 0, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def _key_lines(node: yaml.Node, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], int]:
+    lines: dict[tuple[Any, ...], int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key_path = (*path, key_node.value)
+            lines[key_path] = key_node.start_mark.line + 1
+            lines.update(_key_lines(value_node, key_path))
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            lines[(*path, index)] = item.start_mark.line + 1
+            lines.update(_key_lines(item, (*path, index)))
+    return lines
