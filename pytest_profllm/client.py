@@ -121,6 +121,7 @@ async def _stream_completion(
     intended_start: float,
 ) -> RequestOutcome:
     import aiohttp
+
     payload = {
         "model": settings.model,
         "prompt": request.prompt,

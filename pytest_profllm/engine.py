@@ -50,7 +50,9 @@ def choose_engine(requested: str, gpu_count: int) -> EngineChoice:
             raise EngineUnavailable("--profllm-engine vllm: NVML reports no GPU on this host")
         return EngineChoice("vllm", "--profllm-engine vllm", vllm_version)
     if vllm_version is not None and gpu_count > 0:
-        return EngineChoice("vllm", f"auto: vLLM {vllm_version} and {gpu_count} GPU(s)", vllm_version)
+        return EngineChoice(
+            "vllm", f"auto: vLLM {vllm_version} and {gpu_count} GPU(s)", vllm_version
+        )
     missing = "vLLM is not installed" if vllm_version is None else "no GPU found by NVML"
     return EngineChoice("sim", f"auto: {missing}, using the simulated engine", _own_version())
 
@@ -107,8 +109,10 @@ def is_secret(name: str) -> bool:
 
 
 def redact(server: dict[str, Any]) -> dict[str, Any]:
-    return {key: REDACTED if is_secret(key) and value is not None else value
-            for key, value in server.items()}
+    return {
+        key: REDACTED if is_secret(key) and value is not None else value
+        for key, value in server.items()
+    }
 
 
 def redact_argv(argv: list[str]) -> list[str]:

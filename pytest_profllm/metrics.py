@@ -64,7 +64,9 @@ def result_names(latency_metrics: Sequence[str], percentiles: Sequence[float]) -
 
 
 def _percentiles_for(metric: str, percentiles: Sequence[float]) -> list[float]:
-    wanted = list(percentiles) + [p for p in ALWAYS_PERCENTILES.get(metric, ()) if p not in percentiles]
+    wanted = list(percentiles) + [
+        p for p in ALWAYS_PERCENTILES.get(metric, ()) if p not in percentiles
+    ]
     return sorted(wanted)
 
 
@@ -142,7 +144,5 @@ def _good_count(
     columns = {"ttft": ttfts, "tpot": tpots, "e2el": e2els}
     chosen = [(columns[name], limit / 1000) for name, limit in goodput_ms.items()]
     return sum(
-        1
-        for index in range(len(ttfts))
-        if all(values[index] <= limit for values, limit in chosen)
+        1 for index in range(len(ttfts)) if all(values[index] <= limit for values, limit in chosen)
     )

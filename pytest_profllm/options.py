@@ -69,35 +69,53 @@ def parse_seconds(text: str) -> float:
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("profllm", "vLLM serving benchmarks (pytest-profllm)")
     group.addoption(
-        "--profllm-out", metavar="DIR", default=None,
+        "--profllm-out",
+        metavar="DIR",
+        default=None,
         help="write a JSON record per case, results.db and server logs to DIR "
         "(ini: profllm_out; default: no files)",
     )
     group.addoption(
-        "--profllm-db", metavar="PATH", default=None,
+        "--profllm-db",
+        metavar="PATH",
+        default=None,
         help="SQLite file to load the records into (ini: profllm_db; default: DIR/results.db)",
     )
     group.addoption(
-        "--profllm-engine", choices=ENGINE_CHOICES, default=None,
+        "--profllm-engine",
+        choices=ENGINE_CHOICES,
+        default=None,
         help="serving engine: vllm, sim (the simulated engine) or auto: vLLM where it is "
         "importable and a GPU is present, else sim (ini: profllm_engine; default: auto)",
     )
     group.addoption(
-        "--profllm-gpus", metavar="N|IDS", type=parse_gpus, default=None,
+        "--profllm-gpus",
+        metavar="N|IDS",
+        type=parse_gpus,
+        default=None,
         help="GPUs to lease: a count (virtual GPUs where there is no real one) or device ids "
         "like 0,1,3 (ini: profllm_gpus; default: every GPU NVML finds, else 8 virtual)",
     )
     group.addoption(
-        "--profllm-ports", metavar="START-END", type=parse_ports, default=None,
+        "--profllm-ports",
+        metavar="START-END",
+        type=parse_ports,
+        default=None,
         help=f"ports to lease for servers (ini: profllm_ports; default: {DEFAULT_PORTS})",
     )
     group.addoption(
-        "--profllm-startup-timeout", metavar="SECONDS", type=parse_seconds, default=None,
+        "--profllm-startup-timeout",
+        metavar="SECONDS",
+        type=parse_seconds,
+        default=None,
         help="how long a server may take to answer /health "
         f"(ini: profllm_startup_timeout; default: {DEFAULT_STARTUP_TIMEOUT:.0f})",
     )
     group.addoption(
-        "--profllm-lease-timeout", metavar="SECONDS", type=parse_seconds, default=None,
+        "--profllm-lease-timeout",
+        metavar="SECONDS",
+        type=parse_seconds,
+        default=None,
         help="how long a case may wait for free GPUs and ports "
         f"(ini: profllm_lease_timeout; default: {DEFAULT_LEASE_TIMEOUT:.0f})",
     )
@@ -106,12 +124,19 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("profllm_engine", "auto, vllm or sim", default="auto")
     parser.addini("profllm_gpus", "GPU count or device ids", default=None)
     parser.addini("profllm_ports", "START-END ports to lease", default=DEFAULT_PORTS)
-    parser.addini("profllm_startup_timeout", "server start-up timeout, seconds",
-                  default=str(DEFAULT_STARTUP_TIMEOUT))
-    parser.addini("profllm_lease_timeout", "GPU and port lease timeout, seconds",
-                  default=str(DEFAULT_LEASE_TIMEOUT))
-    parser.addini("profllm_suite_glob", "file names collected as benchmark suites",
-                  default=DEFAULT_SUITE_GLOB)
+    parser.addini(
+        "profllm_startup_timeout",
+        "server start-up timeout, seconds",
+        default=str(DEFAULT_STARTUP_TIMEOUT),
+    )
+    parser.addini(
+        "profllm_lease_timeout",
+        "GPU and port lease timeout, seconds",
+        default=str(DEFAULT_LEASE_TIMEOUT),
+    )
+    parser.addini(
+        "profllm_suite_glob", "file names collected as benchmark suites", default=DEFAULT_SUITE_GLOB
+    )
 
 
 @dataclass(frozen=True)

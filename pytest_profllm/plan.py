@@ -12,6 +12,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -90,7 +91,9 @@ def gpus_needed(server: dict[str, Any]) -> int:
     return math.prod(int(size) for size in sizes)
 
 
-def expand(suite: Suite, source: str, lines: dict[tuple[Any, ...], int] | None = None) -> list[Case]:
+def expand(
+    suite: Suite, source: str, lines: dict[tuple[Any, ...], int] | None = None
+) -> list[Case]:
     """Every case of a suite, server-major, exclusions removed, thresholds checked."""
     lines = lines or {}
     suite_name = suite.name or _suite_name(source)
@@ -134,8 +137,11 @@ def expand(suite: Suite, source: str, lines: dict[tuple[Any, ...], int] | None =
 
 
 def _suite_name(source: str) -> str:
-    stem = re.split(r"[\\/]", source)[-1].split("::")[0]
-    return stem.removesuffix(".yaml").removesuffix(".yml").removeprefix("bench_")
+    # `bench_smoke.yaml` is suite "smoke"; a marked test is "test_file.py::test_name".
+    name = re.split(r"[\\/]", source)[-1]
+    if "::" in name:
+        return name
+    return name.removesuffix(".yaml").removesuffix(".yml").removeprefix("bench_")
 
 
 def _axes(block: dict[str, Any]) -> set[str]:
@@ -224,3 +230,71 @@ def _unique_labels(labels: list[str]) -> list[str]:
         seen[label] = count + 1
         unique.append(label if count == 0 else f"{label}-{count + 1}")
     return unique
+
+
+def find_suite_files(paths: list[Path], glob: str = "bench_*.yaml") -> list[Path]:
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(path.rglob(glob))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"{path}: no such file or folder")
+    return files
+
+
+def plan_document(paths: list[Path], engine: str) -> dict[str, Any]:
+    """What a run of these suites would start and measure, as JSON-ready data."""
+    from pytest_profllm.engine import redact, redact_argv, serve_command
+    from pytest_profllm.suite import load_suite_file
+
+    servers: dict[str, dict[str, Any]] = {}
+    cases: list[dict[str, Any]] = []
+    for path in find_suite_files(paths):
+        suite, lines = load_suite_file(path)
+        for case in expand(suite, str(path), lines):
+            servers.setdefault(
+                case.server_key,
+                {
+                    "server_key": case.server_key,
+                    "label": case.server_label,
+                    "suite": case.suite,
+                    "gpus_needed": case.gpus_needed,
+                    "config": redact(case.server),
+                    # Port and GPUs are leased when the server starts; placeholders stand here.
+                    "argv": [
+                        *redact_argv(serve_command(engine, case.server, "127.0.0.1", 0))[:-1],  # type: ignore[arg-type]
+                        "<leased port>",
+                    ],
+                    "env": {
+                        "CUDA_VISIBLE_DEVICES": f"<{case.gpus_needed} leased GPU id(s)>",
+                        "VLLM_PORT": "<leased internal port base>",
+                    },
+                },
+            )
+            cases.append(
+                {
+                    "case_id": f"{path.name}::{case.name}",
+                    "suite": case.suite,
+                    "server_key": case.server_key,
+                    "repeat_index": case.repeat_index,
+                    "benchmark": case.benchmark.model_dump(mode="json"),
+                    "thresholds": {k: v.model_dump() for k, v in case.thresholds.items()},
+                }
+            )
+    return {"engine": engine, "servers": list(servers.values()), "cases": cases}
+
+
+def plan_lines(document: dict[str, Any]) -> list[str]:
+    lines = []
+    for server in document["servers"]:
+        lines.append(
+            f"server {server['label']} [{server['server_key']}] "
+            f"({server['gpus_needed']} GPU(s)): {' '.join(server['argv'])}"
+        )
+        for case in document["cases"]:
+            if case["server_key"] == server["server_key"]:
+                lines.append(f"  case {case['case_id']}")
+    lines.append(f"{len(document['servers'])} server(s), {len(document['cases'])} case(s)")
+    return lines

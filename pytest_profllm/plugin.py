@@ -105,8 +105,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def profllm_case(request: pytest.FixtureRequest) -> Case:
     """The benchmark case of this test, from its `@pytest.mark.profllm` matrix."""
     if not hasattr(request, "param"):
-        raise pytest.UsageError(
-            f"{request.node.nodeid}: profllm_case needs @pytest.mark.profllm(server=..., benchmark=...)"
+        pytest.fail(
+            f"{request.node.nodeid}: profllm_case and profllm_result need "
+            "@pytest.mark.profllm(server=..., benchmark=...) on the test",
+            pytrace=False,
         )
     case: Case = request.param
     return case
@@ -115,7 +117,9 @@ def profllm_case(request: pytest.FixtureRequest) -> Case:
 @pytest.fixture
 def profllm_result(request: pytest.FixtureRequest, profllm_case: Case) -> Any:
     """Runs this test's benchmark case and returns its outcome (`.results` holds the metrics)."""
-    return request.config.stash[SESSION_KEY]().run(profllm_case, request.node.nodeid, request.node.stash)
+    return request.config.stash[SESSION_KEY]().run(
+        profllm_case, request.node.nodeid, request.node.stash
+    )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -146,7 +150,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     worker = item.config.stash.get(_WORKER, None)
     if worker is not None:
         worker.after_case(case_of(nextitem))
-    status, message = session.status_of(item.stash.get(_REPORTS, {}))
+    status, message = session.status_of(item.stash.get(_REPORTS, {}), outcome)
     item.user_properties.append((session.RECORD_PROPERTY, outcome.record(status, message)))
     item.user_properties.append((session.REQUESTS_PROPERTY, outcome.requests))
 
@@ -195,7 +199,8 @@ class _ReportHooks:
         ]
         controller = self.config.stash.get(_CONTROLLER, None)
         if controller is not None:
-            controller.receive(record, properties.get(session.REQUESTS_PROPERTY))
+            requests = properties.get(session.REQUESTS_PROPERTY)
+            controller.receive(record, requests)  # type: ignore[arg-type]
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -63,9 +63,7 @@ class HostPool:
     def acquire(self, gpu_count: int, timeout: float) -> Lease:
         """GPUs and a port block, waiting up to `timeout` seconds for them to come free."""
         if gpu_count > len(self.gpu_ids):
-            raise LeaseTimeout(
-                f"needs {gpu_count} GPU(s) but the pool has {len(self.gpu_ids)}"
-            )
+            raise LeaseTimeout(f"needs {gpu_count} GPU(s) but the pool has {len(self.gpu_ids)}")
         self.directory.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         deadline = started + timeout
@@ -151,7 +149,10 @@ def _port_free(port: int) -> bool:
 
 
 def make_pool(
-    directory: Path, gpu_spec: int | Sequence[str] | None, ports: range, real_gpus: Sequence[tuple[str, str]]
+    directory: Path,
+    gpu_spec: int | Sequence[str] | None,
+    ports: range,
+    real_gpus: Sequence[tuple[str, str]],
 ) -> HostPool:
     """The pool for this session.
 
@@ -163,7 +164,9 @@ def make_pool(
         count = gpu_spec if gpu_spec is not None else (len(real_gpus) or 8)
         if real_gpus:
             chosen = list(real_gpus)[:count]
-            return HostPool(directory, tuple(i for i, _ in chosen), tuple(u for _, u in chosen), ports)
+            return HostPool(
+                directory, tuple(i for i, _ in chosen), tuple(u for _, u in chosen), ports
+            )
         virtual = tuple(str(i) for i in range(count))
         return HostPool(directory, virtual, tuple(f"virtual-{i}" for i in virtual), ports)
     by_index = dict(real_gpus)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 Status = Literal["passed", "failed", "error"]
 
 
@@ -93,7 +93,9 @@ def normalize(data: dict[str, Any]) -> BenchmarkRecord:
     """A record read from disk, brought to the current schema (there is only version 1 yet)."""
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise ValueError(f"unsupported record schema_version {version!r} (this is {SCHEMA_VERSION})")
+        raise ValueError(
+            f"unsupported record schema_version {version!r} (this is {SCHEMA_VERSION})"
+        )
     return BenchmarkRecord.model_validate(data)
 
 

@@ -32,7 +32,7 @@ def summary_lines(controller: ControllerSession) -> list[str]:
         lines.append(f"{len(records)} record(s) in {settings.out_dir}")
     if settings.db_path is not None and controller.loaded_rows is not None:
         lines.append(
-            f"{controller.loaded_rows} row(s) loaded into {settings.db_path} (table benchmark_runs); "
-            f"browse with: datasette {settings.db_path}"
+            f"{controller.loaded_rows} row(s) loaded into {settings.db_path} "
+            f"(table benchmark_runs); browse with: datasette {settings.db_path}"
         )
     return lines

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pytest_profllm import gpus, metrics
 from pytest_profllm.client import LoadSettings, run_load
@@ -77,7 +77,10 @@ class CaseOutcome:
             status=status,
             message=message,
             engine=self.engine.as_record(),  # type: ignore[arg-type]
-            config={"server": redact(case.server), "benchmark": case.benchmark.model_dump(mode="json")},  # type: ignore[arg-type]
+            config={
+                "server": redact(case.server),
+                "benchmark": case.benchmark.model_dump(mode="json"),
+            },  # type: ignore[arg-type]
             results={k: v for k, v in self.results.items() if not _bad_float(v)},
             system=system_info(self.engine, self.server),  # type: ignore[arg-type]
             runtime=describe_runtime(self.server, self.worker, case),  # type: ignore[arg-type]
@@ -117,10 +120,12 @@ def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOu
         load.duration,
         latency_metrics=bench.latency_metrics,
         percentiles=bench.percentiles,
-        goodput_ms=bench.goodput,
+        goodput_ms={str(k): v for k, v in (bench.goodput or {}).items()},
         count_tokens=lambda text: len(codec.encode(text)),
     )
-    outcome.requests = [_request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)]
+    outcome.requests = [
+        _request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
+    ]
     outcome.verdicts = evaluate(case, outcome.results)
     outcome.finished_at = time.time()
     _check_served(load.outcomes, outcome.results)
@@ -142,13 +147,22 @@ def evaluate(case: Case, results: dict[str, float | int | None]) -> list[Verdict
     verdicts = []
     for name, threshold in case.thresholds.items():
         value = results.get(name)
-        for bound, limit in (("min", threshold.min), ("max", threshold.max)):
+        bounds: tuple[tuple[Literal["min", "max"], float | None], ...] = (
+            ("min", threshold.min),
+            ("max", threshold.max),
+        )
+        for bound, limit in bounds:
             if limit is None:
                 continue
             passed = value is not None and (value >= limit if bound == "min" else value <= limit)
             verdicts.append(
-                Verdict(metric=name, bound=bound, limit=limit,  # type: ignore[arg-type]
-                        value=None if value is None else float(value), passed=passed)
+                Verdict(
+                    metric=name,
+                    bound=bound,
+                    limit=limit,
+                    value=None if value is None else float(value),
+                    passed=passed,
+                )
             )
     return verdicts
 

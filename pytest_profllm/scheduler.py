@@ -14,7 +14,7 @@ from xdist.scheduler import LoadScopeScheduling
 TAKEN_OVER_MODES = frozenset({"load", "loadgroup", "worksteal"})
 
 
-class ServerScopeScheduling(LoadScopeScheduling):
+class ServerScopeScheduling(LoadScopeScheduling):  # type: ignore[misc]
     """One work unit per server: `file.yaml::server` for suites, the module for marked tests."""
 
     def _split_scope(self, nodeid: str) -> str:

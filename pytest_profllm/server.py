@@ -7,6 +7,7 @@ changes, so all cases of one server key share one start.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -27,10 +28,19 @@ HOST = "127.0.0.1"
 LOG_TAIL_LINES = 50
 _HEALTH_PROBE_TIMEOUT_S = 2.0
 _LIKELY_CAUSES = (
-    (re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory", re.I), "out of GPU memory"),
+    (
+        re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory", re.I),
+        "out of GPU memory",
+    ),
     (re.compile(r"address already in use|Errno 98", re.I), "port already in use"),
-    (re.compile(r"unrecognized arguments|invalid choice|error: argument", re.I), "bad engine argument"),
-    (re.compile(r"No such file or directory|does not exist|not a valid model", re.I), "model not found"),
+    (
+        re.compile(r"unrecognized arguments|invalid choice|error: argument", re.I),
+        "bad engine argument",
+    ),
+    (
+        re.compile(r"No such file or directory|does not exist|not a valid model", re.I),
+        "model not found",
+    ),
 )
 
 
@@ -102,24 +112,19 @@ class ServerProcess:
         process = self._process
         if process is None or self.stopped_at is not None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
         # Children (vLLM's EngineCore and workers) may outlive the API process: kill the group.
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         process.wait()
         self.stopped_at = time.time()
 
     def describe(self) -> str:
-        return f"server {self.label} ({self.engine}, port {self.lease.port}, GPUs {','.join(self.lease.gpus)})"
+        gpus = ",".join(self.lease.gpus)
+        return f"server {self.label} ({self.engine}, port {self.lease.port}, GPUs {gpus})"
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         try:
@@ -194,7 +199,9 @@ class WorkerServers:
 
     def after_case(self, next_case: Case | None) -> None:
         """Stop the server unless the next case on this worker uses it too."""
-        if self.current is not None and (next_case is None or next_case.server_key != self.current.key):
+        if self.current is not None and (
+            next_case is None or next_case.server_key != self.current.key
+        ):
             self.release()
 
     def release(self) -> None:

@@ -109,12 +109,15 @@ class WorkerSession:
             self.servers.release()
 
 
-def status_of(reports: dict[str, Any]) -> tuple[Status, str | None]:
-    """The record's status from the item's phase reports: an error before the call is `error`."""
-    setup, call = reports.get("setup"), reports.get("call")
-    for report, status in ((setup, "error"), (call, "failed")):
+def status_of(reports: dict[str, Any], outcome: CaseOutcome) -> tuple[Status, str | None]:
+    """The record's status: `error` when the case produced no measurement (its server did not
+    start, a fixture failed), `failed` when it was measured and missed a threshold or an assert.
+    """
+    for when in ("setup", "call"):
+        report = reports.get(when)
         if report is not None and report.failed:
-            return status, _short(report)  # type: ignore[return-value]
+            measured = bool(outcome.results)
+            return ("failed" if measured else "error"), _short(report)
     return "passed", None
 
 

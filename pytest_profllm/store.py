@@ -24,8 +24,17 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {
         key: record.get(key)
         for key in (
-            "run_id", "session_id", "suite", "source", "case_id", "nodeid", "repeat_index",
-            "timestamp", "duration", "status", "message",
+            "run_id",
+            "session_id",
+            "suite",
+            "source",
+            "case_id",
+            "nodeid",
+            "repeat_index",
+            "timestamp",
+            "duration",
+            "status",
+            "message",
         )
     }
     engine = record.get("engine") or {}
@@ -42,9 +51,12 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
             row[prefix + key] = _cell(value)
     for key in ("thresholds", "verdicts", "profiling"):
         row[key] = _cell(record.get(key))
-    row["failed_verdicts"] = ",".join(
-        verdict["metric"] for verdict in record.get("verdicts") or [] if not verdict["passed"]
-    ) or None
+    row["failed_verdicts"] = (
+        ",".join(
+            verdict["metric"] for verdict in record.get("verdicts") or [] if not verdict["passed"]
+        )
+        or None
+    )
     return row
 
 

@@ -32,8 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", nargs="+")
-    parser.add_argument("--tokenizer", help="tokenizer folder (default: the model folder if it has "
-                        "one, else the simulator's bundled tokenizer)")
+    parser.add_argument(
+        "--tokenizer",
+        help="tokenizer folder (default: the model folder if it has "
+        "one, else the simulator's bundled tokenizer)",
+    )
     parser.add_argument("--max-num-seqs", type=_positive, default=256)
     parser.add_argument("--max-num-batched-tokens", type=_positive, default=8192)
     parser.add_argument("--max-model-len", type=_positive)
@@ -86,7 +89,9 @@ def _model_dir(model: str, tokenizer: str | None) -> Path | None:
     return MODEL_DIR
 
 
-async def _serve(args: argparse.Namespace, model: str, model_dir: Path, api_key: str | None) -> None:
+async def _serve(
+    args: argparse.Namespace, model: str, model_dir: Path, api_key: str | None
+) -> None:
     from aiohttp import web
     from tokenizers import Tokenizer
 
@@ -94,10 +99,16 @@ async def _serve(args: argparse.Namespace, model: str, model_dir: Path, api_key:
     from pytest_profllm.sim.scheduler import CostModel, Scheduler
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    config = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").is_file() else {}
+    config = (
+        json.loads((model_dir / "config.json").read_text())
+        if (model_dir / "config.json").is_file()
+        else {}
+    )
     max_model_len = args.max_model_len or int(config.get("max_position_embeddings", 32768))
     vocab = tokenizer.get_vocab()
-    words = [w for w, _ in sorted(vocab.items(), key=lambda item: item[1]) if w not in SPECIAL_TOKENS]
+    words = [
+        w for w, _ in sorted(vocab.items(), key=lambda item: item[1]) if w not in SPECIAL_TOKENS
+    ]
     state = SimState(
         served_names=args.served_model_name or [model],
         root=model,
@@ -122,9 +133,14 @@ async def _serve(args: argparse.Namespace, model: str, model_dir: Path, api_key:
     try:
         await site.start()
         log.info("Starting vLLM API server (simulated) on http://%s:%d", args.host, args.port)
-        log.info("serving %s as %s, max_num_seqs=%d, max_model_len=%d, tp=%d",
-                 model_dir, state.served_names, args.max_num_seqs, max_model_len,
-                 args.tensor_parallel_size)
+        log.info(
+            "serving %s as %s, max_num_seqs=%d, max_model_len=%d, tp=%d",
+            model_dir,
+            state.served_names,
+            args.max_num_seqs,
+            max_model_len,
+            args.tensor_parallel_size,
+        )
         await stop.wait()
         log.info("shutting down")
     finally:

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from pytest_profllm.sim.scheduler import Scheduler
 
+
 @dataclass
 class SimState:
     served_names: list[str]
@@ -57,7 +58,11 @@ async def _step_loop(app: web.Application) -> AsyncIterator[None]:
 async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
     # vLLM checks the key on /v1 routes only.
     key = request.app[_STATE].api_key
-    if key and request.path.startswith("/v1") and request.headers.get("Authorization") != f"Bearer {key}":
+    if (
+        key
+        and request.path.startswith("/v1")
+        and request.headers.get("Authorization") != f"Bearer {key}"
+    ):
         return web.json_response({"error": "Unauthorized"}, status=401)
     response: web.StreamResponse = await handler(request)
     return response
@@ -193,8 +198,13 @@ async def _completions(request: web.Request) -> web.StreamResponse:
                 "created": int(time.time()),
                 "model": model,
                 "choices": [
-                    {"index": 0, "text": "".join(text), "logprobs": None,
-                     "finish_reason": "length", "stop_reason": None}
+                    {
+                        "index": 0,
+                        "text": "".join(text),
+                        "logprobs": None,
+                        "finish_reason": "length",
+                        "stop_reason": None,
+                    }
                 ],
                 "usage": _usage(prompt_len, len(text)),
             }
@@ -214,13 +224,18 @@ async def _completions(request: web.Request) -> web.StreamResponse:
                 "created": created,
                 "model": model,
                 "choices": [
-                    {"index": 0, "text": _word(state, token), "logprobs": None,
-                     "finish_reason": finish, "stop_reason": None}
+                    {
+                        "index": 0,
+                        "text": _word(state, token),
+                        "logprobs": None,
+                        "finish_reason": finish,
+                        "stop_reason": None,
+                    }
                 ],
             }
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         if include_usage:
-            usage = {
+            usage: dict[str, Any] = {
                 "id": request_id,
                 "object": "text_completion",
                 "created": created,

@@ -34,7 +34,8 @@ class CostModel:
     def step_seconds(self, decoding: int, prefill_tokens: int, tp: int) -> float:
         cost = self.decode_base_ms + self.decode_per_seq_ms * decoding
         cost += self.prefill_per_token_ms * prefill_tokens
-        return cost / 1000 / (max(tp, 1) ** self.tp_efficiency)
+        speedup: float = max(tp, 1) ** self.tp_efficiency
+        return cost / 1000 / speedup
 
 
 @dataclass

@@ -1,0 +1,34 @@
+"""What the project's own tests need: a lease pool of their own, apart from real benchmark runs
+on this host, and a fresh range of ports for each end-to-end run."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+_PORT_RANGES = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def test_pool_dir() -> Iterator[Path]:
+    """A lease pool for the tests' runs, shared by every test (and xdist worker) of the
+    session, as the host-wide pool is by design; real benchmark runs use their own."""
+    directory = Path(tempfile.gettempdir()) / f"pytest-profllm-tests-pool-{os.getuid()}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PROFLLM_POOL_DIR", str(directory))
+        yield directory
+
+
+@pytest.fixture
+def port_range(worker_id: str, test_pool_dir: Path) -> str:
+    """100 ports no other test of this run uses, so a leak is easy to pin on its test."""
+    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
+    start = 25000 + worker * 2000 + (next(_PORT_RANGES) % 20) * 100
+    return f"{start}-{start + 99}"

@@ -1,0 +1,147 @@
+"""Datasette plugin: `datasette results.db` shows `benchmark_runs` with default facets, units,
+column descriptions, canned queries and chart links (datasette-vega keeps a chart's state in
+the URL fragment, so a link can open a ready-made chart).
+
+Every hook returns early for databases without our table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from datasette import hookimpl
+
+from pytest_profllm.metrics import COUNT_METRICS, LATENCY_METRICS
+from pytest_profllm.store import TABLE
+
+_LATENCY_NAMES = {
+    "ttft": "time to first token",
+    "tpot": "time per output token after the first",
+    "itl": "inter-token latency (gaps between streamed messages, pooled over requests)",
+    "e2el": "end-to-end latency",
+}
+_STATISTICS = {"mean": "mean", "median": "median", "std": "standard deviation"}
+
+COLUMN_DESCRIPTIONS: dict[str, str] = {
+    "run_id": "unique id of this case's run (file name of its JSON record)",
+    "session_id": "the pytest session that ran it",
+    "suite": "suite name",
+    "case_id": "suite file :: server :: workload",
+    "status": "passed, failed (threshold missed, or the test failed) or error (did not run)",
+    "engine": "vllm, or sim for the simulated engine: never compare the two",
+    "duration": "seconds the benchmark's requests took, failed ones included",
+    "completed": "requests that succeeded",
+    "failed": "requests that failed",
+    "total_input_tokens": "prompt tokens of completed requests",
+    "total_output_tokens": "output tokens of completed requests (from the usage chunk)",
+    "request_throughput": "completed requests per second",
+    "request_goodput": "requests per second that met every goodput SLO",
+    "output_throughput": "output tokens per second",
+    "total_token_throughput": "prompt and output tokens per second",
+    "failed_verdicts": "metrics that missed their threshold",
+}
+for _metric, _name in _LATENCY_NAMES.items():
+    for _stat, _word in _STATISTICS.items():
+        COLUMN_DESCRIPTIONS[f"{_stat}_{_metric}_ms"] = f"{_word} {_name}, ms"
+
+DEFAULT_FACETS = ["suite", "engine", "status", "server_model"]
+CHARTS = (
+    (
+        "Chart: median TTFT against request throughput",
+        "circle",
+        "request_throughput",
+        "median_ttft_ms",
+        "case_id",
+    ),
+    ("Chart: output throughput by case", "bar", "case_id", "output_throughput", "engine"),
+    ("Chart: median TPOT by case", "bar", "case_id", "median_tpot_ms", "engine"),
+)
+
+
+def table_metadata() -> dict[str, Any]:
+    units = {name: "ms" for name in COLUMN_DESCRIPTIONS if name.endswith("_ms")}
+    units["duration"] = "s"
+    return {
+        "title": "vLLM serving benchmarks",
+        "description": "One row per benchmark case, written by pytest-profllm. Columns server_* "
+        "are vLLM engine arguments, bench_* workload parameters, system_* and runtime_* where "
+        "and how it ran; metrics keep the names of vllm bench serve.",
+        "facets": DEFAULT_FACETS,
+        "sort_desc": "timestamp",
+        "units": units,
+        "columns": COLUMN_DESCRIPTIONS,
+    }
+
+
+@hookimpl
+def get_metadata(
+    datasette: Any, key: Any, database: str | None, table: str | None
+) -> dict[str, Any]:
+    if table not in (None, TABLE):
+        return {}
+    names = [database] if database else list(datasette.databases)
+    return {"databases": {name: {"tables": {TABLE: table_metadata()}} for name in names}}
+
+
+@hookimpl
+def canned_queries(datasette: Any, database: str, actor: Any) -> Any:
+    async def queries() -> dict[str, Any]:
+        if not await datasette.get_database(database).table_exists(TABLE):
+            return {}
+        return CANNED_QUERIES
+
+    return queries
+
+
+def _latency_columns() -> str:
+    return ", ".join(f"median_{m}_ms, p99_{m}_ms" for m in LATENCY_METRICS)
+
+
+CANNED_QUERIES: dict[str, Any] = {
+    "latest_session": {
+        "title": "Latest session",
+        "description": "Every case of the most recent pytest session.",
+        "sql": f"select case_id, status, engine, {', '.join(COUNT_METRICS[:3])}, "
+        f"request_throughput, output_throughput, {_latency_columns()} from {TABLE} "
+        f"where session_id = (select session_id from {TABLE} order by timestamp desc limit 1) "
+        "order by case_id",
+    },
+    "not_passed": {
+        "title": "Cases that did not pass",
+        "description": "Failed and errored cases with their message and missed thresholds.",
+        "sql": f"select timestamp, case_id, status, failed_verdicts, message, engine from {TABLE} "
+        "where status != 'passed' order by timestamp desc",
+    },
+    "case_history": {
+        "title": "History of one case",
+        "description": "A case's figures over time, newest first: regressions show here.",
+        "sql": f"select timestamp, session_id, engine, status, request_throughput, "
+        f"output_throughput, {_latency_columns()} from {TABLE} where case_id = :case_id "
+        "order by timestamp desc",
+    },
+}
+
+
+@hookimpl
+def table_actions(datasette: Any, actor: Any, database: str, table: str, request: Any) -> Any:
+    if table != TABLE:
+        return None
+    base = datasette.urls.table(database, table)
+    return [
+        {
+            "href": f"{base}?{urlencode({'_size': 'max'})}#"
+            + urlencode(
+                {
+                    "g.mark": mark,
+                    "g.x_column": x,
+                    "g.x_type": "quantitative" if mark == "circle" else "ordinal",
+                    "g.y_column": y,
+                    "g.y_type": "quantitative",
+                    "g.color_column": color,
+                }
+            ),
+            "label": label,
+        }
+        for label, mark, x, y, color in CHARTS
+    ]

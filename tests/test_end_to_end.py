@@ -1,0 +1,243 @@
+"""The whole path through real pytest runs: suites -> servers (the simulated engine, real
+processes on loopback) -> records -> results.db, with and without xdist."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL_WORKLOAD = """
+benchmark:
+  num_prompts: 6
+  random_input_len: 32
+  random_output_len: 8
+"""
+
+
+def sim_processes(ports: str) -> list[psutil.Process]:
+    """Simulated-engine processes serving on a port of this test's range."""
+    low, high = (int(p) for p in ports.split("-"))
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "pytest_profllm.sim" not in cmdline or "--port" not in cmdline:
+            continue
+        port = int(cmdline[cmdline.index("--port") + 1])
+        if low <= port <= high:
+            found.append(process)
+    return found
+
+
+@pytest.fixture
+def ports(port_range: str) -> Iterator[str]:
+    yield port_range
+    leaked = sim_processes(port_range)
+    for process in leaked:
+        process.kill()
+    assert not leaked, f"servers left running: {[p.cmdline() for p in leaked]}"
+
+
+def run(pytester: pytest.Pytester, ports: str, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        f"--profllm-ports={ports}",
+        "--profllm-out=results",
+        "--profllm-gpus=4",
+        *args,
+        timeout=300,
+    )
+
+
+def records(pytester: pytest.Pytester) -> list[dict]:
+    files = sorted((pytester.path / "results").glob("*.json"))
+    return [json.loads(path.read_text()) for path in files]
+
+
+def db_rows(pytester: pytest.Pytester, sql: str) -> list[tuple]:
+    with sqlite3.connect(pytester.path / "results" / "results.db") as db:
+        return db.execute(sql).fetchall()
+
+
+def test_example_suites_with_two_workers(pytester: pytest.Pytester, ports: str) -> None:
+    for suite in (REPO / "benchmarks").iterdir():
+        if suite.suffix in (".yaml", ".py"):
+            shutil.copy(suite, pytester.path)
+    result = run(pytester, ports, "-n", "2")
+    result.assert_outcomes(passed=9)
+    result.stdout.fnmatch_lines(
+        [
+            "profllm: engine sim (auto: *",
+            "*profllm benchmark results*",
+            "9 row(s) loaded into *results.db (table benchmark_runs)*",
+        ]
+    )
+    written = records(pytester)
+    assert len(written) == 9
+    assert db_rows(pytester, "select count(*) from benchmark_runs") == [(9,)]
+    assert {r["engine"]["name"] for r in written} == {"sim"}
+    assert {r["status"] for r in written} == {"passed"}
+    assert {r["runtime"]["worker"] for r in written} <= {"gw0", "gw1"}
+    # One start per server configuration: its cases all saw the same server start.
+    starts: dict[str, set[float]] = {}
+    for record in written:
+        starts.setdefault(record["runtime"]["server_key"], set()).add(
+            record["runtime"]["server_started_at"]
+        )
+    assert len(starts) == 5
+    assert all(len(times) == 1 for times in starts.values())
+    # Per-request records beside each case record.
+    assert len(list((pytester.path / "results").glob("*.requests.jsonl.gz"))) == 9
+    assert len(list((pytester.path / "results" / "logs").glob("*.log"))) == 5
+
+
+def test_missed_threshold_fails_only_its_case(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(
+        ".yaml",
+        bench_gate="""
+server:
+  model: Qwen/Qwen3-8B
+benchmark:
+  num_prompts: 6
+  random_input_len: 32
+  random_output_len: [8, 16]
+thresholds:
+  total_output_tokens: {max: 60}
+""",
+    )
+    result = run(pytester, ports)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*bench_gate.yaml::qwen3-8b::random-out16: threshold missed: "
+            "total_output_tokens = 96, above max 60",
+        ]
+    )
+    by_case = {r["case_id"]: r for r in records(pytester)}
+    failed = by_case["bench_gate.yaml::qwen3-8b::random-out16"]
+    assert failed["status"] == "failed"
+    assert failed["verdicts"] == [
+        {
+            "metric": "total_output_tokens",
+            "bound": "max",
+            "limit": 60.0,
+            "value": 96.0,
+            "passed": False,
+        }
+    ]
+    assert by_case["bench_gate.yaml::qwen3-8b::random-out8"]["status"] == "passed"
+    assert db_rows(
+        pytester, "select status, failed_verdicts from benchmark_runs order by status"
+    ) == [("failed", "total_output_tokens"), ("passed", None)]
+
+
+BAD_SUITES = {
+    "yaml-error": ("server:\n  model: [unclosed\n", "bench_bad.yaml:2: invalid YAML: expected *"),
+    "unknown-key": (
+        "server:\n  model: m\nbenchmrk:\n  num_prompts: 2\n",
+        "bench_bad.yaml:3: unknown key 'benchmrk' (did you mean 'benchmark'?); allowed: *",
+    ),
+    "wrong-type": (
+        "server:\n  model: m\nbenchmark:\n  num_prompts: many\n",
+        "bench_bad.yaml:4: benchmark.num_prompts: Input should be a valid integer*",
+    ),
+    "unknown-metric": (
+        "server:\n  model: m\nthresholds:\n  median_ttft: {max: 5}\n",
+        "bench_bad.yaml:4: unknown metric 'thresholds.median_ttft' "
+        "(did you mean 'median_ttft_ms'?); allowed: *",
+    ),
+}
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
+@pytest.mark.parametrize("kind", list(BAD_SUITES))
+def test_bad_suite_fails_its_collection_and_others_run(
+    pytester: pytest.Pytester, ports: str, kind: str, xdist: list[str]
+) -> None:
+    text, message = BAD_SUITES[kind]
+    pytester.makefile(".yaml", bench_bad=text)
+    pytester.makefile(".yaml", bench_good="server:\n  model: Qwen/Qwen3-8B\n" + SMALL_WORKLOAD)
+    result = run(pytester, ports, *xdist)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*ERROR collecting bench_bad.yaml*", message])
+    result.stdout.no_fnmatch_line("*Traceback*")
+    result.assert_outcomes(passed=1, errors=1)
+    assert [r["case_id"] for r in records(pytester)] == ["bench_good.yaml::qwen3-8b::random"]
+
+
+def test_server_that_dies_at_start_fails_its_cases(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(
+        ".yaml",
+        bench_dead="server:\n  model: ./no-such-model\nbenchmark:\n  num_prompts: [2, 3]\n",
+    )
+    result = run(pytester, ports)
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*server no-such-model (sim, port *) exited with code 1 during start-up "
+            "(likely cause: model not found)*",
+            "*--- last 50 log lines ---*",
+            "*model path ./no-such-model does not exist*",
+            "*(see the first case)*",
+        ]
+    )
+    written = records(pytester)
+    assert [r["status"] for r in written] == ["error", "error"]
+    assert all("exited with code 1" in r["message"] for r in written)
+
+
+def test_marker_form_gives_the_result_to_the_test(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makepyfile(
+        test_marked="""
+        import pytest
+
+        MATRIX = dict(
+            server={"model": "Qwen/Qwen3-8B", "max_num_seqs": [4, 8]},
+            benchmark={"num_prompts": 4, "random_input_len": 16, "random_output_len": 4},
+        )
+
+        @pytest.mark.profllm(**MATRIX)
+        def test_counts(profllm_result):
+            assert profllm_result.results["completed"] == 4
+            assert profllm_result.results["total_output_tokens"] == 16
+
+        @pytest.mark.profllm(**MATRIX, thresholds={"completed": {"min": 5}})
+        def test_gate(profllm_result):
+            pass
+        """
+    )
+    result = run(pytester, ports, "-v")
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_marked.py::test_counts[[]qwen3-8b-seqs4/random[]] PASSED*",
+            "*threshold missed: completed = 4, below min 5*",
+        ]
+    )
+    written = records(pytester)
+    assert sorted(r["status"] for r in written) == ["failed", "failed", "passed", "passed"]
+    assert {r["suite"] for r in written} == {
+        "test_marked.py::test_counts",
+        "test_marked.py::test_gate",
+    }
+
+
+def test_engine_vllm_without_vllm_is_a_usage_error(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(".yaml", bench_x="server:\n  model: m\n")
+    result = run(pytester, ports, "--profllm-engine=vllm")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--profllm-engine vllm: vLLM is not installed*"])
+
+
+def test_without_out_dir_nothing_is_written(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(".yaml", bench_x="server:\n  model: Qwen/Qwen3-8B\n" + SMALL_WORKLOAD)
+    result = pytester.runpytest_subprocess(f"--profllm-ports={ports}", timeout=300)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["profllm: engine sim (*); no --profllm-out: no files"])
+    assert not list(pytester.path.rglob("*.db"))
+    assert not list(pytester.path.rglob("*.json"))
