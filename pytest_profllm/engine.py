@@ -116,8 +116,16 @@ def redact(server: dict[str, Any]) -> dict[str, Any]:
 
 
 def redact_argv(argv: list[str]) -> list[str]:
-    shown = list(argv)
-    for index, token in enumerate(shown[:-1]):
-        if token.startswith("--") and is_secret(token[2:]):
-            shown[index + 1] = REDACTED
+    """Every value after a secret flag, up to the next flag, becomes `***`."""
+    shown = []
+    hiding = False
+    for token in argv:
+        if token.startswith("--"):
+            hiding = is_secret(token[2:].split("=", 1)[0])
+            if hiding and "=" in token:
+                token = token.split("=", 1)[0] + "=" + REDACTED
+                hiding = False
+            shown.append(token)
+        else:
+            shown.append(REDACTED if hiding else token)
     return shown

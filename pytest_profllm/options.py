@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,13 +21,13 @@ DEFAULT_LEASE_TIMEOUT = 3600.0
 def parse_gpus(text: str) -> int | tuple[str, ...]:
     """`4` is a count (the first 4 GPUs, or 4 virtual ones); `0,1,3` names CUDA device ids."""
     text = text.strip()
-    if text.isdigit():
+    if re.fullmatch(r"[0-9]+", text):
         count = int(text)
         if count < 1:
             raise argparse.ArgumentTypeError("--profllm-gpus: a count must be at least 1")
         return count
     ids = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not ids or not all(part.isdigit() for part in ids):
+    if not ids or not all(re.fullmatch(r"[0-9]+", part) for part in ids):
         raise argparse.ArgumentTypeError(
             f"--profllm-gpus: expected a count like 4 or device ids like 0,1,3, got {text!r}"
         )
@@ -61,7 +63,7 @@ def parse_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if value <= 0:
+    if not (0 < value < math.inf):  # also rejects NaN
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
 

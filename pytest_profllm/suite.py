@@ -11,7 +11,7 @@ import difflib
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -138,17 +138,34 @@ class Suite(BaseModel):
 
     @field_validator("server")
     @classmethod
-    def _server_args(cls, server: dict[str, Any]) -> dict[str, Any]:
+    def _has_model(cls, server: dict[str, Any]) -> dict[str, Any]:
         if "model" not in server:
             raise ValueError("'model' is required (the model name or path vLLM serves)")
-        for key in server:
-            if not isinstance(key, str) or not _ARG_NAME.match(key):
-                raise ValueError(
-                    f"{key!r} is not an engine argument name (snake_case, as in vLLM's EngineArgs)"
-                )
-            if key in LEASED_SERVER_ARGS:
-                raise ValueError(f"'{key}' is set by profllm's port lease; remove it")
         return server
+
+    @model_validator(mode="after")
+    def _exclusions_name_keys(self) -> Suite:
+        for index, rule in enumerate(self.exclude):
+            for block_name, rule_block, block in (
+                ("server", rule.server, self.server),
+                ("benchmark", rule.benchmark, self.benchmark),
+            ):
+                for key in rule_block:
+                    if key not in block:
+                        raise ValueError(
+                            f"exclude[{index}].{block_name}.{key} is not a key of "
+                            f"'{block_name}'{did_you_mean(key, list(block))}: the rule would "
+                            "exclude nothing"
+                        )
+        return self
+
+
+def _server_key_problem(key: object) -> str | None:
+    if not isinstance(key, str) or not _ARG_NAME.match(key):
+        return f"{key!r} is not an engine argument name (snake_case, as in vLLM's EngineArgs)"
+    if key in LEASED_SERVER_ARGS:
+        return f"'{key}' is set by profllm's port lease; remove it"
+    return None
 
 
 def load_suite_file(path: Path) -> tuple[Suite, dict[tuple[Any, ...], int]]:
@@ -172,10 +189,18 @@ def load_suite_file(path: Path) -> tuple[Suite, dict[tuple[Any, ...], int]]:
 def validate_suite(
     data: dict[str, Any], where: str, lines: dict[tuple[Any, ...], int] | None = None
 ) -> Suite:
+    lines = lines or {}
+    server = data.get("server")
+    for key in server if isinstance(server, dict) else ():
+        problem = _server_key_problem(key)
+        if problem is not None:
+            line = lines.get(("server", key))
+            raise SuiteError(f"{where}:{line}: server.{key}: {problem}" if line else
+                             f"{where}: server.{key}: {problem}")
     try:
         return Suite.model_validate(data)
     except ValidationError as error:
-        raise SuiteError(describe_error(error, where, lines or {}, Suite)) from None
+        raise SuiteError(describe_error(error, where, lines, Suite)) from None
 
 
 def describe_error(
@@ -196,18 +221,33 @@ def describe_error(
         hint = did_you_mean(str(loc[-1]), allowed)
         return f"{location}: unknown key '{key}'{hint}; allowed: {', '.join(allowed)}"
     message = first["msg"].removeprefix("Value error, ")
-    return f"{location}: {key}: {message} (got {first.get('input')!r})"
+    return f"{location}: {key}: {message}{_shown_input(loc, first.get('input'))}"
+
+
+def _shown_input(loc: tuple[Any, ...], value: Any) -> str:
+    # A whole block is too long to quote, and may hold an api_key; a secret is never shown.
+    from pytest_profllm.engine import REDACTED, is_secret
+
+    if isinstance(value, dict | list):
+        return ""
+    if any(isinstance(part, str) and is_secret(part) for part in loc):
+        return f" (got {REDACTED})"
+    return f" (got {value!r})"
 
 
 def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    # Walk nested models along the error location to list the keys allowed there.
+    """The keys allowed where an error points, walking nested models along its location."""
+    current: Any = model
     for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        annotation = getattr(field, "annotation", None)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            model = annotation
-        elif part == "exclude" or isinstance(part, int):
-            model = Exclusion
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            current = field.annotation if field is not None else None
+        else:
+            # Inside a dict[str, Model] or list[Model]: the key or index leads to the Model.
+            args = get_args(current)
+            current = args[-1] if args else None
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
     return list(model.model_fields)
 
 

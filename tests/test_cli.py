@@ -1,0 +1,226 @@
+"""The `profllm` command: `plan`, `schema`, the parser's help, and the console script."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pytest_profllm
+from pytest_profllm.cli import build_parser, main
+
+PACKAGE_DIR = Path(pytest_profllm.__file__).parent
+SHIPPED_SCHEMA = PACKAGE_DIR / "schema" / "record.schema.json"
+README = PACKAGE_DIR.parent / "README.md"
+
+SUITE = """\
+name: smoke
+server:
+  model: Qwen/Qwen3-8B
+  max_num_seqs: [16, 64]
+  tensor_parallel_size: 2
+  api_key: sk-secret
+benchmark:
+  num_prompts: 8
+  request_rate: [8, inf]
+repeat: 2
+thresholds:
+  completed: {min: 8}
+"""
+
+
+@pytest.fixture
+def suite_path(tmp_path: Path) -> Path:
+    path = tmp_path / "bench_smoke.yaml"
+    path.write_text(SUITE)
+    return path
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --- plan ---------------------------------------------------------------------------------
+
+
+def test_plan_json_lists_servers_and_cases(
+    capsys: pytest.CaptureFixture[str], suite_path: Path
+) -> None:
+    code, out, err = run_main(capsys, "plan", str(suite_path), "--json")
+    assert (code, err) == (0, "")
+    document = json.loads(out)
+    assert document["engine"] == "vllm"  # the default: show the real command line
+    servers, cases = document["servers"], document["cases"]
+    assert [server["label"] for server in servers] == ["qwen3-8b-seqs16", "qwen3-8b-seqs64"]
+    assert len(cases) == 2 * 2 * 2  # servers x rates x repeats
+    for server in servers:
+        assert server["gpus_needed"] == 2
+        assert server["suite"] == "smoke"
+        assert server["env"] == {
+            "CUDA_VISIBLE_DEVICES": "<2 leased GPU id(s)>",
+            "VLLM_PORT": "<leased internal port base>",
+        }
+        argv = server["argv"]
+        assert argv[:5] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",
+                            "Qwen/Qwen3-8B"]
+        assert argv[-4:] == ["--host", "127.0.0.1", "--port", "<leased port>"]
+        assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+        # Each server's cases point at it, four apiece.
+        assert sum(case["server_key"] == server["server_key"] for case in cases) == 4
+    assert servers[0]["server_key"] != servers[1]["server_key"]
+    assert cases[0]["case_id"] == "bench_smoke.yaml::qwen3-8b-seqs16::random-rate8-r1"
+    assert [case["repeat_index"] for case in cases[:2]] == [0, 1]
+    assert cases[0]["benchmark"]["num_prompts"] == 8
+    assert cases[2]["benchmark"]["request_rate"] == "inf"
+    assert cases[0]["thresholds"] == {"completed": {"min": 8.0, "max": None}}
+
+
+def test_plan_json_redacts_secrets(capsys: pytest.CaptureFixture[str], suite_path: Path) -> None:
+    code, out, _ = run_main(capsys, "plan", str(suite_path), "--json")
+    assert code == 0
+    assert "sk-secret" not in out
+    for server in json.loads(out)["servers"]:
+        assert server["config"]["api_key"] == "***"
+        assert server["argv"][server["argv"].index("--api-key") + 1] == "***"
+
+
+def test_plan_listing_redacts_secrets(
+    capsys: pytest.CaptureFixture[str], suite_path: Path
+) -> None:
+    code, out, _ = run_main(capsys, "plan", str(suite_path))
+    assert code == 0
+    assert "sk-secret" not in out
+    lines = out.splitlines()
+    assert lines[-1] == "2 server(s), 8 case(s)"
+    assert lines[0].startswith("server qwen3-8b-seqs16 [")
+    assert "(2 GPU(s)):" in lines[0]
+    assert "--api-key ***" in lines[0]
+    assert lines[1] == "  case bench_smoke.yaml::qwen3-8b-seqs16::random-rate8-r1"
+
+
+def test_plan_sim_engine_shows_the_simulator(
+    capsys: pytest.CaptureFixture[str], suite_path: Path
+) -> None:
+    code, out, _ = run_main(capsys, "plan", str(suite_path), "--json", "--engine", "sim")
+    assert code == 0
+    document = json.loads(out)
+    assert document["engine"] == "sim"
+    assert document["servers"][0]["argv"][:3] == [sys.executable, "-m", "pytest_profllm.sim"]
+
+
+def test_plan_of_a_folder_finds_suites(
+    capsys: pytest.CaptureFixture[str], suite_path: Path
+) -> None:
+    # Only bench_*.yaml files are suites; other YAML in the folder is left alone.
+    (suite_path.parent / "nested").mkdir()
+    (suite_path.parent / "nested" / "bench_other.yaml").write_text("server: {model: m}\n")
+    (suite_path.parent / "config.yaml").write_text("not: [a suite\n")
+    code, out, _ = run_main(capsys, "plan", str(suite_path.parent), "--json")
+    assert code == 0
+    document = json.loads(out)
+    assert len(document["servers"]) == 3
+    assert len(document["cases"]) == 9
+
+
+def test_plan_of_a_bad_suite_is_one_error_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "bench_bad.yaml"
+    path.write_text("server:\n  model: m\nbenchmark:\n  num_promts: 5\n")
+    code, out, err = run_main(capsys, "plan", str(path))
+    assert code == 2
+    assert out == ""
+    assert err.endswith("\n")
+    assert err.count("\n") == 1
+    assert err.startswith(
+        f"profllm plan: {path}:4: unknown key 'benchmark.num_promts' "
+        "(did you mean 'num_prompts'?); allowed: "
+    )
+
+
+def test_plan_of_a_missing_path(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    code, out, err = run_main(capsys, "plan", str(missing))
+    assert (code, out) == (2, "")
+    assert err == f"profllm plan: {missing}: no such file or folder\n"
+
+
+def test_plan_needs_a_path(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan"])
+    assert exit_info.value.code == 2
+    assert "PATH" in capsys.readouterr().err
+
+
+# --- schema -------------------------------------------------------------------------------
+
+
+def test_schema_matches_the_shipped_file(capsys: pytest.CaptureFixture[str]) -> None:
+    # If this fails, regenerate the shipped file: profllm schema > pytest_profllm/schema/...
+    code, out, _ = run_main(capsys, "schema")
+    assert code == 0
+    printed = json.loads(out)
+    assert printed == json.loads(SHIPPED_SCHEMA.read_text())
+    assert printed["title"] == "BenchmarkRecord"
+    assert {"run_id", "case_id", "results", "config"} <= set(printed["properties"])
+
+
+# --- parser and docs ----------------------------------------------------------------------
+
+
+def _subcommands() -> dict[str, str | None]:
+    """Each subcommand's name and the help text shown for it in `profllm --help`."""
+    parser = build_parser()
+    [action] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {choice.dest: choice.help for choice in action._choices_actions}
+    return {name: helps.get(name) for name in action.choices}
+
+
+def test_every_subcommand_has_help() -> None:
+    commands = _subcommands()
+    assert {"plan", "ingest", "schema", "sim"} <= set(commands)
+    for name, help_text in commands.items():
+        assert help_text, f"profllm {name} has no help text"
+    assert all(name in build_parser().format_help() for name in commands)
+
+
+@pytest.mark.skipif(not README.exists(), reason=f"{README} is not written yet")
+def test_readme_mentions_every_subcommand() -> None:
+    text = README.read_text()
+    missing = [name for name in _subcommands() if f"profllm {name}" not in text]
+    assert not missing, f"README.md does not mention: {', '.join(missing)}"
+
+
+def test_no_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2
+    assert "COMMAND" in capsys.readouterr().err
+
+
+# --- the installed console script ---------------------------------------------------------
+
+
+def test_console_script_entry_point(suite_path: Path) -> None:
+    script = Path(sys.executable).parent / "profllm"
+    assert script.exists(), "the profllm console script is not installed in this environment"
+    result = subprocess.run(
+        [str(script), "plan", str(suite_path), "--json"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["cases"]) == 8
+    assert "sk-secret" not in result.stdout + result.stderr
+
+    bad = subprocess.run(
+        [str(script), "plan", str(suite_path.parent / "missing.yaml")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert bad.returncode == 2  # main's return value becomes the exit status
+    assert bad.stderr.startswith("profllm plan: ")

@@ -1,0 +1,235 @@
+"""The engine: `vllm serve` argv rendering, secret redaction and the choice of engine."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+import pytest_profllm
+from pytest_profllm import engine
+from pytest_profllm.engine import (
+    REDACTED,
+    EngineUnavailable,
+    choose_engine,
+    is_secret,
+    redact,
+    redact_argv,
+    serve_args,
+    serve_command,
+)
+
+# --- serve_args ---------------------------------------------------------------------------
+
+
+def test_model_comes_first_whatever_the_key_order() -> None:
+    assert serve_args({"max_num_seqs": 8, "model": "Qwen/Qwen3-8B"}) == [
+        "Qwen/Qwen3-8B", "--max-num-seqs", "8",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "rendered"),
+    [
+        ("tensor_parallel_size", 2, ["--tensor-parallel-size", "2"]),
+        ("gpu_memory_utilization", 0.9, ["--gpu-memory-utilization", "0.9"]),
+        ("dtype", "half", ["--dtype", "half"]),
+        ("enforce_eager", True, ["--enforce-eager"]),
+        ("enable_prefix_caching", False, ["--no-enable-prefix-caching"]),
+        ("max_model_len", None, []),  # None means "vLLM's default": no flag at all
+        (
+            "speculative_config",
+            {"method": "ngram", "num_speculative_tokens": 5},
+            ["--speculative-config", '{"method":"ngram","num_speculative_tokens":5}'],
+        ),
+        ("served_model_name", ["a", "b"], ["--served-model-name", "a", "b"]),
+        ("cuda_graph_sizes", [1, 2, 4], ["--cuda-graph-sizes", "1", "2", "4"]),
+    ],
+)
+def test_value_rendering(name: str, value: Any, rendered: list[str]) -> None:
+    assert serve_args({"model": "m", name: value}) == ["m", *rendered]
+
+
+def test_flags_keep_suite_order() -> None:
+    server = {"model": "m", "dtype": "half", "enforce_eager": True, "max_num_seqs": 4}
+    assert serve_args(server) == ["m", "--dtype", "half", "--enforce-eager", "--max-num-seqs", "4"]
+
+
+def test_zero_is_a_value_not_a_missing_one() -> None:
+    # Only None is skipped: 0 and "" are values the user asked for.
+    assert serve_args({"model": "m", "seed": 0}) == ["m", "--seed", "0"]
+
+
+# --- serve_command ------------------------------------------------------------------------
+
+
+def test_sim_command_runs_the_simulator_with_the_same_args() -> None:
+    server = {"model": "m", "max_num_seqs": 4}
+    assert serve_command("sim", server, "127.0.0.1", 20001) == [
+        sys.executable, "-m", "pytest_profllm.sim",
+        "m", "--max-num-seqs", "4",
+        "--host", "127.0.0.1", "--port", "20001",
+    ]
+
+
+def test_vllm_command_runs_vllm_serve() -> None:
+    server = {"model": "m", "max_num_seqs": 4}
+    assert serve_command("vllm", server, "0.0.0.0", 8000) == [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",
+        "m", "--max-num-seqs", "4",
+        "--host", "0.0.0.0", "--port", "8000",
+    ]
+
+
+# --- secrets ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["api_key", "api-key", "hf_token", "hf-token", "token", "client_secret", "db_password",
+     "openai_api_key"],
+)
+def test_secret_names(name: str) -> None:
+    assert is_secret(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["max_num_batched_tokens", "tokenizer", "tokenizer_mode", "ssl_keyfile", "ssl_certfile",
+     "model", "api_key_file_hint", "skip_tokenizer_init", "max_tokens"],
+)
+def test_not_secret_names(name: str) -> None:
+    assert not is_secret(name)
+
+
+def test_redact_hides_secret_values_only() -> None:
+    server = {"model": "m", "api_key": "sk-secret", "hf_token": "hf_abc", "max_num_seqs": 4,
+              "tokenizer": "tok"}
+    assert redact(server) == {"model": "m", "api_key": REDACTED, "hf_token": REDACTED,
+                              "max_num_seqs": 4, "tokenizer": "tok"}
+    assert server["api_key"] == "sk-secret"  # the server still gets the real value
+
+
+def test_redact_keeps_an_unset_secret_visible_as_unset() -> None:
+    assert redact({"model": "m", "api_key": None}) == {"model": "m", "api_key": None}
+
+
+def test_redact_argv_hides_values_after_secret_flags() -> None:
+    argv = serve_command(
+        "vllm",
+        {"model": "m", "api_key": "sk-secret", "hf_token": "hf_abc",
+         "max_num_batched_tokens": 8192, "tokenizer": "tok", "ssl_keyfile": "/k.pem"},
+        "127.0.0.1",
+        8000,
+    )
+    shown = redact_argv(argv)
+    assert "sk-secret" not in shown
+    assert "hf_abc" not in shown
+    assert shown[shown.index("--api-key") + 1] == REDACTED
+    assert shown[shown.index("--hf-token") + 1] == REDACTED
+    # Look-alike names keep their values.
+    assert shown[shown.index("--max-num-batched-tokens") + 1] == "8192"
+    assert shown[shown.index("--tokenizer") + 1] == "tok"
+    assert shown[shown.index("--ssl-keyfile") + 1] == "/k.pem"
+    assert argv[argv.index("--api-key") + 1] == "sk-secret"  # input left alone
+    assert len(shown) == len(argv)
+
+
+def test_redact_argv_with_secret_flag_last_does_not_fail() -> None:
+    assert redact_argv(["m", "--api-key"]) == ["m", "--api-key"]
+
+
+def test_redact_argv_hides_every_value_of_a_list_secret() -> None:
+    shown = redact_argv(serve_args({"model": "m", "api_key": ["sk-one", "sk-two"]}))
+    assert "sk-one" not in shown
+    assert "sk-two" not in shown
+
+
+def test_redact_argv_leaves_the_next_flag_after_a_boolean_secret() -> None:
+    argv = serve_args({"model": "m", "hf_token": True, "max_num_seqs": 4})
+    assert redact_argv(argv) == ["m", "--hf-token", "--max-num-seqs", "4"]
+
+
+# --- choose_engine ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def vllm_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "_vllm_version", lambda: "0.11.0")
+
+
+@pytest.fixture
+def vllm_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "_vllm_version", lambda: None)
+
+
+@pytest.mark.usefixtures("vllm_installed")
+def test_auto_takes_vllm_with_vllm_and_gpus() -> None:
+    choice = choose_engine("auto", 2)
+    assert (choice.name, choice.version) == ("vllm", "0.11.0")
+    assert choice.reason == "auto: vLLM 0.11.0 and 2 GPU(s)"
+
+
+@pytest.mark.usefixtures("vllm_installed")
+def test_auto_takes_sim_without_gpu() -> None:
+    choice = choose_engine("auto", 0)
+    assert (choice.name, choice.version) == ("sim", pytest_profllm.__version__)
+    assert "no GPU found by NVML" in choice.reason
+
+
+@pytest.mark.usefixtures("vllm_missing")
+@pytest.mark.parametrize("gpu_count", [0, 2])
+def test_auto_takes_sim_without_vllm(gpu_count: int) -> None:
+    choice = choose_engine("auto", gpu_count)
+    assert choice.name == "sim"
+    assert "vLLM is not installed" in choice.reason
+
+
+@pytest.mark.parametrize("fixture", ["vllm_installed", "vllm_missing"])
+@pytest.mark.parametrize("gpu_count", [0, 2])
+def test_sim_is_always_available(
+    request: pytest.FixtureRequest, fixture: str, gpu_count: int
+) -> None:
+    request.getfixturevalue(fixture)
+    choice = choose_engine("sim", gpu_count)
+    assert choice.name == "sim"
+    assert choice.reason == "--profllm-engine sim"
+    assert choice.version == pytest_profllm.__version__
+
+
+@pytest.mark.usefixtures("vllm_installed")
+def test_vllm_with_vllm_and_gpu() -> None:
+    choice = choose_engine("vllm", 2)
+    assert (choice.name, choice.reason, choice.version) == (
+        "vllm", "--profllm-engine vllm", "0.11.0",
+    )
+
+
+@pytest.mark.usefixtures("vllm_missing")
+@pytest.mark.parametrize("gpu_count", [0, 2])
+def test_vllm_without_vllm_says_how_to_install(gpu_count: int) -> None:
+    with pytest.raises(EngineUnavailable) as error:
+        choose_engine("vllm", gpu_count)
+    message = str(error.value)
+    assert message.startswith("--profllm-engine vllm: vLLM is not installed")
+    assert "pip install 'pytest-profllm[vllm]'" in message
+
+
+@pytest.mark.usefixtures("vllm_installed")
+def test_vllm_without_gpu_says_no_gpu() -> None:
+    with pytest.raises(EngineUnavailable) as error:
+        choose_engine("vllm", 0)
+    assert str(error.value) == "--profllm-engine vllm: NVML reports no GPU on this host"
+
+
+def test_engine_choice_as_record(vllm_installed: None) -> None:
+    assert choose_engine("vllm", 1).as_record() == {
+        "name": "vllm", "reason": "--profllm-engine vllm", "version": "0.11.0",
+    }
+
+
+def test_vllm_version_is_none_when_vllm_cannot_be_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The real probe: find_spec must report vLLM missing without importing anything.
+    monkeypatch.setattr(engine.importlib.util, "find_spec", lambda name: None)
+    assert engine._vllm_version() is None
