@@ -143,21 +143,6 @@ class Suite(BaseModel):
             raise ValueError("'model' is required (the model name or path vLLM serves)")
         return server
 
-    @model_validator(mode="after")
-    def _exclusions_name_keys(self) -> Suite:
-        for index, rule in enumerate(self.exclude):
-            for block_name, rule_block, block in (
-                ("server", rule.server, self.server),
-                ("benchmark", rule.benchmark, self.benchmark),
-            ):
-                for key in rule_block:
-                    if key not in block:
-                        raise ValueError(
-                            f"exclude[{index}].{block_name}.{key} is not a key of "
-                            f"'{block_name}'{did_you_mean(key, list(block))}: the rule would "
-                            "exclude nothing"
-                        )
-        return self
 
 
 def _server_key_problem(key: object) -> str | None:
@@ -194,13 +179,31 @@ def validate_suite(
     for key in server if isinstance(server, dict) else ():
         problem = _server_key_problem(key)
         if problem is not None:
-            line = lines.get(("server", key))
-            raise SuiteError(f"{where}:{line}: server.{key}: {problem}" if line else
-                             f"{where}: server.{key}: {problem}")
+            raise SuiteError(f"{_at(where, lines.get(('server', key)))}: server.{key}: {problem}")
     try:
-        return Suite.model_validate(data)
+        suite = Suite.model_validate(data)
     except ValidationError as error:
         raise SuiteError(describe_error(error, where, lines, Suite)) from None
+    _check_exclusions(suite, where, lines)
+    return suite
+
+
+def _check_exclusions(suite: Suite, where: str, lines: dict[tuple[Any, ...], int]) -> None:
+    # A rule naming a key its block lacks (a typo) would silently exclude nothing.
+    for index, rule in enumerate(suite.exclude):
+        for block_name, rule_block, block in (
+            ("server", rule.server, suite.server),
+            ("benchmark", rule.benchmark, suite.benchmark),
+        ):
+            for key in rule_block:
+                if key not in block:
+                    loc = ("exclude", index, block_name, key)
+                    line = _nearest_line(lines, loc)
+                    raise SuiteError(
+                        f"{_at(where, line)}: exclude[{index}].{block_name}.{key} is not a key "
+                        f"of '{block_name}'{did_you_mean(key, list(block))}; the rule would "
+                        "exclude nothing"
+                    )
 
 
 def describe_error(
@@ -213,8 +216,7 @@ def describe_error(
     """The first validation error as one line: `file:line: key: what is wrong; what is allowed`."""
     first = error.errors()[0]
     loc = prefix + tuple(first["loc"])
-    line = _nearest_line(lines, loc)
-    location = f"{where}:{line}" if line else where
+    location = _at(where, _nearest_line(lines, loc))
     key = ".".join(str(part) for part in loc) or "(top level)"
     if first["type"] == "extra_forbidden":
         allowed = _allowed_fields(model, loc[len(prefix) :])
@@ -254,6 +256,10 @@ def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
 def did_you_mean(name: str, allowed: list[str]) -> str:
     close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _at(where: str, line: int | None) -> str:
+    return f"{where}:{line}" if line else where
 
 
 def _nearest_line(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int | None:

@@ -174,6 +174,17 @@ def test_exclude_on_server_only_drops_all_its_workloads(tmp_path: Path) -> None:
     ]
 
 
+def test_exclude_naming_an_unknown_key_is_an_error(tmp_path: Path) -> None:
+    # A typo in a rule would silently exclude nothing.
+    path = write(tmp_path, SMOKE + "exclude:\n  - server: {max_num_seq: 16}\n")
+    with pytest.raises(SuiteError) as error:
+        load_suite_file(path)
+    message = str(error.value)
+    assert "exclude[0].server.max_num_seq is not a key of 'server'" in message
+    assert "did you mean 'max_num_seqs'?" in message
+    assert "\n" not in message
+
+
 def test_exclude_that_matches_nothing_keeps_everything(tmp_path: Path) -> None:
     path = write(tmp_path, SMOKE + "exclude:\n  - server: {max_num_seqs: 32}\n")
     assert len(cases_of(path)) == 4
