@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 from datasette import hookimpl
 
 from pytest_profllm.metrics import COUNT_METRICS, LATENCY_METRICS
-from pytest_profllm.store import TABLE
+from pytest_profllm.store import STANDARD_METRICS, TABLE
 
 _LATENCY_NAMES = {
     "ttft": "time to first token",
@@ -31,6 +31,7 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "status": "passed, failed (threshold missed, or the test failed) or error (did not run)",
     "engine": "vllm, or sim for the simulated engine: never compare the two",
     "duration": "seconds the benchmark's requests took, failed ones included",
+    "case_duration": "seconds the whole case took, server start included",
     "completed": "requests that succeeded",
     "failed": "requests that failed",
     "total_input_tokens": "prompt tokens of completed requests",
@@ -44,6 +45,10 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
 for _metric, _name in _LATENCY_NAMES.items():
     for _stat, _word in _STATISTICS.items():
         COLUMN_DESCRIPTIONS[f"{_stat}_{_metric}_ms"] = f"{_word} {_name}, ms"
+    for _percentile in (50, 90, 95, 99):
+        COLUMN_DESCRIPTIONS[f"p{_percentile}_{_metric}_ms"] = (
+            f"{_percentile}th percentile {_name}, ms"
+        )
 
 DEFAULT_FACETS = ["suite", "engine", "status", "server_model"]
 CHARTS = (
@@ -60,8 +65,8 @@ CHARTS = (
 
 
 def table_metadata() -> dict[str, Any]:
-    units = {name: "ms" for name in COLUMN_DESCRIPTIONS if name.endswith("_ms")}
-    units["duration"] = "s"
+    units = {name: "ms" for name in STANDARD_METRICS if name.endswith("_ms")}
+    units["duration"] = units["case_duration"] = "s"
     return {
         "title": "vLLM serving benchmarks",
         "description": "One row per benchmark case, written by pytest-profllm. Columns server_* "

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SCHEMA_VERSION: Literal[1] = 1
 Status = Literal["passed", "failed", "error"]
@@ -89,14 +89,25 @@ class BenchmarkRecord(BaseModel):
     verdicts: list[Verdict] = Field(default_factory=list)
 
 
-def normalize(data: dict[str, Any]) -> BenchmarkRecord:
-    """A record read from disk, brought to the current schema (there is only version 1 yet)."""
+def normalize(data: object) -> BenchmarkRecord:
+    """A record read from disk, brought to the current schema (there is only version 1 yet).
+
+    Raises ValueError with one line saying what is wrong.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"a record is a JSON object, not {type(data).__name__}")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ValueError(
             f"unsupported record schema_version {version!r} (this is {SCHEMA_VERSION})"
         )
-    return BenchmarkRecord.model_validate(data)
+    try:
+        return BenchmarkRecord.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+        raise ValueError(f"{where}: {first['msg']}{more}") from None
 
 
 def json_schema() -> dict[str, Any]:

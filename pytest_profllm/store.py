@@ -13,9 +13,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pytest_profllm import metrics
 from pytest_profllm.record import normalize
 
 TABLE = "benchmark_runs"
+# Metric columns every table has, so that queries over them work whatever a suite measured.
+STANDARD_METRICS = metrics.result_names(metrics.LATENCY_METRICS, (50.0, 90.0, 95.0, 99.0))
 _BUSY_TIMEOUT_MS = 30_000
 
 
@@ -32,11 +35,12 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
             "nodeid",
             "repeat_index",
             "timestamp",
-            "duration",
             "status",
             "message",
         )
     }
+    # `duration` is the metric (vLLM's: the benchmark's requests); the whole case is apart.
+    row["case_duration"] = record.get("duration")
     engine = record.get("engine") or {}
     row["engine"] = engine.get("name")
     row["engine_version"] = engine.get("version")
@@ -81,11 +85,14 @@ def load_records(db_path: Path, records: Iterable[dict[str, Any]]) -> int:
         db.enable_wal()
         db.conn.execute("BEGIN IMMEDIATE")
         try:
-            db[TABLE].insert_all(  # type: ignore[union-attr]
-                rows, pk="run_id", replace=True, alter=True, batch_size=len(rows)
-            )
+            table = db.table(TABLE)
+            table.insert_all(rows, pk="run_id", replace=True, alter=True, batch_size=len(rows))
+            existing = set(table.columns_dict)
+            for name in STANDARD_METRICS:
+                if name not in existing:
+                    table.add_column(name, float)
             for column in ("suite", "case_id", "timestamp", "status", "engine"):
-                db[TABLE].create_index([column], if_not_exists=True)  # type: ignore[union-attr]
+                table.create_index([column], if_not_exists=True)
             db.conn.execute("COMMIT")
         except BaseException:
             if db.conn.in_transaction:
@@ -103,7 +110,7 @@ def read_record_files(paths: Iterable[Path]) -> list[dict[str, Any]]:
         try:
             data = json.loads(path.read_text())
             records.append(normalize(data).model_dump(mode="json"))
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError) as error:  # JSONDecodeError is a ValueError
             raise ValueError(f"{path}: not a profllm record: {error}") from None
     return records
 

@@ -1,0 +1,330 @@
+"""The host pool: GPU and port-block leases through flocks, within and across processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import filelock
+import psutil
+import pytest
+
+from pytest_profllm.pool import (
+    POOL_DIR_ENV,
+    PORT_BLOCK,
+    HostPool,
+    LeaseTimeout,
+    default_pool_dir,
+    make_pool,
+)
+
+# Each test has its own port range inside 24000-24299, so a lingering socket of one test
+# cannot make another skip a block.
+_FIRST_PORT = 24000
+
+# A second process that leases from the same lock directory (or holds serial_start), says
+# what it got on one line, then sleeps until it is killed.
+HOLDER = """
+import sys, time
+from pathlib import Path
+from pytest_profllm.pool import make_pool
+directory, gpus, first, last, mode, count = sys.argv[1:7]
+pool = make_pool(Path(directory), int(gpus), range(int(first), int(last)), [])
+if mode == "lease":
+    lease = pool.acquire(int(count), timeout=10)
+    print(lease.port, ",".join(lease.gpus), flush=True)
+else:
+    with pool.serial_start(timeout=10):
+        print("holding", flush=True)
+        time.sleep(60)
+time.sleep(60)
+"""
+
+
+def ports(index: int, blocks: int) -> range:
+    start = _FIRST_PORT + index * 20
+    return range(start, start + blocks * PORT_BLOCK)
+
+
+def virtual_pool(directory: Path, gpu_count: int, port_range: range) -> HostPool:
+    return make_pool(directory, gpu_count, port_range, [])
+
+
+class Holder:
+    """A holder process in its own process group, read line by line with a deadline."""
+
+    def __init__(self, args: list[str], stderr_path: Path) -> None:
+        self.stderr_path = stderr_path
+        with stderr_path.open("wb") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", HOLDER, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                start_new_session=True,
+            )
+
+    def read_line(self, timeout: float = 15.0) -> str:
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        line = self.process.stdout.readline().decode().strip() if ready else ""
+        assert line, f"holder said nothing; stderr: {self.stderr_path.read_text()}"
+        return line
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+@pytest.fixture
+def holders(tmp_path: Path) -> Iterator[Callable[..., Holder]]:
+    started: list[Holder] = []
+
+    def start(directory: Path, gpus: int, port_range: range, mode: str, count: int = 0) -> Holder:
+        args = [str(directory), str(gpus), str(port_range.start), str(port_range.stop), mode,
+                str(count)]
+        holder = Holder(args, tmp_path / f"holder-{len(started)}.err")
+        started.append(holder)
+        return holder
+
+    try:
+        yield start
+    finally:
+        for holder in started:
+            holder.kill()
+        # Every holder is reaped: none of their pids is left, not even as a zombie.
+        left = [h.process.pid for h in started if psutil.pid_exists(h.process.pid)]
+        assert not left, f"holder processes left behind: {left}"
+
+
+def lease_line(line: str) -> tuple[int, set[str]]:
+    port, gpus = line.split()
+    return int(port), set(gpus.split(","))
+
+
+def test_lease_takes_gpus_and_a_port_block(tmp_path: Path) -> None:
+    pool = virtual_pool(tmp_path, 4, ports(0, 2))
+    lease = pool.acquire(2, timeout=1)
+    try:
+        assert len(lease.gpus) == 2
+        assert set(lease.gpus) <= set(pool.gpu_ids)
+        assert lease.port in pool.port_blocks
+        # vLLM's internal ports follow the API port, inside the same block.
+        assert lease.internal_port == lease.port + 1
+        assert 0 <= lease.wait_s < 1
+    finally:
+        lease.release()
+
+
+def test_two_leases_in_one_process_never_share(tmp_path: Path) -> None:
+    pool = virtual_pool(tmp_path, 4, ports(1, 2))
+    first = pool.acquire(2, timeout=1)
+    second = pool.acquire(2, timeout=1)
+    try:
+        assert not set(first.gpus) & set(second.gpus)
+        assert first.port != second.port
+        assert abs(first.port - second.port) >= PORT_BLOCK
+        # Everything is taken now: a third lease cannot be had.
+        with pytest.raises(LeaseTimeout):
+            pool.acquire(1, timeout=0)
+    finally:
+        first.release()
+        second.release()
+
+
+def test_release_frees_gpus_and_port(tmp_path: Path) -> None:
+    pool = virtual_pool(tmp_path, 1, ports(2, 1))
+    lease = pool.acquire(1, timeout=1)
+    with pytest.raises(LeaseTimeout):
+        pool.acquire(1, timeout=0)
+    lease.release()
+    lease.release()  # a second release is harmless
+    again = pool.acquire(1, timeout=0)
+    try:
+        assert (again.gpus, again.port) == (lease.gpus, lease.port)
+    finally:
+        again.release()
+
+
+def test_another_process_lease_is_disjoint_from_ours(
+    tmp_path: Path, holders: Callable[..., Holder]
+) -> None:
+    port_range = ports(3, 2)
+    holder = holders(tmp_path, 4, port_range, "lease", 2)
+    their_port, their_gpus = lease_line(holder.read_line())
+    pool = virtual_pool(tmp_path, 4, port_range)
+    ours = pool.acquire(2, timeout=2)
+    try:
+        assert not set(ours.gpus) & their_gpus
+        assert ours.port != their_port
+    finally:
+        ours.release()
+
+
+def test_another_process_blocks_its_gpus_until_killed(
+    tmp_path: Path, holders: Callable[..., Holder]
+) -> None:
+    # Two port blocks but only two GPUs, all leased by the holder: only GPUs are scarce.
+    port_range = ports(4, 2)
+    holder = holders(tmp_path, 2, port_range, "lease", 2)
+    their_port, their_gpus = lease_line(holder.read_line())
+    pool = virtual_pool(tmp_path, 2, port_range)
+    with pytest.raises(LeaseTimeout):
+        pool.acquire(1, timeout=0.3)
+    holder.kill()
+    # The kernel dropped the holder's flocks with it: no wait, no stale lock to clean.
+    lease = pool.acquire(2, timeout=0)
+    try:
+        assert set(lease.gpus) == their_gpus
+        assert lease.port == their_port
+    finally:
+        lease.release()
+
+
+def test_another_process_blocks_its_port_block_until_killed(
+    tmp_path: Path, holders: Callable[..., Holder]
+) -> None:
+    # One port block, two GPUs: after the holder takes one GPU, only the port is scarce.
+    port_range = ports(5, 1)
+    holder = holders(tmp_path, 2, port_range, "lease", 1)
+    their_port, _ = lease_line(holder.read_line())
+    pool = virtual_pool(tmp_path, 2, port_range)
+    with pytest.raises(LeaseTimeout):
+        pool.acquire(1, timeout=0.3)
+    holder.kill()
+    lease = pool.acquire(2, timeout=0)
+    try:
+        assert lease.port == their_port
+    finally:
+        lease.release()
+
+
+@pytest.mark.parametrize("offset", [0, 5], ids=["api-port", "internal-port"])
+def test_block_with_a_foreign_bound_port_is_skipped(tmp_path: Path, offset: int) -> None:
+    port_range = ports(6 + offset // 5, 2)
+    pool = virtual_pool(tmp_path, 2, port_range)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as foreign:
+        foreign.bind(("127.0.0.1", port_range.start + offset))
+        foreign.listen()
+        lease = pool.acquire(1, timeout=1)
+        try:
+            assert lease.port == port_range.start + PORT_BLOCK
+        finally:
+            lease.release()
+    # The skipped block's lock was given back: once the port is free, it is leased again.
+    lease = pool.acquire(1, timeout=1)
+    try:
+        assert lease.port == port_range.start
+    finally:
+        lease.release()
+
+
+def test_more_gpus_than_the_pool_has_fails_at_once(tmp_path: Path) -> None:
+    pool = virtual_pool(tmp_path, 2, ports(8, 1))
+    started = time.monotonic()
+    with pytest.raises(LeaseTimeout, match=r"needs 3 GPU\(s\) but the pool has 2"):
+        pool.acquire(3, timeout=30)
+    assert time.monotonic() - started < 1
+
+
+def test_busy_pool_times_out_naming_the_pool(tmp_path: Path) -> None:
+    port_range = ports(9, 1)
+    pool = virtual_pool(tmp_path, 1, port_range)
+    held = pool.acquire(1, timeout=1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(LeaseTimeout) as raised:
+            pool.acquire(1, timeout=0.6)
+        elapsed = time.monotonic() - started
+    finally:
+        held.release()
+    assert 0.6 <= elapsed < 3
+    message = str(raised.value)
+    assert "GPUs 0" in message
+    assert f"ports {port_range.start}-{port_range.stop - 1}" in message
+    assert str(tmp_path) in message
+
+
+def test_serial_start_is_exclusive_across_processes(
+    tmp_path: Path, holders: Callable[..., Holder]
+) -> None:
+    port_range = ports(10, 1)
+    holder = holders(tmp_path, 1, port_range, "serial")
+    assert holder.read_line() == "holding"
+    pool = virtual_pool(tmp_path, 1, port_range)
+    started = time.monotonic()
+    with pytest.raises(filelock.Timeout), pool.serial_start(timeout=0.3):
+        pytest.fail("entered serial_start while another process holds it")
+    assert time.monotonic() - started >= 0.3
+    holder.kill()
+    entered = False
+    with pool.serial_start(timeout=0):
+        entered = True
+    assert entered
+    # Leaving the block released it: it can be entered again at once.
+    with pool.serial_start(timeout=0):
+        pass
+
+
+def test_make_pool_with_a_count_and_no_real_gpus_is_virtual(tmp_path: Path) -> None:
+    pool = make_pool(tmp_path, 3, ports(11, 1), [])
+    assert pool.gpu_ids == ("0", "1", "2")
+    assert pool.gpu_lock_names == ("virtual-0", "virtual-1", "virtual-2")
+
+
+def test_make_pool_with_explicit_ids_keeps_them(tmp_path: Path) -> None:
+    pool = make_pool(tmp_path, ["2", "5"], ports(11, 1), [])
+    assert pool.gpu_ids == ("2", "5")
+    assert pool.gpu_lock_names == ("virtual-2", "virtual-5")
+
+
+def test_make_pool_with_none_and_no_real_gpus_has_eight(tmp_path: Path) -> None:
+    pool = make_pool(tmp_path, None, ports(11, 1), [])
+    assert pool.gpu_ids == tuple(str(i) for i in range(8))
+
+
+def test_make_pool_on_real_gpus_locks_by_uuid(tmp_path: Path) -> None:
+    real = [("0", "GPU-aaa"), ("1", "GPU-bbb"), ("2", "GPU-ccc")]
+    assert make_pool(tmp_path, None, ports(11, 1), real).gpu_ids == ("0", "1", "2")
+    first_two = make_pool(tmp_path, 2, ports(11, 1), real)
+    assert first_two.gpu_ids == ("0", "1")
+    assert first_two.gpu_lock_names == ("GPU-aaa", "GPU-bbb")
+    explicit = make_pool(tmp_path, ["2"], ports(11, 1), real)
+    assert explicit.gpu_lock_names == ("GPU-ccc",)
+
+
+def test_pools_of_different_specs_agree_on_a_gpu(tmp_path: Path) -> None:
+    # GPU "1" is the same lock whether a session names it or counts up to it.
+    counted = make_pool(tmp_path, 2, ports(12, 1), [])
+    named = make_pool(tmp_path, ["1"], ports(13, 1), [])
+    lease = named.acquire(1, timeout=1)
+    try:
+        with pytest.raises(LeaseTimeout):
+            counted.acquire(2, timeout=0)
+        only = counted.acquire(1, timeout=0)
+        try:
+            assert only.gpus == ("0",)
+        finally:
+            only.release()
+    finally:
+        lease.release()
+
+
+def test_default_pool_dir_follows_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(POOL_DIR_ENV, str(tmp_path / "locks"))
+    assert default_pool_dir() == tmp_path / "locks"
+    monkeypatch.delenv(POOL_DIR_ENV)
+    assert default_pool_dir().name.startswith("pytest-profllm-pool-")

@@ -1,0 +1,320 @@
+"""Server processes with the simulated engine as a real process: start, readiness, start-up
+failures, stopping the whole process group, and one server per key in `WorkerServers`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import requests
+
+from pytest_profllm.engine import serve_command
+from pytest_profllm.plan import Case, expand
+from pytest_profllm.pool import HostPool, LeaseTimeout, make_pool
+from pytest_profllm.server import (
+    HOST,
+    ServerProcess,
+    ServerStartError,
+    WorkerServers,
+    server_env,
+)
+from pytest_profllm.suite import validate_suite
+
+MODEL = "Qwen/Qwen3-8B"
+# This file's ports: 24500 and up, one block per xdist worker, so that servers started by
+# two workers at once never share a port (each test's pool has its own lock directory).
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+PORTS = range(24500 + 10 * _WORKER, 24510 + 10 * _WORKER)
+READY_TIMEOUT = 15.0
+
+# The server ignores SIGTERM, and so does a child it starts in its process group.
+IGNORES_SIGTERM = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('child ready', flush=True); time.sleep(60)"])
+print("child pid", child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def group_alive(pgid: int) -> list[int]:
+    """Pids of live (not zombie) processes in the process group."""
+    alive = []
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return alive
+
+
+def wait_group_gone(pgid: int, timeout: float = 3.0) -> list[int]:
+    # SIGKILL is delivered asynchronously to members other than the one waited for.
+    deadline = time.monotonic() + timeout
+    while (left := group_alive(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def pid_of(server: ServerProcess) -> int:
+    # The process leads its own group (start_new_session): its pid is the group id.
+    assert server._process is not None
+    return server._process.pid
+
+
+def live_children() -> list[psutil.Process]:
+    children = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                children.append(child)
+    return children
+
+
+@pytest.fixture(autouse=True)
+def no_process_left() -> Iterator[None]:
+    yield
+    left = live_children()
+    for child in left:  # reap them before failing, so no later test inherits them
+        with contextlib.suppress(psutil.Error):
+            os.killpg(child.pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> HostPool:
+    return make_pool(tmp_path / "locks", 1, PORTS, [])
+
+
+@pytest.fixture
+def servers(tmp_path: Path, pool: HostPool) -> Iterator[list[ServerProcess]]:
+    """ServerProcesses a test makes; stopped (SIGKILL at once) and their leases freed."""
+    made: list[ServerProcess] = []
+    try:
+        yield made
+    finally:
+        for server in made:
+            server.stop(grace=0)
+            server.lease.release()
+        for server in made:
+            if server._process is not None:
+                assert not wait_group_gone(pid_of(server))
+
+
+def make_server(
+    servers: list[ServerProcess], pool: HostPool, log_dir: Path, argv: list[str] | None = None,
+    server: dict[str, Any] | None = None,
+) -> ServerProcess:
+    lease = pool.acquire(1, timeout=5)
+    process = ServerProcess(
+        key="key",
+        label="label",
+        engine="sim",
+        argv=argv or serve_command("sim", server or {"model": MODEL}, HOST, lease.port),
+        env=server_env(lease),
+        log_path=log_dir / "server.log",
+        lease=lease,
+    )
+    servers.append(process)
+    return process
+
+
+def test_server_starts_answers_and_stops_its_whole_group(
+    tmp_path: Path, pool: HostPool, servers: list[ServerProcess]
+) -> None:
+    server = make_server(servers, pool, tmp_path / "logs")
+    server.start()
+    server.wait_ready(READY_TIMEOUT)
+    assert server.alive()
+    response = requests.get(f"{server.base_url}/v1/models", timeout=5)
+    assert response.status_code == 200
+    assert [model["id"] for model in response.json()["data"]] == [MODEL]
+    pgid = pid_of(server)
+    server.stop()
+    assert not server.alive()
+    assert not wait_group_gone(pgid)
+    assert server.ready_at is not None and server.stopped_at is not None
+    assert 0 < server.started_at <= server.ready_at <= server.stopped_at
+    log = server.log_path.read_text()
+    assert log.startswith("# profllm: ")
+    # The lease reached the server: its GPUs and internal port base are in its environment.
+    assert f"CUDA_VISIBLE_DEVICES=0 VLLM_PORT={server.lease.internal_port}" in log
+    stopped = server.stopped_at
+    server.stop()  # stopping twice changes nothing
+    assert server.stopped_at == stopped
+
+
+def test_server_exiting_at_start_raises_with_exit_tail_and_cause(
+    tmp_path: Path, pool: HostPool, servers: list[ServerProcess]
+) -> None:
+    server = make_server(servers, pool, tmp_path / "logs", server={"model": "./no-such-model"})
+    server.start()
+    started = time.monotonic()
+    with pytest.raises(ServerStartError) as raised:
+        server.wait_ready(READY_TIMEOUT)
+    # It notices the exit, rather than waiting for the ready timeout.
+    assert time.monotonic() - started < 5
+    message = str(raised.value)
+    assert "exited with code 1 during start-up" in message
+    assert "likely cause: model not found" in message
+    assert "does not exist" in message  # the log's tail
+    assert str(server.log_path) in message
+    assert server.stopped_at is not None
+    assert not wait_group_gone(pid_of(server))
+
+
+def test_startup_timeout_raises_not_ready_and_kills(
+    tmp_path: Path, pool: HostPool, servers: list[ServerProcess]
+) -> None:
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    server = make_server(servers, pool, tmp_path / "logs", argv=argv)
+    server.start()
+    started = time.monotonic()
+    with pytest.raises(ServerStartError, match="not ready on /health within 1 s"):
+        server.wait_ready(1)
+    assert 1 <= time.monotonic() - started < 8
+    assert not server.alive()
+    assert server.stopped_at is not None
+    assert not wait_group_gone(pid_of(server))
+
+
+def test_stop_escalates_to_sigkill_for_the_whole_group(
+    tmp_path: Path, pool: HostPool, servers: list[ServerProcess]
+) -> None:
+    server = make_server(servers, pool, tmp_path / "logs", argv=[sys.executable, "-c",
+                                                                 IGNORES_SIGTERM])
+    server.start()
+    deadline = time.monotonic() + 10
+    # Whole lines only: the log's header line quotes the script itself.
+    while not re.search(r"^child ready$", log := server.log_path.read_text(), re.M):
+        assert time.monotonic() < deadline, f"child never started; log: {log}"
+        time.sleep(0.05)
+    found = re.search(r"^child pid (\d+)$", log, re.M)
+    assert found, log
+    child_pid = int(found.group(1))
+    pgid = pid_of(server)
+    assert set(group_alive(pgid)) == {pgid, child_pid}
+    started = time.monotonic()
+    server.stop(grace=0.5)
+    # SIGTERM was ignored for the whole grace period, then SIGKILL ended it.
+    assert time.monotonic() - started >= 0.5
+    assert server._process is not None and server._process.returncode == -signal.SIGKILL
+    assert not wait_group_gone(pgid)
+    assert not psutil.pid_exists(child_pid) or (
+        psutil.Process(child_pid).status() == psutil.STATUS_ZOMBIE
+    )
+
+
+# --- WorkerServers ---------------------------------------------------------------------------
+
+
+def cases(server: dict[str, Any]) -> list[Case]:
+    suite = validate_suite(
+        {"server": server, "benchmark": {"num_prompts": [1, 2]}}, "test"
+    )
+    return expand(suite, "bench_test.yaml")
+
+
+@pytest.fixture
+def workers(tmp_path: Path, pool: HostPool) -> Iterator[WorkerServers]:
+    worker = WorkerServers(
+        engine="sim",
+        pool=pool,
+        log_dir=tmp_path / "logs",
+        startup_timeout=READY_TIMEOUT,
+        lease_timeout=2.0,
+    )
+    try:
+        yield worker
+    finally:
+        worker.release()
+
+
+def test_same_server_key_reuses_the_running_server(workers: WorkerServers) -> None:
+    first, second, third, _ = cases({"model": MODEL, "max_num_seqs": [8, 16]})
+    assert first.server_key == second.server_key != third.server_key
+    server = workers.server_for(first)
+    workers.after_case(second)  # the next case uses the same server: it keeps running
+    assert workers.current is server and server.alive()
+    assert workers.server_for(second) is server
+    assert workers.starts == 1
+    assert "max_num_seqs=8" in server.log_path.read_text()
+
+
+def test_new_server_key_swaps_the_server(workers: WorkerServers) -> None:
+    first, _, other, _ = cases({"model": MODEL, "max_num_seqs": [8, 16]})
+    old = workers.server_for(first)
+    old_pgid = pid_of(old)
+    # The pool has one GPU: the new server can only start if the old lease was given back.
+    new = workers.server_for(other)
+    assert new is not old and workers.current is new
+    assert workers.starts == 2
+    assert old.stopped_at is not None and not wait_group_gone(old_pgid)
+    assert new.alive()
+    assert "max_num_seqs=16" in new.log_path.read_text()
+    response = requests.get(f"{new.base_url}/v1/models", timeout=5)
+    assert response.status_code == 200
+
+
+def test_after_case_none_stops_the_server_and_frees_its_lease(
+    workers: WorkerServers, pool: HostPool
+) -> None:
+    first, *_ = cases({"model": MODEL, "max_num_seqs": 8})
+    server = workers.server_for(first)
+    with pytest.raises(LeaseTimeout):
+        pool.acquire(1, timeout=0)  # held by the running server
+    workers.after_case(None)
+    assert workers.current is None
+    assert server.stopped_at is not None and not wait_group_gone(pid_of(server))
+    lease = pool.acquire(1, timeout=0)
+    assert lease.port == server.lease.port
+    lease.release()
+
+
+def test_after_case_with_another_key_stops_the_server(workers: WorkerServers) -> None:
+    first, _, other, _ = cases({"model": MODEL, "max_num_seqs": [8, 16]})
+    server = workers.server_for(first)
+    workers.after_case(other)
+    assert workers.current is None
+    assert server.stopped_at is not None and not server.alive()
+
+
+def test_failed_server_key_fails_again_without_a_second_start(
+    workers: WorkerServers, pool: HostPool
+) -> None:
+    first, second = cases({"model": "./no-such-model"})
+    with pytest.raises(ServerStartError, match="likely cause: model not found"):
+        workers.server_for(first)
+    assert workers.starts == 1 and workers.current is None
+    started = time.monotonic()
+    with pytest.raises(ServerStartError, match=r"exited with code 1.*\(see the first case\)"):
+        workers.server_for(second)
+    assert time.monotonic() - started < 0.5
+    assert workers.starts == 1
+    # The failed start gave its lease back.
+    pool.acquire(1, timeout=0).release()
+
+
+def test_dead_server_is_started_again_for_its_key(workers: WorkerServers) -> None:
+    first, second, *_ = cases({"model": MODEL, "max_num_seqs": 8})
+    server = workers.server_for(first)
+    os.killpg(pid_of(server), signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while server.alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    again = workers.server_for(second)
+    assert again is not server and again.alive()
+    assert workers.starts == 2
