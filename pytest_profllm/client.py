@@ -120,7 +120,6 @@ async def _stream_completion(
     request: PromptRequest,
     intended_start: float,
 ) -> RequestOutcome:
-    import aiohttp
 
     payload = {
         "model": settings.model,
@@ -166,7 +165,7 @@ async def _stream_completion(
                         outcome.output_tokens = usage.get("completion_tokens")
             if not outcome.success:
                 outcome.error = _NO_CONTENT
-    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as error:
+    except Exception as error:  # as in vLLM's client: any error fails this request only
         outcome.success = False
         outcome.error = f"{type(error).__name__}: {error}"
     outcome.latency = last - start

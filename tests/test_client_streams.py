@@ -1,0 +1,385 @@
+"""`client.run_load` against in-process aiohttp servers that send hand-made SSE streams.
+
+Each server is scripted byte by byte (and pause by pause), so the tests pin down how the client
+cuts the stream into SSE messages and when it takes its timestamps, as `vllm bench serve` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from pytest_profllm.client import LoadResult, LoadSettings, arrival_offsets, run_load
+from pytest_profllm.dataset import PromptRequest
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Step = bytes | float  # bytes: one write; float: a pause in seconds
+
+DONE = b"data: [DONE]\n\n"
+NO_CONTENT = "Never received a valid chunk to calculate TTFT."
+
+
+def _message(event: object) -> bytes:
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+def _token(text: str | None) -> bytes:
+    return _message({"id": "cmpl-1", "choices": [{"index": 0, "text": text}]})
+
+
+def _usage(completion_tokens: int) -> bytes:
+    # vLLM's final chunk with stream_options.include_usage: no choices, only usage.
+    usage = {"prompt_tokens": 3, "completion_tokens": completion_tokens}
+    return _message({"id": "cmpl-1", "choices": [], "usage": usage})
+
+
+def _scripted(*steps: Step) -> Handler:
+    """A handler that plays `steps` on an event-stream response, each write a separate chunk."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for step in steps:
+            if isinstance(step, bytes):
+                await response.write(step)
+            else:
+                await asyncio.sleep(step)
+        await response.write_eof()
+        return response
+
+    return handler
+
+
+@contextlib.asynccontextmanager
+async def _serve(handler: Handler) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    # A short shutdown timeout: cleanup never waits long on a handler the test left hanging.
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def _requests(count: int) -> list[PromptRequest]:
+    return [PromptRequest(prompt=f"prompt {i}", prompt_len=3, output_len=4) for i in range(count)]
+
+
+def _load(handler: Handler, count: int = 1, **overrides: Any) -> LoadResult:
+    """Run the client against `handler`, bounded in time, and stop the server whatever happens."""
+
+    async def main() -> LoadResult:
+        async with _serve(handler) as url:
+            settings = LoadSettings(base_url=url, model="sim", request_timeout_s=5.0, **overrides)
+            return await asyncio.wait_for(run_load(settings, _requests(count)), timeout=10)
+
+    return asyncio.run(main())
+
+
+# (a) How the byte stream is cut into messages.
+
+FIRST = _token("a")
+
+
+@pytest.mark.parametrize(
+    "split",
+    [
+        pytest.param(len(b'data: {"id": "cm'), id="inside-json"),
+        pytest.param(len(FIRST) - 1, id="between-the-two-newlines"),
+        pytest.param(len(b"data:"), id="after-field-name"),
+    ],
+)
+def test_split_message_and_coalesced_messages_each_count_once(split: int) -> None:
+    handler = _scripted(
+        b": keep-alive\n\n",  # an SSE comment is no content message
+        0.02,
+        FIRST[:split],
+        0.15,  # the first message is complete only now
+        FIRST[split:],
+        0.05,
+        _token("b") + _token("c") + _token("d"),  # three messages in one write
+        _usage(4),
+        DONE,
+    )
+    (outcome,) = _load(handler).outcomes
+    assert outcome.success, outcome.error
+    assert outcome.generated_text == "abcd"
+    assert outcome.output_tokens == 4
+    assert len(outcome.itl) == 3
+    # TTFT is taken when the first message is whole, not at its first bytes (~20 ms).
+    assert outcome.ttft >= 0.15
+    assert outcome.itl[0] >= 0.04
+    # Messages that came in one read are seen together.
+    assert outcome.itl[1] < 0.03
+    assert outcome.itl[2] < 0.03
+    assert outcome.latency == pytest.approx(outcome.ttft + sum(outcome.itl))
+
+
+# (b) Empty text is still a token message.
+
+
+def test_empty_and_null_text_messages_count_as_tokens() -> None:
+    handler = _scripted(
+        _token(""), 0.03, _token("x"), 0.03, _token(None), 0.03, _token(""), _usage(4), DONE
+    )
+    (outcome,) = _load(handler).outcomes
+    assert outcome.success, outcome.error
+    assert outcome.generated_text == "x"
+    assert len(outcome.itl) == 3
+    # TTFT at the first (empty) message, sent right away.
+    assert outcome.ttft < 0.025
+    assert all(gap >= 0.02 for gap in outcome.itl)
+
+
+# (c) The usage chunk.
+
+
+def test_usage_chunk_sets_tokens_but_not_latency() -> None:
+    handler = _scripted(_token("a"), 0.02, _token("b"), 0.2, _usage(2), DONE)
+    result = _load(handler)
+    (outcome,) = result.outcomes
+    assert outcome.success, outcome.error
+    assert outcome.output_tokens == 2
+    assert len(outcome.itl) == 1
+    # Latency ends at the last content message (~20 ms), not the usage chunk (~220 ms).
+    assert outcome.latency < 0.15
+    assert outcome.latency == pytest.approx(outcome.ttft + outcome.itl[0])
+    # The benchmark's duration still runs to the end of the stream.
+    assert result.duration >= 0.2
+
+
+def test_missing_usage_leaves_output_tokens_unset() -> None:
+    (outcome,) = _load(_scripted(_token("a"), _token("b"), DONE)).outcomes
+    assert outcome.success
+    assert outcome.output_tokens is None  # metrics.compute then counts the text's tokens
+
+
+# (d), (e) Failures the server reports.
+
+
+def test_http_error_is_a_failed_outcome_with_status() -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=500, text="engine exploded")
+
+    result = _load(handler, count=2)
+    assert len(result.outcomes) == 2
+    for outcome in result.outcomes:
+        assert not outcome.success
+        assert outcome.error.startswith("HTTP 500 Internal Server Error")
+        assert "engine exploded" in outcome.error
+        assert outcome.itl == []
+
+
+def test_stream_with_only_usage_is_a_failure() -> None:
+    (outcome,) = _load(_scripted(_usage(5), DONE)).outcomes
+    assert not outcome.success
+    assert outcome.error == NO_CONTENT
+    assert outcome.ttft == 0.0
+    assert outcome.itl == []
+    assert outcome.latency == 0.0
+    # Documented behaviour: the usage count is still kept on the failed outcome.
+    assert outcome.output_tokens == 5
+
+
+def test_invalid_json_is_a_failed_outcome() -> None:
+    (outcome,) = _load(_scripted(_token("a"), b"data: {not json\n\n", DONE)).outcomes
+    assert not outcome.success
+    assert outcome.error.startswith("JSONDecodeError")
+
+
+@pytest.mark.parametrize(
+    "bad", [b"data: [1, 2]\n\n", b'data: {"choices": [{"text": "\xff"}]}\n\n'], ids=["list", "utf8"]
+)
+def test_malformed_event_is_a_failed_outcome(bad: bytes) -> None:
+    (outcome,) = _load(_scripted(_token("a"), bad, DONE)).outcomes
+    assert not outcome.success
+
+
+def test_request_timeout_is_a_failed_outcome() -> None:
+    release = asyncio.Event()
+
+    async def stall(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(_token("a"))
+        # Hold the stream open until the client gave up (bounded in case it never does).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(release.wait(), timeout=3)
+        return response
+
+    async def main() -> LoadResult:
+        async with _serve(stall) as url:
+            settings = LoadSettings(base_url=url, model="sim", request_timeout_s=0.3)
+            try:
+                return await asyncio.wait_for(run_load(settings, _requests(1)), timeout=5)
+            finally:
+                release.set()
+
+    result = asyncio.run(main())
+    (outcome,) = result.outcomes
+    assert not outcome.success
+    assert outcome.error.startswith("TimeoutError")
+    assert 0.25 <= result.duration < 2
+
+
+# (f) The server hangs up mid-stream.
+
+
+def test_connection_closed_mid_stream() -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(_token("a"))
+        await asyncio.sleep(0.02)
+        await response.write(_token("b"))
+        if body["prompt"] == "prompt 0":
+            await asyncio.sleep(0.02)
+            assert request.transport is not None
+            request.transport.close()  # no terminating chunk: the body is cut short
+            return response
+        await response.write(_usage(2) + DONE)
+        await response.write_eof()
+        return response
+
+    result = _load(handler, count=2)
+    cut, whole = result.outcomes
+    # Actual behaviour: aiohttp raises ClientPayloadError, recorded as a failure that keeps
+    # what arrived before the cut (both tokens, TTFT, the gap, latency to the last token).
+    assert not cut.success
+    assert cut.error.startswith("ClientPayloadError")
+    assert cut.generated_text == "ab"
+    assert cut.ttft > 0
+    assert len(cut.itl) == 1
+    assert cut.latency == pytest.approx(cut.ttft + cut.itl[0])
+    # The other request is unaffected.
+    assert whole.success, whole.error
+    assert whole.output_tokens == 2
+
+
+# (g) Concurrency.
+
+
+@pytest.mark.parametrize(("max_concurrency", "peak"), [(None, 6), (2, 2)])
+def test_max_concurrency_bounds_in_flight_requests(max_concurrency: int | None, peak: int) -> None:
+    in_flight = 0
+    seen: list[int] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal in_flight
+        in_flight += 1
+        seen.append(in_flight)
+        try:
+            return await _scripted(_token("a"), 0.05, _token("b"), 0.05, _token("c"), DONE)(request)
+        finally:
+            in_flight -= 1
+
+    result = _load(handler, count=6, max_concurrency=max_concurrency)
+    assert all(outcome.success for outcome in result.outcomes)
+    assert len(seen) == 6
+    assert max(seen) == peak
+    # The first token is sent at once: TTFT never holds the wait for a slot.
+    assert max(outcome.ttft for outcome in result.outcomes) < 0.08
+    # Infinite rate: all were due at the start, whenever they could be sent.
+    assert all(outcome.intended_start == result.clock_start for outcome in result.outcomes)
+    last_start = max(outcome.start_time - result.clock_start for outcome in result.outcomes)
+    if max_concurrency == 2:
+        assert last_start >= 0.15  # the third pair waited for two ~100 ms streams
+    else:
+        assert last_start < 0.08
+
+
+# Request payload, headers, warmups and the arrival schedule end to end.
+
+
+def test_payload_headers_and_warmups() -> None:
+    seen: list[tuple[dict[str, Any], str | None]] = []
+    stream = _scripted(_token("a"), DONE)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append((await request.json(), request.headers.get("Authorization")))
+        return await stream(request)
+
+    result = _load(handler, count=2, num_warmups=2, api_key="secret", temperature=0.5)
+    assert len(result.outcomes) == 2
+    assert len(seen) == 4  # two warmups (of the first prompt) are not outcomes
+    assert [payload["prompt"] for payload, _ in seen[:2]] == ["prompt 0", "prompt 0"]
+    payload, auth = seen[-1]
+    assert auth == "Bearer secret"
+    assert payload["model"] == "sim"
+    assert payload["max_tokens"] == 4
+    assert payload["temperature"] == 0.5
+    assert payload["stream"] is True
+    assert payload["stream_options"] == {"include_usage": True}
+    assert payload["ignore_eos"] is True
+
+
+def test_ignore_eos_off_leaves_field_out() -> None:
+    seen: list[dict[str, Any]] = []
+    stream = _scripted(_token("a"), DONE)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append(await request.json())
+        return await stream(request)
+
+    _load(handler, ignore_eos=False)
+    assert "ignore_eos" not in seen[0]
+
+
+def test_finite_rate_sends_on_schedule() -> None:
+    result = _load(_scripted(_token("a"), DONE), count=4, request_rate=20.0, burstiness=math.inf)
+    offsets = [o.intended_start - result.clock_start for o in result.outcomes]
+    assert offsets == pytest.approx([0.05, 0.10, 0.15, 0.20])
+    for outcome, offset in zip(result.outcomes, offsets, strict=True):
+        assert outcome.start_time - result.clock_start >= offset - 1e-3
+    assert result.duration >= 0.2
+
+
+# (h) The arrival schedule.
+
+
+def test_infinite_rate_sends_all_at_once() -> None:
+    assert arrival_offsets(5, math.inf, 1.0, seed=0) == [0.0] * 5
+    assert arrival_offsets(0, math.inf, 1.0, seed=0) == []
+
+
+@pytest.mark.parametrize("burstiness", [0.5, 1.0, 4.0])
+def test_finite_rate_offsets_increase_to_count_over_rate(burstiness: float) -> None:
+    offsets = arrival_offsets(50, 10.0, burstiness, seed=3)
+    assert len(offsets) == 50
+    assert offsets[0] > 0
+    assert all(b > a for a, b in itertools.pairwise(offsets))
+    assert offsets[-1] == pytest.approx(50 / 10.0)
+
+
+def test_infinite_burstiness_is_evenly_spaced() -> None:
+    assert arrival_offsets(4, 4.0, math.inf, seed=0) == pytest.approx([0.25, 0.5, 0.75, 1.0])
+
+
+def test_seed_fixes_offsets() -> None:
+    assert arrival_offsets(20, 5.0, 1.0, seed=7) == arrival_offsets(20, 5.0, 1.0, seed=7)
+    assert arrival_offsets(20, 5.0, 1.0, seed=7) != arrival_offsets(20, 5.0, 1.0, seed=8)
+
+
+def test_lower_burstiness_gives_burstier_gaps() -> None:
+    # Gamma gaps: coefficient of variation 1/sqrt(burstiness).
+    def variation(burstiness: float) -> float:
+        gaps = np.diff([0.0, *arrival_offsets(400, 10.0, burstiness, seed=1)])
+        return float(np.std(gaps) / np.mean(gaps))
+
+    assert variation(0.25) > 1.5 > variation(1.0) > 0.5 > variation(16.0)
