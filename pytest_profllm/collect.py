@@ -15,7 +15,6 @@ from pytest_profllm.suite import SuiteError, load_suite_file, validate_suite
 
 PROFLLM_MARKER = "profllm"
 CASE_FIXTURE = "profllm_case"
-SESSION_KEY: pytest.StashKey[Any] = pytest.StashKey()  # set by plugin.py: the WorkerSession factory
 
 
 class ThresholdMissed(Exception):
@@ -56,7 +55,9 @@ class BenchItem(pytest.Item):
         self.case = case
 
     def runtest(self) -> None:
-        outcome = self.config.stash[SESSION_KEY]().run(self.case, self.nodeid, self.stash)
+        from pytest_profllm.session import worker_session
+
+        outcome = worker_session(self.config).run(self.case, self.nodeid, self.stash)
         if outcome.missed:
             from pytest_profllm.runner import describe_missed
 

@@ -12,12 +12,10 @@ from typing import Any
 import pytest
 
 from pytest_profllm import collect, options, session
-from pytest_profllm.collect import CASE_FIXTURE, PROFLLM_MARKER, SESSION_KEY, case_of
+from pytest_profllm.collect import CASE_FIXTURE, PROFLLM_MARKER, case_of
 from pytest_profllm.plan import Case
+from pytest_profllm.session import IDENTITY_KEY, SETTINGS_KEY, WORKER_KEY, worker_session
 
-_SETTINGS = pytest.StashKey[options.Settings]()
-_IDENTITY = pytest.StashKey[session.RunIdentity]()
-_WORKER = pytest.StashKey[session.WorkerSession]()
 _CONTROLLER = pytest.StashKey[session.ControllerSession]()
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 
@@ -33,7 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "each case of this benchmark matrix; the profllm_result fixture holds the case's result",
     )
     settings = options.Settings.from_config(config)
-    config.stash[_SETTINGS] = settings
+    config.stash[SETTINGS_KEY] = settings
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
         identity = session.RunIdentity.from_workerinput(workerinput["profllm"])
@@ -49,21 +47,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_CONTROLLER] = session.ControllerSession(settings, identity)
         # Only here: on an xdist worker it would take records out before they are sent.
         config.pluginmanager.register(_ReportHooks(config), "profllm-reports")
-    config.stash[_IDENTITY] = identity
-    config.stash[SESSION_KEY] = lambda: _worker_session(config)
-
-
-def _worker_session(config: pytest.Config) -> session.WorkerSession:
-    if _WORKER not in config.stash:
-        config.stash[_WORKER] = session.WorkerSession(
-            config.stash[_SETTINGS], config.stash[_IDENTITY], session.worker_name()
-        )
-    return config.stash[_WORKER]
+    config.stash[IDENTITY_KEY] = identity
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    node.workerinput["profllm"] = node.config.stash[_IDENTITY].to_workerinput()
+    node.workerinput["profllm"] = node.config.stash[IDENTITY_KEY].to_workerinput()
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -76,14 +65,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    settings = config.stash[_SETTINGS]
-    engine = config.stash[_IDENTITY].engine
+    settings = config.stash[SETTINGS_KEY]
+    engine = config.stash[IDENTITY_KEY].engine
     out = f"records in {settings.out_dir}" if settings.out_dir else "no --profllm-out: no files"
     return [f"profllm: engine {engine.name} ({engine.reason}); {out}"]
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    if fnmatch.fnmatch(file_path.name, parent.config.stash[_SETTINGS].suite_glob):
+    if fnmatch.fnmatch(file_path.name, parent.config.stash[SETTINGS_KEY].suite_glob):
         return collect.SuiteFile.from_parent(parent, path=file_path)
     return None
 
@@ -117,7 +106,7 @@ def profllm_case(request: pytest.FixtureRequest) -> Case:
 @pytest.fixture
 def profllm_result(request: pytest.FixtureRequest, profllm_case: Case) -> Any:
     """Runs this test's benchmark case and returns its outcome (`.results` holds the metrics)."""
-    return request.config.stash[SESSION_KEY]().run(
+    return worker_session(request.config).run(
         profllm_case, request.node.nodeid, request.node.stash
     )
 
@@ -147,7 +136,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     outcome = item.stash.get(session.OUTCOME_KEY, None)
     if outcome is None:
         return
-    worker = item.config.stash.get(_WORKER, None)
+    worker = item.config.stash.get(WORKER_KEY, None)
     if worker is not None:
         worker.after_case(case_of(nextitem))
     status, message = session.status_of(item.stash.get(_REPORTS, {}), outcome)
@@ -156,7 +145,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    worker = session.config.stash.get(_WORKER, None)
+    worker = session.config.stash.get(WORKER_KEY, None)
     if worker is not None:
         worker.close()
     controller = session.config.stash.get(_CONTROLLER, None)

@@ -154,3 +154,17 @@ class ControllerSession:
 
 def worker_name() -> str:
     return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+SETTINGS_KEY = pytest.StashKey[Settings]()
+IDENTITY_KEY = pytest.StashKey[RunIdentity]()
+WORKER_KEY = pytest.StashKey[WorkerSession]()
+
+
+def worker_session(config: pytest.Config) -> WorkerSession:
+    """This process's case runner, made on the first case it runs."""
+    if WORKER_KEY not in config.stash:
+        config.stash[WORKER_KEY] = WorkerSession(
+            config.stash[SETTINGS_KEY], config.stash[IDENTITY_KEY], worker_name()
+        )
+    return config.stash[WORKER_KEY]
