@@ -43,8 +43,15 @@ class ServerCollector(pytest.Collector):
         self.cases = cases
 
     def collect(self) -> Iterator[pytest.Item]:
+        from pytest_profllm.session import SETTINGS_KEY, skip_reason
+
+        settings = self.config.stash[SETTINGS_KEY]
         for case in self.cases:
-            yield BenchItem.from_parent(self, name=case.workload_label, case=case)
+            item = BenchItem.from_parent(self, name=case.workload_label, case=case)
+            reason = skip_reason(case, settings)
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+            yield item
 
 
 class BenchItem(pytest.Item):
@@ -70,8 +77,9 @@ class BenchItem(pytest.Item):
             return f"{self.nodeid}: {excinfo.value}"
         return super().repr_failure(excinfo)
 
-    def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, f"{self.case.suite}: {self.case.name}"
+    def reportinfo(self) -> tuple[Any, int, str]:
+        # A line is required for skip reports; a case comes from the whole file (line 0).
+        return self.path, 0, f"{self.case.suite}: {self.case.name}"
 
 
 def case_of(item: pytest.Item | None) -> Case | None:

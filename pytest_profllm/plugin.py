@@ -43,6 +43,11 @@ def pytest_configure(config: pytest.Config) -> None:
             engine = choose_engine(settings.engine, len(discover().gpus))
         except EngineUnavailable as error:
             raise pytest.UsageError(str(error)) from None
+        try:
+            # Checked here, once, so a wrong GPU list is a usage error, not a failure per case.
+            session.host_pool(settings)
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None
         identity = session.RunIdentity(session.new_session_id(), engine)
         config.stash[_CONTROLLER] = session.ControllerSession(settings, identity)
         # Only here: on an xdist worker it would take records out before they are sent.
@@ -86,8 +91,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             f"{metafunc.definition.nodeid}: @pytest.mark.profllm needs the profllm_result "
             "(or profllm_case) fixture"
         )
-    ids = [case.name.replace("::", "/") for case in cases]
-    metafunc.parametrize(CASE_FIXTURE, cases, ids=ids)
+    settings = metafunc.config.stash[SETTINGS_KEY]
+    params = []
+    for case in cases:
+        reason = session.skip_reason(case, settings)
+        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        params.append(pytest.param(case, marks=marks, id=case.name.replace("::", "/")))
+    metafunc.parametrize(CASE_FIXTURE, params)
 
 
 @pytest.fixture

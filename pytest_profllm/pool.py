@@ -158,11 +158,15 @@ def make_pool(
 
     `real_gpus` holds (index, uuid) of NVML's GPUs. `gpu_spec` is a count (the first N real
     GPUs, or N virtual ones where there is none), explicit device ids, or None (all real GPUs,
-    else 8 virtual ones).
+    else 8 virtual ones). Asking for real GPUs the host lacks is a ValueError.
     """
     if isinstance(gpu_spec, int) or gpu_spec is None:
         count = gpu_spec if gpu_spec is not None else (len(real_gpus) or 8)
         if real_gpus:
+            if count > len(real_gpus):
+                raise ValueError(
+                    f"--profllm-gpus {count}: NVML finds only {len(real_gpus)} GPU(s) on this host"
+                )
             chosen = list(real_gpus)[:count]
             return HostPool(
                 directory, tuple(i for i, _ in chosen), tuple(u for _, u in chosen), ports
@@ -170,5 +174,11 @@ def make_pool(
         virtual = tuple(str(i) for i in range(count))
         return HostPool(directory, virtual, tuple(f"virtual-{i}" for i in virtual), ports)
     by_index = dict(real_gpus)
+    missing = [i for i in gpu_spec if real_gpus and i not in by_index]
+    if missing:
+        raise ValueError(
+            f"--profllm-gpus: no GPU with id {', '.join(missing)} "
+            f"(NVML finds ids {', '.join(by_index)})"
+        )
     names = tuple(by_index.get(i, f"virtual-{i}") for i in gpu_spec)
     return HostPool(directory, tuple(gpu_spec), names, ports)

@@ -60,6 +60,17 @@ def host_pool(settings: Settings) -> HostPool:
     return make_pool(default_pool_dir(), settings.gpus, settings.ports, real)
 
 
+def skip_reason(case: Case, settings: Settings) -> str | None:
+    """Why a case cannot run in this pool at all, known before anything starts."""
+    capacity = len(host_pool(settings).gpu_ids)
+    if case.gpus_needed > capacity:
+        return (
+            f"needs {case.gpus_needed} GPUs (tensor x pipeline x data parallel size) "
+            f"but the pool has {capacity} (--profllm-gpus)"
+        )
+    return None
+
+
 @dataclass
 class WorkerSession:
     """The case-running side: leases, one server at a time, and the outcome of each case."""

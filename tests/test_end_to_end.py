@@ -241,3 +241,46 @@ def test_without_out_dir_nothing_is_written(pytester: pytest.Pytester, ports: st
     result.stdout.fnmatch_lines(["profllm: engine sim (*); no --profllm-out: no files"])
     assert not list(pytester.path.rglob("*.db"))
     assert not list(pytester.path.rglob("*.json"))
+
+
+def test_secrets_never_reach_files_we_write(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(
+        ".yaml",
+        bench_secret="""
+server:
+  model: Qwen/Qwen3-8B
+  api_key: sk-topsecret-1
+  hf_token: hf_topsecret_2
+benchmark:
+  num_prompts: 3
+  random_input_len: 16
+  random_output_len: 4
+""",
+    )
+    result = run(pytester, ports)
+    # The server got the key: the client's requests, which carry it, were accepted.
+    result.assert_outcomes(passed=1)
+    (record,) = records(pytester)
+    assert record["config"]["server"]["api_key"] == "***"
+    assert record["config"]["server"]["hf_token"] == "***"
+    for path in (pytester.path / "results").rglob("*"):
+        if path.is_file() and not path.name.endswith(".gz"):
+            content = path.read_bytes()
+            assert b"topsecret" not in content, path
+    result.stdout.no_fnmatch_line("*topsecret*")
+
+
+def test_case_needing_more_gpus_than_the_pool_is_skipped(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makefile(
+        ".yaml",
+        bench_big="server:\n  model: Qwen/Qwen3-8B\n  tensor_parallel_size: [1, 8]\n"
+        + SMALL_WORKLOAD,
+    )
+    result = run(pytester, ports, "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines([
+        "SKIPPED *needs 8 GPUs (tensor x pipeline x data parallel size) but the pool has 4*"
+    ])
+    assert [r["case_id"] for r in records(pytester)] == ["bench_big.yaml::qwen3-8b-tp1::random"]

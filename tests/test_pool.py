@@ -304,6 +304,22 @@ def test_make_pool_on_real_gpus_locks_by_uuid(tmp_path: Path) -> None:
     assert explicit.gpu_lock_names == ("GPU-ccc",)
 
 
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (4, "--profllm-gpus 4: NVML finds only 3 GPU(s) on this host"),
+        (["1", "7"], "--profllm-gpus: no GPU with id 7 (NVML finds ids 0, 1, 2)"),
+    ],
+)
+def test_make_pool_refuses_real_gpus_the_host_lacks(
+    tmp_path: Path, spec: int | list[str], message: str
+) -> None:
+    real = [("0", "GPU-aaa"), ("1", "GPU-bbb"), ("2", "GPU-ccc")]
+    with pytest.raises(ValueError) as error:
+        make_pool(tmp_path, spec, ports(11, 1), real)
+    assert str(error.value) == message
+
+
 def test_pools_of_different_specs_agree_on_a_gpu(tmp_path: Path) -> None:
     # GPU "1" is the same lock whether a session names it or counts up to it.
     counted = make_pool(tmp_path, 2, ports(12, 1), [])

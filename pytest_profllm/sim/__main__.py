@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pytest_profllm.engine import redact_argv
 from pytest_profllm.sim.model_files import MODEL_DIR, SPECIAL_TOKENS
 
 log = logging.getLogger("profllm.sim")
@@ -64,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not model:
         build_parser().error("a model is required: profllm sim MODEL [options]")
     if ignored:
-        log.info("engine arguments without effect on the simulator: %s", " ".join(ignored))
+        shown = " ".join(redact_argv(ignored))  # the log lands in --profllm-out/logs
+        log.info("engine arguments without effect on the simulator: %s", shown)
     model_dir = _model_dir(model, args.tokenizer)
     if model_dir is None:
         log.error("model path %s does not exist", model)
