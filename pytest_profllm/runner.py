@@ -76,14 +76,14 @@ class CaseOutcome:
             duration=(self.finished_at or time.time()) - self.started_at,
             status=status,
             message=message,
-            engine=self.engine.as_record(),  # type: ignore[arg-type]
+            engine=self.engine.as_record(),
             config={
                 "server": redact(case.server),
                 "benchmark": case.benchmark.model_dump(mode="json"),
-            },  # type: ignore[arg-type]
+            },
             results={k: v for k, v in self.results.items() if not _bad_float(v)},
-            system=system_info(self.engine, self.server),  # type: ignore[arg-type]
-            runtime=describe_runtime(self.server, self.worker, case),  # type: ignore[arg-type]
+            system=system_info(self.engine, self.server),
+            runtime=describe_runtime(self.server, self.worker, case),
             thresholds={name: t.model_dump() for name, t in case.thresholds.items()},
             verdicts=self.verdicts,
         )

@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -54,12 +55,12 @@ def run(pytester: pytest.Pytester, ports: str, *args: str) -> pytest.RunResult:
     )
 
 
-def records(pytester: pytest.Pytester) -> list[dict]:
+def records(pytester: pytest.Pytester) -> list[dict[str, Any]]:
     files = sorted((pytester.path / "results").glob("*.json"))
     return [json.loads(path.read_text()) for path in files]
 
 
-def db_rows(pytester: pytest.Pytester, sql: str) -> list[tuple]:
+def db_rows(pytester: pytest.Pytester, sql: str) -> list[tuple[Any, ...]]:
     with sqlite3.connect(pytester.path / "results" / "results.db") as db:
         return db.execute(sql).fetchall()
 

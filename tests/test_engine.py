@@ -231,5 +231,5 @@ def test_engine_choice_as_record(vllm_installed: None) -> None:
 
 def test_vllm_version_is_none_when_vllm_cannot_be_found(monkeypatch: pytest.MonkeyPatch) -> None:
     # The real probe: find_spec must report vLLM missing without importing anything.
-    monkeypatch.setattr(engine.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     assert engine._vllm_version() is None
