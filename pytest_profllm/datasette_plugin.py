@@ -15,40 +15,25 @@ from datasette import hookimpl
 from pytest_profllm.metrics import COUNT_METRICS, LATENCY_METRICS
 from pytest_profllm.store import STANDARD_METRICS, TABLE
 
-_LATENCY_NAMES = {
-    "ttft": "time to first token",
-    "tpot": "time per output token after the first",
-    "itl": "inter-token latency (gaps between streamed messages, pooled over requests)",
-    "e2el": "end-to-end latency",
-}
-_STATISTICS = {"mean": "mean", "median": "median", "std": "standard deviation"}
-
+# Datasette lists column descriptions above the table: only the columns whose meaning is not
+# plain from their name get one; the latency metrics are explained once in the description.
 COLUMN_DESCRIPTIONS: dict[str, str] = {
-    "run_id": "unique id of this case's run (file name of its JSON record)",
-    "session_id": "the pytest session that ran it",
-    "suite": "suite name",
     "case_id": "suite file :: server :: workload",
-    "status": "passed, failed (threshold missed, or the test failed) or error (did not run)",
+    "status": "passed; failed (threshold missed, or the test failed); error (no measurement)",
     "engine": "vllm, or sim for the simulated engine: never compare the two",
-    "duration": "seconds the benchmark's requests took, failed ones included",
+    "duration": "seconds the benchmark's requests took, failed ones included (vLLM's duration)",
     "case_duration": "seconds the whole case took, server start included",
-    "completed": "requests that succeeded",
-    "failed": "requests that failed",
-    "total_input_tokens": "prompt tokens of completed requests",
-    "total_output_tokens": "output tokens of completed requests (from the usage chunk)",
-    "request_throughput": "completed requests per second",
-    "request_goodput": "requests per second that met every goodput SLO",
-    "output_throughput": "output tokens per second",
-    "total_token_throughput": "prompt and output tokens per second",
+    "total_output_tokens": "output tokens of completed requests, from the usage chunk",
+    "request_goodput": "requests per second that met every goodput SLO of the workload",
     "failed_verdicts": "metrics that missed their threshold",
 }
-for _metric, _name in _LATENCY_NAMES.items():
-    for _stat, _word in _STATISTICS.items():
-        COLUMN_DESCRIPTIONS[f"{_stat}_{_metric}_ms"] = f"{_word} {_name}, ms"
-    for _percentile in (50, 90, 95, 99):
-        COLUMN_DESCRIPTIONS[f"p{_percentile}_{_metric}_ms"] = (
-            f"{_percentile}th percentile {_name}, ms"
-        )
+DESCRIPTION = (
+    "One row per benchmark case, written by pytest-profllm. server_* columns are vLLM engine "
+    "arguments, bench_* the workload, system_* and runtime_* where and how it ran. Metrics keep "
+    "the names and definitions of vllm bench serve, latencies in ms: ttft = time to first token, "
+    "tpot = time per output token after the first, itl = gaps between streamed messages (pooled "
+    "over requests), e2el = end-to-end latency; each as mean_, median_, std_ and pNN_."
+)
 
 DEFAULT_FACETS = ["suite", "engine", "status", "server_model"]
 CHARTS = (
@@ -69,9 +54,7 @@ def table_metadata() -> dict[str, Any]:
     units["duration"] = units["case_duration"] = "s"
     return {
         "title": "vLLM serving benchmarks",
-        "description": "One row per benchmark case, written by pytest-profllm. Columns server_* "
-        "are vLLM engine arguments, bench_* workload parameters, system_* and runtime_* where "
-        "and how it ran; metrics keep the names of vllm bench serve.",
+        "description": DESCRIPTION,
         "facets": DEFAULT_FACETS,
         "sort_desc": "timestamp",
         "units": units,
