@@ -95,7 +95,13 @@ class HostPool:
     def serial_start(self, timeout: float) -> Iterator[None]:
         """Held while a server starts: vLLM sizes its KV cache wrongly when two start at once."""
         lock = self._lock("server-start")
-        lock.acquire(timeout=timeout)
+        try:
+            lock.acquire(timeout=timeout)
+        except filelock.Timeout:
+            raise LeaseTimeout(
+                f"another server on this host was still starting after {timeout:.0f} s "
+                f"(lock {self.directory / 'server-start.lock'})"
+            ) from None
         try:
             yield
         finally:

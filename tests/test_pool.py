@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import filelock
 import psutil
 import pytest
 
@@ -264,7 +263,10 @@ def test_serial_start_is_exclusive_across_processes(
     assert holder.read_line() == "holding"
     pool = virtual_pool(tmp_path, 1, port_range)
     started = time.monotonic()
-    with pytest.raises(filelock.Timeout), pool.serial_start(timeout=0.3):
+    with (
+        pytest.raises(LeaseTimeout, match=r"another server on this host was still starting"),
+        pool.serial_start(timeout=0.3),
+    ):
         pytest.fail("entered serial_start while another process holds it")
     assert time.monotonic() - started >= 0.3
     holder.kill()
