@@ -17,10 +17,6 @@ PROFLLM_MARKER = "profllm"
 CASE_FIXTURE = "profllm_case"
 
 
-class ThresholdMissed(Exception):
-    """A case ran but a metric is past its bound."""
-
-
 class SuiteFile(pytest.File):
     def collect(self) -> Iterator[pytest.Collector]:
         where = self.nodeid or self.path.name
@@ -64,16 +60,13 @@ class BenchItem(pytest.Item):
     def runtest(self) -> None:
         from pytest_profllm.session import worker_session
 
-        outcome = worker_session(self.config).run(self.case, self.nodeid, self.stash)
-        if outcome.missed:
-            from pytest_profllm.runner import describe_missed
-
-            raise ThresholdMissed(describe_missed(outcome.missed))
+        # Thresholds are checked after the call, for both forms, by plugin.pytest_runtest_call.
+        worker_session(self.config).run(self.case, self.nodeid, self.stash)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         from pytest_profllm.session import CASE_ERRORS
 
-        if isinstance(excinfo.value, (ThresholdMissed, *CASE_ERRORS)):
+        if isinstance(excinfo.value, (pytest.fail.Exception, *CASE_ERRORS)):
             return f"{self.nodeid}: {excinfo.value}"
         return super().repr_failure(excinfo)
 

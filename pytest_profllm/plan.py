@@ -23,6 +23,7 @@ from pytest_profllm.suite import (
     Suite,
     SuiteError,
     Threshold,
+    at_line,
     describe_error,
     did_you_mean,
 )
@@ -171,8 +172,7 @@ def _check_thresholds(
     allowed = workload.result_names()
     for metric in suite.thresholds:
         if metric not in allowed:
-            line = lines.get(("thresholds", metric))
-            where = f"{source}:{line}" if line else source
+            where = at_line(source, lines.get(("thresholds", metric)))
             raise SuiteError(
                 f"{where}: unknown metric 'thresholds.{metric}'{did_you_mean(metric, allowed)}; "
                 f"allowed: {', '.join(allowed)}"

@@ -130,10 +130,11 @@ def pytest_runtest_makereport(
     return report
 
 
-def pytest_runtest_call(item: pytest.Item) -> None:
-    # Marked tests run their own asserts; the matrix's thresholds are checked after them.
-    if isinstance(item, collect.BenchItem):
-        return
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    # After the case ran (a suite item) or the test's own asserts passed (a marked test), the
+    # matrix's thresholds decide. A failure in the call itself stands as it is.
+    yield
     outcome = item.stash.get(session.OUTCOME_KEY, None)
     if outcome is not None and outcome.missed:
         from pytest_profllm.runner import describe_missed

@@ -8,6 +8,7 @@ it is known whether its server stopped.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import os
 import platform
@@ -53,8 +54,6 @@ class CaseOutcome:
 
     @property
     def run_id(self) -> str:
-        import hashlib
-
         digest = hashlib.sha256(self.nodeid.encode()).hexdigest()[:10]
         return f"{self.session_id}-{digest}"
 

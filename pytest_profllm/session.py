@@ -60,9 +60,14 @@ def host_pool(settings: Settings) -> HostPool:
     return make_pool(default_pool_dir(), settings.gpus, settings.ports, real)
 
 
+@functools.cache
+def _gpu_capacity(settings: Settings) -> int:
+    return len(host_pool(settings).gpu_ids)
+
+
 def skip_reason(case: Case, settings: Settings) -> str | None:
     """Why a case cannot run in this pool at all, known before anything starts."""
-    capacity = len(host_pool(settings).gpu_ids)
+    capacity = _gpu_capacity(settings)
     if case.gpus_needed > capacity:
         return (
             f"needs {case.gpus_needed} GPUs (tensor x pipeline x data parallel size) "

@@ -179,7 +179,8 @@ def validate_suite(
     for key in server if isinstance(server, dict) else ():
         problem = _server_key_problem(key)
         if problem is not None:
-            raise SuiteError(f"{_at(where, lines.get(('server', key)))}: server.{key}: {problem}")
+            location = at_line(where, lines.get(("server", key)))
+            raise SuiteError(f"{location}: server.{key}: {problem}")
     try:
         suite = Suite.model_validate(data)
     except ValidationError as error:
@@ -200,7 +201,7 @@ def _check_exclusions(suite: Suite, where: str, lines: dict[tuple[Any, ...], int
                     loc = ("exclude", index, block_name, key)
                     line = _nearest_line(lines, loc)
                     raise SuiteError(
-                        f"{_at(where, line)}: exclude[{index}].{block_name}.{key} is not a key "
+                        f"{at_line(where, line)}: exclude[{index}].{block_name}.{key} is not a key "
                         f"of '{block_name}'{did_you_mean(key, list(block))}; the rule would "
                         "exclude nothing"
                     )
@@ -216,7 +217,7 @@ def describe_error(
     """The first validation error as one line: `file:line: key: what is wrong; what is allowed`."""
     first = error.errors()[0]
     loc = prefix + tuple(first["loc"])
-    location = _at(where, _nearest_line(lines, loc))
+    location = at_line(where, _nearest_line(lines, loc))
     key = ".".join(str(part) for part in loc) or "(top level)"
     if first["type"] == "extra_forbidden":
         allowed = _allowed_fields(model, loc[len(prefix) :])
@@ -258,7 +259,8 @@ def did_you_mean(name: str, allowed: list[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def _at(where: str, line: int | None) -> str:
+def at_line(where: str, line: int | None) -> str:
+    """`file:line`, or just `file` where the line is unknown (a marker's dict)."""
     return f"{where}:{line}" if line else where
 
 
