@@ -16,6 +16,7 @@ DEFAULT_PORTS = "20000-21999"
 DEFAULT_SUITE_GLOB = "bench_*.yaml"
 DEFAULT_STARTUP_TIMEOUT = 900.0  # vLLM loads weights and compiles graphs: minutes on big models
 DEFAULT_LEASE_TIMEOUT = 3600.0
+BUSY_GPU_CHOICES = ("wait", "fail")
 
 
 def parse_gpus(text: str) -> int | tuple[str, ...]:
@@ -121,6 +122,13 @@ def add_options(parser: pytest.Parser) -> None:
         help="how long a case may wait for free GPUs and ports "
         f"(ini: profllm_lease_timeout; default: {DEFAULT_LEASE_TIMEOUT:.0f})",
     )
+    group.addoption(
+        "--profllm-busy-gpus",
+        choices=BUSY_GPU_CHOICES,
+        default=None,
+        help="when NVML shows a process profllm did not start on a leased GPU: wait for it "
+        "(up to the lease timeout) or fail the case (ini: profllm_busy_gpus; default: wait)",
+    )
     parser.addini("profllm_out", "directory for records, results.db and logs", default=None)
     parser.addini("profllm_db", "SQLite file for the records", default=None)
     parser.addini("profllm_engine", "auto, vllm or sim", default="auto")
@@ -136,6 +144,7 @@ def add_options(parser: pytest.Parser) -> None:
         "GPU and port lease timeout, seconds",
         default=str(DEFAULT_LEASE_TIMEOUT),
     )
+    parser.addini("profllm_busy_gpus", "wait or fail on GPUs in use by others", default="wait")
     parser.addini(
         "profllm_suite_glob", "file names collected as benchmark suites", default=DEFAULT_SUITE_GLOB
     )
@@ -151,6 +160,7 @@ class Settings:
     startup_timeout: float
     lease_timeout: float
     suite_glob: str
+    wait_for_busy_gpus: bool = True
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -194,4 +204,13 @@ class Settings:
                 "profllm_lease_timeout", "profllm_lease_timeout", parse_seconds
             ),
             suite_glob=str(config.getini("profllm_suite_glob")),
+            wait_for_busy_gpus=_busy_gpus(str(pick("profllm_busy_gpus", "profllm_busy_gpus"))),
         )
+
+
+def _busy_gpus(value: str) -> bool:
+    if value not in BUSY_GPU_CHOICES:
+        raise pytest.UsageError(
+            f"ini option profllm_busy_gpus: {value!r} is not one of {', '.join(BUSY_GPU_CHOICES)}"
+        )
+    return value == "wait"

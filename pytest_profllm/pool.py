@@ -11,7 +11,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +22,8 @@ POOL_DIR_ENV = "PROFLLM_POOL_DIR"
 # One API port, then vLLM's internal ports (VLLM_PORT and up), per lease.
 PORT_BLOCK = 10
 _POLL_S = 0.2
+_TURN_POLL_S = 0.05
+VIRTUAL_PREFIX = "virtual-"
 
 
 class LeaseTimeout(Exception):
@@ -38,7 +40,8 @@ def default_pool_dir() -> Path:
 
 @dataclass
 class Lease:
-    gpus: tuple[str, ...]
+    gpus: tuple[str, ...]  # CUDA device ids (CUDA_VISIBLE_DEVICES), or virtual ids
+    gpu_uuids: tuple[str, ...]  # NVML UUIDs of real GPUs; empty for virtual ones
     port: int
     internal_port: int  # VLLM_PORT: vLLM takes this and the ports after it for its own sockets
     wait_s: float
@@ -60,36 +63,65 @@ class HostPool:
     def port_blocks(self) -> range:
         return range(self.ports.start, self.ports.stop - PORT_BLOCK + 1, PORT_BLOCK)
 
-    def acquire(self, gpu_count: int, timeout: float) -> Lease:
-        """GPUs and a port block, waiting up to `timeout` seconds for them to come free."""
+    def acquire(
+        self, gpu_count: int, timeout: float, queued: Callable[[], None] | None = None
+    ) -> Lease:
+        """GPUs and a port block, waiting up to `timeout` seconds for them to come free.
+
+        Waiters queue host-wide: only the one holding the queue lock may take GPUs, so a server
+        that needs four GPUs is not starved by one-GPU servers taking each GPU as it frees.
+        `queued` is called once this request heads the queue.
+        """
         if gpu_count > len(self.gpu_ids):
             raise LeaseTimeout(f"needs {gpu_count} GPU(s) but the pool has {len(self.gpu_ids)}")
         self.directory.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         deadline = started + timeout
-        while True:
-            gpu_locks = self._try_gpus(gpu_count)
-            if gpu_locks is not None:
-                port_lock = self._try_port_block()
-                if port_lock is not None:
-                    block, lock = port_lock
-                    ids = tuple(self.gpu_ids[i] for i, _ in gpu_locks)
-                    return Lease(
-                        gpus=ids,
-                        port=block,
-                        internal_port=block + 1,
-                        wait_s=time.monotonic() - started,
-                        _locks=[lock for _, lock in gpu_locks] + [lock],
-                    )
-                for _, lock in gpu_locks:
-                    lock.release(force=True)
-            if time.monotonic() >= deadline:
-                raise LeaseTimeout(
-                    f"no {gpu_count} free GPU(s) and port block in {timeout:.0f} s "
-                    f"(pool: GPUs {','.join(self.gpu_ids)}, ports "
-                    f"{self.ports.start}-{self.ports.stop - 1}, lock dir {self.directory})"
-                )
-            time.sleep(_POLL_S)
+        queue = self._lock("lease-queue")
+        try:
+            queue.acquire(timeout=timeout)
+        except filelock.Timeout:
+            raise self._timeout(gpu_count, timeout, "waiting in the lease queue") from None
+        try:
+            if queued is not None:
+                queued()
+            while True:
+                lease = self._try_lease(gpu_count, started)
+                if lease is not None:
+                    return lease
+                if time.monotonic() >= deadline:
+                    raise self._timeout(gpu_count, timeout, "waiting for them to come free")
+                time.sleep(_POLL_S)
+        finally:
+            queue.release(force=True)
+
+    def _try_lease(self, gpu_count: int, started: float) -> Lease | None:
+        gpu_locks = self._try_gpus(gpu_count)
+        if gpu_locks is None:
+            return None
+        port_lock = self._try_port_block()
+        if port_lock is None:
+            for _, lock in gpu_locks:
+                lock.release(force=True)
+            return None
+        block, lock = port_lock
+        lock_names = [self.gpu_lock_names[i] for i, _ in gpu_locks]
+        return Lease(
+            gpus=tuple(self.gpu_ids[i] for i, _ in gpu_locks),
+            gpu_uuids=tuple(name for name in lock_names if not name.startswith(VIRTUAL_PREFIX)),
+            port=block,
+            internal_port=block + 1,
+            wait_s=time.monotonic() - started,
+            _locks=[lock for _, lock in gpu_locks] + [lock],
+        )
+
+    def _timeout(self, gpu_count: int, timeout: float, doing: str) -> LeaseTimeout:
+        return LeaseTimeout(
+            f"no {gpu_count} free GPU(s) and port block after {timeout:.0f} s {doing} "
+            f"(pool: GPUs {','.join(self.gpu_ids)}, ports "
+            f"{self.ports.start}-{self.ports.stop - 1}, lock dir {self.directory}; "
+            "raise --profllm-lease-timeout to wait longer)"
+        )
 
     @contextmanager
     def serial_start(self, timeout: float) -> Iterator[None]:
@@ -136,6 +168,35 @@ class HostPool:
         return filelock.FileLock(self.directory / f"{name}.lock", thread_local=False)
 
 
+@dataclass(frozen=True)
+class SessionTurns:
+    """The order in which one session's servers join the host-wide lease queue.
+
+    xdist hands out servers largest first, but its workers reach the queue in any order: a
+    one-GPU server that gets there first makes a four-GPU one wait with GPUs idle. Each server
+    has a rank (its place in the scheduler's order); rank r joins the queue only once rank r-1
+    has reached its head (a marker file), so GPUs go out in the scheduler's order. Waiting for
+    a turn is capped: a predecessor that never comes (its worker died) delays, never blocks.
+    """
+
+    directory: Path  # per session, inside the pool folder
+
+    def wait_for(self, rank: int, timeout: float) -> float:
+        """Wait until every rank before `rank` has had its turn; returns the seconds waited."""
+        started = time.monotonic()
+        if rank <= 0:
+            return 0.0
+        while not (self.directory / f"turn-{rank - 1}").exists():
+            if time.monotonic() - started >= timeout:
+                break
+            time.sleep(_TURN_POLL_S)
+        return time.monotonic() - started
+
+    def taken(self, rank: int) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / f"turn-{rank}").touch()
+
+
 def _try(lock: filelock.BaseFileLock) -> bool:
     try:
         lock.acquire(timeout=0)
@@ -178,7 +239,7 @@ def make_pool(
                 directory, tuple(i for i, _ in chosen), tuple(u for _, u in chosen), ports
             )
         virtual = tuple(str(i) for i in range(count))
-        return HostPool(directory, virtual, tuple(f"virtual-{i}" for i in virtual), ports)
+        return HostPool(directory, virtual, tuple(f"{VIRTUAL_PREFIX}{i}" for i in virtual), ports)
     by_index = dict(real_gpus)
     missing = [i for i in gpu_spec if real_gpus and i not in by_index]
     if missing:
@@ -186,5 +247,5 @@ def make_pool(
             f"--profllm-gpus: no GPU with id {', '.join(missing)} "
             f"(NVML finds ids {', '.join(by_index)})"
         )
-    names = tuple(by_index.get(i, f"virtual-{i}") for i in gpu_spec)
+    names = tuple(by_index.get(i, f"{VIRTUAL_PREFIX}{i}") for i in gpu_spec)
     return HostPool(directory, tuple(gpu_spec), names, ports)

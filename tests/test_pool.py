@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import filelock
 import psutil
 import pytest
 
@@ -346,3 +347,33 @@ def test_default_pool_dir_follows_the_environment(
     assert default_pool_dir() == tmp_path / "locks"
     monkeypatch.delenv(POOL_DIR_ENV)
     assert default_pool_dir().name.startswith("pytest-profllm-pool-")
+
+
+def test_waiters_queue_so_a_large_lease_is_not_starved(
+    tmp_path: Path, holders: Callable[..., Holder]
+) -> None:
+    port_range = ports(12, 3)
+    small = holders(tmp_path, 2, port_range, "lease", 1)
+    small.read_line()
+    large = holders(tmp_path, 2, port_range, "lease", 2)
+    # Wait until the large request holds the queue (it waits there for both GPUs).
+    queue = virtual_pool(tmp_path, 2, port_range)._lock("lease-queue")
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            queue.acquire(timeout=0)
+        except filelock.Timeout:
+            break
+        queue.release(force=True)
+        assert time.monotonic() < deadline, "the large request never queued"
+        time.sleep(0.05)
+    # One GPU is free, but the large request came first: we wait behind it.
+    pool = virtual_pool(tmp_path, 2, port_range)
+    with pytest.raises(LeaseTimeout, match="waiting in the lease queue"):
+        pool.acquire(1, timeout=0.3)
+    small.kill()
+    _, gpus = lease_line(large.read_line())
+    assert gpus == {"0", "1"}
+    large.kill()
+    lease = pool.acquire(1, timeout=5)
+    lease.release()
