@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -31,5 +32,30 @@ def port_range(worker_id: str, test_pool_dir: Path) -> str:
     """100 ports no other test of this run uses, so a leak is easy to pin on its test."""
     worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
     # PROFLLM_TEST_PORT_BASE keeps two checkouts' test runs on one host apart.
-    start = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + worker * 2000 + (next(_PORT_RANGES) % 20) * 100
+    base = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000"))
+    start = base + worker * 2000 + (next(_PORT_RANGES) % 20) * 100
     return f"{start}-{start + 99}"
+
+
+def sim_processes(ports: str) -> list[psutil.Process]:
+    """Simulated-engine processes serving on a port of this range."""
+    low, high = (int(p) for p in ports.split("-"))
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "pytest_profllm.sim" not in cmdline or "--port" not in cmdline:
+            continue
+        port = int(cmdline[cmdline.index("--port") + 1])
+        if low <= port <= high:
+            found.append(process)
+    return found
+
+
+@pytest.fixture
+def ports(port_range: str) -> Iterator[str]:
+    """A port range for a whole pytest run; no simulated server may outlive the test."""
+    yield port_range
+    leaked = sim_processes(port_range)
+    for process in leaked:
+        process.kill()
+    assert not leaked, f"servers left running: {[p.cmdline() for p in leaked]}"

@@ -5,13 +5,14 @@ records from the process that ran a case to the one that writes it. The work liv
 from __future__ import annotations
 
 import fnmatch
+import shutil
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_profllm import collect, options, session
+from pytest_profllm import collect, options, scheduler, session
 from pytest_profllm.collect import CASE_FIXTURE, PROFLLM_MARKER, case_of
 from pytest_profllm.plan import Case
 from pytest_profllm.session import IDENTITY_KEY, SETTINGS_KEY, WORKER_KEY, worker_session
@@ -57,16 +58,34 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    node.workerinput["profllm"] = node.config.stash[IDENTITY_KEY].to_workerinput()
+    config = node.config
+    node.workerinput["profllm"] = config.stash[IDENTITY_KEY].to_workerinput()
+    if scheduler.SCOPE_DIR_KEY not in config.stash:
+        config.stash[scheduler.SCOPE_DIR_KEY] = scheduler.make_scope_dir()
+    node.workerinput[scheduler.SCOPE_DIR_INPUT] = str(config.stash[scheduler.SCOPE_DIR_KEY])
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    from pytest_profllm.scheduler import TAKEN_OVER_MODES, ServerScopeScheduling
-
-    if config.getvalue("dist") in TAKEN_OVER_MODES:
-        return ServerScopeScheduling(config, log)
+    if config.getvalue("dist") in scheduler.TAKEN_OVER_MODES:
+        return scheduler.server_scheduling(config, log)
     return None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    scheduler.group_by_server(items, case_of)
+    scope_dir = getattr(config, "workerinput", {}).get(scheduler.SCOPE_DIR_INPUT)
+    if scope_dir is not None:
+        scopes = {
+            item.nodeid: scheduler.Scope(case.server_key, case.gpus_needed)
+            for item in items
+            if (case := case_of(item)) is not None
+        }
+        scheduler.write_scopes(Path(scope_dir), session.worker_name(), scopes)
+        skipped = {item.nodeid for item in items if item.get_closest_marker("skip")}
+        nodeids = [item.nodeid for item in items]
+        config.stash[scheduler.RANKS_KEY] = scheduler.server_ranks(nodeids, scopes, skipped)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -162,6 +181,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     controller = session.config.stash.get(_CONTROLLER, None)
     if controller is not None:
         controller.finish()
+        controller.forget_turns()
+    scope_dir = session.config.stash.get(scheduler.SCOPE_DIR_KEY, None)
+    if scope_dir is not None:
+        shutil.rmtree(scope_dir, ignore_errors=True)
 
 
 class _ReportHooks:

@@ -56,7 +56,8 @@ class SystemInfo(BaseModel):
 class RuntimeInfo(BaseModel):
     worker: str
     server_key: str
-    gpus: list[str] = Field(default_factory=list)
+    gpus: list[str] = Field(default_factory=list)  # CUDA device ids, or virtual ids (simulator)
+    gpu_uuids: list[str] = Field(default_factory=list)  # NVML UUIDs; empty for virtual GPUs
     port: int | None = None
     server_started_at: float | None = None
     server_ready_at: float | None = None

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pytest_profllm.session import ControllerSession
+
+_WAIT_WORTH_SAYING_S = 0.5
 
 _COLUMNS = (
     ("req/s", "request_throughput", "{:.2f}"),
@@ -27,6 +31,7 @@ def summary_lines(controller: ControllerSession) -> list[str]:
         lines.append(f"{record['case_id']:<{width}}  {record['status']:<7}{cells}")
     engine = controller.identity.engine
     lines.append(f"engine: {engine.name} ({engine.reason})")
+    lines += _server_lines(records)
     settings = controller.settings
     if settings.out_dir is not None:
         lines.append(f"{len(records)} record(s) in {settings.out_dir}")
@@ -36,3 +41,26 @@ def summary_lines(controller: ControllerSession) -> list[str]:
             f"(table benchmark_runs); browse with: datasette {settings.db_path}"
         )
     return lines
+
+
+def _server_lines(records: list[dict[str, Any]]) -> list[str]:
+    # The lease wait is the server's, shared by all its cases: count each server once. It is
+    # reported here and kept out of every measurement (the load starts after the server is up).
+    servers: dict[tuple[Any, ...], float] = {}
+    for record in records:
+        runtime = record.get("runtime") or {}
+        if runtime.get("server_started_at") is None:
+            continue
+        lifetime = (runtime.get("worker"), runtime.get("server_key"), runtime["server_started_at"])
+        servers[lifetime] = runtime.get("lease_wait_s") or 0.0
+    if not servers:
+        return []
+    workers = {worker for worker, _, _ in servers}
+    line = f"{len(servers)} server start(s) on {len(workers)} worker(s)"
+    waited = [wait for wait in servers.values() if wait >= _WAIT_WORTH_SAYING_S]
+    if waited:
+        line += (
+            f"; {len(waited)} waited for GPUs or ports, {sum(waited):.1f} s in all "
+            f"(longest {max(waited):.1f} s), not counted in any measurement"
+        )
+    return [line]

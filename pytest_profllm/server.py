@@ -20,11 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_profllm import gpus
 from pytest_profllm.engine import EngineName, redact_argv, serve_command
 from pytest_profllm.plan import Case
-from pytest_profllm.pool import HostPool, Lease
+from pytest_profllm.pool import HostPool, Lease, SessionTurns
 
 HOST = "127.0.0.1"
+# How long a server waits for the one before it in the scheduler's order to reach the lease
+# queue: seconds at most, since that one may still be finishing a case on a busy worker.
+TURN_WAIT_CAP_S = 5.0
 LOG_TAIL_LINES = 50
 _HEALTH_PROBE_TIMEOUT_S = 2.0
 _LIKELY_CAUSES = (
@@ -160,6 +164,10 @@ class WorkerServers:
     log_dir: Path
     startup_timeout: float
     lease_timeout: float
+    wait_for_busy_gpus: bool = True
+    # Under xdist: each server's place in the scheduler's order, and the session's turns.
+    ranks: dict[str, int] = field(default_factory=dict)
+    turns: SessionTurns | None = None
     current: ServerProcess | None = None
     failed: dict[str, ServerStartError] = field(default_factory=dict)
     starts: int = 0
@@ -173,7 +181,14 @@ class WorkerServers:
         if self.current is not None and self.current.key == key and self.current.alive():
             return self.current
         self.release()
-        lease = self.pool.acquire(case.gpus_needed, timeout=self.lease_timeout)
+        lease = self._lease(case)
+        try:
+            lease.wait_s += gpus.wait_until_idle(
+                lease.gpu_uuids, self.wait_for_busy_gpus, self.lease_timeout
+            )
+        except gpus.GpuBusy:
+            lease.release()
+            raise
         server = ServerProcess(
             key=key,
             label=case.server_label,
@@ -196,6 +211,21 @@ class WorkerServers:
             raise
         self.current = server
         return server
+
+    def _lease(self, case: Case) -> Lease:
+        rank = self.ranks.get(case.server_key)
+        if self.turns is None or rank is None:
+            return self.pool.acquire(case.gpus_needed, timeout=self.lease_timeout)
+        turns = self.turns
+        waited = turns.wait_for(rank, timeout=TURN_WAIT_CAP_S)
+        try:
+            lease = self.pool.acquire(
+                case.gpus_needed, timeout=self.lease_timeout, queued=lambda: turns.taken(rank)
+            )
+        finally:
+            turns.taken(rank)  # also when no lease came: the next server must not wait on us
+        lease.wait_s += waited
+        return lease
 
     def after_case(self, next_case: Case | None) -> None:
         """Stop the server unless the next case on this worker uses it too."""
@@ -229,6 +259,7 @@ def describe_runtime(server: ServerProcess | None, worker: str, case: Case) -> d
         "worker": worker,
         "server_key": case.server_key,
         "gpus": list(lease.gpus) if lease else [],
+        "gpu_uuids": list(lease.gpu_uuids) if lease else [],
         "port": lease.port if lease else None,
         "server_started_at": server.started_at if server else None,
         "server_ready_at": server.ready_at if server else None,

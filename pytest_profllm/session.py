@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -21,9 +22,16 @@ import pytest
 
 from pytest_profllm import gpus
 from pytest_profllm.engine import EngineChoice
+from pytest_profllm.gpus import GpuBusy
 from pytest_profllm.options import Settings
 from pytest_profllm.plan import Case
-from pytest_profllm.pool import HostPool, LeaseTimeout, default_pool_dir, make_pool
+from pytest_profllm.pool import (
+    HostPool,
+    LeaseTimeout,
+    SessionTurns,
+    default_pool_dir,
+    make_pool,
+)
 from pytest_profllm.record import Status, write_record, write_requests
 from pytest_profllm.runner import CaseFailed, CaseOutcome, run_case
 from pytest_profllm.server import ServerStartError, WorkerServers
@@ -33,7 +41,7 @@ REQUESTS_PROPERTY = "profllm_requests"
 # The outcome of the case an item ran; its record leaves with the item's teardown report.
 OUTCOME_KEY = pytest.StashKey[CaseOutcome]()
 # Errors that fail a case with their own one-line message, not a traceback.
-CASE_ERRORS = (ServerStartError, LeaseTimeout, CaseFailed)
+CASE_ERRORS = (ServerStartError, LeaseTimeout, GpuBusy, CaseFailed)
 
 
 def new_session_id() -> str:
@@ -65,6 +73,10 @@ def _gpu_capacity(settings: Settings) -> int:
     return len(host_pool(settings).gpu_ids)
 
 
+def session_turns(pool: HostPool, identity: RunIdentity) -> SessionTurns:
+    return SessionTurns(pool.directory / "turns" / identity.session_id)
+
+
 def skip_reason(case: Case, settings: Settings) -> str | None:
     """Why a case cannot run in this pool at all, known before anything starts."""
     capacity = _gpu_capacity(settings)
@@ -83,6 +95,7 @@ class WorkerSession:
     settings: Settings
     identity: RunIdentity
     worker: str
+    ranks: dict[str, int] = field(default_factory=dict)  # under xdist: the scheduler's order
 
     @functools.cached_property
     def pool(self) -> HostPool:
@@ -98,6 +111,9 @@ class WorkerSession:
             log_dir=log_dir,
             startup_timeout=self.settings.startup_timeout,
             lease_timeout=self.settings.lease_timeout,
+            wait_for_busy_gpus=self.settings.wait_for_busy_gpus,
+            ranks=self.ranks,
+            turns=session_turns(self.pool, self.identity) if self.ranks else None,
         )
 
     def run(self, case: Case, nodeid: str, stash: pytest.Stash) -> CaseOutcome:
@@ -151,15 +167,39 @@ class ControllerSession:
     identity: RunIdentity
     records: list[dict[str, Any]] = field(default_factory=list)
     loaded_rows: int | None = None
+    # Records of servers still running, by server lifetime: their stop time comes later.
+    _running: dict[tuple[Any, ...], list[dict[str, Any]]] = field(default_factory=dict)
 
     def receive(self, record: dict[str, Any], requests: list[dict[str, Any]] | None) -> None:
         self.records.append(record)
         out = self.settings.out_dir
+        for earlier in self._stop_time_known(record):
+            if out is not None:
+                write_record(out, earlier)
         if out is None:
             return
         write_record(out, record)
         if requests is not None:
             write_requests(out, record["run_id"], requests)
+
+    def _stop_time_known(self, record: dict[str, Any]) -> list[dict[str, Any]]:
+        """A server's stop time is known only at its last case: give it to its earlier cases'
+        records too, so every record shows the server's whole lifetime. Returns those records."""
+        runtime = record.get("runtime") or {}
+        if runtime.get("server_started_at") is None:
+            return []
+        lifetime = (runtime.get("worker"), runtime.get("server_key"), runtime["server_started_at"])
+        stopped = runtime.get("server_stopped_at")
+        if stopped is None:
+            self._running.setdefault(lifetime, []).append(record)
+            return []
+        earlier = self._running.pop(lifetime, [])
+        for other in earlier:
+            other["runtime"]["server_stopped_at"] = stopped
+        return earlier
+
+    def forget_turns(self) -> None:
+        shutil.rmtree(session_turns(host_pool(self.settings), self.identity).directory, True)
 
     def finish(self) -> None:
         from pytest_profllm.store import load_records
@@ -180,7 +220,12 @@ WORKER_KEY = pytest.StashKey[WorkerSession]()
 def worker_session(config: pytest.Config) -> WorkerSession:
     """This process's case runner, made on the first case it runs."""
     if WORKER_KEY not in config.stash:
+        from pytest_profllm.scheduler import RANKS_KEY
+
         config.stash[WORKER_KEY] = WorkerSession(
-            config.stash[SETTINGS_KEY], config.stash[IDENTITY_KEY], worker_name()
+            config.stash[SETTINGS_KEY],
+            config.stash[IDENTITY_KEY],
+            worker_name(),
+            ranks=config.stash.get(RANKS_KEY, {}),
         )
     return config.stash[WORKER_KEY]

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -20,29 +18,6 @@ benchmark:
   random_input_len: 32
   random_output_len: 8
 """
-
-
-def sim_processes(ports: str) -> list[psutil.Process]:
-    """Simulated-engine processes serving on a port of this test's range."""
-    low, high = (int(p) for p in ports.split("-"))
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if "pytest_profllm.sim" not in cmdline or "--port" not in cmdline:
-            continue
-        port = int(cmdline[cmdline.index("--port") + 1])
-        if low <= port <= high:
-            found.append(process)
-    return found
-
-
-@pytest.fixture
-def ports(port_range: str) -> Iterator[str]:
-    yield port_range
-    leaked = sim_processes(port_range)
-    for process in leaked:
-        process.kill()
-    assert not leaked, f"servers left running: {[p.cmdline() for p in leaked]}"
 
 
 def run(pytester: pytest.Pytester, ports: str, *args: str) -> pytest.RunResult:
