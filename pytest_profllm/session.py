@@ -98,6 +98,7 @@ class WorkerSession:
             log_dir=log_dir,
             startup_timeout=self.settings.startup_timeout,
             lease_timeout=self.settings.lease_timeout,
+            profile_root=out / "profiles" if out else None,
         )
 
     def run(self, case: Case, nodeid: str, stash: pytest.Stash) -> CaseOutcome:
