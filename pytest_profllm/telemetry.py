@@ -199,14 +199,17 @@ class _TreeMeter:
         return ProcessReading(cpu_percent=cpu, rss_mib=rss / _MIB, processes=counted)
 
 
-def scrape_metrics(url: str, timeout: float = _SCRAPE_TIMEOUT_S) -> dict[str, float] | None:
+def scrape_metrics(
+    url: str, timeout: float = _SCRAPE_TIMEOUT_S, session: Any = None
+) -> dict[str, float] | None:
     """A Prometheus text endpoint as {sample name: value summed over its labels}; None where
-    it does not answer (an engine without /metrics is no error)."""
+    it does not answer (an engine without /metrics is no error). A `requests.Session` keeps
+    the connection between scrapes."""
     import requests
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        response = requests.get(url, timeout=timeout)
+        response = (session or requests).get(url, timeout=timeout)
     except requests.RequestException:
         return None
     if response.status_code != 200:
@@ -330,6 +333,7 @@ class Sampler:
     _owns_gpus: bool = False
     _server: _TreeMeter | None = None
     _client: _TreeMeter | None = None
+    _http: Any = None  # requests.Session, made in start()
 
     def __enter__(self) -> Sampler:
         self.start()
@@ -345,7 +349,10 @@ class Sampler:
         self._server = _TreeMeter(self.server_pid) if self.server_pid else None
         self._client = _TreeMeter(psutil.Process().pid, recursive=False)
         if self.metrics_url:
-            self.metrics_before = scrape_metrics(self.metrics_url)
+            import requests
+
+            self._http = requests.Session()
+            self.metrics_before = scrape_metrics(self.metrics_url, session=self._http)
         self._take()  # primes psutil's CPU counters; the first sample's CPU reads 0
         self.samples.clear()
         self._thread = threading.Thread(target=self._loop, name="profllm-telemetry", daemon=True)
@@ -359,7 +366,9 @@ class Sampler:
         self._thread = None
         self._take()  # the run's tail, however short the run
         if self.metrics_url:
-            self.metrics_after = scrape_metrics(self.metrics_url)
+            self.metrics_after = scrape_metrics(self.metrics_url, session=self._http)
+        if self._http is not None:
+            self._http.close()
         if self._owns_gpus and self.gpus is not None:
             self.gpus.close()
 
@@ -377,7 +386,9 @@ class Sampler:
         began = time.perf_counter()
         kv = None
         if self.metrics_url:
-            scraped = scrape_metrics(self.metrics_url, timeout=min(self.interval_s, 1.0))
+            scraped = scrape_metrics(
+                self.metrics_url, timeout=min(self.interval_s, 1.0), session=self._http
+            )
             kv = scraped.get(KV_CACHE_USAGE) if scraped else None
         self.samples.append(
             Sample(
