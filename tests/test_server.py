@@ -179,6 +179,22 @@ def test_server_exiting_at_start_raises_with_exit_tail_and_cause(
     assert not wait_group_gone(pid_of(server))
 
 
+def test_server_rejecting_an_argument_names_a_bad_engine_argument(
+    tmp_path: Path, pool: HostPool, servers: list[ServerProcess]
+) -> None:
+    # vLLM 0.33.0 rejects the torch profiler without its folder, and so does the simulator.
+    config = {"model": MODEL, "profiler_config": {"profiler": "torch"}}
+    server = make_server(servers, pool, tmp_path / "logs", server=config)
+    server.start()
+    with pytest.raises(ServerStartError) as raised:
+        server.wait_ready(READY_TIMEOUT)
+    message = str(raised.value)
+    assert "exited with code 2 during start-up (likely cause: bad engine argument)" in message
+    assert "error: argument --profiler-config: torch_profiler_dir must be set" in message
+    assert server.stop_problems == []
+    assert not wait_group_gone(pid_of(server))
+
+
 def test_startup_timeout_raises_not_ready_and_kills(
     tmp_path: Path, pool: HostPool, servers: list[ServerProcess]
 ) -> None:

@@ -86,8 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         profiler = ProfilerSettings.from_json(args.profiler_config)
     except ProfilerConfigError as error:
-        log.error("argument --profiler-config: %s", error)
-        return 2
+        # As vLLM's parser says it (exit code 2), so the start failure names a bad argument.
+        build_parser().error(f"argument --profiler-config: {error}")
     model_dir = _model_dir(model, args.tokenizer)
     if model_dir is None:
         log.error("model path %s does not exist", model)
