@@ -63,10 +63,12 @@ class Case:
     thresholds: dict[str, Threshold]
     repeat_index: int = 0
     repeat_count: int = 1
+    profile: bool = False  # a short profiled run after the measured one
 
     @property
     def server_key(self) -> str:
-        return server_key(self.server)
+        # A profiling server is started differently (vLLM's profiler on): it is another server.
+        return server_key({**self.server, "<profile>": True} if self.profile else self.server)
 
     @property
     def name(self) -> str:
@@ -132,6 +134,7 @@ def expand(
                         thresholds=suite.thresholds,
                         repeat_index=index,
                         repeat_count=suite.repeat,
+                        profile=suite.profile,
                     )
                 )
     return cases

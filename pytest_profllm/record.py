@@ -48,9 +48,39 @@ class SystemInfo(BaseModel):
     gpu_uuids: list[str] = Field(default_factory=list)
     driver_version: str | None = None
     vllm_version: str | None = None
-    # Null where NVML is absent (the simulator, a CPU host): never invented.
+    # Sampled during the measured run (telemetry.py). GPU figures are null where NVML is
+    # absent (the simulator on a CPU host): never invented. Memory and temperature: the
+    # fullest and hottest leased GPU; utilisation and SM clock: mean over the leased GPUs;
+    # power: their total.
     peak_gpu_memory_mib: float | None = None
-    mean_gpu_utilization: float | None = None
+    mean_gpu_memory_mib: float | None = None
+    mean_gpu_utilization: float | None = None  # percent
+    peak_gpu_utilization: float | None = None
+    mean_gpu_power_w: float | None = None
+    peak_gpu_power_w: float | None = None
+    mean_gpu_sm_clock_mhz: float | None = None
+    peak_gpu_sm_clock_mhz: float | None = None
+    mean_gpu_temperature_c: float | None = None
+    peak_gpu_temperature_c: float | None = None
+    # psutil: the server's whole process tree (API server, EngineCore, workers), and the client.
+    mean_server_cpu_percent: float | None = None  # 100 = one core
+    peak_server_cpu_percent: float | None = None
+    mean_server_rss_mib: float | None = None
+    peak_server_rss_mib: float | None = None
+    peak_server_processes: int | None = None
+    mean_client_cpu_percent: float | None = None
+    peak_client_cpu_percent: float | None = None
+    peak_client_rss_mib: float | None = None
+    # The server's /metrics (vLLM's names): KV-cache usage sampled (a fraction, 1 = full);
+    # counters as their change over the measured run.
+    mean_kv_cache_usage: float | None = None
+    peak_kv_cache_usage: float | None = None
+    server_num_preemptions: float | None = None
+    server_prefix_cache_queries: float | None = None  # tokens looked up
+    server_prefix_cache_hits: float | None = None  # tokens found
+    server_prefix_cache_hit_rate: float | None = None
+    telemetry_samples: int | None = None
+    telemetry_interval_s: float | None = None
 
 
 class RuntimeInfo(BaseModel):
@@ -63,6 +93,24 @@ class RuntimeInfo(BaseModel):
     server_ready_at: float | None = None
     server_stopped_at: float | None = None
     lease_wait_s: float | None = None
+    # What the checks after stop found: processes that outlived the group, GPU memory held.
+    server_stop_problems: list[str] = Field(default_factory=list)
+
+
+class TraceFile(BaseModel):
+    path: str
+    size_bytes: int
+
+
+class ProfilingInfo(BaseModel):
+    """The short profiled run after the measured one (`profile: true`)."""
+
+    profiler: str
+    trace_dir: str
+    traces: list[TraceFile] = Field(default_factory=list)
+    trace_bytes: int = 0
+    num_prompts: int
+    duration_s: float
 
 
 class BenchmarkRecord(BaseModel):
@@ -85,7 +133,7 @@ class BenchmarkRecord(BaseModel):
     results: dict[str, float | int | None] = Field(default_factory=dict)
     system: SystemInfo
     runtime: RuntimeInfo
-    profiling: dict[str, Any] | None = None
+    profiling: ProfilingInfo | None = None
     thresholds: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     verdicts: list[Verdict] = Field(default_factory=list)
 

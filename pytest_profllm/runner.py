@@ -8,6 +8,7 @@ it is known whether its server stopped.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import math
 import os
@@ -24,9 +25,11 @@ from pytest_profllm.client import LoadSettings, run_load
 from pytest_profllm.dataset import TokenizerCodec, random_prompts
 from pytest_profllm.engine import EngineChoice, redact
 from pytest_profllm.plan import Case
+from pytest_profllm.profiling import PROFILE_PROMPTS, ProfilingFailed, profile_prefix, run_profiled
 from pytest_profllm.record import BenchmarkRecord, Status, Verdict
 from pytest_profllm.server import ServerProcess, WorkerServers, describe_runtime
 from pytest_profllm.sim.model_files import MODEL_DIR
+from pytest_profllm.telemetry import Sampler
 
 _ERRORS_QUOTED = 3
 
@@ -51,6 +54,8 @@ class CaseOutcome:
     requests: list[dict[str, Any]] = field(default_factory=list)
     server: ServerProcess | None = None
     error: str | None = None
+    telemetry: dict[str, float | int | None] = field(default_factory=dict)
+    profiling: dict[str, Any] | None = None
 
     @property
     def run_id(self) -> str:
@@ -81,8 +86,9 @@ class CaseOutcome:
                 "benchmark": case.benchmark.model_dump(mode="json"),
             },
             results={k: v for k, v in self.results.items() if not _bad_float(v)},
-            system=system_info(self.engine, self.server),
+            system={**system_info(self.engine, self.server), **self.telemetry},
             runtime=describe_runtime(self.server, self.worker, case),
+            profiling=self.profiling,
             thresholds={name: t.model_dump() for name, t in case.thresholds.items()},
             verdicts=self.verdicts,
         )
@@ -113,7 +119,9 @@ def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOu
         request_timeout_s=bench.request_timeout_s,
         api_key=case.server.get("api_key"),
     )
-    load = asyncio.run(run_load(settings, prompts))
+    with Sampler(server.pid, server.lease.gpus, f"{server.base_url}/metrics") as sampler:
+        load = asyncio.run(run_load(settings, prompts))
+    outcome.telemetry = sampler.summary()
     outcome.results = metrics.compute(
         load.outcomes,
         load.duration,
@@ -126,8 +134,21 @@ def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOu
         _request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
     ]
     outcome.verdicts = evaluate(case, outcome.results)
-    outcome.finished_at = time.time()
     _check_served(load.outcomes, outcome.results)
+    if case.profile and server.profile_dir is not None:
+        short = prompts[:PROFILE_PROMPTS]
+        profiled = dataclasses.replace(settings, num_warmups=0)
+        try:
+            outcome.profiling = run_profiled(
+                server.base_url,
+                server.profile_dir,
+                profile_prefix(outcome.run_id),
+                len(short),
+                lambda: asyncio.run(run_load(profiled, short)),
+            )
+        except ProfilingFailed as error:
+            raise CaseFailed(f"profiling: {error}") from None
+    outcome.finished_at = time.time()
     return outcome
 
 

@@ -1,5 +1,6 @@
 """A server process (vLLM or the simulator): start in its own process group, wait for
-`/health`, stop with SIGTERM then SIGKILL of the whole group.
+`/health`, stop with SIGTERM then SIGKILL of the whole group, then check that nothing of it
+survives and (with NVML) that its GPU memory is free before the lease goes back.
 
 `WorkerServers` keeps the one server this worker is using and swaps it when the server key
 changes, so all cases of one server key share one start.
@@ -15,21 +16,30 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from pytest_profllm import gpus
 from pytest_profllm.engine import EngineName, redact_argv, serve_command
 from pytest_profllm.plan import Case
 from pytest_profllm.pool import HostPool, Lease, SessionTurns
+from pytest_profllm.profiling import profiled_server
+from pytest_profllm.telemetry import process_tree
 
 HOST = "127.0.0.1"
 # How long a server waits for the one before it in the scheduler's order to reach the lease
 # queue: seconds at most, since that one may still be finishing a case on a busy worker.
 TURN_WAIT_CAP_S = 5.0
 LOG_TAIL_LINES = 50
+# How long the driver may take to free a stopped server's GPU memory before we say so.
+GPU_RELEASE_TIMEOUT_S = 30.0
+# SIGKILL reaches the members of a group asynchronously: a moment before calling one a survivor.
+_SURVIVOR_GRACE_S = 2.0
 _HEALTH_PROBE_TIMEOUT_S = 2.0
 _LIKELY_CAUSES = (
     (
@@ -52,6 +62,10 @@ class ServerStartError(Exception):
     """The server died or never became ready; the message carries the log's tail."""
 
 
+class ServerStopWarning(UserWarning):
+    """A stopped server left something behind: a process, or GPU memory."""
+
+
 @dataclass
 class ServerProcess:
     key: str
@@ -64,11 +78,19 @@ class ServerProcess:
     started_at: float = 0.0  # Unix seconds, as the record's runtime block wants
     ready_at: float | None = None
     stopped_at: float | None = None
+    profile_dir: Path | None = None  # where the engine writes profiler traces, when it profiles
+    stop_problems: list[str] = field(default_factory=list)
+    gpu_release_timeout: float = GPU_RELEASE_TIMEOUT_S
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def base_url(self) -> str:
         return f"http://{HOST}:{self.lease.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid, which is also its process group's id (it leads its own group)."""
+        return self._process.pid if self._process is not None else None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,10 +134,13 @@ class ServerProcess:
         return self._process is not None and self._process.poll() is None
 
     def stop(self, grace: float = 15.0) -> None:
-        """SIGTERM to the group, SIGKILL to what is left after `grace` seconds."""
+        """SIGTERM to the group, SIGKILL to what is left after `grace` seconds; then the checks
+        that nothing survives and that the GPUs' memory is free (`stop_problems`)."""
         process = self._process
         if process is None or self.stopped_at is not None:
             return
+        # Known before the kill: a descendant that left the group (setsid) is still ours.
+        watched = {p.pid: p for p in [*process_tree(process.pid), *group_members(process.pid)]}
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -125,6 +150,48 @@ class ServerProcess:
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         self.stopped_at = time.time()
+        self._check_survivors(process.pid, watched)
+        self._check_gpu_memory(set(watched))
+        for problem in self.stop_problems:
+            self._log(f"# profllm: {problem}")
+            warnings.warn(f"{self.describe()}: {problem}", ServerStopWarning, stacklevel=2)
+
+    def _check_survivors(self, pgid: int, watched: dict[int, psutil.Process]) -> None:
+        deadline = time.monotonic() + _SURVIVOR_GRACE_S
+        while True:
+            survivors = {p.pid: p for p in group_members(pgid)}
+            survivors.update({pid: p for pid, p in watched.items() if _alive(p)})
+            if not survivors or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        if not survivors:
+            return
+        shown = []
+        for survivor in survivors.values():
+            with contextlib.suppress(psutil.Error):
+                shown.append(f"pid {survivor.pid} ({' '.join(survivor.cmdline())[:80]})")
+                survivor.kill()
+        self.stop_problems.append(
+            f"{len(survivors)} process(es) outlived the server's process group and were killed: "
+            + "; ".join(shown)
+        )
+
+    def _check_gpu_memory(self, pids: set[int]) -> None:
+        from pytest_profllm.telemetry import NvmlGpus, wait_gpu_memory_released
+
+        gpus = NvmlGpus.open(self.lease.gpus)
+        if gpus is None:
+            return  # no NVML (a CPU host, virtual GPUs): nothing to check
+        try:
+            problem = wait_gpu_memory_released(gpus, pids, self.gpu_release_timeout)
+        finally:
+            gpus.close()
+        if problem:
+            self.stop_problems.append(problem)
+
+    def _log(self, line: str) -> None:
+        with contextlib.suppress(OSError), self.log_path.open("a") as log:
+            log.write(line + "\n")
 
     def describe(self) -> str:
         gpus = ",".join(self.lease.gpus)
@@ -148,6 +215,26 @@ class ServerProcess:
         )
 
 
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Live (not zombie) processes of a process group."""
+    members = []
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == pgid and _alive(process):
+                members.append(process)
+        except (OSError, psutil.Error):
+            continue
+    return members
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        # is_running() also tells a reused pid from the process we knew.
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _die_with_parent() -> None:
     # If the worker is killed outright, the kernel sends the server SIGTERM: no orphans that
     # hold GPUs and ports after a crash.
@@ -168,6 +255,7 @@ class WorkerServers:
     # Under xdist: each server's place in the scheduler's order, and the session's turns.
     ranks: dict[str, int] = field(default_factory=dict)
     turns: SessionTurns | None = None
+    profile_root: Path | None = None  # trace folders of profiling servers go under it
     current: ServerProcess | None = None
     failed: dict[str, ServerStartError] = field(default_factory=dict)
     starts: int = 0
@@ -189,14 +277,21 @@ class WorkerServers:
         except gpus.GpuBusy:
             lease.release()
             raise
+        name = f"{_safe(case.suite)}-{case.server_label}-{key}"
+        profile_dir = None
+        engine_args = case.server
+        if case.profile:
+            profile_dir = (self.profile_root or self.log_dir / "profiles") / name
+            engine_args = profiled_server(case.server, profile_dir)
         server = ServerProcess(
             key=key,
             label=case.server_label,
             engine=self.engine,
-            argv=serve_command(self.engine, case.server, HOST, lease.port),
+            argv=serve_command(self.engine, engine_args, HOST, lease.port),
             env=server_env(lease),
-            log_path=self.log_dir / f"{_safe(case.suite)}-{case.server_label}-{key}.log",
+            log_path=self.log_dir / f"{name}.log",
             lease=lease,
+            profile_dir=profile_dir,
         )
         try:
             with self.pool.serial_start(timeout=self.lease_timeout + self.startup_timeout):
@@ -242,6 +337,8 @@ class WorkerServers:
 
 
 def server_env(lease: Lease) -> dict[str, str]:
+    # No VLLM_TORCH_PROFILER_DIR for a profiling server: vLLM 0.33.0 takes `--profiler-config`
+    # (see profiling.py) and warns about that variable as unknown.
     return {
         "CUDA_VISIBLE_DEVICES": ",".join(lease.gpus),
         # A private base for vLLM's internal ports: without it, servers on one host collide.
@@ -265,4 +362,5 @@ def describe_runtime(server: ServerProcess | None, worker: str, case: Case) -> d
         "server_ready_at": server.ready_at if server else None,
         "server_stopped_at": server.stopped_at if server else None,
         "lease_wait_s": lease.wait_s if lease else None,
+        "server_stop_problems": list(server.stop_problems) if server else [],
     }

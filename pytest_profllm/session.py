@@ -114,6 +114,7 @@ class WorkerSession:
             wait_for_busy_gpus=self.settings.wait_for_busy_gpus,
             ranks=self.ranks,
             turns=session_turns(self.pool, self.identity) if self.ranks else None,
+            profile_root=out / "profiles" if out else None,
         )
 
     def run(self, case: Case, nodeid: str, stash: pytest.Stash) -> CaseOutcome:

@@ -135,6 +135,8 @@ class Suite(BaseModel):
     thresholds: dict[str, Threshold] = Field(default_factory=dict)
     repeat: int = Field(1, gt=0)
     exclude: list[Exclusion] = Field(default_factory=list)
+    # Each case ends with a short run under vLLM's profiler (`/start_profile`, `/stop_profile`).
+    profile: bool = False
 
     @field_validator("server")
     @classmethod

@@ -3,12 +3,14 @@ processes on loopback) -> records -> results.db, with and without xdist."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,6 +167,15 @@ def test_server_that_dies_at_start_fails_its_cases(pytester: pytest.Pytester, po
     written = records(pytester)
     assert [r["status"] for r in written] == ["error", "error"]
     assert all("exited with code 1" in r["message"] for r in written)
+    # Nothing of it is left: the checks after stop found no survivor, and no process of the
+    # run serves this test's ports (the `ports` fixture) or names the model.
+    assert [r["runtime"]["server_stop_problems"] for r in written] == [[], []]
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "./no-such-model" in (p.info["cmdline"] or [])
+    ]
+    assert not left, [p.info["cmdline"] for p in left]
 
 
 def test_marker_form_gives_the_result_to_the_test(pytester: pytest.Pytester, ports: str) -> None:
@@ -260,3 +271,65 @@ def test_case_needing_more_gpus_than_the_pool_is_skipped(
         "SKIPPED *needs 8 GPUs (tensor x pipeline x data parallel size) but the pool has 4*"
     ])
     assert [r["case_id"] for r in records(pytester)] == ["bench_big.yaml::qwen3-8b-tp1::random"]
+
+
+def test_profiled_suite_writes_a_trace_and_the_record_says_where(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makefile(
+        ".yaml",
+        bench_prof="""
+server:
+  model: Qwen/Qwen3-8B
+  max_num_seqs: 4
+  num_gpu_blocks_override: 64
+profile: true
+benchmark:
+  num_prompts: 12
+  random_input_len: 48
+  random_output_len: 48
+  random_prefix_len: 32
+""",
+    )
+    result = run(pytester, ports)
+    result.assert_outcomes(passed=1)
+    (record,) = records(pytester)
+    profiling = record["profiling"]
+    assert profiling["profiler"] == "torch"
+    assert profiling["num_prompts"] == 8
+    (trace,) = profiling["traces"]
+    path = Path(trace["path"])
+    assert path.parent == pytester.path / "results" / "profiles" / (
+        f"prof-qwen3-8b-{record['runtime']['server_key']}"
+    )
+    assert path.name.startswith(record["run_id"]) and path.name.endswith(".pt.trace.json.gz")
+    assert trace["size_bytes"] == path.stat().st_size == profiling["trace_bytes"] > 0
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    steps = [e for e in events if e["name"] == "execute_model"]
+    # The profiled run: 8 prompts of 48 tokens, so at least 48 scheduler steps, each timed.
+    assert len(steps) >= 48 and all(e["ph"] == "X" and e["dur"] > 0 for e in steps)
+    system = record["system"]
+    assert system["telemetry_samples"] >= 1
+    assert system["peak_server_rss_mib"] > 0 and system["peak_client_rss_mib"] > 0
+    assert system["peak_gpu_memory_mib"] is None  # no NVML here: null, never 0
+    # The run lasts over a second (3 waves of 48 steps): samples fall inside it.
+    assert system["peak_kv_cache_usage"] > 0
+    # Every prompt shares a 32-token prefix; the 8 admitted after a first one finished (at
+    # most 4 run at once) find its two blocks cached.
+    assert system["server_prefix_cache_queries"] == 12 * (32 + 48)
+    assert system["server_prefix_cache_hits"] >= 8 * 32
+    assert system["server_num_preemptions"] is not None
+    columns = db_rows(
+        pytester,
+        "select system_peak_server_rss_mib, system_server_prefix_cache_hit_rate, "
+        "system_peak_gpu_memory_mib, json_extract(profiling, '$.trace_bytes') "
+        "from benchmark_runs",
+    )
+    assert columns == [
+        (
+            system["peak_server_rss_mib"],
+            system["server_prefix_cache_hit_rate"],
+            None,
+            trace["size_bytes"],
+        )
+    ]

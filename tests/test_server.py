@@ -4,11 +4,13 @@ failures, stopping the whole process group, and one server per key in `WorkerSer
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 import requests
+from fake_nvml import FakeGpu, FakeNvml
 
 from pytest_profllm.engine import serve_command
 from pytest_profllm.plan import Case, expand
@@ -24,6 +27,7 @@ from pytest_profllm.server import (
     HOST,
     ServerProcess,
     ServerStartError,
+    ServerStopWarning,
     WorkerServers,
     server_env,
 )
@@ -175,6 +179,22 @@ def test_server_exiting_at_start_raises_with_exit_tail_and_cause(
     assert not wait_group_gone(pid_of(server))
 
 
+def test_server_rejecting_an_argument_names_a_bad_engine_argument(
+    tmp_path: Path, pool: HostPool, servers: list[ServerProcess]
+) -> None:
+    # vLLM 0.33.0 rejects the torch profiler without its folder, and so does the simulator.
+    config = {"model": MODEL, "profiler_config": {"profiler": "torch"}}
+    server = make_server(servers, pool, tmp_path / "logs", server=config)
+    server.start()
+    with pytest.raises(ServerStartError) as raised:
+        server.wait_ready(READY_TIMEOUT)
+    message = str(raised.value)
+    assert "exited with code 2 during start-up (likely cause: bad engine argument)" in message
+    assert "error: argument --profiler-config: torch_profiler_dir must be set" in message
+    assert server.stop_problems == []
+    assert not wait_group_gone(pid_of(server))
+
+
 def test_startup_timeout_raises_not_ready_and_kills(
     tmp_path: Path, pool: HostPool, servers: list[ServerProcess]
 ) -> None:
@@ -318,3 +338,125 @@ def test_dead_server_is_started_again_for_its_key(workers: WorkerServers) -> Non
     again = workers.server_for(second)
     assert again is not server and again.alive()
     assert workers.starts == 2
+
+
+# --- After stop: survivors and GPU memory ----------------------------------------------------
+
+# The server starts a child that leaves the process group (setsid) and ignores SIGTERM: a
+# SIGKILL of the group misses it, as it would miss an engine process that did the same.
+ESCAPES_GROUP = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+    "import os, signal, time; os.setsid(); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('escaped', flush=True); time.sleep(60)"])
+print("child pid", child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def wait_for_line(server: ServerProcess, pattern: str) -> re.Match[str]:
+    deadline = time.monotonic() + 10
+    while not (found := re.search(pattern, log := server.log_path.read_text(), re.M)):
+        assert time.monotonic() < deadline, f"{pattern!r} never logged; log: {log}"
+        time.sleep(0.05)
+    return found
+
+
+def test_stop_kills_and_reports_a_process_that_left_the_group(
+    tmp_path: Path, pool: HostPool, servers: list[ServerProcess]
+) -> None:
+    server = make_server(servers, pool, tmp_path / "logs", argv=[sys.executable, "-c",
+                                                                 ESCAPES_GROUP])
+    server.start()
+    wait_for_line(server, r"^escaped$")
+    child_pid = int(wait_for_line(server, r"^child pid (\d+)$").group(1))
+    assert os.getpgid(child_pid) != pid_of(server)  # really out of the group
+    with pytest.warns(ServerStopWarning, match=r"1 process\(es\) outlived .* were killed: pid "):
+        server.stop(grace=0.5)
+    (problem,) = server.stop_problems
+    assert f"pid {child_pid} (" in problem
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(child_pid) and psutil.Process(child_pid).status() != "zombie":
+        assert time.monotonic() < deadline, "the escaped child is still alive"
+        time.sleep(0.05)
+    assert f"# profllm: {problem}" in server.log_path.read_text()
+
+
+def test_clean_stop_reports_nothing(
+    tmp_path: Path, pool: HostPool, servers: list[ServerProcess]
+) -> None:
+    server = make_server(servers, pool, tmp_path / "logs")
+    server.start()
+    server.wait_ready(READY_TIMEOUT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ServerStopWarning)
+        server.stop()
+    assert server.stop_problems == []
+
+
+def test_stop_waits_for_the_leased_gpus_memory_to_be_freed(
+    tmp_path: Path, pool: HostPool, servers: list[ServerProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = make_server(servers, pool, tmp_path / "logs")
+    server.start()
+    server.wait_ready(READY_TIMEOUT)
+    server_pid = pid_of(server)
+    queries = []
+
+    def holders() -> dict[int, int]:
+        # The driver frees the dead server's memory on the third query after stop.
+        queries.append(time.monotonic())
+        return {server_pid: 2**30, 1: 2**20} if len(queries) < 3 else {1: 2**20}
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu(holders=holders)]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ServerStopWarning)
+        server.stop()
+    assert len(queries) == 3
+    assert server.stop_problems == []
+
+
+def test_gpu_memory_still_held_after_stop_is_reported(
+    tmp_path: Path, pool: HostPool, servers: list[ServerProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = make_server(servers, pool, tmp_path / "logs")
+    server.gpu_release_timeout = 0.3
+    server.start()
+    server.wait_ready(READY_TIMEOUT)
+    server_pid = pid_of(server)
+    nvml = FakeNvml([FakeGpu(holders=lambda: {server_pid: 5 * 2**30})])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with pytest.warns(ServerStopWarning, match="GPU memory still held"):
+        server.stop()
+    assert server.stop_problems == [
+        f"GPU memory still held 0 s after the server stopped (GPU 0: pid {server_pid} 5120 MiB)"
+    ]
+
+
+# --- Profiling servers -----------------------------------------------------------------------
+
+
+def test_profiling_case_gets_its_own_server_with_vllms_profiler_config(
+    workers: WorkerServers, tmp_path: Path
+) -> None:
+    suite = validate_suite(
+        {"server": {"model": MODEL}, "benchmark": {"num_prompts": 1}, "profile": True}, "test"
+    )
+    (profiled,) = expand(suite, "bench_test.yaml")
+    plain, _ = cases({"model": MODEL})
+    assert profiled.profile and not plain.profile
+    assert profiled.server_key != plain.server_key
+    server = workers.server_for(profiled)
+    assert server.profile_dir == tmp_path / "logs" / "profiles" / (
+        f"test-qwen3-8b-{profiled.server_key}"
+    )
+    flag = server.argv.index("--profiler-config")
+    assert json.loads(server.argv[flag + 1]) == {
+        "profiler": "torch",
+        "torch_profiler_dir": str(server.profile_dir),
+    }
+    assert "VLLM_TORCH_PROFILER_DIR" not in server.env  # vLLM 0.33.0 warns about it as unknown
+    response = requests.post(f"{server.base_url}/start_profile", timeout=5)
+    assert response.status_code == 200
+    assert requests.post(f"{server.base_url}/stop_profile", timeout=5).status_code == 200
+    assert len(list(server.profile_dir.glob("*.pt.trace.json.gz"))) == 1

@@ -258,3 +258,74 @@ def test_tp_speed_up_follows_efficiency() -> None:
     assert none.step_seconds(0, 0, 4) == pytest.approx(0.008)
     # Sub-linear by default: more GPUs help, but less than proportionally.
     assert 0.25 < PUBLISHED.step_seconds(3, 0, 4) / PUBLISHED.step_seconds(3, 0, 1) < 0.5
+
+
+# --- KV cache: usage, preemption, prefix caching ---------------------------------------------
+
+
+def test_full_kv_cache_preempts_the_newest_sequence_which_recomputes_later() -> None:
+    scheduler = _scheduler(max_num_seqs=2, max_num_batched_tokens=64)
+    scheduler.block_size, scheduler.num_gpu_blocks = 4, 6
+    usage: list[float] = []
+
+    async def body() -> tuple[list[int], list[int]]:
+        old = scheduler.submit(8, 10)  # 8 + 10 tokens: 5 blocks at the end
+        new = scheduler.submit(8, 10)
+        drains = asyncio.gather(_drain(old), _drain(new))
+        while not drains.done():
+            usage.append(scheduler.kv_cache_usage)
+            await asyncio.sleep(0)
+        return await drains
+
+    old_tokens, new_tokens = _run(scheduler, body)
+    # Both finish, with every token, though both never fit at once.
+    assert (len(old_tokens), len(new_tokens)) == (10, 10)
+    assert scheduler.num_preemptions >= 1
+    assert max(usage) == 1.0  # full when the preemption came
+    assert scheduler.used_blocks == 0  # all freed at the end
+    # The newest one was preempted and prefilled again: its 8 prompt tokens and the tokens
+    # it had generated, on top of both prompts' first prefill.
+    prefilled = sum(prefill for _, _, prefill in _log(scheduler))
+    assert prefilled > 16
+    assert scheduler.generation_tokens == 20
+
+
+def test_prefix_cache_hits_skip_prefill_of_full_blocks() -> None:
+    scheduler = _scheduler(max_num_seqs=1, max_num_batched_tokens=64)
+    scheduler.block_size = 4
+    shared = list(range(10))
+
+    async def body() -> None:
+        await _drain(scheduler.submit(12, 1, [*shared, 100, 101]))
+        await _drain(scheduler.submit(12, 1, [*shared, 200, 201]))
+        await _drain(scheduler.submit(3, 1, None))  # no ids (a prompt of ids unknown): no lookup
+
+    _run(scheduler, body)
+    assert scheduler.prefix_cache_queries == 24
+    # Blocks [0..3] and [4..7] match; [8, 9, 200, 201] differs from [8, 9, 100, 101].
+    assert scheduler.prefix_cache_hits == 8
+    assert [prefill for _, _, prefill in _log(scheduler)] == [12, 4, 3]
+    assert scheduler.prompt_tokens == 12 + 12 + 3
+
+
+def test_prefix_caching_off_counts_no_queries() -> None:
+    scheduler = _scheduler(max_num_seqs=1, max_num_batched_tokens=64)
+    scheduler.enable_prefix_caching = False
+
+    async def body() -> None:
+        for _ in range(2):
+            await _drain(scheduler.submit(8, 1, list(range(8))))
+
+    _run(scheduler, body)
+    assert [prefill for _, _, prefill in _log(scheduler)] == [8, 8]
+    assert (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits) == (0, 0)
+
+
+def test_profiling_records_one_trace_event_per_step() -> None:
+    scheduler = _scheduler(max_num_seqs=1, max_num_batched_tokens=8)
+    scheduler.trace_events = []
+    _run(scheduler, lambda: _drain(scheduler.submit(2, 3)))
+    events = scheduler.trace_events
+    assert [e["args"]["step"] for e in events] == [1, 2, 3]
+    assert all(e["ph"] == "X" and e["dur"] > 0 for e in events)
+    assert events[0]["args"]["prefill_tokens"] == 2

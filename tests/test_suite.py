@@ -292,7 +292,7 @@ def test_unknown_top_level_key_suggests_and_lists_allowed(tmp_path: Path) -> Non
     path = write(tmp_path, "server:\n  model: m\nthresholdz:\n  completed: {min: 1}\n")
     assert suite_error(path) == (
         f"{path}:3: unknown key 'thresholdz' (did you mean 'thresholds'?); "
-        "allowed: name, description, server, benchmark, thresholds, repeat, exclude"
+        "allowed: name, description, server, benchmark, thresholds, repeat, exclude, profile"
     )
 
 
@@ -427,3 +427,21 @@ def test_bad_server_key_reports_its_own_line(tmp_path: Path, line: str) -> None:
 def test_server_error_does_not_leak_secrets(tmp_path: Path) -> None:
     path = write(tmp_path, "server:\n  model: m\n  api_key: sk-secret\n  port: 8000\n")
     assert "sk-secret" not in suite_error(path)
+
+
+def test_profile_is_carried_on_every_case_and_keys_its_own_servers(tmp_path: Path) -> None:
+    text = "server:\n  model: m\nbenchmark:\n  num_prompts: [1, 2]\n"
+    plain = expand(load_suite_file(write(tmp_path, text))[0], "bench_x.yaml")
+    profiled_path = write(tmp_path, text + "profile: true\n", "bench_p.yaml")
+    profiled = expand(load_suite_file(profiled_path)[0], "bench_p.yaml")
+    assert [case.profile for case in plain + profiled] == [False, False, True, True]
+    assert len({case.server_key for case in profiled}) == 1
+    assert profiled[0].server_key != plain[0].server_key
+
+
+def test_profile_must_be_a_boolean(tmp_path: Path) -> None:
+    path = write(tmp_path, "server:\n  model: m\nprofile: sometimes\n")
+    assert suite_error(path) == (
+        f"{path}:3: profile: Input should be a valid boolean, unable to interpret input "
+        "(got 'sometimes')"
+    )

@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_profllm.engine import redact_argv
+from pytest_profllm.sim.instruments import ProfilerConfigError, ProfilerSettings
 from pytest_profllm.sim.model_files import MODEL_DIR, SPECIAL_TOKENS
+from pytest_profllm.sim.scheduler import BLOCK_SIZE, DEFAULT_GPU_BLOCKS
 
 log = logging.getLogger("profllm.sim")
 
@@ -46,6 +48,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-parallel-size", "-dp", type=_positive, default=1)
     parser.add_argument("--api-key")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block-size", type=_positive, default=BLOCK_SIZE)
+    parser.add_argument(
+        "--num-gpu-blocks-override",
+        type=_positive,
+        help=f"KV-cache blocks (default: {DEFAULT_GPU_BLOCKS} per tensor-parallel GPU)",
+    )
+    parser.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
+    )
+    parser.add_argument(
+        "--profiler-config",
+        help='JSON, as vLLM\'s: {"profiler": "torch", "torch_profiler_dir": DIR} enables '
+        "/start_profile and /stop_profile, which write Chrome traces of the scheduler steps",
+    )
     return parser
 
 
@@ -67,6 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ignored:
         shown = " ".join(redact_argv(ignored))  # the log lands in --profllm-out/logs
         log.info("engine arguments without effect on the simulator: %s", shown)
+    try:
+        profiler = ProfilerSettings.from_json(args.profiler_config)
+    except ProfilerConfigError as error:
+        # As vLLM's parser says it (exit code 2), so the start failure names a bad argument.
+        build_parser().error(f"argument --profiler-config: {error}")
     model_dir = _model_dir(model, args.tokenizer)
     if model_dir is None:
         log.error("model path %s does not exist", model)
@@ -77,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         os.environ.get("VLLM_PORT", ""),
     )
-    asyncio.run(_serve(args, model, model_dir, api_key))
+    asyncio.run(_serve(args, model, model_dir, api_key, profiler))
     return 0
 
 
@@ -92,7 +113,11 @@ def _model_dir(model: str, tokenizer: str | None) -> Path | None:
 
 
 async def _serve(
-    args: argparse.Namespace, model: str, model_dir: Path, api_key: str | None
+    args: argparse.Namespace,
+    model: str,
+    model_dir: Path,
+    api_key: str | None,
+    profiler: ProfilerSettings,
 ) -> None:
     from aiohttp import web
     from tokenizers import Tokenizer
@@ -124,8 +149,19 @@ async def _serve(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         tensor_parallel_size=args.tensor_parallel_size,
+        block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks_override
+        or DEFAULT_GPU_BLOCKS * args.tensor_parallel_size,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
-    runner = web.AppRunner(build_app(state, scheduler), access_log=None, handle_signals=False)
+    if profiler.profiler:
+        log.warning(
+            "Profiler with mode '%s' is enabled in the API server (traces in %s)",
+            profiler.profiler,
+            profiler.torch_profiler_dir,
+        )
+    app = build_app(state, scheduler, profiler)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     stop = asyncio.Event()

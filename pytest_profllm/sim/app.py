@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pytest_profllm.sim.instruments import ProfilerSettings, add_routes
 from pytest_profllm.sim.scheduler import Scheduler
 
 
@@ -32,7 +33,9 @@ _SCHEDULER = web.AppKey("scheduler", Scheduler)
 _STATE = web.AppKey("state", SimState)
 
 
-def build_app(state: SimState, scheduler: Scheduler) -> web.Application:
+def build_app(
+    state: SimState, scheduler: Scheduler, profiler: ProfilerSettings | None = None
+) -> web.Application:
     app = web.Application(middlewares=[_auth])
     app[_STATE] = state
     app[_SCHEDULER] = scheduler
@@ -41,7 +44,7 @@ def build_app(state: SimState, scheduler: Scheduler) -> web.Application:
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/detokenize", _detokenize)
-    app.router.add_get("/metrics", _metrics)
+    add_routes(app, scheduler, state.served_names[0], profiler or ProfilerSettings())
     app.cleanup_ctx.append(_step_loop)
     return app
 
@@ -93,19 +96,6 @@ async def _models(request: web.Request) -> web.Response:
         for name in state.served_names
     ]
     return web.json_response({"object": "list", "data": data})
-
-
-async def _metrics(request: web.Request) -> web.Response:
-    scheduler = request.app[_SCHEDULER]
-    name = request.app[_STATE].served_names[0]
-    labels = f'{{model_name="{name}"}}'
-    lines = [
-        "# TYPE vllm:num_requests_running gauge",
-        f"vllm:num_requests_running{labels} {len(scheduler.running)}",
-        "# TYPE vllm:num_requests_waiting gauge",
-        f"vllm:num_requests_waiting{labels} {len(scheduler.waiting)}",
-    ]
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
 
 async def _read_json(request: web.Request) -> dict[str, Any]:
@@ -168,11 +158,12 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-        prompt_len = len(prompt)
+        prompt_ids = prompt
     elif isinstance(prompt, str):
-        prompt_len = len(state.tokenizer.encode(prompt, add_special_tokens=False).ids)
+        prompt_ids = state.tokenizer.encode(prompt, add_special_tokens=False).ids
     else:
         return _error("'prompt' must be a string or a list of token ids", 400)
+    prompt_len = len(prompt_ids)
     max_tokens = body.get("max_tokens", 16)
     if not isinstance(max_tokens, int) or max_tokens < 1:
         return _error(f"max_tokens must be at least 1, got {max_tokens}.", 400)
@@ -186,7 +177,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         )
     model = body.get("model") or state.served_names[0]
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    sequence = scheduler.submit(prompt_len, max_tokens)
+    sequence = scheduler.submit(prompt_len, max_tokens, prompt_ids)
     if not body.get("stream"):
         text = []
         while (token := await sequence.tokens.get()) is not None:

@@ -1,0 +1,208 @@
+"""The simulator's `/metrics`, `/start_profile` and `/stop_profile`, as vLLM 0.33.0 has them.
+
+`/metrics` is Prometheus text with vLLM's metric names and labels (`model_name`, `engine`),
+counting what the scheduler really did. The profile routes exist only when the server starts
+with `--profiler-config` naming a profiler (vLLM attaches them then, else 404); a start while
+one runs is 409; a stop without a start is 200 and writes nothing; a stop writes a Chrome
+trace (`*.pt.trace.json.gz`, as vLLM's torch profiler) of the scheduler steps it saw.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from pytest_profllm.sim.scheduler import Scheduler
+
+# The rank suffix vLLM's workers put in their trace names (single GPU, no parallelism).
+_WORKER_TRACE_NAME = "dp0_pp0_tp0_dcp0_ep0_rank0"
+_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class ProfilerConfigError(ValueError):
+    """A `--profiler-config` vLLM would reject; the message says why, as vLLM's does."""
+
+
+@dataclass(frozen=True)
+class ProfilerSettings:
+    profiler: str | None = None
+    torch_profiler_dir: str = ""
+    torch_profiler_use_gzip: bool = True
+
+    @classmethod
+    def from_json(cls, text: str | None) -> ProfilerSettings:
+        if not text:
+            return cls()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ProfilerConfigError(f"--profiler-config is not valid JSON: {error}") from None
+        if not isinstance(data, dict):
+            raise ProfilerConfigError("--profiler-config takes a JSON object")
+        profiler = data.get("profiler")
+        if profiler not in (None, "torch", "cuda", "proton"):
+            raise ProfilerConfigError(
+                f"profiler: input should be 'torch', 'cuda' or 'proton', got {profiler!r}"
+            )
+        directory = str(data.get("torch_profiler_dir") or "")
+        if directory and profiler != "torch":
+            raise ProfilerConfigError(
+                "torch_profiler_dir is only applicable when profiler is set to 'torch'"
+            )
+        if profiler == "torch" and not directory:
+            raise ProfilerConfigError("torch_profiler_dir must be set when profiler is 'torch'")
+        return cls(
+            profiler=profiler,
+            torch_profiler_dir=os.path.abspath(os.path.expanduser(directory)) if directory else "",
+            torch_profiler_use_gzip=bool(data.get("torch_profiler_use_gzip", True)),
+        )
+
+
+def add_routes(
+    app: web.Application, scheduler: Scheduler, model_name: str, profiler: ProfilerSettings
+) -> None:
+    app.router.add_get("/metrics", _metrics_handler(scheduler, model_name))
+    if profiler.profiler is not None:
+        session = _ProfileSession(scheduler, profiler)
+        app.router.add_post("/start_profile", session.start)
+        app.router.add_post("/stop_profile", session.stop)
+
+
+def render_metrics(scheduler: Scheduler, model_name: str) -> bytes:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SchedulerCollector(scheduler, model_name))
+    data: bytes = generate_latest(registry)
+    return data
+
+
+def _metrics_handler(scheduler: Scheduler, model_name: str) -> Any:
+    async def handler(request: web.Request) -> web.Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return web.Response(
+            body=render_metrics(scheduler, model_name),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    return handler
+
+
+class _SchedulerCollector:
+    """vLLM 0.33.0's names (vllm/v1/metrics/loggers.py), read from the scheduler at scrape time."""
+
+    def __init__(self, scheduler: Scheduler, model_name: str) -> None:
+        self.scheduler = scheduler
+        self.labels = {"model_name": model_name, "engine": "0"}
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self.scheduler
+        gauges = (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.",
+             len(s.running)),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+             len(s.waiting)),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+             s.kv_cache_usage),
+        )
+        counters = (
+            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+             s.num_preemptions),
+            ("vllm:prefix_cache_queries",
+             "Prefix cache queries, in terms of number of queried tokens.",
+             s.prefix_cache_queries),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+             s.prefix_cache_hits),
+            ("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens),
+            ("vllm:generation_tokens", "Number of generation tokens processed.",
+             s.generation_tokens),
+        )
+        names, values = list(self.labels), list(self.labels.values())
+        for name, documentation, value in gauges:
+            gauge = GaugeMetricFamily(name, documentation, labels=names)
+            gauge.add_metric(values, float(value))
+            yield gauge
+        for name, documentation, value in counters:
+            counter = CounterMetricFamily(name, documentation, labels=names)
+            counter.add_metric(values, float(value))
+            yield counter
+
+
+class _ProfileSession:
+    def __init__(self, scheduler: Scheduler, settings: ProfilerSettings) -> None:
+        self.scheduler = scheduler
+        self.settings = settings
+        self.prefix: str | None = None
+
+    async def start(self, request: web.Request) -> web.Response:
+        body: dict[str, Any] = {}
+        if request.can_read_body:
+            try:
+                body = await request.json()
+            except json.JSONDecodeError:
+                body = {}
+        prefix = body.get("profile_prefix") if isinstance(body, dict) else None
+        if prefix is not None and (not isinstance(prefix, str) or not _PREFIX.match(prefix)):
+            return _error(
+                "profile_prefix must be 1-128 ASCII characters, start with a letter or number, "
+                "and contain only letters, numbers, '.', '_', or '-'",
+                400,
+                "BadRequestError",
+            )
+        if self.scheduler.trace_events is not None:
+            return _error(
+                "A profiling session is already active. Call /stop_profile before starting "
+                "another session.",
+                409,
+                "Conflict",
+            )
+        self.prefix = prefix
+        self.scheduler.trace_events = []
+        return web.Response(status=200)
+
+    async def stop(self, request: web.Request) -> web.Response:
+        events = self.scheduler.trace_events
+        if events is None:
+            return web.Response(status=200)  # as vLLM: a stop with nothing running is ignored
+        self.scheduler.trace_events = None
+        name = f"{self.prefix}_{_WORKER_TRACE_NAME}" if self.prefix else _WORKER_TRACE_NAME
+        self._write(name, events)
+        return web.Response(status=200)
+
+    def _write(self, name: str, events: list[dict[str, Any]]) -> Path:
+        directory = Path(self.settings.torch_profiler_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        trace = {
+            "traceEvents": [
+                {"name": "process_name", "ph": "M", "pid": os.getpid(),
+                 "args": {"name": "profllm sim engine"}},
+                *events,
+            ],
+            "displayTimeUnit": "ms",
+        }
+        data = json.dumps(trace).encode()
+        suffix = ".pt.trace.json"
+        if self.settings.torch_profiler_use_gzip:
+            data, suffix = gzip.compress(data), suffix + ".gz"
+        path = directory / f"{name}.{time.time_ns()}{suffix}"
+        temporary = path.with_name("." + path.name)
+        temporary.write_bytes(data)
+        temporary.replace(path)  # a reader never sees half a trace
+        return path
+
+
+def _error(message: str, status: int, kind: str) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(body, status=status)

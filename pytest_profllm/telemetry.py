@@ -1,0 +1,402 @@
+"""What a case cost the machine: NVML for the leased GPUs, psutil for the server's process
+tree and the client, and the server's Prometheus `/metrics`, sampled in a background thread
+while the load runs. The record's `system` block gets peaks and means; where NVML is absent
+the GPU figures stay null, never invented.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import psutil
+
+DEFAULT_INTERVAL_S = 0.5
+_SCRAPE_TIMEOUT_S = 2.0
+_MIB = 2**20
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    index: int
+    utilization: float | None  # percent of the sample period a kernel ran
+    memory_used_mib: float | None
+    power_w: float | None
+    sm_clock_mhz: float | None
+    temperature_c: float | None
+
+
+@dataclass(frozen=True)
+class ProcessReading:
+    cpu_percent: float  # summed over the tree: 200 = two cores busy
+    rss_mib: float
+    processes: int
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float  # monotonic seconds
+    gpus: tuple[GpuReading, ...]
+    server: ProcessReading | None
+    client: ProcessReading | None
+    kv_cache_usage: float | None  # vLLM's vllm:kv_cache_usage_perc, a fraction (1 = full)
+
+
+class NvmlGpus:
+    """The leased GPUs through NVML (`pynvml`, from nvidia-ml-py), by CUDA device index."""
+
+    def __init__(self, nvml: ModuleType, indices: Sequence[int]) -> None:
+        self.nvml = nvml
+        self.indices = tuple(indices)
+        self.handles = [nvml.nvmlDeviceGetHandleByIndex(index) for index in self.indices]
+
+    @classmethod
+    def open(cls, gpu_ids: Iterable[str]) -> NvmlGpus | None:
+        """The GPUs, or None where NVML or the GPUs are absent (a CPU host, virtual GPU ids)."""
+        try:
+            indices = [int(gpu) for gpu in gpu_ids]
+        except ValueError:
+            return None
+        if not indices:
+            return None
+        try:
+            import pynvml
+        except ImportError:
+            return None
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError:
+            return None
+        try:
+            if any(index >= pynvml.nvmlDeviceGetCount() for index in indices):
+                pynvml.nvmlShutdown()
+                return None
+            return cls(pynvml, indices)
+        except pynvml.NVMLError:
+            pynvml.nvmlShutdown()
+            return None
+
+    def close(self) -> None:
+        with contextlib.suppress(self.nvml.NVMLError):
+            self.nvml.nvmlShutdown()
+
+    def read(self) -> tuple[GpuReading, ...]:
+        return tuple(
+            GpuReading(
+                index=index,
+                utilization=self._get(
+                    lambda h: float(self.nvml.nvmlDeviceGetUtilizationRates(h).gpu), handle
+                ),
+                memory_used_mib=self._get(
+                    lambda h: self.nvml.nvmlDeviceGetMemoryInfo(h).used / _MIB, handle
+                ),
+                # NVML reports milliwatts.
+                power_w=self._get(lambda h: self.nvml.nvmlDeviceGetPowerUsage(h) / 1000, handle),
+                sm_clock_mhz=self._get(
+                    lambda h: float(self.nvml.nvmlDeviceGetClockInfo(h, self.nvml.NVML_CLOCK_SM)),
+                    handle,
+                ),
+                temperature_c=self._get(
+                    lambda h: float(
+                        self.nvml.nvmlDeviceGetTemperature(h, self.nvml.NVML_TEMPERATURE_GPU)
+                    ),
+                    handle,
+                ),
+            )
+            for index, handle in zip(self.indices, self.handles, strict=True)
+        )
+
+    def memory_holders(self) -> dict[int, dict[int, float]]:
+        """Per leased GPU index: pid -> MiB of every compute process holding memory on it."""
+        held: dict[int, dict[int, float]] = {}
+        for index, handle in zip(self.indices, self.handles, strict=True):
+            processes = self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            held[index] = {int(p.pid): (p.usedGpuMemory or 0) / _MIB for p in processes}
+        return held
+
+    def _get(self, read: Callable[[Any], float], handle: Any) -> float | None:
+        # A GPU may not support a query (power on some boards): that field stays null.
+        try:
+            return read(handle)
+        except self.nvml.NVMLError:
+            return None
+
+
+def wait_gpu_memory_released(
+    gpus: NvmlGpus, pids: set[int], timeout: float, poll_s: float = 0.2
+) -> str | None:
+    """Wait until no process of `pids` holds memory on the leased GPUs; a problem, or None.
+
+    The driver frees a dead process's memory shortly after it exits, not at once. NVML reports
+    pids of the host's PID namespace: in a container they may not match ours, and then this
+    check sees nothing to wait for.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {
+            index: {pid: mib for pid, mib in holders.items() if pid in pids}
+            for index, holders in gpus.memory_holders().items()
+        }
+        left = {index: holders for index, holders in left.items() if holders}
+        if not left:
+            return None
+        if time.monotonic() >= deadline:
+            where = "; ".join(
+                f"GPU {index}: "
+                + ", ".join(f"pid {pid} {mib:.0f} MiB" for pid, mib in held.items())
+                for index, held in sorted(left.items())
+            )
+            return f"GPU memory still held {timeout:.0f} s after the server stopped ({where})"
+        time.sleep(poll_s)
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process and its descendants (vLLM's EngineCore and workers), those still alive."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+class _TreeMeter:
+    """CPU and memory of a process tree; psutil's cpu_percent needs the same Process object
+    from one call to the next, so they are kept by pid."""
+
+    def __init__(self, pid: int, recursive: bool = True) -> None:
+        self.pid = pid
+        self.recursive = recursive
+        self._known: dict[int, psutil.Process] = {}
+
+    def read(self) -> ProcessReading | None:
+        if self.recursive:
+            current = process_tree(self.pid)
+        else:
+            try:
+                current = [psutil.Process(self.pid)]
+            except psutil.Error:
+                current = []
+        if not current:
+            return None
+        cpu = 0.0
+        rss = 0
+        counted = 0
+        for process in current:
+            process = self._known.setdefault(process.pid, process)
+            try:
+                with process.oneshot():
+                    cpu += process.cpu_percent(None)
+                    rss += process.memory_info().rss
+                counted += 1
+            except psutil.Error:
+                continue
+        return ProcessReading(cpu_percent=cpu, rss_mib=rss / _MIB, processes=counted)
+
+
+def scrape_metrics(
+    url: str, timeout: float = _SCRAPE_TIMEOUT_S, session: Any = None
+) -> dict[str, float] | None:
+    """A Prometheus text endpoint as {sample name: value summed over its labels}; None where
+    it does not answer (an engine without /metrics is no error). A `requests.Session` keeps
+    the connection between scrapes."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        response = (session or requests).get(url, timeout=timeout)
+    except requests.RequestException:
+        return None
+    if response.status_code != 200:
+        return None
+    values: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(response.text):
+            for sample in family.samples:
+                values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+    except ValueError:
+        return None
+    return values
+
+
+# vLLM 0.33.0's names (vllm/v1/metrics/loggers.py); counters carry prometheus_client's `_total`.
+PREEMPTIONS = "vllm:num_preemptions_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+
+
+def server_metric_deltas(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, float | None]:
+    """Preemptions and prefix-cache figures of the case: the counters' change over it."""
+
+    def delta(name: str) -> float | None:
+        if before is None or after is None or name not in after:
+            return None
+        return after[name] - before.get(name, 0.0)
+
+    queries, hits = delta(PREFIX_QUERIES), delta(PREFIX_HITS)
+    return {
+        "server_num_preemptions": delta(PREEMPTIONS),
+        "server_prefix_cache_queries": queries,
+        "server_prefix_cache_hits": hits,
+        "server_prefix_cache_hit_rate": (hits / queries if queries and hits is not None else None),
+    }
+
+
+def summarize(samples: Sequence[Sample], interval_s: float) -> dict[str, float | int | None]:
+    """Peaks and means for the record's `system` block.
+
+    GPU memory and temperature are per GPU (the fullest, the hottest of the leased ones);
+    utilisation and SM clock are means over the leased GPUs; power is their total.
+    """
+    gpu_rows = [s.gpus for s in samples if s.gpus]
+
+    def per_sample(pick: Callable[[GpuReading], float | None], combine: str) -> list[float]:
+        values = []
+        for row in gpu_rows:
+            known = [v for v in (pick(g) for g in row) if v is not None]
+            if known:
+                values.append(
+                    max(known)
+                    if combine == "max"
+                    else sum(known)
+                    if combine == "sum"
+                    else statistics.fmean(known)
+                )
+        return values
+
+    memory = per_sample(lambda g: g.memory_used_mib, "max")
+    utilization = per_sample(lambda g: g.utilization, "mean")
+    power = per_sample(lambda g: g.power_w, "sum")
+    clock = per_sample(lambda g: g.sm_clock_mhz, "mean")
+    temperature = per_sample(lambda g: g.temperature_c, "max")
+    server = [s.server for s in samples if s.server is not None]
+    client = [s.client for s in samples if s.client is not None]
+    kv = [s.kv_cache_usage for s in samples if s.kv_cache_usage is not None]
+    return {
+        "peak_gpu_memory_mib": _peak(memory),
+        "mean_gpu_memory_mib": _mean(memory),
+        "mean_gpu_utilization": _mean(utilization),
+        "peak_gpu_utilization": _peak(utilization),
+        "mean_gpu_power_w": _mean(power),
+        "peak_gpu_power_w": _peak(power),
+        "mean_gpu_sm_clock_mhz": _mean(clock),
+        "peak_gpu_sm_clock_mhz": _peak(clock),
+        "mean_gpu_temperature_c": _mean(temperature),
+        "peak_gpu_temperature_c": _peak(temperature),
+        "mean_server_cpu_percent": _mean([r.cpu_percent for r in server]),
+        "peak_server_cpu_percent": _peak([r.cpu_percent for r in server]),
+        "mean_server_rss_mib": _mean([r.rss_mib for r in server]),
+        "peak_server_rss_mib": _peak([r.rss_mib for r in server]),
+        "peak_server_processes": max((r.processes for r in server), default=None),
+        "mean_client_cpu_percent": _mean([r.cpu_percent for r in client]),
+        "peak_client_cpu_percent": _peak([r.cpu_percent for r in client]),
+        "peak_client_rss_mib": _peak([r.rss_mib for r in client]),
+        "mean_kv_cache_usage": _mean(kv),
+        "peak_kv_cache_usage": _peak(kv),
+        "telemetry_samples": len(samples),
+        "telemetry_interval_s": interval_s,
+    }
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _peak(values: Sequence[float]) -> float | None:
+    return max(values) if values else None
+
+
+@dataclass
+class Sampler:
+    """Samples in a daemon thread between `start()` and `stop()`, scraping the server's
+    `/metrics` once before and once after. Use as a context manager around the load."""
+
+    server_pid: int | None
+    gpu_ids: Sequence[str]
+    metrics_url: str | None
+    interval_s: float = DEFAULT_INTERVAL_S
+    gpus: NvmlGpus | None = None
+    samples: list[Sample] = field(default_factory=list)
+    metrics_before: dict[str, float] | None = None
+    metrics_after: dict[str, float] | None = None
+    sample_seconds: float = 0.0  # time spent taking samples, to show the sampler's overhead
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _owns_gpus: bool = False
+    _server: _TreeMeter | None = None
+    _client: _TreeMeter | None = None
+    _http: Any = None  # requests.Session, made in start()
+
+    def __enter__(self) -> Sampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self.gpus is None:
+            self.gpus = NvmlGpus.open(self.gpu_ids)
+            self._owns_gpus = self.gpus is not None
+        self._server = _TreeMeter(self.server_pid) if self.server_pid else None
+        self._client = _TreeMeter(psutil.Process().pid, recursive=False)
+        if self.metrics_url:
+            import requests
+
+            self._http = requests.Session()
+            self.metrics_before = scrape_metrics(self.metrics_url, session=self._http)
+        self._take()  # primes psutil's CPU counters; the first sample's CPU reads 0
+        self.samples.clear()
+        self._thread = threading.Thread(target=self._loop, name="profllm-telemetry", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        self._take()  # the run's tail, however short the run
+        if self.metrics_url:
+            self.metrics_after = scrape_metrics(self.metrics_url, session=self._http)
+        if self._http is not None:
+            self._http.close()
+        if self._owns_gpus and self.gpus is not None:
+            self.gpus.close()
+
+    def summary(self) -> dict[str, float | int | None]:
+        return {
+            **summarize(self.samples, self.interval_s),
+            **server_metric_deltas(self.metrics_before, self.metrics_after),
+        }
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._take()
+
+    def _take(self) -> None:
+        began = time.perf_counter()
+        kv = None
+        if self.metrics_url:
+            scraped = scrape_metrics(
+                self.metrics_url, timeout=min(self.interval_s, 1.0), session=self._http
+            )
+            kv = scraped.get(KV_CACHE_USAGE) if scraped else None
+        self.samples.append(
+            Sample(
+                at=time.monotonic(),
+                gpus=self.gpus.read() if self.gpus is not None else (),
+                server=self._server.read() if self._server is not None else None,
+                client=self._client.read() if self._client is not None else None,
+                kv_cache_usage=kv,
+            )
+        )
+        self.sample_seconds += time.perf_counter() - began
