@@ -77,7 +77,7 @@ class HostPool:
                     return Lease(
                         gpus=ids,
                         port=block,
-                        internal_port=block + 1,
+                        internal_port=_internal_port(block),
                         wait_s=time.monotonic() - started,
                         _locks=[lock for _, lock in gpu_locks] + [lock],
                     )
@@ -90,6 +90,11 @@ class HostPool:
                     f"{self.ports.start}-{self.ports.stop - 1}, lock dir {self.directory})"
                 )
             time.sleep(_POLL_S)
+
+    def lease_when_empty(self, gpu_count: int) -> Lease:
+        """The lease `acquire` gives when nothing is held (for `profllm plan`); holds nothing."""
+        block = self.port_blocks[0]
+        return Lease(self.gpu_ids[:gpu_count], block, _internal_port(block), 0.0)
 
     @contextmanager
     def serial_start(self, timeout: float) -> Iterator[None]:
@@ -134,6 +139,10 @@ class HostPool:
 
     def _lock(self, name: str) -> filelock.BaseFileLock:
         return filelock.FileLock(self.directory / f"{name}.lock", thread_local=False)
+
+
+def _internal_port(block: int) -> int:
+    return block + 1
 
 
 def _try(lock: filelock.BaseFileLock) -> bool:

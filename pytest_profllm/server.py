@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_profllm.engine import EngineName, redact_argv, serve_command
+from pytest_profllm.engine import EngineName, redact_argv, serve_command, serve_env
+from pytest_profllm.engine_args import Registry, registry_for
 from pytest_profllm.plan import Case
 from pytest_profllm.pool import HostPool, Lease
 
@@ -174,12 +175,13 @@ class WorkerServers:
             return self.current
         self.release()
         lease = self.pool.acquire(case.gpus_needed, timeout=self.lease_timeout)
+        argv, env = launch(self.engine, case.server, lease, registry_for(self.engine))
         server = ServerProcess(
             key=key,
             label=case.server_label,
             engine=self.engine,
-            argv=serve_command(self.engine, case.server, HOST, lease.port),
-            env=server_env(lease),
+            argv=argv,
+            env=env,
             log_path=self.log_dir / f"{_safe(case.suite)}-{case.server_label}-{key}.log",
             lease=lease,
         )
@@ -209,6 +211,17 @@ class WorkerServers:
         if server is not None:
             server.stop()
             server.lease.release()
+
+
+def launch(
+    engine: EngineName, server: dict[str, Any], lease: Lease, registry: Registry | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and the environment (over the inherited one) a server starts with.
+
+    `profllm plan` prints what this returns, so the plan is the command that runs.
+    """
+    argv = serve_command(engine, server, HOST, lease.port, registry)
+    return argv, {**server_env(lease), **serve_env(server)}
 
 
 def server_env(lease: Lease) -> dict[str, str]:

@@ -46,6 +46,9 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
     row["engine_version"] = engine.get("version")
     row["engine_reason"] = engine.get("reason")
     config = record.get("config") or {}
+    engine_args = config.get("engine_args") or {}
+    row["engine_args_version"] = engine_args.get("vllm_version")
+    row["engine_args_source"] = engine_args.get("source")
     for prefix, block in (("server_", config.get("server")), ("bench_", config.get("benchmark"))):
         for key, value in (block or {}).items():
             row[prefix + key] = _cell(value)

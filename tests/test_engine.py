@@ -116,12 +116,9 @@ def test_redact_keeps_an_unset_secret_visible_as_unset() -> None:
 
 
 def test_redact_argv_hides_values_after_secret_flags() -> None:
-    argv = serve_command(
-        "vllm",
+    argv = serve_args(
         {"model": "m", "api_key": "sk-secret", "hf_token": "hf_abc",
-         "max_num_batched_tokens": 8192, "tokenizer": "tok", "ssl_keyfile": "/k.pem"},
-        "127.0.0.1",
-        8000,
+         "max_num_batched_tokens": 8192, "tokenizer": "tok", "ssl_keyfile": "/k.pem"}
     )
     shown = redact_argv(argv)
     assert "sk-secret" not in shown
