@@ -146,7 +146,8 @@ def _suite_name(source: str) -> str:
 
 
 def _axes(block: dict[str, Any]) -> set[str]:
-    return {key for key, value in block.items() if isinstance(value, list)}
+    # A one-value list (often a list-valued argument, `[[a, b]]`) names nothing apart.
+    return {key for key, value in block.items() if isinstance(value, list) and len(value) > 1}
 
 
 def _combinations(block: dict[str, Any]) -> list[dict[str, Any]]:
