@@ -108,7 +108,10 @@ def expand(
         _check_thresholds(suite, workload, source, lines)
     cases: list[Case] = []
     server_labels = _unique_labels(
-        [_label(_model_short_name(str(s["model"])), s, server_axes - {"model"}) for s in servers]
+        [
+            _label(_model_short_name(str(s["model"])), s, server_axes - {"model"}, suite.server)
+            for s in servers
+        ]
     )
     bench_labels = _unique_labels(
         [_label(w.dataset_name, w.model_dump(), bench_axes) for w in workloads]
@@ -192,9 +195,17 @@ def _model_short_name(model: str) -> str:
     return model.rstrip("/").split("/")[-1].lower()
 
 
-def _label(head: str, values: dict[str, Any], axes: set[str]) -> str:
+def _label(
+    head: str, values: dict[str, Any], axes: set[str], block: dict[str, Any] | None = None
+) -> str:
+    from pytest_profllm.engine import is_secret
+
     parts = [head] if head else []
     for key in sorted(axes, key=list(values).index):
+        if is_secret(key) and block is not None:
+            # Ids land in reports and files: a secret axis is named by position, not value.
+            parts.append(f"{_abbreviate(key)}{block[key].index(values[key]) + 1}")
+            continue
         parts.append(_abbreviate(key) + _format_value(values[key]))
     return _slug("-".join(parts)) or "default"
 

@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tensor-parallel-size", "-tp", type=_positive, default=1)
     parser.add_argument("--pipeline-parallel-size", "-pp", type=_positive, default=1)
     parser.add_argument("--data-parallel-size", "-dp", type=_positive, default=1)
-    parser.add_argument("--api-key")
+    # vLLM takes several keys; all are read (so none is logged as an ignored argument), and
+    # the first is required, the one profllm's client sends.
+    parser.add_argument("--api-key", nargs="+")
     parser.add_argument("--seed", type=int, default=0)
     return parser
 
@@ -84,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if model_dir is None:
         log.error("model path %s does not exist", model)
         return 1
-    api_key = args.api_key or os.environ.get("VLLM_API_KEY")
+    api_key = args.api_key[0] if args.api_key else os.environ.get("VLLM_API_KEY")
     log.info(
         "CUDA_VISIBLE_DEVICES=%s VLLM_PORT=%s",
         os.environ.get("CUDA_VISIBLE_DEVICES", ""),
