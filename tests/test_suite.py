@@ -427,3 +427,15 @@ def test_bad_server_key_reports_its_own_line(tmp_path: Path, line: str) -> None:
 def test_server_error_does_not_leak_secrets(tmp_path: Path) -> None:
     path = write(tmp_path, "server:\n  model: m\n  api_key: sk-secret\n  port: 8000\n")
     assert "sk-secret" not in suite_error(path)
+
+
+def test_a_secret_axis_is_labelled_by_position(tmp_path: Path) -> None:
+    # Case ids reach reports, JUnit XML and file names: never a secret's value.
+    path = write(tmp_path, "server: {model: m, api_key: [sk-aaa, sk-bbb]}\n")
+    labels = [case.server_label for case in cases_of(path)]
+    assert labels == ["m-ak1", "m-ak2"]
+
+
+def test_a_one_value_list_is_no_axis_in_labels(tmp_path: Path) -> None:
+    path = write(tmp_path, "server: {model: m, served_model_name: [[a, b]]}\n")
+    assert [case.server_label for case in cases_of(path)] == ["m"]
