@@ -154,6 +154,16 @@ BAD_SUITES = {
         "server:\n  model: m\nbenchmark:\n  num_prompts: many\n",
         "bench_bad.yaml:4: benchmark.num_prompts: Input should be a valid integer*",
     ),
+    "unknown-engine-argument": (
+        "server:\n  model: m\n  max_num_seq: 4\n",
+        "bench_bad.yaml:3: server.max_num_seq: unknown engine argument of vLLM 0.33.0 "
+        "(did you mean 'max_num_seqs'?)",
+    ),
+    "bad-engine-argument-value": (
+        "server:\n  model: m\n  dtype: [half, fp9]\n",
+        "bench_bad.yaml:3: server.dtype[1]: takes one of 'auto', 'bfloat16', 'float', "
+        "'float16', 'float32', 'half' (got 'fp9')",
+    ),
     "unknown-metric": (
         "server:\n  model: m\nthresholds:\n  median_ttft: {max: 5}\n",
         "bench_bad.yaml:4: unknown metric 'thresholds.median_ttft' "
