@@ -11,6 +11,7 @@ argv tokens of each value, the defaults a record lists, and which arguments are 
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import importlib.metadata
@@ -59,6 +60,7 @@ class Option:
     accepts_none: bool
     human_readable: bool
     config_class: str | None
+    config_fields: tuple[str, ...] | None
     default: Any
     default_note: str | None
     secret: bool
@@ -79,6 +81,7 @@ class Option:
             accepts_none=bool(data.get("accepts_none")),
             human_readable=bool(data.get("human_readable")),
             config_class=data.get("config_class"),
+            config_fields=tuple(data["config_fields"]) if data.get("config_fields") else None,
             default=data.get("default"),
             default_note=data.get("default_note"),
             secret=bool(data.get("secret")),
@@ -143,7 +146,7 @@ class Option:
                 raise ValueError("takes true or a string")
             return
         if kind == "json":
-            _json_value(value)
+            self._check_config_keys(_json_value(value))
             return
         if kind == "str_or_json":
             if not isinstance(value, str | dict):
@@ -167,6 +170,17 @@ class Option:
             raise ValueError("takes a string")
         if self.choices is not None and str(value) not in {str(c) for c in self.choices}:
             raise ValueError(f"takes one of {_listing(self.choices)}")
+
+    def _check_config_keys(self, value: Any) -> None:
+        # vLLM's config classes refuse unknown keys; names change between versions (0.33.0's
+        # CompilationConfig has `mode`, no longer `level`).
+        if self.config_fields is None or not isinstance(value, dict):
+            return
+        for key in value:
+            if key not in self.config_fields:
+                close = difflib.get_close_matches(str(key), self.config_fields, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise ValueError(f"'{key}' is not a field of {self.config_class}{hint}")
 
     def _int(self, value: Any) -> int:
         if isinstance(value, int) and not isinstance(value, bool):

@@ -85,6 +85,7 @@ def _describe(
     chain = _type_chain(action.type)
     names = [name for name, _ in chain]
     config_class = next((arg for name, arg in chain if name == "parse_dataclass"), None)
+    config_fields = _config_fields(action.type) if config_class else None
     default, note = _json_default(action.default)
     kind = _kind(action, names)
     choices = None
@@ -106,6 +107,8 @@ def _describe(
         "human_readable": any(name.startswith("human_readable_int") for name in names),
         "json": kind in ("json", "str_or_json"),
         "config_class": config_class,
+        # The keys its JSON may hold, where vLLM refuses any other (pydantic extra="forbid").
+        "config_fields": config_fields,
         "type_chain": [f"{name}[{arg}]" if arg else name for name, arg in chain],
         "default": default,
         "default_note": note,
@@ -114,6 +117,18 @@ def _describe(
         "help": (action.help or "") if with_help else "",
     }
     return entry
+
+
+def _config_fields(function: Any) -> list[str] | None:
+    while function is not None and getattr(function, "__name__", "") != "parse_dataclass":
+        cells = [cell.cell_contents for cell in getattr(function, "__closure__", None) or ()]
+        inner = [value for value in cells if callable(value)]
+        function = inner[0] if inner else None
+    cls = (getattr(function, "__defaults__", None) or (None,))[0]
+    config = getattr(cls, "__pydantic_config__", None) or {}
+    if cls is None or not dataclasses.is_dataclass(cls) or config.get("extra") != "forbid":
+        return None
+    return [field.name for field in dataclasses.fields(cls) if field.init]
 
 
 def _type_chain(function: Any) -> list[tuple[str, str | None]]:

@@ -43,6 +43,8 @@ def test_options_carry_kind_group_default_and_help() -> None:
         "--disable-prefix-caching", "--no-enable-prefix-caching",
     )
     assert options["compilation_config"].config_class == "CompilationConfig"
+    assert "mode" in (options["compilation_config"].config_fields or ())
+    assert options["speculative_config"].config_fields is None  # plain JSON: any keys
     assert options["speculative_config"].kind == "json"
     assert options["served_model_name"].nargs == "+"
     assert options["max_num_batched_tokens"].human_readable
@@ -142,6 +144,13 @@ def test_unknown_argument_without_a_near_one_says_where_to_look() -> None:
         ({"compilation_config": "{mode: 3"}, "server.compilation_config: takes a mapping, or "
          "JSON text"),
         ({"served_model_name": [[]]}, "server.served_model_name[0]: takes one or more values"),
+        # vLLM 0.33.0 refuses keys its config classes lack, like the old `level` (now `mode`).
+        ({"compilation_config": {"level": 3}},
+         "server.compilation_config: 'level' is not a field of CompilationConfig"),
+        ({"compilation_config": '{"level": 3}'}, "'level' is not a field of CompilationConfig"),
+        ({"attention_config": {"backnd": "FLASH_ATTN"}},
+         "server.attention_config: 'backnd' is not a field of AttentionConfig "
+         "(did you mean 'backend'?)"),
         ({"hf_token": False}, "server.hf_token: takes true or a string (got ***)"),
     ],
 )
