@@ -256,3 +256,17 @@ def test_console_script_entry_point(suite_path: Path) -> None:
     )
     assert bad.returncode == 2  # main's return value becomes the exit status
     assert bad.stderr.startswith("profllm plan: ")
+
+
+def test_plan_says_when_a_server_needs_more_gpus_than_the_default_pool(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "bench_big.yaml"
+    path.write_text("server:\n  model: m\n  tensor_parallel_size: 4\n  data_parallel_size: 4\n")
+    code, out, _ = run_main(capsys, "plan", str(path), "--json")
+    assert code == 0
+    [server] = json.loads(out)["servers"]
+    assert server["gpus_needed"] == 16
+    assert server["problem"] == (
+        "needs 16 GPUs but the default pool has 8: skipped unless --profllm-gpus gives more"
+    )
