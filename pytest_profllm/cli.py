@@ -41,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="vllm",
         help="whose command line to print (default: vllm)",
     )
+    plan.add_argument(
+        "--profllm-out",
+        type=Path,
+        default=Path("results"),
+        metavar="DIR",
+        help="the --profllm-out of the run, for the trace folders of profiling servers "
+        "(default: results)",
+    )
     plan.set_defaults(handler=_plan)
 
     ingest = commands.add_parser(
@@ -61,6 +69,32 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the JSON Schema of a benchmark record (schema version 1).",
     )
     schema.set_defaults(handler=_schema)
+
+    engine_args = commands.add_parser(
+        "engine-args",
+        help="the registry of vLLM engine arguments: list it, or regenerate it from a vLLM",
+        description="Without --python: summarise (or --list) the registry shipped with the "
+        "package. With --python: read every `vllm serve` option from the parser of the vLLM "
+        "that Python imports (VLLM_TARGET_DEVICE=cpu unless set), and write the registry file.",
+    )
+    engine_args.add_argument(
+        "--python",
+        metavar="PY",
+        help="a Python that imports vLLM, e.g. /path/to/venv/bin/python (default: none; "
+        "the bundled registry is shown)",
+    )
+    engine_args.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        metavar="PATH",
+        help="where --python writes the registry (default: the package's own "
+        "pytest_profllm/data/engine_args.json)",
+    )
+    engine_args.add_argument(
+        "--list", action="store_true", help="print one line per option instead"
+    )
+    engine_args.set_defaults(handler=_engine_args)
 
     sim = commands.add_parser(
         "sim",
@@ -89,7 +123,7 @@ def _plan(args: argparse.Namespace) -> int:
     from pytest_profllm.suite import SuiteError
 
     try:
-        document = plan_document(args.paths, args.engine)
+        document = plan_document(args.paths, args.engine, args.profllm_out / "profiles")
     except (SuiteError, FileNotFoundError) as error:
         raise CliError(str(error)) from None
     if args.json:
@@ -119,6 +153,39 @@ def _schema(args: argparse.Namespace) -> int:
     from pytest_profllm.record import json_schema
 
     print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def _engine_args(args: argparse.Namespace) -> int:
+    import os
+
+    from pytest_profllm.engine_args import DATA_FILE, Registry, RegistryError, bundled, generate
+
+    try:
+        if args.python is None:
+            if args.output is not None:
+                raise CliError("--output needs --python (the vLLM to read the options from)")
+            registry = bundled()
+            where = f"bundled: {DATA_FILE}"
+        else:
+            env = {} if "VLLM_TARGET_DEVICE" in os.environ else {"VLLM_TARGET_DEVICE": "cpu"}
+            data = generate(args.python, with_help=True, env=env)
+            registry = Registry.from_json(data, "live")
+            where = str(args.output or DATA_FILE)
+            if not args.list:
+                from pytest_profllm.record import write_atomic
+
+                write_atomic(Path(where), (json.dumps(data, indent=1) + "\n").encode())
+    except RegistryError as error:
+        raise CliError(str(error)) from None
+    if args.list:
+        for option in registry.options.values():
+            default = json.dumps(option.default)
+            default = default if len(default) <= 40 else default[:37] + "..."
+            print(f"{option.name}\t{option.kind}\t{option.group}\t{default}")
+        return 0
+    verb = "wrote" if args.python else "has"
+    print(f"{len(registry)} engine arguments of vLLM {registry.vllm_version} ({verb} {where})")
     return 0
 
 

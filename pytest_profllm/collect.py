@@ -6,12 +6,15 @@ case of one server shares a parent (which is what groups them on one xdist worke
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_profllm.plan import Case, expand
 from pytest_profllm.suite import SuiteError, load_suite_file, validate_suite
+
+if TYPE_CHECKING:
+    from pytest_profllm.engine_args import Registry
 
 PROFLLM_MARKER = "profllm"
 CASE_FIXTURE = "profllm_case"
@@ -21,7 +24,7 @@ class SuiteFile(pytest.File):
     def collect(self) -> Iterator[pytest.Collector]:
         where = self.nodeid or self.path.name
         try:
-            suite, lines = load_suite_file(self.path)
+            suite, lines = load_suite_file(self.path, _registry(self.config))
             cases = expand(suite, where, lines)
         except SuiteError as error:
             # The rootdir-relative path reads better than the absolute one the loader knows.
@@ -75,6 +78,14 @@ class BenchItem(pytest.Item):
         return self.path, 0, f"{self.case.suite}: {self.case.name}"
 
 
+def _registry(config: pytest.Config) -> Registry:
+    """The engine arguments suites are checked against: those of the engine this run uses."""
+    from pytest_profllm.engine_args import registry_for
+    from pytest_profllm.session import IDENTITY_KEY
+
+    return registry_for(config.stash[IDENTITY_KEY].engine.name)
+
+
 def case_of(item: pytest.Item | None) -> Case | None:
     """The benchmark case an item runs, in either form (YAML item or marked test)."""
     if isinstance(item, BenchItem):
@@ -99,7 +110,7 @@ def marker_cases(metafunc: pytest.Metafunc) -> list[Case] | None:
         )
     where = metafunc.definition.nodeid
     try:
-        suite = validate_suite(dict(marker.kwargs), where)
+        suite = validate_suite(dict(marker.kwargs), where, None, _registry(metafunc.config))
         return expand(suite, where)
     except SuiteError as error:
         # A collection error of this module alone, shown as the one line, not a traceback.

@@ -12,7 +12,10 @@ import json
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from pytest_profllm.engine_args import Registry
 
 EngineName = Literal["vllm", "sim"]
 ENGINE_CHOICES = ("auto", "vllm", "sim")
@@ -73,39 +76,90 @@ def _own_version() -> str:
     return __version__
 
 
-def serve_command(engine: EngineName, server: dict[str, Any], host: str, port: int) -> list[str]:
-    """The full command: `vllm serve MODEL --flag value ...` or the simulator with the same argv."""
+def serve_command(
+    engine: EngineName,
+    server: dict[str, Any],
+    host: str,
+    port: int,
+    registry: Registry | None = None,
+) -> list[str]:
+    """The full command: `vllm serve MODEL --flag value ...` or the simulator with the same argv.
+
+    Secrets that vLLM also reads from its environment are left out: see `serve_env`.
+    """
     if engine == "vllm":
         head = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
     else:
         head = [sys.executable, "-m", "pytest_profllm.sim"]
-    return head + serve_args(server) + ["--host", host, "--port", str(port)]
+    in_argv = {key: value for key, value in server.items() if key not in _env_secrets(server)}
+    return head + serve_args(in_argv, registry) + ["--host", host, "--port", str(port)]
 
 
-def serve_args(server: dict[str, Any]) -> list[str]:
-    """Engine arguments as vLLM's parser takes them: the model first, then `--kebab-case` flags.
+def serve_env(server: dict[str, Any]) -> dict[str, str]:
+    """The secrets a server takes from its environment rather than its argv.
 
-    True and False become `--flag` and `--no-flag`; mappings become JSON; lists become
-    several values after one flag.
+    vLLM writes its argv into its log; `api_key` (one key) and a string `hf_token` travel as
+    VLLM_API_KEY and HF_TOKEN instead, which vLLM 0.33.0 and the Hugging Face hub read.
     """
+    return {_ENV_SECRETS[key]: value for key, value in _env_secrets(server).items()}
+
+
+_ENV_SECRETS = {"api_key": "VLLM_API_KEY", "hf_token": "HF_TOKEN"}
+
+
+def _env_secrets(server: dict[str, Any]) -> dict[str, str]:
+    found = {}
+    for key in _ENV_SECRETS:
+        value = server.get(key)
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]  # VLLM_API_KEY holds one key; several stay on the command line
+        if isinstance(value, str):
+            found[key] = value
+    return found
+
+
+def serve_args(server: dict[str, Any], registry: Registry | None = None) -> list[str]:
+    """Engine arguments as vLLM's parser takes them: the model first, then its options.
+
+    Each value is written as its option's kind asks (registry): True and False become `--flag`
+    and `--no-flag`, mappings JSON, several values follow one flag (or repeat it for
+    `--middleware`-like options). None writes nothing: vLLM's default stands.
+    """
+    from pytest_profllm.engine_args import bundled
+
+    options = (registry or bundled()).options
     args = [str(server["model"])]
     for name, value in server.items():
         if name == "model" or value is None:
             continue
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            args.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, dict):
-            args += [flag, json.dumps(value, separators=(",", ":"))]
-        elif isinstance(value, list):
-            args += [flag, *(str(item) for item in value)]
-        else:
-            args += [flag, str(value)]
+        option = options.get(name)
+        args += option.render(value) if option is not None else _render_unknown(name, value)
     return args
 
 
+def _render_unknown(name: str, value: Any) -> list[str]:
+    # Not in the registry (a newer vLLM's option, never a validated suite's): the usual forms.
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + flag[2:]]
+    if isinstance(value, dict):
+        return [flag, json.dumps(value, separators=(",", ":"))]
+    if isinstance(value, list):
+        return [flag, *(str(item) for item in value)]
+    return [flag, str(value)]
+
+
 def is_secret(name: str) -> bool:
-    return bool(_SECRET.search(name.replace("-", "_")))
+    """A secret by its name (api_key, ..._token, ...) or because vLLM never logs it."""
+    from pytest_profllm.engine_args import RegistryError, bundled
+
+    name = name.replace("-", "_").lower()
+    if _SECRET.search(name):
+        return True
+    try:
+        return name in bundled().secret_names
+    except RegistryError:
+        return False
 
 
 def redact(server: dict[str, Any]) -> dict[str, Any]:
@@ -113,6 +167,10 @@ def redact(server: dict[str, Any]) -> dict[str, Any]:
         key: REDACTED if is_secret(key) and value is not None else value
         for key, value in server.items()
     }
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    return {key: REDACTED if is_secret(key) else value for key, value in env.items()}
 
 
 def redact_argv(argv: list[str]) -> list[str]:

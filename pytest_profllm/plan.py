@@ -110,7 +110,10 @@ def expand(
         _check_thresholds(suite, workload, source, lines)
     cases: list[Case] = []
     server_labels = _unique_labels(
-        [_label(_model_short_name(str(s["model"])), s, server_axes - {"model"}) for s in servers]
+        [
+            _label(_model_short_name(str(s["model"])), s, server_axes - {"model"}, suite.server)
+            for s in servers
+        ]
     )
     bench_labels = _unique_labels(
         [_label(w.dataset_name, w.model_dump(), bench_axes) for w in workloads]
@@ -149,7 +152,8 @@ def _suite_name(source: str) -> str:
 
 
 def _axes(block: dict[str, Any]) -> set[str]:
-    return {key for key, value in block.items() if isinstance(value, list)}
+    # A one-value list (often a list-valued argument, `[[a, b]]`) names nothing apart.
+    return {key for key, value in block.items() if isinstance(value, list) and len(value) > 1}
 
 
 def _combinations(block: dict[str, Any]) -> list[dict[str, Any]]:
@@ -194,9 +198,17 @@ def _model_short_name(model: str) -> str:
     return model.rstrip("/").split("/")[-1].lower()
 
 
-def _label(head: str, values: dict[str, Any], axes: set[str]) -> str:
+def _label(
+    head: str, values: dict[str, Any], axes: set[str], block: dict[str, Any] | None = None
+) -> str:
+    from pytest_profllm.engine import is_secret
+
     parts = [head] if head else []
     for key in sorted(axes, key=list(values).index):
+        if is_secret(key) and block is not None:
+            # Ids land in reports and files: a secret axis is named by position, not value.
+            parts.append(f"{_abbreviate(key)}{block[key].index(values[key]) + 1}")
+            continue
         parts.append(_abbreviate(key) + _format_value(values[key]))
     return _slug("-".join(parts)) or "default"
 
@@ -247,35 +259,50 @@ def find_suite_files(paths: list[Path], glob: str = "bench_*.yaml") -> list[Path
     return files
 
 
-def plan_document(paths: list[Path], engine: str) -> dict[str, Any]:
-    """What a run of these suites would start and measure, as JSON-ready data."""
-    from pytest_profllm.engine import redact, redact_argv, serve_command
+def plan_document(
+    paths: list[Path], engine: str, profile_root: Path = Path("results/profiles")
+) -> dict[str, Any]:
+    """What a run of these suites would start and measure, as JSON-ready data.
+
+    Each server's argv and environment are those `launch` gives for the lease an empty pool
+    would hand out (the default pool: NVML's GPUs, else 8 virtual ones; the default ports):
+    the plan itself leases nothing.
+    """
+    from pytest_profllm import gpus
+    from pytest_profllm.engine import redact, redact_argv, redact_env
+    from pytest_profllm.engine_args import registry_for
+    from pytest_profllm.options import DEFAULT_PORTS, parse_ports
+    from pytest_profllm.pool import default_pool_dir, make_pool
+    from pytest_profllm.server import engine_args_for, launch
     from pytest_profllm.suite import load_suite_file
 
+    registry = registry_for(engine)
+    real = [(str(gpu.index), gpu.uuid) for gpu in gpus.discover().gpus]
+    pool = make_pool(default_pool_dir(), None, parse_ports(DEFAULT_PORTS), real)
     servers: dict[str, dict[str, Any]] = {}
     cases: list[dict[str, Any]] = []
     for path in find_suite_files(paths):
-        suite, lines = load_suite_file(path)
+        suite, lines = load_suite_file(path, registry)
         for case in expand(suite, str(path), lines):
-            servers.setdefault(
-                case.server_key,
-                {
+            if case.server_key not in servers:
+                lease = pool.lease_when_empty(case.gpus_needed)
+                engine_args, _ = engine_args_for(case, profile_root)
+                argv, env = launch(engine, engine_args, lease, registry)  # type: ignore[arg-type]
+                entry = {
                     "server_key": case.server_key,
                     "label": case.server_label,
                     "suite": case.suite,
                     "gpus_needed": case.gpus_needed,
                     "config": redact(case.server),
-                    # Port and GPUs are leased when the server starts; placeholders stand here.
-                    "argv": [
-                        *redact_argv(serve_command(engine, case.server, "127.0.0.1", 0))[:-1],  # type: ignore[arg-type]
-                        "<leased port>",
-                    ],
-                    "env": {
-                        "CUDA_VISIBLE_DEVICES": f"<{case.gpus_needed} leased GPU id(s)>",
-                        "VLLM_PORT": "<leased internal port base>",
-                    },
-                },
-            )
+                    "argv": redact_argv(argv),
+                    "env": redact_env(env),
+                }
+                if case.gpus_needed > len(pool.gpu_ids):
+                    entry["problem"] = (
+                        f"needs {case.gpus_needed} GPUs but the default pool has "
+                        f"{len(pool.gpu_ids)}: skipped unless --profllm-gpus gives more"
+                    )
+                servers[case.server_key] = entry
             cases.append(
                 {
                     "case_id": f"{path.name}::{case.name}",
@@ -286,18 +313,30 @@ def plan_document(paths: list[Path], engine: str) -> dict[str, Any]:
                     "thresholds": {k: v.model_dump() for k, v in case.thresholds.items()},
                 }
             )
-    return {"engine": engine, "servers": list(servers.values()), "cases": cases}
+    where = "NVML's GPUs" if real else f"{len(pool.gpu_ids)} virtual GPUs"
+    return {
+        "engine": engine,
+        "engine_args": registry.describe(),
+        "lease": (
+            f"argv and env as leased from an empty pool ({where}, ports {DEFAULT_PORTS}); "
+            "a run leases GPUs and ports when each server starts"
+        ),
+        "servers": list(servers.values()),
+        "cases": cases,
+    }
 
 
 def plan_lines(document: dict[str, Any]) -> list[str]:
     lines = []
     for server in document["servers"]:
+        env = " ".join(f"{key}={value}" for key, value in server["env"].items())
         lines.append(
             f"server {server['label']} [{server['server_key']}] "
-            f"({server['gpus_needed']} GPU(s)): {' '.join(server['argv'])}"
+            f"({server['gpus_needed']} GPU(s)): {env} {' '.join(server['argv'])}"
         )
         for case in document["cases"]:
             if case["server_key"] == server["server_key"]:
                 lines.append(f"  case {case['case_id']}")
     lines.append(f"{len(document['servers'])} server(s), {len(document['cases'])} case(s)")
+    lines.append(f"({document['lease']})")
     return lines

@@ -110,7 +110,7 @@ class HostPool:
             gpus=tuple(self.gpu_ids[i] for i, _ in gpu_locks),
             gpu_uuids=tuple(name for name in lock_names if not name.startswith(VIRTUAL_PREFIX)),
             port=block,
-            internal_port=block + 1,
+            internal_port=_internal_port(block),
             wait_s=time.monotonic() - started,
             _locks=[lock for _, lock in gpu_locks] + [lock],
         )
@@ -122,6 +122,13 @@ class HostPool:
             f"{self.ports.start}-{self.ports.stop - 1}, lock dir {self.directory}; "
             "raise --profllm-lease-timeout to wait longer)"
         )
+
+    def lease_when_empty(self, gpu_count: int) -> Lease:
+        """The lease `acquire` gives when nothing is held (for `profllm plan`); holds nothing."""
+        block = self.port_blocks[0]
+        names = self.gpu_lock_names[:gpu_count]
+        uuids = tuple(name for name in names if not name.startswith(VIRTUAL_PREFIX))
+        return Lease(self.gpu_ids[:gpu_count], uuids, block, _internal_port(block), 0.0)
 
     @contextmanager
     def serial_start(self, timeout: float) -> Iterator[None]:
@@ -195,6 +202,10 @@ class SessionTurns:
     def taken(self, rank: int) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / f"turn-{rank}").touch()
+
+
+def _internal_port(block: int) -> int:
+    return block + 1
 
 
 def _try(lock: filelock.BaseFileLock) -> bool:

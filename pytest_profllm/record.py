@@ -35,8 +35,10 @@ class Verdict(BaseModel):
 
 
 class RunConfig(BaseModel):
-    server: dict[str, Any]
+    server: dict[str, Any]  # every engine argument of the registry, the suite's values over
     benchmark: dict[str, Any]
+    # Which registry `server` comes from: vLLM version, source (bundled, live) and option count.
+    engine_args: dict[str, Any] | None = None
 
 
 class SystemInfo(BaseModel):

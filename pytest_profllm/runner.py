@@ -24,6 +24,7 @@ from pytest_profllm import gpus, metrics
 from pytest_profllm.client import LoadSettings, run_load
 from pytest_profllm.dataset import TokenizerCodec, random_prompts
 from pytest_profllm.engine import EngineChoice, redact
+from pytest_profllm.engine_args import registry_for
 from pytest_profllm.plan import Case
 from pytest_profllm.profiling import PROFILE_PROMPTS, ProfilingFailed, profile_prefix, run_profiled
 from pytest_profllm.record import BenchmarkRecord, Status, Verdict
@@ -81,10 +82,7 @@ class CaseOutcome:
             status=status,
             message=message,
             engine=self.engine.as_record(),
-            config={
-                "server": redact(case.server),
-                "benchmark": case.benchmark.model_dump(mode="json"),
-            },
+            config=_config(case, self.engine.name),
             results={k: v for k, v in self.results.items() if not _bad_float(v)},
             system={**system_info(self.engine, self.server), **self.telemetry},
             runtime=describe_runtime(self.server, self.worker, case),
@@ -93,6 +91,17 @@ class CaseOutcome:
             verdicts=self.verdicts,
         )
         return record.model_dump(mode="json")
+
+
+def _config(case: Case, engine: str) -> dict[str, Any]:
+    # Every engine argument, defaults included, so the database can filter on any of them;
+    # the server key stays a hash of the suite's own values (Case.server).
+    registry = registry_for(engine)
+    return {
+        "server": redact(registry.complete(case.server)),
+        "benchmark": case.benchmark.model_dump(mode="json"),
+        "engine_args": registry.describe(),
+    }
 
 
 def _bad_float(value: object) -> bool:
@@ -117,7 +126,7 @@ def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOu
         temperature=bench.temperature,
         num_warmups=bench.num_warmups,
         request_timeout_s=bench.request_timeout_s,
-        api_key=case.server.get("api_key"),
+        api_key=_api_key(case.server),
     )
     with Sampler(server.pid, server.lease.gpus, f"{server.base_url}/metrics") as sampler:
         load = asyncio.run(run_load(settings, prompts))
@@ -204,6 +213,14 @@ def _tokenizer_for(case: Case, engine: str) -> str:
         model = str(case.server["model"])
         return model if os.path.isfile(os.path.join(model, "tokenizer.json")) else str(MODEL_DIR)
     return str(case.server.get("tokenizer") or case.server["model"])
+
+
+def _api_key(server: dict[str, Any]) -> str | None:
+    # vLLM takes one key or several (any of them is accepted): the client sends the first.
+    key = server.get("api_key")
+    if isinstance(key, list):
+        key = key[0] if key else None
+    return None if key is None else str(key)
 
 
 def _served_name(server: dict[str, Any]) -> str:

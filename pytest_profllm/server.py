@@ -25,7 +25,8 @@ from typing import Any
 import psutil
 
 from pytest_profllm import gpus
-from pytest_profllm.engine import EngineName, redact_argv, serve_command
+from pytest_profllm.engine import EngineName, redact_argv, serve_command, serve_env
+from pytest_profllm.engine_args import Registry, registry_for
 from pytest_profllm.plan import Case
 from pytest_profllm.pool import HostPool, Lease, SessionTurns
 from pytest_profllm.profiling import profiled_server
@@ -277,18 +278,17 @@ class WorkerServers:
         except gpus.GpuBusy:
             lease.release()
             raise
-        name = f"{_safe(case.suite)}-{case.server_label}-{key}"
-        profile_dir = None
-        engine_args = case.server
-        if case.profile:
-            profile_dir = (self.profile_root or self.log_dir / "profiles") / name
-            engine_args = profiled_server(case.server, profile_dir)
+        name = server_name(case)
+        engine_args, profile_dir = engine_args_for(
+            case, self.profile_root or self.log_dir / "profiles"
+        )
+        argv, env = launch(self.engine, engine_args, lease, registry_for(self.engine))
         server = ServerProcess(
             key=key,
             label=case.server_label,
             engine=self.engine,
-            argv=serve_command(self.engine, engine_args, HOST, lease.port),
-            env=server_env(lease),
+            argv=argv,
+            env=env,
             log_path=self.log_dir / f"{name}.log",
             lease=lease,
             profile_dir=profile_dir,
@@ -334,6 +334,31 @@ class WorkerServers:
         if server is not None:
             server.stop()
             server.lease.release()
+
+
+def launch(
+    engine: EngineName, server: dict[str, Any], lease: Lease, registry: Registry | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and the environment (over the inherited one) a server starts with.
+
+    `profllm plan` prints what this returns, so the plan is the command that runs.
+    """
+    argv = serve_command(engine, server, HOST, lease.port, registry)
+    return argv, {**server_env(lease), **serve_env(server)}
+
+
+def server_name(case: Case) -> str:
+    """Names the server's log file and trace folder."""
+    return f"{_safe(case.suite)}-{case.server_label}-{case.server_key}"
+
+
+def engine_args_for(case: Case, profile_root: Path) -> tuple[dict[str, Any], Path | None]:
+    """The engine arguments a case's server starts with, and its trace folder when it profiles
+    (vLLM's profiler is switched on by an engine argument)."""
+    if not case.profile:
+        return case.server, None
+    trace_dir = profile_root / server_name(case)
+    return profiled_server(case.server, trace_dir), trace_dir
 
 
 def server_env(lease: Lease) -> dict[str, str]:

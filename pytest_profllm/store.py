@@ -46,6 +46,9 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
     row["engine_version"] = engine.get("version")
     row["engine_reason"] = engine.get("reason")
     config = record.get("config") or {}
+    engine_args = config.get("engine_args") or {}
+    row["engine_args_version"] = engine_args.get("vllm_version")
+    row["engine_args_source"] = engine_args.get("source")
     for prefix, block in (("server_", config.get("server")), ("bench_", config.get("benchmark"))):
         for key, value in (block or {}).items():
             row[prefix + key] = _cell(value)
@@ -86,7 +89,7 @@ def load_records(db_path: Path, records: Iterable[dict[str, Any]]) -> int:
         db.conn.execute("BEGIN IMMEDIATE")
         try:
             table = db.table(TABLE)
-            table.insert_all(rows, pk="run_id", replace=True, alter=True, batch_size=len(rows))
+            _upsert(db, table, rows)
             existing = set(table.columns_dict)
             for name in STANDARD_METRICS:
                 if name not in existing:
@@ -101,6 +104,25 @@ def load_records(db_path: Path, records: Iterable[dict[str, Any]]) -> int:
     finally:
         db.close()
     return len(rows)
+
+
+def _upsert(db: Any, table: Any, rows: list[dict[str, Any]]) -> None:
+    # sqlite-utils' insert_all binds at most 999 values a statement: with a column per engine
+    # argument (~420 columns) that is two rows a statement, 8x slower. The schema comes from
+    # sqlite-utils (types, new columns); the rows go in one executemany.
+    from sqlite_utils.utils import suggest_column_types
+
+    if table.exists():
+        table.add_missing_columns(rows)
+    else:
+        table.create(suggest_column_types(rows), pk="run_id")
+    columns = list(dict.fromkeys(name for row in rows for name in row))
+    names = ", ".join(f"[{name}]" for name in columns)
+    marks = ", ".join("?" for _ in columns)
+    db.conn.executemany(
+        f"INSERT OR REPLACE INTO [{TABLE}] ({names}) VALUES ({marks})",
+        [tuple(row.get(name) for name in columns) for row in rows],
+    )
 
 
 def read_record_files(paths: Iterable[Path]) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import difflib
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -25,6 +25,9 @@ from pydantic import (
 )
 
 from pytest_profllm import metrics
+
+if TYPE_CHECKING:
+    from pytest_profllm.engine_args import Registry
 
 _ARG_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 # Set by the lease, never by a suite: two servers must not be told the same port.
@@ -147,15 +150,23 @@ class Suite(BaseModel):
 
 
 
-def _server_key_problem(key: object) -> str | None:
+def _server_key_problem(key: object, registry: Registry) -> str | None:
     if not isinstance(key, str) or not _ARG_NAME.match(key):
         return f"{key!r} is not an engine argument name (snake_case, as in vLLM's EngineArgs)"
     if key in LEASED_SERVER_ARGS:
         return f"'{key}' is set by profllm's port lease; remove it"
+    if key not in registry.options:
+        hint = did_you_mean(key, list(registry.options))
+        return f"unknown engine argument of vLLM {registry.vllm_version}{hint or _NO_MATCH}"
     return None
 
 
-def load_suite_file(path: Path) -> tuple[Suite, dict[tuple[Any, ...], int]]:
+_NO_MATCH = " (see `profllm engine-args --list` for all of them)"
+
+
+def load_suite_file(
+    path: Path, registry: Registry | None = None
+) -> tuple[Suite, dict[tuple[Any, ...], int]]:
     """Read and validate a YAML suite; returns the suite and each key path's line (1-based)."""
     try:
         text = path.read_text()
@@ -170,16 +181,24 @@ def load_suite_file(path: Path) -> tuple[Suite, dict[tuple[Any, ...], int]]:
     lines = _key_lines(node) if node is not None else {}
     if not isinstance(data, dict):
         raise SuiteError(f"{path}:1: a suite is a mapping with 'server:' and 'benchmark:' blocks")
-    return validate_suite(data, str(path), lines), lines
+    return validate_suite(data, str(path), lines, registry), lines
 
 
 def validate_suite(
-    data: dict[str, Any], where: str, lines: dict[tuple[Any, ...], int] | None = None
+    data: dict[str, Any],
+    where: str,
+    lines: dict[tuple[Any, ...], int] | None = None,
+    registry: Registry | None = None,
 ) -> Suite:
+    """The typed suite; `server:` is checked against vLLM's engine arguments (`registry`,
+    the bundled one by default): names, types, choices and a few rules across them."""
+    from pytest_profllm.engine_args import bundled
+
     lines = lines or {}
+    registry = registry or bundled()
     server = data.get("server")
     for key in server if isinstance(server, dict) else ():
-        problem = _server_key_problem(key)
+        problem = _server_key_problem(key, registry)
         if problem is not None:
             location = at_line(where, lines.get(("server", key)))
             raise SuiteError(f"{location}: server.{key}: {problem}")
@@ -187,8 +206,101 @@ def validate_suite(
         suite = Suite.model_validate(data)
     except ValidationError as error:
         raise SuiteError(describe_error(error, where, lines, Suite)) from None
+    _check_server_values(suite.server, registry, where, lines)
     _check_exclusions(suite, where, lines)
     return suite
+
+
+def _check_server_values(
+    server: dict[str, Any], registry: Registry, where: str, lines: dict[tuple[Any, ...], int]
+) -> None:
+    # Each value of each axis once (not every combination): the cross product can be large.
+    model = registry.server_model
+    for key, value in server.items():
+        values = value if isinstance(value, list) else [value]
+        for index, item in enumerate(values):
+            try:
+                model.model_validate({key: item})
+            except ValidationError as error:
+                loc: tuple[Any, ...] = ("server", key, index) if isinstance(value, list) else (
+                    "server", key
+                )
+                shown = f"server.{key}" + (f"[{index}]" if isinstance(value, list) else "")
+                message = error.errors()[0]["msg"].removeprefix("Value error, ")
+                line = _nearest_line(lines, loc)
+                raise SuiteError(
+                    f"{at_line(where, line)}: {shown}: {message}{_shown_input(loc, item)}"
+                ) from None
+    for combination in _rule_combinations(server):
+        problem = cross_field_problem(combination)
+        if problem is not None:
+            key, message = problem
+            raise SuiteError(f"{at_line(where, lines.get(('server', key)))}: server: {message}")
+
+
+def _rule_combinations(server: dict[str, Any]) -> list[dict[str, Any]]:
+    import itertools
+
+    keys = [key for key in _RULE_KEYS if key in server]
+    choices = [server[key] if isinstance(server[key], list) else [server[key]] for key in keys]
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*choices)]
+
+
+_RULE_KEYS = (
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "max_model_len",
+    "enable_chunked_prefill",
+    "max_num_active_seqs",
+    "data_parallel_size",
+    "data_parallel_size_local",
+)
+
+
+def cross_field_problem(server: dict[str, Any]) -> tuple[str, str] | None:
+    """The first rule across engine arguments that vLLM 0.33.0 would refuse at start-up, as
+    (key, message); only rules that need no model or device to decide, on values given."""
+    from pytest_profllm.engine_args import human_int
+
+    def number(key: str) -> int | None:
+        value = server.get(key)
+        if isinstance(value, str):
+            value = human_int(value, allow_auto=True)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return None
+        return value
+
+    tokens, seqs, length = (
+        number("max_num_batched_tokens"), number("max_num_seqs"), number("max_model_len")
+    )
+    active, dp, dp_local = (
+        number("max_num_active_seqs"),
+        number("data_parallel_size"),
+        number("data_parallel_size_local"),
+    )
+    if tokens is not None and seqs is not None and tokens < seqs:
+        return "max_num_batched_tokens", (
+            f"max_num_batched_tokens ({tokens}) must be at least max_num_seqs ({seqs})"
+        )
+    if (
+        tokens is not None
+        and length is not None
+        and tokens < length
+        and server.get("enable_chunked_prefill") is False
+    ):
+        return "max_num_batched_tokens", (
+            f"max_num_batched_tokens ({tokens}) is below max_model_len ({length}) with "
+            "enable_chunked_prefill false: prompts longer than it could never be scheduled"
+        )
+    if active is not None and seqs is not None and active > seqs:
+        return "max_num_active_seqs", (
+            f"max_num_active_seqs ({active}) must not exceed max_num_seqs ({seqs})"
+        )
+    if dp is not None and dp_local is not None and dp_local > dp:
+        return "data_parallel_size_local", (
+            f"data_parallel_size_local ({dp_local}) must not exceed data_parallel_size ({dp})"
+        )
+    return None
 
 
 def _check_exclusions(suite: Suite, where: str, lines: dict[tuple[Any, ...], int]) -> None:

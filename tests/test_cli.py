@@ -40,6 +40,14 @@ def suite_path(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def no_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The plan's environment comes from the default pool: 8 virtual GPUs where NVML finds none.
+    from pytest_profllm import gpus
+
+    monkeypatch.setattr(gpus, "discover", lambda: gpus.GpuHost((), None))
+
+
 def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
@@ -56,20 +64,26 @@ def test_plan_json_lists_servers_and_cases(
     assert (code, err) == (0, "")
     document = json.loads(out)
     assert document["engine"] == "vllm"  # the default: show the real command line
+    assert document["engine_args"]["vllm_version"] == "0.33.0"
+    assert document["engine_args"]["options"] == 320
+    assert document["lease"].startswith("argv and env as leased from an empty pool (8 virtual")
     servers, cases = document["servers"], document["cases"]
     assert [server["label"] for server in servers] == ["qwen3-8b-seqs16", "qwen3-8b-seqs64"]
     assert len(cases) == 2 * 2 * 2  # servers x rates x repeats
     for server in servers:
         assert server["gpus_needed"] == 2
         assert server["suite"] == "smoke"
+        # What the first lease of an empty default pool gives: GPUs 0 and 1, the first ports.
         assert server["env"] == {
-            "CUDA_VISIBLE_DEVICES": "<2 leased GPU id(s)>",
-            "VLLM_PORT": "<leased internal port base>",
+            "CUDA_VISIBLE_DEVICES": "0,1",
+            "VLLM_PORT": "20001",
+            "VLLM_API_KEY": "***",
         }
         argv = server["argv"]
         assert argv[:5] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",
                             "Qwen/Qwen3-8B"]
-        assert argv[-4:] == ["--host", "127.0.0.1", "--port", "<leased port>"]
+        assert argv[-4:] == ["--host", "127.0.0.1", "--port", "20000"]
+        assert "--api-key" not in argv  # vLLM reads it from VLLM_API_KEY, out of its log
         assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
         # Each server's cases point at it, four apiece.
         assert sum(case["server_key"] == server["server_key"] for case in cases) == 4
@@ -87,7 +101,25 @@ def test_plan_json_redacts_secrets(capsys: pytest.CaptureFixture[str], suite_pat
     assert "sk-secret" not in out
     for server in json.loads(out)["servers"]:
         assert server["config"]["api_key"] == "***"
-        assert server["argv"][server["argv"].index("--api-key") + 1] == "***"
+        assert server["env"]["VLLM_API_KEY"] == "***"
+
+
+def test_plan_json_redacts_secrets_left_in_argv(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Several API keys cannot travel in VLLM_API_KEY: they stay in argv, shown as ***.
+    path = tmp_path / "bench_keys.yaml"
+    path.write_text(
+        "server:\n  model: m\n  api_key: [[sk-one, sk-two]]\n"
+        "  watermark_config: {key: wm-secret}\n"
+    )
+    code, out, _ = run_main(capsys, "plan", str(path), "--json")
+    assert code == 0
+    for secret in ("sk-one", "sk-two", "wm-secret"):
+        assert secret not in out
+    argv = json.loads(out)["servers"][0]["argv"]
+    assert argv[argv.index("--api-key") + 1 : argv.index("--api-key") + 3] == ["***", "***"]
+    assert argv[argv.index("--watermark-config") + 1] == "***"
 
 
 def test_plan_listing_redacts_secrets(
@@ -97,10 +129,10 @@ def test_plan_listing_redacts_secrets(
     assert code == 0
     assert "sk-secret" not in out
     lines = out.splitlines()
-    assert lines[-1] == "2 server(s), 8 case(s)"
+    assert lines[-2] == "2 server(s), 8 case(s)"
+    assert lines[-1].startswith("(argv and env as leased from an empty pool")
     assert lines[0].startswith("server qwen3-8b-seqs16 [")
-    assert "(2 GPU(s)):" in lines[0]
-    assert "--api-key ***" in lines[0]
+    assert "(2 GPU(s)): CUDA_VISIBLE_DEVICES=0,1 VLLM_PORT=20001 VLLM_API_KEY=*** " in lines[0]
     assert lines[1] == "  case bench_smoke.yaml::qwen3-8b-seqs16::random-rate8-r1"
 
 
@@ -224,3 +256,34 @@ def test_console_script_entry_point(suite_path: Path) -> None:
     )
     assert bad.returncode == 2  # main's return value becomes the exit status
     assert bad.stderr.startswith("profllm plan: ")
+
+
+def test_plan_says_when_a_server_needs_more_gpus_than_the_default_pool(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "bench_big.yaml"
+    path.write_text("server:\n  model: m\n  tensor_parallel_size: 4\n  data_parallel_size: 4\n")
+    code, out, _ = run_main(capsys, "plan", str(path), "--json")
+    assert code == 0
+    [server] = json.loads(out)["servers"]
+    assert server["gpus_needed"] == 16
+    assert server["problem"] == (
+        "needs 16 GPUs but the default pool has 8: skipped unless --profllm-gpus gives more"
+    )
+
+
+def test_plan_of_a_profiling_suite_shows_the_profiler_config_the_server_gets(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "bench_prof.yaml"
+    path.write_text("server:\n  model: m\nprofile: true\n")
+    out_dir = tmp_path / "out"
+    code, out, _ = run_main(capsys, "plan", str(path), "--json", "--profllm-out", str(out_dir))
+    assert code == 0
+    [server] = json.loads(out)["servers"]
+    argv = server["argv"]
+    config = json.loads(argv[argv.index("--profiler-config") + 1])
+    assert config["profiler"] == "torch"
+    assert Path(config["torch_profiler_dir"]).parent == (out_dir / "profiles").resolve()
+    # vLLM 0.33.0 takes the profiler from its argument, not from VLLM_TORCH_PROFILER_DIR.
+    assert "VLLM_TORCH_PROFILER_DIR" not in server["env"]

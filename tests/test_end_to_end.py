@@ -7,6 +7,8 @@ import gzip
 import json
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +49,17 @@ def test_example_suites_with_two_workers(pytester: pytest.Pytester, ports: str) 
         if suite.suffix in (".yaml", ".py"):
             shutil.copy(suite, pytester.path)
     result = run(pytester, ports, "-n", "2")
-    result.assert_outcomes(passed=9)
+    result.assert_outcomes(passed=10)
     result.stdout.fnmatch_lines(
         [
             "profllm: engine sim (auto: *",
             "*profllm benchmark results*",
-            "9 row(s) loaded into *results.db (table benchmark_runs)*",
+            "10 row(s) loaded into *results.db (table benchmark_runs)*",
         ]
     )
     written = records(pytester)
-    assert len(written) == 9
-    assert db_rows(pytester, "select count(*) from benchmark_runs") == [(9,)]
+    assert len(written) == 10
+    assert db_rows(pytester, "select count(*) from benchmark_runs") == [(10,)]
     assert {r["engine"]["name"] for r in written} == {"sim"}
     assert {r["status"] for r in written} == {"passed"}
     assert {r["runtime"]["worker"] for r in written} <= {"gw0", "gw1"}
@@ -67,11 +69,15 @@ def test_example_suites_with_two_workers(pytester: pytest.Pytester, ports: str) 
         starts.setdefault(record["runtime"]["server_key"], set()).add(
             record["runtime"]["server_started_at"]
         )
-    assert len(starts) == 5
+    assert len(starts) == 6
     assert all(len(times) == 1 for times in starts.values())
     # Per-request records beside each case record.
-    assert len(list((pytester.path / "results").glob("*.requests.jsonl.gz"))) == 9
-    assert len(list((pytester.path / "results" / "logs").glob("*.log"))) == 5
+    assert len(list((pytester.path / "results").glob("*.requests.jsonl.gz"))) == 10
+    assert len(list((pytester.path / "results" / "logs").glob("*.log"))) == 6
+    # Every record holds every engine argument of the registry, defaults included.
+    for record in written:
+        assert len(record["config"]["server"]) == 320
+        assert record["config"]["engine_args"]["vllm_version"] == "0.33.0"
 
 
 def test_missed_threshold_fails_only_its_case(pytester: pytest.Pytester, ports: str) -> None:
@@ -123,6 +129,16 @@ BAD_SUITES = {
     "wrong-type": (
         "server:\n  model: m\nbenchmark:\n  num_prompts: many\n",
         "bench_bad.yaml:4: benchmark.num_prompts: Input should be a valid integer*",
+    ),
+    "unknown-engine-argument": (
+        "server:\n  model: m\n  max_num_seq: 4\n",
+        "bench_bad.yaml:3: server.max_num_seq: unknown engine argument of vLLM 0.33.0 "
+        "(did you mean 'max_num_seqs'?)",
+    ),
+    "bad-engine-argument-value": (
+        "server:\n  model: m\n  dtype: [half, fp9]\n",
+        "bench_bad.yaml:3: server.dtype[1]: takes one of 'auto', 'bfloat16', 'float', "
+        "'float16', 'float32', 'half' (got 'fp9')",
     ),
     "unknown-metric": (
         "server:\n  model: m\nthresholds:\n  median_ttft: {max: 5}\n",
@@ -231,29 +247,40 @@ def test_without_out_dir_nothing_is_written(pytester: pytest.Pytester, ports: st
 
 
 def test_secrets_never_reach_files_we_write(pytester: pytest.Pytester, ports: str) -> None:
+    # One key travels in VLLM_API_KEY; several stay in argv; watermark_config is secret to vLLM.
     pytester.makefile(
         ".yaml",
         bench_secret="""
 server:
   model: Qwen/Qwen3-8B
-  api_key: sk-topsecret-1
+  api_key: [sk-topsecret-1, [sk-topsecret-3, sk-topsecret-4]]
   hf_token: hf_topsecret_2
+  watermark_config: {key: wm-topsecret-5}
 benchmark:
   num_prompts: 3
   random_input_len: 16
   random_output_len: 4
 """,
     )
+    plan = subprocess.run(
+        [sys.executable, "-m", "pytest_profllm.cli", "plan", "--json", "bench_secret.yaml"],
+        cwd=pytester.path, capture_output=True, text=True, timeout=60, check=True,
+    )
+    assert "topsecret" not in plan.stdout + plan.stderr
     result = run(pytester, ports)
     # The server got the key: the client's requests, which carry it, were accepted.
-    result.assert_outcomes(passed=1)
-    (record,) = records(pytester)
-    assert record["config"]["server"]["api_key"] == "***"
-    assert record["config"]["server"]["hf_token"] == "***"
-    for path in (pytester.path / "results").rglob("*"):
-        if path.is_file() and not path.name.endswith(".gz"):
-            content = path.read_bytes()
-            assert b"topsecret" not in content, path
+    result.assert_outcomes(passed=2)
+    for record in records(pytester):
+        assert record["config"]["server"]["api_key"] == "***"
+        assert record["config"]["server"]["hf_token"] == "***"
+        assert record["config"]["server"]["watermark_config"] == "***"
+    written = [path for path in (pytester.path / "results").rglob("*") if path.is_file()]
+    assert any(path.suffix == ".log" for path in written)
+    for path in written:
+        content = path.read_bytes()
+        if path.name.endswith(".gz"):
+            content = gzip.decompress(content)
+        assert b"topsecret" not in content, path
     result.stdout.no_fnmatch_line("*topsecret*")
 
 

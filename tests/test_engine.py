@@ -116,12 +116,9 @@ def test_redact_keeps_an_unset_secret_visible_as_unset() -> None:
 
 
 def test_redact_argv_hides_values_after_secret_flags() -> None:
-    argv = serve_command(
-        "vllm",
+    argv = serve_args(
         {"model": "m", "api_key": "sk-secret", "hf_token": "hf_abc",
-         "max_num_batched_tokens": 8192, "tokenizer": "tok", "ssl_keyfile": "/k.pem"},
-        "127.0.0.1",
-        8000,
+         "max_num_batched_tokens": 8192, "tokenizer": "tok", "ssl_keyfile": "/k.pem"}
     )
     shown = redact_argv(argv)
     assert "sk-secret" not in shown
@@ -233,3 +230,39 @@ def test_vllm_version_is_none_when_vllm_cannot_be_found(monkeypatch: pytest.Monk
     # The real probe: find_spec must report vLLM missing without importing anything.
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     assert engine._vllm_version() is None
+
+
+# --- secrets through the environment ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("server", "env", "in_argv"),
+    [
+        ({"api_key": "sk-1"}, {"VLLM_API_KEY": "sk-1"}, []),
+        ({"api_key": ["sk-1"]}, {"VLLM_API_KEY": "sk-1"}, []),
+        # VLLM_API_KEY holds one key: several stay on the command line.
+        ({"api_key": ["sk-1", "sk-2"]}, {}, ["--api-key", "sk-1", "sk-2"]),
+        ({"hf_token": "hf_1"}, {"HF_TOKEN": "hf_1"}, []),
+        ({"hf_token": True}, {}, ["--hf-token"]),  # the stored login: no secret to carry
+    ],
+)
+def test_secrets_vllm_reads_from_its_environment_leave_argv(
+    server: dict[str, Any], env: dict[str, str], in_argv: list[str]
+) -> None:
+    server = {"model": "m", **server}
+    assert engine.serve_env(server) == env
+    argv = serve_command("vllm", server, "127.0.0.1", 8000)
+    assert argv[argv.index("m") + 1 : argv.index("--host")] == in_argv
+
+
+def test_vllm_secrets_are_secret_whatever_their_name() -> None:
+    # watermark_config is in vLLM's own list of arguments it never logs.
+    assert is_secret("watermark_config")
+    assert redact({"watermark_config": {"key": "k"}}) == {"watermark_config": REDACTED}
+
+
+def test_redact_env() -> None:
+    env = {"CUDA_VISIBLE_DEVICES": "0", "VLLM_API_KEY": "sk", "HF_TOKEN": "hf"}
+    assert engine.redact_env(env) == {
+        "CUDA_VISIBLE_DEVICES": "0", "VLLM_API_KEY": REDACTED, "HF_TOKEN": REDACTED,
+    }

@@ -445,3 +445,15 @@ def test_profile_must_be_a_boolean(tmp_path: Path) -> None:
         f"{path}:3: profile: Input should be a valid boolean, unable to interpret input "
         "(got 'sometimes')"
     )
+
+
+def test_a_secret_axis_is_labelled_by_position(tmp_path: Path) -> None:
+    # Case ids reach reports, JUnit XML and file names: never a secret's value.
+    path = write(tmp_path, "server: {model: m, api_key: [sk-aaa, sk-bbb]}\n")
+    labels = [case.server_label for case in cases_of(path)]
+    assert labels == ["m-ak1", "m-ak2"]
+
+
+def test_a_one_value_list_is_no_axis_in_labels(tmp_path: Path) -> None:
+    path = write(tmp_path, "server: {model: m, served_model_name: [[a, b]]}\n")
+    assert [case.server_label for case in cases_of(path)] == ["m"]

