@@ -63,6 +63,32 @@ def table_metadata() -> dict[str, Any]:
 
 
 @hookimpl
+def asgi_wrapper(datasette: Any) -> Any:
+    """No facet suggestions on our table: Datasette tries every column for them, and with one
+    column per engine argument (400+) that made its table page take seconds instead of a
+    fraction of one. Default facets and `?_facet=` work as ever."""
+
+    def wrap(app: Any) -> Any:
+        async def without_suggestions(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope.get("type") == "http" and _is_our_table(scope.get("path", "")):
+                query: bytes = scope.get("query_string", b"")
+                if b"_nosuggest=" not in query:
+                    query += (b"&" if query else b"") + b"_nosuggest=1"
+                    scope = {**scope, "query_string": query}
+            await app(scope, receive, send)
+
+        return without_suggestions
+
+    return wrap
+
+
+def _is_our_table(path: str) -> bool:
+    # /<database>/benchmark_runs, with or without a format (.json, .csv)
+    parts = path.strip("/").split("/")
+    return len(parts) == 2 and parts[1].split(".", 1)[0] == TABLE
+
+
+@hookimpl
 def get_metadata(
     datasette: Any, key: Any, database: str | None, table: str | None
 ) -> dict[str, Any]:

@@ -116,7 +116,29 @@ def test_plugin_is_registered_with_its_hooks(results_db: Path) -> None:
     assert response.status_code == 200
     ours = [plugin for plugin in response.json() if plugin["name"] == "pytest-profllm"]
     assert len(ours) == 1
-    assert set(ours[0]["hooks"]) == {"get_metadata", "canned_queries", "table_actions"}
+    assert set(ours[0]["hooks"]) == {
+        "asgi_wrapper",
+        "get_metadata",
+        "canned_queries",
+        "table_actions",
+    }
+
+
+def test_our_table_gets_no_facet_suggestions_other_tables_do(
+    results_db: Path, tmp_path: Path
+) -> None:
+    other_db = tmp_path / "other.db"
+    with sqlite3.connect(other_db) as connection:
+        connection.execute("create table notes (id integer primary key, kind text)")
+        connection.executemany(
+            "insert into notes (kind) values (?)", [("a",), ("b",), ("a",), ("b",), ("a",)]
+        )
+    ours, other = get([results_db, other_db], f"/results/{TABLE}.json", "/other/notes.json")
+    assert ours.json()["suggested_facets"] == []
+    assert other.json()["suggested_facets"]
+    # Asked-for facets still work on our table.
+    (faceted,) = get([results_db], f"/results/{TABLE}.json?_facet=case_id")
+    assert "case_id" in faceted.json()["facet_results"]
 
 
 def test_table_has_the_default_facets(results_db: Path) -> None:
