@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -294,7 +295,7 @@ class SseTimer:
             outcome.success = False
         if times:
             outcome.ttft = times[0] - outcome.start_time
-            outcome.itl = [b - a for a, b in zip(times, times[1:], strict=False)]
+            outcome.itl = [b - a for a, b in itertools.pairwise(times)]
             outcome.latency = times[-1] - outcome.start_time
 
 

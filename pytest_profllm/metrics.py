@@ -228,3 +228,26 @@ def client_fell_behind(health: dict[str, float | int | None]) -> str | None:
     if not reasons:
         return None
     return "client fell behind: " + "; ".join(reasons)
+
+
+_ERRORS_QUOTED = 3
+
+
+def served_problem(
+    outcomes: Sequence[RequestOutcome], results: dict[str, float | int | None]
+) -> str | None:
+    """Why these outcomes measure nothing worth a number, or None: vLLM's client exits 0 even
+    when every request failed; we do not. Quotes the first distinct errors."""
+    first = list(dict.fromkeys(o.error.splitlines()[0] for o in outcomes if o.error))
+    quoted = "; ".join(first[:_ERRORS_QUOTED]) or "none given"
+    if not results.get("completed"):
+        return f"all {len(outcomes)} requests failed; first errors: {quoted}"
+    rejected = [o for o in outcomes if o.status is not None and o.status != 200]
+    if rejected:
+        return (
+            f"{len(rejected)} of {len(outcomes)} requests got a non-200 status; "
+            f"first errors: {quoted}"
+        )
+    if not results.get("total_output_tokens"):
+        return "the server returned no output tokens for any request"
+    return None
