@@ -54,6 +54,9 @@ class LoadSettings:
     request_timeout_s: float = 600.0
     api_key: str | None = None
     endpoint: str | None = None  # default: the backend's
+    # Each request sends `x-request-id: <prefix><index>`, as vLLM's client does, so server logs
+    # can be matched to requests.
+    request_id_prefix: str = "profllm-"
 
 
 @dataclass
@@ -167,18 +170,20 @@ async def run_load(settings: LoadSettings, requests: Sequence[PromptRequest]) ->
         cpu_start = time.process_time()
         start = time.perf_counter()
 
-        async def one(outcome: RequestOutcome, body: bytes) -> RequestOutcome:
+        async def one(outcome: RequestOutcome, body: bytes, index: int) -> RequestOutcome:
             outcome.dispatch_time = time.perf_counter()
             async with semaphore:
-                return await stream_request(session, url, body, outcome)
+                request_id = f"{settings.request_id_prefix}{index}"
+                return await stream_request(session, url, body, outcome, request_id)
 
         tasks = []
-        for request, offset, body in zip(requests, offsets, bodies, strict=True):
+        schedule = zip(requests, offsets, bodies, strict=True)
+        for index, (request, offset, body) in enumerate(schedule):
             delay = start + offset - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             outcome = RequestOutcome(prompt_len=request.prompt_len, intended_start=start + offset)
-            tasks.append(asyncio.create_task(one(outcome, body)))
+            tasks.append(asyncio.create_task(one(outcome, body, index)))
         outcomes = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
         cpu_seconds = time.process_time() - cpu_start
@@ -192,7 +197,11 @@ def _encode(payload: dict[str, Any]) -> bytes:
 
 
 async def stream_request(
-    session: aiohttp.ClientSession, url: str, body: bytes, outcome: RequestOutcome
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    outcome: RequestOutcome,
+    request_id: str | None = None,
 ) -> RequestOutcome:
     """Send one streaming request and time its content messages into `outcome`."""
     parser = SseTimer(outcome, chat=url.endswith("/chat/completions"))
@@ -201,7 +210,8 @@ async def stream_request(
     if not outcome.dispatch_time:
         outcome.dispatch_time = start
     try:
-        async with session.post(url, data=body) as response:
+        headers = {"x-request-id": request_id} if request_id else None
+        async with session.post(url, data=body, headers=headers) as response:
             outcome.status = response.status
             if response.status != 200:
                 text = (await response.text(errors="replace"))[:300]
@@ -272,6 +282,9 @@ class SseTimer:
                 self._text.append(text)
         elif usage := event.get("usage"):
             self._outcome.output_tokens = usage.get("completion_tokens")
+            # As vLLM's client: the server's prompt count, where it gives one, is the truth.
+            if (prompt_tokens := usage.get("prompt_tokens")) is not None:
+                self._outcome.prompt_len = prompt_tokens
         elif error := event.get("error"):
             message = error.get("message") if isinstance(error, dict) else error
             raise StreamError(f"error event in the stream: {message}")
