@@ -203,8 +203,11 @@ def _bench(args: argparse.Namespace) -> int:
         config = BenchmarkConfig.model_validate(values)
     except ValidationError as error:
         first = error.errors()[0]
-        flag = "--" + "-".join(str(part) for part in first["loc"]).replace("_", "-")
-        raise CliError(f"{flag}: {first['msg'].removeprefix('Value error, ')}") from None
+        message = first["msg"].removeprefix("Value error, ")
+        if first["loc"]:
+            flag = "--" + "-".join(str(part) for part in first["loc"]).replace("_", "-")
+            message = f"{flag}: {message} (got {first.get('input')!r})"
+        raise CliError(message) from None
     base_url = args.base_url or f"http://{args.host}:{args.port}"
     try:
         done = run_bench(

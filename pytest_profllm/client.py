@@ -28,7 +28,7 @@ from pytest_profllm.dataset import PromptRequest
 from pytest_profllm.metrics import RequestOutcome
 
 if TYPE_CHECKING:
-    import aiohttp
+    from pytest_profllm.sse_http import StreamingClient
 
 _NO_CONTENT = "Never received a valid chunk to calculate TTFT."
 Backend = Literal["openai", "openai-chat"]
@@ -128,13 +128,8 @@ def request_payload(settings: LoadSettings, request: PromptRequest) -> dict[str,
 
 
 async def run_load(settings: LoadSettings, requests: Sequence[PromptRequest]) -> LoadResult:
-    import aiohttp
+    from pytest_profllm.sse_http import StreamingClient
 
-    timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s)
-    # One pooled session: connections are reused across requests, never opened per request.
-    connector = aiohttp.TCPConnector(
-        limit=settings.max_concurrency or 0, force_close=False, keepalive_timeout=60
-    )
     headers = {"Content-Type": "application/json"}
     if settings.api_key:
         headers["Authorization"] = f"Bearer {settings.api_key}"
@@ -143,17 +138,18 @@ async def run_load(settings: LoadSettings, requests: Sequence[PromptRequest]) ->
         if settings.max_concurrency
         else contextlib.nullcontext()
     )
-    url = settings.base_url.rstrip("/") + (settings.endpoint or ENDPOINTS[settings.backend])
+    path = settings.endpoint or ENDPOINTS[settings.backend]
     bodies = [_encode(request_payload(settings, request)) for request in requests]
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=timeout, headers=headers, auto_decompress=False
-    ) as session:
+    # One pool of keep-alive connections serves every request, never a connection per request.
+    client = StreamingClient(settings.base_url, headers, settings.max_concurrency)
+    try:
         if settings.num_warmups and requests:
             warmup = asyncio.Semaphore(settings.max_concurrency or settings.num_warmups)
 
             async def warm() -> None:
                 async with warmup:
-                    await stream_request(session, url, bodies[0], RequestOutcome(prompt_len=0))
+                    outcome = RequestOutcome(prompt_len=0)
+                    await stream_request(client, path, bodies[0], outcome, settings)
 
             await asyncio.gather(*(warm() for _ in range(settings.num_warmups)))
 
@@ -174,7 +170,7 @@ async def run_load(settings: LoadSettings, requests: Sequence[PromptRequest]) ->
             outcome.dispatch_time = time.perf_counter()
             async with semaphore:
                 request_id = f"{settings.request_id_prefix}{index}"
-                return await stream_request(session, url, body, outcome, request_id)
+                return await stream_request(client, path, body, outcome, settings, request_id)
 
         tasks = []
         schedule = zip(requests, offsets, bodies, strict=True)
@@ -187,6 +183,8 @@ async def run_load(settings: LoadSettings, requests: Sequence[PromptRequest]) ->
         outcomes = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
         cpu_seconds = time.process_time() - cpu_start
+    finally:
+        client.close()
     return LoadResult(list(outcomes), duration, started_at, start, cpu_seconds, offsets)
 
 
@@ -197,30 +195,29 @@ def _encode(payload: dict[str, Any]) -> bytes:
 
 
 async def stream_request(
-    session: aiohttp.ClientSession,
-    url: str,
+    client: StreamingClient,
+    path: str,
     body: bytes,
     outcome: RequestOutcome,
+    settings: LoadSettings,
     request_id: str | None = None,
 ) -> RequestOutcome:
     """Send one streaming request and time its content messages into `outcome`."""
-    parser = SseTimer(outcome, chat=url.endswith("/chat/completions"))
+    parser = SseTimer(outcome, chat=path.endswith("/chat/completions"))
     start = time.perf_counter()
     outcome.start_time = start
     if not outcome.dispatch_time:
         outcome.dispatch_time = start
+    headers = {"x-request-id": request_id} if request_id else None
     try:
-        headers = {"x-request-id": request_id} if request_id else None
-        async with session.post(url, data=body, headers=headers) as response:
-            outcome.status = response.status
-            if response.status != 200:
-                text = (await response.text(errors="replace"))[:300]
-                outcome.error = f"HTTP {response.status} {response.reason}: {text}"
-            else:
-                read = response.content.readany
-                while chunk := await read():
-                    parser.feed(chunk, time.perf_counter())
-                parser.finish()
+        async with asyncio.timeout(settings.request_timeout_s):
+            response = await client.post(path, body, parser.feed, headers)
+        outcome.status = response.status
+        if response.status != 200:
+            text = response.body.decode(errors="replace")[:300]
+            outcome.error = f"HTTP {response.status} {response.reason}: {text}"
+        else:
+            parser.finish()
     except Exception as error:  # as in vLLM's client: any error fails this request only
         outcome.error = f"{type(error).__name__}: {error}"
     outcome.end_time = time.perf_counter()
@@ -248,6 +245,7 @@ class SseTimer:
         self._text: list[str] = []
 
     def feed(self, chunk: bytes, now: float) -> None:
+        self._outcome.status = 200  # only a 200 response's body is fed here
         buffer = self._buffer + chunk if self._buffer else chunk
         begin = 0
         while (end := buffer.find(b"\n\n", begin)) >= 0:

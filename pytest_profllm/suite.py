@@ -149,7 +149,9 @@ class BenchmarkConfig(BaseModel):
         return self.percentile_metrics.split(",")
 
     def result_names(self) -> list[str]:
-        return metrics.result_names(self.latency_metrics, self.percentiles)
+        # The client's health figures can be gated on too (say, p99_schedule_lag_ms).
+        names = metrics.result_names(self.latency_metrics, self.percentiles)
+        return names + list(metrics.CLIENT_HEALTH_KEYS)
 
 
 class Suite(BaseModel):
