@@ -33,3 +33,36 @@ def port_range(worker_id: str, test_pool_dir: Path) -> str:
     # PROFLLM_TEST_PORT_BASE keeps two checkouts' test runs on one host apart.
     start = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + worker * 2000 + (next(_PORT_RANGES) % 20) * 100
     return f"{start}-{start + 99}"
+
+
+@pytest.fixture
+def sim_url(port_range: str, tmp_path: Path) -> Iterator[str]:
+    """A running simulated engine (served name `sim`, fast steps), its emission log at
+    `tmp_path/emissions.jsonl`; stopped and reaped whatever the test does."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    port = int(port_range.split("-")[0]) + 50
+    env = {**os.environ, "PROFLLM_SIM_EMISSION_LOG": str(tmp_path / "emissions.jsonl")}
+    argv = [sys.executable, "-m", "pytest_profllm.sim", "sim", "--port", str(port)]
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the simulator did not start on port {port}") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

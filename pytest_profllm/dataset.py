@@ -110,9 +110,7 @@ def random_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]
     return requests
 
 
-def _decode_to_length(
-    codec: Codec, tokens: list[int], target: int, rng: Any
-) -> tuple[str, int]:
+def _decode_to_length(codec: Codec, tokens: list[int], target: int, rng: Any) -> tuple[str, int]:
     """Decode, re-encode, and pad or cut until the text encodes to `target` tokens."""
     prompt = codec.decode(tokens)
     for _ in range(_MAX_ADJUST_ROUNDS):
@@ -316,10 +314,21 @@ class ServerCodec:
         return high
 
     def _find_special_ids(self) -> set[int]:
-        # Special tokens are few and sit at the start of common vocabularies: probe there.
-        special = set()
-        for token in range(min(self.vocab_size, 64)):
-            text = self.decode([token])
-            if not text or self.encode(text) != [token]:
-                special.add(token)
+        # Control tokens sit at the start of a vocabulary (<unk>, <s>) or at its end (Llama 3,
+        # Qwen): probe there for tokens whose text is a control marker like `<s>` or `<|x|>`.
+        # Like `tokenizer.vocab_size`, the vocabulary then ends before a trailing run of them.
+        probes = sorted(
+            set(range(min(self.vocab_size, 64)))
+            | set(range(max(0, self.vocab_size - 512), self.vocab_size))
+        )
+        special = {token for token in probes if _looks_special(self.decode([token]))}
+        while self.vocab_size - 1 in special and self.vocab_size > 1:
+            self.vocab_size -= 1
+            special.discard(self.vocab_size)
         return special
+
+
+def _looks_special(text: str) -> bool:
+    import re
+
+    return not text or re.fullmatch(r"<\|?[^<>\s]+\|?>|\[[A-Z_]+\]", text) is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import cast
 from urllib.parse import urlsplit
 
 # Called with a piece of body and the perf_counter time its bytes were read.
@@ -49,8 +50,7 @@ class _Connection(asyncio.Protocol):
         self._error_body: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)
 
     def send(self, request: bytes, sink: BodySink, done: asyncio.Future[HttpResponse]) -> None:
         self._reset(sink, done)
