@@ -37,7 +37,8 @@ class EmissionLog:
     which every process on the host shares), so a client's own timestamps can be compared."""
 
     def __init__(self, path: str) -> None:
-        self._handle = open(path, "a", buffering=1 << 16)  # noqa: SIM115 (closed at cleanup)
+        # Line-buffered: a reader sees each request as soon as its stream ended.
+        self._handle = open(path, "a", buffering=1)  # noqa: SIM115 (closed at cleanup)
 
     def add(self, request: web.Request, received: float, emitted: list[float]) -> None:
         line = {
