@@ -31,7 +31,8 @@ def port_range(worker_id: str, test_pool_dir: Path) -> str:
     """100 ports no other test of this run uses, so a leak is easy to pin on its test."""
     worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
     # PROFLLM_TEST_PORT_BASE keeps two checkouts' test runs on one host apart.
-    start = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + worker * 2000 + (next(_PORT_RANGES) % 20) * 100
+    base = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000"))
+    start = base + worker * 2000 + (next(_PORT_RANGES) % 20) * 100
     return f"{start}-{start + 99}"
 
 

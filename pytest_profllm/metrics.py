@@ -9,7 +9,7 @@ Percentiles use numpy's linear interpolation, as vLLM's do.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -207,7 +207,7 @@ def client_health(
     }
 
 
-def client_fell_behind(health: dict[str, float | int | None]) -> str | None:
+def client_fell_behind(health: Mapping[str, float | int | None]) -> str | None:
     """Why these figures measure the client rather than the server, or None if they do not."""
     reasons = []
     target, achieved = health.get("target_request_rate"), health.get("achieved_request_rate")

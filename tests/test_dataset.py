@@ -223,8 +223,12 @@ def test_sharegpt_output_len_overrides_the_reply(tmp_path: Path, codec: Tokenize
 
 def test_custom_reads_prompts_and_output_tokens(tmp_path: Path, codec: TokenizerCodec) -> None:
     path = tmp_path / "custom.jsonl"
-    path.write_text('{"prompt": "ba be", "output_tokens": 4}\n\n{"prompt": "bi", "output_tokens": 9}\n')
-    config = _config(dataset_name="custom", dataset_path=str(path), custom_output_len=-1, num_prompts=2)
+    path.write_text(
+        '{"prompt": "ba be", "output_tokens": 4}\n\n{"prompt": "bi", "output_tokens": 9}\n'
+    )
+    config = _config(
+        dataset_name="custom", dataset_path=str(path), custom_output_len=-1, num_prompts=2
+    )
     requests = sorted(make_prompts(config, codec), key=lambda r: r.output_len)
     assert requests == [
         PromptRequest("ba be", len(codec.encode("ba be")), 4),

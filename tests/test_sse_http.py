@@ -4,6 +4,7 @@ connection pool against a real loopback server."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import pytest
@@ -52,7 +53,7 @@ def _feed(response: bytes, cuts: list[int]) -> tuple[bytes, list[float], Any]:
         done: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
         connection.send(b"POST / HTTP/1.1\r\n\r\n", sink, done)
         edges = [0, *cuts, len(response)]
-        for begin, end in zip(edges, edges[1:], strict=False):
+        for begin, end in itertools.pairwise(edges):
             connection.data_received(response[begin:end])
         if not done.done():
             connection.connection_lost(None)

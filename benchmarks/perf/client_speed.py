@@ -226,8 +226,9 @@ class Clients:
 # --- the three parts -------------------------------------------------------------------------
 
 
-def speed(clients: Clients, streams: list[int], messages: int) -> None:
-    print(f"\n(1) SSE messages/s consumed from a zero-cost server (~{messages} messages per run)")
+def speed(clients: Clients, streams: list[int], messages: int, repeats: int) -> None:
+    print(f"\n(1) SSE messages/s consumed from a zero-cost server (~{messages} messages per run, "
+          f"best of {repeats}, the two clients taking turns)")
     print(f"{'streams':>8} {'ours msg/s':>12} {'ours cpu%':>10} {'vllm msg/s':>12} "
           f"{'ratio':>7} {'server cpu% (ours/vllm)':>24}")
     port = free_port()
@@ -240,22 +241,30 @@ def speed(clients: Clients, streams: list[int], messages: int) -> None:
                 "random_output_len": max(8, messages // prompts), "num_prompts": prompts,
                 "max_concurrency": count, "ignore_eos": True, "seed": 0,
             }
-            figures = []
-            for client in (clients.ours, clients.vllm):
-                before, wall = cpu_seconds(pid), time.monotonic()
-                result = client(url, f"speed-{count}", workload)
-                server_cpu = 100 * (cpu_seconds(pid) - before) / (time.monotonic() - wall)
-                figures.append((result, server_cpu))
-            (ours, ours_server), (theirs, theirs_server) = figures
+            best: dict[str, tuple[dict[str, Any], float] | None] = {"ours": None, "vllm": None}
+            for _ in range(repeats):
+                for name, client in (("ours", clients.ours), ("vllm", clients.vllm)):
+                    before, wall = cpu_seconds(pid), time.monotonic()
+                    result = client(url, f"speed-{count}", workload)
+                    server_cpu = 100 * (cpu_seconds(pid) - before) / (time.monotonic() - wall)
+                    if result is None:
+                        continue
+                    kept = best[name]
+                    if kept is None or result["output_throughput"] > kept[0]["output_throughput"]:
+                        best[name] = (result, server_cpu)
+            assert best["ours"] is not None
+            ours, ours_server = best["ours"]
             ours_rate = ours["output_throughput"]
-            if theirs is None:
+            if best["vllm"] is None:
                 print(f"{count:>8} {ours_rate:>12.0f} {ours['client_cpu_percent']:>10.0f} "
                       f"{'skipped':>12}")
                 continue
+            theirs, theirs_server = best["vllm"]
             rate = theirs["output_throughput"]
             print(f"{count:>8} {ours_rate:>12.0f} {ours['client_cpu_percent']:>10.0f} "
                   f"{rate:>12.0f} {ours_rate / rate:>6.2f}x {ours_server:>11.0f}/{theirs_server:<.0f}")
-    print("(server cpu% is over each client's whole run, start-up included)")
+    print("(ours cpu%: its process during the timed part; server cpu%: over each client's whole "
+          "run, its start-up included)")
 
 
 PARITY_KEYS = [
@@ -333,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default="64,256,1024")
     parser.add_argument("--messages", type=int, default=65536,
                         help="SSE messages per speed run (default: 65536)")
+    parser.add_argument("--repeats", type=int, default=3, help="speed runs per client and size")
     parser.add_argument("--parity-prompts", type=int, default=200)
     parser.add_argument("--parity-rate", type=float, default=20.0)
     args = parser.parse_args(argv)
@@ -347,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"host: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f} at start")
     with tempfile.TemporaryDirectory(prefix="client-speed-") as out:
         clients = Clients(vllm_env, Path(out))
-        speed(clients, [int(n) for n in args.streams.split(",")], args.messages)
+        speed(clients, [int(n) for n in args.streams.split(",")], args.messages, args.repeats)
         parity(clients, {
             "dataset_name": "random", "random_input_len": 128, "random_output_len": 64,
             "num_prompts": args.parity_prompts, "request_rate": args.parity_rate,
