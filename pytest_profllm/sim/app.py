@@ -279,8 +279,9 @@ async def _completions(request: web.Request) -> web.StreamResponse:
                     }
                 ],
             }
-            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            emitted.append(time.perf_counter())
+            message = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            emitted.append(time.perf_counter())  # handed to the socket now
+            await response.write(message)
         if include_usage:
             usage: dict[str, Any] = {
                 "id": request_id,
@@ -365,8 +366,9 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
             generated += 1
             finish = "length" if generated == max_tokens else None
             event = chunk({"content": _word(state, token)}, finish)
-            await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-            emitted.append(time.perf_counter())
+            data = b"data: " + json.dumps(event).encode() + b"\n\n"
+            emitted.append(time.perf_counter())  # handed to the socket now
+            await response.write(data)
         if include_usage:
             usage: dict[str, Any] = {
                 "id": request_id,
