@@ -38,32 +38,37 @@ def port_range(worker_id: str, test_pool_dir: Path) -> str:
 
 @pytest.fixture
 def sim_url(port_range: str, tmp_path: Path) -> Iterator[str]:
-    """A running simulated engine (served name `sim`, fast steps), its emission log at
+    """A running simulated engine (served name `sim`), its emission log at
     `tmp_path/emissions.jsonl`; stopped and reaped whatever the test does."""
     import socket
     import subprocess
     import sys
     import time
 
-    port = int(port_range.split("-")[0]) + 50
     env = {**os.environ, "PROFLLM_SIM_EMISSION_LOG": str(tmp_path / "emissions.jsonl")}
-    argv = [sys.executable, "-m", "pytest_profllm.sim", "sim", "--port", str(port)]
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the simulator did not start on port {port}") from None
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
+    log = tmp_path / "sim.log"
+    first = int(port_range.split("-")[0]) + 50
+    for port in range(first, first + 5):  # a port still held by someone else: the next one
+        argv = [sys.executable, "-m", "pytest_profllm.sim", "sim", "--port", str(port)]
+        with log.open("wb") as handle:
+            process = subprocess.Popen(argv, env=env, stdout=handle, stderr=subprocess.STDOUT)
         try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            deadline = time.monotonic() + 30
+            while process.poll() is None and time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            if process.poll() is None and time.monotonic() < deadline:
+                yield f"http://127.0.0.1:{port}"
+                return
+        finally:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+    raise RuntimeError(f"the simulator did not start on ports {first}-{first + 4}: {tail}")

@@ -75,7 +75,12 @@ def run_bench(
     if (problem := metrics.served_problem(load.outcomes, summary)) is not None:
         raise BenchFailed(problem)
     health = metrics.client_health(
-        load.outcomes, load.intended_offsets, load.clock_start, load.duration, load.cpu_seconds
+        load.outcomes,
+        load.intended_offsets,
+        load.clock_start,
+        load.duration,
+        load.cpu_seconds,
+        load.processes,
     )
     invalid = metrics.client_fell_behind(health)
     result = result_json(config, model, tokenizer, label, load, summary, health, codec)
@@ -112,6 +117,7 @@ def load_settings(
         request_timeout_s=config.request_timeout_s,
         api_key=api_key,
         endpoint=endpoint,
+        client_processes=config.client_processes,
     )
 
 

@@ -124,6 +124,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--ignore-eos", action="store_true")
     add("--temperature", type=float, help="(default: not sent; the server's default applies)")
     add("--request-timeout-s", type=float, default=6 * 60 * 60)
+    add("--client-processes", type=int, default=1, help="spread the client over N processes "
+        "when one event loop cannot keep up with the server (not a vLLM flag; default: 1)")
     add("--label")
     add("--save-result", action="store_true", help="write the result JSON (and per-request "
         "records beside it, .requests.jsonl.gz)")

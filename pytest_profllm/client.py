@@ -57,6 +57,7 @@ class LoadSettings:
     # Each request sends `x-request-id: <prefix><index>`, as vLLM's client does, so server logs
     # can be matched to requests.
     request_id_prefix: str = "profllm-"
+    client_processes: int = 1  # more than one: the load is spread over that many processes
 
 
 @dataclass
@@ -65,7 +66,8 @@ class LoadResult:
     duration: float  # seconds from the benchmark's start to the last response
     started_at: float  # Unix seconds
     clock_start: float  # the same moment on the perf_counter clock the outcomes use
-    cpu_seconds: float = 0.0  # this process's CPU time during the timed part
+    cpu_seconds: float = 0.0  # the client processes' CPU time during the timed part
+    processes: int = 1  # how many client processes shared the load
     intended_offsets: list[float] = field(default_factory=list)
 
 
@@ -128,64 +130,101 @@ def request_payload(settings: LoadSettings, request: PromptRequest) -> dict[str,
 
 
 async def run_load(settings: LoadSettings, requests: Sequence[PromptRequest]) -> LoadResult:
+    """Send `requests` on vLLM's arrival schedule and time every response.
+
+    With `client_processes` > 1 the requests are dealt round-robin to that many processes,
+    which share the schedule's clock (the host's monotonic clock) and each own a share of
+    `max_concurrency`: for servers faster than one event loop can read.
+    """
+    offsets = arrival_offsets(
+        len(requests),
+        settings.request_rate,
+        settings.burstiness,
+        settings.seed,
+        settings.ramp_up_strategy,
+        settings.ramp_up_start_rps,
+        settings.ramp_up_end_rps,
+    )
+    if settings.client_processes > 1 and len(requests) > 1:
+        from pytest_profllm.client_pool import run_in_processes
+
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, run_in_processes, settings, requests, offsets)
+    if settings.num_warmups and requests:
+        await run_warmups(settings, requests[0])
+    started_at = time.time()
+    cpu_start = time.process_time()
+    start = time.perf_counter()
+    outcomes = await run_share(settings, requests, offsets, range(len(requests)), start)
+    duration = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start
+    return LoadResult(
+        outcomes, duration, started_at, start, cpu_seconds=cpu_seconds, intended_offsets=offsets
+    )
+
+
+def _client(settings: LoadSettings, limit: int | None) -> StreamingClient:
     from pytest_profllm.sse_http import StreamingClient
 
     headers = {"Content-Type": "application/json"}
     if settings.api_key:
         headers["Authorization"] = f"Bearer {settings.api_key}"
+    # One pool of keep-alive connections serves every request, never a connection per request.
+    return StreamingClient(settings.base_url, headers, limit)
+
+
+async def run_warmups(settings: LoadSettings, request: PromptRequest) -> None:
+    """vLLM's warmups: the first prompt, `num_warmups` times, within `max_concurrency`."""
+    client = _client(settings, settings.max_concurrency)
+    path = settings.endpoint or ENDPOINTS[settings.backend]
+    body = _encode(request_payload(settings, request))
+    warmup = asyncio.Semaphore(settings.max_concurrency or settings.num_warmups)
+
+    async def warm() -> None:
+        async with warmup:
+            await stream_request(client, path, body, RequestOutcome(prompt_len=0), settings)
+
+    try:
+        await asyncio.gather(*(warm() for _ in range(settings.num_warmups)))
+    finally:
+        client.close()
+
+
+async def run_share(
+    settings: LoadSettings,
+    requests: Sequence[PromptRequest],
+    offsets: Sequence[float],
+    indices: Sequence[int],
+    start: float,
+    max_concurrency: int | None = None,
+) -> list[RequestOutcome]:
+    """Send `requests` (numbered `indices` in the whole workload) at `start + offsets`."""
+    limit = max_concurrency or settings.max_concurrency
     semaphore: contextlib.AbstractAsyncContextManager[object] = (
-        asyncio.Semaphore(settings.max_concurrency)
-        if settings.max_concurrency
-        else contextlib.nullcontext()
+        asyncio.Semaphore(limit) if limit else contextlib.nullcontext()
     )
     path = settings.endpoint or ENDPOINTS[settings.backend]
     bodies = [_encode(request_payload(settings, request)) for request in requests]
-    # One pool of keep-alive connections serves every request, never a connection per request.
-    client = StreamingClient(settings.base_url, headers, settings.max_concurrency)
+    client = _client(settings, limit)
+
+    async def one(outcome: RequestOutcome, body: bytes, index: int) -> RequestOutcome:
+        outcome.dispatch_time = time.perf_counter()
+        async with semaphore:
+            request_id = f"{settings.request_id_prefix}{index}"
+            return await stream_request(client, path, body, outcome, settings, request_id)
+
     try:
-        if settings.num_warmups and requests:
-            warmup = asyncio.Semaphore(settings.max_concurrency or settings.num_warmups)
-
-            async def warm() -> None:
-                async with warmup:
-                    outcome = RequestOutcome(prompt_len=0)
-                    await stream_request(client, path, bodies[0], outcome, settings)
-
-            await asyncio.gather(*(warm() for _ in range(settings.num_warmups)))
-
-        offsets = arrival_offsets(
-            len(requests),
-            settings.request_rate,
-            settings.burstiness,
-            settings.seed,
-            settings.ramp_up_strategy,
-            settings.ramp_up_start_rps,
-            settings.ramp_up_end_rps,
-        )
-        started_at = time.time()
-        cpu_start = time.process_time()
-        start = time.perf_counter()
-
-        async def one(outcome: RequestOutcome, body: bytes, index: int) -> RequestOutcome:
-            outcome.dispatch_time = time.perf_counter()
-            async with semaphore:
-                request_id = f"{settings.request_id_prefix}{index}"
-                return await stream_request(client, path, body, outcome, settings, request_id)
-
         tasks = []
-        schedule = zip(requests, offsets, bodies, strict=True)
-        for index, (request, offset, body) in enumerate(schedule):
+        schedule = zip(requests, offsets, bodies, indices, strict=True)
+        for request, offset, body, index in schedule:
             delay = start + offset - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             outcome = RequestOutcome(prompt_len=request.prompt_len, intended_start=start + offset)
             tasks.append(asyncio.create_task(one(outcome, body, index)))
-        outcomes = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
-        cpu_seconds = time.process_time() - cpu_start
+        return list(await asyncio.gather(*tasks))
     finally:
         client.close()
-    return LoadResult(list(outcomes), duration, started_at, start, cpu_seconds, offsets)
 
 
 def _encode(payload: dict[str, Any]) -> bytes:

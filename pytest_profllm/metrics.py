@@ -179,8 +179,10 @@ def client_health(
     clock_start: float,
     duration: float,
     cpu_seconds: float,
+    processes: int = 1,
 ) -> dict[str, float | int | None]:
-    """How well the client kept its schedule: lag statistics, rates and its CPU use.
+    """How well the client kept its schedule: lag statistics, rates and its CPU use (per
+    client process, so 100 is one busy core each).
 
     The target rate is the schedule's own (requests over the last intended offset, so ramps
     count too); the achieved rate is the same count over the last actual dispatch. Both are
@@ -203,7 +205,9 @@ def client_health(
         "max_schedule_lag_ms": float(np.max(lags)) * 1000,
         "target_request_rate": target,
         "achieved_request_rate": achieved,
-        "client_cpu_percent": 100.0 * cpu_seconds / duration if duration > 0 else 0.0,
+        "client_cpu_percent": (
+            100.0 * cpu_seconds / processes / duration if duration > 0 else 0.0
+        ),
     }
 
 

@@ -121,6 +121,7 @@ def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOu
         num_warmups=bench.num_warmups,
         request_timeout_s=bench.request_timeout_s,
         api_key=case.server.get("api_key"),
+        client_processes=bench.client_processes,
     )
     load = asyncio.run(run_load(settings, prompts))
     outcome.results = metrics.compute(
@@ -132,7 +133,12 @@ def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOu
         count_tokens=lambda text: len(codec.encode(text)),
     )
     health = metrics.client_health(
-        load.outcomes, load.intended_offsets, load.clock_start, load.duration, load.cpu_seconds
+        load.outcomes,
+        load.intended_offsets,
+        load.clock_start,
+        load.duration,
+        load.cpu_seconds,
+        load.processes,
     )
     outcome.results.update(health)
     outcome.requests = [

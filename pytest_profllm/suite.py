@@ -93,6 +93,8 @@ class BenchmarkConfig(BaseModel):
     metric_percentiles: str = "50,90,95,99"
     goodput: dict[Literal["ttft", "tpot", "e2el"], float] | None = None
     request_timeout_s: float = Field(600.0, gt=0)
+    # Ours, not vLLM's: spread the client over processes when one event loop cannot keep up.
+    client_processes: int = Field(1, ge=1)
 
     @field_validator("percentile_metrics")
     @classmethod

@@ -521,3 +521,33 @@ def test_ramp_up_with_gamma_gaps_is_seeded() -> None:
 def test_ramp_up_needs_both_rates() -> None:
     with pytest.raises(ValueError, match="ramp_up_start_rps and ramp_up_end_rps"):
         arrival_offsets(3, math.inf, 1.0, 0, "linear", None, 3.0)
+
+
+# (l) The load spread over processes.
+
+
+def test_two_client_processes_share_the_schedule_and_the_concurrency() -> None:
+    in_flight = 0
+    seen: list[int] = []
+    ids: list[str | None] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal in_flight
+        in_flight += 1
+        seen.append(in_flight)
+        ids.append(request.headers.get("x-request-id"))
+        try:
+            return await _scripted(_token("a"), 0.05, _token("b"), _usage(2), DONE)(request)
+        finally:
+            in_flight -= 1
+
+    result = _load(handler, count=6, max_concurrency=2, client_processes=2)
+    assert result.processes == 2
+    assert [o.success for o in result.outcomes] == [True] * 6
+    assert sorted(ids, key=str) == [f"profllm-{i}" for i in range(6)]
+    assert max(seen) == 2  # one slot per process
+    # One clock: every outcome's times lie after the shared start, in order.
+    for outcome in result.outcomes:
+        assert result.clock_start <= outcome.dispatch_time <= outcome.start_time
+        assert outcome.start_time < outcome.message_times[0] < outcome.end_time
+    assert result.cpu_seconds > 0

@@ -1,0 +1,108 @@
+"""The load spread over several client processes, for servers faster than one event loop.
+
+Requests are dealt round-robin; every process gets the whole schedule's times for its share and
+one start moment on the host's monotonic clock (`perf_counter` is CLOCK_MONOTONIC on Linux,
+shared by all processes), so the merged outcomes read as if one client had sent them.
+`max_concurrency` is split between the processes as evenly as it goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_profllm.client import LoadResult, LoadSettings
+    from pytest_profllm.dataset import PromptRequest
+    from pytest_profllm.metrics import RequestOutcome
+
+_START_LEAD_S = 0.05  # from the go signal to the first send, so every process is waiting
+_READY_TIMEOUT_S = 120.0
+
+
+def run_in_processes(
+    settings: LoadSettings, requests: Sequence[PromptRequest], offsets: Sequence[float]
+) -> LoadResult:
+    import multiprocessing
+
+    from pytest_profllm.client import LoadResult
+
+    count = min(settings.client_processes, len(requests))
+    context = multiprocessing.get_context("spawn")  # never fork a process running a loop
+    workers = []
+    try:
+        for rank in range(count):
+            parent, child = context.Pipe()
+            indices = list(range(rank, len(requests), count))
+            limit = _share(settings.max_concurrency, rank, count)
+            share = ([requests[i] for i in indices], [offsets[i] for i in indices], indices)
+            process = context.Process(
+                target=_worker, args=(child, settings, share, limit, rank == 0), daemon=True
+            )
+            process.start()
+            child.close()
+            workers.append((process, parent))
+        for process, pipe in workers:
+            if not pipe.poll(_READY_TIMEOUT_S) or pipe.recv() != "ready":
+                raise RuntimeError(f"client process {process.pid} did not get ready")
+        started_at = time.time()
+        start = time.perf_counter() + _START_LEAD_S
+        for _, pipe in workers:
+            pipe.send(start)
+        outcomes: list[RequestOutcome | None] = [None] * len(requests)
+        cpu_seconds = 0.0
+        deadline = settings.request_timeout_s + offsets[-1] + _READY_TIMEOUT_S
+        for process, pipe in workers:
+            if not pipe.poll(deadline):
+                raise RuntimeError(f"client process {process.pid} sent no result")
+            indices, share_outcomes, cpu = pipe.recv()
+            cpu_seconds += cpu
+            for index, outcome in zip(indices, share_outcomes, strict=True):
+                outcomes[index] = outcome
+        duration = time.perf_counter() - start
+    finally:
+        for process, pipe in workers:
+            pipe.close()
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join()
+    merged = [outcome for outcome in outcomes if outcome is not None]
+    return LoadResult(
+        merged,
+        duration,
+        started_at,
+        start,
+        cpu_seconds=cpu_seconds,
+        intended_offsets=list(offsets),
+        processes=count,
+    )
+
+
+def _share(limit: int | None, rank: int, count: int) -> int | None:
+    if limit is None:
+        return None
+    return max(1, limit // count + (1 if rank < limit % count else 0))
+
+
+def _worker(
+    pipe: Connection,
+    settings: LoadSettings,
+    share: tuple[list[PromptRequest], list[float], list[int]],
+    limit: int | None,
+    warm: bool,
+) -> None:
+    from pytest_profllm.client import run_share, run_warmups
+
+    requests, offsets, indices = share
+    if warm and settings.num_warmups and requests:
+        asyncio.run(run_warmups(settings, requests[0]))
+    pipe.send("ready")
+    start: float = pipe.recv()
+    cpu_start = time.process_time()
+    outcomes = asyncio.run(run_share(settings, requests, offsets, indices, start, limit))
+    pipe.send((indices, outcomes, time.process_time() - cpu_start))
+    pipe.close()
