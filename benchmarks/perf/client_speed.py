@@ -222,7 +222,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 def run_client(
-    argv: list[str], result: Path, env: dict[str, str] | None = None, counter: Counter | None = None
+    argv: list[str],
+    result: Path,
+    env: dict[str, str] | None = None,
+    counter: Counter | None = None,
+    children: bool = False,
 ) -> dict[str, Any]:
     """Run a client to its end and read its result JSON. With the zero-cost server's message
     counter, sample the client's CPU time every 20 ms against the messages sent, and add
@@ -241,10 +245,11 @@ def run_client(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{argv[0]} ran past {RUN_TIMEOUT_S} s")
             if counter is not None:
-                # Both clients run in one process; looking for children would cost more CPU
-                # than the sampling is worth on a small host.
+                # Each client runs in one process unless told otherwise: looking for children
+                # costs CPU a small host does not have to spare.
                 with contextlib.suppress(psutil.Error):
-                    cpu = sum(watched.cpu_times()[:2])
+                    watch = [watched, *watched.children(recursive=True)] if children else [watched]
+                    cpu = sum(sum(process.cpu_times()[:2]) for process in watch)
                     samples.append((time.monotonic(), counter.read(), cpu))
             time.sleep(0.02)
         output = process.stdout.read() if process.stdout else ""
@@ -282,12 +287,15 @@ class Clients:
         self.out = out
         self.counter: Counter | None = None  # set while the zero-cost server runs
 
-    def ours(self, url: str, name: str, workload: dict[str, Any]) -> dict[str, Any]:
+    def ours(
+        self, url: str, name: str, workload: dict[str, Any], processes: int = 1
+    ) -> dict[str, Any]:
         result = self.out / f"ours-{name}.json"
         argv = [*PROFLLM, "bench", "--base-url", url, "--model", "m", "--tokenizer",
                 str(SIM_TOKENIZER), *workload_flags(workload), "--save-result",
-                "--result-dir", str(self.out), "--result-filename", result.name]
-        return run_client(argv, result, counter=self.counter)
+                "--result-dir", str(self.out), "--result-filename", result.name,
+                "--client-processes", str(processes)]
+        return run_client(argv, result, counter=self.counter, children=processes > 1)
 
     def vllm(self, url: str, name: str, workload: dict[str, Any]) -> dict[str, Any] | None:
         if self.vllm_env is None:
@@ -304,12 +312,22 @@ class Clients:
 # --- the three parts -------------------------------------------------------------------------
 
 
-def speed(clients: Clients, streams: list[int], messages: int, repeats: int) -> None:
+def speed(
+    clients: Clients, streams: list[int], messages: int, repeats: int, processes: int
+) -> None:
     print(f"\n(1) SSE messages/s consumed from a zero-cost server (~{messages} messages per run, "
           f"best of {repeats}, the clients taking turns), over the middle 90 % of the stream, and "
           "the client's CPU time per message there (sampled every 20 ms)")
-    print(f"{'streams':>8} {'ours msg/s':>11} {'vllm msg/s':>11} {'ratio':>6}  "
-          f"{'ours us/msg':>11} {'vllm us/msg':>11} {'ratio':>6}")
+    runs: list[tuple[str, Any]] = [("ours", clients.ours), ("vllm", clients.vllm)]
+    if processes > 1:
+        def spread(url: str, name: str, workload: dict[str, Any]) -> dict[str, Any]:
+            return clients.ours(url, name, workload, processes)
+
+        runs.append((f"ours x{processes}", spread))
+    header = f"{'streams':>8}"
+    for name, _ in runs:
+        header += f" {name + ' msg/s':>15} {'us/msg':>7}"
+    print(header + "   ours/vllm msg/s, us/msg")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     path = clients.out / "counter"
@@ -323,27 +341,29 @@ def speed(clients: Clients, streams: list[int], messages: int, repeats: int) -> 
                 "random_output_len": max(8, messages // prompts), "num_prompts": prompts,
                 "max_concurrency": count, "ignore_eos": True, "seed": 0,
             }
-            rates: dict[str, list[float]] = {"ours": [], "vllm": []}
-            costs: dict[str, list[float]] = {"ours": [], "vllm": []}
+            rates: dict[str, list[float]] = {name: [] for name, _ in runs}
+            costs: dict[str, list[float]] = {name: [] for name, _ in runs}
             for _ in range(repeats):
-                for name, client in (("ours", clients.ours), ("vllm", clients.vllm)):
+                for name, client in runs:
                     result = client(url, f"speed-{count}", workload)
                     if result is None or "_steady_rate" not in result:
                         continue
                     rates[name].append(result["_steady_rate"])
                     costs[name].append(result["_us_per_message"])
-            ours_rate, ours_cost = max(rates["ours"]), min(costs["ours"])
-            if not rates["vllm"]:
-                print(f"{count:>8} {ours_rate:>11.0f} {'skipped':>11} {'':>6}  "
-                      f"{ours_cost:>11.1f} {'skipped':>11}")
-                continue
-            rate, cost = max(rates["vllm"]), min(costs["vllm"])
-            print(f"{count:>8} {ours_rate:>11.0f} {rate:>11.0f} {ours_rate / rate:>5.2f}x  "
-                  f"{ours_cost:>11.1f} {cost:>11.1f} {cost / ours_cost:>5.2f}x")
+            row = f"{count:>8}"
+            for name, _ in runs:
+                if rates[name]:
+                    row += f" {max(rates[name]):>15.0f} {min(costs[name]):>7.1f}"
+                else:
+                    row += f" {'skipped':>15} {'':>7}"
+            if rates["vllm"]:
+                row += (f"   {max(rates['ours']) / max(rates['vllm']):.2f}x, "
+                        f"{min(costs['vllm']) / min(costs['ours']):.2f}x less CPU")
+            print(row)
         clients.counter = None
-    print("(msg/s: the best run; us/msg: the least CPU per message over the runs. On a host "
-          "whose cores are busy with other work, us/msg is the steadier figure: 1e6/us is the "
-          "rate one free core would sustain)")
+    print("(msg/s: the best run; us/msg: the least client CPU per message over the runs, all "
+          "client processes counted. On a host busy with other work, us/msg is the steadier "
+          "figure: 1e6/us is the rate one free core would sustain)")
 
 
 PARITY_KEYS = [
@@ -423,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=65536,
                         help="SSE messages per speed run (default: 65536)")
     parser.add_argument("--repeats", type=int, default=3, help="speed runs per client and size")
+    parser.add_argument("--client-processes", type=int, default=2,
+                        help="also run our client over this many processes (1: not)")
     parser.add_argument("--parity-prompts", type=int, default=200)
     parser.add_argument("--parity-rate", type=float, default=20.0)
     args = parser.parse_args(argv)
@@ -437,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"host: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f} at start")
     with tempfile.TemporaryDirectory(prefix="client-speed-") as out:
         clients = Clients(vllm_env, Path(out))
-        speed(clients, [int(n) for n in args.streams.split(",")], args.messages, args.repeats)
+        streams = [int(n) for n in args.streams.split(",")]
+        speed(clients, streams, args.messages, args.repeats, args.client_processes)
         parity(clients, {
             "dataset_name": "random", "random_input_len": 128, "random_output_len": 64,
             "num_prompts": args.parity_prompts, "request_rate": args.parity_rate,
