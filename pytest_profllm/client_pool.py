@@ -3,12 +3,16 @@
 Requests are dealt round-robin; every process gets the whole schedule's times for its share and
 one start moment on the host's monotonic clock (`perf_counter` is CLOCK_MONOTONIC on Linux,
 shared by all processes), so the merged outcomes read as if one client had sent them.
-`max_concurrency` is split between the processes as evenly as it goes.
+`max_concurrency` is split between the processes as evenly as it goes. Workers are plain
+subprocesses (`python -m pytest_profllm.client_pool FD`) talking over a socket pair.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
@@ -26,25 +30,26 @@ _READY_TIMEOUT_S = 120.0
 def run_in_processes(
     settings: LoadSettings, requests: Sequence[PromptRequest], offsets: Sequence[float]
 ) -> LoadResult:
-    import multiprocessing
-
     from pytest_profllm.client import LoadResult
 
     count = min(settings.client_processes, len(requests))
-    context = multiprocessing.get_context("spawn")  # never fork a process running a loop
-    workers = []
+    # Plain subprocesses over socket pairs: multiprocessing's spawn would leave its resource
+    # tracker running for the rest of the caller's life.
+    workers: list[tuple[subprocess.Popen[bytes], Connection]] = []
     try:
         for rank in range(count):
-            parent, child = context.Pipe()
+            ours, theirs = socket.socketpair()
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pytest_profllm.client_pool", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+            )
+            theirs.close()
+            pipe = Connection(ours.detach())
+            workers.append((process, pipe))
             indices = list(range(rank, len(requests), count))
             limit = _share(settings.max_concurrency, rank, count)
             share = ([requests[i] for i in indices], [offsets[i] for i in indices], indices)
-            process = context.Process(
-                target=_worker, args=(child, settings, share, limit, rank == 0), daemon=True
-            )
-            process.start()
-            child.close()
-            workers.append((process, parent))
+            pipe.send((settings, share, limit, rank == 0))
         for process, pipe in workers:
             if not pipe.poll(_READY_TIMEOUT_S) or pipe.recv() != "ready":
                 raise RuntimeError(f"client process {process.pid} did not get ready")
@@ -66,10 +71,11 @@ def run_in_processes(
     finally:
         for process, pipe in workers:
             pipe.close()
-            process.join(5)
-            if process.is_alive():
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
                 process.kill()
-                process.join()
+                process.wait()
     merged = [outcome for outcome in outcomes if outcome is not None]
     return LoadResult(
         merged,
@@ -88,16 +94,11 @@ def _share(limit: int | None, rank: int, count: int) -> int | None:
     return max(1, limit // count + (1 if rank < limit % count else 0))
 
 
-def _worker(
-    pipe: Connection,
-    settings: LoadSettings,
-    share: tuple[list[PromptRequest], list[float], list[int]],
-    limit: int | None,
-    warm: bool,
-) -> None:
+def _worker(fd: int) -> None:
     from pytest_profllm.client import run_share, run_warmups
 
-    requests, offsets, indices = share
+    pipe = Connection(fd)
+    settings, (requests, offsets, indices), limit, warm = pipe.recv()
     if warm and settings.num_warmups and requests:
         asyncio.run(run_warmups(settings, requests[0]))
     pipe.send("ready")
@@ -106,3 +107,7 @@ def _worker(
     outcomes = asyncio.run(run_share(settings, requests, offsets, indices, start, limit))
     pipe.send((indices, outcomes, time.process_time() - cpu_start))
     pipe.close()
+
+
+if __name__ == "__main__":
+    _worker(int(sys.argv[1]))

@@ -551,3 +551,7 @@ def test_two_client_processes_share_the_schedule_and_the_concurrency() -> None:
         assert result.clock_start <= outcome.dispatch_time <= outcome.start_time
         assert outcome.start_time < outcome.message_times[0] < outcome.end_time
     assert result.cpu_seconds > 0
+    import psutil
+
+    # Every worker was reaped, and nothing else (no multiprocessing helper) was left running.
+    assert [c for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE] == []
