@@ -103,9 +103,9 @@ def _worker(fd: int) -> None:
         asyncio.run(run_warmups(settings, requests[0]))
     pipe.send("ready")
     start: float = pipe.recv()
-    cpu_start = time.process_time()
+    cpu_start = time.thread_time()
     outcomes = asyncio.run(run_share(settings, requests, offsets, indices, start, limit))
-    pipe.send((indices, outcomes, time.process_time() - cpu_start))
+    pipe.send((indices, outcomes, time.thread_time() - cpu_start))
     pipe.close()
 
 

@@ -20,7 +20,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pytest_profllm import gpus, metrics
-from pytest_profllm.client import LoadSettings, run_load
+from pytest_profllm.bench import load_settings
+from pytest_profllm.client import run_load
 from pytest_profllm.dataset import Codec, ServerCodec, TokenizerCodec, make_prompts
 from pytest_profllm.engine import EngineChoice, redact
 from pytest_profllm.plan import Case
@@ -30,7 +31,8 @@ from pytest_profllm.sim.model_files import MODEL_DIR
 
 
 class CaseFailed(Exception):
-    """The case ran but must not pass: every request failed, or no output came back."""
+    """The case ran but must not pass: every request failed, a request got a non-200 status,
+    or no output came back."""
 
 
 @dataclass
@@ -105,23 +107,8 @@ def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOu
         else ServerCodec(server.base_url, _served_name(case.server), case.server.get("api_key"))
     )
     prompts = make_prompts(bench, codec)
-    settings = LoadSettings(
-        base_url=server.base_url,
-        model=str(_served_name(case.server)),
-        backend=bench.backend,
-        request_rate=bench.request_rate,
-        ramp_up_strategy=bench.ramp_up_strategy,
-        ramp_up_start_rps=bench.ramp_up_start_rps,
-        ramp_up_end_rps=bench.ramp_up_end_rps,
-        burstiness=bench.burstiness,
-        max_concurrency=bench.max_concurrency,
-        seed=bench.seed,
-        ignore_eos=bench.ignore_eos,
-        temperature=bench.temperature,
-        num_warmups=bench.num_warmups,
-        request_timeout_s=bench.request_timeout_s,
-        api_key=case.server.get("api_key"),
-        client_processes=bench.client_processes,
+    settings = load_settings(
+        bench, server.base_url, _served_name(case.server), api_key=case.server.get("api_key")
     )
     load = asyncio.run(run_load(settings, prompts))
     outcome.results = metrics.compute(
