@@ -95,6 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--list", action="store_true", help="print one line per option instead"
     )
     engine_args.set_defaults(handler=_engine_args)
+    bench = commands.add_parser(
+        "bench",
+        help="benchmark a running server, as `vllm bench serve` (same flags, same result keys)",
+        description="Send a workload to a running OpenAI-compatible server and report vLLM's "
+        "serving metrics. Flags and defaults are those of `vllm bench serve`; unlike it, a "
+        "benchmark where every request failed, any request got a non-200 status, or no output "
+        "token came back exits 1, and a client that fell behind its schedule exits 3.",
+    )
+    add_bench_arguments(bench)
+    bench.set_defaults(handler=_bench)
 
     sim = commands.add_parser(
         "sim",
@@ -105,6 +115,56 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("args", nargs=argparse.REMAINDER)
     sim.set_defaults(handler=_sim)
     return parser
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """`vllm bench serve`'s flags that profllm implements, with vLLM's defaults."""
+    add = parser.add_argument
+    add("--backend", choices=("openai", "openai-chat"), default="openai")
+    add("--base-url", help="server URL, e.g. http://127.0.0.1:8000 (default: from --host/--port)")
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=8000)
+    add("--endpoint", help="API path (default: the backend's, /v1/completions or "
+        "/v1/chat/completions)")
+    add("--model", required=True, help="the model the server serves")
+    add("--served-model-name", help="the name to send (default: --model)")
+    add("--tokenizer", help="local tokenizer folder (default: the server's /tokenize)")
+    add("--dataset-name", choices=("random", "prefix_repetition", "sharegpt", "custom"),
+        default="random")
+    add("--dataset-path", help="local file for sharegpt (JSON) and custom (JSON lines)")
+    add("--num-prompts", type=int, default=1000)
+    add("--seed", type=int, default=0)
+    add("--random-input-len", type=int, default=1024)
+    add("--random-output-len", type=int, default=128)
+    add("--random-range-ratio", type=float, default=0.0)
+    add("--random-prefix-len", type=int, default=0)
+    add("--prefix-repetition-prefix-len", type=int, default=256)
+    add("--prefix-repetition-suffix-len", type=int, default=256)
+    add("--prefix-repetition-num-prefixes", type=int, default=10)
+    add("--prefix-repetition-output-len", type=int, default=128)
+    add("--sharegpt-output-len", type=int)
+    add("--custom-output-len", type=int, default=256)
+    add("--request-rate", type=float, default=float("inf"))
+    add("--burstiness", type=float, default=1.0)
+    add("--max-concurrency", type=int)
+    add("--ramp-up-strategy", choices=("linear", "exponential"))
+    add("--ramp-up-start-rps", type=float)
+    add("--ramp-up-end-rps", type=float)
+    add("--num-warmups", type=int, default=0)
+    add("--goodput", nargs="+", metavar="KEY:MS", help="service level objectives, e.g. ttft:500")
+    add("--percentile-metrics", default="ttft,tpot,itl")
+    add("--metric-percentiles", default="99")
+    add("--ignore-eos", action="store_true")
+    add("--temperature", type=float, help="(default: not sent; the server's default applies)")
+    add("--request-timeout-s", type=float, default=6 * 60 * 60)
+    add("--client-processes", type=int, default=1, help="spread the client over N processes "
+        "when one event loop cannot keep up with the server (not a vLLM flag; default: 1)")
+    add("--label")
+    add("--save-result", action="store_true", help="write the result JSON (and per-request "
+        "records beside it, .requests.jsonl.gz)")
+    add("--save-detailed", action="store_true", help="keep the per-request lists in the JSON")
+    add("--result-dir")
+    add("--result-filename")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -187,6 +247,75 @@ def _engine_args(args: argparse.Namespace) -> int:
     verb = "wrote" if args.python else "has"
     print(f"{len(registry)} engine arguments of vLLM {registry.vllm_version} ({verb} {where})")
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import os
+
+    from pydantic import ValidationError
+
+    from pytest_profllm.bench import BenchFailed, result_path, run_bench, summary_lines
+    from pytest_profllm.dataset import DatasetError
+    from pytest_profllm.record import write_atomic, write_requests
+    from pytest_profllm.runner import request_row
+    from pytest_profllm.suite import BenchmarkConfig
+
+    values = {
+        key: value
+        for key, value in vars(args).items()
+        if key in BenchmarkConfig.model_fields and value is not None
+    }
+    if args.goodput:
+        values["goodput"] = _goodput(args.goodput)
+    try:
+        config = BenchmarkConfig.model_validate(values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        message = first["msg"].removeprefix("Value error, ")
+        if first["loc"]:
+            flag = "--" + "-".join(str(part) for part in first["loc"]).replace("_", "-")
+            message = f"{flag}: {message} (got {first.get('input')!r})"
+        raise CliError(message) from None
+    base_url = args.base_url or f"http://{args.host}:{args.port}"
+    try:
+        done = run_bench(
+            config,
+            base_url,
+            args.model,
+            served_model_name=args.served_model_name,
+            tokenizer=args.tokenizer,
+            api_key=os.environ.get("OPENAI_API_KEY"),
+            endpoint=args.endpoint,
+            label=args.label,
+            save_detailed=args.save_detailed,
+        )
+    except (BenchFailed, DatasetError) as error:
+        raise CliError(str(error)) from None
+    print("\n".join(summary_lines(done.result)))
+    if args.save_result:
+        path = result_path(config, args.model, args.label, args.result_dir, args.result_filename)
+        write_atomic(path, json.dumps(done.result).encode())
+        rows = [
+            request_row(index, outcome, done.load.clock_start)
+            for index, outcome in enumerate(done.load.outcomes)
+        ]
+        write_requests(path.parent, path.stem, rows)
+        print(f"result: {path}")
+    if done.invalid_reason:
+        print(f"profllm bench: invalid measurement: {done.invalid_reason}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _goodput(pairs: list[str]) -> dict[str, float]:
+    goodput = {}
+    for pair in pairs:
+        key, _, value = pair.partition(":")
+        try:
+            goodput[key.strip()] = float(value)
+        except ValueError:
+            raise CliError(f"--goodput: {pair!r} is not KEY:MILLISECONDS") from None
+    return goodput
 
 
 def _sim(args: argparse.Namespace) -> Any:

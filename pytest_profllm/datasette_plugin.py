@@ -19,13 +19,18 @@ from pytest_profllm.store import STANDARD_METRICS, TABLE
 # plain from their name get one; the latency metrics are explained once in the description.
 COLUMN_DESCRIPTIONS: dict[str, str] = {
     "case_id": "suite file :: server :: workload",
-    "status": "passed; failed (threshold missed, or the test failed); error (no measurement)",
+    "status": "passed; failed (threshold missed, or the test failed); invalid (the client fell "
+    "behind its schedule: the figures measure the client); error (no measurement)",
     "engine": "vllm, or sim for the simulated engine: never compare the two",
     "duration": "seconds the benchmark's requests took, failed ones included (vLLM's duration)",
     "case_duration": "seconds the whole case took, server start included",
     "total_output_tokens": "output tokens of completed requests, from the usage chunk",
     "request_goodput": "requests per second that met every goodput SLO of the workload",
     "failed_verdicts": "metrics that missed their threshold",
+    "p99_schedule_lag_ms": "how late the client sent requests against their intended times",
+    "achieved_request_rate": "requests per second the client actually sent (target_request_rate: "
+    "the schedule's)",
+    "client_cpu_percent": "the client event loop's CPU use during the load (100 = one core)",
 }
 DESCRIPTION = (
     "One row per benchmark case, written by pytest-profllm. server_* columns are vLLM engine "

@@ -9,7 +9,7 @@ Percentiles use numpy's linear interpolation, as vLLM's do.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -41,10 +41,19 @@ class RequestOutcome:
     ttft: float = 0.0
     itl: list[float] = field(default_factory=list)
     latency: float = 0.0
-    start_time: float = 0.0
-    intended_start: float = 0.0
+    start_time: float = 0.0  # when it was sent (after any max_concurrency wait)
+    intended_start: float = 0.0  # when the arrival schedule wanted it to arrive
+    dispatch_time: float = 0.0  # when its task actually ran (before any max_concurrency wait)
+    end_time: float = 0.0  # when the response ended (or failed)
+    message_times: list[float] = field(default_factory=list)  # every content message
+    status: int | None = None  # HTTP status, None where no response came
     generated_text: str = ""
     error: str = ""
+
+    @property
+    def schedule_lag(self) -> float:
+        """How late the client itself was: the task ran this long after its intended time."""
+        return max(0.0, self.dispatch_time - self.intended_start)
 
 
 def percentile_key(percentile: float) -> str:
@@ -146,3 +155,103 @@ def _good_count(
     return sum(
         1 for index in range(len(ttfts)) if all(values[index] <= limit for values, limit in chosen)
     )
+
+
+# When the client, not the server, set the pace, the figures measure the client: such a case
+# is `invalid`. The limits are those the issue set: 95 % of the rate, 10 ms p99 lag, a busy core.
+MIN_ACHIEVED_RATE_FRACTION = 0.95
+MAX_P99_SCHEDULE_LAG_S = 0.010
+MAX_CLIENT_CPU_PERCENT = 95.0
+CLIENT_HEALTH_KEYS = (
+    "mean_schedule_lag_ms",
+    "median_schedule_lag_ms",
+    "p99_schedule_lag_ms",
+    "max_schedule_lag_ms",
+    "target_request_rate",
+    "achieved_request_rate",
+    "client_cpu_percent",
+)
+
+
+def client_health(
+    outcomes: Sequence[RequestOutcome],
+    intended_offsets: Sequence[float],
+    clock_start: float,
+    duration: float,
+    cpu_seconds: float,
+    processes: int = 1,
+) -> dict[str, float | int | None]:
+    """How well the client kept its schedule: lag statistics, rates and its CPU use (per
+    client process, so 100 is one busy core each).
+
+    The target rate is the schedule's own (requests over the last intended offset, so ramps
+    count too); the achieved rate is the same count over the last actual dispatch. Both are
+    None for an infinite rate, where there is no schedule to keep.
+    """
+    import numpy as np
+
+    lags = [outcome.schedule_lag for outcome in outcomes] or [0.0]
+    last_intended = max(intended_offsets, default=0.0)
+    target: float | None = None
+    achieved: float | None = None
+    if last_intended > 0:
+        target = len(outcomes) / last_intended
+        last_dispatch = max(outcome.dispatch_time for outcome in outcomes) - clock_start
+        achieved = len(outcomes) / last_dispatch if last_dispatch > 0 else None
+    return {
+        "mean_schedule_lag_ms": float(np.mean(lags)) * 1000,
+        "median_schedule_lag_ms": float(np.median(lags)) * 1000,
+        "p99_schedule_lag_ms": float(np.percentile(lags, 99)) * 1000,
+        "max_schedule_lag_ms": float(np.max(lags)) * 1000,
+        "target_request_rate": target,
+        "achieved_request_rate": achieved,
+        "client_cpu_percent": (
+            100.0 * cpu_seconds / processes / duration if duration > 0 else 0.0
+        ),
+    }
+
+
+def client_fell_behind(health: Mapping[str, float | int | None]) -> str | None:
+    """Why these figures measure the client rather than the server, or None if they do not."""
+    reasons = []
+    target, achieved = health.get("target_request_rate"), health.get("achieved_request_rate")
+    if target and achieved is not None and achieved < MIN_ACHIEVED_RATE_FRACTION * target:
+        reasons.append(
+            f"achieved request rate {achieved:.3g}/s is under "
+            f"{MIN_ACHIEVED_RATE_FRACTION:.0%} of the target {target:.3g}/s"
+        )
+    lag = health.get("p99_schedule_lag_ms")
+    # An infinite rate has no schedule: all requests are due at once, and lag is only reported.
+    if target and lag is not None and lag > MAX_P99_SCHEDULE_LAG_S * 1000:
+        reasons.append(
+            f"p99 schedule lag {lag:.3g} ms is over {MAX_P99_SCHEDULE_LAG_S * 1000:g} ms"
+        )
+    cpu = health.get("client_cpu_percent")
+    if cpu is not None and cpu >= MAX_CLIENT_CPU_PERCENT:
+        reasons.append(f"client CPU saturated ({cpu:.0f}% of a core)")
+    if not reasons:
+        return None
+    return "client fell behind: " + "; ".join(reasons)
+
+
+_ERRORS_QUOTED = 3
+
+
+def served_problem(
+    outcomes: Sequence[RequestOutcome], results: dict[str, float | int | None]
+) -> str | None:
+    """Why these outcomes measure nothing worth a number, or None: vLLM's client exits 0 even
+    when every request failed; we do not. Quotes the first distinct errors."""
+    first = list(dict.fromkeys(o.error.splitlines()[0] for o in outcomes if o.error))
+    quoted = "; ".join(first[:_ERRORS_QUOTED]) or "none given"
+    if not results.get("completed"):
+        return f"all {len(outcomes)} requests failed; first errors: {quoted}"
+    rejected = [o for o in outcomes if o.status is not None and o.status != 200]
+    if rejected:
+        return (
+            f"{len(rejected)} of {len(outcomes)} requests got a non-200 status; "
+            f"first errors: {quoted}"
+        )
+    if not results.get("total_output_tokens"):
+        return "the server returned no output tokens for any request"
+    return None

@@ -155,6 +155,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     # matrix's thresholds decide. A failure in the call itself stands as it is.
     yield
     outcome = item.stash.get(session.OUTCOME_KEY, None)
+    if outcome is not None and outcome.invalid_reason:
+        pytest.fail(f"invalid measurement: {outcome.invalid_reason}", pytrace=False)
     if outcome is not None and outcome.missed:
         from pytest_profllm.runner import describe_missed
 

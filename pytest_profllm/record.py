@@ -17,7 +17,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SCHEMA_VERSION: Literal[1] = 1
-Status = Literal["passed", "failed", "error"]
+# `invalid`: measured, but the client fell behind its schedule, so the figures measure the
+# client; neither a pass nor a threshold miss (`failed`).
+Status = Literal["passed", "failed", "error", "invalid"]
 
 
 class EngineInfo(BaseModel):

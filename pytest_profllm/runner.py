@@ -21,8 +21,9 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pytest_profllm import gpus, metrics
-from pytest_profllm.client import LoadSettings, run_load
-from pytest_profllm.dataset import TokenizerCodec, random_prompts
+from pytest_profllm.bench import load_settings
+from pytest_profllm.client import run_load
+from pytest_profllm.dataset import Codec, ServerCodec, TokenizerCodec, make_prompts
 from pytest_profllm.engine import EngineChoice, redact
 from pytest_profllm.engine_args import registry_for
 from pytest_profllm.plan import Case
@@ -32,11 +33,10 @@ from pytest_profllm.server import ServerProcess, WorkerServers, describe_runtime
 from pytest_profllm.sim.model_files import MODEL_DIR
 from pytest_profllm.telemetry import Sampler
 
-_ERRORS_QUOTED = 3
-
 
 class CaseFailed(Exception):
-    """The case ran but must not pass: every request failed, or no output came back."""
+    """The case ran but must not pass: every request failed, a request got a non-200 status,
+    or no output came back."""
 
 
 @dataclass
@@ -57,6 +57,8 @@ class CaseOutcome:
     error: str | None = None
     telemetry: dict[str, float | int | None] = field(default_factory=dict)
     profiling: dict[str, Any] | None = None
+    # Set when the client, not the server, set the pace: the figures do not measure the server.
+    invalid_reason: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -113,20 +115,15 @@ def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOu
     server = servers.server_for(case)
     outcome.server = server
     bench = case.benchmark
-    codec = TokenizerCodec.load(_tokenizer_for(case, servers.engine))
-    prompts = random_prompts(bench, codec)
-    settings = LoadSettings(
-        base_url=server.base_url,
-        model=str(_served_name(case.server)),
-        request_rate=bench.request_rate,
-        burstiness=bench.burstiness,
-        max_concurrency=bench.max_concurrency,
-        seed=bench.seed,
-        ignore_eos=bench.ignore_eos,
-        temperature=bench.temperature,
-        num_warmups=bench.num_warmups,
-        request_timeout_s=bench.request_timeout_s,
-        api_key=_api_key(case.server),
+    tokenizer = _tokenizer_for(case, servers.engine)
+    codec: Codec = (
+        TokenizerCodec.load(tokenizer)
+        if tokenizer is not None
+        else ServerCodec(server.base_url, _served_name(case.server), _api_key(case.server))
+    )
+    prompts = make_prompts(bench, codec)
+    settings = load_settings(
+        bench, server.base_url, _served_name(case.server), api_key=_api_key(case.server)
     )
     with Sampler(server.pid, server.lease.gpus, f"{server.base_url}/metrics") as sampler:
         load = asyncio.run(run_load(settings, prompts))
@@ -139,11 +136,21 @@ def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOu
         goodput_ms={str(k): v for k, v in (bench.goodput or {}).items()},
         count_tokens=lambda text: len(codec.encode(text)),
     )
+    health = metrics.client_health(
+        load.outcomes,
+        load.intended_offsets,
+        load.clock_start,
+        load.duration,
+        load.cpu_seconds,
+        load.processes,
+    )
+    outcome.results.update(health)
     outcome.requests = [
-        _request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
+        request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
     ]
     outcome.verdicts = evaluate(case, outcome.results)
-    _check_served(load.outcomes, outcome.results)
+    check_served(load.outcomes, outcome.results)
+    outcome.invalid_reason = metrics.client_fell_behind(health)
     if case.profile and server.profile_dir is not None:
         short = prompts[:PROFILE_PROMPTS]
         profiled = dataclasses.replace(settings, num_warmups=0)
@@ -161,15 +168,9 @@ def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOu
     return outcome
 
 
-def _check_served(outcomes: list[metrics.RequestOutcome], results: dict[str, Any]) -> None:
-    # vLLM's client exits 0 even when every request failed; a benchmark of nothing must fail.
-    if not results.get("completed"):
-        first = list(dict.fromkeys(o.error for o in outcomes if o.error))[:_ERRORS_QUOTED]
-        raise CaseFailed(
-            f"all {len(outcomes)} requests failed; first errors: {'; '.join(first) or 'none given'}"
-        )
-    if not results.get("total_output_tokens"):
-        raise CaseFailed("the server returned no output tokens for any request")
+def check_served(outcomes: list[metrics.RequestOutcome], results: dict[str, Any]) -> None:
+    if (problem := metrics.served_problem(outcomes, results)) is not None:
+        raise CaseFailed(problem)
 
 
 def evaluate(case: Case, results: dict[str, float | int | None]) -> list[Verdict]:
@@ -205,14 +206,16 @@ def describe_missed(missed: list[Verdict]) -> str:
     return "threshold missed: " + "; ".join(parts)
 
 
-def _tokenizer_for(case: Case, engine: str) -> str:
+def _tokenizer_for(case: Case, engine: str) -> str | None:
+    """A local tokenizer folder or file, or None to ask the server (no model download)."""
     if case.benchmark.tokenizer:
         return case.benchmark.tokenizer
+    model = str(case.server["model"])
     if engine == "sim":
         # The simulator serves its bundled tokenizer unless the model folder has one.
-        model = str(case.server["model"])
         return model if os.path.isfile(os.path.join(model, "tokenizer.json")) else str(MODEL_DIR)
-    return str(case.server.get("tokenizer") or case.server["model"])
+    local = str(case.server.get("tokenizer") or model)
+    return local if os.path.isfile(os.path.join(local, "tokenizer.json")) else None
 
 
 def _api_key(server: dict[str, Any]) -> str | None:
@@ -230,18 +233,23 @@ def _served_name(server: dict[str, Any]) -> str:
     return str(names or server["model"])
 
 
-def _request_row(index: int, outcome: metrics.RequestOutcome, clock_start: float) -> dict[str, Any]:
+def request_row(index: int, outcome: metrics.RequestOutcome, clock_start: float) -> dict[str, Any]:
     # Times in seconds from the benchmark's start, so every statistic can be recomputed later.
     return {
         "index": index,
         "success": outcome.success,
+        "status": outcome.status,
         "prompt_len": outcome.prompt_len,
         "output_tokens": outcome.output_tokens,
         "intended_start_s": outcome.intended_start - clock_start,
+        "dispatch_s": outcome.dispatch_time - clock_start,
         "start_s": outcome.start_time - clock_start,
+        "schedule_lag_s": outcome.schedule_lag,
         "ttft_s": outcome.ttft,
         "itl_s": outcome.itl,
         "latency_s": outcome.latency,
+        "message_s": [t - clock_start for t in outcome.message_times],
+        "end_s": outcome.end_time - clock_start if outcome.end_time else None,
         "error": outcome.error or None,
     }
 

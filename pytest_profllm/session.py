@@ -144,11 +144,14 @@ class WorkerSession:
 
 def status_of(reports: dict[str, Any], outcome: CaseOutcome) -> tuple[Status, str | None]:
     """The record's status: `error` when the case produced no measurement (its server did not
-    start, a fixture failed), `failed` when it was measured and missed a threshold or an assert.
+    start, a fixture failed), `invalid` when the client fell behind (the figures measure it,
+    not the server), `failed` when it was measured and missed a threshold or an assert.
     """
     for when in ("setup", "call"):
         report = reports.get(when)
         if report is not None and report.failed:
+            if outcome.invalid_reason and outcome.results:
+                return "invalid", outcome.invalid_reason
             measured = bool(outcome.results)
             return ("failed" if measured else "error"), _short(report)
     return "passed", None

@@ -18,7 +18,9 @@ from pytest_profllm.record import normalize
 
 TABLE = "benchmark_runs"
 # Metric columns every table has, so that queries over them work whatever a suite measured.
-STANDARD_METRICS = metrics.result_names(metrics.LATENCY_METRICS, (50.0, 90.0, 95.0, 99.0))
+STANDARD_METRICS = metrics.result_names(metrics.LATENCY_METRICS, (50.0, 90.0, 95.0, 99.0)) + list(
+    metrics.CLIENT_HEALTH_KEYS
+)
 _BUSY_TIMEOUT_MS = 30_000
 
 

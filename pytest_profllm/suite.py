@@ -65,26 +65,39 @@ class BenchmarkConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["openai"] = "openai"
-    dataset_name: Literal["random"] = "random"
+    backend: Literal["openai", "openai-chat"] = "openai"
+    dataset_name: Literal["random", "prefix_repetition", "sharegpt", "custom"] = "random"
+    # sharegpt: a ShareGPT JSON file; custom: JSON lines with a "prompt" (and "output_tokens").
+    dataset_path: str | None = None
     num_prompts: int = Field(100, gt=0)
     random_input_len: int = Field(1024, gt=0)
     random_output_len: int = Field(128, gt=0)
     random_range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
     random_prefix_len: int = Field(0, ge=0)
+    prefix_repetition_prefix_len: int = Field(256, gt=0)
+    prefix_repetition_suffix_len: int = Field(256, gt=0)
+    prefix_repetition_num_prefixes: int = Field(10, gt=0)
+    prefix_repetition_output_len: int = Field(128, gt=0)
+    sharegpt_output_len: int | None = Field(None, gt=0)
+    custom_output_len: int = 256  # -1: each line's own "output_tokens"
     request_rate: float = Field(math.inf, gt=0)
     burstiness: float = Field(1.0, gt=0)
     max_concurrency: int | None = Field(None, gt=0)
+    ramp_up_strategy: Literal["linear", "exponential"] | None = None
+    ramp_up_start_rps: float | None = Field(None, ge=0)
+    ramp_up_end_rps: float | None = Field(None, gt=0)
     seed: int = 0
     # vLLM's own client forces ignore_eos for the random dataset, so lengths are exact.
     ignore_eos: bool = True
-    temperature: float = Field(0.0, ge=0.0)
+    temperature: float | None = Field(0.0, ge=0.0)  # None: the server's default
     tokenizer: str | None = None
     num_warmups: int = Field(0, ge=0)
     percentile_metrics: str = "ttft,tpot,itl,e2el"
     metric_percentiles: str = "50,90,95,99"
     goodput: dict[Literal["ttft", "tpot", "e2el"], float] | None = None
     request_timeout_s: float = Field(600.0, gt=0)
+    # Ours, not vLLM's: spread the client over processes when one event loop cannot keep up.
+    client_processes: int = Field(1, ge=1)
 
     @field_validator("percentile_metrics")
     @classmethod
@@ -109,6 +122,24 @@ class BenchmarkConfig(BaseModel):
             raise ValueError("metric_percentiles must lie strictly between 0 and 100")
         return value
 
+    @model_validator(mode="after")
+    def _consistent(self) -> BenchmarkConfig:
+        # The same checks as vllm bench serve, before any server starts.
+        if self.ramp_up_strategy is not None:
+            if self.ramp_up_start_rps is None or self.ramp_up_end_rps is None:
+                raise ValueError("ramp_up_strategy needs ramp_up_start_rps and ramp_up_end_rps")
+            if not math.isinf(self.request_rate):
+                raise ValueError("with ramp_up_strategy, leave request_rate out (the ramp sets it)")
+            if self.ramp_up_start_rps > self.ramp_up_end_rps:
+                raise ValueError("ramp_up_start_rps must not exceed ramp_up_end_rps")
+            if self.ramp_up_strategy == "exponential" and self.ramp_up_start_rps == 0:
+                raise ValueError("an exponential ramp-up cannot start at 0 requests/s")
+        if self.dataset_name in ("sharegpt", "custom") and not self.dataset_path:
+            raise ValueError(
+                f"dataset_name {self.dataset_name!r} needs dataset_path (a local file)"
+            )
+        return self
+
     @field_serializer("request_rate")
     def _rate_json(self, rate: float) -> float | str:
         # JSON has no infinity; vLLM's result files write "inf" too.
@@ -123,7 +154,9 @@ class BenchmarkConfig(BaseModel):
         return self.percentile_metrics.split(",")
 
     def result_names(self) -> list[str]:
-        return metrics.result_names(self.latency_metrics, self.percentiles)
+        # The client's health figures can be gated on too (say, p99_schedule_lag_ms).
+        names = metrics.result_names(self.latency_metrics, self.percentiles)
+        return names + list(metrics.CLIENT_HEALTH_KEYS)
 
 
 class Suite(BaseModel):

@@ -259,10 +259,11 @@ def test_connection_closed_mid_stream() -> None:
 
     result = _load(handler, count=2)
     cut, whole = result.outcomes
-    # Actual behaviour: aiohttp raises ClientPayloadError, recorded as a failure that keeps
-    # what arrived before the cut (both tokens, TTFT, the gap, latency to the last token).
+    # A failure that keeps what arrived before the cut (both tokens, TTFT, the gap, latency to
+    # the last token), and the status the response had.
     assert not cut.success
-    assert cut.error.startswith("ClientPayloadError")
+    assert cut.error == "ResponseError: connection closed in the middle of the body: EOF"
+    assert cut.status == 200
     assert cut.generated_text == "ab"
     assert cut.ttft > 0
     assert len(cut.itl) == 1
@@ -383,3 +384,174 @@ def test_lower_burstiness_gives_burstier_gaps() -> None:
         return float(np.std(gaps) / np.mean(gaps))
 
     assert variation(0.25) > 1.5 > variation(1.0) > 0.5 > variation(16.0)
+
+
+# (i) Every content message's time, the schedule the client kept, and request ids.
+
+
+def test_every_content_message_is_timed_and_one_read_shares_one_time() -> None:
+    handler = _scripted(_token("a"), 0.05, _token("b") + _token("c"), 0.05, _token("d"), DONE)
+    (outcome,) = _load(handler).outcomes
+    times = outcome.message_times
+    assert len(times) == 4
+    assert times[1] == times[2]  # two messages, one read: they arrived together
+    assert outcome.ttft == pytest.approx(times[0] - outcome.start_time)
+    assert outcome.itl == pytest.approx([b - a for a, b in itertools.pairwise(times)])
+    assert outcome.latency == pytest.approx(times[-1] - outcome.start_time)
+    assert outcome.start_time <= times[0] <= times[-1] <= outcome.end_time
+    assert outcome.status == 200
+
+
+def test_usage_prompt_tokens_replace_the_prompt_length() -> None:
+    # As vLLM's client: the server's count of the prompt is the one reported (the request
+    # said 3).
+    handler = _scripted(
+        _token("a"),
+        _message({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 1}}),
+        DONE,
+    )
+    (outcome,) = _load(handler).outcomes
+    assert outcome.prompt_len == 11
+    assert outcome.output_tokens == 1
+
+
+def test_error_event_mid_stream_fails_the_request_and_keeps_what_came() -> None:
+    error = _message({"error": {"message": "engine died", "type": "InternalServerError"}})
+    (outcome,) = _load(_scripted(_token("a"), 0.02, _token("b"), error, DONE)).outcomes
+    assert not outcome.success
+    assert outcome.error == "StreamError: error event in the stream: engine died"
+    assert len(outcome.message_times) == 2
+    assert len(outcome.itl) == 1
+
+
+def test_request_ids_and_dispatch_times() -> None:
+    ids: list[str | None] = []
+    stream = _scripted(_token("a"), DONE)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        ids.append(request.headers.get("x-request-id"))
+        return await stream(request)
+
+    result = _load(handler, count=3, request_rate=50.0, burstiness=math.inf)
+    assert sorted(ids, key=str) == ["profllm-0", "profllm-1", "profllm-2"]
+    assert result.intended_offsets == pytest.approx([0.02, 0.04, 0.06])
+    for outcome in result.outcomes:
+        assert outcome.intended_start <= outcome.dispatch_time <= outcome.start_time
+        assert outcome.schedule_lag == outcome.dispatch_time - outcome.intended_start
+    assert result.cpu_seconds > 0
+
+
+# (j) The chat backend.
+
+
+def _delta(delta: dict[str, Any]) -> bytes:
+    return _message({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": delta}]})
+
+
+def test_chat_counts_content_deltas_not_the_role_chunk() -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+    stream = _scripted(
+        _delta({"role": "assistant", "content": ""}),  # the opening chunk: no token
+        0.05,
+        _delta({"content": "a"}),
+        0.02,
+        _delta({"content": ""}),  # a token that decodes to nothing still is one
+        _delta({"reasoning": "r"}),
+        _delta({}),  # nothing: not a token
+        _message({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}}),
+        DONE,
+    )
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append((request.path, await request.json()))
+        return await stream(request)
+
+    async def main() -> LoadResult:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handler)
+        runner = web.AppRunner(app, shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            host, port = runner.addresses[0][:2]
+            settings = LoadSettings(
+                base_url=f"http://{host}:{port}", model="sim", backend="openai-chat",
+                temperature=None, request_timeout_s=5.0,
+            )
+            return await asyncio.wait_for(run_load(settings, _requests(1)), timeout=10)
+        finally:
+            await runner.cleanup()
+
+    (outcome,) = asyncio.run(main()).outcomes
+    assert outcome.success, outcome.error
+    assert len(outcome.message_times) == 3
+    assert outcome.ttft >= 0.05  # the role chunk at once did not count as the first token
+    assert outcome.generated_text == "a"
+    path, payload = seen[0]
+    assert path == "/v1/chat/completions"
+    assert payload["messages"] == [{"role": "user", "content": "prompt 0"}]
+    assert payload["max_completion_tokens"] == 4
+    assert "prompt" not in payload and "max_tokens" not in payload
+    assert "temperature" not in payload  # None: the server's default, as vLLM's client
+
+
+# (k) Ramp-up schedules.
+
+
+def test_linear_ramp_up_gaps_follow_the_rate() -> None:
+    offsets = arrival_offsets(3, math.inf, math.inf, 0, "linear", 1.0, 3.0)
+    # Rates 1, 2, 3 requests/s: gaps 1, 1/2, 1/3, not rescaled (as vLLM).
+    assert offsets == pytest.approx([1.0, 1.5, 1.5 + 1 / 3])
+
+
+def test_exponential_ramp_up_rates() -> None:
+    offsets = arrival_offsets(3, math.inf, math.inf, 0, "exponential", 1.0, 4.0)
+    assert offsets == pytest.approx([1.0, 1.5, 1.75])  # rates 1, 2, 4
+
+
+def test_ramp_up_with_gamma_gaps_is_seeded() -> None:
+    first = arrival_offsets(50, math.inf, 1.0, 5, "linear", 1.0, 10.0)
+    assert first == arrival_offsets(50, math.inf, 1.0, 5, "linear", 1.0, 10.0)
+    assert all(b > a for a, b in itertools.pairwise(first))
+    # The ramp speeds up: the last ten gaps are shorter than the first ten.
+    assert first[9] - 0 > first[-1] - first[-11]
+
+
+def test_ramp_up_needs_both_rates() -> None:
+    with pytest.raises(ValueError, match="ramp_up_start_rps and ramp_up_end_rps"):
+        arrival_offsets(3, math.inf, 1.0, 0, "linear", None, 3.0)
+
+
+# (l) The load spread over processes.
+
+
+def test_two_client_processes_share_the_schedule_and_the_concurrency() -> None:
+    in_flight = 0
+    seen: list[int] = []
+    ids: list[str | None] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal in_flight
+        in_flight += 1
+        seen.append(in_flight)
+        ids.append(request.headers.get("x-request-id"))
+        try:
+            return await _scripted(_token("a"), 0.05, _token("b"), _usage(2), DONE)(request)
+        finally:
+            in_flight -= 1
+
+    result = _load(handler, count=6, max_concurrency=2, client_processes=2)
+    assert result.processes == 2
+    assert [o.success for o in result.outcomes] == [True] * 6
+    assert sorted(ids, key=str) == [f"profllm-{i}" for i in range(6)]
+    assert max(seen) == 2  # one slot per process
+    # One clock: every outcome's times lie after the shared start, in order.
+    for outcome in result.outcomes:
+        assert result.clock_start <= outcome.dispatch_time <= outcome.start_time
+        assert outcome.start_time < outcome.message_times[0] < outcome.end_time
+    assert result.cpu_seconds > 0
+    import psutil
+
+    # Every worker was reaped, and nothing else (no multiprocessing helper) was left running.
+    assert [c for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE] == []

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 from pytest_profllm.dataset import (
+    DatasetError,
     PromptRequest,
+    ServerCodec,
     TokenizerCodec,
     build_prompts,
+    make_prompts,
     random_prompts,
 )
 from pytest_profllm.sim import model_files
@@ -156,3 +159,117 @@ def test_model_config_agrees_with_tokenizer(codec: TokenizerCodec) -> None:
     assert config["vocab_size"] == codec.vocab_size
     assert codec.encode("<s>") == [config["bos_token_id"]]
     assert codec.encode("</s>") == [config["eos_token_id"]]
+
+
+# The other datasets, and tokens from the server.
+
+
+def test_prefix_repetition_shares_prefixes_with_exact_lengths(codec: TokenizerCodec) -> None:
+    config = _config(
+        dataset_name="prefix_repetition",
+        num_prompts=7,
+        prefix_repetition_prefix_len=20,
+        prefix_repetition_suffix_len=10,
+        prefix_repetition_num_prefixes=3,
+        prefix_repetition_output_len=5,
+    )
+    requests = make_prompts(config, codec)
+    assert len(requests) == 6  # 7 // 3 per prefix, as vLLM
+    prefixes = {tuple(codec.encode(r.prompt)[:20]) for r in requests}
+    assert len(prefixes) == 3
+    assert {r.prompt_len for r in requests} == {30}
+    assert {len(codec.encode(r.prompt)) for r in requests} == {30}
+    assert {r.output_len for r in requests} == {5}
+    assert make_prompts(config, codec) == requests  # seeded
+
+
+def test_prefix_repetition_needs_a_prompt_per_prefix(codec: TokenizerCodec) -> None:
+    config = _config(dataset_name="prefix_repetition", num_prompts=2)
+    with pytest.raises(DatasetError, match=r"num_prompts \(2\) must be at least"):
+        make_prompts(config, codec)
+
+
+def _sharegpt(tmp_path: Path, codec: TokenizerCodec) -> Path:
+    def words(count: int, start: int = 10) -> str:
+        return codec.decode(list(range(start, start + count)))
+
+    data = [
+        {"conversations": [{"value": words(8)}, {"value": words(6)}]},
+        {"conversations": [{"value": words(2)}, {"value": words(6)}]},  # prompt too short
+        {"conversations": [{"value": words(8, 50)}, {"value": words(2)}]},  # reply too short
+        {"conversations": [{"value": words(8)}]},  # one turn only
+        {"id": "no conversations"},
+    ]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_sharegpt_keeps_valid_pairs_and_oversamples(tmp_path: Path, codec: TokenizerCodec) -> None:
+    path = _sharegpt(tmp_path, codec)
+    requests = make_prompts(_config(dataset_name="sharegpt", dataset_path=str(path)), codec)
+    assert len(requests) == 20
+    assert {(r.prompt_len, r.output_len) for r in requests} == {(8, 6)}
+
+
+def test_sharegpt_output_len_overrides_the_reply(tmp_path: Path, codec: TokenizerCodec) -> None:
+    path = _sharegpt(tmp_path, codec)
+    config = _config(dataset_name="sharegpt", dataset_path=str(path), sharegpt_output_len=3)
+    requests = make_prompts(config, codec)
+    assert {r.output_len for r in requests} == {3}
+    # With a fixed output length the short reply no longer disqualifies its pair.
+    assert len({r.prompt for r in requests}) == 2
+
+
+def test_custom_reads_prompts_and_output_tokens(tmp_path: Path, codec: TokenizerCodec) -> None:
+    path = tmp_path / "custom.jsonl"
+    path.write_text(
+        '{"prompt": "ba be", "output_tokens": 4}\n\n{"prompt": "bi", "output_tokens": 9}\n'
+    )
+    config = _config(
+        dataset_name="custom", dataset_path=str(path), custom_output_len=-1, num_prompts=2
+    )
+    requests = sorted(make_prompts(config, codec), key=lambda r: r.output_len)
+    assert requests == [
+        PromptRequest("ba be", len(codec.encode("ba be")), 4),
+        PromptRequest("bi", len(codec.encode("bi")), 9),
+    ]
+    fixed = make_prompts(_config(dataset_name="custom", dataset_path=str(path)), codec)
+    assert {r.output_len for r in fixed} == {256}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"prompt": "x"}\n', "custom.jsonl:1: with custom_output_len -1 each line needs"),
+        ('{"prompt": "x", "output_tokens": 2}\nnot json\n', "custom.jsonl:2: not JSON"),
+        ('{"text": "x"}\n', "custom.jsonl:1: each line needs a string 'prompt'"),
+    ],
+)
+def test_custom_bad_lines_name_file_and_line(
+    tmp_path: Path, codec: TokenizerCodec, text: str, message: str
+) -> None:
+    path = tmp_path / "custom.jsonl"
+    path.write_text(text)
+    config = _config(dataset_name="custom", dataset_path=str(path), custom_output_len=-1)
+    with pytest.raises(DatasetError, match=message):
+        make_prompts(config, codec)
+
+
+def test_file_datasets_need_a_path() -> None:
+    with pytest.raises(ValueError, match="needs dataset_path"):
+        _config(dataset_name="sharegpt")
+
+
+def test_server_codec_matches_the_local_tokenizer(sim_url: str, codec: TokenizerCodec) -> None:
+    server = ServerCodec(sim_url, "sim")
+    assert server.vocab_size == codec.vocab_size
+    assert server.special_ids == codec.special_ids
+    assert server.num_special_tokens_to_add == codec.num_special_tokens_to_add
+    config = _config(num_prompts=3)
+    assert make_prompts(config, server) == make_prompts(config, codec)
+
+
+def test_server_codec_reports_a_wrong_model(sim_url: str) -> None:
+    with pytest.raises(DatasetError, match="/tokenize: HTTP 404"):
+        ServerCodec(sim_url, "not-served")

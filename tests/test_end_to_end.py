@@ -120,6 +120,34 @@ thresholds:
     ) == [("failed", "total_output_tokens"), ("passed", None)]
 
 
+def test_client_that_fell_behind_is_invalid_not_passed(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    # Any client CPU counts as saturated: the case must fail as invalid, apart from a miss.
+    pytester.makeconftest(
+        "import pytest_profllm.metrics as metrics\nmetrics.MAX_CLIENT_CPU_PERCENT = 0.0\n"
+    )
+    pytester.makefile(
+        ".yaml",
+        bench_slow="server:\n  model: Qwen/Qwen3-8B\n" + SMALL_WORKLOAD,
+    )
+    result = run(pytester, ports)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*bench_slow.yaml::qwen3-8b::random: invalid measurement: client fell behind: "
+            "client CPU saturated (*% of a core)"
+        ]
+    )
+    (record,) = records(pytester)
+    assert record["status"] == "invalid"
+    assert record["message"].startswith("client fell behind: client CPU saturated")
+    assert record["verdicts"] == []
+    assert record["results"]["completed"] == 6
+    assert "p99_schedule_lag_ms" in record["results"]
+    assert db_rows(pytester, "select status from benchmark_runs") == [("invalid",)]
+
+
 BAD_SUITES = {
     "yaml-error": ("server:\n  model: [unclosed\n", "bench_bad.yaml:2: invalid YAML: expected *"),
     "unknown-key": (

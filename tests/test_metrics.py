@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from pytest_profllm import metrics
 from pytest_profllm.metrics import (
     LATENCY_METRICS,
     RequestOutcome,
@@ -270,3 +271,107 @@ def test_latency_metrics_subset_limits_keys() -> None:
     results = compute(_outcomes(), DURATION, latency_metrics=("itl",), percentiles=(99,))
     latency_keys = {key for key in results if key.endswith("_ms")}
     assert latency_keys == {"mean_itl_ms", "median_itl_ms", "std_itl_ms", "p99_itl_ms"}
+
+
+# The client's own health: schedule lag, rates, CPU; and when a case is invalid.
+
+
+def _scheduled(lags: Sequence[float], gap: float = 0.1) -> list[RequestOutcome]:
+    """Requests due every `gap` seconds from a clock start of 100.0, each `lag` late."""
+    return [
+        RequestOutcome(
+            prompt_len=1,
+            intended_start=100.0 + gap * (i + 1),
+            dispatch_time=100.0 + gap * (i + 1) + lag,
+        )
+        for i, lag in enumerate(lags)
+    ]
+
+
+def test_client_health_lag_statistics_and_rates() -> None:
+    lags = [0.0, 0.001, 0.002, 0.003, 0.014]
+    outcomes = _scheduled(lags)
+    offsets = [0.1 * (i + 1) for i in range(5)]
+    health = metrics.client_health(outcomes, offsets, 100.0, duration=1.0, cpu_seconds=0.25)
+    assert health["mean_schedule_lag_ms"] == pytest.approx(4.0)
+    assert health["median_schedule_lag_ms"] == pytest.approx(2.0)
+    # numpy linear interpolation: 3 + 0.96 * (14 - 3)
+    assert health["p99_schedule_lag_ms"] == pytest.approx(13.56)
+    assert health["max_schedule_lag_ms"] == pytest.approx(14.0)
+    assert health["target_request_rate"] == pytest.approx(10.0)  # 5 requests by 0.5 s
+    assert health["achieved_request_rate"] == pytest.approx(5 / 0.514)
+    assert health["client_cpu_percent"] == pytest.approx(25.0)
+    assert set(health) == set(metrics.CLIENT_HEALTH_KEYS)
+
+
+def test_a_request_early_has_no_negative_lag() -> None:
+    (outcome,) = _scheduled([-0.5])
+    assert outcome.schedule_lag == 0.0
+
+
+def test_infinite_rate_has_no_target() -> None:
+    outcomes = _scheduled([0.0, 0.02], gap=0.0)
+    health = metrics.client_health(outcomes, [0.0, 0.0], 100.0, duration=1.0, cpu_seconds=0.1)
+    assert health["target_request_rate"] is None
+    assert health["achieved_request_rate"] is None
+    # A burst that took the client 20 ms to send is reported, but it breaks no schedule.
+    assert health["max_schedule_lag_ms"] == pytest.approx(20.0)
+    assert metrics.client_fell_behind(health) is None
+
+
+@pytest.mark.parametrize(
+    ("health", "reason"),
+    [
+        (
+            {"target_request_rate": 10.0, "achieved_request_rate": 9.4, "p99_schedule_lag_ms": 1},
+            "client fell behind: achieved request rate 9.4/s is under 95% of the target 10/s",
+        ),
+        (
+            {"target_request_rate": 10.0, "achieved_request_rate": 9.6, "p99_schedule_lag_ms": 11},
+            "client fell behind: p99 schedule lag 11 ms is over 10 ms",
+        ),
+        (
+            {"target_request_rate": None, "p99_schedule_lag_ms": 50, "client_cpu_percent": 97.0},
+            "client fell behind: client CPU saturated (97% of a core)",
+        ),
+    ],
+)
+def test_client_fell_behind_says_why(health: dict[str, float | None], reason: str) -> None:
+    assert metrics.client_fell_behind(health) == reason
+
+
+def test_client_that_kept_up_is_valid() -> None:
+    health = {
+        "target_request_rate": 10.0,
+        "achieved_request_rate": 9.6,
+        "p99_schedule_lag_ms": 9.9,
+        "client_cpu_percent": 94.0,
+    }
+    assert metrics.client_fell_behind(health) is None
+
+
+def test_served_problem_quotes_first_errors() -> None:
+    failed = [RequestOutcome(prompt_len=1, error=f"boom {i % 2}\ntraceback") for i in range(4)]
+    problem = metrics.served_problem(failed, compute(failed, 1.0))
+    assert problem == "all 4 requests failed; first errors: boom 0; boom 1"
+
+
+def test_served_problem_any_non_200_status() -> None:
+    outcomes = _outcomes()
+    outcomes[3].status = 400
+    outcomes[3].error = "HTTP 400 Bad Request: too long"
+    problem = metrics.served_problem(outcomes, compute(outcomes, DURATION))
+    assert problem == (
+        "1 of 4 requests got a non-200 status; first errors: HTTP 400 Bad Request: too long"
+    )
+
+
+def test_served_problem_zero_output_tokens() -> None:
+    outcomes = [RequestOutcome(prompt_len=1, success=True, output_tokens=0, ttft=0.1)]
+    problem = metrics.served_problem(outcomes, compute(outcomes, 1.0))
+    assert problem == "the server returned no output tokens for any request"
+
+
+def test_served_problem_none_for_a_good_run() -> None:
+    outcomes = _outcomes()[:3]
+    assert metrics.served_problem(outcomes, compute(outcomes, DURATION)) is None

@@ -341,7 +341,7 @@ def test_unknown_threshold_key_lists_min_and_max(tmp_path: Path) -> None:
         ),
         ("num_prompts: 0", ["benchmark.num_prompts:", "greater than 0", "(got 0)"]),
         ("request_rate: -1", ["benchmark.request_rate:", "greater than 0"]),
-        ("dataset_name: sharegpt", ["benchmark.dataset_name:", "'random'", "'sharegpt'"]),
+        ("dataset_name: mooncake", ["benchmark.dataset_name:", "'random'", "'mooncake'"]),
         ("percentile_metrics: ttft,foo", ["benchmark.percentile_metrics:", "'foo'",
                                           "allowed: ttft, tpot, itl, e2el"]),
         ("metric_percentiles: 50,100", ["benchmark.metric_percentiles:",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,6 +28,34 @@ class SimState:
     tokenizer: Any  # tokenizers.Tokenizer
     words: list[str]  # vocabulary of ordinary (non-special) tokens, for generated text
     api_key: str | None
+    # Opt-in (PROFLLM_SIM_EMISSION_LOG): when each content message left, to check clients' timing.
+    emissions: EmissionLog | None = None
+
+
+class EmissionLog:
+    """One JSON line per streamed request: its `x-request-id`, when it arrived and when each
+    content message was written, in seconds on the host's monotonic clock (`perf_counter`,
+    which every process on the host shares), so a client's own timestamps can be compared."""
+
+    def __init__(self, path: str) -> None:
+        # Line-buffered: a reader sees each request as soon as its stream ended.
+        self._handle = open(path, "a", buffering=1)  # noqa: SIM115 (closed at cleanup)
+
+    def add(self, request: web.Request, received: float, emitted: list[float]) -> None:
+        line = {
+            "request_id": request.headers.get("x-request-id"),
+            "received": received,
+            "emitted": emitted,
+        }
+        self._handle.write(json.dumps(line) + "\n")
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def emission_log_from_env() -> EmissionLog | None:
+    path = os.environ.get("PROFLLM_SIM_EMISSION_LOG")
+    return EmissionLog(path) if path else None
 
 
 _SCHEDULER = web.AppKey("scheduler", Scheduler)
@@ -42,11 +71,22 @@ def build_app(
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/detokenize", _detokenize)
     add_routes(app, scheduler, state.served_names[0], profiler or ProfilerSettings())
     app.cleanup_ctx.append(_step_loop)
+    if state.emissions is None:
+        state.emissions = emission_log_from_env()
+    if state.emissions is not None:
+        app.on_cleanup.append(_close_emissions)
     return app
+
+
+async def _close_emissions(app: web.Application) -> None:
+    emissions = app[_STATE].emissions
+    if emissions is not None:
+        emissions.close()
 
 
 async def _step_loop(app: web.Application) -> AsyncIterator[None]:
@@ -145,6 +185,10 @@ async def _detokenize(request: web.Request) -> web.Response:
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
         return _error("'tokens' must be a list of integers", 400)
+    vocab = state.tokenizer.get_vocab_size()
+    if any(not 0 <= t < vocab for t in tokens):
+        # As vLLM: an id outside the vocabulary is a bad request, not an empty string.
+        return _error(f"Token id {max(tokens)} is out of vocabulary (size {vocab})", 400)
     return web.json_response({"prompt": state.tokenizer.decode(tokens, skip_special_tokens=False)})
 
 
@@ -200,11 +244,13 @@ async def _completions(request: web.Request) -> web.StreamResponse:
                 "usage": _usage(prompt_len, len(text)),
             }
         )
+    received = time.perf_counter()
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     created = int(time.time())
     generated = 0
+    emitted: list[float] = []
     try:
         while (token := await sequence.tokens.get()) is not None:
             generated += 1
@@ -224,7 +270,9 @@ async def _completions(request: web.Request) -> web.StreamResponse:
                     }
                 ],
             }
-            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            message = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            emitted.append(time.perf_counter())  # handed to the socket now
+            await response.write(message)
         if include_usage:
             usage: dict[str, Any] = {
                 "id": request_id,
@@ -239,7 +287,105 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     except (ConnectionResetError, asyncio.CancelledError):
         scheduler.cancel(sequence)
         raise
+    if state.emissions is not None:
+        state.emissions.add(request, received, emitted)
     return response
+
+
+async def _chat_completions(request: web.Request) -> web.StreamResponse:
+    """vLLM's chat endpoint: the messages' text is the prompt (no chat template in the
+    simulator); the stream opens with a role-only delta, then one content delta per token."""
+    state = request.app[_STATE]
+    scheduler = request.app[_SCHEDULER]
+    received = time.perf_counter()
+    body = await _read_json(request)
+    if (problem := _check_model(state, body)) is not None:
+        return problem
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return _error("'messages' must be a non-empty list", 400)
+    prompt = "".join(_message_text(m) for m in messages)
+    prompt_len = len(state.tokenizer.encode(prompt, add_special_tokens=False).ids)
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        return _error(f"max_completion_tokens must be at least 1, got {max_tokens}.", 400)
+    if prompt_len + max_tokens > state.max_model_len:
+        return _error(
+            f"This model's maximum context length is {state.max_model_len} tokens. However, you "
+            f"requested {prompt_len + max_tokens} tokens.",
+            400,
+        )
+    model = body.get("model") or state.served_names[0]
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    sequence = scheduler.submit(prompt_len, max_tokens)
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
+
+    if not body.get("stream"):
+        text = []
+        while (token := await sequence.tokens.get()) is not None:
+            text.append(_word(state, token))
+        message = {"role": "assistant", "content": "".join(text)}
+        return web.json_response(
+            {
+                "id": request_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": "length"}],
+                "usage": _usage(prompt_len, len(text)),
+            }
+        )
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    generated = 0
+    emitted: list[float] = []
+    try:
+        first = chunk({"role": "assistant", "content": ""}, None)
+        await response.write(b"data: " + json.dumps(first).encode() + b"\n\n")
+        while (token := await sequence.tokens.get()) is not None:
+            generated += 1
+            finish = "length" if generated == max_tokens else None
+            event = chunk({"content": _word(state, token)}, finish)
+            data = b"data: " + json.dumps(event).encode() + b"\n\n"
+            emitted.append(time.perf_counter())  # handed to the socket now
+            await response.write(data)
+        if include_usage:
+            usage: dict[str, Any] = {
+                "id": request_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": _usage(prompt_len, generated),
+            }
+            await response.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+    except (ConnectionResetError, asyncio.CancelledError):
+        scheduler.cancel(sequence)
+        raise
+    if state.emissions is not None:
+        state.emissions.add(request, received, emitted)
+    return response
+
+
+def _message_text(message: object) -> str:
+    if not isinstance(message, dict):
+        return ""
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: only text counts here
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
 
 
 def _word(state: SimState, token: int) -> str:

@@ -1,0 +1,150 @@
+"""`profllm bench` against the simulated engine: vLLM's result keys, the chat backend, the
+emission log that checks the client's clock, and loud failures."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_profllm import metrics
+from pytest_profllm.cli import main
+from pytest_profllm.sim.model_files import MODEL_DIR
+
+# The keys `vllm bench serve --save-result` writes for these flags (0.33.0, without
+# --save-detailed), read from a real run against the simulator.
+VLLM_KEYS = {
+    "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
+    "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
+    "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
+    "output_throughput", "total_token_throughput", "max_output_tokens_per_s",
+    "max_concurrent_requests", "rtfx", "latencies", "queue_times",
+    "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms",
+    "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "p99_tpot_ms",
+    "mean_itl_ms", "median_itl_ms", "std_itl_ms", "p99_itl_ms",
+}  # fmt: skip
+
+
+def bench(
+    url: str, tmp_path: Path, *flags: str, model: str = "sim"
+) -> tuple[int, dict[str, Any] | None]:
+    code = main(
+        [
+            "bench", "--base-url", url, "--model", model, "--num-prompts", "6",
+            "--random-input-len", "16", "--random-output-len", "5", "--save-result",
+            "--result-dir", str(tmp_path), "--result-filename", "out.json", *flags,
+        ]
+    )  # fmt: skip
+    path = tmp_path / "out.json"
+    return code, json.loads(path.read_text()) if path.exists() else None
+
+
+def test_result_has_vllm_keys_and_per_request_records(sim_url: str, tmp_path: Path) -> None:
+    code, result = bench(sim_url, tmp_path, "--tokenizer", str(MODEL_DIR), "--goodput", "ttft:5000")
+    assert code == 0
+    assert result is not None
+    assert set(result) >= VLLM_KEYS
+    assert (result["completed"], result["total_input_tokens"]) == (6, 96)
+    assert result["total_output_tokens"] == 30
+    assert result["request_goodput"] == pytest.approx(result["request_throughput"])
+    assert result["verdict"] == "valid"
+    assert set(metrics.CLIENT_HEALTH_KEYS) <= set(result)
+    assert "ttfts" not in result  # only with --save-detailed, as vLLM
+    with gzip.open(tmp_path / "out.requests.jsonl.gz", "rt") as handle:
+        rows = [json.loads(line) for line in handle]
+    assert len(rows) == 6
+    assert all(len(row["message_s"]) == 5 and row["status"] == 200 for row in rows)
+
+
+def test_chat_backend_and_the_clock_agrees_with_the_server(sim_url: str, tmp_path: Path) -> None:
+    # Prompts tokenized by the server (no --tokenizer): no local model needed.
+    code, result = bench(sim_url, tmp_path, "--backend", "openai-chat", "--save-detailed")
+    assert code == 0
+    assert result is not None
+    assert result["completed"] == 6
+    assert result["total_output_tokens"] == 30
+    log = tmp_path / "emissions.jsonl"
+    emitted = {
+        line["request_id"]: line["emitted"]
+        for line in map(json.loads, log.read_text().split("\n")[:-1])
+    }
+    assert sorted(emitted) == [f"profllm-{i}" for i in range(6)]
+    for index, (start, ttft, itls) in enumerate(
+        zip(result["start_times"], result["ttfts"], result["itls"], strict=True)
+    ):
+        times = emitted[f"profllm-{index}"]
+        assert len(times) == len(itls) + 1 == 5
+        # One monotonic clock on both sides: a message is seen after it was sent, soon after.
+        seen = start + ttft
+        assert times[0] <= seen < times[0] + 1.0
+
+
+def test_every_request_failing_is_an_error(
+    sim_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, result = bench(sim_url, tmp_path, "--tokenizer", str(MODEL_DIR), model="nobody")
+    assert code == 2
+    assert result is None
+    assert capsys.readouterr().err == (
+        "profllm bench: all 6 requests failed; first errors: HTTP 404 Not Found: "
+        '{"error": {"message": "The model `nobody` does not exist.", "type": "NotFoundError", '
+        '"param": null, "code": 404}}\n'
+    )
+
+
+def test_client_that_fell_behind_exits_3(
+    sim_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(metrics, "MAX_CLIENT_CPU_PERCENT", 0.0)  # any CPU at all is too much
+    code, result = bench(sim_url, tmp_path, "--tokenizer", str(MODEL_DIR))
+    assert code == 3
+    assert result is not None
+    assert result["verdict"] == "invalid"
+    assert result["invalid_reason"].startswith("client fell behind: client CPU saturated")
+    assert "invalid measurement: client fell behind" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--ramp-up-strategy", "linear"], "ramp_up_strategy needs ramp_up_start_rps"),
+        (["--burstiness", "0"], "--burstiness: Input should be greater than 0 (got 0.0)"),
+        (["--goodput", "ttft=5"], "--goodput: 'ttft=5' is not KEY:MILLISECONDS"),
+        (["--dataset-name", "custom"], "dataset_name 'custom' needs dataset_path"),
+    ],
+)
+def test_bad_flags_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    code, _ = bench("http://127.0.0.1:9", tmp_path, *flags)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("profllm bench: ")
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_sim_routes_the_client_relies_on(sim_url: str) -> None:
+    import requests
+
+    out_of_range = requests.post(f"{sim_url}/detokenize", json={"tokens": [1, 99999]}, timeout=10)
+    assert out_of_range.status_code == 400
+    assert "out of vocabulary" in out_of_range.json()["error"]["message"]
+    chat = requests.post(
+        f"{sim_url}/v1/chat/completions",
+        json={"model": "sim", "messages": [{"role": "user", "content": "ba be"}], "max_tokens": 3},
+        timeout=10,
+    )
+    assert chat.status_code == 200
+    body = chat.json()
+    assert body["object"] == "chat.completion"
+    assert body["usage"]["completion_tokens"] == 3
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    bad = requests.post(f"{sim_url}/v1/chat/completions", json={"messages": []}, timeout=10)
+    assert bad.status_code == 400

@@ -1,0 +1,160 @@
+"""`sse_http`: the streaming HTTP/1.1 reader, fed by hand at every split point, and its
+connection pool against a real loopback server."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+from pytest_profllm.sse_http import HttpResponse, ResponseError, StreamingClient, _Connection
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+def _chunked(*pieces: bytes) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces)
+    return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n"
+
+
+def _feed(response: bytes, cuts: list[int]) -> tuple[bytes, list[float], Any]:
+    """Feed `response` to a connection in pieces cut at `cuts`; returns the body, the read
+    times handed to the sink, and the future's outcome."""
+
+    async def main() -> tuple[bytes, list[float], Any]:
+        connection = _Connection()
+        transport = FakeTransport()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        received: list[bytes] = []
+        times: list[float] = []
+
+        def sink(data: bytes, now: float) -> None:
+            received.append(data)
+            times.append(now)
+
+        done: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
+        connection.send(b"POST / HTTP/1.1\r\n\r\n", sink, done)
+        edges = [0, *cuts, len(response)]
+        for begin, end in itertools.pairwise(edges):
+            connection.data_received(response[begin:end])
+        if not done.done():
+            connection.connection_lost(None)
+        try:
+            result: Any = done.result()
+        except ResponseError as error:
+            result = error
+        return b"".join(received), times, result
+
+    return asyncio.run(main())
+
+
+RESPONSE = _chunked(b"data: one\n\n", b"data: two\n\n", b"data: three\n\n")
+
+
+@pytest.mark.parametrize("cut", range(1, len(RESPONSE)))
+def test_chunked_body_survives_a_cut_anywhere(cut: int) -> None:
+    body, _, response = _feed(RESPONSE, [cut])
+    assert body == b"data: one\n\ndata: two\n\ndata: three\n\n"
+    assert isinstance(response, HttpResponse)
+    assert response.status == 200
+
+
+def test_one_read_is_one_delivery_with_one_time() -> None:
+    body, times, _ = _feed(RESPONSE, [])
+    assert len(times) == 1  # three chunks, one read: handed over together
+    assert body.count(b"data:") == 3
+
+
+def test_byte_by_byte() -> None:
+    body, times, response = _feed(RESPONSE, list(range(1, len(RESPONSE))))
+    assert body == b"data: one\n\ndata: two\n\ndata: three\n\n"
+    assert times == sorted(times)
+    assert response.status == 200
+
+
+def test_sized_body_and_error_status_keep_the_body_apart() -> None:
+    text = b'{"error": "no such model"}'
+    raw = b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n\r\n%s" % (len(text), text)
+    body, _, response = _feed(raw, [30])
+    assert body == b""  # a non-200 body never reaches the SSE parser
+    assert (response.status, response.reason, response.body) == (404, "Not Found", text)
+
+
+def test_close_delimited_body_ends_at_close() -> None:
+    body, _, response = _feed(b"HTTP/1.0 200 OK\r\n\r\ndata: x\n\n", [])
+    assert body == b"data: x\n\n"
+    assert response.status == 200
+
+
+def test_cut_mid_body_is_an_error() -> None:
+    _, _, error = _feed(RESPONSE[:-20], [])
+    assert isinstance(error, ResponseError)
+    assert "in the middle of the body" in str(error)
+
+
+def test_cut_before_headers_is_an_error() -> None:
+    _, _, error = _feed(b"HTTP/1.1 200", [])
+    assert "before the response" in str(error)
+
+
+def test_pool_reuses_keep_alive_connections_and_honours_close() -> None:
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            body = await reader.readexactly(length)
+            close = body == b"close"
+            headers = b"Connection: close\r\n" if close else b""
+            writer.write(
+                _chunked(b"data: " + body + b"\n\n").replace(
+                    b"\r\n\r\n", b"\r\n" + headers + b"\r\n", 1
+                )
+            )
+            await writer.drain()
+            if close:
+                writer.close()
+                return
+
+    async def main() -> list[bytes]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = StreamingClient(f"http://127.0.0.1:{port}", {"X-Test": "1"}, limit=4)
+        bodies: list[bytes] = []
+        try:
+            for body in (b"a", b"b", b"close", b"c"):
+                await client.post("/v1/x", body, lambda data, now: bodies.append(data))
+        finally:
+            client.close()
+            server.close()
+        return bodies
+
+    bodies = asyncio.run(asyncio.wait_for(main(), timeout=10))
+    assert bodies == [b"data: a\n\n", b"data: b\n\n", b"data: close\n\n", b"data: c\n\n"]
+    assert connections == 2  # one for a, b and close; a new one after the server closed
+
+
+def test_only_http_urls() -> None:
+    with pytest.raises(ValueError, match="only http:// and https://"):
+        StreamingClient("ftp://host", {})
