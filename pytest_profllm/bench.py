@@ -43,6 +43,30 @@ class BenchResult:
     invalid_reason: str | None
 
 
+def measure(
+    load: LoadResult, config: BenchmarkConfig, codec: Codec
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """vLLM's metrics of a finished load, and the client's health (how well it kept to its
+    schedule): the same figures for `profllm bench` and for a suite's case."""
+    summary = metrics.compute(
+        load.outcomes,
+        load.duration,
+        latency_metrics=config.latency_metrics,
+        percentiles=config.percentiles,
+        goodput_ms={str(k): v for k, v in (config.goodput or {}).items()},
+        count_tokens=lambda text: len(codec.encode(text)),
+    )
+    health = metrics.client_health(
+        load.outcomes,
+        load.intended_offsets,
+        load.clock_start,
+        load.duration,
+        load.cpu_seconds,
+        load.processes,
+    )
+    return summary, health
+
+
 def run_bench(
     config: BenchmarkConfig,
     base_url: str,
@@ -64,24 +88,9 @@ def run_bench(
     prompts = make_prompts(config, codec)
     settings = load_settings(config, base_url, name, api_key=api_key, endpoint=endpoint)
     load = asyncio.run(run_load(settings, prompts))
-    summary = metrics.compute(
-        load.outcomes,
-        load.duration,
-        latency_metrics=config.latency_metrics,
-        percentiles=config.percentiles,
-        goodput_ms={str(k): v for k, v in (config.goodput or {}).items()},
-        count_tokens=lambda text: len(codec.encode(text)),
-    )
+    summary, health = measure(load, config, codec)
     if (problem := metrics.served_problem(load.outcomes, summary)) is not None:
         raise BenchFailed(problem)
-    health = metrics.client_health(
-        load.outcomes,
-        load.intended_offsets,
-        load.clock_start,
-        load.duration,
-        load.cpu_seconds,
-        load.processes,
-    )
     invalid = metrics.client_fell_behind(health)
     result = result_json(config, model, tokenizer, label, load, summary, health, codec)
     result["verdict"] = "invalid" if invalid else "valid"

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pytest_profllm import gpus, metrics
-from pytest_profllm.bench import load_settings
+from pytest_profllm.bench import load_settings, measure
 from pytest_profllm.client import run_load
 from pytest_profllm.dataset import Codec, ServerCodec, TokenizerCodec, make_prompts
 from pytest_profllm.engine import EngineChoice, redact
@@ -128,22 +128,7 @@ def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOu
     with Sampler(server.pid, server.lease.gpus, f"{server.base_url}/metrics") as sampler:
         load = asyncio.run(run_load(settings, prompts))
     outcome.telemetry = sampler.summary()
-    outcome.results = metrics.compute(
-        load.outcomes,
-        load.duration,
-        latency_metrics=bench.latency_metrics,
-        percentiles=bench.percentiles,
-        goodput_ms={str(k): v for k, v in (bench.goodput or {}).items()},
-        count_tokens=lambda text: len(codec.encode(text)),
-    )
-    health = metrics.client_health(
-        load.outcomes,
-        load.intended_offsets,
-        load.clock_start,
-        load.duration,
-        load.cpu_seconds,
-        load.processes,
-    )
+    outcome.results, health = measure(load, bench, codec)
     outcome.results.update(health)
     outcome.requests = [
         request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)

@@ -245,51 +245,64 @@ async def _completions(request: web.Request) -> web.StreamResponse:
             }
         )
     received = time.perf_counter()
+    created = int(time.time())
+    envelope = {"id": request_id, "object": "text_completion", "created": created, "model": model}
+
+    def event(text: str, finish: str | None) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+        }
+        return {**envelope, "choices": [choice]}
+
+    return await _stream(request, body, sequence, (prompt_len, max_tokens), received, event)
+
+
+async def _stream(
+    request: web.Request,
+    body: dict[str, Any],
+    sequence: Any,
+    lengths: tuple[int, int],
+    received: float,
+    event: Any,
+    opening: dict[str, Any] | None = None,
+) -> web.StreamResponse:
+    """One SSE message per generated token (`event(text, finish_reason)`), then the usage chunk
+    when asked for, then [DONE]; when each message left goes to the emission log."""
+    state = request.app[_STATE]
+    prompt_len, max_tokens = lengths
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    created = int(time.time())
     generated = 0
     emitted: list[float] = []
     try:
+        if opening is not None:
+            await response.write(_sse(opening))
         while (token := await sequence.tokens.get()) is not None:
             generated += 1
             finish = "length" if generated == max_tokens else None
-            chunk = {
-                "id": request_id,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": _word(state, token),
-                        "logprobs": None,
-                        "finish_reason": finish,
-                        "stop_reason": None,
-                    }
-                ],
-            }
-            message = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            message = _sse(event(_word(state, token), finish))
             emitted.append(time.perf_counter())  # handed to the socket now
             await response.write(message)
         if include_usage:
-            usage: dict[str, Any] = {
-                "id": request_id,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": _usage(prompt_len, generated),
-            }
-            await response.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+            usage = event("", None)
+            usage.update(choices=[], usage=_usage(prompt_len, generated))
+            await response.write(_sse(usage))
         await response.write(b"data: [DONE]\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
-        scheduler.cancel(sequence)
+        request.app[_SCHEDULER].cancel(sequence)
         raise
     if state.emissions is not None:
         state.emissions.add(request, received, emitted)
     return response
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
 async def _chat_completions(request: web.Request) -> web.StreamResponse:
@@ -345,38 +358,15 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
                 "usage": _usage(prompt_len, len(text)),
             }
         )
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    generated = 0
-    emitted: list[float] = []
-    try:
-        first = chunk({"role": "assistant", "content": ""}, None)
-        await response.write(b"data: " + json.dumps(first).encode() + b"\n\n")
-        while (token := await sequence.tokens.get()) is not None:
-            generated += 1
-            finish = "length" if generated == max_tokens else None
-            event = chunk({"content": _word(state, token)}, finish)
-            data = b"data: " + json.dumps(event).encode() + b"\n\n"
-            emitted.append(time.perf_counter())  # handed to the socket now
-            await response.write(data)
-        if include_usage:
-            usage: dict[str, Any] = {
-                "id": request_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": _usage(prompt_len, generated),
-            }
-            await response.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-    except (ConnectionResetError, asyncio.CancelledError):
-        scheduler.cancel(sequence)
-        raise
-    if state.emissions is not None:
-        state.emissions.add(request, received, emitted)
-    return response
+    return await _stream(
+        request,
+        body,
+        sequence,
+        (prompt_len, max_tokens),
+        received,
+        lambda text, finish: chunk({"content": text}, finish),
+        opening=chunk({"role": "assistant", "content": ""}, None),
+    )
 
 
 def _message_text(message: object) -> str:
