@@ -211,8 +211,12 @@ def client_health(
     }
 
 
-def client_fell_behind(health: Mapping[str, float | int | None]) -> str | None:
-    """Why these figures measure the client rather than the server, or None if they do not."""
+def client_fell_behind(
+    health: Mapping[str, float | int | None], max_p99_lag_ms: float | None = None
+) -> str | None:
+    """Why these figures measure the client rather than the server, or None if they do not.
+    `max_p99_lag_ms` overrides the default limit of the p99 schedule lag."""
+    lag_limit_ms = MAX_P99_SCHEDULE_LAG_S * 1000 if max_p99_lag_ms is None else max_p99_lag_ms
     reasons = []
     target, achieved = health.get("target_request_rate"), health.get("achieved_request_rate")
     if target and achieved is not None and achieved < MIN_ACHIEVED_RATE_FRACTION * target:
@@ -222,10 +226,8 @@ def client_fell_behind(health: Mapping[str, float | int | None]) -> str | None:
         )
     lag = health.get("p99_schedule_lag_ms")
     # An infinite rate has no schedule: all requests are due at once, and lag is only reported.
-    if target and lag is not None and lag > MAX_P99_SCHEDULE_LAG_S * 1000:
-        reasons.append(
-            f"p99 schedule lag {lag:.3g} ms is over {MAX_P99_SCHEDULE_LAG_S * 1000:g} ms"
-        )
+    if target and lag is not None and lag > lag_limit_ms:
+        reasons.append(f"p99 schedule lag {lag:.3g} ms is over {lag_limit_ms:g} ms")
     cpu = health.get("client_cpu_percent")
     if cpu is not None and cpu >= MAX_CLIENT_CPU_PERCENT:
         reasons.append(f"client CPU saturated ({cpu:.0f}% of a core)")

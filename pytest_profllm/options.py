@@ -17,6 +17,7 @@ DEFAULT_SUITE_GLOB = "bench_*.yaml"
 DEFAULT_STARTUP_TIMEOUT = 900.0  # vLLM loads weights and compiles graphs: minutes on big models
 DEFAULT_LEASE_TIMEOUT = 3600.0
 BUSY_GPU_CHOICES = ("wait", "fail")
+DEFAULT_MAX_SCHEDULE_LAG_MS = 10.0  # issue 4: over this p99, the client set the pace
 
 
 def parse_gpus(text: str) -> int | tuple[str, ...]:
@@ -66,6 +67,18 @@ def parse_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
     if not (0 < value < math.inf):  # also rejects NaN
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def parse_milliseconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds, got {text!r}") from None
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of milliseconds, got {text!r}"
+        )
     return value
 
 
@@ -129,6 +142,15 @@ def add_options(parser: pytest.Parser) -> None:
         help="when NVML shows a process profllm did not start on a leased GPU: wait for it "
         "(up to the lease timeout) or fail the case (ini: profllm_busy_gpus; default: wait)",
     )
+    group.addoption(
+        "--profllm-max-schedule-lag",
+        metavar="MS",
+        type=parse_milliseconds,
+        default=None,
+        help="a case whose client sent its p99 request later than this after its scheduled "
+        "time is invalid, not passed (ini: profllm_max_schedule_lag; default: "
+        f"{DEFAULT_MAX_SCHEDULE_LAG_MS:g}); raise it on shared, oversubscribed runners",
+    )
     parser.addini("profllm_out", "directory for records, results.db and logs", default=None)
     parser.addini("profllm_db", "SQLite file for the records", default=None)
     parser.addini("profllm_engine", "auto, vllm or sim", default="auto")
@@ -143,6 +165,11 @@ def add_options(parser: pytest.Parser) -> None:
         "profllm_lease_timeout",
         "GPU and port lease timeout, seconds",
         default=str(DEFAULT_LEASE_TIMEOUT),
+    )
+    parser.addini(
+        "profllm_max_schedule_lag",
+        "p99 schedule lag limit, milliseconds",
+        default=f"{DEFAULT_MAX_SCHEDULE_LAG_MS:g}",
     )
     parser.addini("profllm_busy_gpus", "wait or fail on GPUs in use by others", default="wait")
     parser.addini(
@@ -161,6 +188,7 @@ class Settings:
     lease_timeout: float
     suite_glob: str
     wait_for_busy_gpus: bool = True
+    max_schedule_lag_ms: float = DEFAULT_MAX_SCHEDULE_LAG_MS
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -205,6 +233,9 @@ class Settings:
             ),
             suite_glob=str(config.getini("profllm_suite_glob")),
             wait_for_busy_gpus=_busy_gpus(str(pick("profllm_busy_gpus", "profllm_busy_gpus"))),
+            max_schedule_lag_ms=parsed(  # type: ignore[arg-type]
+                "profllm_max_schedule_lag", "profllm_max_schedule_lag", parse_milliseconds
+            ),
         )
 
 

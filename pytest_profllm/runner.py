@@ -110,7 +110,12 @@ def _bad_float(value: object) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOutcome:
+def run_case(
+    case: Case,
+    servers: WorkerServers,
+    outcome: CaseOutcome,
+    max_schedule_lag_ms: float | None = None,
+) -> CaseOutcome:
     """Start or reuse the server, send the workload, compute metrics and verdicts."""
     server = servers.server_for(case)
     outcome.server = server
@@ -135,7 +140,7 @@ def run_case(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> CaseOu
     ]
     outcome.verdicts = evaluate(case, outcome.results)
     check_served(load.outcomes, outcome.results)
-    outcome.invalid_reason = metrics.client_fell_behind(health)
+    outcome.invalid_reason = metrics.client_fell_behind(health, max_schedule_lag_ms)
     if case.profile and server.profile_dir is not None:
         short = prompts[:PROFILE_PROMPTS]
         profiled = dataclasses.replace(settings, num_warmups=0)

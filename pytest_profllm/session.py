@@ -127,7 +127,7 @@ class WorkerSession:
             started_at=time.time(),
         )
         try:
-            return run_case(case, self.servers, outcome)
+            return run_case(case, self.servers, outcome, self.settings.max_schedule_lag_ms)
         except BaseException as error:
             outcome.error = str(error).splitlines()[0] if str(error) else type(error).__name__
             outcome.finished_at = time.time()

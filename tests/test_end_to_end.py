@@ -29,6 +29,9 @@ def run(pytester: pytest.Pytester, ports: str, *args: str) -> pytest.RunResult:
         f"--profllm-ports={ports}",
         "--profllm-out=results",
         "--profllm-gpus=4",
+        # These runs test the path, inside a test session that oversubscribes the host on
+        # purpose; the schedule-lag verdict has its own test below.
+        "--profllm-max-schedule-lag=1000",
         *args,
         timeout=300,
     )
@@ -388,3 +391,22 @@ benchmark:
             trace["size_bytes"],
         )
     ]
+
+
+def test_a_client_later_than_the_lag_limit_makes_its_case_invalid(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makefile(
+        ".yaml",
+        bench_paced="server:\n  model: Qwen/Qwen3-8B\n"
+        "benchmark:\n  num_prompts: 6\n  random_input_len: 16\n  random_output_len: 4\n"
+        "  request_rate: 50\n",
+    )
+    # No client sends within a microsecond of its schedule: the limit is the option's.
+    result = run(pytester, ports, "--profllm-max-schedule-lag=0.001")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*invalid measurement: client fell behind: p99 schedule lag * ms is over 0.001 ms*"]
+    )
+    [record] = records(pytester)
+    assert record["status"] == "invalid"

@@ -13,6 +13,7 @@ from pytest_profllm.options import (
     DEFAULT_SUITE_GLOB,
     Settings,
     parse_gpus,
+    parse_milliseconds,
     parse_ports,
     parse_seconds,
 )
@@ -101,6 +102,25 @@ def test_parse_ports_rejects_bad_input(text: str, expected_parts: list[str]) -> 
         assert part in str(error.value)
 
 
+# --- parse_milliseconds -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["later", "0", "-1", "inf", "nan"])
+def test_parse_milliseconds_rejects_bad_input(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="milliseconds"):
+        parse_milliseconds(text)
+
+
+def test_parse_milliseconds_accepts_positive_numbers() -> None:
+    assert parse_milliseconds(" 12.5 ") == 12.5
+
+
+def test_bad_busy_gpus_in_ini_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nprofllm_busy_gpus = maybe\n")
+    with pytest.raises(pytest.UsageError, match="profllm_busy_gpus: 'maybe' is not one of"):
+        Settings.from_config(pytester.parseconfig())
+
+
 # --- parse_seconds ------------------------------------------------------------------------
 
 
@@ -146,6 +166,8 @@ profllm_gpus = 0,2
 profllm_startup_timeout = 120
 profllm_lease_timeout = 60
 profllm_suite_glob = perf_*.yaml
+profllm_busy_gpus = fail
+profllm_max_schedule_lag = 25
 """
 
 
@@ -175,6 +197,8 @@ def test_ini_values_are_parsed(pytester: pytest.Pytester) -> None:
     assert settings.startup_timeout == 120.0
     assert settings.lease_timeout == 60.0
     assert settings.suite_glob == "perf_*.yaml"
+    assert settings.wait_for_busy_gpus is False
+    assert settings.max_schedule_lag_ms == 25.0
 
 
 @pytest.mark.parametrize(
@@ -185,6 +209,8 @@ def test_ini_values_are_parsed(pytester: pytest.Pytester) -> None:
         (["--profllm-gpus", "3"], "gpus", 3),
         (["--profllm-startup-timeout", "7.5"], "startup_timeout", 7.5),
         (["--profllm-lease-timeout", "9"], "lease_timeout", 9.0),
+        (["--profllm-busy-gpus", "wait"], "wait_for_busy_gpus", True),
+        (["--profllm-max-schedule-lag", "40"], "max_schedule_lag_ms", 40.0),
     ],
 )
 def test_command_line_overrides_ini(
