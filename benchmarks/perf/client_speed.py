@@ -375,15 +375,20 @@ PARITY_KEYS = [
 
 def parity(clients: Clients, workload: dict[str, Any]) -> None:
     print(f"\n(2) Same workload on the simulated engine: {workload}")
-    log = clients.out / "emissions.jsonl"
-    log.unlink(missing_ok=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PROFLLM_SIM_EMISSION_LOG": str(log)}
-    argv = [sys.executable, "-m", "pytest_profllm.sim", "m", "--port", str(port), "--seed", "0"]
-    with started(argv, port, env):
-        ours = clients.ours(url, "parity", workload)
-        theirs = clients.vllm(url, "parity", workload)
+    # Each client gets a fresh simulator with the same seed: the simulator caches prompt
+    # prefixes, so a second run of the same prompts on one server would be faster.
+    logs = {name: clients.out / f"emissions-{name}.jsonl" for name in ("ours", "vllm")}
+    runs: dict[str, Any] = {}
+    for name, log in logs.items():
+        log.unlink(missing_ok=True)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "PROFLLM_SIM_EMISSION_LOG": str(log)}
+        argv = [sys.executable, "-m", "pytest_profllm.sim", "m", "--port", str(port), "--seed", "0"]
+        with started(argv, port, env):
+            client = clients.ours if name == "ours" else clients.vllm
+            runs[name] = client(url, "parity", workload)
+    ours, theirs = runs["ours"], runs["vllm"]
     print(f"{'metric':<22} {'ours':>12} {'vllm':>12} {'diff':>8}")
     for key in PARITY_KEYS:
         mine = ours.get(key)
@@ -398,7 +403,12 @@ def parity(clients: Clients, workload: dict[str, Any]) -> None:
                     for k in ("request_throughput", "output_throughput"))
         print(f"token counts equal: {same}; rates within 3 %: {close}")
     print("\n(3) Timing error against the simulator's emission times (client minus server, ms)")
-    emissions = [json.loads(line) for line in log.read_text().splitlines()]
+    emissions = [
+        json.loads(line)
+        for log in logs.values()
+        if log.exists()
+        for line in log.read_text().splitlines()
+    ]
     print(f"{'client':<8} {'ttft med':>9} {'ttft p99':>9} {'|itl| med':>10} {'|itl| p99':>10} "
           f"{'messages':>9}")
     for name, result, prefix in (("ours", ours, "profllm-"), ("vllm", theirs, "bench-")):
