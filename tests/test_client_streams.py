@@ -61,9 +61,9 @@ def _scripted(*steps: Step) -> Handler:
 
 
 @contextlib.asynccontextmanager
-async def _serve(handler: Handler) -> AsyncIterator[str]:
+async def _serve(handler: Handler, path: str = "/v1/completions") -> AsyncIterator[str]:
     app = web.Application()
-    app.router.add_post("/v1/completions", handler)
+    app.router.add_post(path, handler)
     # A short shutdown timeout: cleanup never waits long on a handler the test left hanging.
     runner = web.AppRunner(app, shutdown_timeout=1.0)
     await runner.setup()
@@ -467,21 +467,12 @@ def test_chat_counts_content_deltas_not_the_role_chunk() -> None:
         return await stream(request)
 
     async def main() -> LoadResult:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", handler)
-        runner = web.AppRunner(app, shutdown_timeout=1.0)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            host, port = runner.addresses[0][:2]
+        async with _serve(handler, "/v1/chat/completions") as url:
             settings = LoadSettings(
-                base_url=f"http://{host}:{port}", model="sim", backend="openai-chat",
+                base_url=url, model="sim", backend="openai-chat",
                 temperature=None, request_timeout_s=5.0,
             )
             return await asyncio.wait_for(run_load(settings, _requests(1)), timeout=10)
-        finally:
-            await runner.cleanup()
 
     (outcome,) = asyncio.run(main()).outcomes
     assert outcome.success, outcome.error
