@@ -26,6 +26,7 @@ from pytest_profllm.suite import (
     at_line,
     describe_error,
     did_you_mean,
+    fold_dotted_keys,
 )
 
 # Short names for the axes users sweep most; other axes use their words' initials.
@@ -132,7 +133,7 @@ def expand(
                         source=source,
                         server_label=server_label,
                         workload_label=label,
-                        server=server,
+                        server=fold_dotted_keys(server),
                         benchmark=workload,
                         thresholds=suite.thresholds,
                         repeat_index=index,
@@ -214,6 +215,9 @@ def _label(
 
 
 def _abbreviate(key: str) -> str:
+    if "." in key:  # compilation_config.mode -> cc.mode
+        name, *path = key.split(".")
+        return ".".join([_abbreviate(name), *path])
     if key in _ABBREVIATIONS:
         return _ABBREVIATIONS[key]
     return "".join(word[0] for word in key.split("_") if word)
@@ -226,6 +230,11 @@ def _format_value(value: Any) -> str:
         return "-inf" if value > 0 else "-minf"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
+    if isinstance(value, list) and len(value) <= 8 and all(
+        isinstance(item, int | str) and not isinstance(item, bool) and len(str(item)) <= 12
+        for item in value
+    ):
+        return "-" + "_".join(str(item) for item in value)  # a list value: [1, 2, 4] -> 1_2_4
     if isinstance(value, dict | list):
         return "-" + hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:6]
     text = str(value)
