@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
-
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -38,6 +36,7 @@ from pydantic import (
     ValidationError,
     create_model,
 )
+from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 DATA_FILE = Path(__file__).parent / "data" / "engine_args.json"
 DUMP_SCRIPT = Path(__file__).parent / "engine_args_dump.py"
@@ -291,16 +290,22 @@ def _check_type(value_type: Any, value: Any, owner: str | None) -> None:
         _adapter(json.dumps(value_type, sort_keys=True)).validate_json(json.dumps(value))
     except ValidationError as error:
         first = error.errors()[0]
-        where = _path_in(value, first["loc"])
+        path = _path_in(value, first["loc"])
+        where = ".".join(str(p) for p in path).replace(".[", "[")
         shown = f"{where}: " if where else ""
         if first["type"] == "extra_forbidden":
-            raise ValueError(f"{shown}not a field of {owner or 'this mapping'}") from None
-        raise ValueError(f"{shown}{first['msg']} (got {first.get('input')!r})") from None
+            keys = tuple(str(p) for p in path[:-1] if isinstance(p, str))
+            inner = _field_type(value_type, keys)
+            name = inner.get("config") if isinstance(inner, dict) else None
+            raise ValueError(f"{shown}not a field of {name or owner or 'this mapping'}") from None
+        # A value with no place inside it is quoted by the caller, as any other value is.
+        got = f" (got {first.get('input')!r})" if path else ""
+        raise ValueError(f"{shown}{first['msg']}{got}") from None
     except ValueError:
         return  # not JSON (the caller says so), or a value pydantic cannot compare
 
 
-def _path_in(value: Any, loc: tuple[Any, ...]) -> str:
+def _path_in(value: Any, loc: tuple[Any, ...]) -> list[str]:
     # pydantic's location also names union members and models; keep what indexes the value.
     parts: list[str] = []
     for part in loc:
@@ -310,7 +315,7 @@ def _path_in(value: Any, loc: tuple[Any, ...]) -> str:
         elif isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
             parts.append(f"[{part}]")
             value = value[part]
-    return ".".join(parts).replace(".[", "[")
+    return parts
 
 
 @functools.cache

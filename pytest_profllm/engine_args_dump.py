@@ -175,7 +175,8 @@ def _annotations(cls: Any) -> dict[str, Any]:
         annotation = field.type
         if isinstance(annotation, str):
             try:
-                annotation = eval(annotation, namespace)  # noqa: S307 - vLLM's own annotations
+                # vLLM's own annotations, in its own modules' namespace
+                annotation = eval(annotation, namespace)
             except Exception:
                 continue
         resolved[field.name] = annotation

@@ -233,7 +233,7 @@ def load_suite_file(
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as error:
-        raise SuiteError(_yaml_problem(error, str(path))) from None
+        raise SuiteError(_yaml_problem(error, str(path), text)) from None
     except (OSError, yaml.YAMLError) as error:
         raise SuiteError(f"{path}: cannot read suite: {error}") from None
     lines = _key_lines(node) if node is not None else {}
@@ -242,7 +242,7 @@ def load_suite_file(
     return validate_suite(data, str(path), lines, registry), lines
 
 
-def _yaml_problem(error: yaml.MarkedYAMLError, where: str) -> str:
+def _yaml_problem(error: yaml.MarkedYAMLError, where: str, text: str) -> str:
     """`file:line: invalid YAML: ...` at the line of the mistake, saying what YAML expected.
 
     PyYAML marks where it gave up (problem_mark); for an unclosed bracket or quote, or a key
@@ -250,6 +250,20 @@ def _yaml_problem(error: yaml.MarkedYAMLError, where: str) -> str:
     (context_mark)."""
     problem = error.problem or "cannot parse"
     context = error.context or ""
+    mark = error.problem_mark
+    if problem == "mapping values are not allowed here" and mark is not None:
+        # `model m` above `max_num_seqs: 4`: YAML reads the first line's text on into the
+        # second and stops at its colon; the mistake is the line without one.
+        source = text.splitlines()
+        above = next(
+            (n for n in range(mark.line - 1, -1, -1) if source[n].strip()), None
+        )
+        if above is not None and ":" not in source[above] and not source[above].strip(
+        ).startswith(("-", "#")):
+            return (
+                f"{at_line(where, above + 1)}: invalid YAML: expected 'key: value', found "
+                f"no ':' on this line (YAML read it on into line {mark.line + 1})"
+            )
     starts = context.startswith(("while scanning", "while parsing a flow"))
     mark = error.context_mark if starts and error.context_mark else error.problem_mark
     line = mark.line + 1 if mark is not None else None
@@ -326,8 +340,10 @@ def _check_server(
                 values.append(option.check_field(path, item) if path else option.check(item))
             except ValueError as error:
                 shown = f"server.{key}" + (f"[{index}]" if axis is not None else "")
+                # A place inside a list value reads as an index of the key: `key[1]: ...`.
+                sep = "" if str(error).startswith("[") else ": "
                 problems.add(
-                    _nearest_line(lines, loc), f"{shown}: {error}{_shown_input(loc, item)}"
+                    _nearest_line(lines, loc), f"{shown}{sep}{error}{_shown_input(loc, item)}"
                 )
         if axis is not None:
             checked[key] = values
@@ -376,7 +392,8 @@ def _check_benchmark(
         except ValidationError as error:
             for line, text in describe_errors(error, lines, BenchmarkConfig, ("benchmark",)):
                 problems.add(line, text)
-    for workload in workloads:
+    # With no valid workload, metric names are checked against the default one's.
+    for workload in workloads or [BenchmarkConfig()]:
         allowed = workload.result_names()
         for metric in thresholds:
             if metric not in allowed:

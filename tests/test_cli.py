@@ -60,10 +60,10 @@ def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
 def test_plan_json_lists_servers_and_cases(
     capsys: pytest.CaptureFixture[str], suite_path: Path
 ) -> None:
-    code, out, err = run_main(capsys, "plan", str(suite_path), "--json")
+    code, out, err = run_main(capsys, "plan", str(suite_path), "--json", "--engine", "vllm")
     assert (code, err) == (0, "")
     document = json.loads(out)
-    assert document["engine"] == "vllm"  # the default: show the real command line
+    assert document["engine"] == "vllm"  # asked for, though this host cannot run it
     assert document["engine_args"]["vllm_version"] == "0.33.0"
     assert document["engine_args"]["options"] == 320
     assert document["lease"].startswith("argv and env as leased from an empty pool (8 virtual")
@@ -125,15 +125,22 @@ def test_plan_json_redacts_secrets_left_in_argv(
 def test_plan_listing_redacts_secrets(
     capsys: pytest.CaptureFixture[str], suite_path: Path
 ) -> None:
-    code, out, _ = run_main(capsys, "plan", str(suite_path))
+    code, out, _ = run_main(capsys, "plan", str(suite_path), "--engine", "vllm")
     assert code == 0
     assert "sk-secret" not in out
     lines = out.splitlines()
+    assert lines[0] == "engine vllm (--engine vllm)"
     assert lines[-2] == "2 server(s), 8 case(s)"
     assert lines[-1].startswith("(argv and env as leased from an empty pool")
-    assert lines[0].startswith("server qwen3-8b-seqs16 [")
-    assert "(2 GPU(s)): CUDA_VISIBLE_DEVICES=0,1 VLLM_PORT=20001 VLLM_API_KEY=*** " in lines[0]
-    assert lines[1] == "  case bench_smoke.yaml::qwen3-8b-seqs16::random-rate8-r1"
+    assert lines[1].startswith("server qwen3-8b-seqs16 [")
+    # `***` is quoted: the line is a shell command, where it would be a glob.
+    assert (
+        "(2 GPU(s); axes: max_num_seqs=16): CUDA_VISIBLE_DEVICES=0,1 VLLM_PORT=20001 "
+        "VLLM_API_KEY='***' "
+    ) in lines[1]
+    assert lines[2] == (
+        "  case bench_smoke.yaml::qwen3-8b-seqs16::random-rate8-r1 (axes: request_rate=8)"
+    )
 
 
 def test_plan_sim_engine_shows_the_simulator(
@@ -171,7 +178,7 @@ def test_plan_of_a_bad_suite_is_one_error_line(
     assert err.endswith("\n")
     assert err.count("\n") == 1
     assert err.startswith(
-        f"profllm plan: {path}:4: unknown key 'benchmark.num_promts' "
+        "profllm plan: bench_bad.yaml:4: unknown key 'benchmark.num_promts' "
         "(did you mean 'num_prompts'?); allowed: "
     )
 
