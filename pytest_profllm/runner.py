@@ -192,9 +192,9 @@ def describe_missed(missed: list[Verdict]) -> str:
     first line of a failure only, cut to the terminal's width."""
     parts = []
     for verdict in missed:
-        relation = "below min" if verdict.bound == "min" else "above max"
+        relation = "< min" if verdict.bound == "min" else "> max"
         value = "missing" if verdict.value is None else f"{verdict.value:.4g}"
-        parts.append(f"{verdict.metric} = {value}, {relation} {verdict.limit:g}")
+        parts.append(f"{verdict.metric} = {value} {relation} {verdict.limit:g}")
     noun = "threshold" if len(parts) == 1 else "thresholds"
     return "; ".join(parts) + f" ({noun} missed)"
 

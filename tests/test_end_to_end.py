@@ -101,7 +101,7 @@ thresholds:
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "total_output_tokens = 96, above max 60 (threshold missed)",
+            "total_output_tokens = 96 > max 60 (threshold missed)",
         ]
     )
     by_case = {r["case_id"]: r for r in records(pytester)}
@@ -248,7 +248,7 @@ def test_marker_form_gives_the_result_to_the_test(pytester: pytest.Pytester, por
     result.stdout.fnmatch_lines(
         [
             "*test_marked.py::test_counts[[]qwen3-8b-seqs4/random[]] PASSED*",
-            "*completed = 4, below min 5 (threshold missed)*",
+            "*completed = 4 < min 5 (threshold missed)*",
         ]
     )
     written = records(pytester)
