@@ -126,12 +126,13 @@ class Option:
     def axis(self, value: Any, path: tuple[str, ...] = ()) -> list[Any] | None:
         """The values of the axis `value` is, or None where it is one value. A list is an
         axis, except for an argument that takes a list: there a flat list is its value, and
-        an axis of list values is a list of lists."""
+        an axis of list values is a list of lists (where a plain item is a value of one:
+        `[k1, [k2, k3]]` is one key, then two)."""
         if not isinstance(value, list):
             return None
         if not self.takes_list(path):
             return value
-        if value and all(isinstance(item, list) for item in value):
+        if any(isinstance(item, list) for item in value):
             return value
         return None
 

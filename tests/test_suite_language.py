@@ -78,6 +78,11 @@ def test_a_list_of_lists_is_an_axis_of_list_values(tmp_path: Path) -> None:
     ]
 
 
+def test_a_plain_item_among_lists_is_a_value_of_one(tmp_path: Path) -> None:
+    path = write(tmp_path, "server: {model: m, served_model_name: [a, [b, c]]}\n")
+    assert [case.server["served_model_name"] for case in cases_of(path)] == ["a", ["b", "c"]]
+
+
 def test_a_list_of_a_scalar_argument_is_still_an_axis(tmp_path: Path) -> None:
     path = write(tmp_path, "server: {model: m, max_num_seqs: [8, 16]}\n")
     assert [case.server["max_num_seqs"] for case in cases_of(path)] == [8, 16]
