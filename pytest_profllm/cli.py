@@ -230,9 +230,19 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         collected = collect_cases(pytest_args)
     except CollectionFailed as error:
-        raise CliError(str(error)) from None
+        hint = ""
+        if str(error).startswith("not found:"):
+            hint = f" (pytest collects suite files named {DEFAULT_SUITE_GLOB}, or as the ini "
+            hint += "option profllm_suite_glob says)"
+        raise CliError(f"{error}{hint}") from None
     if collected.errors:
         raise CliError("\n".join(collected.errors))
+    for path in args.paths:
+        if path.suffix in (".yaml", ".yml") and path.name not in collected.suite_files:
+            raise CliError(
+                f"{path}: pytest does not collect it as a suite (suite files are named "
+                f"{collected.suite_glob}, ini option profllm_suite_glob)"
+            )
     if engine is None or engine == "auto":
         choice = collected.engine
         engine, reason = (choice.name, choice.reason) if choice else ("sim", "no cases")

@@ -134,15 +134,20 @@ class CollectedCases:
     engine: EngineChoice | None = None
     cases: list[tuple[str, Case]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    suite_files: set[str] = field(default_factory=set)  # file names collected as suites
+    suite_glob: str = ""
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.errors.append(report.longreprtext.strip())
+        elif isinstance(report.nodeid, str) and "::" not in report.nodeid:
+            self.suite_files.add(report.nodeid.replace("\\", "/").split("/")[-1])
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        from pytest_profllm.session import IDENTITY_KEY
+        from pytest_profllm.session import IDENTITY_KEY, SETTINGS_KEY
 
         self.engine = session.config.stash[IDENTITY_KEY].engine
+        self.suite_glob = session.config.stash[SETTINGS_KEY].suite_glob
         self.cases = [
             (item.nodeid, case) for item in session.items if (case := case_of(item)) is not None
         ]

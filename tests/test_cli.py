@@ -277,6 +277,18 @@ def test_plan_of_a_suite_with_several_errors_shows_each(
     assert lines[1].startswith("profllm plan: bench_bad.yaml:5: unknown key 'benchmark.num_promts'")
 
 
+def test_plan_of_a_yaml_file_pytest_would_not_collect_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "smoke.yaml"
+    path.write_text(SUITE)
+    code, out, err = run_main(capsys, "plan", str(path))
+    assert (code, out) == (2, "")
+    assert err.startswith(f"profllm plan: not found: {path}")
+    assert err.endswith("(pytest collects suite files named bench_*.yaml, or as the ini option "
+                        "profllm_suite_glob says)\n")
+
+
 # --- sim ----------------------------------------------------------------------------------
 
 
