@@ -255,11 +255,10 @@ def _yaml_problem(error: yaml.MarkedYAMLError, where: str, text: str) -> str:
         # `model m` above `max_num_seqs: 4`: YAML reads the first line's text on into the
         # second and stops at its colon; the mistake is the line without one.
         source = text.splitlines()
-        above = next(
-            (n for n in range(mark.line - 1, -1, -1) if source[n].strip()), None
-        )
-        if above is not None and ":" not in source[above] and not source[above].strip(
-        ).startswith(("-", "#")):
+        above = next((n for n in range(mark.line - 1, -1, -1) if source[n].strip()), None)
+        line_above = source[above].strip() if above is not None else ""
+        plain_text = ":" not in line_above and not line_above.startswith(("-", "#"))
+        if above is not None and plain_text:
             return (
                 f"{at_line(where, above + 1)}: invalid YAML: expected 'key: value', found "
                 f"no ':' on this line (YAML read it on into line {mark.line + 1})"
@@ -267,13 +266,13 @@ def _yaml_problem(error: yaml.MarkedYAMLError, where: str, text: str) -> str:
     starts = context.startswith(("while scanning", "while parsing a flow"))
     mark = error.context_mark if starts and error.context_mark else error.problem_mark
     line = mark.line + 1 if mark is not None else None
-    text = f"invalid YAML: {problem}"
+    message = f"invalid YAML: {problem}"
     if context and error.context_mark is not None:
-        text += f" ({context} that began at line {error.context_mark.line + 1}"
+        message += f" ({context} that began at line {error.context_mark.line + 1}"
         if error.problem_mark is not None:
-            text += f"; YAML stopped at line {error.problem_mark.line + 1}"
-        text += ")"
-    return f"{at_line(where, line)}: {text}"
+            message += f"; YAML stopped at line {error.problem_mark.line + 1}"
+        message += ")"
+    return f"{at_line(where, line)}: {message}"
 
 
 def validate_suite(
@@ -303,8 +302,8 @@ def validate_suite(
     benchmark = data.get("benchmark", {})
     thresholds = data.get("thresholds")
     if isinstance(benchmark, dict):
-        _check_benchmark(benchmark, thresholds if isinstance(thresholds, dict) else {}, lines,
-                         problems)
+        metrics_named = thresholds if isinstance(thresholds, dict) else {}
+        _check_benchmark(benchmark, metrics_named, lines, problems)
     if suite is not None and checked is not None and not problems.found:
         suite.server = checked
         _check_rules(suite.server, lines, problems)
@@ -369,7 +368,9 @@ def fold_dotted_keys(server: dict[str, Any]) -> dict[str, Any]:
             continue
         name, *path = key.split(".")
         base = folded.get(name)
-        merged = json.loads(base) if isinstance(base, str) else copy.deepcopy(base) or {}
+        merged = json.loads(base) if isinstance(base, str) else copy.deepcopy(base)
+        if not isinstance(merged, dict):
+            merged = {}  # as in vLLM, where the dotted form then replaces the value
         inner = merged
         for part in path[:-1]:
             inner = inner.setdefault(part, {})
