@@ -36,6 +36,32 @@ class BenchFailed(Exception):
     """The benchmark measured nothing worth a number; the message quotes the first errors."""
 
 
+class ServerUnreachable(Exception):
+    """Nothing accepts connections at the server's address; the message is one line."""
+
+
+def check_reachable(base_url: str, timeout_s: float = 10.0) -> None:
+    """ServerUnreachable unless a TCP connection to `base_url` opens: a server that is down
+    is one line, not every request failing or a traceback from the tokenizer's first call."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base_url)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        raise ServerUnreachable(f"cannot connect to {base_url}: connection refused") from None
+    except TimeoutError:
+        raise ServerUnreachable(
+            f"cannot connect to {base_url}: no answer in {timeout_s:g} s"
+        ) from None
+    except OSError as error:
+        why = (error.strerror or str(error)).lower()
+        raise ServerUnreachable(f"cannot connect to {base_url}: {why}") from None
+
+
 @dataclass
 class BenchResult:
     result: dict[str, Any]  # vLLM's result JSON, plus the client's health and verdict
@@ -80,7 +106,9 @@ def run_bench(
     save_detailed: bool = False,
 ) -> BenchResult:
     """Run `config` against the server at `base_url`; raises BenchFailed for a benchmark of
-    nothing (every request failed, a non-200 status, no output tokens)."""
+    nothing (every request failed, a non-200 status, no output tokens), ServerUnreachable
+    when nothing listens at `base_url`."""
+    check_reachable(base_url)
     name = served_model_name or model
     codec: Codec = (
         TokenizerCodec.load(tokenizer) if tokenizer else ServerCodec(base_url, name, api_key)

@@ -7,39 +7,65 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from pytest_profllm.engine import ENGINE_CHOICES
 from pytest_profllm.options import DEFAULT_SUITE_GLOB
 
 
 class CliError(Exception):
-    """A problem to report as one line and exit status 2."""
+    """A problem to report (one line per problem) with an exit status, 2 unless given."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# The exit statuses of every command, listed in `profllm --help`.
+EXIT_OK = 0
+EXIT_NOTHING_MEASURED = 1
+EXIT_USAGE = 2
+EXIT_INVALID = 3
+EXIT_UNREACHABLE = 4
+_EXIT_CODES = f"""exit status:
+  {EXIT_OK}  success
+  {EXIT_NOTHING_MEASURED}  bench: nothing was measured (every request failed, a non-200 status,
+     or no output token)
+  {EXIT_USAGE}  a usage error: a bad flag, a bad suite, a file that cannot be read
+  {EXIT_INVALID}  bench: an invalid measurement (the client fell behind its schedule)
+  {EXIT_UNREACHABLE}  bench: cannot connect to the server
+  sim exits as a server does: 0 after SIGTERM or SIGINT, 1 or 2 when it cannot start"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="profllm", description="vLLM serving benchmarks as pytest tests: tools around them."
+        prog="profllm",
+        description="vLLM serving benchmarks as pytest tests: tools around them.",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     plan = commands.add_parser(
         "plan",
-        help="print the servers (argv, environment) and cases of suites, starting nothing",
-        description="Expand suite files into servers and cases without starting anything.",
+        help="print the servers (argv, environment) and cases pytest would run, starting nothing",
+        description="Collect the benchmark cases `pytest PATH...` would run, as pytest collects "
+        f"them (suite files named {DEFAULT_SUITE_GLOB}, and tests marked "
+        "@pytest.mark.profllm), and print each server's command line and its cases, without "
+        "starting anything. Axis values are shown beside each server and case.",
     )
     plan.add_argument(
         "paths",
         nargs="+",
         type=Path,
         metavar="PATH",
-        help=f"suite files, or folders searched for {DEFAULT_SUITE_GLOB}",
+        help="suite files, test files, or folders searched as pytest searches them",
     )
     plan.add_argument("--json", action="store_true", help="print JSON instead of a listing")
     plan.add_argument(
         "--engine",
-        choices=("vllm", "sim"),
-        default="vllm",
-        help="whose command line to print (default: vllm)",
+        choices=ENGINE_CHOICES,
+        help="whose command line to print (default: the engine a run would pick: "
+        "--profllm-engine's ini value, else auto)",
     )
     plan.add_argument(
         "--profllm-out",
@@ -101,19 +127,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Send a workload to a running OpenAI-compatible server and report vLLM's "
         "serving metrics. Flags and defaults are those of `vllm bench serve`; unlike it, a "
         "benchmark where every request failed, any request got a non-200 status, or no output "
-        "token came back exits 1, and a client that fell behind its schedule exits 3.",
+        "token came back exits 1, a client that fell behind its schedule exits 3, and a "
+        "server that cannot be reached exits 4 (one line: cannot connect to URL: why).",
     )
     add_bench_arguments(bench)
     bench.set_defaults(handler=_bench)
 
-    sim = commands.add_parser(
+    # `profllm sim ...` is handed to the simulator's own parser before this one (see main);
+    # listed here for `profllm --help`.
+    commands.add_parser(
         "sim",
-        help="run the simulated engine: profllm sim MODEL [vllm serve arguments]",
-        description="Run the simulated engine with `vllm serve` arguments.",
+        help="run the simulated engine: profllm sim MODEL [vllm serve arguments] "
+        "(profllm sim --help lists them)",
         add_help=False,
     )
-    sim.add_argument("args", nargs=argparse.REMAINDER)
-    sim.set_defaults(handler=_sim)
     return parser
 
 
@@ -168,29 +195,74 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"]:
+        # Everything after `sim` is the simulator's (its own -h/--help included): argparse's
+        # REMAINDER would refuse an option first.
+        from pytest_profllm.sim.__main__ import main as sim_main
+
+        return sim_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         result: int = args.handler(args)
         return result
     except CliError as error:
-        print(f"profllm {args.command}: {error}", file=sys.stderr)
-        return 2
+        prefix = f"profllm {args.command}: "
+        print(prefix + str(error).replace("\n", "\n" + prefix), file=sys.stderr)
+        return error.code
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from pytest_profllm.collect import CollectionFailed, collect_cases
     from pytest_profllm.plan import plan_document, plan_lines
-    from pytest_profllm.suite import SuiteError
 
+    for path in args.paths:
+        if not path.exists():
+            raise CliError(f"{path}: no such file or folder")
+    pytest_args = [str(path) for path in args.paths]
+    engine, reason = args.engine, "--engine " + str(args.engine)
+    if engine is not None:
+        # A plan of vLLM's command lines is useful where vLLM cannot run (a laptop): the
+        # collection then checks suites as a simulated run would.
+        runnable = engine != "vllm" or _can_run_vllm()
+        pytest_args.append(f"--profllm-engine={engine if runnable else 'sim'}")
     try:
-        document = plan_document(args.paths, args.engine, args.profllm_out / "profiles")
-    except (SuiteError, FileNotFoundError) as error:
-        raise CliError(str(error)) from None
+        collected = collect_cases(pytest_args)
+    except CollectionFailed as error:
+        hint = ""
+        if str(error).startswith("not found:"):
+            hint = f" (pytest collects suite files named {DEFAULT_SUITE_GLOB}, or as the ini "
+            hint += "option profllm_suite_glob says)"
+        raise CliError(f"{error}{hint}") from None
+    if collected.errors:
+        raise CliError("\n".join(collected.errors))
+    for path in args.paths:
+        if path.suffix in (".yaml", ".yml") and path.name not in collected.suite_files:
+            raise CliError(
+                f"{path}: pytest does not collect it as a suite (suite files are named "
+                f"{collected.suite_glob}, ini option profllm_suite_glob)"
+            )
+    if engine is None or engine == "auto":
+        choice = collected.engine
+        engine, reason = (choice.name, choice.reason) if choice else ("sim", "no cases")
+    document = plan_document(collected.cases, engine, reason, args.profllm_out / "profiles")
     if args.json:
         print(json.dumps(document, indent=2))
     else:
         print("\n".join(plan_lines(document)))
     return 0
+
+
+def _can_run_vllm() -> bool:
+    from pytest_profllm.engine import EngineUnavailable, choose_engine
+    from pytest_profllm.gpus import discover
+
+    try:
+        choose_engine("vllm", len(discover().gpus))
+    except EngineUnavailable:
+        return False
+    return True
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -254,7 +326,13 @@ def _bench(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
-    from pytest_profllm.bench import BenchFailed, result_path, run_bench, summary_lines
+    from pytest_profllm.bench import (
+        BenchFailed,
+        ServerUnreachable,
+        result_path,
+        run_bench,
+        summary_lines,
+    )
     from pytest_profllm.dataset import DatasetError
     from pytest_profllm.record import write_atomic, write_requests
     from pytest_profllm.runner import request_row
@@ -289,7 +367,11 @@ def _bench(args: argparse.Namespace) -> int:
             label=args.label,
             save_detailed=args.save_detailed,
         )
-    except (BenchFailed, DatasetError) as error:
+    except ServerUnreachable as error:
+        raise CliError(str(error), EXIT_UNREACHABLE) from None
+    except BenchFailed as error:
+        raise CliError(str(error), EXIT_NOTHING_MEASURED) from None
+    except DatasetError as error:
         raise CliError(str(error)) from None
     print("\n".join(summary_lines(done.result)))
     if args.save_result:
@@ -303,8 +385,8 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"result: {path}")
     if done.invalid_reason:
         print(f"profllm bench: invalid measurement: {done.invalid_reason}", file=sys.stderr)
-        return 3
-    return 0
+        return EXIT_INVALID
+    return EXIT_OK
 
 
 def _goodput(pairs: list[str]) -> dict[str, float]:
@@ -316,12 +398,6 @@ def _goodput(pairs: list[str]) -> dict[str, float]:
         except ValueError:
             raise CliError(f"--goodput: {pair!r} is not KEY:MILLISECONDS") from None
     return goodput
-
-
-def _sim(args: argparse.Namespace) -> Any:
-    from pytest_profllm.sim.__main__ import main as sim_main
-
-    return sim_main(args.args)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ case of one server shares a parent (which is what groups them on one xdist worke
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -14,6 +17,7 @@ from pytest_profllm.plan import Case, expand
 from pytest_profllm.suite import SuiteError, load_suite_file, validate_suite
 
 if TYPE_CHECKING:
+    from pytest_profllm.engine import EngineChoice
     from pytest_profllm.engine_args import Registry
 
 PROFLLM_MARKER = "profllm"
@@ -70,7 +74,9 @@ class BenchItem(pytest.Item):
         from pytest_profllm.session import CASE_ERRORS
 
         if isinstance(excinfo.value, (pytest.fail.Exception, *CASE_ERRORS)):
-            return f"{self.nodeid}: {excinfo.value}"
+            # The message alone: the report already names the case, and pytest's short
+            # summary shows the first line, which must say what failed (metric and bound).
+            return str(excinfo.value)
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[Any, int, str]:
@@ -115,3 +121,56 @@ def marker_cases(metafunc: pytest.Metafunc) -> list[Case] | None:
     except SuiteError as error:
         # A collection error of this module alone, shown as the one line, not a traceback.
         raise pytest.Collector.CollectError(str(error)) from None
+
+
+class CollectionFailed(Exception):
+    """pytest could not collect (a usage error, say); the message is what it printed."""
+
+
+@dataclass
+class CollectedCases:
+    """The benchmark cases of a collection, as (node id, case), in the order a run takes."""
+
+    engine: EngineChoice | None = None
+    cases: list[tuple[str, Case]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    suite_files: set[str] = field(default_factory=set)  # file names collected as suites
+    suite_glob: str = ""
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.errors.append(report.longreprtext.strip())
+        elif isinstance(report.nodeid, str) and "::" not in report.nodeid:
+            self.suite_files.add(report.nodeid.replace("\\", "/").split("/")[-1])
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        from pytest_profllm.session import IDENTITY_KEY, SETTINGS_KEY
+
+        self.engine = session.config.stash[IDENTITY_KEY].engine
+        self.suite_glob = session.config.stash[SETTINGS_KEY].suite_glob
+        self.cases = [
+            (item.nodeid, case) for item in session.items if (case := case_of(item)) is not None
+        ]
+
+
+def collect_cases(args: list[str]) -> CollectedCases:
+    """The cases `pytest ARGS` would run: pytest's own collection, in this process, with this
+    plugin (suite files, conftests and marked tests alike); it starts no server."""
+    collected = CollectedCases()
+    options = [
+        "--collect-only",
+        "--capture=no",
+        "-p",
+        "no:cacheprovider",  # a plan writes nothing
+        "-p",
+        "no:terminal",  # what the plan shows, the plan prints
+        "-n",
+        "0",  # collect here, not in xdist workers (an ini's addopts may ask for them)
+    ]
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        code = pytest.main([*options, *args], plugins=[collected])
+    if code in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR):
+        printed = [line.removeprefix("ERROR: ") for line in stderr.getvalue().splitlines()]
+        raise CollectionFailed("; ".join(line for line in printed if line.strip()) or str(code))
+    return collected

@@ -24,11 +24,19 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, PlainValidator, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+)
+from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 DATA_FILE = Path(__file__).parent / "data" / "engine_args.json"
 DUMP_SCRIPT = Path(__file__).parent / "engine_args_dump.py"
@@ -65,6 +73,8 @@ class Option:
     default_note: str | None
     secret: bool
     help: str
+    # A JSON argument's value as vLLM declares it (engine_args_dump._type_of); None: unknown.
+    value_type: Any = field(default=None, compare=False)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Option:
@@ -86,6 +96,7 @@ class Option:
             default_note=data.get("default_note"),
             secret=bool(data.get("secret")),
             help=data.get("help") or "",
+            value_type=data.get("value_type"),
         )
 
     @property
@@ -100,6 +111,45 @@ class Option:
     def many(self) -> bool:
         """Takes several values: `--x a b` (nargs +) or `--x a --x b` (append)."""
         return self.nargs in ("+", "*") or self.action == "AppendAction"
+
+    def takes_list(self, path: tuple[str, ...] = ()) -> bool:
+        """Its one value is a list: several values (`--x a b`), or JSON that is a list
+        (`--allowed-origins '["a"]'`); with `path`, the field at that path of a JSON mapping."""
+        if not path and self.many:
+            return True
+        if self.kind not in ("json", "str_or_json"):
+            return False
+        if self.value_type is None:  # a registry without value types
+            return not path and isinstance(self.default, list)
+        return _is_list_type(_field_type(self.value_type, path))
+
+    def axis(self, value: Any, path: tuple[str, ...] = ()) -> list[Any] | None:
+        """The values of the axis `value` is, or None where it is one value. A list is an
+        axis, except for an argument that takes a list: there a flat list is its value, and
+        an axis of list values is a list of lists (where a plain item is a value of one:
+        `[k1, [k2, k3]]` is one key, then two)."""
+        if not isinstance(value, list):
+            return None
+        if not self.takes_list(path):
+            return value
+        if any(isinstance(item, list) for item in value):
+            return value
+        return None
+
+    def check_field(self, path: tuple[str, ...], value: Any) -> Any:
+        """A value for one field of this JSON argument, written `name.field: value` as
+        vLLM's `--name.field value`; ValueError if the argument or the field refuses it."""
+        if self.kind != "json":
+            raise ValueError(
+                f"{self.name} is not a JSON argument: it takes no dotted keys"
+            )
+        if self.config_fields is not None and path[0] not in self.config_fields:
+            close = difflib.get_close_matches(path[0], self.config_fields, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ValueError(f"'{path[0]}' is not a field of {self.config_class}{hint}")
+        if self.value_type is not None:
+            _check_type(_field_type(self.value_type, path), value, self.config_class)
+        return value
 
     def render(self, value: Any) -> list[str]:
         """The argv tokens of a value checked by `check` (None: no tokens, vLLM's default)."""
@@ -121,55 +171,53 @@ class Option:
         return [f"{self.flag}={text}"] if text.startswith("-") else [self.flag, text]
 
     def check(self, value: Any) -> Any:
-        """The value if this option takes it; ValueError saying what it takes if not."""
+        """The value as vLLM's parser reads it (a number in quotes becomes the number), if
+        this option takes it; ValueError saying what it takes if not."""
         if value is None:
             return value
         if self.many and isinstance(value, list):
             if not value:
                 raise ValueError(f"takes one or more values ({self.flag} A B ...), not none")
-            for item in value:
-                self._check_one(item)
-            return value
-        self._check_one(value)
-        return value
+            return [self._check_one(item) for item in value]
+        return self._check_one(value)
 
-    def _check_one(self, value: Any) -> None:
+    def _check_one(self, value: Any) -> Any:
         kind = self.kind
         if self.action == "LoRAParserAction" and isinstance(value, dict):
-            return  # one adapter as a mapping, which vLLM reads as JSON
+            return value  # one adapter as a mapping, which vLLM reads as JSON
         if kind in ("flag", "bool"):
             if not isinstance(value, bool):
                 raise ValueError("takes true or false")
-            return
+            return value
         if kind == "str_or_true":
             if value is not True and not isinstance(value, str):
                 raise ValueError("takes true or a string")
-            return
+            return value
         if kind == "json":
-            self._check_config_keys(_json_value(value))
-            return
+            parsed = _json_value(value, self.takes_list())
+            self._check_config_keys(parsed)
+            if self.value_type is not None:
+                _check_type(self.value_type, parsed, self.config_class)
+            return value
         if kind == "str_or_json":
             if not isinstance(value, str | dict):
                 raise ValueError("takes a string or a mapping")
             if isinstance(value, str) and value.lstrip().startswith("{"):
                 _json_value(value)
-            return
+            return value
         if kind == "int":
             number = self._int(value)
             if self.choices is not None and number not in self.choices:
                 raise ValueError(f"takes one of {_listing(self.choices)}")
-            return
+            return number
         if kind == "float":
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError("takes a number")
-            if isinstance(value, float) and math.isnan(value):
-                raise ValueError("takes a number, not NaN")
-            return
+            return _float(value)
         # str, and the few options of other types vLLM reads as text
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise ValueError("takes a string")
         if self.choices is not None and str(value) not in {str(c) for c in self.choices}:
             raise ValueError(f"takes one of {_listing(self.choices)}")
+        return value
 
     def _check_config_keys(self, value: Any) -> None:
         # vLLM's config classes refuse unknown keys; names change between versions (0.33.0's
@@ -182,15 +230,125 @@ class Option:
                 hint = f" (did you mean '{close[0]}'?)" if close else ""
                 raise ValueError(f"'{key}' is not a field of {self.config_class}{hint}")
 
-    def _int(self, value: Any) -> int:
+    def _int(self, value: Any) -> int | str:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if self.human_readable and isinstance(value, str):
             number = human_int(value, allow_auto=self.name == "max_model_len")
             if number is not None:
-                return number
+                # Digits in quotes are the number; a size is rendered as written (vLLM reads it).
+                return number if value.strip().isdigit() else value
             raise ValueError("takes an integer, or a size like 8k, 32K or 1M")
+        if isinstance(value, str):
+            try:
+                return int(value)  # as argparse's type=int reads it: "16", " 16", "1_000"
+            except ValueError:
+                pass
         raise ValueError("takes an integer")
+
+
+def _float(value: Any) -> float | int:
+    if isinstance(value, str):
+        try:
+            value = float(value)  # as argparse's type=float reads it
+        except ValueError:
+            raise ValueError("takes a number") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("takes a number")
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError("takes a number, not NaN")
+    return value
+
+
+def _is_list_type(value_type: Any) -> bool:
+    if isinstance(value_type, dict) and "union" in value_type:
+        members = [member for member in value_type["union"] if member != "none"]
+        return bool(members) and all(_is_list_type(member) for member in members)
+    return isinstance(value_type, dict) and "list" in value_type
+
+
+def _field_type(value_type: Any, path: tuple[str, ...]) -> Any:
+    """The type at `path` inside a JSON argument's type ("any" where it is not known)."""
+    for part in path:
+        if isinstance(value_type, dict) and "union" in value_type:
+            members = [m for m in value_type["union"] if m != "none"]
+            value_type = members[0] if len(members) == 1 else "any"
+        if isinstance(value_type, dict) and "config" in value_type:
+            value_type = value_type["fields"].get(part, "any")
+        elif isinstance(value_type, dict) and "dict" in value_type:
+            value_type = value_type["dict"]
+        else:
+            return "any"
+    return value_type
+
+
+def _check_type(value_type: Any, value: Any, owner: str | None) -> None:
+    """ValueError naming the first place where `value` is not of `value_type`, checked by
+    pydantic in JSON mode as vLLM checks a config argument (`TypeAdapter(cls).validate_json`)."""
+    if value_type == "any":
+        return
+    try:
+        _adapter(json.dumps(value_type, sort_keys=True)).validate_json(json.dumps(value))
+    except ValidationError as error:
+        first = error.errors()[0]
+        path = _path_in(value, first["loc"])
+        where = ".".join(str(p) for p in path).replace(".[", "[")
+        shown = f"{where}: " if where else ""
+        if first["type"] == "extra_forbidden":
+            keys = tuple(str(p) for p in path[:-1] if isinstance(p, str))
+            inner = _field_type(value_type, keys)
+            name = inner.get("config") if isinstance(inner, dict) else None
+            raise ValueError(f"{shown}not a field of {name or owner or 'this mapping'}") from None
+        # A value with no place inside it is quoted by the caller, as any other value is.
+        got = f" (got {first.get('input')!r})" if path else ""
+        raise ValueError(f"{shown}{first['msg']}{got}") from None
+    except ValueError:
+        return  # not JSON (the caller says so), or a value pydantic cannot compare
+
+
+def _path_in(value: Any, loc: tuple[Any, ...]) -> list[str]:
+    # pydantic's location also names union members and models; keep what indexes the value.
+    parts: list[str] = []
+    for part in loc:
+        if isinstance(value, dict) and part in value:
+            parts.append(str(part))
+            value = value[part]
+        elif isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
+            parts.append(f"[{part}]")
+            value = value[part]
+    return parts
+
+
+@functools.cache
+def _adapter(value_type_json: str) -> TypeAdapter[Any]:
+    return TypeAdapter(_python_type(json.loads(value_type_json)))
+
+
+def _python_type(value_type: Any) -> Any:
+    """The Python type of a registry value type, for pydantic to check values against."""
+    scalars: dict[str, Any] = {"int": int, "float": float, "bool": bool, "str": str}
+    if value_type == "none":
+        return type(None)
+    if isinstance(value_type, str):
+        return scalars.get(value_type, Any)
+    if not isinstance(value_type, dict):
+        return Any
+    if value_type.get("literal"):
+        return Literal.__getitem__(tuple(value_type["literal"]))
+    if "list" in value_type:
+        return list[_python_type(value_type["list"])]  # type: ignore[misc]
+    if "dict" in value_type:
+        return dict[str, _python_type(value_type["dict"])]  # type: ignore[misc]
+    if "union" in value_type:
+        return Union.__getitem__(tuple(_python_type(m) for m in value_type["union"]))
+    if "config" in value_type:
+        # A TypedDict, not a model: field names like `json` or `model_x` are fine in it.
+        members = {name: _python_type(kind) for name, kind in value_type["fields"].items()}
+        make_typed_dict: Any = TypedDict
+        typed = make_typed_dict(value_type["config"], members, total=False)
+        typed.__pydantic_config__ = ConfigDict(extra="forbid")
+        return typed
+    return Any
 
 
 def human_int(text: str, allow_auto: bool = False) -> int | None:
@@ -208,12 +366,13 @@ def human_int(text: str, allow_auto: bool = False) -> int | None:
     return int(float(number) * scale)
 
 
-def _json_value(value: Any) -> Any:
+def _json_value(value: Any, takes_list: bool = False) -> Any:
     if isinstance(value, str):
         try:
             return json.loads(value)
         except ValueError:
-            raise ValueError("takes a mapping, or JSON text") from None
+            what = "a list" if takes_list else "a mapping"
+            raise ValueError(f"takes {what}, or JSON text") from None
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
@@ -253,6 +412,13 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self.options)
+
+    def resolve(self, key: str) -> tuple[Option, tuple[str, ...]] | None:
+        """The option a suite key names, and the field path of a dotted key
+        (`compilation_config.mode`, as vLLM's `--compilation-config.mode`); None if unknown."""
+        name, *path = key.split(".")
+        option = self.options.get(name)
+        return None if option is None else (option, tuple(path))
 
     def defaults(self) -> dict[str, Any]:
         return {name: option.default for name, option in self.options.items()}

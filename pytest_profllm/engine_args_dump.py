@@ -17,6 +17,8 @@ import enum
 import json
 import math
 import sys
+import types
+import typing
 from typing import Any
 
 FORMAT = 1
@@ -35,6 +37,7 @@ def main(argv: list[str]) -> int:
 
     parser = make_arg_parser(FlexibleArgumentParser())
     secret = _sensitive_fields()
+    field_types = _field_types()
     deprecated = {id(action) for action in getattr(parser, "_deprecated", ())}
     options = []
     positional = None
@@ -44,9 +47,9 @@ def main(argv: list[str]) -> int:
         if not action.option_strings:
             positional = {"dest": action.dest, "nargs": action.nargs}
             continue
-        options.append(
-            _describe(action, with_help, action.dest in secret, id(action) in deprecated)
-        )
+        entry = _describe(action, with_help, action.dest in secret, id(action) in deprecated)
+        entry["value_type"] = _value_type(action, entry["kind"], field_types)
+        options.append(entry)
     json.dump(
         {
             "format": FORMAT,
@@ -129,6 +132,128 @@ def _config_fields(function: Any) -> list[str] | None:
     if cls is None or not dataclasses.is_dataclass(cls) or config.get("extra") != "forbid":
         return None
     return [field.name for field in dataclasses.fields(cls) if field.init]
+
+
+def _value_type(
+    action: argparse.Action, kind: str, field_types: dict[str, Any]
+) -> Any:
+    """What a JSON argument's value is, as vLLM's classes declare it (see `_type_of`): the
+    config class its parser validates against, else the field's annotation. None for
+    arguments whose command-line kind already says it all."""
+    if kind not in ("json", "str_or_json"):
+        return None
+    cls = _config_class(action.type)
+    if cls is not None:
+        return _type_of(cls, 0)
+    if action.dest in field_types:
+        return _type_of(field_types[action.dest], 0)
+    return "any"
+
+
+def _field_types() -> dict[str, Any]:
+    # The dataclasses `make_arg_parser` builds the options from (frontend first, as it does).
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.common.cli_args import FrontendArgs
+
+    found: dict[str, Any] = {}
+    for cls in (FrontendArgs, AsyncEngineArgs):
+        for name, annotation in _annotations(cls).items():
+            found.setdefault(name, annotation)
+    return found
+
+
+def _annotations(cls: Any) -> dict[str, Any]:
+    """Each init field's type, resolved one at a time (a field whose forward reference does
+    not resolve is left out: it is read as any value)."""
+    namespace: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        namespace.update(vars(sys.modules.get(klass.__module__, types.ModuleType("x"))))
+    resolved = {}
+    for field in dataclasses.fields(cls):
+        if not field.init:
+            continue
+        annotation = field.type
+        if isinstance(annotation, str):
+            try:
+                # vLLM's own annotations, in its own modules' namespace
+                annotation = eval(annotation, namespace)
+            except Exception:
+                continue
+        resolved[field.name] = annotation
+    return resolved
+
+
+_SCALARS = {bool: "bool", int: "int", float: "float", str: "str", type(None): "none"}
+
+
+def _type_of(annotation: Any, depth: int) -> Any:
+    """A JSON description of a type, precise only where pydantic would check it as written:
+    "int", "float", "bool", "str", "none", "any", {"literal": [...]}, {"list": T},
+    {"dict": T} (string keys), {"union": [T, ...]}, and {"config": NAME, "fields": {...}}
+    for a config dataclass that refuses unknown keys. A field with a validator that runs
+    before pydantic's own check (it may accept other forms) is "any"."""
+    import pathlib
+
+    if annotation in _SCALARS:
+        return _SCALARS[annotation]
+    if annotation is typing.Any or depth > 4:
+        return "any"
+    if isinstance(annotation, type) and issubclass(annotation, pathlib.PurePath):
+        return "str"
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return {"literal": [_to_json(member.value) for member in annotation]}
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _type_of(args[0], depth)
+    if origin is typing.Literal:
+        return {"literal": [_to_json(value) for value in args]}
+    if origin in (typing.Union, types.UnionType):
+        members = [_type_of(arg, depth) for arg in args]
+        return "any" if "any" in members else {"union": members}
+    if annotation in (list, set, frozenset, tuple) or origin in (list, set, frozenset):
+        return {"list": _type_of(args[0], depth + 1) if args else "any"}
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return {"list": _type_of(args[0], depth + 1)}
+        return "any"
+    if annotation is dict or origin is dict:
+        return {"dict": _type_of(args[1], depth + 1) if len(args) == 2 else "any"}
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return _config_type(annotation, depth)
+    return "any"
+
+
+def _config_type(cls: type, depth: int) -> Any:
+    config = getattr(cls, "__pydantic_config__", None) or {}
+    decorators = getattr(cls, "__pydantic_decorators__", None)
+    if config.get("extra") != "forbid" or decorators is None:
+        return "any"
+    if any(d.info.mode != "after" for d in decorators.model_validators.values()):
+        return "any"
+    unchecked = {
+        name
+        for d in decorators.field_validators.values()
+        if d.info.mode != "after"
+        for name in d.info.fields
+    }
+    annotations = _annotations(cls)
+    fields = {
+        field.name: "any"
+        if field.name in unchecked or field.name not in annotations
+        else _type_of(annotations[field.name], depth + 1)
+        for field in dataclasses.fields(cls)
+        if field.init
+    }
+    return {"config": cls.__name__, "fields": fields}
+
+
+def _config_class(function: Any) -> Any:
+    while function is not None and getattr(function, "__name__", "") != "parse_dataclass":
+        cells = [cell.cell_contents for cell in getattr(function, "__closure__", None) or ()]
+        inner = [value for value in cells if callable(value)]
+        function = inner[0] if inner else None
+    return (getattr(function, "__defaults__", None) or (None,))[0]
 
 
 def _type_chain(function: Any) -> list[tuple[str, str | None]]:

@@ -26,6 +26,7 @@ from pytest_profllm.suite import (
     at_line,
     describe_error,
     did_you_mean,
+    fold_dotted_keys,
 )
 
 # Short names for the axes users sweep most; other axes use their words' initials.
@@ -64,6 +65,9 @@ class Case:
     repeat_index: int = 0
     repeat_count: int = 1
     profile: bool = False  # a short profiled run after the measured one
+    # The values this case takes on its suite's axes, as ("server.key", value) pairs: what
+    # was read as an axis, and not as one (list) value.
+    axis_values: tuple[tuple[str, Any], ...] = ()
 
     @property
     def server_key(self) -> str:
@@ -124,6 +128,10 @@ def expand(
         ):
             if _excluded(suite.exclude, server, raw):
                 continue
+            axis_values = tuple(
+                [(f"server.{key}", server[key]) for key in suite.server if key in server_axes]
+                + [(f"benchmark.{key}", raw[key]) for key in suite.benchmark if key in bench_axes]
+            )
             for index in range(suite.repeat):
                 label = workload_label if suite.repeat == 1 else f"{workload_label}-r{index + 1}"
                 cases.append(
@@ -132,12 +140,13 @@ def expand(
                         source=source,
                         server_label=server_label,
                         workload_label=label,
-                        server=server,
+                        server=fold_dotted_keys(server),
                         benchmark=workload,
                         thresholds=suite.thresholds,
                         repeat_index=index,
                         repeat_count=suite.repeat,
                         profile=suite.profile,
+                        axis_values=axis_values,
                     )
                 )
     return cases
@@ -214,6 +223,9 @@ def _label(
 
 
 def _abbreviate(key: str) -> str:
+    if "." in key:  # compilation_config.mode -> cc.mode
+        name, *path = key.split(".")
+        return ".".join([_abbreviate(name), *path])
     if key in _ABBREVIATIONS:
         return _ABBREVIATIONS[key]
     return "".join(word[0] for word in key.split("_") if word)
@@ -226,6 +238,11 @@ def _format_value(value: Any) -> str:
         return "-inf" if value > 0 else "-minf"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
+    if isinstance(value, list) and len(value) <= 8 and all(
+        isinstance(item, int | str) and not isinstance(item, bool) and len(str(item)) <= 12
+        for item in value
+    ):
+        return "-" + "_".join(str(item) for item in value)  # a list value: [1, 2, 4] -> 1_2_4
     if isinstance(value, dict | list):
         return "-" + hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:6]
     text = str(value)
@@ -260,9 +277,13 @@ def find_suite_files(paths: list[Path], glob: str = "bench_*.yaml") -> list[Path
 
 
 def plan_document(
-    paths: list[Path], engine: str, profile_root: Path = Path("results/profiles")
+    cases: list[tuple[str, Case]],
+    engine: str,
+    engine_reason: str,
+    profile_root: Path = Path("results/profiles"),
 ) -> dict[str, Any]:
-    """What a run of these suites would start and measure, as JSON-ready data.
+    """What a run would start and measure, as JSON-ready data, for the cases pytest collected
+    (node id, case): YAML suites and marked tests alike.
 
     Each server's argv and environment are those `launch` gives for the lease an empty pool
     would hand out (the default pool: NVML's GPUs, else 8 virtual ones; the default ports):
@@ -274,69 +295,98 @@ def plan_document(
     from pytest_profllm.options import DEFAULT_PORTS, parse_ports
     from pytest_profllm.pool import default_pool_dir, make_pool
     from pytest_profllm.server import engine_args_for, launch
-    from pytest_profllm.suite import load_suite_file
 
     registry = registry_for(engine)
     real = [(str(gpu.index), gpu.uuid) for gpu in gpus.discover().gpus]
     pool = make_pool(default_pool_dir(), None, parse_ports(DEFAULT_PORTS), real)
     servers: dict[str, dict[str, Any]] = {}
-    cases: list[dict[str, Any]] = []
-    for path in find_suite_files(paths):
-        suite, lines = load_suite_file(path, registry)
-        for case in expand(suite, str(path), lines):
-            if case.server_key not in servers:
-                lease = pool.lease_when_empty(case.gpus_needed)
-                engine_args, _ = engine_args_for(case, profile_root)
-                argv, env = launch(engine, engine_args, lease, registry)  # type: ignore[arg-type]
-                entry = {
-                    "server_key": case.server_key,
-                    "label": case.server_label,
-                    "suite": case.suite,
-                    "gpus_needed": case.gpus_needed,
-                    "config": redact(case.server),
-                    "argv": redact_argv(argv),
-                    "env": redact_env(env),
-                }
-                if case.gpus_needed > len(pool.gpu_ids):
-                    entry["problem"] = (
-                        f"needs {case.gpus_needed} GPUs but the default pool has "
-                        f"{len(pool.gpu_ids)}: skipped unless --profllm-gpus gives more"
-                    )
-                servers[case.server_key] = entry
-            cases.append(
-                {
-                    "case_id": f"{path.name}::{case.name}",
-                    "suite": case.suite,
-                    "server_key": case.server_key,
-                    "repeat_index": case.repeat_index,
-                    "benchmark": case.benchmark.model_dump(mode="json"),
-                    "thresholds": {k: v.model_dump() for k, v in case.thresholds.items()},
-                }
-            )
+    listed: list[dict[str, Any]] = []
+    for nodeid, case in cases:
+        if case.server_key not in servers:
+            lease = pool.lease_when_empty(case.gpus_needed)
+            engine_args, _ = engine_args_for(case, profile_root)
+            argv, env = launch(engine, engine_args, lease, registry)  # type: ignore[arg-type]
+            entry = {
+                "server_key": case.server_key,
+                "label": case.server_label,
+                "suite": case.suite,
+                "gpus_needed": case.gpus_needed,
+                "axes": _shown_axes(case, "server."),
+                "config": redact(case.server),
+                "argv": redact_argv(argv),
+                "env": redact_env(env),
+            }
+            if case.gpus_needed > len(pool.gpu_ids):
+                entry["problem"] = (
+                    f"needs {case.gpus_needed} GPUs but the default pool has "
+                    f"{len(pool.gpu_ids)}: skipped unless --profllm-gpus gives more"
+                )
+            servers[case.server_key] = entry
+        listed.append(
+            {
+                "case_id": nodeid,
+                "suite": case.suite,
+                "server_key": case.server_key,
+                "repeat_index": case.repeat_index,
+                "axes": _shown_axes(case, "benchmark."),
+                "benchmark": case.benchmark.model_dump(mode="json"),
+                "thresholds": {k: v.model_dump() for k, v in case.thresholds.items()},
+            }
+        )
     where = "NVML's GPUs" if real else f"{len(pool.gpu_ids)} virtual GPUs"
     return {
         "engine": engine,
+        "engine_reason": engine_reason,
         "engine_args": registry.describe(),
         "lease": (
             f"argv and env as leased from an empty pool ({where}, ports {DEFAULT_PORTS}); "
             "a run leases GPUs and ports when each server starts"
         ),
         "servers": list(servers.values()),
-        "cases": cases,
+        "cases": listed,
+    }
+
+
+def _shown_axes(case: Case, prefix: str) -> dict[str, Any]:
+    from pytest_profllm.engine import REDACTED, is_secret
+
+    def shown(key: str, value: Any) -> Any:
+        if is_secret(key.split(".")[-1]):
+            return REDACTED
+        # JSON has no infinity; records write "inf" too.
+        return "inf" if isinstance(value, float) and math.isinf(value) else value
+
+    return {
+        key.removeprefix(prefix): shown(key, value)
+        for key, value in case.axis_values
+        if key.startswith(prefix)
     }
 
 
 def plan_lines(document: dict[str, Any]) -> list[str]:
-    lines = []
+    """The plan as text; each server's command line can be pasted into a shell as it is."""
+    import shlex
+
+    lines = [f"engine {document['engine']} ({document['engine_reason']})"]
     for server in document["servers"]:
-        env = " ".join(f"{key}={value}" for key, value in server["env"].items())
+        env = [f"{key}={shlex.quote(value)}" for key, value in server["env"].items()]
+        axes = _axes_text(server["axes"])
         lines.append(
             f"server {server['label']} [{server['server_key']}] "
-            f"({server['gpus_needed']} GPU(s)): {env} {' '.join(server['argv'])}"
+            f"({server['gpus_needed']} GPU(s){'; axes: ' + axes if axes else ''}): "
+            f"{' '.join(env)} {shlex.join(server['argv'])}"
         )
         for case in document["cases"]:
             if case["server_key"] == server["server_key"]:
-                lines.append(f"  case {case['case_id']}")
+                axes = _axes_text(case["axes"])
+                lines.append(f"  case {case['case_id']}" + (f" (axes: {axes})" if axes else ""))
     lines.append(f"{len(document['servers'])} server(s), {len(document['cases'])} case(s)")
     lines.append(f"({document['lease']})")
     return lines
+
+
+def _axes_text(axes: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{key}={value if isinstance(value, str) else json.dumps(value, separators=(',', ':'))}"
+        for key, value in axes.items()
+    )

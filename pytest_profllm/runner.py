@@ -188,12 +188,15 @@ def evaluate(case: Case, results: dict[str, float | int | None]) -> list[Verdict
 
 
 def describe_missed(missed: list[Verdict]) -> str:
+    """The metric, its value and the bound first: pytest's short summary (-rA) keeps the
+    first line of a failure only, cut to the terminal's width."""
     parts = []
     for verdict in missed:
-        relation = "below min" if verdict.bound == "min" else "above max"
+        relation = "< min" if verdict.bound == "min" else "> max"
         value = "missing" if verdict.value is None else f"{verdict.value:.4g}"
-        parts.append(f"{verdict.metric} = {value}, {relation} {verdict.limit:g}")
-    return "threshold missed: " + "; ".join(parts)
+        parts.append(f"{verdict.metric} = {value} {relation} {verdict.limit:g}")
+    noun = "threshold" if len(parts) == 1 else "thresholds"
+    return "; ".join(parts) + f" ({noun} missed)"
 
 
 def _tokenizer_for(case: Case, engine: str) -> str | None:

@@ -1,13 +1,17 @@
 """Suite files: the typed form of `bench_*.yaml` and of the `profllm` marker's arguments.
 
 A suite declares `server:` (vLLM engine arguments, snake_case) and `benchmark:` (the workload,
-`vllm bench serve` flags in snake_case); a list value is an axis. Errors name the file, the
-line, the key and what is allowed.
+`vllm bench serve` flags in snake_case); a list value is an axis, except for an engine argument
+that takes a list, whose axis is a list of lists. Every error of a suite is reported at once,
+one line each, naming the file, the line, the key and what is allowed.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
+import itertools
+import json
 import math
 import re
 from pathlib import Path
@@ -29,13 +33,35 @@ from pytest_profllm import metrics
 if TYPE_CHECKING:
     from pytest_profllm.engine_args import Registry
 
-_ARG_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# An engine argument, or a field inside a JSON one (`compilation_config.mode`).
+_ARG_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[A-Za-z0-9_]+)*$")
 # Set by the lease, never by a suite: two servers must not be told the same port.
 LEASED_SERVER_ARGS = frozenset({"host", "port"})
 
 
 class SuiteError(Exception):
-    """A suite that cannot be run; the message is one line naming file, line and key."""
+    """A suite that cannot be run; the message has one line per problem, each naming file,
+    line and key."""
+
+    def __init__(self, problems: str | list[str]) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class _Problems:
+    """The problems of one suite, reported together in line order."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.found: list[tuple[int, str]] = []
+
+    def add(self, line: int | None, text: str) -> None:
+        entry = (line or 0, f"{at_line(self.where, line)}: {text}")
+        if entry not in self.found:
+            self.found.append(entry)
+
+    def error(self) -> SuiteError:
+        return SuiteError([text for _, text in sorted(self.found, key=lambda e: e[0])])
 
 
 class Threshold(BaseModel):
@@ -186,10 +212,11 @@ class Suite(BaseModel):
 def _server_key_problem(key: object, registry: Registry) -> str | None:
     if not isinstance(key, str) or not _ARG_NAME.match(key):
         return f"{key!r} is not an engine argument name (snake_case, as in vLLM's EngineArgs)"
-    if key in LEASED_SERVER_ARGS:
-        return f"'{key}' is set by profllm's port lease; remove it"
-    if key not in registry.options:
-        hint = did_you_mean(key, list(registry.options))
+    name = key.split(".")[0]
+    if name in LEASED_SERVER_ARGS:
+        return f"'{name}' is set by profllm's port lease; remove it"
+    if name not in registry.options:
+        hint = did_you_mean(name, list(registry.options))
         return f"unknown engine argument of vLLM {registry.vllm_version}{hint or _NO_MATCH}"
     return None
 
@@ -206,15 +233,46 @@ def load_suite_file(
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise SuiteError(f"{where}: invalid YAML: {error.problem}") from None
+        raise SuiteError(_yaml_problem(error, str(path), text)) from None
     except (OSError, yaml.YAMLError) as error:
         raise SuiteError(f"{path}: cannot read suite: {error}") from None
     lines = _key_lines(node) if node is not None else {}
     if not isinstance(data, dict):
         raise SuiteError(f"{path}:1: a suite is a mapping with 'server:' and 'benchmark:' blocks")
     return validate_suite(data, str(path), lines, registry), lines
+
+
+def _yaml_problem(error: yaml.MarkedYAMLError, where: str, text: str) -> str:
+    """`file:line: invalid YAML: ...` at the line of the mistake, saying what YAML expected.
+
+    PyYAML marks where it gave up (problem_mark); for an unclosed bracket or quote, or a key
+    without its colon, that is a later line, and the mistake is where the construct began
+    (context_mark)."""
+    problem = error.problem or "cannot parse"
+    context = error.context or ""
+    mark = error.problem_mark
+    if problem == "mapping values are not allowed here" and mark is not None:
+        # `model m` above `max_num_seqs: 4`: YAML reads the first line's text on into the
+        # second and stops at its colon; the mistake is the line without one.
+        source = text.splitlines()
+        above = next((n for n in range(mark.line - 1, -1, -1) if source[n].strip()), None)
+        line_above = source[above].strip() if above is not None else ""
+        plain_text = ":" not in line_above and not line_above.startswith(("-", "#"))
+        if above is not None and plain_text:
+            return (
+                f"{at_line(where, above + 1)}: invalid YAML: expected 'key: value', found "
+                f"no ':' on this line (YAML read it on into line {mark.line + 1})"
+            )
+    starts = context.startswith(("while scanning", "while parsing a flow"))
+    mark = error.context_mark if starts and error.context_mark else error.problem_mark
+    line = mark.line + 1 if mark is not None else None
+    message = f"invalid YAML: {problem}"
+    if context and error.context_mark is not None:
+        message += f" ({context} that began at line {error.context_mark.line + 1}"
+        if error.problem_mark is not None:
+            message += f"; YAML stopped at line {error.problem_mark.line + 1}"
+        message += ")"
+    return f"{at_line(where, line)}: {message}"
 
 
 def validate_suite(
@@ -224,59 +282,141 @@ def validate_suite(
     registry: Registry | None = None,
 ) -> Suite:
     """The typed suite; `server:` is checked against vLLM's engine arguments (`registry`,
-    the bundled one by default): names, types, choices and a few rules across them."""
+    the bundled one by default): names, types, choices and a few rules across them. Every
+    problem is reported, in one SuiteError. In the suite returned, `server:` values are as
+    vLLM's parser reads them (`"16"` is 16), and every value of an argument that takes a
+    list is written as an axis (`[1, 2]` becomes `[[1, 2]]`): a list there is an axis."""
     from pytest_profllm.engine_args import bundled
 
     lines = lines or {}
     registry = registry or bundled()
+    problems = _Problems(where)
     server = data.get("server")
-    for key in server if isinstance(server, dict) else ():
-        problem = _server_key_problem(key, registry)
-        if problem is not None:
-            location = at_line(where, lines.get(("server", key)))
-            raise SuiteError(f"{location}: server.{key}: {problem}")
+    checked = _check_server(server, registry, lines, problems) if isinstance(server, dict) else None
     try:
-        suite = Suite.model_validate(data)
+        suite: Suite | None = Suite.model_validate(data)
     except ValidationError as error:
-        raise SuiteError(describe_error(error, where, lines, Suite)) from None
-    _check_server_values(suite.server, registry, where, lines)
-    _check_exclusions(suite, where, lines)
+        for line, text in describe_errors(error, lines, Suite):
+            problems.add(line, text)
+        suite = None
+    benchmark = data.get("benchmark", {})
+    thresholds = data.get("thresholds")
+    if isinstance(benchmark, dict):
+        metrics_named = thresholds if isinstance(thresholds, dict) else {}
+        _check_benchmark(benchmark, metrics_named, lines, problems)
+    if suite is not None and checked is not None and not problems.found:
+        suite.server = checked
+        _check_rules(suite.server, lines, problems)
+        _check_exclusions(suite, registry, lines, problems)
+    if suite is None or problems.found:
+        raise problems.error()
     return suite
 
 
-def _check_server_values(
-    server: dict[str, Any], registry: Registry, where: str, lines: dict[tuple[Any, ...], int]
-) -> None:
-    # Each value of each axis once (not every combination): the cross product can be large.
-    model = registry.server_model
+def _check_server(
+    server: dict[str, Any],
+    registry: Registry,
+    lines: dict[tuple[Any, ...], int],
+    problems: _Problems,
+) -> dict[str, Any]:
+    """Each key and each value of each axis once (not every combination: the cross product
+    can be large); the block with values as vLLM reads them, every list an axis."""
+    checked: dict[str, Any] = {}
     for key, value in server.items():
-        values = value if isinstance(value, list) else [value]
-        for index, item in enumerate(values):
+        problem = _server_key_problem(key, registry)
+        if problem is not None:
+            problems.add(lines.get(("server", key)), f"server.{key}: {problem}")
+            continue
+        resolved = registry.resolve(key)
+        if resolved is None:
+            continue  # not reached: _server_key_problem knows every name
+        option, path = resolved
+        axis = option.axis(value, path)
+        values = []
+        for index, item in enumerate(axis if axis is not None else [value]):
+            loc: tuple[Any, ...] = ("server", key, index) if axis is not None else ("server", key)
             try:
-                model.model_validate({key: item})
-            except ValidationError as error:
-                loc: tuple[Any, ...] = ("server", key, index) if isinstance(value, list) else (
-                    "server", key
+                values.append(option.check_field(path, item) if path else option.check(item))
+            except ValueError as error:
+                shown = f"server.{key}" + (f"[{index}]" if axis is not None else "")
+                # A place inside a list value reads as an index of the key: `key[1]: ...`.
+                sep = "" if str(error).startswith("[") else ": "
+                problems.add(
+                    _nearest_line(lines, loc), f"{shown}{sep}{error}{_shown_input(loc, item)}"
                 )
-                shown = f"server.{key}" + (f"[{index}]" if isinstance(value, list) else "")
-                message = error.errors()[0]["msg"].removeprefix("Value error, ")
-                line = _nearest_line(lines, loc)
-                raise SuiteError(
-                    f"{at_line(where, line)}: {shown}: {message}{_shown_input(loc, item)}"
-                ) from None
+        if axis is not None:
+            checked[key] = values
+        elif values:
+            # One value that is a list: an axis of one, so that every list here is an axis.
+            checked[key] = [values[0]] if isinstance(values[0], list) else values[0]
+    return checked
+
+
+def combinations(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every combination of a block's axes (a list value is an axis)."""
+    keys = list(block)
+    choices = [block[key] if isinstance(block[key], list) else [block[key]] for key in keys]
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*choices)]
+
+
+def fold_dotted_keys(server: dict[str, Any]) -> dict[str, Any]:
+    """One server's values with each `name.field: value` merged into the JSON value of
+    `name`, as vLLM merges `--name.field value` into `--name`."""
+    folded = {key: value for key, value in server.items() if "." not in key}
+    for key, value in server.items():
+        if "." not in key:
+            continue
+        name, *path = key.split(".")
+        base = folded.get(name)
+        merged = json.loads(base) if isinstance(base, str) else copy.deepcopy(base)
+        if not isinstance(merged, dict):
+            merged = {}  # as in vLLM, where the dotted form then replaces the value
+        inner = merged
+        for part in path[:-1]:
+            inner = inner.setdefault(part, {})
+        inner[path[-1]] = value
+        folded[name] = merged
+    return folded
+
+
+def _check_benchmark(
+    block: dict[str, Any],
+    thresholds: dict[str, Any],
+    lines: dict[tuple[Any, ...], int],
+    problems: _Problems,
+) -> None:
+    # Every combination: its rules span keys (ramp-up needs an infinite request_rate).
+    workloads = []
+    for values in combinations(block):
+        try:
+            workloads.append(BenchmarkConfig.model_validate(values))
+        except ValidationError as error:
+            for line, text in describe_errors(error, lines, BenchmarkConfig, ("benchmark",)):
+                problems.add(line, text)
+    # With no valid workload, metric names are checked against the default one's.
+    for workload in workloads or [BenchmarkConfig()]:
+        allowed = workload.result_names()
+        for metric in thresholds:
+            if metric not in allowed:
+                problems.add(
+                    lines.get(("thresholds", metric)),
+                    f"unknown metric 'thresholds.{metric}'{did_you_mean(str(metric), allowed)}; "
+                    f"allowed: {', '.join(allowed)}",
+                )
+
+
+def _check_rules(
+    server: dict[str, Any], lines: dict[tuple[Any, ...], int], problems: _Problems
+) -> None:
     for combination in _rule_combinations(server):
         problem = cross_field_problem(combination)
         if problem is not None:
             key, message = problem
-            raise SuiteError(f"{at_line(where, lines.get(('server', key)))}: server: {message}")
+            problems.add(lines.get(("server", key)), f"server: {message}")
 
 
 def _rule_combinations(server: dict[str, Any]) -> list[dict[str, Any]]:
-    import itertools
-
-    keys = [key for key in _RULE_KEYS if key in server]
-    choices = [server[key] if isinstance(server[key], list) else [server[key]] for key in keys]
-    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*choices)]
+    return combinations({key: server[key] for key in _RULE_KEYS if key in server})
 
 
 _RULE_KEYS = (
@@ -336,22 +476,37 @@ def cross_field_problem(server: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def _check_exclusions(suite: Suite, where: str, lines: dict[tuple[Any, ...], int]) -> None:
-    # A rule naming a key its block lacks (a typo) would silently exclude nothing.
+def _check_exclusions(
+    suite: Suite, registry: Registry, lines: dict[tuple[Any, ...], int], problems: _Problems
+) -> None:
+    # A rule naming a key its block lacks (a typo) would silently exclude nothing. A rule's
+    # server values are read as the block's are ("16" is 16), so that they compare equal.
     for index, rule in enumerate(suite.exclude):
         for block_name, rule_block, block in (
             ("server", rule.server, suite.server),
             ("benchmark", rule.benchmark, suite.benchmark),
         ):
-            for key in rule_block:
+            for key, value in rule_block.items():
+                loc = ("exclude", index, block_name, key)
                 if key not in block:
-                    loc = ("exclude", index, block_name, key)
-                    line = _nearest_line(lines, loc)
-                    raise SuiteError(
-                        f"{at_line(where, line)}: exclude[{index}].{block_name}.{key} is not a key "
-                        f"of '{block_name}'{did_you_mean(key, list(block))}; the rule would "
-                        "exclude nothing"
+                    problems.add(
+                        _nearest_line(lines, loc),
+                        f"exclude[{index}].{block_name}.{key} is not a key of '{block_name}'"
+                        f"{did_you_mean(key, list(block))}; the rule would exclude nothing",
                     )
+                    continue
+                resolved = registry.resolve(key) if block_name == "server" else None
+                if resolved is not None and value is not None:
+                    option, path = resolved
+                    try:
+                        rule_block[key] = (
+                            option.check_field(path, value) if path else option.check(value)
+                        )
+                    except ValueError as error:
+                        problems.add(
+                            _nearest_line(lines, loc),
+                            f"exclude[{index}].server.{key}: {error}{_shown_input(loc, value)}",
+                        )
 
 
 def describe_error(
@@ -362,16 +517,30 @@ def describe_error(
     prefix: tuple[Any, ...] = (),
 ) -> str:
     """The first validation error as one line: `file:line: key: what is wrong; what is allowed`."""
-    first = error.errors()[0]
-    loc = prefix + tuple(first["loc"])
-    location = at_line(where, _nearest_line(lines, loc))
-    key = ".".join(str(part) for part in loc) or "(top level)"
-    if first["type"] == "extra_forbidden":
-        allowed = _allowed_fields(model, loc[len(prefix) :])
-        hint = did_you_mean(str(loc[-1]), allowed)
-        return f"{location}: unknown key '{key}'{hint}; allowed: {', '.join(allowed)}"
-    message = first["msg"].removeprefix("Value error, ")
-    return f"{location}: {key}: {message}{_shown_input(loc, first.get('input'))}"
+    line, text = describe_errors(error, lines, model, prefix)[0]
+    return f"{at_line(where, line)}: {text}"
+
+
+def describe_errors(
+    error: ValidationError,
+    lines: dict[tuple[Any, ...], int],
+    model: type[BaseModel],
+    prefix: tuple[Any, ...] = (),
+) -> list[tuple[int | None, str]]:
+    """Every validation error as (line, `key: what is wrong; what is allowed`)."""
+    described = []
+    for each in error.errors():
+        loc = prefix + tuple(each["loc"])
+        line = _nearest_line(lines, loc)
+        key = ".".join(str(part) for part in loc) or "(top level)"
+        if each["type"] == "extra_forbidden":
+            allowed = _allowed_fields(model, loc[len(prefix) :])
+            hint = did_you_mean(str(loc[-1]), allowed)
+            described.append((line, f"unknown key '{key}'{hint}; allowed: {', '.join(allowed)}"))
+            continue
+        message = each["msg"].removeprefix("Value error, ")
+        described.append((line, f"{key}: {message}{_shown_input(loc, each.get('input'))}"))
+    return described
 
 
 def _shown_input(loc: tuple[Any, ...], value: Any) -> str:

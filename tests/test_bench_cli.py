@@ -86,7 +86,7 @@ def test_every_request_failing_is_an_error(
     sim_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, result = bench(sim_url, tmp_path, "--tokenizer", str(MODEL_DIR), model="nobody")
-    assert code == 2
+    assert code == 1  # nothing measured, as `profllm --help` lists it
     assert result is None
     assert capsys.readouterr().err == (
         "profllm bench: all 6 requests failed; first errors: HTTP 404 Not Found: "
@@ -128,6 +128,31 @@ def test_bad_flags_are_one_line(
     assert err.startswith("profllm bench: ")
     assert message in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("tokenizer", [[], ["--tokenizer", str(MODEL_DIR)]])
+def test_a_server_that_is_down_is_one_line_and_exit_4(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer: list[str]
+) -> None:
+    # Port 9 (discard) has no listener on loopback: with or without a local tokenizer (the
+    # server's /tokenize is asked first without one), the same line, no traceback.
+    code, result = bench("http://127.0.0.1:9", tmp_path, *tokenizer)
+    assert (code, result) == (4, None)
+    assert capsys.readouterr().err == (
+        "profllm bench: cannot connect to http://127.0.0.1:9: connection refused\n"
+    )
+
+
+def test_every_exit_status_is_in_the_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    from pytest_profllm import cli
+
+    codes = {value for name, value in vars(cli).items() if name.startswith("EXIT_")}
+    assert codes == {0, 1, 2, 3, 4}
+    for code in codes:
+        assert f"\n  {code}  " in out, f"exit status {code} is not in profllm --help"
 
 
 def test_sim_routes_the_client_relies_on(sim_url: str) -> None:

@@ -60,10 +60,10 @@ def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
 def test_plan_json_lists_servers_and_cases(
     capsys: pytest.CaptureFixture[str], suite_path: Path
 ) -> None:
-    code, out, err = run_main(capsys, "plan", str(suite_path), "--json")
+    code, out, err = run_main(capsys, "plan", str(suite_path), "--json", "--engine", "vllm")
     assert (code, err) == (0, "")
     document = json.loads(out)
-    assert document["engine"] == "vllm"  # the default: show the real command line
+    assert document["engine"] == "vllm"  # asked for, though this host cannot run it
     assert document["engine_args"]["vllm_version"] == "0.33.0"
     assert document["engine_args"]["options"] == 320
     assert document["lease"].startswith("argv and env as leased from an empty pool (8 virtual")
@@ -125,15 +125,22 @@ def test_plan_json_redacts_secrets_left_in_argv(
 def test_plan_listing_redacts_secrets(
     capsys: pytest.CaptureFixture[str], suite_path: Path
 ) -> None:
-    code, out, _ = run_main(capsys, "plan", str(suite_path))
+    code, out, _ = run_main(capsys, "plan", str(suite_path), "--engine", "vllm")
     assert code == 0
     assert "sk-secret" not in out
     lines = out.splitlines()
+    assert lines[0] == "engine vllm (--engine vllm)"
     assert lines[-2] == "2 server(s), 8 case(s)"
     assert lines[-1].startswith("(argv and env as leased from an empty pool")
-    assert lines[0].startswith("server qwen3-8b-seqs16 [")
-    assert "(2 GPU(s)): CUDA_VISIBLE_DEVICES=0,1 VLLM_PORT=20001 VLLM_API_KEY=*** " in lines[0]
-    assert lines[1] == "  case bench_smoke.yaml::qwen3-8b-seqs16::random-rate8-r1"
+    assert lines[1].startswith("server qwen3-8b-seqs16 [")
+    # `***` is quoted: the line is a shell command, where it would be a glob.
+    assert (
+        "(2 GPU(s); axes: max_num_seqs=16): CUDA_VISIBLE_DEVICES=0,1 VLLM_PORT=20001 "
+        "VLLM_API_KEY='***' "
+    ) in lines[1]
+    assert lines[2] == (
+        "  case bench_smoke.yaml::qwen3-8b-seqs16::random-rate8-r1 (axes: request_rate=8)"
+    )
 
 
 def test_plan_sim_engine_shows_the_simulator(
@@ -171,7 +178,7 @@ def test_plan_of_a_bad_suite_is_one_error_line(
     assert err.endswith("\n")
     assert err.count("\n") == 1
     assert err.startswith(
-        f"profllm plan: {path}:4: unknown key 'benchmark.num_promts' "
+        "profllm plan: bench_bad.yaml:4: unknown key 'benchmark.num_promts' "
         "(did you mean 'num_prompts'?); allowed: "
     )
 
@@ -188,6 +195,111 @@ def test_plan_needs_a_path(capsys: pytest.CaptureFixture[str]) -> None:
         main(["plan"])
     assert exit_info.value.code == 2
     assert "PATH" in capsys.readouterr().err
+
+
+def test_plan_shows_marked_tests_as_pytest_collects_them(
+    capsys: pytest.CaptureFixture[str], suite_path: Path
+) -> None:
+    (suite_path.parent / "test_plan_marked.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.profllm(server={'model': 'Qwen/Qwen3-8B', 'max_num_seqs': [8, 32]},\n"
+        "                     benchmark={'num_prompts': 4})\n"
+        "def test_gate(profllm_result):\n"
+        "    pass\n\n"
+        "def test_plain():\n"
+        "    pass\n"
+    )
+    code, out, err = run_main(capsys, "plan", str(suite_path.parent), "--json")
+    assert (code, err) == (0, "")
+    document = json.loads(out)
+    ids = [case["case_id"] for case in document["cases"]]
+    assert len(document["servers"]) == 2 + 2
+    assert len(ids) == 8 + 2  # the suite's, and the marked test's (not the plain test)
+    assert "test_plan_marked.py::test_gate[qwen3-8b-seqs8/random]" in ids
+    assert "test_plan_marked.py::test_gate[qwen3-8b-seqs32/random]" in ids
+    marked = [s for s in document["servers"] if s["suite"] == "test_plan_marked.py::test_gate"]
+    assert [server["axes"] for server in marked] == [{"max_num_seqs": 8}, {"max_num_seqs": 32}]
+
+
+def test_plan_picks_the_engine_a_run_would(
+    capsys: pytest.CaptureFixture[str], suite_path: Path
+) -> None:
+    from pytest_profllm.engine import choose_engine
+
+    run_would = choose_engine("auto", 0)  # no GPU here (the autouse fixture)
+    code, out, _ = run_main(capsys, "plan", str(suite_path), "--json")
+    assert code == 0
+    document = json.loads(out)
+    assert (document["engine"], document["engine_reason"]) == (run_would.name, run_would.reason)
+    code, out, _ = run_main(capsys, "plan", str(suite_path))
+    assert out.splitlines()[0] == f"engine {run_would.name} ({run_would.reason})"
+
+
+def test_plan_command_lines_are_shell_safe(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import shlex
+
+    path = tmp_path / "bench_quoted.yaml"
+    path.write_text(
+        "server:\n  model: m\n  compilation_config: {mode: 3}\n"
+        "  chat_template: \"{{ messages }} it's\"\n  cudagraph_capture_sizes: [1, 2, 4, 8]\n"
+    )
+    code, out, _ = run_main(capsys, "plan", str(path), "--engine", "vllm")
+    assert code == 0
+    line = out.splitlines()[1]
+    command = shlex.split(line.split("): ", 1)[1])
+    document = json.loads(run_main(capsys, "plan", str(path), "--json", "--engine", "vllm")[1])
+    [server] = document["servers"]
+    # What the shell reads back is exactly the environment and argv the server gets.
+    env = [f"{key}={value}" for key, value in server["env"].items()]
+    assert command == env + server["argv"]
+    assert command[command.index("--compilation-config") + 1] == '{"mode":3}'
+    assert command[command.index("--chat-template") + 1] == "{{ messages }} it's"
+    # A list value of an argument that takes a list: one server, all four sizes, no axis.
+    assert server["axes"] == {}
+    start = command.index("--cudagraph-capture-sizes") + 1
+    assert command[start : start + 4] == ["1", "2", "4", "8"]
+
+
+def test_plan_of_a_suite_with_several_errors_shows_each(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "bench_bad.yaml"
+    path.write_text("server:\n  model: m\n  max_num_seqs: x\nbenchmark:\n  num_promts: 5\n")
+    code, out, err = run_main(capsys, "plan", str(path))
+    assert (code, out) == (2, "")
+    lines = err.splitlines()
+    assert len(lines) == 2
+    assert lines[0] == (
+        "profllm plan: bench_bad.yaml:3: server.max_num_seqs: takes an integer (got 'x')"
+    )
+    assert lines[1].startswith("profllm plan: bench_bad.yaml:5: unknown key 'benchmark.num_promts'")
+
+
+def test_plan_of_a_yaml_file_pytest_would_not_collect_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "smoke.yaml"
+    path.write_text(SUITE)
+    code, out, err = run_main(capsys, "plan", str(path))
+    assert (code, out) == (2, "")
+    assert err.startswith(f"profllm plan: not found: {path}")
+    assert err.endswith("(pytest collects suite files named bench_*.yaml, or as the ini option "
+                        "profllm_suite_glob says)\n")
+
+
+# --- sim ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_sim_help(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sim", flag])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: profllm sim ")
+    assert "--max-num-seqs" in out
 
 
 # --- schema -------------------------------------------------------------------------------

@@ -448,8 +448,9 @@ def test_profile_must_be_a_boolean(tmp_path: Path) -> None:
 
 
 def test_a_secret_axis_is_labelled_by_position(tmp_path: Path) -> None:
-    # Case ids reach reports, JUnit XML and file names: never a secret's value.
-    path = write(tmp_path, "server: {model: m, api_key: [sk-aaa, sk-bbb]}\n")
+    # Case ids reach reports, JUnit XML and file names: never a secret's value. api_key takes
+    # several keys, so its axis is a list of lists.
+    path = write(tmp_path, "server: {model: m, api_key: [[sk-aaa], [sk-bbb]]}\n")
     labels = [case.server_label for case in cases_of(path)]
     assert labels == ["m-ak1", "m-ak2"]
 

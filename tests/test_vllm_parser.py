@@ -139,7 +139,10 @@ def check_parsed(registry: Registry, server: dict[str, Any], parsed: dict[str, A
 def test_the_engine_args_suite_parses_to_its_values() -> None:
     registry = bundled()
     suite, lines = load_suite_file(SUITE, registry)
-    servers = {case.server_key: case.server for case in expand(suite, str(SUITE), lines)}
+    cases = expand(suite, str(SUITE), lines)
+    servers = {case.server_key: case.server for case in cases}
+    # One server, one case: its list values (served_model_name, ...) are values, not axes.
+    assert (len(servers), len(cases)) == (1, 1)
     given = {name for server in servers.values() for name in server} - {"model"}
     assert len(given) >= 40, f"the suite uses {len(given)} engine arguments, not 40 or more"
     kinds = {registry.options[name].kind for name in given}
@@ -151,6 +154,89 @@ def test_the_engine_args_suite_parses_to_its_values() -> None:
     [server] = servers.values()
     assert serve_env(server)["VLLM_API_KEY"] == server["api_key"]
     assert server["api_key"] not in " ".join(args_after_serve(server))
+
+
+def servers_of(tmp_path: Path, text: str) -> list[dict[str, Any]]:
+    path = tmp_path / "bench_lists.yaml"
+    path.write_text(text)
+    suite, lines = load_suite_file(path, bundled())
+    return list({c.server_key: c.server for c in expand(suite, str(path), lines)}.values())
+
+
+def test_plain_yaml_lists_reach_vllm_as_the_lists_asked_for(tmp_path: Path) -> None:
+    [server] = servers_of(
+        tmp_path,
+        "server:\n"
+        "  model: m\n"
+        "  cudagraph_capture_sizes: [1, 2, 4, 8]\n"
+        '  allowed_origins: ["http://localhost"]\n'
+        "  served_model_name: [a, b]\n"
+        '  max_num_seqs: "16"\n'
+        "  compilation_config.mode: 3\n"
+        "  compilation_config.cudagraph_capture_sizes: [1, 2]\n",
+    )
+    [parsed] = vllm_parse([args_after_serve(server)])
+    assert parsed["cudagraph_capture_sizes"] == [1, 2, 4, 8]
+    assert parsed["allowed_origins"] == ["http://localhost"]
+    assert parsed["served_model_name"] == ["a", "b"]
+    assert parsed["max_num_seqs"] == 16
+    assert contains(parsed["compilation_config"], {"mode": 3, "cudagraph_capture_sizes": [1, 2]})
+    check_parsed(bundled(), server, parsed)
+
+
+def test_an_axis_of_list_values_is_a_list_of_lists(tmp_path: Path) -> None:
+    servers = servers_of(
+        tmp_path, "server:\n  model: m\n  cudagraph_capture_sizes: [[1, 2], [1, 2, 4, 8]]\n"
+    )
+    assert len(servers) == 2
+    parsed = vllm_parse([args_after_serve(server) for server in servers])
+    assert [p["cudagraph_capture_sizes"] for p in parsed] == [[1, 2], [1, 2, 4, 8]]
+
+
+CONFIG_VALUES = [
+    ("compilation_config", {"cudagraph_capture_sizes": [1, 2, 4, 8]}),
+    ("compilation_config", {"cudagraph_capture_sizes": ["1", 2]}),  # lax, as vLLM's pydantic
+    ("compilation_config", {"cudagraph_capture_sizes": [1, "x"]}),
+    ("compilation_config", {"cudagraph_capture_sizes": 8}),
+    ("compilation_config", {"compile_mm_encoder": "maybe"}),
+    ("compilation_config", {"dynamic_shapes_config": {"type": "unbacked"}}),
+    ("compilation_config", {"dynamic_shapes_config": {"type": "sideways"}}),
+    ("compilation_config", {"dynamic_shapes_config": {"typo": 1}}),
+    ("compilation_config", {"level": 3}),
+    ("structured_outputs_config", {"backend": "guidance"}),
+    ("structured_outputs_config", {"backend": "nope"}),
+    ("kv_events_config", {"enable_kv_cache_events": "yes"}),
+    ("kv_events_config", {"enable_kv_cache_events": [True]}),
+]
+
+
+def test_config_type_checks_agree_with_vllms_parser() -> None:
+    # Where the registry knows a config's field types, a suite value is refused exactly when
+    # vLLM's parser refuses it.
+    registry = bundled()
+    argvs, ours = [], []
+    for name, value in CONFIG_VALUES:
+        argvs.append(args_after_serve({"model": "m", name: value}))
+        try:
+            registry.options[name].check(value)
+            ours.append("accepted")
+        except ValueError:
+            ours.append("refused")
+    done = subprocess.run(
+        [VLLM_PYTHON, "-c", _PARSE],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    theirs = ["refused" if "error" in result else "accepted" for result in results]
+    assert list(zip(CONFIG_VALUES, ours, strict=True)) == list(
+        zip(CONFIG_VALUES, theirs, strict=True)
+    )
 
 
 def _sample_values(option: Option) -> list[Any]:
