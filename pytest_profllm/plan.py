@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pytest_profllm.engine import RedactedDict
 from pytest_profllm.suite import (
     BenchmarkConfig,
     Exclusion,
@@ -64,6 +65,11 @@ class Case:
     repeat_index: int = 0
     repeat_count: int = 1
     profile: bool = False  # a short profiled run after the measured one
+
+    def __post_init__(self) -> None:
+        # pytest shows this mapping in reprs (-l, fixture values, JUnit XML): secrets as ***.
+        if not isinstance(self.server, RedactedDict):
+            object.__setattr__(self, "server", RedactedDict(self.server))
 
     @property
     def server_key(self) -> str:

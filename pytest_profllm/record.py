@@ -97,8 +97,11 @@ class RuntimeInfo(BaseModel):
     server_ready_at: float | None = None
     server_stopped_at: float | None = None
     lease_wait_s: float | None = None
-    # What the checks after stop found: processes that outlived the group, GPU memory held.
+    # What the checks after stop found: processes that outlived the group, GPU memory held;
+    # and a server that died or lost its port while in use.
     server_stop_problems: list[str] = Field(default_factory=list)
+    # Set when this case's server is a restart: why the one before it is gone.
+    server_restart_reason: str | None = None
 
 
 class TraceFile(BaseModel):
