@@ -246,11 +246,11 @@ def test_killed_worker_frees_its_gpus_and_ports_for_the_next_server(
     after = [r for r in written if "bench_after" in r["case_id"]]
     assert [r["status"] for r in after] == ["passed", "passed"], output
     # The crashed case has its record, `error` with the reason, written and loaded.
-    (crashed,) = [r for r in written if r["case_id"] == "bench_victim.yaml::sim-victim::random-out2"]
+    victim_case = "bench_victim.yaml::sim-victim::random-out2"
+    (crashed,) = [r for r in written if r["case_id"] == victim_case]
     assert crashed["status"] == "error"
     assert crashed["message"] == (
-        f"worker '{victim['worker']}' crashed while running "
-        "'bench_victim.yaml::sim-victim::random-out2'"
+        f"worker '{victim['worker']}' crashed while running '{victim_case}'"
     )
     with sqlite3.connect(pytester.path / "results" / "results.db") as db:
         rows = db.execute("select run_id, status from benchmark_runs").fetchall()
