@@ -93,6 +93,7 @@ class RuntimeInfo(BaseModel):
     gpus: list[str] = Field(default_factory=list)  # CUDA device ids, or virtual ids (simulator)
     gpu_uuids: list[str] = Field(default_factory=list)  # NVML UUIDs; empty for virtual GPUs
     port: int | None = None
+    server_pid: int | None = None  # the server process (its group's leader) the case measured
     server_started_at: float | None = None
     server_ready_at: float | None = None
     server_stopped_at: float | None = None

@@ -535,6 +535,7 @@ def describe_runtime(server: ServerProcess | None, worker: str, case: Case) -> d
         "gpus": list(lease.gpus) if lease else [],
         "gpu_uuids": list(lease.gpu_uuids) if lease else [],
         "port": lease.port if lease else None,
+        "server_pid": server.pid if server else None,
         "server_started_at": server.started_at if server else None,
         "server_ready_at": server.ready_at if server else None,
         "server_stopped_at": server.stopped_at if server else None,

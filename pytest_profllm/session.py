@@ -208,6 +208,7 @@ class ControllerSession:
     identity: RunIdentity
     records: list[dict[str, Any]] = field(default_factory=list)
     loaded_rows: int | None = None
+    unwritten: int = 0  # records that could not be written (a full disk)
     # Set when the database load at the end failed: what happened and how to load later.
     load_problem: str | None = None
     # Set when the session was stopped by a signal: the records of cases it cut short say so.
@@ -249,6 +250,7 @@ class ControllerSession:
         except OSError as error:
             problem = f"record not written to {out}: {error.strerror or error}"
             record["status"], record["message"] = "error", problem
+            self.unwritten += 1
             return problem
         return None
 
@@ -313,10 +315,14 @@ class ControllerSession:
         out = self.settings.out_dir
         if out is None:
             return f"{db}: {what}: nothing loaded (no --profllm-out: the records are lost)"
-        return (
-            f"{db}: {what}: nothing loaded; the JSON records in {out} are complete: "
-            f"load them with: profllm ingest {db} {out}"
+        written = len(self.records) - self.unwritten
+        kept = (
+            f"the {written} JSON record(s) in {out} are complete"
+            if not self.unwritten
+            else f"{written} JSON record(s) are in {out} ({self.unwritten} more could not be "
+            "written: see their cases)"
         )
+        return f"{db}: {what}: nothing loaded; {kept}: load them with: profllm ingest {db} {out}"
 
 
 def _started_at(record: dict[str, Any]) -> float:
