@@ -337,7 +337,8 @@ def describe_pids(pids: list[int | None]) -> str:
             shown.append("a process of another user")
             continue
         try:
-            shown.append(f"pid {pid}: {' '.join(psutil.Process(pid).cmdline())[:80]}")
+            command = " ".join(" ".join(psutil.Process(pid).cmdline()).split())
+            shown.append(f"pid {pid}: {command[:80]}")
         except psutil.Error:
             shown.append(f"pid {pid}")
     return "; ".join(shown)
