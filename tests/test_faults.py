@@ -51,10 +51,10 @@ def assert_records_are_rows(out: Path, db: Path | None = None) -> list[dict[str,
     return written
 
 
-def assert_no_lease_left(ports: str) -> None:
+def assert_no_lease_left(ports: str, pool: Path | None = None) -> None:
     """Every port block of the range can be locked: nobody holds a lease on it."""
     low, high = (int(p) for p in ports.split("-"))
-    directory = Path(os.environ["PROFLLM_POOL_DIR"])
+    directory = pool or Path(os.environ["PROFLLM_POOL_DIR"])
     for block in range(low, high - PORT_BLOCK + 2, PORT_BLOCK):
         lock = filelock.FileLock(directory / f"port-{block}.lock", thread_local=False)
         lock.acquire(timeout=0)  # raises filelock.Timeout where a lease is still held
@@ -265,3 +265,170 @@ def test_a_port_taken_after_the_lease_is_never_measured(
     seen = (pytester.path / "foreign-requests.txt").read_text().split()
     assert set(seen) <= {"/health"}, seen
     assert_no_lease_left(ports)
+
+
+# Two users on one host, each with a pool folder of their own: their leases do not see each
+# other, so only the ownership checks keep each case on its own server.
+TWO_USERS_SUITE = """
+server:
+  model: sim-shared
+  max_num_seqs: [4, 8, 16]
+benchmark:
+  num_prompts: 2
+  random_input_len: 8
+  random_output_len: [2, 3]
+"""
+
+
+def test_two_sessions_with_their_own_pool_folders_never_measure_each_others_servers(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    names = ("first", "second")
+    for name in names:
+        (pytester.path / name).mkdir()
+        (pytester.path / name / "bench_shared.yaml").write_text(TWO_USERS_SUITE)
+    runs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-n",
+                "2",
+                "-W",
+                "always",
+                f"--profllm-ports={ports}",
+                "--profllm-out=results",
+                "--profllm-gpus=4",
+                "--profllm-max-schedule-lag=1000",
+            ],
+            cwd=pytester.path / name,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PROFLLM_POOL_DIR": str(pytester.path / f"pool-{name}")},
+        )
+        for name in names
+    ]
+    try:
+        outputs = [run.communicate(timeout=500)[0].decode() for run in runs]
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    measured: list[tuple[str, dict[str, Any]]] = []
+    for name in names:
+        out = pytester.path / name / "results"
+        measured += [(name, record) for record in assert_records_are_rows(out)]
+    assert len(measured) == 12 and {r["status"] for _, r in measured} == {"passed"}
+    # Whose server each case measured: the process it names must have logged binding its
+    # port in this session's logs, and no server of the other session may have been alive on
+    # that port at the same time.
+    not_own = [
+        record["case_id"]
+        for name, record in measured
+        if not _bound_by(pytester.path / name / "results" / "logs", record["runtime"])
+        or any(
+            _overlap(record["runtime"], other["runtime"])
+            for other_name, other in measured
+            if other_name != name
+        )
+    ]
+    retries = sum(output.count("starting again on another port") for output in outputs)
+    print(
+        f"{len(measured)} cases; {len(not_own)} measured a server not their own; "
+        f"{retries} server start(s) found their port taken and started again"
+    )
+    assert not_own == []
+    for name in names:
+        assert_no_lease_left(ports, pytester.path / f"pool-{name}")
+
+
+def _bound_by(logs: Path, runtime: dict[str, Any]) -> bool:
+    line = f"on http://127.0.0.1:{runtime['port']} (pid {runtime['server_pid']})"
+    return any(line in log.read_text() for log in logs.glob("*.log"))
+
+
+def _overlap(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    return bool(
+        one["port"] == other["port"]
+        and one["server_started_at"] < other["server_stopped_at"]
+        and other["server_started_at"] < one["server_stopped_at"]
+    )
+
+
+# --- 3: SIGTERM ------------------------------------------------------------------------------
+
+
+def test_sigterm_stops_the_session_as_ctrl_c_does(
+    pytester: pytest.Pytester, ports: str, tmp_path: Path
+) -> None:
+    pytester.makefile(
+        ".yaml",
+        bench_quick="server:\n  model: sim-quick\nbenchmark:\n  num_prompts: 2\n"
+        "  random_input_len: 8\n  random_output_len: 2\n",
+        # Eight requests a second apart: still running when SIGTERM comes.
+        bench_slow="server:\n  model: sim-slow\nbenchmark:\n  num_prompts: 8\n"
+        "  request_rate: 1\n  random_input_len: 8\n  random_output_len: [2, 3]\n",
+    )
+    temp = tmp_path / "tmp"  # where the session's scope folder goes
+    temp.mkdir()
+    controller = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "2",
+            f"--profllm-ports={ports}",
+            "--profllm-out=results",
+            "--profllm-gpus=4",
+            "--profllm-max-schedule-lag=1000",
+        ],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "TMPDIR": str(temp)},
+    )
+    try:
+        out = pytester.path / "results"
+        deadline = time.monotonic() + 120
+        while not (list(out.glob("*.json")) and _slow_case_running(out)):
+            assert controller.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(1.0)
+        controller.send_signal(signal.SIGTERM)
+        output = controller.communicate(timeout=120)[0].decode()
+    finally:
+        controller.kill()
+        controller.wait()
+    assert controller.returncode == pytest.ExitCode.INTERRUPTED, output
+    for line in (
+        "profllm: SIGTERM received: stopping as on Ctrl-C (finished records are written and "
+        "loaded, servers stopped, leases released)",
+        "profllm benchmark results",
+        "interrupted by SIGTERM: every case that finished has its record; cases cut short are "
+        "`error`",
+    ):
+        assert line in output, output
+    assert "Traceback" not in output, output
+    written = {r["case_id"]: r for r in assert_records_are_rows(out)}
+    assert written["bench_quick.yaml::sim-quick::random"]["status"] == "passed"
+    cut = written["bench_slow.yaml::sim-slow::random-out2"]
+    assert cut["status"] == "error"
+    assert cut["message"] == "interrupted by SIGTERM before the case finished"
+    assert "bench_slow.yaml::sim-slow::random-out3" not in written  # never started
+    assert_no_lease_left(ports)
+    session_id = cut["session_id"]
+    assert not (Path(os.environ["PROFLLM_POOL_DIR"]) / "turns" / session_id).exists()
+    assert not list(temp.glob("profllm-scopes-*"))
+
+
+def _slow_case_running(out: Path) -> bool:
+    return any(
+        "Starting vLLM API server" in log.read_text() for log in out.glob("logs/*sim-slow*.log")
+    )
