@@ -81,6 +81,7 @@ def _on_sigterm(config: pytest.Config) -> None:
 def _say(config: pytest.Config, line: str) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
+        reporter.write("\n")  # off the progress line, which may not be ended yet
         reporter.write_line(line)
 
 

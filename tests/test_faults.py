@@ -432,3 +432,217 @@ def _slow_case_running(out: Path) -> bool:
     return any(
         "Starting vLLM API server" in log.read_text() for log in out.glob("logs/*sim-slow*.log")
     )
+
+
+# --- 4: writes that cannot fail the session ---------------------------------------------------
+
+
+def private_mount(mount_point: Path, options: str, argv: list[str]) -> list[str]:
+    """`argv` run with a tmpfs of its own at `mount_point` (a user and mount namespace: no
+    privilege needed, nothing to undo, the mount ends with the command)."""
+    script = 'mount -t tmpfs -o "$1" profllm-test "$2" && shift 2 && exec "$@"'
+    return [
+        "unshare", "--user", "--map-root-user", "--mount",
+        "sh", "-c", script, "sh", options, str(mount_point), *argv,
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def mounts(tmp_path: Path) -> None:
+    """Skips where this host cannot give a test a private tmpfs."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    try:
+        done = subprocess.run(
+            private_mount(probe, "size=64k", ["true"]), capture_output=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        done = None
+    if done is None or done.returncode != 0:
+        pytest.skip("needs `unshare` (util-linux) and user namespaces to mount a small tmpfs")
+
+
+def pytest_argv(ports: str, *args: str) -> list[str]:
+    return [
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--profllm-ports={ports}",
+        "--profllm-gpus=4", "--profllm-max-schedule-lag=1000", *args,
+    ]  # fmt: skip
+
+
+@pytest.mark.usefixtures("mounts")
+def test_a_read_only_out_folder_is_a_usage_error_before_anything_starts(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makefile(".yaml", bench_ro="server:\n  model: sim-ro\n" + SMALL)
+    read_only = pytester.path / "ro"
+    read_only.mkdir()
+    argv = pytest_argv(ports, f"--profllm-out={read_only / 'results'}")
+    result = pytester.run(*private_mount(read_only, "ro,size=64k", argv), timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert result.stderr.lines[0] == (
+        f"ERROR: --profllm-out: cannot write to {read_only / 'results'}: Read-only file system"
+    )
+    result.stdout.no_fnmatch_line("*bench_ro*")  # nothing ran
+
+
+# After the first case's record is written, the disk fills up.
+FILL_THE_DISK = """
+import pytest
+
+filled = []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report):
+    if report.when == "teardown" and not filled:
+        filled.append(True)
+        with open("results/filler", "wb") as filler:
+            try:
+                while True:
+                    filler.write(bytes(65536))
+                    filler.flush()
+            except OSError:
+                pass
+"""
+
+
+@pytest.mark.usefixtures("mounts")
+def test_a_full_disk_fails_the_cases_it_cannot_record_and_never_corrupts_the_database(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makeconftest(FILL_THE_DISK)
+    pytester.makefile(".yaml", bench_full="server:\n  model: sim-full\n" + SMALL)
+    out = pytester.path / "results"
+    out.mkdir()
+    kept = pytester.path / "kept"  # what the full disk held, copied out before it goes
+    # The run, then (on the same mount) the filler removed and everything copied out.
+    argv = [
+        "sh", "-c",
+        'kept=$1; shift; "$@"; code=$?; rm -f "$0/filler"; cp -a "$0/." "$kept"; exit $code',
+        str(out), str(kept), *pytest_argv(ports, "-p", "no:xdist", f"--profllm-out={out}"),
+    ]  # fmt: skip
+    result = pytester.run(*private_mount(out, "size=4m", argv), timeout=300)
+    # The two cases whose records could not be written fail, each clearly; all three ran.
+    result.assert_outcomes(passed=3, errors=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    db = out / "results.db"
+    result.stdout.fnmatch_lines(
+        [
+            f"bench_full.yaml::sim-full::random-out3: record not written to {out}: "
+            "No space left on device",
+            f"bench_full.yaml::sim-full::random-out4: record not written to {out}: "
+            "No space left on device",
+            f"profllm: {db}: database or disk is full: nothing loaded; 1 JSON record(s) are in "
+            f"{out} (2 more could not be written: see their cases): load them with: "
+            f"profllm ingest {db} {out}",
+        ]
+    )
+    result.stdout.fnmatch_lines([f"1 record(s) in {out} (2 could not be written)"])
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+    result.stdout.no_fnmatch_line("*Traceback*")
+    # The database the full disk left is sound (or absent), and the command the line gives
+    # loads the records that were written.
+    (record,) = records(kept)
+    assert record["case_id"] == "bench_full.yaml::sim-full::random-out2"
+    kept_db = kept / "results.db"
+    if kept_db.exists():
+        with sqlite3.connect(kept_db) as connection:
+            assert connection.execute("pragma integrity_check").fetchall() == [("ok",)]
+    ingest = subprocess.run(
+        [sys.executable, "-m", "pytest_profllm.cli", "ingest", str(kept_db), str(kept)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ingest.returncode == 0, ingest.stderr
+    assert_records_are_rows(kept, kept_db)
+
+
+def test_a_failed_database_load_leaves_the_database_as_it_was(tmp_path: Path) -> None:
+    from pytest_profllm.store import load_records
+
+    db = tmp_path / "results.db"
+    load_records(db, [_record("before")])
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            "create trigger full before insert on benchmark_runs "
+            "begin select raise(abort, 'database or disk is full'); end"
+        )
+    with pytest.raises(sqlite3.IntegrityError, match="database or disk is full"):
+        load_records(db, [_record("after-1"), _record("after-2")])
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("pragma integrity_check").fetchall() == [("ok",)]
+        assert connection.execute("select run_id from benchmark_runs").fetchall() == [("before",)]
+
+
+def _record(run_id: str) -> dict[str, Any]:
+    return {"run_id": run_id, "status": "passed", "results": {"completed": 1}}
+
+
+# Holds the database's write lock for as long as the test says.
+def test_a_locked_database_costs_the_load_not_the_session(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makeconftest("import pytest_profllm.session as session\nsession.DB_LOCK_WAIT_S = 2\n")
+    pytester.makefile(".yaml", bench_locked="server:\n  model: sim-locked\n" + SMALL)
+    out = pytester.path / "results"
+    out.mkdir()
+    db = out / "results.db"
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        holder.execute("begin exclusive")
+        result = run(pytester, ports, "-n", "2")
+    finally:
+        holder.close()
+    result.assert_outcomes(passed=3)
+    assert result.ret == pytest.ExitCode.OK  # every test passed: the load is not a test
+    result.stdout.fnmatch_lines(
+        [
+            f"profllm: {db} is locked by another process; waiting up to 2 s to load 3 record(s)",
+            f"profllm: {db}: still locked by another process after 2 s: nothing loaded; the 3 "
+            f"JSON record(s) in {out} are complete: load them with: profllm ingest {db} {out}",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*Traceback*")
+    ingest = subprocess.run(
+        [sys.executable, "-m", "pytest_profllm.cli", "ingest", str(db), str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ingest.returncode == 0, ingest.stderr
+    assert len(assert_records_are_rows(out)) == 3
+    assert_no_lease_left(ports)
+
+
+# --- 6: secrets in pytest's reprs --------------------------------------------------------------
+
+
+def test_secrets_never_show_in_pytest_reprs_or_junit_xml(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makepyfile(
+        test_secret="""
+        import pytest
+
+        # Up here, so that the test's own source in the traceback does not show them.
+        SERVER = {"model": "sim-secret", "api_key": "sk-topsecret-1", "hf_token": "hf_topsecret"}
+
+        @pytest.mark.profllm(
+            server=SERVER,
+            benchmark={"num_prompts": 2, "random_input_len": 8, "random_output_len": 2},
+        )
+        def test_fails(profllm_result):
+            case = profllm_result.case
+            server = profllm_result.server
+            env = server.env
+            assert profllm_result.results["completed"] == 99
+        """
+    )
+    result = run(pytester, ports, "-l", "-vv", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    # The locals were shown (pytest pretty-prints them over lines), their secrets as ***.
+    shown = result.stdout.str()
+    for secret in ("'api_key': '***'", "'hf_token': '***'", "'VLLM_API_KEY': '***'"):
+        assert secret in shown, secret
+    result.stdout.fnmatch_lines(["env * = {*'HF_TOKEN': '***'*"])
+    junit = (pytester.path / "junit.xml").read_text()
+    assert "VLLM_API_KEY" in junit
+    assert "topsecret" not in result.stdout.str() + result.stderr.str()
+    assert "topsecret" not in junit
