@@ -4,6 +4,7 @@ records from the process that ran a case to the one that writes it. The work liv
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import shutil
 from collections.abc import Callable, Generator
@@ -80,7 +81,11 @@ def _on_sigterm(config: pytest.Config) -> None:
 
 def _say(config: pytest.Config, line: str) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
+    if reporter is None:
+        return
+    # Also in the middle of a test (a signal), where pytest captures the output.
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
         reporter.write("\n")  # off the progress line, which may not be ended yet
         reporter.write_line(line)
 

@@ -362,8 +362,9 @@ def _overlap(one: dict[str, Any], other: dict[str, Any]) -> bool:
 # --- 3: SIGTERM ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("xdist", [["-n", "2"], ["-p", "no:xdist"]], ids=["xdist", "serial"])
 def test_sigterm_stops_the_session_as_ctrl_c_does(
-    pytester: pytest.Pytester, ports: str, tmp_path: Path
+    pytester: pytest.Pytester, ports: str, tmp_path: Path, xdist: list[str]
 ) -> None:
     pytester.makefile(
         ".yaml",
@@ -382,8 +383,7 @@ def test_sigterm_stops_the_session_as_ctrl_c_does(
             "pytest",
             "-p",
             "no:cacheprovider",
-            "-n",
-            "2",
+            *xdist,
             f"--profllm-ports={ports}",
             "--profllm-out=results",
             "--profllm-gpus=4",
