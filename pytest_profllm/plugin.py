@@ -279,8 +279,8 @@ class _ReportHooks:
         record = properties.get(session.RECORD_PROPERTY)
         if report.when != "teardown":
             return
+        controller.ended(report.nodeid)
         if record is None:
-            controller.ended(report.nodeid)
             return
         requests = properties.get(session.REQUESTS_PROPERTY)
         problem = controller.receive(record, requests)  # type: ignore[arg-type]

@@ -237,7 +237,6 @@ class ControllerSession:
         """Keep a record and write it; returns why it could not be written, or None. A failed
         write (a full disk) fails this case, never the session: the next cases run."""
         self.records.append(record)
-        self.ended(record["nodeid"])
         out = self.settings.out_dir
         if out is None:
             return None
