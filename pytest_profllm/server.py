@@ -387,12 +387,12 @@ class WorkerServers:
             raise ServerStartError(f"{self.failed[key]}".splitlines()[0] + " (see the first case)")
         current = self.current
         if current is not None and current.key == key:
-            problem = current.lost_problem()
-            if problem is None:
-                return current
-            # Between cases: the last case's record could not say so, this one's does.
-            current.stop_problems.append(problem.replace("during the case", "between cases"))
-            self.restarts[key] = f"its server {problem.replace('during the case', 'between cases')}"
+            if current.alive():
+                return current  # its port was checked after the last case
+            # Died between cases: the last case's record could not say so, this one's does.
+            problem = f"died between cases: {current.exit_description()}"
+            current.stop_problems.append(problem)
+            self.restarts[key] = f"its server {problem}"
         self.release()
         for attempt in range(1, PORT_TAKEN_ATTEMPTS + 1):
             try:
@@ -444,7 +444,7 @@ class WorkerServers:
             log_path=self.log_dir / f"{name}.log",
             lease=lease,
             profile_dir=profile_dir,
-            restart_reason=self.restarts.pop(key, None),
+            restart_reason=self.restarts.get(key),
         )
         try:
             with self.pool.serial_start(timeout=self.lease_timeout + self.startup_timeout):
@@ -458,6 +458,7 @@ class WorkerServers:
                 self.failed[key] = error
             raise
         self.current = server
+        self.restarts.pop(key, None)
         return server
 
     def _lease(self, case: Case) -> Lease:
