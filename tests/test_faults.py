@@ -324,8 +324,8 @@ def test_two_sessions_with_their_own_pool_folders_never_measure_each_others_serv
         measured += [(name, record) for record in assert_records_are_rows(out)]
     assert len(measured) == 12 and {r["status"] for _, r in measured} == {"passed"}
     # Whose server each case measured: the process it names must have logged binding its
-    # port in this session's logs, and no server of the other session may have been alive on
-    # that port at the same time.
+    # port in this session's logs, and no server of the other session may have been in use
+    # (ready, not yet stopped) on that port at the same time: one port, one listener.
     not_own = [
         record["case_id"]
         for name, record in measured
@@ -352,10 +352,12 @@ def _bound_by(logs: Path, runtime: dict[str, Any]) -> bool:
 
 
 def _overlap(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    # From ready to stopped: the time a server is measured. (From its start it may overlap
+    # the end of the port's last server, which had closed its listener but not yet exited.)
     return bool(
         one["port"] == other["port"]
-        and one["server_started_at"] < other["server_stopped_at"]
-        and other["server_started_at"] < one["server_stopped_at"]
+        and one["server_ready_at"] < other["server_stopped_at"]
+        and other["server_ready_at"] < one["server_stopped_at"]
     )
 
 
