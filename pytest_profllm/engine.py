@@ -162,6 +162,25 @@ def is_secret(name: str) -> bool:
         return False
 
 
+class RedactedDict(dict[str, Any]):
+    """A dict that shows secret values as `***` in its repr: pytest prints the reprs of
+    locals (`-l`) and fixture values, to the terminal and into JUnit XML."""
+
+    def __repr__(self) -> str:
+        return repr({key: _redact_value(key, value) for key, value in self.items()})
+
+
+class RedactedArgv(list[str]):
+    """An argv that shows the values of secret flags as `***` in its repr."""
+
+    def __repr__(self) -> str:
+        return repr(redact_argv(list(self)))
+
+
+def _redact_value(key: str, value: Any) -> Any:
+    return REDACTED if is_secret(key) and value is not None else value
+
+
 def redact(server: dict[str, Any]) -> dict[str, Any]:
     return {
         key: REDACTED if is_secret(key) and value is not None else value

@@ -248,6 +248,16 @@ def served_problem(
     quoted = "; ".join(first[:_ERRORS_QUOTED]) or "none given"
     if not results.get("completed"):
         return f"all {len(outcomes)} requests failed; first errors: {quoted}"
+    # No HTTP response at all (connection refused, reset, closed): the server went away or
+    # was not there; a figure over the requests that got through would hide it.
+    unanswered = [o for o in outcomes if not o.success and o.status is None]
+    if unanswered:
+        first_lost = list(dict.fromkeys(o.error.splitlines()[0] for o in unanswered if o.error))
+        return (
+            f"{len(unanswered)} of {len(outcomes)} requests got no response (connection "
+            f"refused, reset or closed); first errors: "
+            f"{'; '.join(first_lost[:_ERRORS_QUOTED]) or 'none given'}"
+        )
     rejected = [o for o in outcomes if o.status is not None and o.status != 200]
     if rejected:
         return (

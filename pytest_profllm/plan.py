@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pytest_profllm.engine import RedactedDict
 from pytest_profllm.suite import (
     BenchmarkConfig,
     Exclusion,
@@ -68,6 +69,11 @@ class Case:
     # The values this case takes on its suite's axes, as ("server.key", value) pairs: what
     # was read as an axis, and not as one (list) value.
     axis_values: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        # pytest shows this mapping in reprs (-l, fixture values, JUnit XML): secrets as ***.
+        if not isinstance(self.server, RedactedDict):
+            object.__setattr__(self, "server", RedactedDict(self.server))
 
     @property
     def server_key(self) -> str:

@@ -4,21 +4,23 @@ records from the process that ran a case to the one that writes it. The work liv
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import shutil
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_profllm import collect, options, scheduler, session
+from pytest_profllm import collect, interrupt, options, scheduler, session
 from pytest_profllm.collect import CASE_FIXTURE, PROFLLM_MARKER, case_of
 from pytest_profllm.plan import Case
 from pytest_profllm.session import IDENTITY_KEY, SETTINGS_KEY, WORKER_KEY, worker_session
 
 _CONTROLLER = pytest.StashKey[session.ControllerSession]()
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+_RESTORE_SIGTERM = pytest.StashKey[Callable[[], None]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -49,11 +51,49 @@ def pytest_configure(config: pytest.Config) -> None:
             session.host_pool(settings)
         except ValueError as error:
             raise pytest.UsageError(str(error)) from None
+        # A folder we cannot write would otherwise be found after the first case ran.
+        problem = session.check_writable(settings)
+        if problem is not None:
+            raise pytest.UsageError(problem)
         identity = session.RunIdentity(session.new_session_id(), engine)
         config.stash[_CONTROLLER] = session.ControllerSession(settings, identity)
         # Only here: on an xdist worker it would take records out before they are sent.
         config.pluginmanager.register(_ReportHooks(config), "profllm-reports")
     config.stash[IDENTITY_KEY] = identity
+    restore = interrupt.install(
+        lambda: _on_sigterm(config), lambda: config.pluginmanager.has_plugin("dsession")
+    )
+    if restore is not None:
+        config.stash[_RESTORE_SIGTERM] = restore
+
+
+def _on_sigterm(config: pytest.Config) -> None:
+    controller = config.stash.get(_CONTROLLER, None)
+    if controller is None:
+        return
+    controller.interrupted_by = interrupt.SIGNAL_NAME
+    _say(
+        config,
+        f"profllm: {interrupt.SIGNAL_NAME} received: stopping as on Ctrl-C "
+        "(finished records are written and loaded, servers stopped, leases released)",
+    )
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    # Also in the middle of a test (a signal), where pytest captures the output.
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        reporter.write("\n")  # off the progress line, which may not be ended yet
+        reporter.write_line(line)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    restore = config.stash.get(_RESTORE_SIGTERM, None)
+    if restore is not None:
+        restore()
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -144,7 +184,19 @@ def profllm_result(request: pytest.FixtureRequest, profllm_case: Case) -> Any:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
+    # The record this case gets if it never ends (a crashed worker) leaves with its setup
+    # report: the controller must have it before the case can crash.
+    case = case_of(item) if call.when == "setup" else None
+    started = None
+    if case is not None:
+        record = worker_session(item.config).started_record(case, item.nodeid)
+        started = (session.STARTED_PROPERTY, record)
+        item.user_properties.append(started)
+    try:
+        report = yield
+    finally:
+        if started is not None:
+            item.user_properties.remove(started)
     item.stash.setdefault(_REPORTS, {})[report.when] = report
     return report
 
@@ -182,7 +234,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         worker.close()
     controller = session.config.stash.get(_CONTROLLER, None)
     if controller is not None:
-        controller.finish()
+        controller.finish(lambda line: _say(session.config, line))
         controller.forget_turns()
     scope_dir = session.config.stash.get(scheduler.SCOPE_DIR_KEY, None)
     if scope_dir is not None:
@@ -209,23 +261,45 @@ class _ReportHooks:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        # Take the record out of the report, so it is written once (here) and not copied into
-        # JUnit XML by the plugins that read user_properties after us.
-        if report.when != "teardown":
-            return
+        # Take the records out of the report, so they are written once (here) and not copied
+        # into JUnit XML by the plugins that read user_properties after us.
+        ours = (session.RECORD_PROPERTY, session.REQUESTS_PROPERTY, session.STARTED_PROPERTY)
         properties = dict(report.user_properties)
-        record = properties.get(session.RECORD_PROPERTY)
-        if record is None:
+        if not any(name in properties for name in ours):
+            if report.when == "teardown":
+                self._controller().ended(report.nodeid)
             return
         report.user_properties = [
-            (name, value)
-            for name, value in report.user_properties
-            if name not in (session.RECORD_PROPERTY, session.REQUESTS_PROPERTY)
+            (name, value) for name, value in report.user_properties if name not in ours
         ]
-        controller = self.config.stash.get(_CONTROLLER, None)
-        if controller is not None:
-            requests = properties.get(session.REQUESTS_PROPERTY)
-            controller.receive(record, requests)  # type: ignore[arg-type]
+        controller = self._controller()
+        started = properties.get(session.STARTED_PROPERTY)
+        if started is not None:
+            controller.started(report.nodeid, started)  # type: ignore[arg-type]
+        record = properties.get(session.RECORD_PROPERTY)
+        if report.when != "teardown":
+            return
+        controller.ended(report.nodeid)
+        if record is None:
+            return
+        requests = properties.get(session.REQUESTS_PROPERTY)
+        problem = controller.receive(record, requests)  # type: ignore[arg-type]
+        if problem is not None:
+            # The case fails, clearly; the session goes on with the next one.
+            report.outcome = "failed"
+            report.longrepr = f"{report.nodeid}: {problem}"
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
+        # xdist lost the worker running this case: it gets an `error` record with the reason.
+        controller = self._controller()
+        reason = str(report.longrepr)
+        if controller.interrupted_by:
+            reason = f"interrupted by {controller.interrupted_by} before the case finished"
+        controller.lost(crashitem, reason)
+
+    def _controller(self) -> session.ControllerSession:
+        return self.config.stash[_CONTROLLER]
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -237,3 +311,5 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     terminalreporter.write_sep("=", "profllm benchmark results")
     for line in summary_lines(controller):
         terminalreporter.write_line(line)
+    if controller.load_problem is not None:
+        terminalreporter.write_line(f"profllm: {controller.load_problem}", red=True, bold=True)

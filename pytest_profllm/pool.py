@@ -1,8 +1,14 @@
 """A host-wide pool of GPUs and ports, leased through OS file locks.
 
-Every xdist worker and every pytest session on the host leases from the same directory, so no
-two servers share a GPU or a port. The locks are `flock`s: the kernel drops them when their
-holder dies, so a killed worker's lease is free at once, with no stale files to clean up.
+Every xdist worker and every pytest session on the host, whichever user runs it, leases from
+the same directory, so no two servers share a GPU or a port. The locks are `flock`s: the kernel
+drops them when their holder dies, so a killed worker's lease is free at once, with no stale
+files to clean up.
+
+The default folder is shared by all users, as /tmp is: world-writable with the sticky bit, so
+anyone may create and lock a lock file (0o666) but nobody may delete or replace another's. A
+user who wants to can hold locks and so delay others' leases; nobody can make a case measure
+their server, since a server is ready only when its port's listener is its own process.
 """
 
 from __future__ import annotations
@@ -30,12 +36,27 @@ class LeaseTimeout(Exception):
     """No GPUs or ports came free in time."""
 
 
+_SHARED_DIR_MODE = 0o1777  # as /tmp: all may create, none may remove another's files
+_LOCK_FILE_MODE = 0o666  # every user's session must be able to open and lock it
+
+
 def default_pool_dir() -> Path:
     directory = os.environ.get(POOL_DIR_ENV)
     if directory:
         return Path(directory)
-    uid = os.getuid() if hasattr(os, "getuid") else "user"
-    return Path(tempfile.gettempdir()) / f"pytest-profllm-pool-{uid}"
+    # One folder for the host, not one per user: two users' sessions must see each other's
+    # leases, or they take the same GPUs and ports.
+    return Path(tempfile.gettempdir()) / "pytest-profllm-pool"
+
+
+def shared_dir(directory: Path) -> Path:
+    """`directory`, made if need be; one we create is open to every user's sessions."""
+    try:
+        directory.mkdir(parents=True)
+    except FileExistsError:
+        return directory
+    os.chmod(directory, _SHARED_DIR_MODE)  # mkdir's mode goes through the umask; chmod not
+    return directory
 
 
 @dataclass
@@ -74,7 +95,7 @@ class HostPool:
         """
         if gpu_count > len(self.gpu_ids):
             raise LeaseTimeout(f"needs {gpu_count} GPU(s) but the pool has {len(self.gpu_ids)}")
-        self.directory.mkdir(parents=True, exist_ok=True)
+        shared_dir(self.directory)
         started = time.monotonic()
         deadline = started + timeout
         queue = self._lock("lease-queue")
@@ -172,7 +193,9 @@ class HostPool:
         return None
 
     def _lock(self, name: str) -> filelock.BaseFileLock:
-        return filelock.FileLock(self.directory / f"{name}.lock", thread_local=False)
+        return filelock.FileLock(
+            self.directory / f"{name}.lock", mode=_LOCK_FILE_MODE, thread_local=False
+        )
 
 
 @dataclass(frozen=True)
@@ -200,7 +223,8 @@ class SessionTurns:
         return time.monotonic() - started
 
     def taken(self, rank: int) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        shared_dir(self.directory.parent)  # `turns/`, where every session has its folder
+        self.directory.mkdir(exist_ok=True)
         (self.directory / f"turn-{rank}").touch()
 
 

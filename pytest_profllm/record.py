@@ -93,12 +93,16 @@ class RuntimeInfo(BaseModel):
     gpus: list[str] = Field(default_factory=list)  # CUDA device ids, or virtual ids (simulator)
     gpu_uuids: list[str] = Field(default_factory=list)  # NVML UUIDs; empty for virtual GPUs
     port: int | None = None
+    server_pid: int | None = None  # the server process (its group's leader) the case measured
     server_started_at: float | None = None
     server_ready_at: float | None = None
     server_stopped_at: float | None = None
     lease_wait_s: float | None = None
-    # What the checks after stop found: processes that outlived the group, GPU memory held.
+    # What the checks after stop found: processes that outlived the group, GPU memory held;
+    # and a server that died or lost its port while in use.
     server_stop_problems: list[str] = Field(default_factory=list)
+    # Set when this case's server is a restart: why the one before it is gone.
+    server_restart_reason: str | None = None
 
 
 class TraceFile(BaseModel):

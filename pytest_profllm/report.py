@@ -34,7 +34,14 @@ def summary_lines(controller: ControllerSession) -> list[str]:
     lines += _server_lines(records)
     settings = controller.settings
     if settings.out_dir is not None:
-        lines.append(f"{len(records)} record(s) in {settings.out_dir}")
+        unwritten = controller.unwritten
+        missing = f" ({unwritten} could not be written)" if unwritten else ""
+        lines.append(f"{len(records) - unwritten} record(s) in {settings.out_dir}{missing}")
+    if controller.interrupted_by is not None:
+        lines.append(
+            f"interrupted by {controller.interrupted_by}: every case that finished has its "
+            "record; cases cut short are `error`"
+        )
     if settings.db_path is not None and controller.loaded_rows is not None:
         lines.append(
             f"{controller.loaded_rows} row(s) loaded into {settings.db_path} "

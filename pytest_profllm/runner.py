@@ -133,11 +133,14 @@ def run_case(
     with Sampler(server.pid, server.lease.gpus, f"{server.base_url}/metrics") as sampler:
         load = asyncio.run(run_load(settings, prompts))
     outcome.telemetry = sampler.summary()
-    outcome.results, health = measure(load, bench, codec)
-    outcome.results.update(health)
     outcome.requests = [
         request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
     ]
+    # A case passes only on a server that lived through it, on its own port: else no figure.
+    if (problem := server.lost_problem()) is not None:
+        raise servers.lost(server, problem)
+    outcome.results, health = measure(load, bench, codec)
+    outcome.results.update(health)
     outcome.verdicts = evaluate(case, outcome.results)
     check_served(load.outcomes, outcome.results)
     outcome.invalid_reason = metrics.client_fell_behind(health, max_schedule_lag_ms)

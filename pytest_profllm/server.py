@@ -25,7 +25,14 @@ from typing import Any
 import psutil
 
 from pytest_profllm import gpus
-from pytest_profllm.engine import EngineName, redact_argv, serve_command, serve_env
+from pytest_profllm.engine import (
+    EngineName,
+    RedactedArgv,
+    RedactedDict,
+    redact_argv,
+    serve_command,
+    serve_env,
+)
 from pytest_profllm.engine_args import Registry, registry_for
 from pytest_profllm.plan import Case
 from pytest_profllm.pool import HostPool, Lease, SessionTurns
@@ -37,6 +44,8 @@ HOST = "127.0.0.1"
 # queue: seconds at most, since that one may still be finishing a case on a busy worker.
 TURN_WAIT_CAP_S = 5.0
 LOG_TAIL_LINES = 50
+# Attempts to start a server whose port another process took between lease and bind.
+PORT_TAKEN_ATTEMPTS = 3
 # How long the driver may take to free a stopped server's GPU memory before we say so.
 GPU_RELEASE_TIMEOUT_S = 30.0
 # SIGKILL reaches the members of a group asynchronously: a moment before calling one a survivor.
@@ -63,8 +72,21 @@ class ServerStartError(Exception):
     """The server died or never became ready; the message carries the log's tail."""
 
 
+class PortTaken(ServerStartError):
+    """Another process held the server's port when it started: it was never ours."""
+
+
+class ServerLost(Exception):
+    """The server died, or its port stopped being its own, during a case: nothing it
+    measured counts. The message carries the log's tail."""
+
+
 class ServerStopWarning(UserWarning):
     """A stopped server left something behind: a process, or GPU memory."""
+
+
+class PortTakenWarning(UserWarning):
+    """Another process took a server's port as it started; it starts again on another."""
 
 
 @dataclass
@@ -76,6 +98,8 @@ class ServerProcess:
     env: dict[str, str]
     log_path: Path
     lease: Lease
+    # Why this server is a restart of its key's server (the one before died), or None.
+    restart_reason: str | None = None
     started_at: float = 0.0  # Unix seconds, as the record's runtime block wants
     ready_at: float | None = None
     stopped_at: float | None = None
@@ -83,6 +107,11 @@ class ServerProcess:
     stop_problems: list[str] = field(default_factory=list)
     gpu_release_timeout: float = GPU_RELEASE_TIMEOUT_S
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # pytest shows reprs of locals (-l) and in JUnit XML: secrets show as *** there too.
+        self.argv = RedactedArgv(self.argv)
+        self.env = RedactedDict(self.env)
 
     @property
     def base_url(self) -> str:
@@ -123,13 +152,68 @@ class ServerProcess:
                     response = session.get(
                         f"{self.base_url}/health", timeout=_HEALTH_PROBE_TIMEOUT_S
                     )
-                    if response.status_code == 200:
+                    healthy = response.status_code == 200
+                except requests.RequestException:
+                    healthy = False
+                # Ready only when the answer came from our own process: a server of another
+                # session (or any program) on this port must never be measured as ours.
+                if healthy and self._process.poll() is None:
+                    owners = self.port_owners()
+                    foreign = [pid for pid in owners if pid not in self._own_pids()]
+                    if foreign:
+                        raise self._start_error(
+                            f"found port {self.lease.port} held by another process "
+                            f"({describe_pids(foreign)}), not by this server",
+                            PortTaken,
+                        )
+                    if owners:
                         self.ready_at = time.time()
                         return
-                except requests.RequestException:
-                    pass
                 time.sleep(0.1)
         raise self._start_error(f"was not ready on /health within {timeout:.0f} s")
+
+    def _own_pids(self) -> set[int | None]:
+        assert self._process is not None
+        tree = process_tree(self._process.pid) + group_members(self._process.pid)
+        return {process.pid for process in tree}
+
+    def port_owners(self) -> set[int | None]:
+        """Pids listening on the server's API port (None: a process we may not inspect)."""
+        return listening_pids(self.lease.port)
+
+    def lost_problem(self) -> str | None:
+        """Why this server is no longer the one that was measured, or None: it exited, or the
+        listener on its port is another process's."""
+        if self._process is None:
+            return None
+        if self._process.poll() is not None:
+            return f"died during the case: {self.exit_description()}"
+        foreign = [pid for pid in self.port_owners() if pid not in self._own_pids()]
+        if foreign:
+            return f"lost its port {self.lease.port} to another process ({describe_pids(foreign)})"
+        return None
+
+    def exit_description(self) -> str:
+        code = self._process.poll() if self._process is not None else None
+        if code is None:
+            return "still running"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = "unknown signal"
+            return f"killed by signal {-code} ({name})"
+        return f"exited with code {code}"
+
+    def lost_error(self, problem: str) -> ServerLost:
+        """Stops what is left of the server (its stop time and this problem go into the
+        record) and says what happened, with the log's tail."""
+        self.stop_problems.append(problem)
+        self.stop(grace=5.0)
+        return ServerLost(
+            f"{self.describe()} {problem}; its measurement does not count; log: "
+            f"{self.log_path}\n--- last {LOG_TAIL_LINES} log lines ---\n{self.log_tail()}"
+        )
 
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
@@ -205,12 +289,16 @@ class ServerProcess:
         except OSError:
             return ""
 
-    def _start_error(self, what: str) -> ServerStartError:
+    def _start_error(
+        self, what: str, kind: type[ServerStartError] = ServerStartError
+    ) -> ServerStartError:
         tail = self.log_tail()
         cause = next((name for pattern, name in _LIKELY_CAUSES if pattern.search(tail)), None)
         likely = f" (likely cause: {cause})" if cause else ""
+        if cause == "port already in use":
+            kind = PortTaken
         self.stop(grace=5.0)
-        return ServerStartError(
+        return kind(
             f"{self.describe()} {what}{likely}; log: {self.log_path}\n"
             f"--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
         )
@@ -226,6 +314,34 @@ def group_members(pgid: int) -> list[psutil.Process]:
         except (OSError, psutil.Error):
             continue
     return members
+
+
+def listening_pids(port: int) -> set[int | None]:
+    """Pids of the TCP listeners on `port`, any address (None where the kernel does not tell
+    us whose it is: another user's process)."""
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.Error:
+        return set()
+    return {
+        c.pid
+        for c in connections
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+    }
+
+
+def describe_pids(pids: list[int | None]) -> str:
+    shown = []
+    for pid in pids:
+        if pid is None:
+            shown.append("a process of another user")
+            continue
+        try:
+            command = " ".join(" ".join(psutil.Process(pid).cmdline()).split())
+            shown.append(f"pid {pid}: {command[:80]}")
+        except psutil.Error:
+            shown.append(f"pid {pid}")
+    return "; ".join(shown)
 
 
 def _alive(process: psutil.Process) -> bool:
@@ -259,6 +375,8 @@ class WorkerServers:
     profile_root: Path | None = None  # trace folders of profiling servers go under it
     current: ServerProcess | None = None
     failed: dict[str, ServerStartError] = field(default_factory=dict)
+    # Why a key's next server is a restart: its last server died or lost its port.
+    restarts: dict[str, str] = field(default_factory=dict)
     starts: int = 0
 
     def server_for(self, case: Case) -> ServerProcess:
@@ -267,9 +385,43 @@ class WorkerServers:
         if key in self.failed:
             # Every case of a server that failed to start fails the same way, without retrying.
             raise ServerStartError(f"{self.failed[key]}".splitlines()[0] + " (see the first case)")
-        if self.current is not None and self.current.key == key and self.current.alive():
-            return self.current
+        current = self.current
+        if current is not None and current.key == key:
+            if current.alive():
+                return current  # its port was checked after the last case
+            # Died between cases: the last case's record could not say so, this one's does.
+            problem = f"died between cases: {current.exit_description()}"
+            current.stop_problems.append(problem)
+            self.restarts[key] = f"its server {problem}"
         self.release()
+        for attempt in range(1, PORT_TAKEN_ATTEMPTS + 1):
+            try:
+                return self._start(case)
+            except PortTaken as error:
+                # Another process took the port between the lease's check and our bind: the
+                # next lease skips it (it is no longer free).
+                if attempt == PORT_TAKEN_ATTEMPTS:
+                    self.failed[key] = error
+                    raise
+                warnings.warn(
+                    f"{str(error).splitlines()[0]}; starting again on another port",
+                    PortTakenWarning,
+                    stacklevel=2,
+                )
+        raise AssertionError("unreachable")
+
+    def lost(self, server: ServerProcess, problem: str) -> ServerLost:
+        """The server died or lost its port during a case: the case fails with this error,
+        and the key's next case starts a new server and says why."""
+        self.restarts[server.key] = f"its server {problem}"
+        if self.current is server:
+            self.current = None
+        error = server.lost_error(problem)
+        server.lease.release()
+        return error
+
+    def _start(self, case: Case) -> ServerProcess:
+        key = case.server_key
         lease = self._lease(case)
         try:
             lease.wait_s += gpus.wait_until_idle(
@@ -292,6 +444,7 @@ class WorkerServers:
             log_path=self.log_dir / f"{name}.log",
             lease=lease,
             profile_dir=profile_dir,
+            restart_reason=self.restarts.get(key),
         )
         try:
             with self.pool.serial_start(timeout=self.lease_timeout + self.startup_timeout):
@@ -301,10 +454,11 @@ class WorkerServers:
         except BaseException as error:
             server.stop(grace=5.0)
             lease.release()
-            if isinstance(error, ServerStartError):
+            if isinstance(error, ServerStartError) and not isinstance(error, PortTaken):
                 self.failed[key] = error
             raise
         self.current = server
+        self.restarts.pop(key, None)
         return server
 
     def _lease(self, case: Case) -> Lease:
@@ -383,9 +537,11 @@ def describe_runtime(server: ServerProcess | None, worker: str, case: Case) -> d
         "gpus": list(lease.gpus) if lease else [],
         "gpu_uuids": list(lease.gpu_uuids) if lease else [],
         "port": lease.port if lease else None,
+        "server_pid": server.pid if server else None,
         "server_started_at": server.started_at if server else None,
         "server_ready_at": server.ready_at if server else None,
         "server_stopped_at": server.stopped_at if server else None,
         "lease_wait_s": lease.wait_s if lease else None,
         "server_stop_problems": list(server.stop_problems) if server else [],
+        "server_restart_reason": server.restart_reason if server else None,
     }

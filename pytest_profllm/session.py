@@ -11,8 +11,10 @@ import functools
 import os
 import secrets
 import shutil
+import sqlite3
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,14 +36,20 @@ from pytest_profllm.pool import (
 )
 from pytest_profllm.record import Status, write_record, write_requests
 from pytest_profllm.runner import CaseFailed, CaseOutcome, run_case
-from pytest_profllm.server import ServerStartError, WorkerServers
+from pytest_profllm.server import ServerLost, ServerStartError, WorkerServers
 
 RECORD_PROPERTY = "profllm_record"
 REQUESTS_PROPERTY = "profllm_requests"
+# The record a case gets if its worker dies (or the session is interrupted) before it ends;
+# it leaves with the setup report, so the controller has it before the case runs.
+STARTED_PROPERTY = "profllm_started"
+# How long the load at the end waits for another process's lock on the database.
+DB_LOCK_WAIT_S = 30.0
+_DB_FIRST_TRY_S = 1.0
 # The outcome of the case an item ran; its record leaves with the item's teardown report.
 OUTCOME_KEY = pytest.StashKey[CaseOutcome]()
 # Errors that fail a case with their own one-line message, not a traceback.
-CASE_ERRORS = (ServerStartError, LeaseTimeout, GpuBusy, CaseFailed)
+CASE_ERRORS = (ServerStartError, ServerLost, LeaseTimeout, GpuBusy, CaseFailed)
 
 
 def new_session_id() -> str:
@@ -133,6 +141,18 @@ class WorkerSession:
             outcome.finished_at = time.time()
             raise
 
+    def started_record(self, case: Case, nodeid: str) -> dict[str, Any]:
+        """The record of this case if it never finishes: `error`, its reason filled in later."""
+        outcome = CaseOutcome(
+            case=case,
+            nodeid=nodeid,
+            session_id=self.identity.session_id,
+            engine=self.identity.engine,
+            worker=self.worker,
+            started_at=time.time(),
+        )
+        return outcome.record("error", "started, never finished")
+
     def after_case(self, next_case: Case | None) -> None:
         if "servers" in self.__dict__:
             self.servers.after_case(next_case)
@@ -163,6 +183,23 @@ def _short(report: Any) -> str:
     return text.splitlines()[0] if text else "failed"
 
 
+def check_writable(settings: Settings) -> str | None:
+    """Why the records or the database could not be written, known before anything starts."""
+    for option, folder in (
+        ("--profllm-out", settings.out_dir),
+        ("--profllm-db", settings.db_path.parent if settings.db_path else None),
+    ):
+        if folder is None:
+            continue
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as error:
+            return f"{option}: cannot write to {folder}: {error.strerror or error}"
+    return None
+
+
 @dataclass
 class ControllerSession:
     """The writing side: each record on arrival, then all of them into SQLite."""
@@ -171,20 +208,50 @@ class ControllerSession:
     identity: RunIdentity
     records: list[dict[str, Any]] = field(default_factory=list)
     loaded_rows: int | None = None
+    unwritten: int = 0  # records that could not be written (a full disk)
+    # Set when the database load at the end failed: what happened and how to load later.
+    load_problem: str | None = None
+    # Set when the session was stopped by a signal: the records of cases it cut short say so.
+    interrupted_by: str | None = None
     # Records of servers still running, by server lifetime: their stop time comes later.
     _running: dict[tuple[Any, ...], list[dict[str, Any]]] = field(default_factory=dict)
+    # Cases started and not yet ended, by node id: the record each gets if it never ends.
+    _started: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def receive(self, record: dict[str, Any], requests: list[dict[str, Any]] | None) -> None:
+    def started(self, nodeid: str, record: dict[str, Any]) -> None:
+        self._started[nodeid] = record
+
+    def ended(self, nodeid: str) -> None:
+        self._started.pop(nodeid, None)
+
+    def lost(self, nodeid: str, reason: str) -> None:
+        """A started case that will never report (its worker crashed): an `error` record."""
+        record = self._started.pop(nodeid, None)
+        if record is None:
+            return  # never started: nothing was measured, nothing to say
+        record["message"] = reason
+        record["duration"] = max(0.0, time.time() - _started_at(record))
+        self.receive(record, None)
+
+    def receive(self, record: dict[str, Any], requests: list[dict[str, Any]] | None) -> str | None:
+        """Keep a record and write it; returns why it could not be written, or None. A failed
+        write (a full disk) fails this case, never the session: the next cases run."""
         self.records.append(record)
         out = self.settings.out_dir
-        for earlier in self._stop_time_known(record):
-            if out is not None:
-                write_record(out, earlier)
         if out is None:
-            return
-        write_record(out, record)
-        if requests is not None:
-            write_requests(out, record["run_id"], requests)
+            return None
+        try:
+            for earlier in self._stop_time_known(record):
+                write_record(out, earlier)
+            write_record(out, record)
+            if requests is not None:
+                write_requests(out, record["run_id"], requests)
+        except OSError as error:
+            problem = f"record not written to {out}: {error.strerror or error}"
+            record["status"], record["message"] = "error", problem
+            self.unwritten += 1
+            return problem
+        return None
 
     def _stop_time_known(self, record: dict[str, Any]) -> list[dict[str, Any]]:
         """A server's stop time is known only at its last case: give it to its earlier cases'
@@ -205,11 +272,60 @@ class ControllerSession:
     def forget_turns(self) -> None:
         shutil.rmtree(session_turns(host_pool(self.settings), self.identity).directory, True)
 
-    def finish(self) -> None:
+    def finish(self, say: Callable[[str], None]) -> None:
+        """Records for cases that never ended, then every record into the database. A locked
+        or full database costs the load, never the records: `load_problem` says how to load
+        them later."""
+        reason = (
+            f"interrupted by {self.interrupted_by} before the case finished"
+            if self.interrupted_by
+            else "the session stopped before the case finished"
+        )
+        for nodeid in list(self._started):
+            self.lost(nodeid, reason)
+        db = self.settings.db_path
+        if db is None or not self.records:
+            return
+        try:
+            self.loaded_rows = self._load(db, say)
+        except (sqlite3.Error, OSError) as error:
+            self.load_problem = self._load_failed(db, error)
+
+    def _load(self, db: Path, say: Callable[[str], None]) -> int:
         from pytest_profllm.store import load_records
 
-        if self.settings.db_path is not None and self.records:
-            self.loaded_rows = load_records(self.settings.db_path, self.records)
+        try:
+            return load_records(db, self.records, busy_timeout_s=_DB_FIRST_TRY_S)
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error):
+                raise
+        say(
+            f"profllm: {db} is locked by another process; waiting up to {DB_LOCK_WAIT_S:.0f} s "
+            f"to load {len(self.records)} record(s)"
+        )
+        return load_records(db, self.records, busy_timeout_s=DB_LOCK_WAIT_S)
+
+    def _load_failed(self, db: Path, error: BaseException) -> str:
+        what = (
+            f"still locked by another process after {DB_LOCK_WAIT_S:.0f} s"
+            if "locked" in str(error)
+            else str(getattr(error, "strerror", None) or error)
+        )
+        out = self.settings.out_dir
+        if out is None:
+            return f"{db}: {what}: nothing loaded (no --profllm-out: the records are lost)"
+        written = len(self.records) - self.unwritten
+        kept = (
+            f"the {written} JSON record(s) in {out} are complete"
+            if not self.unwritten
+            else f"{written} JSON record(s) are in {out} ({self.unwritten} more could not be "
+            "written: see their cases)"
+        )
+        return f"{db}: {what}: nothing loaded; {kept}: load them with: profllm ingest {db} {out}"
+
+
+def _started_at(record: dict[str, Any]) -> float:
+    return datetime.fromisoformat(record["timestamp"]).timestamp()
 
 
 def worker_name() -> str:

@@ -9,6 +9,7 @@ transaction, so re-loading a record changes nothing and concurrent writers wait 
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ TABLE = "benchmark_runs"
 STANDARD_METRICS = metrics.result_names(metrics.LATENCY_METRICS, (50.0, 90.0, 95.0, 99.0)) + list(
     metrics.CLIENT_HEALTH_KEYS
 )
-_BUSY_TIMEOUT_MS = 30_000
+_BUSY_TIMEOUT_S = 30.0
 
 
 def record_row(record: dict[str, Any]) -> dict[str, Any]:
@@ -76,17 +77,21 @@ def _cell(value: Any) -> Any:
     return value
 
 
-def load_records(db_path: Path, records: Iterable[dict[str, Any]]) -> int:
-    """Upsert records into `benchmark_runs`; returns how many rows were written."""
+def load_records(
+    db_path: Path, records: Iterable[dict[str, Any]], busy_timeout_s: float = _BUSY_TIMEOUT_S
+) -> int:
+    """Upsert records into `benchmark_runs` in one transaction (all or nothing: a full disk
+    or an error leaves the database as it was); returns how many rows were written. Waits up
+    to `busy_timeout_s` for another writer's lock (sqlite3.OperationalError: locked)."""
     import sqlite_utils
 
     rows = [record_row(record) for record in records]
     if not rows:
         return 0
     db_path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite_utils.Database(db_path)
+    db = sqlite_utils.Database(sqlite3.connect(db_path, timeout=busy_timeout_s))
     try:
-        db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         db.enable_wal()
         db.conn.execute("BEGIN IMMEDIATE")
         try:

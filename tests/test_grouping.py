@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -244,8 +245,18 @@ def test_killed_worker_frees_its_gpus_and_ports_for_the_next_server(
     written = read_records(pytester.path / "results")
     after = [r for r in written if "bench_after" in r["case_id"]]
     assert [r["status"] for r in after] == ["passed", "passed"], output
+    # The crashed case has its record, `error` with the reason, written and loaded.
+    victim_case = "bench_victim.yaml::sim-victim::random-out2"
+    (crashed,) = [r for r in written if r["case_id"] == victim_case]
+    assert crashed["status"] == "error"
+    assert crashed["message"] == (
+        f"worker '{victim['worker']}' crashed while running '{victim_case}'"
+    )
+    with sqlite3.connect(pytester.path / "results" / "results.db") as db:
+        rows = db.execute("select run_id, status from benchmark_runs").fetchall()
+    assert sorted(rows) == sorted((r["run_id"], r["status"]) for r in written)
     # The rest of the victim's server cases ran on a new server, after the crash.
-    rest = [r for r in written if "bench_victim" in r["case_id"]]
+    rest = [r for r in written if "bench_victim" in r["case_id"] and r is not crashed]
     assert len(rest) == 2 and {r["status"] for r in rest} == {"passed"}, output
     for record in after + rest:
         assert record["runtime"]["gpus"] == victim["gpus"]

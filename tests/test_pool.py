@@ -7,6 +7,7 @@ import os
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -346,7 +347,20 @@ def test_default_pool_dir_follows_the_environment(
     monkeypatch.setenv(POOL_DIR_ENV, str(tmp_path / "locks"))
     assert default_pool_dir() == tmp_path / "locks"
     monkeypatch.delenv(POOL_DIR_ENV)
-    assert default_pool_dir().name.startswith("pytest-profllm-pool-")
+    # One folder for every user of the host, so their sessions see each other's leases.
+    assert default_pool_dir().name == "pytest-profllm-pool"
+
+
+def test_pool_folder_and_locks_are_open_to_every_user(tmp_path: Path) -> None:
+    pool = virtual_pool(tmp_path / "shared", 1, ports(10, 1))
+    lease = pool.acquire(1, timeout=5)
+    try:
+        mode = (tmp_path / "shared").stat().st_mode
+        assert stat.S_IMODE(mode) == 0o1777  # sticky: nobody removes another's lock file
+        for lock in (tmp_path / "shared").glob("*.lock"):
+            assert stat.S_IMODE(lock.stat().st_mode) == 0o666, lock
+    finally:
+        lease.release()
 
 
 def test_waiters_queue_so_a_large_lease_is_not_starved(

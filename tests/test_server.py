@@ -335,9 +335,14 @@ def test_dead_server_is_started_again_for_its_key(workers: WorkerServers) -> Non
     while server.alive():
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    again = workers.server_for(second)
+    with pytest.warns(ServerStopWarning, match="died between cases: killed by signal 9"):
+        again = workers.server_for(second)
     assert again is not server and again.alive()
     assert workers.starts == 2
+    # The dead server's stop is recorded, and the new one says why it was started.
+    assert server.stopped_at is not None
+    assert server.stop_problems == ["died between cases: killed by signal 9 (SIGKILL)"]
+    assert again.restart_reason == "its server died between cases: killed by signal 9 (SIGKILL)"
 
 
 # --- After stop: survivors and GPU memory ----------------------------------------------------

@@ -185,7 +185,13 @@ async def _serve(
         loop.add_signal_handler(signum, stop.set)
     try:
         await site.start()
-        log.info("Starting vLLM API server (simulated) on http://%s:%d", args.host, args.port)
+        # The pid says which process bound the port (a test proves whose server was measured).
+        log.info(
+            "Starting vLLM API server (simulated) on http://%s:%d (pid %d)",
+            args.host,
+            args.port,
+            os.getpid(),
+        )
         log.info(
             "serving %s as %s, max_num_seqs=%d, max_model_len=%d, tp=%d",
             model_dir,
