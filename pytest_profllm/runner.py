@@ -24,6 +24,7 @@ from pytest_profllm import gpus, metrics
 from pytest_profllm.bench import load_settings, measure
 from pytest_profllm.client import run_load
 from pytest_profllm.dataset import Codec, ServerCodec, TokenizerCodec, make_prompts
+from pytest_profllm.devices import client_off, cpu_model, device_kind, leased_cores
 from pytest_profllm.engine import EngineChoice, redact
 from pytest_profllm.engine_args import registry_for
 from pytest_profllm.plan import Case
@@ -84,7 +85,7 @@ class CaseOutcome:
             status=status,
             message=message,
             engine=self.engine.as_record(),
-            config=_config(case, self.engine.name),
+            config=_config(case, self.engine),
             results={k: v for k, v in self.results.items() if not _bad_float(v)},
             system={**system_info(self.engine, self.server), **self.telemetry},
             runtime=describe_runtime(self.server, self.worker, case),
@@ -95,10 +96,10 @@ class CaseOutcome:
         return record.model_dump(mode="json")
 
 
-def _config(case: Case, engine: str) -> dict[str, Any]:
+def _config(case: Case, engine: EngineChoice) -> dict[str, Any]:
     # Every engine argument, defaults included, so the database can filter on any of them;
     # the server key stays a hash of the suite's own values (Case.server).
-    registry = registry_for(engine)
+    registry = registry_for(engine.name, engine.vllm)
     return {
         "server": redact(registry.complete(case.server)),
         "benchmark": case.benchmark.model_dump(mode="json"),
@@ -130,8 +131,15 @@ def run_case(
     settings = load_settings(
         bench, server.base_url, _served_name(case.server), api_key=_api_key(case.server)
     )
-    with Sampler(server.pid, server.lease.gpus, f"{server.base_url}/metrics") as sampler:
+    gpu_ids = server.lease.gpus if server.device == "gpu" else ()
+    with (
+        client_off(leased_cores(server.device, server.lease)),
+        Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler,
+    ):
         load = asyncio.run(run_load(settings, prompts))
+    if not server.alive():
+        # Every request after its death failed: nothing here measures the server.
+        raise servers.gone(server)
     outcome.telemetry = sampler.summary()
     outcome.results, health = measure(load, bench, codec)
     outcome.results.update(health)
@@ -246,9 +254,16 @@ def request_row(index: int, outcome: metrics.RequestOutcome, clock_start: float)
 
 def system_info(engine: EngineChoice, server: ServerProcess | None) -> dict[str, Any]:
     host = gpus.discover()
-    leased = set(server.lease.gpus) if server else set()
+    kind = device_kind(engine)
+    leased = set(server.lease.gpus) if server and kind == "gpu" else set()
     chosen = [gpu for gpu in host.gpus if str(gpu.index) in leased]
+    if kind == "cpu":
+        device_name: str | None = cpu_model()
+    else:
+        device_name = ", ".join(sorted({gpu.name for gpu in chosen})) or None
     return {
+        "device_kind": kind,
+        "device_name": device_name,
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],

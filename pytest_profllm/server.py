@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,12 +26,14 @@ from typing import Any
 import psutil
 
 from pytest_profllm import gpus
+from pytest_profllm.devices import DeviceKind, device_env
 from pytest_profllm.engine import EngineName, redact_argv, serve_command, serve_env
 from pytest_profllm.engine_args import Registry, registry_for
 from pytest_profllm.plan import Case
 from pytest_profllm.pool import HostPool, Lease, SessionTurns
 from pytest_profllm.profiling import profiled_server
 from pytest_profllm.telemetry import process_tree
+from pytest_profllm.vllm_install import VllmInstall
 
 HOST = "127.0.0.1"
 # How long a server waits for the one before it in the scheduler's order to reach the lease
@@ -63,6 +66,15 @@ class ServerStartError(Exception):
     """The server died or never became ready; the message carries the log's tail."""
 
 
+class ServerDied(Exception):
+    """The server exited while a case was using it; the message carries the log's tail."""
+
+
+# Each server's processes carry this in their environment (vLLM's EngineCore and workers
+# inherit it), so that stop() finds them even where they left the server's process group.
+SERVER_ID_ENV = "PROFLLM_SERVER_ID"
+
+
 class ServerStopWarning(UserWarning):
     """A stopped server left something behind: a process, or GPU memory."""
 
@@ -82,7 +94,9 @@ class ServerProcess:
     profile_dir: Path | None = None  # where the engine writes profiler traces, when it profiles
     stop_problems: list[str] = field(default_factory=list)
     gpu_release_timeout: float = GPU_RELEASE_TIMEOUT_S
+    device: DeviceKind = "gpu"
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _server_id: str = field(default_factory=lambda: secrets.token_hex(8), repr=False)
 
     @property
     def base_url(self) -> str:
@@ -101,7 +115,7 @@ class ServerProcess:
             self.started_at = time.time()
             self._process = subprocess.Popen(
                 self.argv,
-                env={**os.environ, **self.env},
+                env={**os.environ, **self.env, SERVER_ID_ENV: self._server_id},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -140,8 +154,17 @@ class ServerProcess:
         process = self._process
         if process is None or self.stopped_at is not None:
             return
-        # Known before the kill: a descendant that left the group (setsid) is still ours.
-        watched = {p.pid: p for p in [*process_tree(process.pid), *group_members(process.pid)]}
+        # Known before the kill: a descendant that left the group (setsid), or one orphaned by
+        # an API process that died first (vLLM's EngineCore and worker then live on under
+        # init, holding their memory), is still ours.
+        watched = {
+            p.pid: p
+            for p in [
+                *process_tree(process.pid),
+                *group_members(process.pid),
+                *tagged_processes(SERVER_ID_ENV, self._server_id),
+            ]
+        }
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -180,6 +203,9 @@ class ServerProcess:
     def _check_gpu_memory(self, pids: set[int]) -> None:
         from pytest_profllm.telemetry import NvmlGpus, wait_gpu_memory_released
 
+        if self.device != "gpu":
+            return  # CPU core sets: no GPU memory to wait for
+
         gpus = NvmlGpus.open(self.lease.gpus)
         if gpus is None:
             return  # no NVML (a CPU host, virtual GPUs): nothing to check
@@ -195,8 +221,24 @@ class ServerProcess:
             log.write(line + "\n")
 
     def describe(self) -> str:
-        gpus = ",".join(self.lease.gpus)
-        return f"server {self.label} ({self.engine}, port {self.lease.port}, GPUs {gpus})"
+        devices = ",".join(self.lease.gpus)
+        if self.device == "cpu":
+            devices = "CPU cores " + "|".join(self.lease.gpus)
+        else:
+            devices = f"GPUs {devices}"
+        return f"server {self.label} ({self.engine}, port {self.lease.port}, {devices})"
+
+    def died_error(self) -> ServerDied:
+        """The server is gone mid-case: what it said last, and its whole group ended now."""
+        code = self._process.poll() if self._process is not None else None
+        tail = self.log_tail()
+        said = engine_message(tail)
+        self.stop(grace=5.0)
+        return ServerDied(
+            f"{self.describe()} died during the case (exit code {code})"
+            + (f": {said}" if said else "")
+            + f"; log: {self.log_path}\n--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
+        )
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         try:
@@ -209,11 +251,43 @@ class ServerProcess:
         tail = self.log_tail()
         cause = next((name for pattern, name in _LIKELY_CAUSES if pattern.search(tail)), None)
         likely = f" (likely cause: {cause})" if cause else ""
+        said = engine_message(tail)
         self.stop(grace=5.0)
         return ServerStartError(
-            f"{self.describe()} {what}{likely}; log: {self.log_path}\n"
-            f"--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
+            f"{self.describe()} {what}{likely}"
+            + (f": {said}" if said else "")
+            + f"; log: {self.log_path}\n--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
         )
+
+
+# The line in which an engine says why it stopped: an exception's last line (vLLM's
+# `ValueError: ...`, pydantic's `Value error, ...`) or argparse's `error: ...`.
+_ENGINE_SAYS = re.compile(
+    r"^(?:\([A-Za-z]+ pid=\d+\) )?(?:[\w.]+(?:Error|Exception): .+|.*\berror: .+|"
+    r"\s*Value error, .+)$"
+)
+
+
+def engine_message(tail: str) -> str | None:
+    """The engine's own reason for stopping, from its log's tail, as one line; None where it
+    gave none (a kill by signal)."""
+    for line in reversed(tail.splitlines()):
+        line = line.strip()
+        if _ENGINE_SAYS.match(line) and not line.startswith("# profllm"):
+            return re.sub(r"^\([A-Za-z]+ pid=\d+\) ", "", line)[:500]
+    return None
+
+
+def tagged_processes(name: str, value: str) -> list[psutil.Process]:
+    """Live processes of this user whose environment has name=value."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(name) == value and _alive(process):
+                found.append(process)
+        except (OSError, psutil.Error):
+            continue
+    return found
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
@@ -260,6 +334,8 @@ class WorkerServers:
     current: ServerProcess | None = None
     failed: dict[str, ServerStartError] = field(default_factory=dict)
     starts: int = 0
+    vllm: VllmInstall | None = None  # where the engine is vLLM: its Python and launcher
+    device: DeviceKind = "gpu"
 
     def server_for(self, case: Case) -> ServerProcess:
         """The running server for this case's key, started (once) if need be."""
@@ -282,7 +358,14 @@ class WorkerServers:
         engine_args, profile_dir = engine_args_for(
             case, self.profile_root or self.log_dir / "profiles"
         )
-        argv, env = launch(self.engine, engine_args, lease, registry_for(self.engine))
+        argv, env = launch(
+            self.engine,
+            engine_args,
+            lease,
+            registry_for(self.engine, self.vllm),
+            vllm=self.vllm,
+            device=self.device,
+        )
         server = ServerProcess(
             key=key,
             label=case.server_label,
@@ -292,6 +375,7 @@ class WorkerServers:
             log_path=self.log_dir / f"{name}.log",
             lease=lease,
             profile_dir=profile_dir,
+            device=self.device,
         )
         try:
             with self.pool.serial_start(timeout=self.lease_timeout + self.startup_timeout):
@@ -322,6 +406,15 @@ class WorkerServers:
         lease.wait_s += waited
         return lease
 
+    def gone(self, server: ServerProcess) -> ServerDied:
+        """The server died mid-case: its remaining processes ended and its lease given back
+        now (a CPU server's orphaned engine holds gigabytes), the error to fail the case."""
+        error = server.died_error()
+        if self.current is server:
+            self.current = None
+        server.lease.release()
+        return error
+
     def after_case(self, next_case: Case | None) -> None:
         """Stop the server unless the next case on this worker uses it too."""
         if self.current is not None and (
@@ -337,14 +430,19 @@ class WorkerServers:
 
 
 def launch(
-    engine: EngineName, server: dict[str, Any], lease: Lease, registry: Registry | None = None
+    engine: EngineName,
+    server: dict[str, Any],
+    lease: Lease,
+    registry: Registry | None = None,
+    vllm: VllmInstall | None = None,
+    device: DeviceKind = "gpu",
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and the environment (over the inherited one) a server starts with.
 
     `profllm plan` prints what this returns, so the plan is the command that runs.
     """
-    argv = serve_command(engine, server, HOST, lease.port, registry)
-    return argv, {**server_env(lease), **serve_env(server)}
+    argv = serve_command(engine, server, HOST, lease.port, registry, vllm)
+    return argv, {**server_env(lease, device), **serve_env(server)}
 
 
 def server_name(case: Case) -> str:
@@ -361,11 +459,11 @@ def engine_args_for(case: Case, profile_root: Path) -> tuple[dict[str, Any], Pat
     return profiled_server(case.server, trace_dir), trace_dir
 
 
-def server_env(lease: Lease) -> dict[str, str]:
+def server_env(lease: Lease, device: DeviceKind = "gpu") -> dict[str, str]:
     # No VLLM_TORCH_PROFILER_DIR for a profiling server: vLLM 0.33.0 takes `--profiler-config`
     # (see profiling.py) and warns about that variable as unknown.
     return {
-        "CUDA_VISIBLE_DEVICES": ",".join(lease.gpus),
+        **device_env(device, lease),
         # A private base for vLLM's internal ports: without it, servers on one host collide.
         "VLLM_PORT": str(lease.internal_port),
     }
@@ -377,10 +475,12 @@ def _safe(name: str) -> str:
 
 def describe_runtime(server: ServerProcess | None, worker: str, case: Case) -> dict[str, Any]:
     lease = server.lease if server else None
+    on_cpu = server is not None and server.device == "cpu"
     return {
         "worker": worker,
         "server_key": case.server_key,
-        "gpus": list(lease.gpus) if lease else [],
+        "gpus": list(lease.gpus) if lease and not on_cpu else [],
+        "cpus": list(lease.gpus) if lease and on_cpu else [],
         "gpu_uuids": list(lease.gpu_uuids) if lease else [],
         "port": lease.port if lease else None,
         "server_started_at": server.started_at if server else None,
