@@ -8,6 +8,7 @@ it is known whether its server stopped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -16,13 +17,14 @@ import platform
 import socket
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pytest_profllm import gpus, metrics
 from pytest_profllm.bench import load_settings, measure
-from pytest_profllm.client import run_load
+from pytest_profllm.client import LoadResult, run_load
 from pytest_profllm.dataset import Codec, ServerCodec, TokenizerCodec, make_prompts
 from pytest_profllm.devices import client_off, cpu_model, device_kind, leased_cores
 from pytest_profllm.engine import EngineChoice, redact
@@ -136,9 +138,9 @@ def run_case(
         client_off(leased_cores(server.device, server.lease)),
         Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler,
     ):
-        load = asyncio.run(run_load(settings, prompts))
-    if not server.alive():
-        # Every request after its death failed: nothing here measures the server.
+        load = asyncio.run(_load_while_alive(server, run_load(settings, prompts)))
+    if load is None or not server.alive():
+        # The requests after its death failed at once: nothing here measures the server.
         raise servers.gone(server)
     outcome.telemetry = sampler.summary()
     outcome.results, health = measure(load, bench, codec)
@@ -164,6 +166,26 @@ def run_case(
             raise CaseFailed(f"profiling: {error}") from None
     outcome.finished_at = time.time()
     return outcome
+
+
+_ALIVE_POLL_S = 0.5
+
+
+async def _load_while_alive(
+    server: ServerProcess, load: Coroutine[Any, Any, LoadResult]
+) -> LoadResult | None:
+    """The load's result, or None when the server exited first: the rest of the schedule is
+    not sent (each request would fail at once, spaced by the arrival schedule)."""
+    task = asyncio.ensure_future(load)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=_ALIVE_POLL_S)
+        if done:
+            return task.result()
+        if not server.alive():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return None
 
 
 def check_served(outcomes: list[metrics.RequestOutcome], results: dict[str, Any]) -> None:
