@@ -70,8 +70,10 @@ class ServerDied(Exception):
     """The server exited while a case was using it; the message carries the log's tail."""
 
 
-# Each server's processes carry this in their environment (vLLM's EngineCore and workers
-# inherit it), so that stop() finds them even where they left the server's process group.
+# Each server's processes carry this in their environment, so that stop() finds those that
+# left the server's process group (setsid). vLLM's EngineCore and workers stay in the group
+# (they are found as its members); their environment is unreadable once setproctitle retitles
+# them.
 SERVER_ID_ENV = "PROFLLM_SERVER_ID"
 
 

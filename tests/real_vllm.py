@@ -126,7 +126,6 @@ def server_env(cache_root: Path) -> dict[str, str]:
         **SERVER_ENV,
         "VLLM_CACHE_ROOT": str(cache_root / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache_root / "inductor"),
-        "XDG_CACHE_HOME": str(cache_root / "xdg"),
     }
 
 
@@ -145,13 +144,17 @@ def free_port() -> int:
         return port
 
 
-def processes_tagged(tag: str) -> list[psutil.Process]:
-    """Live processes whose environment carries PROFLLM_TEST_TAG=tag: everything a test's
-    servers started, EngineCore and workers included, whatever their process group."""
+def processes_under(directory: Path) -> list[psutil.Process]:
+    """Live processes whose working directory is `directory` or below: everything a test's
+    servers started there, EngineCore and workers included, whatever their process group.
+    (Not their environment: vLLM retitles its processes with setproctitle, which overwrites
+    the memory /proc/PID/environ shows.)"""
+    root = str(directory.resolve())
     found = []
     for process in psutil.process_iter():
         try:
-            if process.environ().get("PROFLLM_TEST_TAG") == tag and process.status() != (
+            cwd = process.cwd()
+            if (cwd == root or cwd.startswith(root + os.sep)) and process.status() != (
                 psutil.STATUS_ZOMBIE
             ):
                 found.append(process)
@@ -160,9 +163,9 @@ def processes_tagged(tag: str) -> list[psutil.Process]:
     return found
 
 
-def kill_tagged(tag: str) -> list[str]:
+def kill_under(directory: Path) -> list[str]:
     """Kill what is left of a test's processes; their command lines, for the assertion."""
-    left = processes_tagged(tag)
+    left = processes_under(directory)
     shown = []
     for process in left:
         with contextlib.suppress(psutil.Error):
@@ -189,7 +192,8 @@ def vllm_cpu_server(
     env = {**os.environ, **server_env(workdir / "cache"), "VLLM_PORT": str(free_port())}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            argv, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         url = f"http://127.0.0.1:{port}"

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,9 @@ import psutil
 import pytest
 import requests
 from real_vllm import (
-    kill_tagged,
+    kill_under,
     one_at_a_time,
-    processes_tagged,
+    processes_under,
     require_vllm_cpu_python,
     server_env,
     tiny_llama,
@@ -46,22 +45,20 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def vllm_run(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> Iterator[str]:
-    """The environment of a plugin run on vllm-cpu; yields the tag its processes carry.
-    Whatever the test does, nothing tagged outlives it (and a leftover fails it)."""
+) -> Iterator[Path]:
+    """The environment of a plugin run on vllm-cpu; yields the folder the run works in.
+    Whatever the test does, no process working there outlives it (and a leftover fails it)."""
     require_vllm_cpu_python()
-    tag = uuid.uuid4().hex
     for name, value in server_env(tmp_path / "vllm-cache").items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("PROFLLM_TEST_TAG", tag)
     # The tests' own pool folder, apart from real runs and from other checkouts' tests.
     monkeypatch.setenv("PROFLLM_POOL_DIR", str(tmp_path / "pool"))
     with one_at_a_time():
-        yield tag
+        yield pytester.path
         deadline = time.monotonic() + 10
-        while processes_tagged(tag) and time.monotonic() < deadline:
+        while processes_under(pytester.path) and time.monotonic() < deadline:
             time.sleep(0.2)
-        left = kill_tagged(tag)
+        left = kill_under(pytester.path)
     assert not left, f"processes left running: {left}"
 
 
@@ -96,7 +93,7 @@ def suite(model: Path, server: str, benchmark: str) -> str:
 
 
 def test_two_servers_two_workloads_on_cpu_cores(
-    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: str
+    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
 ) -> None:
     # Two servers side by side, one core set each; a third suite shares the first server and
     # sends a prompt longer than max_model_len, which vLLM refuses with a 400.
@@ -162,7 +159,7 @@ def test_two_servers_two_workloads_on_cpu_cores(
 
 
 def test_a_bad_engine_argument_fails_with_vllms_own_message(
-    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: str
+    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
 ) -> None:
     # Our registry (vLLM's own parser) takes it; vLLM's model config refuses it at start.
     pytester.makefile(
@@ -185,13 +182,20 @@ def test_a_bad_engine_argument_fails_with_vllms_own_message(
     )
 
 
-def _api_servers(tag: str) -> list[psutil.Process]:
+def _api_servers(workdir: Path) -> list[psutil.Process]:
     found = []
-    for process in processes_tagged(tag):
+    for process in processes_under(workdir):
         with contextlib.suppress(psutil.Error):
             if API_SERVER in process.cmdline():
                 found.append(process)
     return found
+
+
+def _group(process: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(process.pid)
+    except OSError:
+        return None
 
 
 def _port(process: psutil.Process) -> int:
@@ -224,12 +228,12 @@ def _wait_for(what: str, check: Any, process: subprocess.Popen[bytes], timeout: 
 
 
 def test_killed_api_process_then_ctrl_c(
-    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: str
+    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
 ) -> None:
     # Server 1's API process is SIGKILLed mid-case: the plugin ends the EngineCore and worker
     # it leaves under init, the case errors, server 2 starts. Ctrl-C during server 2's case
     # then leaves no vLLM process behind.
-    tag = vllm_run
+    workdir = vllm_run
     pytester.makefile(
         ".yaml",
         bench_long=suite(
@@ -243,15 +247,18 @@ def test_killed_api_process_then_ctrl_c(
     with log.open("wb") as out:
         run = subprocess.Popen(argv, cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT)
     try:
-        first = _wait_for("the first server", lambda: _api_servers(tag), run, 600)[0]
+        first = _wait_for("the first server", lambda: _api_servers(workdir), run, 600)[0]
         _wait_for("the first case's requests", lambda: _serving(_port(first)), run, 300)
-        engine = [p for p in processes_tagged(tag) if p.pid != first.pid]
-        names = {p.name() for p in engine}
-        assert any("EngineCore" in name for name in names), names
+        # The API process's group: vLLM's EngineCore and worker (and a resource tracker).
+        engine = [
+            p for p in processes_under(workdir) if p.pid != first.pid and _group(p) == first.pid
+        ]
+        titles = " ".join(" ".join(p.cmdline()) for p in engine)
+        assert "VLLM::EngineCore" in titles and "VLLM::Worker" in titles, titles
         first.send_signal(signal.SIGKILL)
         second = _wait_for(
             "the second server",
-            lambda: [p for p in _api_servers(tag) if p.pid != first.pid],
+            lambda: [p for p in _api_servers(workdir) if p.pid != first.pid],
             run,
             600,
         )[0]
@@ -267,7 +274,8 @@ def test_killed_api_process_then_ctrl_c(
             run.wait()
     output = log.read_text(errors="replace")
     assert "KeyboardInterrupt" in output, output[-3000:]
-    assert not processes_tagged(tag), "vLLM processes left after Ctrl-C"
+    left = [" ".join(p.cmdline())[:80] for p in processes_under(workdir)]
+    assert not left, f"processes left after Ctrl-C: {left}"
     (record,) = records(pytester)
     assert record["status"] == "error"
     assert "died during the case" in record["message"]
