@@ -129,6 +129,7 @@ class WorkerSession:
         return WorkerServers(
             engine=self.identity.engine.name,
             vllm=self.identity.engine.vllm,
+            device=device_kind(self.identity.engine),
             pool=self.pool,
             log_dir=log_dir,
             startup_timeout=self.settings.startup_timeout,

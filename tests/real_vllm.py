@@ -150,8 +150,13 @@ def processes_under(directory: Path) -> list[psutil.Process]:
     (Not their environment: vLLM retitles its processes with setproctitle, which overwrites
     the memory /proc/PID/environ shows.)"""
     root = str(directory.resolve())
+    # Not this test's own process or its ancestors (pytester works in that folder too).
+    me = psutil.Process()
+    ours = {me.pid, *(parent.pid for parent in me.parents())}
     found = []
     for process in psutil.process_iter():
+        if process.pid in ours:
+            continue
         try:
             cwd = process.cwd()
             if (cwd == root or cwd.startswith(root + os.sep)) and process.status() != (
