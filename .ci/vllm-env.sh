@@ -83,7 +83,7 @@ if ! works "$build"; then
   exit 1
 fi
 # A venv's scripts name its own folder: fix the shebangs and activate scripts before moving it.
-grep -rlI --null -- "$build" "$build/bin" | xargs -0 -r sed -i "s|$build|$venv|g"
+{ grep -rlI --null -- "$build" "$build/bin" || true; } | xargs -0 -r sed -i "s|$build|$venv|g"
 rm -rf "$venv"
 mv "$build" "$venv"
 works "$venv"
