@@ -119,7 +119,8 @@ def test_two_servers_two_workloads_on_cpu_cores(
     result.stdout.fnmatch_lines(
         [
             "profllm: engine vllm (--profllm-engine vllm)*",
-            "FAILED *bench_too_long.yaml*400*maximum context length is 1024 tokens*",
+            "bench_too_long.yaml::*: all 2 requests failed; first errors: HTTP 400 Bad Request:"
+                "*maximum context length is 1024 tokens*",
         ]
     )
     written = records(pytester)
