@@ -46,12 +46,13 @@ class ServerCollector(pytest.Collector):
         self.cases = cases
 
     def collect(self) -> Iterator[pytest.Item]:
-        from pytest_profllm.session import SETTINGS_KEY, skip_reason
+        from pytest_profllm.session import IDENTITY_KEY, SETTINGS_KEY, skip_reason
 
         settings = self.config.stash[SETTINGS_KEY]
+        engine = self.config.stash[IDENTITY_KEY].engine
         for case in self.cases:
             item = BenchItem.from_parent(self, name=case.workload_label, case=case)
-            reason = skip_reason(case, settings)
+            reason = skip_reason(case, settings, engine)
             if reason is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))
             yield item
@@ -89,7 +90,8 @@ def _registry(config: pytest.Config) -> Registry:
     from pytest_profllm.engine_args import registry_for
     from pytest_profllm.session import IDENTITY_KEY
 
-    return registry_for(config.stash[IDENTITY_KEY].engine.name)
+    engine = config.stash[IDENTITY_KEY].engine
+    return registry_for(engine.name, engine.vllm)
 
 
 def case_of(item: pytest.Item | None) -> Case | None:

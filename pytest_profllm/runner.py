@@ -8,6 +8,7 @@ it is known whether its server stopped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -16,14 +17,16 @@ import platform
 import socket
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pytest_profllm import gpus, metrics
 from pytest_profllm.bench import load_settings, measure
-from pytest_profllm.client import run_load
+from pytest_profllm.client import LoadResult, run_load
 from pytest_profllm.dataset import Codec, ServerCodec, TokenizerCodec, make_prompts
+from pytest_profllm.devices import client_off, cpu_model, device_kind, leased_cores
 from pytest_profllm.engine import EngineChoice, redact
 from pytest_profllm.engine_args import registry_for
 from pytest_profllm.plan import Case
@@ -84,7 +87,7 @@ class CaseOutcome:
             status=status,
             message=message,
             engine=self.engine.as_record(),
-            config=_config(case, self.engine.name),
+            config=_config(case, self.engine),
             results={k: v for k, v in self.results.items() if not _bad_float(v)},
             system={**system_info(self.engine, self.server), **self.telemetry},
             runtime=describe_runtime(self.server, self.worker, case),
@@ -95,10 +98,10 @@ class CaseOutcome:
         return record.model_dump(mode="json")
 
 
-def _config(case: Case, engine: str) -> dict[str, Any]:
+def _config(case: Case, engine: EngineChoice) -> dict[str, Any]:
     # Every engine argument, defaults included, so the database can filter on any of them;
     # the server key stays a hash of the suite's own values (Case.server).
-    registry = registry_for(engine)
+    registry = registry_for(engine.name, engine.vllm)
     return {
         "server": redact(registry.complete(case.server)),
         "benchmark": case.benchmark.model_dump(mode="json"),
@@ -130,8 +133,15 @@ def run_case(
     settings = load_settings(
         bench, server.base_url, _served_name(case.server), api_key=_api_key(case.server)
     )
-    with Sampler(server.pid, server.lease.gpus, f"{server.base_url}/metrics") as sampler:
-        load = asyncio.run(run_load(settings, prompts))
+    gpu_ids = server.lease.gpus if server.device == "gpu" else ()
+    with (
+        client_off(leased_cores(server.device, server.lease)),
+        Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler,
+    ):
+        load = asyncio.run(_load_while_alive(server, run_load(settings, prompts)))
+    if load is None or not server.alive():
+        # The requests after its death failed at once: nothing here measures the server.
+        raise servers.lost(server, server.lost_problem() or "died during the case")
     outcome.telemetry = sampler.summary()
     outcome.requests = [
         request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
@@ -159,6 +169,26 @@ def run_case(
             raise CaseFailed(f"profiling: {error}") from None
     outcome.finished_at = time.time()
     return outcome
+
+
+_ALIVE_POLL_S = 0.5
+
+
+async def _load_while_alive(
+    server: ServerProcess, load: Coroutine[Any, Any, LoadResult]
+) -> LoadResult | None:
+    """The load's result, or None when the server exited first: the rest of the schedule is
+    not sent (each request would fail at once, spaced by the arrival schedule)."""
+    task = asyncio.ensure_future(load)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=_ALIVE_POLL_S)
+        if done:
+            return task.result()
+        if not server.alive():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return None
 
 
 def check_served(outcomes: list[metrics.RequestOutcome], results: dict[str, Any]) -> None:
@@ -252,9 +282,16 @@ def request_row(index: int, outcome: metrics.RequestOutcome, clock_start: float)
 
 def system_info(engine: EngineChoice, server: ServerProcess | None) -> dict[str, Any]:
     host = gpus.discover()
-    leased = set(server.lease.gpus) if server else set()
+    kind = device_kind(engine)
+    leased = set(server.lease.gpus) if server and kind == "gpu" else set()
     chosen = [gpu for gpu in host.gpus if str(gpu.index) in leased]
+    if kind == "cpu":
+        device_name: str | None = cpu_model()
+    else:
+        device_name = ", ".join(sorted({gpu.name for gpu in chosen})) or None
     return {
+        "device_kind": kind,
+        "device_name": device_name,
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],

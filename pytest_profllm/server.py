@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from typing import Any
 import psutil
 
 from pytest_profllm import gpus
+from pytest_profllm.devices import DeviceKind, device_env
 from pytest_profllm.engine import (
     EngineName,
     RedactedArgv,
@@ -38,6 +40,7 @@ from pytest_profllm.plan import Case
 from pytest_profllm.pool import HostPool, Lease, SessionTurns
 from pytest_profllm.profiling import profiled_server
 from pytest_profllm.telemetry import process_tree
+from pytest_profllm.vllm_install import VllmInstall
 
 HOST = "127.0.0.1"
 # How long a server waits for the one before it in the scheduler's order to reach the lease
@@ -81,6 +84,13 @@ class ServerLost(Exception):
     measured counts. The message carries the log's tail."""
 
 
+# Each server's processes carry this in their environment, so that stop() finds those that
+# left the server's process group (setsid). vLLM's EngineCore and workers stay in the group
+# (they are found as its members); their environment is unreadable once setproctitle retitles
+# them.
+SERVER_ID_ENV = "PROFLLM_SERVER_ID"
+
+
 class ServerStopWarning(UserWarning):
     """A stopped server left something behind: a process, or GPU memory."""
 
@@ -106,7 +116,9 @@ class ServerProcess:
     profile_dir: Path | None = None  # where the engine writes profiler traces, when it profiles
     stop_problems: list[str] = field(default_factory=list)
     gpu_release_timeout: float = GPU_RELEASE_TIMEOUT_S
+    device: DeviceKind = "gpu"
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _server_id: str = field(default_factory=lambda: secrets.token_hex(8), repr=False)
 
     def __post_init__(self) -> None:
         # pytest shows reprs of locals (-l) and in JUnit XML: secrets show as *** there too.
@@ -130,7 +142,7 @@ class ServerProcess:
             self.started_at = time.time()
             self._process = subprocess.Popen(
                 self.argv,
-                env={**os.environ, **self.env},
+                env={**os.environ, **self.env, SERVER_ID_ENV: self._server_id},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -209,10 +221,14 @@ class ServerProcess:
         """Stops what is left of the server (its stop time and this problem go into the
         record) and says what happened, with the log's tail."""
         self.stop_problems.append(problem)
+        tail = self.log_tail()
+        said = engine_message(tail)
         self.stop(grace=5.0)
         return ServerLost(
-            f"{self.describe()} {problem}; its measurement does not count; log: "
-            f"{self.log_path}\n--- last {LOG_TAIL_LINES} log lines ---\n{self.log_tail()}"
+            f"{self.describe()} {problem}"
+            + (f" ({said})" if said else "")
+            + f"; its measurement does not count; log: {self.log_path}\n"
+            f"--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
         )
 
     def alive(self) -> bool:
@@ -224,8 +240,17 @@ class ServerProcess:
         process = self._process
         if process is None or self.stopped_at is not None:
             return
-        # Known before the kill: a descendant that left the group (setsid) is still ours.
-        watched = {p.pid: p for p in [*process_tree(process.pid), *group_members(process.pid)]}
+        # Known before the kill: a descendant that left the group (setsid), or one orphaned by
+        # an API process that died first (vLLM's EngineCore and worker then live on under
+        # init, holding their memory), is still ours.
+        watched = {
+            p.pid: p
+            for p in [
+                *process_tree(process.pid),
+                *group_members(process.pid),
+                *tagged_processes(SERVER_ID_ENV, self._server_id),
+            ]
+        }
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -264,6 +289,9 @@ class ServerProcess:
     def _check_gpu_memory(self, pids: set[int]) -> None:
         from pytest_profllm.telemetry import NvmlGpus, wait_gpu_memory_released
 
+        if self.device != "gpu":
+            return  # CPU core sets: no GPU memory to wait for
+
         gpus = NvmlGpus.open(self.lease.gpus)
         if gpus is None:
             return  # no NVML (a CPU host, virtual GPUs): nothing to check
@@ -279,8 +307,12 @@ class ServerProcess:
             log.write(line + "\n")
 
     def describe(self) -> str:
-        gpus = ",".join(self.lease.gpus)
-        return f"server {self.label} ({self.engine}, port {self.lease.port}, GPUs {gpus})"
+        devices = ",".join(self.lease.gpus)
+        if self.device == "cpu":
+            devices = "CPU cores " + "|".join(self.lease.gpus)
+        else:
+            devices = f"GPUs {devices}"
+        return f"server {self.label} ({self.engine}, port {self.lease.port}, {devices})"
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         try:
@@ -297,11 +329,43 @@ class ServerProcess:
         likely = f" (likely cause: {cause})" if cause else ""
         if cause == "port already in use":
             kind = PortTaken
+        said = engine_message(tail)
         self.stop(grace=5.0)
         return kind(
-            f"{self.describe()} {what}{likely}; log: {self.log_path}\n"
-            f"--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
+            f"{self.describe()} {what}{likely}"
+            + (f": {said}" if said else "")
+            + f"; log: {self.log_path}\n--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
         )
+
+
+# The line in which an engine says why it stopped: an exception's last line (vLLM's
+# `ValueError: ...`, pydantic's `Value error, ...`) or argparse's `error: ...`.
+_ENGINE_SAYS = re.compile(
+    r"^(?:\([A-Za-z]+ pid=\d+\) )?(?:[\w.]+(?:Error|Exception): .+|.*\berror: .+|"
+    r"\s*Value error, .+)$"
+)
+
+
+def engine_message(tail: str) -> str | None:
+    """The engine's own reason for stopping, from its log's tail, as one line; None where it
+    gave none (a kill by signal)."""
+    for line in reversed(tail.splitlines()):
+        line = line.strip()
+        if _ENGINE_SAYS.match(line) and not line.startswith("# profllm"):
+            return re.sub(r"^\([A-Za-z]+ pid=\d+\) ", "", line)[:500]
+    return None
+
+
+def tagged_processes(name: str, value: str) -> list[psutil.Process]:
+    """Live processes of this user whose environment has name=value."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(name) == value and _alive(process):
+                found.append(process)
+        except (OSError, psutil.Error):
+            continue
+    return found
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
@@ -378,6 +442,8 @@ class WorkerServers:
     # Why a key's next server is a restart: its last server died or lost its port.
     restarts: dict[str, str] = field(default_factory=dict)
     starts: int = 0
+    vllm: VllmInstall | None = None  # where the engine is vLLM: its Python and launcher
+    device: DeviceKind = "gpu"
 
     def server_for(self, case: Case) -> ServerProcess:
         """The running server for this case's key, started (once) if need be."""
@@ -411,8 +477,9 @@ class WorkerServers:
         raise AssertionError("unreachable")
 
     def lost(self, server: ServerProcess, problem: str) -> ServerLost:
-        """The server died or lost its port during a case: the case fails with this error,
-        and the key's next case starts a new server and says why."""
+        """The server died or lost its port during a case: the case fails with this error, its
+        remaining processes are ended and its lease given back now (a CPU server's orphaned
+        engine holds gigabytes), and the key's next case starts a new server and says why."""
         self.restarts[server.key] = f"its server {problem}"
         if self.current is server:
             self.current = None
@@ -434,7 +501,14 @@ class WorkerServers:
         engine_args, profile_dir = engine_args_for(
             case, self.profile_root or self.log_dir / "profiles"
         )
-        argv, env = launch(self.engine, engine_args, lease, registry_for(self.engine))
+        argv, env = launch(
+            self.engine,
+            engine_args,
+            lease,
+            registry_for(self.engine, self.vllm),
+            vllm=self.vllm,
+            device=self.device,
+        )
         server = ServerProcess(
             key=key,
             label=case.server_label,
@@ -445,6 +519,7 @@ class WorkerServers:
             lease=lease,
             profile_dir=profile_dir,
             restart_reason=self.restarts.get(key),
+            device=self.device,
         )
         try:
             with self.pool.serial_start(timeout=self.lease_timeout + self.startup_timeout):
@@ -491,14 +566,19 @@ class WorkerServers:
 
 
 def launch(
-    engine: EngineName, server: dict[str, Any], lease: Lease, registry: Registry | None = None
+    engine: EngineName,
+    server: dict[str, Any],
+    lease: Lease,
+    registry: Registry | None = None,
+    vllm: VllmInstall | None = None,
+    device: DeviceKind = "gpu",
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and the environment (over the inherited one) a server starts with.
 
     `profllm plan` prints what this returns, so the plan is the command that runs.
     """
-    argv = serve_command(engine, server, HOST, lease.port, registry)
-    return argv, {**server_env(lease), **serve_env(server)}
+    argv = serve_command(engine, server, HOST, lease.port, registry, vllm)
+    return argv, {**server_env(lease, device), **serve_env(server)}
 
 
 def server_name(case: Case) -> str:
@@ -515,11 +595,11 @@ def engine_args_for(case: Case, profile_root: Path) -> tuple[dict[str, Any], Pat
     return profiled_server(case.server, trace_dir), trace_dir
 
 
-def server_env(lease: Lease) -> dict[str, str]:
+def server_env(lease: Lease, device: DeviceKind = "gpu") -> dict[str, str]:
     # No VLLM_TORCH_PROFILER_DIR for a profiling server: vLLM 0.33.0 takes `--profiler-config`
     # (see profiling.py) and warns about that variable as unknown.
     return {
-        "CUDA_VISIBLE_DEVICES": ",".join(lease.gpus),
+        **device_env(device, lease),
         # A private base for vLLM's internal ports: without it, servers on one host collide.
         "VLLM_PORT": str(lease.internal_port),
     }
@@ -531,10 +611,12 @@ def _safe(name: str) -> str:
 
 def describe_runtime(server: ServerProcess | None, worker: str, case: Case) -> dict[str, Any]:
     lease = server.lease if server else None
+    on_cpu = server is not None and server.device == "cpu"
     return {
         "worker": worker,
         "server_key": case.server_key,
-        "gpus": list(lease.gpus) if lease else [],
+        "gpus": list(lease.gpus) if lease and not on_cpu else [],
+        "cpus": list(lease.gpus) if lease and on_cpu else [],
         "gpu_uuids": list(lease.gpu_uuids) if lease else [],
         "port": lease.port if lease else None,
         "server_pid": server.pid if server else None,

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from pytest_profllm import gpus
+from pytest_profllm.devices import cpu_pool, device_kind
 from pytest_profllm.engine import EngineChoice
 from pytest_profllm.gpus import GpuBusy
 from pytest_profllm.options import Settings
@@ -37,6 +38,7 @@ from pytest_profllm.pool import (
 from pytest_profllm.record import Status, write_record, write_requests
 from pytest_profllm.runner import CaseFailed, CaseOutcome, run_case
 from pytest_profllm.server import ServerLost, ServerStartError, WorkerServers
+from pytest_profllm.vllm_install import VllmInstall
 
 RECORD_PROPERTY = "profllm_record"
 REQUESTS_PROPERTY = "profllm_requests"
@@ -64,31 +66,50 @@ class RunIdentity:
     engine: EngineChoice
 
     def to_workerinput(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, **self.engine.as_record()}
+        engine = self.engine
+        vllm = engine.vllm.as_record() if engine.vllm is not None else None
+        return {
+            "session_id": self.session_id,
+            "name": engine.name,
+            "reason": engine.reason,
+            "version": engine.version,
+            "vllm": vllm,
+        }
 
     @classmethod
     def from_workerinput(cls, data: dict[str, Any]) -> RunIdentity:
-        return cls(data["session_id"], EngineChoice(data["name"], data["reason"], data["version"]))
+        vllm = VllmInstall.from_record(data["vllm"]) if data.get("vllm") else None
+        engine = EngineChoice(data["name"], data["reason"], data["version"], vllm)
+        return cls(data["session_id"], engine)
 
 
-def host_pool(settings: Settings) -> HostPool:
+def host_pool(settings: Settings, engine: EngineChoice) -> HostPool:
+    """GPUs (NVML's, or virtual ones for the simulator), or CPU core sets where vLLM runs on
+    CPU; ValueError for devices the host lacks."""
+    if device_kind(engine) == "cpu":
+        return cpu_pool(default_pool_dir(), settings.cpus, settings.ports)
     real = [(str(gpu.index), gpu.uuid) for gpu in gpus.discover().gpus]
     return make_pool(default_pool_dir(), settings.gpus, settings.ports, real)
 
 
 @functools.cache
-def _gpu_capacity(settings: Settings) -> int:
-    return len(host_pool(settings).gpu_ids)
+def _device_capacity(settings: Settings, engine: EngineChoice) -> int:
+    return len(host_pool(settings, engine).gpu_ids)
 
 
 def session_turns(pool: HostPool, identity: RunIdentity) -> SessionTurns:
     return SessionTurns(pool.directory / "turns" / identity.session_id)
 
 
-def skip_reason(case: Case, settings: Settings) -> str | None:
+def skip_reason(case: Case, settings: Settings, engine: EngineChoice) -> str | None:
     """Why a case cannot run in this pool at all, known before anything starts."""
-    capacity = _gpu_capacity(settings)
+    capacity = _device_capacity(settings, engine)
     if case.gpus_needed > capacity:
+        if device_kind(engine) == "cpu":
+            return (
+                f"needs {case.gpus_needed} CPU core sets (tensor x pipeline x data parallel "
+                f"size) but the pool has {capacity} (--profllm-cpus)"
+            )
         return (
             f"needs {case.gpus_needed} GPUs (tensor x pipeline x data parallel size) "
             f"but the pool has {capacity} (--profllm-gpus)"
@@ -107,7 +128,7 @@ class WorkerSession:
 
     @functools.cached_property
     def pool(self) -> HostPool:
-        return host_pool(self.settings)
+        return host_pool(self.settings, self.identity.engine)
 
     @functools.cached_property
     def servers(self) -> WorkerServers:
@@ -115,6 +136,8 @@ class WorkerSession:
         log_dir = out / "logs" if out else Path(tempfile.mkdtemp(prefix="profllm-logs-"))
         return WorkerServers(
             engine=self.identity.engine.name,
+            vllm=self.identity.engine.vllm,
+            device=device_kind(self.identity.engine),
             pool=self.pool,
             log_dir=log_dir,
             startup_timeout=self.settings.startup_timeout,
@@ -270,7 +293,8 @@ class ControllerSession:
         return earlier
 
     def forget_turns(self) -> None:
-        shutil.rmtree(session_turns(host_pool(self.settings), self.identity).directory, True)
+        pool = host_pool(self.settings, self.identity.engine)
+        shutil.rmtree(session_turns(pool, self.identity).directory, True)
 
     def finish(self, say: Callable[[str], None]) -> None:
         """Records for cases that never ended, then every record into the database. A locked

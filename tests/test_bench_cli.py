@@ -91,7 +91,7 @@ def test_every_request_failing_is_an_error(
     assert capsys.readouterr().err == (
         "profllm bench: all 6 requests failed; first errors: HTTP 404 Not Found: "
         '{"error": {"message": "The model `nobody` does not exist.", "type": "NotFoundError", '
-        '"param": null, "code": 404}}\n'
+        '"param": "model", "code": 404}}\n'
     )
 
 

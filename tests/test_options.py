@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,11 @@ from pytest_profllm.options import (
     DEFAULT_STARTUP_TIMEOUT,
     DEFAULT_SUITE_GLOB,
     Settings,
+    parse_cpus,
     parse_gpus,
     parse_milliseconds,
     parse_ports,
+    parse_python,
     parse_seconds,
 )
 from pytest_profllm.pool import PORT_BLOCK
@@ -235,7 +238,7 @@ def test_engine_option_overrides_ini_through_the_plugin(
 ) -> None:
     # The plugin's pytest_configure picks the engine from the settings: an ini asking for
     # vLLM where there is none would be a usage error, unless the command line wins.
-    monkeypatch.setattr("pytest_profllm.engine._vllm_version", lambda: None)
+    monkeypatch.setattr("pytest_profllm.engine.find_vllm", lambda python: None)
     pytester.makeini("[pytest]\nprofllm_engine = vllm\n")
     with pytest.raises(pytest.UsageError, match="vLLM is not installed"):
         pytester.parseconfigure()
@@ -331,3 +334,38 @@ def test_bad_command_line_value_names_the_option(
     for part in expected_parts:
         assert part in str(error.value)
 
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("2", 2), ("0-3/4-7", ("0-3", "4-7")), (" 0,2 / 1 ", ("0,2", "1"))],
+)
+def test_parse_cpus(text: str, expected: object) -> None:
+    assert parse_cpus(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0", "at least 1"),
+        ("a-b", "is not a core list"),
+        ("3-1", "runs backwards"),
+        ("0-3/2-5", "overlap"),
+        ("/", "expected a count or core sets"),
+    ],
+)
+def test_parse_cpus_refuses(text: str, message: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        parse_cpus(text)
+
+
+def test_parse_python(tmp_path: Path) -> None:
+    assert parse_python(sys.executable) == sys.executable
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a file"):
+        parse_python(str(tmp_path / "nope"))
+
+
+def test_vllm_python_and_cpus_from_ini(pytester: pytest.Pytester) -> None:
+    pytester.makeini(f"[pytest]\nprofllm_vllm_python = {sys.executable}\nprofllm_cpus = 0/1\n")
+    settings = Settings.from_config(pytester.parseconfig())
+    assert (settings.vllm_python, settings.cpus) == (sys.executable, ("0", "1"))

@@ -465,3 +465,33 @@ def test_profiling_case_gets_its_own_server_with_vllms_profiler_config(
     assert response.status_code == 200
     assert requests.post(f"{server.base_url}/stop_profile", timeout=5).status_code == 200
     assert len(list(server.profile_dir.glob("*.pt.trace.json.gz"))) == 1
+
+
+def test_a_server_dying_mid_case_errors_the_case_at_once(workers: WorkerServers) -> None:
+    # The schedule would take 20 s (200 requests at 10/s); the server dies 1 s in: the case
+    # errors within a second or so of its death, with its lease given back.
+    import threading
+
+    from pytest_profllm.engine import EngineChoice
+    from pytest_profllm.runner import CaseOutcome, run_case
+    from pytest_profllm.server import ServerLost
+
+    suite = validate_suite(
+        {
+            "server": {"model": MODEL},
+            "benchmark": {"num_prompts": 200, "request_rate": 10, "random_input_len": 8,
+                          "random_output_len": 4},
+        },
+        "test",
+    )
+    (case,) = expand(suite, "bench_test.yaml")
+    server = workers.server_for(case)
+    outcome = CaseOutcome(case, "n", "s", EngineChoice("sim", "test", None), "main", time.time())
+    threading.Timer(1.0, lambda: os.killpg(pid_of(server), signal.SIGKILL)).start()
+    started = time.monotonic()
+    with pytest.raises(ServerLost, match=r"died during the case: killed by signal 9"):
+        run_case(case, workers, outcome)
+    assert time.monotonic() - started < 8
+    assert outcome.results == {}
+    assert workers.current is None
+    workers.pool.acquire(1, timeout=0).release()

@@ -111,8 +111,10 @@ async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
     return response
 
 
-def _error(message: str, status: int, kind: str = "BadRequestError") -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+def _error(
+    message: str, status: int, kind: str = "BadRequestError", param: str | None = None
+) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     return web.json_response(body, status=status)
 
 
@@ -132,10 +134,60 @@ async def _models(request: web.Request) -> web.Response:
             "root": state.root,
             "parent": None,
             "max_model_len": state.max_model_len,
+            "permission": [_permission(created)],
         }
         for name in state.served_names
     ]
     return web.json_response({"object": "list", "data": data})
+
+
+def _permission(created: int) -> dict[str, Any]:
+    return {
+        "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+
+
+# Fields vLLM's responses carry (0.32.0, 0.33.0) that the simulator has no value for: present
+# and null, so that clients reading them see vLLM's shape.
+_COMPLETION_FIELDS = {"kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+_SYSTEM_FINGERPRINT = "vllm-sim"
+
+
+def _too_long(state: SimState, prompt_len: int, max_tokens: int) -> web.Response | None:
+    """vLLM's 400 for a request over max_model_len: the prompt alone, or with its output."""
+    limit = state.max_model_len
+    if prompt_len >= limit:
+        body = {
+            "error": {
+                "message": f"This model's maximum context length is {limit} tokens. However, "
+                f"your prompt contains at least {prompt_len} input tokens, which exceeds this "
+                "limit even without any output tokens. Please reduce the length of the input "
+                f"prompt. (parameter=input_tokens, value={prompt_len})",
+                "type": "BadRequestError",
+                "param": "input_tokens",
+                "code": 400,
+            }
+        }
+        return web.json_response(body, status=400)
+    if prompt_len + max_tokens > limit:
+        return _error(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in "
+            "the completion). Please reduce the length of the messages or completion.",
+            400,
+        )
+    return None
 
 
 async def _read_json(request: web.Request) -> dict[str, Any]:
@@ -154,7 +206,7 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
 def _check_model(state: SimState, body: dict[str, Any]) -> web.Response | None:
     model = body.get("model")
     if model is not None and model not in state.served_names:
-        return _error(f"The model `{model}` does not exist.", 404, "NotFoundError")
+        return _error(f"The model `{model}` does not exist.", 404, "NotFoundError", "model")
     return None
 
 
@@ -211,14 +263,8 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     max_tokens = body.get("max_tokens", 16)
     if not isinstance(max_tokens, int) or max_tokens < 1:
         return _error(f"max_tokens must be at least 1, got {max_tokens}.", 400)
-    if prompt_len + max_tokens > state.max_model_len:
-        return _error(
-            f"This model's maximum context length is {state.max_model_len} tokens. However, you "
-            f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
-            f"{max_tokens} in the completion). Please reduce the length of the messages or "
-            "completion.",
-            400,
-        )
+    if (too_long := _too_long(state, prompt_len, max_tokens)) is not None:
+        return too_long
     model = body.get("model") or state.served_names[0]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     sequence = scheduler.submit(prompt_len, max_tokens, prompt_ids)
@@ -239,9 +285,16 @@ async def _completions(request: web.Request) -> web.StreamResponse:
                         "logprobs": None,
                         "finish_reason": "length",
                         "stop_reason": None,
+                        "token_ids": None,
+                        "prompt_logprobs": None,
+                        "prompt_token_ids": None,
+                        "routed_experts": None,
                     }
                 ],
-                "usage": _usage(prompt_len, len(text)),
+                "service_tier": None,
+                "system_fingerprint": _SYSTEM_FINGERPRINT,
+                "usage": _usage(prompt_len, len(text), details=True),
+                **_COMPLETION_FIELDS,
             }
         )
     received = time.perf_counter()
@@ -255,6 +308,8 @@ async def _completions(request: web.Request) -> web.StreamResponse:
             "logprobs": None,
             "finish_reason": finish,
             "stop_reason": None,
+            "prompt_token_ids": None,
+            "token_ids": None,
         }
         return {**envelope, "choices": [choice]}
 
@@ -291,6 +346,9 @@ async def _stream(
         if include_usage:
             usage = event("", None)
             usage.update(choices=[], usage=_usage(prompt_len, generated))
+            usage.pop("prompt_token_ids", None)  # chat's opening fields stay in the opening
+            usage.pop("prompt_text", None)
+            usage["system_fingerprint"] = _SYSTEM_FINGERPRINT
             await response.write(_sse(usage))
         await response.write(b"data: [DONE]\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
@@ -322,40 +380,70 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
     if not isinstance(max_tokens, int) or max_tokens < 1:
         return _error(f"max_completion_tokens must be at least 1, got {max_tokens}.", 400)
-    if prompt_len + max_tokens > state.max_model_len:
-        return _error(
-            f"This model's maximum context length is {state.max_model_len} tokens. However, you "
-            f"requested {prompt_len + max_tokens} tokens.",
-            400,
-        )
+    if (too_long := _too_long(state, prompt_len, max_tokens)) is not None:
+        return too_long
     model = body.get("model") or state.served_names[0]
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     sequence = scheduler.submit(prompt_len, max_tokens)
 
     def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {
+        # As vLLM: the opening (role) delta carries the prompt fields, a content delta its
+        # token ids, and the last one its stop reason.
+        choice: dict[str, Any] = {
+            "index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
+        }
+        if "role" not in delta:
+            if finish is not None:
+                choice["stop_reason"] = None
+            choice["token_ids"] = None
+        message = {
             "id": request_id,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
             "choices": [choice],
         }
+        if "role" in delta:
+            message.update(prompt_token_ids=None, prompt_text=None)
+        return message
 
     if not body.get("stream"):
         text = []
         while (token := await sequence.tokens.get()) is not None:
             text.append(_word(state, token))
-        message = {"role": "assistant", "content": "".join(text)}
+        message = {
+            "role": "assistant",
+            "content": "".join(text),
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
+        }
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+            "token_ids": None,
+            "routed_experts": None,
+        }
         return web.json_response(
             {
                 "id": request_id,
                 "object": "chat.completion",
                 "created": created,
                 "model": model,
-                "choices": [{"index": 0, "message": message, "finish_reason": "length"}],
-                "usage": _usage(prompt_len, len(text)),
+                "choices": [choice],
+                "service_tier": None,
+                "system_fingerprint": _SYSTEM_FINGERPRINT,
+                "usage": _usage(prompt_len, len(text), details=True),
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "prompt_text": None,
+                **_COMPLETION_FIELDS,
             }
         )
     return await _stream(
@@ -382,9 +470,14 @@ def _word(state: SimState, token: int) -> str:
     return " " + state.words[token % len(state.words)]
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def _usage(
+    prompt_tokens: int, completion_tokens: int, details: bool = False
+) -> dict[str, int | None]:
+    usage: dict[str, int | None] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
+    if details:  # a whole response has them (null); a stream's usage chunk does not
+        usage.update(prompt_tokens_details=None, completion_tokens_details=None)
+    return usage

