@@ -11,7 +11,7 @@ import itertools
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,7 @@ class Case:
     repeat_index: int = 0
     repeat_count: int = 1
     profile: bool = False  # a short profiled run after the measured one
+    regression: dict[str, float] = field(default_factory=dict)  # metric -> tolerance
 
     @property
     def server_key(self) -> str:
@@ -138,6 +139,7 @@ def expand(
                         repeat_index=index,
                         repeat_count=suite.repeat,
                         profile=suite.profile,
+                        regression=suite.regression,
                     )
                 )
     return cases

@@ -31,6 +31,20 @@ BLOCK_SIZE = 16  # vLLM's default block size on CUDA
 # About what vLLM 0.33 finds for an 8B model (Qwen3-8B: 144 KiB of KV per token) on one 80 GB
 # GPU at gpu_memory_utilization 0.9: ~54 GiB left after weights, ~390k tokens. A round figure.
 DEFAULT_GPU_BLOCKS = 24_000
+# A factor on every step time (1.15: 15 % slower), so a regression gate can be shown to catch a
+# known slowdown. Read once, where the server process starts.
+SLOWDOWN_ENV = "PROFLLM_SIM_SLOWDOWN"
+
+
+def slowdown_from_env() -> float:
+    text = os.environ.get(SLOWDOWN_ENV, "1")
+    try:
+        factor = float(text)
+    except ValueError:
+        raise ValueError(f"{SLOWDOWN_ENV}={text!r}: expected a factor like 1.15") from None
+    if not 0 < factor < 100:
+        raise ValueError(f"{SLOWDOWN_ENV}={text!r}: expected a factor between 0 and 100")
+    return factor
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,7 @@ class Scheduler:
     generation_tokens: int = 0
     # Chrome-trace events of each step while the profiler runs; None when it does not.
     trace_events: list[dict[str, Any]] | None = None
+    slowdown: float = field(default_factory=slowdown_from_env)
     _cached: OrderedDict[int, None] = field(default_factory=OrderedDict)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
@@ -150,9 +165,8 @@ class Scheduler:
                 budget -= chunk
             prefill_tokens = sum(chunk for _, chunk in prefill)
             began = time.perf_counter()
-            await asyncio.sleep(
-                self.cost.step_seconds(len(decoding), prefill_tokens, self.tensor_parallel_size)
-            )
+            step = self.cost.step_seconds(len(decoding), prefill_tokens, self.tensor_parallel_size)
+            await asyncio.sleep(step * self.slowdown)  # PROFLLM_SIM_SLOWDOWN, applied here only
             self.steps += 1
             self._trace(began, len(decoding), prefill_tokens)
             for sequence, chunk in prefill:
