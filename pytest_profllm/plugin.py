@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from pytest_profllm import collect, options, scheduler, session
-from pytest_profllm.gates import options as gate_options
 from pytest_profllm.collect import CASE_FIXTURE, PROFLLM_MARKER, case_of
+from pytest_profllm.gates import options as gate_options
 from pytest_profllm.plan import Case
 from pytest_profllm.session import IDENTITY_KEY, SETTINGS_KEY, WORKER_KEY, worker_session
 

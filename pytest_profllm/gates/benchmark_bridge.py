@@ -69,9 +69,11 @@ def add_case(config: pytest.Config, record: dict[str, Any], requests: list[dict[
             group=f"profllm {metric}",
             params={"metric": metric},
         )
-        metadata = Metadata(fixture, iterations=1, options={"source": "profllm per-request"})
+        metadata = Metadata(  # type: ignore[no-untyped-call]
+            fixture, iterations=1, options={"source": "profllm per-request"}
+        )
         for milliseconds in values:
-            metadata.update(float(milliseconds) / 1000)
+            metadata.update(float(milliseconds) / 1000)  # type: ignore[no-untyped-call]
         session.benchmarks.append(metadata)
         added += 1
     return added

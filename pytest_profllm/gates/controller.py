@@ -33,7 +33,9 @@ class GateController:
         if self.gate.update_baseline and record.get("status") in ("passed", "failed"):
             self._write_baseline(record, requests)
 
-    def _write_baseline(self, record: dict[str, Any], requests: list[dict[str, Any]] | None) -> None:
+    def _write_baseline(
+        self, record: dict[str, Any], requests: list[dict[str, Any]] | None
+    ) -> None:
         path = self.gate.baseline
         assert path is not None  # GateConfig refuses an update without a path
         if is_database(path):
@@ -60,7 +62,9 @@ class GateController:
         for path in self.summary_written:
             terminalreporter.write_line(f"profllm: Markdown summary in {path}")
         if self.gate.update_baseline and self.records:
-            terminalreporter.write_line(f"profllm: this run is the new baseline in {self.gate.baseline}")
+            terminalreporter.write_line(
+                f"profllm: this run is the new baseline in {self.gate.baseline}"
+            )
 
 
 GATE_CONTROLLER_KEY = pytest.StashKey[GateController]()

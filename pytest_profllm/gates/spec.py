@@ -22,7 +22,9 @@ PER_REPEAT_METRICS = {
     "request_goodput": True,
     "duration": False,
 }
-_LATENCY = re.compile(r"^(mean|median|std|p(\d+(?:\.\d+)?))_(" + "|".join(metrics.LATENCY_METRICS) + r")_ms$")
+_LATENCY = re.compile(
+    r"^(mean|median|std|p(\d+(?:\.\d+)?))_(" + "|".join(metrics.LATENCY_METRICS) + r")_ms$"
+)
 
 
 @dataclass(frozen=True)

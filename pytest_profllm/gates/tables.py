@@ -91,17 +91,20 @@ def sample_rows(run_id: str, requests: list[dict[str, Any]]) -> list[tuple[Any, 
     rows = []
     for row in requests:
         first, latency, tokens = row.get("ttft_s"), row.get("latency_s"), row.get("output_tokens")
-        ok = bool(row.get("success")) and first is not None and latency is not None
-        tpot = (latency - first) / (tokens - 1) * 1000 if ok and tokens and tokens > 1 else None
+        ttft = e2el = tpot = None
+        if row.get("success") and first is not None and latency is not None:
+            ttft, e2el = first * 1000, latency * 1000
+            if tokens and tokens > 1:
+                tpot = (latency - first) / (tokens - 1) * 1000
         rows.append(
             (
                 run_id,
                 row.get("index"),
                 int(bool(row.get("success"))),
                 tokens,
-                first * 1000 if ok else None,
+                ttft,
                 tpot,
-                latency * 1000 if ok else None,
+                e2el,
                 json.dumps([gap * 1000 for gap in row.get("itl_s") or []]),
             )
         )
