@@ -157,4 +157,3 @@ def _reading(path: Path) -> closing[sqlite3.Connection]:
 def _has_table(db: sqlite3.Connection, name: str) -> bool:
     query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
     return db.execute(query, (name,)).fetchone() is not None
-

@@ -61,9 +61,7 @@ def session_means(points: Iterable[Point]) -> list[Point]:
     return out
 
 
-def change_points(
-    points: list[Point], min_change: float = DEFAULT_MIN_CHANGE
-) -> list[ChangePoint]:
+def change_points(points: list[Point], min_change: float = DEFAULT_MIN_CHANGE) -> list[ChangePoint]:
     """Where the mean of `points` (in order) shifts by at least `min_change`."""
     import ruptures
 
