@@ -270,3 +270,35 @@ def test_history_command_prints_and_stores_change_points(
     assert stored == [("run8", -0.2)]
     assert cli_main(["history", str(tmp_path / "none.db")]) == 2
     assert "no such database" in capsys.readouterr().err
+
+
+def test_datasette_canned_query_finds_the_change(tmp_path: Path) -> None:
+    import asyncio
+
+    from datasette.app import Datasette
+
+    db = tmp_path / "results.db"
+    for point in shifted(-0.2, 2):
+        run = record(point.run_id, point.key)
+        run["results"] = {"output_throughput": point.value}
+        tables.load_runs(db, [(run, None)])
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("create table t (x)").connection.close()
+
+    async def fetch() -> list[Any]:
+        datasette = Datasette([str(db), str(other)])
+        urls = [
+            "/results/metric_change_points.json?metric=output_throughput&_shape=array",
+            "/other/metric_change_points.json",
+            "/-/plugins.json",
+        ]
+        return [await datasette.client.get(url) for url in urls]
+
+    found, elsewhere, plugins = asyncio.run(fetch())
+    assert found.status_code == 200, found.text
+    (row,) = found.json()
+    assert row["sessions"] == 13
+    assert [c["session"] for c in json.loads(row["change_points"])] == ["s008"]
+    assert elsewhere.status_code == 404  # only where the gate's tables are
+    hooks = {hook for p in plugins.json() if p["name"] == "pytest-profllm" for hook in p["hooks"]}
+    assert {"prepare_connection", "canned_queries"} <= hooks
