@@ -179,3 +179,22 @@ def test_benchmark_compare_fail_under_xdist(
     report = slow.stdout.str() + slow.stderr.str()
     assert "Performance has regressed" in report
     assert "sim-8b::random[e2el] (0001_base) - Field 'mean' has failed" in report
+
+
+def test_an_invalid_measurement_is_not_judged(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(".yaml", bench_gate=SUITE.format(seed=0))
+    (pytester.path / "empty").mkdir()
+    result = pytester.runpytest_subprocess(
+        f"--profllm-ports={ports}",
+        "--profllm-out=new",
+        "--profllm-baseline=empty",
+        "--profllm-max-schedule-lag=0.000001",  # every client falls behind this
+        "-p",
+        "no:cacheprovider",
+        timeout=300,
+    )
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*invalid measurement: *"])
+    assert "regression:" not in result.stdout.str()
+    record = last_record(pytester, "new")
+    assert record["status"] == "invalid" and record["regression"] == []

@@ -160,6 +160,9 @@ def test_throughputs_are_compared_per_repeat_and_lower_is_worse() -> None:
     assert verdict.verdict == "regressed" and verdict.samples == 3
     assert verdict.ci_high is not None and verdict.ci_high < -0.05
     assert judge(throughput, noisy, base, SETTINGS).verdict == "unchanged"
+    # One repeat left (the other invalid) has no spread to judge the noise by.
+    alone = judge(throughput, slower[:1], base, SETTINGS)
+    assert alone.verdict == "unchanged" and alone.ci_low is None and alone.change is not None
 
 
 def requests_rows(ttft_s: float, count: int = 4) -> list[dict[str, Any]]:

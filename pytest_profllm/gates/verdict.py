@@ -81,23 +81,25 @@ def judge(
         verdict.verdict = "unchanged"  # no relative change from zero
         return verdict
     verdict.change = verdict.value / verdict.baseline - 1
-    low, high = change_interval(stat, new, base, settings)
-    verdict.ci_low, verdict.ci_high = low, high
-    verdict.verdict = classify(metric, low, high)
+    interval = change_interval(stat, new, base, settings)
+    if interval is None:
+        # One value (a repeat lost to an invalid measurement) has no spread to judge noise by.
+        verdict.verdict = "unchanged"
+        return verdict
+    verdict.ci_low, verdict.ci_high = interval
+    verdict.verdict = classify(metric, *interval)
     return verdict
 
 
 def change_interval(
     stat: Callable[..., Any], new: FloatArray, base: FloatArray, settings: GateSettings
-) -> tuple[float, float]:
-    """The bootstrap interval of stat(new) / stat(base) - 1, resampling each side apart."""
+) -> tuple[float, float] | None:
+    """The bootstrap interval of stat(new) / stat(base) - 1, resampling each side apart;
+    None where a side has fewer than two values."""
     from scipy import stats
 
     if new.size < 2 or base.size < 2:
-        # One value cannot be resampled: the interval is the point (suites need repeat >= 2
-        # for per-repeat metrics, so this is a case with one surviving measurement).
-        point = float(stat(new) / stat(base) - 1)
-        return point, point
+        return None
 
     def relative_change(x: FloatArray, y: FloatArray, axis: int = -1) -> Any:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -123,8 +125,7 @@ def change_interval(
         )
     low, high = result.confidence_interval
     if not (math.isfinite(low) and math.isfinite(high)):
-        point = float(stat(new) / stat(base) - 1)
-        return point, point
+        return None
     return float(low), float(high)
 
 
