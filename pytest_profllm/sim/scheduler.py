@@ -34,6 +34,8 @@ DEFAULT_GPU_BLOCKS = 24_000
 # A factor on every step time (1.15: 15 % slower), so a regression gate can be shown to catch a
 # known slowdown. Read once, where the server process starts.
 SLOWDOWN_ENV = "PROFLLM_SIM_SLOWDOWN"
+# How late a step may end before the lateness is forgotten rather than caught up.
+_MAX_CATCH_UP_S = 0.05
 
 
 def slowdown_from_env() -> float:
@@ -111,6 +113,7 @@ class Scheduler:
     slowdown: float = field(default_factory=slowdown_from_env)
     _cached: OrderedDict[int, None] = field(default_factory=OrderedDict)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _step_end: float = 0.0  # when the last step was due to end (perf_counter)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     @property
@@ -143,6 +146,7 @@ class Scheduler:
             if not self.running and not self.waiting:
                 self._wake.clear()
                 await self._wake.wait()
+                self._step_end = time.perf_counter()  # idle time is no lateness to catch up
             self._grow_decoders()
             decoding = [s for s in self.running if not s.in_prefill]
             budget = self.max_num_batched_tokens - len(decoding)
@@ -166,7 +170,11 @@ class Scheduler:
             prefill_tokens = sum(chunk for _, chunk in prefill)
             began = time.perf_counter()
             step = self.cost.step_seconds(len(decoding), prefill_tokens, self.tensor_parallel_size)
-            await asyncio.sleep(step * self.slowdown)  # PROFLLM_SIM_SLOWDOWN, applied here only
+            step *= self.slowdown  # PROFLLM_SIM_SLOWDOWN, applied here only
+            # Each step ends its time after the previous one ended, not after this process woke:
+            # on a busy host a late wake-up is caught up by the next step (up to a bound).
+            self._step_end = max(self._step_end, began - _MAX_CATCH_UP_S) + step
+            await asyncio.sleep(max(0.0, self._step_end - time.perf_counter()))
             self.steps += 1
             self._trace(began, len(decoding), prefill_tokens)
             for sequence, chunk in prefill:
