@@ -9,7 +9,6 @@ from pytest_profllm.session import ControllerSession
 _WAIT_WORTH_SAYING_S = 0.5
 
 
-
 def summary_lines(controller: ControllerSession) -> list[str]:
     from pytest_profllm.gates.summary import terminal_lines
 
