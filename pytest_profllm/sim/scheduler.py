@@ -142,6 +142,7 @@ class Scheduler:
             self.waiting.remove(sequence)
 
     async def run(self) -> None:
+        self._step_end = time.perf_counter()
         while True:
             if not self.running and not self.waiting:
                 self._wake.clear()
