@@ -136,6 +136,9 @@ def test_a_missing_baseline_is_a_usage_error(pytester: pytest.Pytester, ports: s
     result = run(pytester, ports, "new", "--profllm-baseline=nowhere.db")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--profllm-baseline *nowhere.db: no such file or folder*"])
+    result = run(pytester, ports, "new", "--profllm-baseline-update")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--profllm-baseline-update needs --profllm-baseline PATH*"])
 
 
 def test_benchmark_compare_fail_under_xdist(
