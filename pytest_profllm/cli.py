@@ -133,6 +133,38 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(bench)
     bench.set_defaults(handler=_bench)
 
+    history = commands.add_parser(
+        "history",
+        help="find where a metric shifted in a results database's history (change points)",
+        description="For every fingerprint (server configuration, workload, engine and "
+        "version, devices) in DB, find the sessions after which a metric's mean shifted "
+        "(ruptures' PELT over per-session means), print them and store them in the "
+        "change_points table, which Datasette shows.",
+    )
+    history.add_argument("db", type=Path, metavar="DB", help="a results.db written by a run")
+    history.add_argument(
+        "--metric",
+        action="append",
+        metavar="NAME",
+        help="a result metric, repeatable (default: output_throughput, median_ttft_ms, "
+        "median_tpot_ms)",
+    )
+    history.add_argument(
+        "--case", metavar="PATTERN", help="only case ids LIKE this SQL pattern (default: all)"
+    )
+    history.add_argument(
+        "--min-change",
+        default="5%",
+        metavar="PERCENT",
+        help="smallest shift of the mean reported (default: 5%%)",
+    )
+    history.add_argument(
+        "--any-version",
+        action="store_true",
+        help="one history across engine versions (the version left out of the fingerprint)",
+    )
+    history.set_defaults(handler=_history)
+
     # `profllm sim ...` is handed to the simulator's own parser before this one (see main);
     # listed here for `profllm --help`.
     commands.add_parser(
@@ -278,6 +310,37 @@ def _ingest(args: argparse.Namespace) -> int:
         raise CliError(str(error)) from None
     count = load_records(args.db, records)
     print(f"loaded {count} record(s) into {args.db} (table benchmark_runs)")
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    from pytest_profllm.gates import history
+    from pytest_profllm.gates.spec import parse_tolerance
+
+    if not args.db.is_file():
+        raise CliError(f"{args.db}: no such database")
+    try:
+        min_change = parse_tolerance(args.min_change)
+    except ValueError as error:
+        raise CliError(f"--min-change: {error}") from None
+    found: list[history.Finding] = []
+    for metric in args.metric or ["output_throughput", "median_ttft_ms", "median_tpot_ms"]:
+        try:
+            count, findings = history.analyse(
+                args.db, metric, args.case, min_change, args.any_version
+            )
+        except ValueError as error:
+            raise CliError(str(error)) from None
+        for finding in findings:
+            point = finding.change.point
+            print(
+                f"{finding.case_id} [{finding.fingerprint}] {metric}: "
+                f"{finding.change.before:.4g} -> {finding.change.after:.4g} "
+                f"({finding.change.change:+.1%}) from session {point.key} (run {point.run_id})"
+            )
+        print(f"{metric}: {len(findings)} change point(s) in {count} history(ies)")
+        found += findings
+    history.save(args.db, found)
     return 0
 
 

@@ -11,7 +11,7 @@ import itertools
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,7 @@ class Case:
     repeat_index: int = 0
     repeat_count: int = 1
     profile: bool = False  # a short profiled run after the measured one
+    regression: dict[str, float] = field(default_factory=dict)  # metric -> tolerance
     # The values this case takes on its suite's axes, as ("server.key", value) pairs: what
     # was read as an axis, and not as one (list) value.
     axis_values: tuple[tuple[str, Any], ...] = ()
@@ -153,6 +154,7 @@ def expand(
                         repeat_count=suite.repeat,
                         profile=suite.profile,
                         axis_values=axis_values,
+                        regression=suite.regression,
                     )
                 )
     return cases

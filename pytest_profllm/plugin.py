@@ -15,6 +15,7 @@ import pytest
 
 from pytest_profllm import collect, interrupt, options, scheduler, session
 from pytest_profllm.collect import CASE_FIXTURE, PROFLLM_MARKER, case_of
+from pytest_profllm.gates import options as gate_options
 from pytest_profllm.plan import Case
 from pytest_profllm.session import IDENTITY_KEY, SETTINGS_KEY, WORKER_KEY, worker_session
 
@@ -25,16 +26,20 @@ _RESTORE_SIGTERM = pytest.StashKey[Callable[[], None]]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
+    gate_options.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{PROFLLM_MARKER}(server, benchmark, thresholds=None, repeat=1): run the test against "
+        f"{PROFLLM_MARKER}(server, benchmark, thresholds=None, repeat=1, regression=None): run "
+        "the test against "
         "each case of this benchmark matrix; the profllm_result fixture holds the case's result",
     )
     settings = options.Settings.from_config(config)
     config.stash[SETTINGS_KEY] = settings
+    gate = gate_options.GateConfig.from_config(config, settings.out_dir)
+    config.stash[gate_options.GATE_CONFIG_KEY] = gate
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
         identity = session.RunIdentity.from_workerinput(workerinput["profllm"])
@@ -59,6 +64,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_CONTROLLER] = session.ControllerSession(settings, identity)
         # Only here: on an xdist worker it would take records out before they are sent.
         config.pluginmanager.register(_ReportHooks(config), "profllm-reports")
+        from pytest_profllm.gates.controller import GATE_CONTROLLER_KEY, GateController
+
+        gates = GateController(config, gate, settings.db_path, engine.name)
+        config.stash[GATE_CONTROLLER_KEY] = gates
+        config.pluginmanager.register(gates, "profllm-gates")
     config.stash[IDENTITY_KEY] = identity
     restore = interrupt.install(
         lambda: _on_sigterm(config), lambda: config.pluginmanager.has_plugin("dsession")
@@ -132,7 +142,14 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     settings = config.stash[SETTINGS_KEY]
     engine = config.stash[IDENTITY_KEY].engine
     out = f"records in {settings.out_dir}" if settings.out_dir else "no --profllm-out: no files"
-    return [f"profllm: engine {engine.name} ({engine.reason}); {out}"]
+    lines = [f"profllm: engine {engine.name} ({engine.reason}); {out}"]
+    if not hasattr(config, "workerinput"):
+        from pytest_profllm.gates.worker import baseline_of
+
+        baseline = baseline_of(config)
+        if baseline is not None:
+            lines.append(f"profllm: regression gate against {baseline.describe()}")
+    return lines
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -210,10 +227,18 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     outcome = item.stash.get(session.OUTCOME_KEY, None)
     if outcome is not None and outcome.invalid_reason:
         pytest.fail(f"invalid measurement: {outcome.invalid_reason}", pytrace=False)
+    problems = []
     if outcome is not None and outcome.missed:
         from pytest_profllm.runner import describe_missed
 
-        pytest.fail(describe_missed(outcome.missed), pytrace=False)
+        problems.append(describe_missed(outcome.missed))
+    if outcome is not None and outcome.case.regression:
+        from pytest_profllm.gates.worker import judge_case, regression_message
+
+        outcome.regression = judge_case(item.config, outcome)
+        problems.append(regression_message(outcome.regression) or "")
+    if any(problems):
+        pytest.fail("; ".join(problem for problem in problems if problem), pytrace=False)
 
 
 @pytest.hookimpl(trylast=True)
@@ -225,7 +250,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if worker is not None:
         worker.after_case(case_of(nextitem))
     status, message = session.status_of(item.stash.get(_REPORTS, {}), outcome)
-    item.user_properties.append((session.RECORD_PROPERTY, outcome.record(status, message)))
+    record = outcome.record(status, message)
+    item.user_properties.append((session.RECORD_PROPERTY, record))
+    from pytest_profllm.gates.summary import junit_properties
+
+    item.user_properties.extend(junit_properties(record))
     item.user_properties.append((session.REQUESTS_PROPERTY, outcome.requests))
 
 
@@ -285,6 +314,9 @@ class _ReportHooks:
             return
         requests = properties.get(session.REQUESTS_PROPERTY)
         problem = controller.receive(record, requests)  # type: ignore[arg-type]
+        from pytest_profllm.gates.controller import GATE_CONTROLLER_KEY
+
+        self.config.stash[GATE_CONTROLLER_KEY].receive(record, requests)  # type: ignore[arg-type]
         if problem is not None:
             # The case fails, clearly; the session goes on with the next one.
             report.outcome = "failed"

@@ -41,6 +41,28 @@ class Verdict(BaseModel):
     passed: bool
 
 
+GateVerdict = Literal["regressed", "improved", "unchanged", "no-baseline"]
+
+
+class RegressionVerdict(BaseModel):
+    """One metric of a case against its baseline (gates/verdict.py). `change` is relative
+    (new / baseline - 1); the interval is a bootstrap confidence interval of it."""
+
+    metric: str
+    verdict: GateVerdict
+    tolerance: float  # a fraction: 0.05 is 5 %
+    higher_is_better: bool
+    baseline: float | None = None
+    value: float | None = None
+    change: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    confidence: float
+    samples: int = 0  # per-request samples (latencies) or repeats (throughputs), this run
+    baseline_samples: int = 0
+    baseline_session: str | None = None
+
+
 class RunConfig(BaseModel):
     server: dict[str, Any]  # every engine argument of the registry, the suite's values over
     benchmark: dict[str, Any]
@@ -155,6 +177,8 @@ class BenchmarkRecord(BaseModel):
     profiling: ProfilingInfo | None = None
     thresholds: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     verdicts: list[Verdict] = Field(default_factory=list)
+    # The regression gate's verdicts (with `repeat: N`, on the last repeat, over all of them).
+    regression: list[RegressionVerdict] = Field(default_factory=list)
 
 
 def normalize(data: object) -> BenchmarkRecord:

@@ -8,27 +8,13 @@ from pytest_profllm.session import ControllerSession
 
 _WAIT_WORTH_SAYING_S = 0.5
 
-_COLUMNS = (
-    ("req/s", "request_throughput", "{:.2f}"),
-    ("out tok/s", "output_throughput", "{:.1f}"),
-    ("TTFT p50 ms", "median_ttft_ms", "{:.1f}"),
-    ("TPOT p50 ms", "median_tpot_ms", "{:.2f}"),
-    ("ITL p99 ms", "p99_itl_ms", "{:.2f}"),
-)
-
 
 def summary_lines(controller: ControllerSession) -> list[str]:
+    from pytest_profllm.gates.summary import terminal_lines
+
     records = controller.records
-    width = max(len(record["case_id"]) for record in records)
-    header = f"{'case':<{width}}  {'status':<7}" + "".join(f"{name:>13}" for name, _, _ in _COLUMNS)
-    lines = [header]
-    for record in records:
-        results = record.get("results") or {}
-        cells = "".join(
-            f"{(fmt.format(results[key]) if results.get(key) is not None else '-'):>13}"
-            for _, key, fmt in _COLUMNS
-        )
-        lines.append(f"{record['case_id']:<{width}}  {record['status']:<7}{cells}")
+    # The same table as the Markdown summary: key metrics, and the gate where one ran.
+    lines = terminal_lines(records)
     engine = controller.identity.engine
     lines.append(f"engine: {engine.name} ({engine.reason})")
     lines += _server_lines(records)

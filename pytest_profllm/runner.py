@@ -31,7 +31,7 @@ from pytest_profllm.engine import EngineChoice, redact
 from pytest_profllm.engine_args import registry_for
 from pytest_profllm.plan import Case
 from pytest_profllm.profiling import PROFILE_PROMPTS, ProfilingFailed, profile_prefix, run_profiled
-from pytest_profllm.record import BenchmarkRecord, Status, Verdict
+from pytest_profllm.record import BenchmarkRecord, RegressionVerdict, Status, Verdict
 from pytest_profllm.server import ServerProcess, WorkerServers, describe_runtime
 from pytest_profllm.sim.model_files import MODEL_DIR
 from pytest_profllm.telemetry import Sampler
@@ -62,6 +62,8 @@ class CaseOutcome:
     profiling: dict[str, Any] | None = None
     # Set when the client, not the server, set the pace: the figures do not measure the server.
     invalid_reason: str | None = None
+    # The regression gate's verdicts (gates/worker.py), set after the case's call.
+    regression: list[RegressionVerdict] = field(default_factory=list)
 
     @property
     def run_id(self) -> str:
@@ -94,6 +96,7 @@ class CaseOutcome:
             profiling=self.profiling,
             thresholds={name: t.model_dump() for name, t in case.thresholds.items()},
             verdicts=self.verdicts,
+            regression=self.regression,
         )
         return record.model_dump(mode="json")
 

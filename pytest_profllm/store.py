@@ -59,7 +59,7 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
     for prefix, block in (("system_", record.get("system")), ("runtime_", record.get("runtime"))):
         for key, value in (block or {}).items():
             row[prefix + key] = _cell(value)
-    for key in ("thresholds", "verdicts", "profiling"):
+    for key in ("thresholds", "verdicts", "profiling", "regression"):
         row[key] = _cell(record.get(key))
     row["failed_verdicts"] = (
         ",".join(

@@ -199,6 +199,27 @@ class Suite(BaseModel):
     exclude: list[Exclusion] = Field(default_factory=list)
     # Each case ends with a short run under vLLM's profiler (`/start_profile`, `/stop_profile`).
     profile: bool = False
+    # The regression gate: metric -> tolerance (a fraction), against --profllm-baseline.
+    regression: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("regression", mode="before")
+    @classmethod
+    def _regression(cls, value: object) -> dict[str, float]:
+        from pytest_profllm.gates.spec import parse_regression
+
+        return parse_regression(value)
+
+    @model_validator(mode="after")
+    def _repeats_for_throughputs(self) -> Suite:
+        from pytest_profllm.gates.spec import PER_REPEAT_METRICS
+
+        per_repeat = [name for name in self.regression if name in PER_REPEAT_METRICS]
+        if per_repeat and self.repeat < 2:
+            raise ValueError(
+                f"regression: {per_repeat[0]} is compared on one value per repeat: "
+                "set 'repeat: 2' or more"
+            )
+        return self
 
     @field_validator("server")
     @classmethod

@@ -121,6 +121,7 @@ def test_plugin_is_registered_with_its_hooks(results_db: Path) -> None:
         "get_metadata",
         "canned_queries",
         "table_actions",
+        "prepare_connection",  # the regression gate's change-point aggregate
     }
 
 

@@ -31,6 +31,22 @@ BLOCK_SIZE = 16  # vLLM's default block size on CUDA
 # About what vLLM 0.33 finds for an 8B model (Qwen3-8B: 144 KiB of KV per token) on one 80 GB
 # GPU at gpu_memory_utilization 0.9: ~54 GiB left after weights, ~390k tokens. A round figure.
 DEFAULT_GPU_BLOCKS = 24_000
+# A factor on every step time (1.15: 15 % slower), so a regression gate can be shown to catch a
+# known slowdown. Read once, where the server process starts.
+SLOWDOWN_ENV = "PROFLLM_SIM_SLOWDOWN"
+# How late a step may end before the lateness is forgotten rather than caught up.
+_MAX_CATCH_UP_S = 0.05
+
+
+def slowdown_from_env() -> float:
+    text = os.environ.get(SLOWDOWN_ENV, "1")
+    try:
+        factor = float(text)
+    except ValueError:
+        raise ValueError(f"{SLOWDOWN_ENV}={text!r}: expected a factor like 1.15") from None
+    if not 0 < factor < 100:
+        raise ValueError(f"{SLOWDOWN_ENV}={text!r}: expected a factor between 0 and 100")
+    return factor
 
 
 @dataclass(frozen=True)
@@ -94,8 +110,10 @@ class Scheduler:
     generation_tokens: int = 0
     # Chrome-trace events of each step while the profiler runs; None when it does not.
     trace_events: list[dict[str, Any]] | None = None
+    slowdown: float = field(default_factory=slowdown_from_env)
     _cached: OrderedDict[int, None] = field(default_factory=OrderedDict)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _step_end: float = 0.0  # when the last step was due to end (perf_counter)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     @property
@@ -124,10 +142,12 @@ class Scheduler:
             self.waiting.remove(sequence)
 
     async def run(self) -> None:
+        self._step_end = time.perf_counter()
         while True:
             if not self.running and not self.waiting:
                 self._wake.clear()
                 await self._wake.wait()
+                self._step_end = time.perf_counter()  # idle time is no lateness to catch up
             self._grow_decoders()
             decoding = [s for s in self.running if not s.in_prefill]
             budget = self.max_num_batched_tokens - len(decoding)
@@ -150,9 +170,12 @@ class Scheduler:
                 budget -= chunk
             prefill_tokens = sum(chunk for _, chunk in prefill)
             began = time.perf_counter()
-            await asyncio.sleep(
-                self.cost.step_seconds(len(decoding), prefill_tokens, self.tensor_parallel_size)
-            )
+            step = self.cost.step_seconds(len(decoding), prefill_tokens, self.tensor_parallel_size)
+            step *= self.slowdown  # PROFLLM_SIM_SLOWDOWN, applied here only
+            # Each step ends its time after the previous one ended, not after this process woke:
+            # on a busy host a late wake-up is caught up by the next step (up to a bound).
+            self._step_end = max(self._step_end, began - _MAX_CATCH_UP_S) + step
+            await asyncio.sleep(max(0.0, self._step_end - time.perf_counter()))
             self.steps += 1
             self._trace(began, len(decoding), prefill_tokens)
             for sequence, chunk in prefill:

@@ -1,0 +1,159 @@
+"""Baselines: from a previous `results.db` (the gate's tables) or a folder of records (with
+their `.requests.jsonl.gz`), the runs with the same fingerprint as a case. Where several
+sessions match, the latest one is the baseline, all its repeats together; runs that measured
+nothing (`error`) or measured the client (`invalid`) are never a baseline.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sqlite3
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pytest_profllm.gates import tables
+from pytest_profllm.gates.fingerprint import digests
+from pytest_profllm.gates.samples import RunSamples, samples_of
+
+_USABLE = ("passed", "failed")
+
+
+def is_database(path: Path) -> bool:
+    return path.is_file() or path.suffix in (".db", ".sqlite", ".sqlite3")
+
+
+@dataclass
+class _Found:
+    run_id: str
+    session_id: str
+    timestamp: str
+
+
+@dataclass
+class Baseline:
+    """Read once per process, on the first case that asks."""
+
+    path: Path
+    with_version: bool = True
+    _index: dict[str, list[_Found]] | None = None
+    _records: dict[str, dict[str, Any]] = field(default_factory=dict)  # folder: run_id -> record
+
+    def describe(self) -> str:
+        runs = sum(len(found) for found in self._load().values())
+        version = "" if self.with_version else ", any engine version"
+        return f"baseline {self.path} ({runs} run(s){version})"
+
+    def runs_for(self, record: dict[str, Any]) -> list[RunSamples]:
+        with_version, any_version = digests(record)
+        key = with_version if self.with_version else any_version
+        session = record.get("session_id")
+        found = [f for f in self._load().get(key, []) if f.session_id != session]
+        if not found:
+            return []
+        latest = max(found, key=lambda f: (f.timestamp, f.session_id)).session_id
+        chosen = [f.run_id for f in found if f.session_id == latest]
+        return self._samples(chosen)
+
+    def _load(self) -> dict[str, list[_Found]]:
+        if self._index is None:
+            self._index = self._read_database() if is_database(self.path) else self._read_folder()
+        return self._index
+
+    def _read_database(self) -> dict[str, list[_Found]]:
+        index: dict[str, list[_Found]] = {}
+        if not self.path.exists():
+            return index
+        column = "fingerprint" if self.with_version else "fingerprint_any_version"
+        with _reading(self.path) as db:
+            if not _has_table(db, tables.RUNS):
+                return index
+            marks = ",".join("?" for _ in _USABLE)
+            for digest, run_id, session, timestamp in db.execute(
+                f"SELECT {column}, run_id, session_id, timestamp FROM [{tables.RUNS}] "
+                f"WHERE status IN ({marks})",
+                _USABLE,
+            ):
+                index.setdefault(digest, []).append(_Found(run_id, session or "", timestamp or ""))
+        return index
+
+    def _read_folder(self) -> dict[str, list[_Found]]:
+        from pytest_profllm.store import read_record_files, record_files
+
+        index: dict[str, list[_Found]] = {}
+        if not self.path.is_dir():
+            return index
+        for record in read_record_files(record_files([self.path])):
+            if record.get("status") not in _USABLE:
+                continue
+            with_version, any_version = digests(record)
+            key = with_version if self.with_version else any_version
+            self._records[record["run_id"]] = record
+            index.setdefault(key, []).append(
+                _Found(record["run_id"], record.get("session_id") or "", record["timestamp"])
+            )
+        return index
+
+    def _samples(self, run_ids: list[str]) -> list[RunSamples]:
+        if not is_database(self.path):
+            return [
+                samples_of(self._records[run_id], _requests_file(self.path, run_id))
+                for run_id in run_ids
+            ]
+        runs = []
+        with _reading(self.path) as db:
+            for run_id in run_ids:
+                session, timestamp, results = db.execute(
+                    f"SELECT session_id, timestamp, results FROM [{tables.RUNS}] WHERE run_id = ?",
+                    (run_id,),
+                ).fetchone()
+                rows = db.execute(
+                    f"SELECT ttft_ms, tpot_ms, e2el_ms, itl_ms FROM [{tables.SAMPLES}] "
+                    "WHERE run_id = ? AND success ORDER BY request_index",
+                    (run_id,),
+                ).fetchall()
+                runs.append(
+                    RunSamples(
+                        run_id=run_id,
+                        session_id=session or "",
+                        timestamp=timestamp or "",
+                        results=json.loads(results or "{}"),
+                        latencies=_latencies_from_rows(rows),
+                    )
+                )
+        return runs
+
+
+def _latencies_from_rows(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+    def column(index: int) -> Any:
+        return np.asarray([row[index] for row in rows if row[index] is not None], dtype=float)
+
+    itl = [gap for row in rows for gap in json.loads(row[3] or "[]")]
+    return {
+        "ttft": column(0),
+        "tpot": column(1),
+        "e2el": column(2),
+        "itl": np.asarray(itl, dtype=float),
+    }
+
+
+def _requests_file(folder: Path, run_id: str) -> list[dict[str, Any]] | None:
+    path = folder / f"{run_id}.requests.jsonl.gz"
+    if not path.exists():
+        return None
+    with gzip.open(path, "rt") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _reading(path: Path) -> closing[sqlite3.Connection]:
+    """A read-only connection that waits up to 30 s for a writer's transaction."""
+    return closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30))
+
+
+def _has_table(db: sqlite3.Connection, name: str) -> bool:
+    query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    return db.execute(query, (name,)).fetchone() is not None

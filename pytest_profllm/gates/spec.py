@@ -1,0 +1,102 @@
+"""What a suite's `regression:` block means: the metrics to gate, each with its tolerance and
+the direction that is worse, and how each is compared (per-request samples or per-repeat values).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pytest_profllm import metrics
+
+# Defaults chosen with benchmarks/perf/gate_power.py (README: "Regression gates"). A per-repeat
+# interval spans the run-to-run noise (another moment, another load on the host); a per-request
+# one does not (the requests of one run share its moment), so a latency's tolerance must.
+DEFAULT_TOLERANCE = 0.05  # per-repeat metrics (throughputs)
+DEFAULT_LATENCY_TOLERANCE = 0.10  # per-request metrics (latencies)
+DEFAULT_CONFIDENCE = 0.99
+DEFAULT_RESAMPLES = 2000
+
+# Compared on one value per repeat: a run has one throughput, not one per request.
+PER_REPEAT_METRICS = {
+    "request_throughput": True,  # the value: higher is better
+    "output_throughput": True,
+    "total_token_throughput": True,
+    "request_goodput": True,
+    "duration": False,
+}
+_LATENCY = re.compile(
+    r"^(mean|median|std|p(\d+(?:\.\d+)?))_(" + "|".join(metrics.LATENCY_METRICS) + r")_ms$"
+)
+
+
+@dataclass(frozen=True)
+class GatedMetric:
+    """One metric of a `regression:` block."""
+
+    name: str
+    tolerance: float  # a fraction
+    higher_is_better: bool
+    latency: str | None  # ttft/tpot/itl/e2el: compared on per-request samples; None: per repeat
+    statistic: str  # mean, median, std, or a percentile like 99.0; "mean" for per-repeat ones
+
+    @property
+    def per_repeat(self) -> bool:
+        return self.latency is None
+
+
+def gated_metric(name: str, tolerance: float) -> GatedMetric:
+    """Raises ValueError naming what can be gated when `name` is not one of those."""
+    match = _LATENCY.match(name)
+    if match is not None:
+        statistic = match.group(2) or match.group(1)
+        if match.group(2) is not None and not 0 < float(match.group(2)) < 100:
+            raise ValueError(f"{name}: a percentile lies strictly between 0 and 100")
+        return GatedMetric(name, tolerance, False, match.group(3), statistic)
+    if name in PER_REPEAT_METRICS:
+        return GatedMetric(name, tolerance, PER_REPEAT_METRICS[name], None, "mean")
+    raise ValueError(
+        f"cannot gate {name!r}: allowed are {', '.join(PER_REPEAT_METRICS)} (per repeat) and "
+        "mean_/median_/std_/pNN_ of ttft, tpot, itl, e2el in ms (per request), "
+        "e.g. p99_ttft_ms"
+    )
+
+
+def default_tolerance(name: str) -> float:
+    return DEFAULT_TOLERANCE if name in PER_REPEAT_METRICS else DEFAULT_LATENCY_TOLERANCE
+
+
+def parse_tolerance(value: object, default: float = DEFAULT_TOLERANCE) -> float:
+    """`5%`, `5` (percent) or null (the default); returns a fraction."""
+    if value is None:
+        return default
+    text = str(value).strip()
+    number = text.removesuffix("%").strip()
+    try:
+        percent = float(number)
+    except ValueError:
+        raise ValueError(f"a tolerance is a percentage like '5%', got {value!r}") from None
+    if isinstance(value, bool) or not 0 <= percent < 100:
+        raise ValueError(f"a tolerance is a percentage from 0% to under 100%, got {value!r}")
+    return percent / 100
+
+
+def parse_regression(block: object) -> dict[str, float]:
+    """A suite's `regression:` value: a mapping metric -> tolerance, or a list of metrics
+    (default tolerances: 5 % per repeat, 10 % per request). Returns metric -> tolerance (a
+    fraction)."""
+    if block is None:
+        return {}
+    if isinstance(block, list):
+        block = {name: None for name in block}
+    if not isinstance(block, dict):
+        raise ValueError("'regression' maps metrics to tolerances, e.g. {output_throughput: 5%}")
+    gated: dict[str, float] = {}
+    for name, value in block.items():
+        try:
+            tolerance = parse_tolerance(value, default_tolerance(str(name)))
+        except ValueError as error:
+            raise ValueError(f"{name}: {error}") from None
+        gated_metric(str(name), tolerance)
+        gated[str(name)] = tolerance
+    return gated

@@ -1,0 +1,162 @@
+"""Noise-aware verdicts: a bootstrap confidence interval (scipy.stats.bootstrap) of the relative
+change of one metric against the baseline. Regressed or improved only when the whole interval
+lies beyond the tolerance; otherwise unchanged.
+
+Latencies are compared on per-request samples pooled over the repeats (a p99 is a statistic of
+requests); throughputs on one value per repeat (a run has one throughput).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pytest_profllm.gates.samples import FloatArray, RunSamples
+from pytest_profllm.gates.spec import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, GatedMetric
+from pytest_profllm.record import GateVerdict, RegressionVerdict
+
+# Resampled values held at once (resamples x samples): bounds memory on long ITL samples.
+_BATCH_ELEMENTS = 4_000_000
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    confidence: float = DEFAULT_CONFIDENCE
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = 0  # the bootstrap's own random stream: one verdict per data, run after run
+
+
+def statistic_of(metric: GatedMetric) -> Callable[..., Any]:
+    """The statistic along the last axis, vectorised as scipy.stats.bootstrap calls it."""
+    name = metric.statistic
+    if name == "mean":
+        return lambda x, axis=-1: np.mean(x, axis=axis)
+    if name == "median":
+        return lambda x, axis=-1: np.median(x, axis=axis)
+    if name == "std":
+        return lambda x, axis=-1: np.std(x, axis=axis)
+    percentile = float(name)
+    return lambda x, axis=-1: np.percentile(x, percentile, axis=axis)
+
+
+def values_of(metric: GatedMetric, runs: list[RunSamples]) -> FloatArray:
+    """Per-request samples pooled over runs, or one value per run."""
+    if metric.latency is not None:
+        pooled = [run.latencies.get(metric.latency) for run in runs]
+        arrays = [array for array in pooled if array is not None and array.size]
+        return np.concatenate(arrays) if arrays else np.empty(0)
+    values = [run.results.get(metric.name) for run in runs]
+    return np.asarray([v for v in values if isinstance(v, int | float)], dtype=np.float64)
+
+
+def judge(
+    metric: GatedMetric,
+    new_runs: list[RunSamples],
+    baseline_runs: list[RunSamples],
+    settings: GateSettings,
+) -> RegressionVerdict:
+    new = values_of(metric, new_runs)
+    base = values_of(metric, baseline_runs)
+    stat = statistic_of(metric)
+    verdict = RegressionVerdict(
+        metric=metric.name,
+        verdict="no-baseline",
+        tolerance=metric.tolerance,
+        higher_is_better=metric.higher_is_better,
+        value=float(stat(new)) if new.size else None,
+        confidence=settings.confidence,
+        samples=int(new.size),
+        baseline_samples=int(base.size),
+        baseline_session=baseline_runs[0].session_id if baseline_runs else None,
+    )
+    if not base.size or not new.size:
+        return verdict
+    verdict.baseline = float(stat(base))
+    if verdict.baseline == 0 or verdict.value is None:
+        verdict.verdict = "unchanged"  # no relative change from zero
+        return verdict
+    verdict.change = verdict.value / verdict.baseline - 1
+    interval = change_interval(stat, new, base, settings)
+    if interval is None:
+        # One value (a repeat lost to an invalid measurement) has no spread to judge noise by.
+        verdict.verdict = "unchanged"
+        return verdict
+    verdict.ci_low, verdict.ci_high = interval
+    verdict.verdict = classify(metric, *interval)
+    return verdict
+
+
+def change_interval(
+    stat: Callable[..., Any], new: FloatArray, base: FloatArray, settings: GateSettings
+) -> tuple[float, float] | None:
+    """The bootstrap interval of stat(new) / stat(base) - 1, resampling each side apart;
+    None where a side has fewer than two values."""
+    from scipy import stats
+
+    if new.size < 2 or base.size < 2:
+        return None
+
+    def relative_change(x: FloatArray, y: FloatArray, axis: int = -1) -> Any:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return stat(x, axis=axis) / stat(y, axis=axis) - 1
+
+    batch = max(1, _BATCH_ELEMENTS // max(new.size, base.size))
+    with warnings.catch_warnings():
+        # Few distinct values (two repeats) make a lumpy bootstrap distribution: that is what
+        # the percentile interval then honestly shows.
+        warnings.simplefilter("ignore")
+        result = stats.bootstrap(
+            (new, base),
+            relative_change,
+            paired=False,
+            vectorized=True,
+            axis=-1,
+            n_resamples=settings.resamples,
+            batch=batch,
+            confidence_level=settings.confidence,
+            # BCa needs a jackknife over every sample: quadratic on thousands of ITL samples.
+            method="percentile",
+            rng=np.random.default_rng(settings.seed),
+        )
+    low, high = result.confidence_interval
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return None
+    return float(low), float(high)
+
+
+def classify(metric: GatedMetric, low: float, high: float) -> GateVerdict:
+    tolerance = metric.tolerance
+    worse_high = not metric.higher_is_better  # a latency rises when it gets worse
+    if worse_high:
+        if low > tolerance:
+            return "regressed"
+        if high < -tolerance:
+            return "improved"
+    else:
+        if high < -tolerance:
+            return "regressed"
+        if low > tolerance:
+            return "improved"
+    return "unchanged"
+
+
+def describe(verdict: RegressionVerdict) -> str:
+    """One line: metric, verdict, baseline and new values, change and interval."""
+    if verdict.verdict == "no-baseline":
+        return f"{verdict.metric}: no baseline"
+    base = "-" if verdict.baseline is None else f"{verdict.baseline:.4g}"
+    value = "-" if verdict.value is None else f"{verdict.value:.4g}"
+    text = f"{verdict.metric} {verdict.verdict}: baseline {base}, now {value}"
+    if verdict.change is not None:
+        text += f", {verdict.change:+.1%}"
+    if verdict.ci_low is not None and verdict.ci_high is not None:
+        text += (
+            f" ({verdict.confidence:.0%} CI {verdict.ci_low:+.1%} .. {verdict.ci_high:+.1%}, "
+            f"tolerance {verdict.tolerance:.0%})"
+        )
+    return text

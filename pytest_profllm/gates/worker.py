@@ -1,0 +1,56 @@
+"""The gate where a case runs: after each measured repeat its samples are kept; after the last
+repeat every gated metric is judged against the baseline over all the repeats."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_profllm.gates.baseline import Baseline
+from pytest_profllm.gates.fingerprint import digests
+from pytest_profllm.gates.options import GATE_CONFIG_KEY
+from pytest_profllm.gates.samples import RunSamples, samples_of
+from pytest_profllm.gates.spec import gated_metric
+from pytest_profllm.gates.verdict import describe, judge
+from pytest_profllm.record import RegressionVerdict
+from pytest_profllm.runner import CaseOutcome
+
+_PENDING = pytest.StashKey[dict[str, list[RunSamples]]]()
+_BASELINE = pytest.StashKey[Baseline]()
+
+
+def baseline_of(config: pytest.Config) -> Baseline | None:
+    gate = config.stash[GATE_CONFIG_KEY]
+    if gate.baseline is None:
+        return None
+    if _BASELINE not in config.stash:
+        config.stash[_BASELINE] = Baseline(gate.baseline, gate.with_version)
+    return config.stash[_BASELINE]
+
+
+def judge_case(config: pytest.Config, outcome: CaseOutcome) -> list[RegressionVerdict]:
+    """The case's verdicts at its last repeat; [] before it, or where nothing is gated."""
+    case = outcome.case
+    if not case.regression or not outcome.results:
+        return []
+    record = outcome.record("passed", None)
+    key = digests(record)[0]  # the repeats of one case share their fingerprint
+    pending = config.stash.setdefault(_PENDING, {})
+    runs = pending.setdefault(key, [])
+    runs.append(samples_of(record, outcome.requests))
+    if case.repeat_index < case.repeat_count - 1:
+        return []
+    del pending[key]
+    baseline = baseline_of(config)
+    baseline_runs = baseline.runs_for(record) if baseline is not None else []
+    settings = config.stash[GATE_CONFIG_KEY].settings
+    return [
+        judge(gated_metric(name, tolerance), runs, baseline_runs, settings)
+        for name, tolerance in case.regression.items()
+    ]
+
+
+def regression_message(verdicts: list[RegressionVerdict]) -> str | None:
+    regressed = [verdict for verdict in verdicts if verdict.verdict == "regressed"]
+    if not regressed:
+        return None
+    return "regression: " + "; ".join(describe(verdict) for verdict in regressed)
