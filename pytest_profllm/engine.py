@@ -82,8 +82,10 @@ def serve_command(
     host: str,
     port: int,
     registry: Registry | None = None,
+    sim_device: str | None = None,
 ) -> list[str]:
-    """The full command: `vllm serve MODEL --flag value ...` or the simulator with the same argv.
+    """The full command: `vllm serve MODEL --flag value ...` or the simulator with the same argv
+    (and its own `--sim-device` when one is chosen).
 
     Secrets that vLLM also reads from its environment are left out: see `serve_env`.
     """
@@ -92,7 +94,8 @@ def serve_command(
     else:
         head = [sys.executable, "-m", "pytest_profllm.sim"]
     in_argv = {key: value for key, value in server.items() if key not in _env_secrets(server)}
-    return head + serve_args(in_argv, registry) + ["--host", host, "--port", str(port)]
+    own = ["--sim-device", sim_device] if engine == "sim" and sim_device else []
+    return head + serve_args(in_argv, registry) + own + ["--host", host, "--port", str(port)]
 
 
 def serve_env(server: dict[str, Any]) -> dict[str, str]:

@@ -26,6 +26,8 @@ class EngineInfo(BaseModel):
     name: Literal["vllm", "sim"]
     reason: str
     version: str | None = None
+    # The simulator's engine model: device profile, model facts, KV cache and batch sizes.
+    sim: dict[str, Any] | None = None
 
 
 class Verdict(BaseModel):

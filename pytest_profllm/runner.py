@@ -59,6 +59,7 @@ class CaseOutcome:
     profiling: dict[str, Any] | None = None
     # Set when the client, not the server, set the pace: the figures do not measure the server.
     invalid_reason: str | None = None
+    sim_device: str | None = None  # the simulator's device profile (None: its default)
 
     @property
     def run_id(self) -> str:
@@ -83,7 +84,7 @@ class CaseOutcome:
             duration=(self.finished_at or time.time()) - self.started_at,
             status=status,
             message=message,
-            engine=self.engine.as_record(),
+            engine=self._engine(),
             config=_config(case, self.engine.name),
             results={k: v for k, v in self.results.items() if not _bad_float(v)},
             system={**system_info(self.engine, self.server), **self.telemetry},
@@ -93,6 +94,16 @@ class CaseOutcome:
             verdicts=self.verdicts,
         )
         return record.model_dump(mode="json")
+
+
+    def _engine(self) -> dict[str, Any]:
+        engine: dict[str, Any] = dict(self.engine.as_record())
+        if self.engine.name == "sim":
+            from pytest_profllm.sim.config import describe_server
+
+            # Which device profile and model facts produced the simulator's figures.
+            engine["sim"] = describe_server(self.case.server, self.sim_device)
+        return engine
 
 
 def _config(case: Case, engine: str) -> dict[str, Any]:

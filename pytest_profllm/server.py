@@ -257,6 +257,7 @@ class WorkerServers:
     ranks: dict[str, int] = field(default_factory=dict)
     turns: SessionTurns | None = None
     profile_root: Path | None = None  # trace folders of profiling servers go under it
+    sim_device: str | None = None  # the simulator's --sim-device (None: its default)
     current: ServerProcess | None = None
     failed: dict[str, ServerStartError] = field(default_factory=dict)
     starts: int = 0
@@ -282,7 +283,9 @@ class WorkerServers:
         engine_args, profile_dir = engine_args_for(
             case, self.profile_root or self.log_dir / "profiles"
         )
-        argv, env = launch(self.engine, engine_args, lease, registry_for(self.engine))
+        argv, env = launch(
+            self.engine, engine_args, lease, registry_for(self.engine), self.sim_device
+        )
         server = ServerProcess(
             key=key,
             label=case.server_label,
@@ -337,13 +340,17 @@ class WorkerServers:
 
 
 def launch(
-    engine: EngineName, server: dict[str, Any], lease: Lease, registry: Registry | None = None
+    engine: EngineName,
+    server: dict[str, Any],
+    lease: Lease,
+    registry: Registry | None = None,
+    sim_device: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and the environment (over the inherited one) a server starts with.
 
     `profllm plan` prints what this returns, so the plan is the command that runs.
     """
-    argv = serve_command(engine, server, HOST, lease.port, registry)
+    argv = serve_command(engine, server, HOST, lease.port, registry, sim_device)
     return argv, {**server_env(lease), **serve_env(server)}
 
 

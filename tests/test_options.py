@@ -331,3 +331,27 @@ def test_bad_command_line_value_names_the_option(
     for part in expected_parts:
         assert part in str(error.value)
 
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("H100-SXM", "H100-SXM"), ("h200", "H200"), ("a100", "A100-80GB"), ("L40S", "L40S")],
+)
+def test_parse_sim_device_takes_names_and_aliases(text: str, expected: str) -> None:
+    from pytest_profllm.options import parse_sim_device
+
+    assert parse_sim_device(text) == expected
+
+
+def test_parse_sim_device_lists_the_known_devices() -> None:
+    from pytest_profllm.options import parse_sim_device
+
+    with pytest.raises(argparse.ArgumentTypeError) as error:
+        parse_sim_device("B300")
+    assert "--profllm-sim-device: unknown simulator device 'B300'" in str(error.value)
+    assert "A100-40GB" in str(error.value) and "H100-SXM" in str(error.value)
+
+
+def test_sim_device_from_ini(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nprofllm_sim_device = a100-40gb\n")
+    assert Settings.from_config(pytester.parseconfig()).sim_device == "A100-40GB"
