@@ -83,7 +83,7 @@ def parse_milliseconds(text: str) -> float:
 
 
 def parse_sim_device(text: str) -> str:
-    """A device profile of the simulator (`pytest_profllm/sim/device_profiles`), by name or alias."""
+    """A device profile of the simulator (`sim/device_profiles`), by name or alias."""
     from pytest_profllm.sim.devices import UnknownDevice, device_profile
 
     try:

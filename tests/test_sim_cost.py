@@ -113,8 +113,9 @@ def test_prefill_is_bound_by_compute() -> None:
 
 
 def test_tensor_parallelism_splits_both_and_adds_all_reduces() -> None:
-    one, four = _engine("meta-llama/Llama-3.1-70B-Instruct"), _engine(
-        "meta-llama/Llama-3.1-70B-Instruct", tp=4
+    one, four = (
+        _engine("meta-llama/Llama-3.1-70B-Instruct"),
+        _engine("meta-llama/Llama-3.1-70B-Instruct", tp=4),
     )
     assert _decode(one, 8) / 4 < _decode(four, 8) < _decode(one, 8) / 2
     prefill = StepWork(prefill_tokens=4096, prefill_attended=4096 * 2048.0)

@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from pytest_profllm.sim.faults import FaultSpecError, Faults, parse_faults
+from pytest_profllm.sim.faults import Faults, FaultSpecError, parse_faults
 
 FAULTS = {
     1: "exit_at_start",

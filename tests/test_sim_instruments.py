@@ -202,7 +202,7 @@ def test_request_histograms_count_what_the_scheduler_did() -> None:
     families = _families(sim)
 
     def sample(family: str, suffix: str) -> float:
-        return next(s.value for s in families[family].samples if s.name == family + suffix)
+        return float(next(s.value for s in families[family].samples if s.name == family + suffix))
 
     assert sample("vllm:time_to_first_token_seconds", "_count") == 3
     assert sample("vllm:e2e_request_latency_seconds", "_count") == 3
@@ -212,5 +212,7 @@ def test_request_histograms_count_what_the_scheduler_did() -> None:
     # The third request queued for one full request's time (4 steps of 1 ms or more).
     assert sample("vllm:request_queue_time_seconds", "_sum") >= 0.004
     assert sample("vllm:request_prefill_time_seconds", "_count") == 3
-    success = {s.labels["finished_reason"]: s.value for s in families["vllm:request_success"].samples}
+    success = {
+        s.labels["finished_reason"]: s.value for s in families["vllm:request_success"].samples
+    }
     assert success["length"] == 3 and success["abort"] == 0

@@ -12,8 +12,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import pytest
-
 from pytest_profllm.sim.cost import StepWork
 from pytest_profllm.sim.scheduler import Scheduler, Sequence
 

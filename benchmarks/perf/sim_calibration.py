@@ -26,7 +26,9 @@ def _fmt(error: float | None) -> str:
     return "      -" if error is None else f"{error * 100:+6.0f}%"
 
 
-def run(overrides: dict[str, float] | None = None, devices: tuple[str, ...] = ()) -> list[RowResult]:
+def run(
+    overrides: dict[str, float] | None = None, devices: tuple[str, ...] = ()
+) -> list[RowResult]:
     results = []
     for row in ROWS:
         engine = row.engine()
@@ -46,8 +48,10 @@ def score(results: list[RowResult]) -> float:
 
 
 def report(results: list[RowResult]) -> None:
-    print(f"{'row':>3} {'model':44} {'device':9} {'tp':>2} {'out tok/s':>9} {'sim':>8} {'err':>7}"
-          f" {'TPOT ms':>8} {'sim':>7} {'err':>7}")
+    print(
+        f"{'row':>3} {'model':44} {'device':9} {'tp':>2} {'out tok/s':>9} {'sim':>8} {'err':>7}"
+        f" {'TPOT ms':>8} {'sim':>7} {'err':>7}"
+    )
     for r in results:
         row = r.row
         published_tpot = row.median_tpot_ms or row.median_itl_ms

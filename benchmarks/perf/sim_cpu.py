@@ -84,7 +84,9 @@ def main() -> None:
     try:
         wait_ready(url, process)
         print(f"simulator: {args.model} on {args.device}; 128 in / 256 out tokens per request")
-        print(f"{'streams':>8} {'requests':>8} {'out tok/s':>12} {'TPOT ms':>10} {'server CPU':>12}")
+        print(
+            f"{'streams':>8} {'requests':>8} {'out tok/s':>12} {'TPOT ms':>10} {'server CPU':>12}"
+        )
         with tempfile.TemporaryDirectory() as out:
             for streams in (64, 256):
                 measure(url, args.model, process.pid, streams, streams * args.prompts_per_stream,

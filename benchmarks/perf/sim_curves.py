@@ -35,7 +35,9 @@ def max_num_seqs_curve(engine: EngineModel) -> None:
     # A cache of 40k tokens (num_gpu_blocks) so that saturation shows inside the sweep.
     requests = [Request(1024, 512) for _ in range(400)]
     print("\n1. max_num_seqs (400 x 1024/512 at rate inf, KV cache 40,000 tokens)")
-    print(f"{'max_num_seqs':>12} {'out tok/s':>10} {'median TPOT ms':>15} {'preemptions':>12} {'peak KV':>8}")
+    print(
+        f"{'max_num_seqs':>12} {'out tok/s':>10} {'median TPOT ms':>15} {'preemptions':>12} {'peak KV':>8}"
+    )
     for seqs in (4, 8, 16, 24, 32, 48, 64, 128):
         settings = ServerSettings(max_num_seqs=seqs, num_gpu_blocks=2500)
         s = simulate(engine, requests, settings).summary()
@@ -67,7 +69,9 @@ def prefix_caching_curve(engine: EngineModel) -> None:
         suffix = tuple(rng.randrange(8192) for _ in range(128))
         ids = prefixes[index % 4] + suffix
         requests.append(Request(len(ids), 64, ids))
-    print("\n3. prefix caching (prefix_repetition: 4 prefixes of 2048 tokens, suffix 128, 200 requests at 8 req/s)")
+    print(
+        "\n3. prefix caching (prefix_repetition: 4 prefixes of 2048 tokens, suffix 128, 200 requests at 8 req/s)"
+    )
     print(f"{'prefix caching':>14} {'median TTFT ms':>15} {'hit rate':>9} {'out tok/s':>10}")
     for caching in (False, True):
         settings = ServerSettings(enable_prefix_caching=caching)
@@ -86,7 +90,9 @@ def chunked_prefill_curve(engine: EngineModel) -> None:
         "\n4. chunked prefill (40 requests at 16 req/s: 32 chats of 64 in / 1500 out, then 8 "
         "prompts of 16k tokens)"
     )
-    print(f"{'chunk (max_num_batched_tokens)':>30} {'p99 ITL ms':>11} {'max ITL ms':>11} {'long TTFT ms':>13}")
+    print(
+        f"{'chunk (max_num_batched_tokens)':>30} {'p99 ITL ms':>11} {'max ITL ms':>11} {'long TTFT ms':>13}"
+    )
     for chunk in (512, 2048, 8192, None):
         settings = ServerSettings(
             max_num_batched_tokens=chunk or 2048, enable_chunked_prefill=chunk is not None

@@ -26,7 +26,7 @@ SHAREGPT_MEAN_OUTPUT = 202.0
 
 def sharegpt_like(count: int, seed: int = 0) -> list[Request]:
     rng = random.Random(seed)
-    requests = []
+    requests: list[Request] = []
     # sigma: ShareGPT's lengths are heavy-tailed (medians about 60 % of the means).
     s_in, s_out = 1.0, 0.9
     mu_in = math.log(SHAREGPT_MEAN_INPUT) - s_in**2 / 2

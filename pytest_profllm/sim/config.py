@@ -13,8 +13,8 @@ from typing import Any
 
 from pytest_profllm.sim.cost import EngineModel, slowdown_from_env
 from pytest_profllm.sim.devices import GIB, device_profile
-from pytest_profllm.sim.models import ModelFacts, UnknownModel, resolve_model
 from pytest_profllm.sim.model_files import MODEL_DIR
+from pytest_profllm.sim.models import ModelFacts, UnknownModel, resolve_model
 from pytest_profllm.sim.scheduler import BLOCK_SIZE
 
 OWN_MODEL = "profllm-sim"
@@ -99,7 +99,9 @@ def build_setup(
         batched = max(batched, model_len)  # as vLLM: one step holds a whole prompt
     batched = max(batched, seqs)
     block = block_size or BLOCK_SIZE
-    blocks = num_gpu_blocks_override or engine.num_gpu_blocks(block, gpu_memory_utilization, batched)
+    blocks = num_gpu_blocks_override or engine.num_gpu_blocks(
+        block, gpu_memory_utilization, batched
+    )
     if blocks <= 0:
         gpus = tensor_parallel_size * pipeline_parallel_size
         raise NoCacheMemory(

@@ -98,7 +98,7 @@ class EngineModel:
             device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency * moe
         )
         attention_width = model.num_attention_heads * (model.v_head_dim or model.head_dim)
-        flops = 2 * model.active_params * tokens
+        flops = 2.0 * model.active_params * tokens
         flops += 4 * model.num_hidden_layers * attention_width * attended
         compute_s = flops / tp / (device.peak_flops(self._fp8) * over.compute_efficiency * moe)
         seconds = max(memory_s, compute_s) + over.step_ms / 1000
@@ -121,16 +121,20 @@ class EngineModel:
         model, device = self.model, self.device
         gpus = self.tensor_parallel_size * self.pipeline_parallel_size
         weights = model.weight_bytes / gpus
-        activations = max_num_batched_tokens * (
-            4 * model.hidden_size + 2 * model.intermediate_size / self.tensor_parallel_size
-        ) * 2
+        activations = (
+            max_num_batched_tokens
+            * (4 * model.hidden_size + 2 * model.intermediate_size / self.tensor_parallel_size)
+            * 2
+        )
         free = device.memory_bytes * gpu_memory_utilization - weights - activations
         free -= device.overheads.reserved_gib * GIB
         if free <= 0:
             return 0
         # KV heads split over tp (replicated when fewer heads than GPUs), layers over pp.
         kv_heads = model.num_key_value_heads
-        share = 1.0 if model.kv_lora_rank else max(kv_heads / self.tensor_parallel_size, 1) / kv_heads
+        share = (
+            1.0 if model.kv_lora_rank else max(kv_heads / self.tensor_parallel_size, 1) / kv_heads
+        )
         per_token = model.kv_bytes_per_token * share / self.pipeline_parallel_size
         return int(free // per_token)
 

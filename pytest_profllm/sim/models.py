@@ -60,7 +60,8 @@ class ModelFacts:
             heads = int(config["num_attention_heads"])
             layers = int(config["num_hidden_layers"])
         except (KeyError, TypeError, ValueError) as error:
-            raise UnknownModel(f"{source}: config.json lacks {error} (a transformer's shape)")
+            missing = f"{source}: config.json lacks {error} (a transformer's shape)"
+            raise UnknownModel(missing) from None
         quant = config.get("quantization_config") or {}
         method = str(quant.get("quant_method", "")) if isinstance(quant, dict) else ""
         fp8 = method in _FP8_METHODS or "fp8" in name.lower()
@@ -118,7 +119,11 @@ class ModelFacts:
         h = self.hidden_size
         if self.kv_lora_rank:
             heads, qk = self.num_attention_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
-            q = h * self.q_lora_rank + self.q_lora_rank * heads * qk if self.q_lora_rank else h * heads * qk
+            q = (
+                h * self.q_lora_rank + self.q_lora_rank * heads * qk
+                if self.q_lora_rank
+                else h * heads * qk
+            )
             kv = h * (self.kv_lora_rank + self.qk_rope_head_dim)
             kv += self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
             return q + kv + heads * self.v_head_dim * h

@@ -56,7 +56,8 @@ class Histogram:
 
     def buckets(self) -> list[tuple[str, float]]:
         """Cumulative counts by upper bound, as Prometheus writes them."""
-        cumulative, out = 0, []
+        cumulative = 0
+        out: list[tuple[str, float]] = []
         for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
             cumulative += count
             out.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))

@@ -80,7 +80,9 @@ class Outcome:
         }
 
 
-def arrival_times(count: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+def arrival_times(
+    count: int, request_rate: float, burstiness: float = 1.0, seed: int = 0
+) -> list[float]:
     """vLLM bench serve's schedule: all at 0 for an infinite rate, else gamma gaps."""
     if math.isinf(request_rate):
         return [0.0] * count
@@ -99,7 +101,9 @@ def build_scheduler(engine: EngineModel, settings: ServerSettings) -> Scheduler:
     max_batched = settings.max_num_batched_tokens or device.default_max_num_batched_tokens
     max_batched = max(max_batched, max_num_seqs)
     if not settings.enable_chunked_prefill:  # as vLLM: one step must hold a whole prompt
-        max_batched = max(max_batched, settings.max_model_len or engine.model.max_position_embeddings)
+        max_batched = max(
+            max_batched, settings.max_model_len or engine.model.max_position_embeddings
+        )
     blocks = settings.num_gpu_blocks or engine.num_gpu_blocks(
         settings.block_size, settings.gpu_memory_utilization, max_batched
     )
@@ -131,7 +135,9 @@ def simulate(
     now = 0.0
     scheduler.clock = lambda: now
     delay = engine.request_seconds()
-    schedule = list(zip(arrival_times(len(requests), request_rate, burstiness, seed), requests, strict=True))
+    schedule = list(
+        zip(arrival_times(len(requests), request_rate, burstiness, seed), requests, strict=True)
+    )
     schedule.reverse()  # pop() from the end: the earliest first
     slots = max_concurrency or len(requests) or 1
     outcome = Outcome()
@@ -160,9 +166,16 @@ def simulate(
             in_flight[id(sequence)] = (sent, sequence)
         step = scheduler.plan_step()
         if step is None:
-            upcoming = [t for t in (entering[0][0] if entering else None,
-                                    schedule[-1][0] if schedule and len(in_flight) + len(entering) < slots else None)
-                        if t is not None]
+            upcoming = [
+                t
+                for t in (
+                    entering[0][0] if entering else None,
+                    schedule[-1][0]
+                    if schedule and len(in_flight) + len(entering) < slots
+                    else None,
+                )
+                if t is not None
+            ]
             if not upcoming:
                 break  # nothing can move: a prompt bigger than the cache
             now = max(now, min(upcoming))
