@@ -94,6 +94,8 @@ class EngineModel:
         kv_read = work.decode_context + work.prefill_context
         memory_bytes = self._weight_bytes_read(tokens) + kv_read * model.kv_bytes_per_token / tp
         moe = over.moe_efficiency if model.num_experts else 1.0
+        if self._fp8 and not device.fp8_tflops:
+            moe *= over.weight_only_fp8_efficiency
         memory_s = memory_bytes / (
             device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency * moe
         )

@@ -30,17 +30,20 @@ class Overheads:
     what its own rows pinned down.
     """
 
-    step_ms: float = 0.9  # per engine step: scheduling, sampling, launches
+    step_ms: float = 1.6  # per engine step: scheduling, sampling, launches
     bandwidth_efficiency: float = 0.80  # achieved fraction of the datasheet bandwidth
-    compute_efficiency: float = 0.45  # achieved fraction of dense FLOPs (prefill, big batches)
+    compute_efficiency: float = 0.40  # achieved fraction of dense FLOPs (prefill, big batches)
     # CPU of vLLM's API server per streamed token (detokenise, build and send the SSE
     # message): one process caps a server's token rate whatever the GPU does.
-    frontend_token_us: float = 300.0
+    frontend_token_us: float = 200.0
     request_ms: float = 40.0  # arrival to scheduler: HTTP, chat template, tokenisation
     allreduce_latency_us: float = 15.0  # one all-reduce of a tensor-parallel layer, small message
     # Mixture-of-experts kernels (routing, grouped GEMMs, MLA) reach this fraction of a dense
     # model's efficiencies.
-    moe_efficiency: float = 0.5
+    moe_efficiency: float = 0.3
+    # FP8 weights on a GPU without FP8 tensor cores (A100) run through weight-only kernels
+    # (Marlin) that dequantise on the fly: this fraction of the efficiencies.
+    weight_only_fp8_efficiency: float = 0.6
     reserved_gib: float = 2.5  # memory neither weights nor KV cache: CUDA graphs, NCCL, context
 
 

@@ -64,6 +64,8 @@ class Sequence:
     context_len: int = 0  # tokens to compute before decoding: the prompt, or more after preemption
     blocks: int = 0  # KV-cache blocks held
     looked_up: bool = False
+    uid: int = 0  # stands for the prompt's token ids when there are none
+    block_hashes: list[int] | None = None
     # Times on the scheduler's clock, for vLLM's request histograms and virtual runs.
     arrived: float = 0.0
     scheduled_at: float | None = None
@@ -121,6 +123,7 @@ class Scheduler:
     _cached: OrderedDict[int, None] = field(default_factory=OrderedDict)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+    _uids: itertools.count[int] = field(default_factory=itertools.count)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -139,6 +142,7 @@ class Scheduler:
             max_tokens=max_tokens,
             prompt_ids=tuple(prompt_ids) if prompt_ids is not None else None,
             arrived=self.clock() if arrived is None else arrived,
+            uid=next(self._uids),
         )
         self.stats.observe("vllm:request_params_n", 1)
         self.stats.observe("vllm:request_params_max_tokens", max_tokens)
@@ -326,6 +330,9 @@ class Scheduler:
         sequence.context_len = sequence.prompt_len + sequence.generated
         sequence.prefilled = 0
         sequence.preemptions += 1
+        # Its blocks go back to the cache's free list: on resumption it looks its prompt up
+        # again, and finds what no other allocation took since (vLLM V1's prefix cache).
+        sequence.looked_up = False
         self.waiting.appendleft(sequence)
         self.num_preemptions += 1
 
@@ -343,24 +350,32 @@ class Scheduler:
         self.used_blocks -= sequence.blocks
         sequence.blocks = 0
 
-    def _block_hashes(self, ids: tuple[int, ...]) -> list[int]:
-        # Chained, as vLLM's: a block's hash covers every token before it.
-        hashes, parent = [], 0
-        for start in range(0, len(ids) - len(ids) % self.block_size, self.block_size):
-            parent = hash((parent, ids[start : start + self.block_size]))
-            hashes.append(parent)
-        return hashes
+    def _block_hashes(self, sequence: Sequence) -> list[int]:
+        """The hashes of the prompt's full blocks, chained as vLLM's (a block's hash covers
+        every token before it); a prompt without token ids gets hashes of its own."""
+        if sequence.block_hashes is None:
+            full = sequence.prompt_len // self.block_size
+            if sequence.prompt_ids is None:
+                sequence.block_hashes = [hash((-1, sequence.uid, i)) for i in range(full)]
+            else:
+                hashes, parent, ids = [], 0, sequence.prompt_ids
+                for start in range(0, full * self.block_size, self.block_size):
+                    parent = hash((parent, ids[start : start + self.block_size]))
+                    hashes.append(parent)
+                sequence.block_hashes = hashes
+        return sequence.block_hashes
 
     def _look_up(self, sequence: Sequence) -> None:
         if sequence.looked_up:
             return
         sequence.looked_up = True
-        if not self.enable_prefix_caching or sequence.prompt_ids is None:
+        if not self.enable_prefix_caching:
             return
         self.prefix_cache_queries += sequence.prompt_len
         hits = 0
         # The last prompt token is always computed (it yields the first output), as in vLLM.
-        for block_hash in self._block_hashes(sequence.prompt_ids[: sequence.prompt_len - 1]):
+        usable = (sequence.prompt_len - 1) // self.block_size
+        for block_hash in self._block_hashes(sequence)[:usable]:
             if block_hash not in self._cached:
                 break
             self._cached.move_to_end(block_hash)
@@ -371,9 +386,9 @@ class Scheduler:
     def _remember(self, sequence: Sequence) -> None:
         if sequence.context_len == sequence.prompt_len:
             self.prompt_tokens += sequence.prompt_len
-        if not self.enable_prefix_caching or sequence.prompt_ids is None:
+        if not self.enable_prefix_caching:
             return
-        for block_hash in self._block_hashes(sequence.prompt_ids):
+        for block_hash in self._block_hashes(sequence):
             self._cached[block_hash] = None
             self._cached.move_to_end(block_hash)
         while len(self._cached) > self.num_gpu_blocks:
