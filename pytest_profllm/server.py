@@ -437,6 +437,7 @@ class WorkerServers:
     ranks: dict[str, int] = field(default_factory=dict)
     turns: SessionTurns | None = None
     profile_root: Path | None = None  # trace folders of profiling servers go under it
+    sim_device: str | None = None  # the simulator's --sim-device (None: its default)
     current: ServerProcess | None = None
     failed: dict[str, ServerStartError] = field(default_factory=dict)
     # Why a key's next server is a restart: its last server died or lost its port.
@@ -508,6 +509,7 @@ class WorkerServers:
             registry_for(self.engine, self.vllm),
             vllm=self.vllm,
             device=self.device,
+            sim_device=self.sim_device,
         )
         server = ServerProcess(
             key=key,
@@ -572,12 +574,13 @@ def launch(
     registry: Registry | None = None,
     vllm: VllmInstall | None = None,
     device: DeviceKind = "gpu",
+    sim_device: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and the environment (over the inherited one) a server starts with.
 
     `profllm plan` prints what this returns, so the plan is the command that runs.
     """
-    argv = serve_command(engine, server, HOST, lease.port, registry, vllm)
+    argv = serve_command(engine, server, HOST, lease.port, registry, vllm, sim_device)
     return argv, {**server_env(lease, device), **serve_env(server)}
 
 

@@ -146,6 +146,7 @@ class WorkerSession:
             ranks=self.ranks,
             turns=session_turns(self.pool, self.identity) if self.ranks else None,
             profile_root=out / "profiles" if out else None,
+            sim_device=self.settings.sim_device,
         )
 
     def run(self, case: Case, nodeid: str, stash: pytest.Stash) -> CaseOutcome:
@@ -156,6 +157,7 @@ class WorkerSession:
             engine=self.identity.engine,
             worker=self.worker,
             started_at=time.time(),
+            sim_device=self.settings.sim_device,
         )
         try:
             return run_case(case, self.servers, outcome, self.settings.max_schedule_lag_ms)

@@ -369,3 +369,27 @@ def test_vllm_python_and_cpus_from_ini(pytester: pytest.Pytester) -> None:
     pytester.makeini(f"[pytest]\nprofllm_vllm_python = {sys.executable}\nprofllm_cpus = 0/1\n")
     settings = Settings.from_config(pytester.parseconfig())
     assert (settings.vllm_python, settings.cpus) == (sys.executable, ("0", "1"))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("H100-SXM", "H100-SXM"), ("h200", "H200"), ("a100", "A100-80GB"), ("L40S", "L40S")],
+)
+def test_parse_sim_device_takes_names_and_aliases(text: str, expected: str) -> None:
+    from pytest_profllm.options import parse_sim_device
+
+    assert parse_sim_device(text) == expected
+
+
+def test_parse_sim_device_lists_the_known_devices() -> None:
+    from pytest_profllm.options import parse_sim_device
+
+    with pytest.raises(argparse.ArgumentTypeError) as error:
+        parse_sim_device("B300")
+    assert "--profllm-sim-device: unknown simulator device 'B300'" in str(error.value)
+    assert "A100-40GB" in str(error.value) and "H100-SXM" in str(error.value)
+
+
+def test_sim_device_from_ini(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nprofllm_sim_device = a100-40gb\n")
+    assert Settings.from_config(pytester.parseconfig()).sim_device == "A100-40GB"

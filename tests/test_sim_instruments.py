@@ -8,7 +8,7 @@ import gzip
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from aiohttp import web
@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_profllm.sim.instruments import ProfilerConfigError, ProfilerSettings, add_routes
-from pytest_profllm.sim.scheduler import CostModel, Scheduler
+from pytest_profllm.sim.scheduler import ConstantStepCost, Scheduler
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ def serve(
 
 
 def scheduler() -> Scheduler:
-    return Scheduler(CostModel(), max_num_seqs=4, max_num_batched_tokens=64)
+    return Scheduler(ConstantStepCost(), max_num_seqs=4, max_num_batched_tokens=64)
 
 
 def test_metrics_carry_vllms_names_labels_and_the_schedulers_counts() -> None:
@@ -57,7 +57,7 @@ def test_metrics_carry_vllms_names_labels_and_the_schedulers_counts() -> None:
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
-    assert {name: s.value for name, s in samples.items()} == {
+    counts = {
         "vllm:num_requests_running": 0.0,
         "vllm:num_requests_waiting": 1.0,
         "vllm:kv_cache_usage_perc": 0.25,
@@ -67,6 +67,7 @@ def test_metrics_carry_vllms_names_labels_and_the_schedulers_counts() -> None:
         "vllm:prompt_tokens_total": 0.0,
         "vllm:generation_tokens_total": 0.0,
     }
+    assert {name: samples[name].value for name in counts} == counts
     assert samples["vllm:num_preemptions_total"].labels == {
         "model_name": "Qwen/Qwen3-8B",
         "engine": "0",
@@ -130,3 +131,88 @@ def test_relative_trace_dir_becomes_absolute(
     settings = ProfilerSettings.from_json('{"profiler": "torch", "torch_profiler_dir": "t"}')
     assert settings.torch_profiler_dir == str(tmp_path / "t")
     assert settings.torch_profiler_use_gzip
+
+
+# vLLM 0.33.0's families the simulator has the quantity of (vllm/v1/metrics/loggers.py), with
+# their types and the label names beyond model_name and engine.
+VLLM_FAMILIES = {
+    "vllm:num_requests_running": ("gauge", ()),
+    "vllm:num_requests_waiting": ("gauge", ()),
+    "vllm:num_requests_waiting_by_reason": ("gauge", ("reason",)),
+    "vllm:engine_sleep_state": ("gauge", ("sleep_state",)),
+    "vllm:kv_cache_usage_perc": ("gauge", ()),
+    "vllm:prefix_cache_queries": ("counter", ()),
+    "vllm:prefix_cache_hits": ("counter", ()),
+    "vllm:num_preemptions": ("counter", ()),
+    "vllm:prompt_tokens": ("counter", ()),
+    "vllm:prompt_tokens_by_source": ("counter", ("source",)),
+    "vllm:prompt_tokens_cached": ("counter", ()),
+    "vllm:generation_tokens": ("counter", ()),
+    "vllm:request_success": ("counter", ("finished_reason",)),
+    "vllm:request_prompt_tokens": ("histogram", ()),
+    "vllm:request_generation_tokens": ("histogram", ()),
+    "vllm:iteration_tokens_total": ("histogram", ()),
+    "vllm:request_max_num_generation_tokens": ("histogram", ()),
+    "vllm:request_params_n": ("histogram", ()),
+    "vllm:request_params_max_tokens": ("histogram", ()),
+    "vllm:time_to_first_token_seconds": ("histogram", ()),
+    "vllm:inter_token_latency_seconds": ("histogram", ()),
+    "vllm:request_time_per_output_token_seconds": ("histogram", ()),
+    "vllm:e2e_request_latency_seconds": ("histogram", ()),
+    "vllm:request_queue_time_seconds": ("histogram", ()),
+    "vllm:request_inference_time_seconds": ("histogram", ()),
+    "vllm:request_prefill_time_seconds": ("histogram", ()),
+    "vllm:request_decode_time_seconds": ("histogram", ()),
+    "vllm:request_num_preemptions": ("histogram", ()),
+    "vllm:request_prefill_kv_computed_tokens": ("histogram", ()),
+}
+
+
+def _families(sim: Scheduler) -> dict[str, Any]:
+    async def body(client: TestClient[web.Request, web.Application]) -> str:
+        return await (await client.get("/metrics")).text()
+
+    return {f.name: f for f in text_string_to_metric_families(serve(sim, ProfilerSettings(), body))}
+
+
+def test_metric_families_have_vllms_types_and_label_names() -> None:
+    families = _families(scheduler())
+    for name, (kind, extra) in VLLM_FAMILIES.items():
+        # prometheus_client's parser drops the _total of counters from family names.
+        family = families[name.removesuffix("_total") if kind == "counter" else name]
+        assert family.type == kind, name
+        for sample in family.samples:
+            labels = set(sample.labels) - {"le"}
+            assert labels == {"model_name", "engine", *extra}, (name, labels)
+    assert families["vllm:cache_config_info"].type == "gauge"
+
+
+def test_request_histograms_count_what_the_scheduler_did() -> None:
+    sim = Scheduler(ConstantStepCost(0.001), max_num_seqs=2, max_num_batched_tokens=64)
+
+    async def drive() -> None:
+        loop = asyncio.create_task(sim.run())
+        sequences = [sim.submit(10, 4) for _ in range(3)]  # the third waits for a slot
+        for sequence in sequences:
+            while await sequence.tokens.get() is not None:
+                pass
+        loop.cancel()
+
+    asyncio.run(drive())
+    families = _families(sim)
+
+    def sample(family: str, suffix: str) -> float:
+        return float(next(s.value for s in families[family].samples if s.name == family + suffix))
+
+    assert sample("vllm:time_to_first_token_seconds", "_count") == 3
+    assert sample("vllm:e2e_request_latency_seconds", "_count") == 3
+    assert sample("vllm:inter_token_latency_seconds", "_count") == 3 * 3
+    assert sample("vllm:request_generation_tokens", "_sum") == 12
+    assert sample("vllm:request_prompt_tokens", "_sum") == 30
+    # The third request queued for one full request's time (4 steps of 1 ms or more).
+    assert sample("vllm:request_queue_time_seconds", "_sum") >= 0.004
+    assert sample("vllm:request_prefill_time_seconds", "_count") == 3
+    success = {
+        s.labels["finished_reason"]: s.value for s in families["vllm:request_success"].samples
+    }
+    assert success["length"] == 3 and success["abort"] == 0

@@ -1,4 +1,4 @@
-"""The simulator's continuous-batching `Scheduler` and its `CostModel`.
+"""The simulator's continuous-batching `Scheduler` (its cost model: test_sim_cost.py).
 
 A recording cost model with sub-millisecond steps logs what each step carries, so the tests can
 check the batch limits step by step and still run in well under a second.
@@ -12,33 +12,28 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import pytest
-
-from pytest_profllm.sim.scheduler import CostModel, Scheduler, Sequence
+from pytest_profllm.sim.cost import StepWork
+from pytest_profllm.sim.scheduler import Scheduler, Sequence
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class RecordingCost(CostModel):
-    """Tiny step costs; logs (running, decoding, prefill tokens) and tp of every planned step."""
+class RecordingCost:
+    """Tiny step costs; logs (running, decoding, prefill tokens) of every planned step."""
 
-    decode_base_ms: float = 0.2
-    decode_per_seq_ms: float = 0.0
-    prefill_per_token_ms: float = 0.0
+    seconds: float = 0.0002
     watch: list[Scheduler] = field(default_factory=list)
     log: list[tuple[int, int, int]] = field(default_factory=list)
-    tps: list[int] = field(default_factory=list)
 
-    def step_seconds(self, decoding: int, prefill_tokens: int, tp: int) -> float:
-        self.log.append((len(self.watch[0].running), decoding, prefill_tokens))
-        self.tps.append(tp)
-        return super().step_seconds(decoding, prefill_tokens, tp)
+    def step_seconds(self, work: StepWork) -> float:
+        self.log.append((len(self.watch[0].running), work.decode_seqs, work.prefill_tokens))
+        return self.seconds
 
 
-def _scheduler(max_num_seqs: int, max_num_batched_tokens: int, tp: int = 1) -> Scheduler:
+def _scheduler(max_num_seqs: int, max_num_batched_tokens: int) -> Scheduler:
     cost = RecordingCost()
-    scheduler = Scheduler(cost, max_num_seqs, max_num_batched_tokens, tensor_parallel_size=tp)
+    scheduler = Scheduler(cost, max_num_seqs, max_num_batched_tokens)
     cost.watch.append(scheduler)
     return scheduler
 
@@ -176,14 +171,6 @@ def test_decoders_take_their_share_of_the_budget() -> None:
     assert _log(scheduler)[:4] == [(2, 0, 8), (2, 1, 7), (2, 1, 6), (2, 2, 0)]
 
 
-def test_tensor_parallel_size_reaches_cost_model() -> None:
-    scheduler = _scheduler(max_num_seqs=1, max_num_batched_tokens=8, tp=4)
-    _run(scheduler, lambda: _drain(scheduler.submit(2, 2)))
-    cost = scheduler.cost
-    assert isinstance(cost, RecordingCost)
-    assert cost.tps == [4, 4]
-
-
 def test_cancel_running_sequence_frees_its_slot() -> None:
     scheduler = _scheduler(max_num_seqs=1, max_num_batched_tokens=8)
 
@@ -222,110 +209,3 @@ def test_cancel_waiting_sequence_and_unknown_sequence() -> None:
 
     assert len(_run(scheduler, body)) == 3
     assert scheduler.steps == 3
-
-
-# CostModel arithmetic.
-
-PUBLISHED = CostModel(
-    decode_base_ms=7.2, decode_per_seq_ms=0.07, prefill_per_token_ms=0.1, tp_efficiency=0.8
-)
-
-
-def test_defaults_are_the_published_figures() -> None:
-    assert CostModel() == PUBLISHED
-
-
-@pytest.mark.parametrize(
-    ("decoding", "prefill", "tp", "seconds"),
-    [
-        (0, 0, 1, 0.0072),
-        (1, 0, 1, 0.00727),  # 7.2 + 0.07
-        (8, 0, 1, 0.00776),  # 7.2 + 8 * 0.07
-        (8, 100, 1, 0.01776),  # + 100 * 0.1
-        (8, 100, 0, 0.01776),  # tp below 1 counts as one GPU
-        (8, 100, 2, 0.01776 / 1.7411011),  # 2 ** 0.8
-        (8, 100, 4, 0.01776 / 3.0314331),  # 4 ** 0.8
-    ],
-)
-def test_step_seconds(decoding: int, prefill: int, tp: int, seconds: float) -> None:
-    assert PUBLISHED.step_seconds(decoding, prefill, tp) == pytest.approx(seconds, rel=1e-6)
-
-
-def test_tp_speed_up_follows_efficiency() -> None:
-    linear = CostModel(decode_base_ms=8.0, decode_per_seq_ms=0.0, tp_efficiency=1.0)
-    none = CostModel(decode_base_ms=8.0, decode_per_seq_ms=0.0, tp_efficiency=0.0)
-    assert linear.step_seconds(0, 0, 4) == pytest.approx(0.002)
-    assert none.step_seconds(0, 0, 4) == pytest.approx(0.008)
-    # Sub-linear by default: more GPUs help, but less than proportionally.
-    assert 0.25 < PUBLISHED.step_seconds(3, 0, 4) / PUBLISHED.step_seconds(3, 0, 1) < 0.5
-
-
-# --- KV cache: usage, preemption, prefix caching ---------------------------------------------
-
-
-def test_full_kv_cache_preempts_the_newest_sequence_which_recomputes_later() -> None:
-    scheduler = _scheduler(max_num_seqs=2, max_num_batched_tokens=64)
-    scheduler.block_size, scheduler.num_gpu_blocks = 4, 6
-    usage: list[float] = []
-
-    async def body() -> tuple[list[int], list[int]]:
-        old = scheduler.submit(8, 10)  # 8 + 10 tokens: 5 blocks at the end
-        new = scheduler.submit(8, 10)
-        drains = asyncio.gather(_drain(old), _drain(new))
-        while not drains.done():
-            usage.append(scheduler.kv_cache_usage)
-            await asyncio.sleep(0)
-        return await drains
-
-    old_tokens, new_tokens = _run(scheduler, body)
-    # Both finish, with every token, though both never fit at once.
-    assert (len(old_tokens), len(new_tokens)) == (10, 10)
-    assert scheduler.num_preemptions >= 1
-    assert max(usage) == 1.0  # full when the preemption came
-    assert scheduler.used_blocks == 0  # all freed at the end
-    # The newest one was preempted and prefilled again: its 8 prompt tokens and the tokens
-    # it had generated, on top of both prompts' first prefill.
-    prefilled = sum(prefill for _, _, prefill in _log(scheduler))
-    assert prefilled > 16
-    assert scheduler.generation_tokens == 20
-
-
-def test_prefix_cache_hits_skip_prefill_of_full_blocks() -> None:
-    scheduler = _scheduler(max_num_seqs=1, max_num_batched_tokens=64)
-    scheduler.block_size = 4
-    shared = list(range(10))
-
-    async def body() -> None:
-        await _drain(scheduler.submit(12, 1, [*shared, 100, 101]))
-        await _drain(scheduler.submit(12, 1, [*shared, 200, 201]))
-        await _drain(scheduler.submit(3, 1, None))  # no ids (a prompt of ids unknown): no lookup
-
-    _run(scheduler, body)
-    assert scheduler.prefix_cache_queries == 24
-    # Blocks [0..3] and [4..7] match; [8, 9, 200, 201] differs from [8, 9, 100, 101].
-    assert scheduler.prefix_cache_hits == 8
-    assert [prefill for _, _, prefill in _log(scheduler)] == [12, 4, 3]
-    assert scheduler.prompt_tokens == 12 + 12 + 3
-
-
-def test_prefix_caching_off_counts_no_queries() -> None:
-    scheduler = _scheduler(max_num_seqs=1, max_num_batched_tokens=64)
-    scheduler.enable_prefix_caching = False
-
-    async def body() -> None:
-        for _ in range(2):
-            await _drain(scheduler.submit(8, 1, list(range(8))))
-
-    _run(scheduler, body)
-    assert [prefill for _, _, prefill in _log(scheduler)] == [8, 8]
-    assert (scheduler.prefix_cache_queries, scheduler.prefix_cache_hits) == (0, 0)
-
-
-def test_profiling_records_one_trace_event_per_step() -> None:
-    scheduler = _scheduler(max_num_seqs=1, max_num_batched_tokens=8)
-    scheduler.trace_events = []
-    _run(scheduler, lambda: _drain(scheduler.submit(2, 3)))
-    events = scheduler.trace_events
-    assert [e["args"]["step"] for e in events] == [1, 2, 3]
-    assert all(e["ph"] == "X" and e["dur"] > 0 for e in events)
-    assert events[0]["args"]["prefill_tokens"] == 2

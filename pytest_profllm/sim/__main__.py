@@ -1,15 +1,16 @@
 """`python -m pytest_profllm.sim MODEL [vllm serve arguments]`: run the simulated engine.
 
 It reads the `vllm serve` arguments that shape serving (batch limits, context length, parallel
-sizes, served names, API key) and accepts every other engine argument without effect, listing
-them at start-up, as a stand-in must: a suite runs unchanged on vLLM and on the simulator.
+sizes, memory utilisation, served names, API key) and accepts every other engine argument
+without effect, listing them at start-up, as a stand-in must: a suite runs unchanged on vLLM
+and on the simulator. Its own flags: `--sim-device NAME` (the GPU it models, `sim/devices.py`)
+and `--sim-fault SPEC` (faults on demand, `sim/faults.py`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -19,9 +20,11 @@ from pathlib import Path
 
 from pytest_profllm.engine import redact_argv
 from pytest_profllm.engine_args import human_int
+from pytest_profllm.sim.config import SimSetup, build_setup
+from pytest_profllm.sim.devices import DEFAULT_DEVICE, GIB, profiles
+from pytest_profllm.sim.faults import FAULTS_ENV, Faults, FaultSpecError, parse_faults
 from pytest_profllm.sim.instruments import ProfilerConfigError, ProfilerSettings
 from pytest_profllm.sim.model_files import MODEL_DIR, SPECIAL_TOKENS
-from pytest_profllm.sim.scheduler import BLOCK_SIZE, DEFAULT_GPU_BLOCKS
 
 log = logging.getLogger("profllm.sim")
 
@@ -43,9 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokenizer folder (default: the model folder if it has "
         "one, else the simulator's bundled tokenizer)",
     )
-    parser.add_argument("--max-num-seqs", type=_positive, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=_positive, default=8192)
+    parser.add_argument(
+        "--max-num-seqs", type=_positive, help="default: vLLM's for the device (1024 or 256)"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens", type=_positive, help="default: vLLM's for the device"
+    )
     parser.add_argument("--max-model-len", type=_model_len)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument(
+        "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True
+    )
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    parser.add_argument("--api-server-count", "-asc", type=_positive, default=1)
     parser.add_argument("--tensor-parallel-size", "-tp", type=_positive, default=1)
     parser.add_argument("--pipeline-parallel-size", "-pp", type=_positive, default=1)
     parser.add_argument("--data-parallel-size", "-dp", type=_positive, default=1)
@@ -53,11 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     # the first is required, the one profllm's client sends.
     parser.add_argument("--api-key", nargs="+")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--block-size", type=_positive, default=BLOCK_SIZE)
+    parser.add_argument("--block-size", type=_positive)
     parser.add_argument(
         "--num-gpu-blocks-override",
         type=_positive,
-        help=f"KV-cache blocks (default: {DEFAULT_GPU_BLOCKS} per tensor-parallel GPU)",
+        help="KV-cache blocks (default: what the device's memory holds after the weights)",
     )
     parser.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
@@ -66,6 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--profiler-config",
         help='JSON, as vLLM\'s: {"profiler": "torch", "torch_profiler_dir": DIR} enables '
         "/start_profile and /stop_profile, which write Chrome traces of the scheduler steps",
+    )
+    parser.add_argument(
+        "--sim-device",
+        default=DEFAULT_DEVICE,
+        help=f"the GPU the simulator models (default: {DEFAULT_DEVICE}; known: "
+        f"{', '.join(sorted(profiles()))})",
+    )
+    parser.add_argument(
+        "--sim-fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help=f"fail on purpose (repeatable; also {FAULTS_ENV}): exit_at_start, slow_start=S, "
+        "never_healthy, die_after=N, error_rate=F, stall_request=N, close_request=N, "
+        "orphan_child; SPEC@ARG=VALUE applies only where the argv has that argument value",
     )
     return parser
 
@@ -103,9 +131,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProfilerConfigError as error:
         # As vLLM's parser says it (exit code 2), so the start failure names a bad argument.
         build_parser().error(f"argument --profiler-config: {error}")
+    argv_seen = list(sys.argv[1:] if argv is None else argv)
+    try:
+        faults = parse_faults([os.environ.get(FAULTS_ENV, ""), *args.sim_fault], argv_seen)
+    except FaultSpecError as error:
+        build_parser().error(f"argument --sim-fault: {error}")
     model_dir = _model_dir(model, args.tokenizer)
     if model_dir is None:
         log.error("model path %s does not exist", model)
+        return 1
+    try:
+        setup = build_setup(
+            model,
+            args.sim_device,
+            tensor_parallel_size=args.tensor_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            block_size=args.block_size,
+            num_gpu_blocks_override=args.num_gpu_blocks_override,
+            max_model_len=args.max_model_len,
+            api_server_count=args.api_server_count,
+            enable_chunked_prefill=args.enable_chunked_prefill,
+        )
+    except ValueError as error:  # unknown model or device, no memory left for the KV cache
+        log.error("%s", error)
         return 1
     api_key = args.api_key[0] if args.api_key else os.environ.get("VLLM_API_KEY")
     log.info(
@@ -113,8 +164,72 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         os.environ.get("VLLM_PORT", ""),
     )
-    asyncio.run(_serve(args, model, model_dir, api_key, profiler))
+    _log_setup(setup)
+    if faults:
+        log.warning("faults on demand: %s", faults)
+        if faults.exit_at_start:
+            return _exit_at_start(setup)
+        if faults.orphan_child:
+            _leave_orphan()
+    asyncio.run(_serve(args, model, model_dir, api_key, profiler, setup, faults))
     return 0
+
+
+def _log_setup(setup: SimSetup) -> None:
+    engine = setup.engine
+    model, device = engine.model, engine.device
+    gpus = engine.tensor_parallel_size * engine.pipeline_parallel_size
+    log.info(
+        "simulating %s (%.2fB parameters, %s, facts from %s) on %d x %s (%s)",
+        model.name,
+        model.params / 1e9,
+        "fp8" if model.quantization == "fp8" else model.dtype,
+        model.source,
+        gpus,
+        device.name,
+        device.source,
+    )
+    log.info(
+        "Model loading took %.2f GiB per GPU; GPU KV cache size: %d tokens (%d blocks of %d); "
+        "max_num_seqs=%d, max_num_batched_tokens=%d",
+        model.weight_bytes / gpus / GIB,
+        setup.num_gpu_blocks * setup.block_size,
+        setup.num_gpu_blocks,
+        setup.block_size,
+        setup.max_num_seqs,
+        setup.max_num_batched_tokens,
+    )
+
+
+def _exit_at_start(setup: SimSetup) -> int:
+    # What vLLM 0.33.0 prints when its engine core fails to start (here: out of memory).
+    device = setup.engine.device
+    log.error(
+        "EngineCore failed to start.\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+        "total capacity of %.2f GiB of which 1.12 GiB is free. (simulated fault exit_at_start)",
+        device.memory_gib,
+    )
+    log.error(
+        "RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {'EngineCore_DP0': 1}"
+    )
+    return 1
+
+
+def _leave_orphan() -> None:
+    import subprocess
+
+    # Its own session: out of the server's process group, as a leaked EngineCore can be.
+    # Bounded (10 minutes) so that even a harness that misses it does not keep it forever.
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)  # profllm sim orphan_child"],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    log.warning("orphan_child: left pid %d in its own session", child.pid)
 
 
 def _model_dir(model: str, tokenizer: str | None) -> Path | None:
@@ -133,20 +248,18 @@ async def _serve(
     model_dir: Path,
     api_key: str | None,
     profiler: ProfilerSettings,
+    setup: SimSetup,
+    faults: Faults,
 ) -> None:
     from aiohttp import web
     from tokenizers import Tokenizer
 
     from pytest_profllm.sim.app import SimState, build_app
-    from pytest_profllm.sim.scheduler import CostModel, Scheduler
+    from pytest_profllm.sim.scheduler import Scheduler
+    from pytest_profllm.sim.stats import EngineStats
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    config = (
-        json.loads((model_dir / "config.json").read_text())
-        if (model_dir / "config.json").is_file()
-        else {}
-    )
-    max_model_len = args.max_model_len or int(config.get("max_position_embeddings", 32768))
+    max_model_len = setup.max_model_len
     vocab = tokenizer.get_vocab()
     words = [
         w for w, _ in sorted(vocab.items(), key=lambda item: item[1]) if w not in SPECIAL_TOKENS
@@ -158,16 +271,19 @@ async def _serve(
         tokenizer=tokenizer,
         words=words,
         api_key=api_key,
+        request_delay_s=setup.engine.request_seconds(),
+        faults=faults,
     )
     scheduler = Scheduler(
-        cost=CostModel(),
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        tensor_parallel_size=args.tensor_parallel_size,
-        block_size=args.block_size,
-        num_gpu_blocks=args.num_gpu_blocks_override
-        or DEFAULT_GPU_BLOCKS * args.tensor_parallel_size,
+        cost=setup.engine,
+        max_num_seqs=setup.max_num_seqs,
+        max_num_batched_tokens=setup.max_num_batched_tokens,
+        block_size=setup.block_size,
+        num_gpu_blocks=setup.num_gpu_blocks,
         enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        stats=EngineStats(max_model_len=max_model_len),
     )
     if profiler.profiler:
         log.warning(
@@ -184,6 +300,9 @@ async def _serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
+        if faults.slow_start:
+            log.info("slow_start: listening in %.1f s", faults.slow_start)
+            await asyncio.sleep(faults.slow_start)
         await site.start()
         # The pid says which process bound the port (a test proves whose server was measured).
         log.info(
@@ -196,7 +315,7 @@ async def _serve(
             "serving %s as %s, max_num_seqs=%d, max_model_len=%d, tp=%d",
             model_dir,
             state.served_names,
-            args.max_num_seqs,
+            setup.max_num_seqs,
             max_model_len,
             args.tensor_parallel_size,
         )

@@ -7,17 +7,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from pytest_profllm.sim.faults import Faults
 from pytest_profllm.sim.instruments import ProfilerSettings, add_routes
-from pytest_profllm.sim.scheduler import Scheduler
+from pytest_profllm.sim.scheduler import Scheduler, Sequence
+
+log = logging.getLogger("profllm.sim")
 
 
 @dataclass
@@ -30,6 +35,11 @@ class SimState:
     api_key: str | None
     # Opt-in (PROFLLM_SIM_EMISSION_LOG): when each content message left, to check clients' timing.
     emissions: EmissionLog | None = None
+    # The API server's own latency before a request reaches the engine (cost model's figure).
+    request_delay_s: float = 0.0
+    faults: Faults = field(default_factory=Faults)
+    requests_seen: int = 0
+    fault_rng: random.Random = field(default_factory=lambda: random.Random(0))
 
 
 class EmissionLog:
@@ -65,7 +75,7 @@ _STATE = web.AppKey("state", SimState)
 def build_app(
     state: SimState, scheduler: Scheduler, profiler: ProfilerSettings | None = None
 ) -> web.Application:
-    app = web.Application(middlewares=[_auth])
+    app = web.Application(middlewares=[_auth, _faults])
     app[_STATE] = state
     app[_SCHEDULER] = scheduler
     app.router.add_get("/health", _health)
@@ -111,6 +121,36 @@ async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
     return response
 
 
+_FAULT_NUMBER = "profllm_request_number"
+
+
+@web.middleware
+async def _faults(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Faults on demand (`faults.py`) that concern requests: counted in arrival order."""
+    state = request.app[_STATE]
+    faults = state.faults
+    if faults and request.method == "POST" and request.path.startswith("/v1/"):
+        state.requests_seen += 1
+        request[_FAULT_NUMBER] = state.requests_seen
+        if faults.die_after is not None and state.requests_seen > faults.die_after:
+            # As vLLM's EngineCore dying under the API server: the process goes, mid-load.
+            log.error(
+                "EngineCore encountered a fatal error. EngineDeadError: EngineCore "
+                "encountered an issue. (simulated fault die_after=%d)",
+                faults.die_after,
+            )
+            os._exit(1)
+        if faults.error_rate and state.fault_rng.random() < faults.error_rate:
+            return _error(
+                "EngineCore encountered an issue. See stack trace for the root cause. "
+                "(simulated fault error_rate)",
+                500,
+                "InternalServerError",
+            )
+    response: web.StreamResponse = await handler(request)
+    return response
+
+
 def _error(
     message: str, status: int, kind: str = "BadRequestError", param: str | None = None
 ) -> web.Response:
@@ -119,7 +159,8 @@ def _error(
 
 
 async def _health(request: web.Request) -> web.Response:
-    return web.Response(status=200)
+    # vLLM answers 503 while its engine is not healthy.
+    return web.Response(status=503 if request.app[_STATE].faults.never_healthy else 200)
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -267,7 +308,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         return too_long
     model = body.get("model") or state.served_names[0]
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    sequence = scheduler.submit(prompt_len, max_tokens, prompt_ids)
+    sequence = await _submit(state, scheduler, prompt_len, max_tokens, prompt_ids)
     if not body.get("stream"):
         text = []
         while (token := await sequence.tokens.get()) is not None:
@@ -343,6 +384,8 @@ async def _stream(
             message = _sse(event(_word(state, token), finish))
             emitted.append(time.perf_counter())  # handed to the socket now
             await response.write(message)
+            if generated == 1 and state.faults:
+                await _fault_in_stream(request, sequence)
         if include_usage:
             usage = event("", None)
             usage.update(choices=[], usage=_usage(prompt_len, generated))
@@ -357,6 +400,36 @@ async def _stream(
     if state.emissions is not None:
         state.emissions.add(request, received, emitted)
     return response
+
+
+async def _submit(
+    state: SimState,
+    scheduler: Scheduler,
+    prompt_len: int,
+    max_tokens: int,
+    prompt_ids: list[int] | None,
+) -> Sequence:
+    """Hand the request to the engine after the API server's own latency (template, tokens);
+    its arrival, for vLLM's queue and TTFT histograms, is when it came in."""
+    arrived = scheduler.clock()
+    if state.request_delay_s:
+        await asyncio.sleep(state.request_delay_s)
+    return scheduler.submit(prompt_len, max_tokens, prompt_ids, arrived=arrived)
+
+
+async def _fault_in_stream(request: web.Request, sequence: Sequence) -> None:
+    """After the first token: stall this stream for good, or cut it (faults.py)."""
+    faults, number = request.app[_STATE].faults, request.get(_FAULT_NUMBER)
+    if number is None or number not in (faults.stall_request, faults.close_request):
+        return
+    request.app[_SCHEDULER].cancel(sequence)
+    if number == faults.stall_request:
+        log.warning("stall_request: request %d stalls after its first token", number)
+        await asyncio.Event().wait()  # until the client gives up and the handler is cancelled
+    log.warning("close_request: request %d's stream is cut after its first token", number)
+    if request.transport is not None:
+        request.transport.close()
+    raise ConnectionResetError("simulated fault close_request")
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
@@ -385,7 +458,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     model = body.get("model") or state.served_names[0]
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    sequence = scheduler.submit(prompt_len, max_tokens)
+    sequence = await _submit(state, scheduler, prompt_len, max_tokens, None)
 
     def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
         # As vLLM: the opening (role) delta carries the prompt fields, a content delta its

@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from pytest_profllm.sim.scheduler import Scheduler
+from pytest_profllm.sim.stats import HISTOGRAMS
 
 # The rank suffix vLLM's workers put in their trace names (single GPU, no parallelism).
 _WORKER_TRACE_NAME = "dp0_pp0_tp0_dcp0_ep0_rank0"
@@ -99,16 +100,23 @@ def _metrics_handler(scheduler: Scheduler, model_name: str) -> Any:
 
 
 class _SchedulerCollector:
-    """vLLM 0.33.0's names (vllm/v1/metrics/loggers.py), read from the scheduler at scrape time."""
+    """vLLM 0.33.0's names (vllm/v1/metrics/loggers.py), read from the scheduler at scrape time:
+    the families whose quantity the simulator has, with vLLM's types and label names."""
 
     def __init__(self, scheduler: Scheduler, model_name: str) -> None:
         self.scheduler = scheduler
         self.labels = {"model_name": model_name, "engine": "0"}
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
         s = self.scheduler
+        names, values = list(self.labels), list(self.labels.values())
+        cached = s.prefix_cache_hits
         gauges = (
             ("vllm:num_requests_running", "Number of requests in model execution batches.",
              len(s.running)),
@@ -118,26 +126,81 @@ class _SchedulerCollector:
              s.kv_cache_usage),
         )
         counters = (
-            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-             s.num_preemptions),
             ("vllm:prefix_cache_queries",
              "Prefix cache queries, in terms of number of queried tokens.",
              s.prefix_cache_queries),
             ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
              s.prefix_cache_hits),
+            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+             s.num_preemptions),
             ("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens),
+            ("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).",
+             cached),
             ("vllm:generation_tokens", "Number of generation tokens processed.",
              s.generation_tokens),
         )
-        names, values = list(self.labels), list(self.labels.values())
         for name, documentation, value in gauges:
             gauge = GaugeMetricFamily(name, documentation, labels=names)
             gauge.add_metric(values, float(value))
             yield gauge
+        waiting = GaugeMetricFamily(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+            "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
+            "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+            labels=[*names, "reason"],
+        )
+        waiting.add_metric([*values, "capacity"], float(len(s.waiting)))
+        waiting.add_metric([*values, "deferred"], 0.0)
+        yield waiting
+        sleep = GaugeMetricFamily(
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is "
+            "awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep "
+            "level 2.",
+            labels=[*names, "sleep_state"],
+        )
+        for state, value in (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)):
+            sleep.add_metric([*values, state], value)
+        yield sleep
         for name, documentation, value in counters:
             counter = CounterMetricFamily(name, documentation, labels=names)
             counter.add_metric(values, float(value))
             yield counter
+        by_source = CounterMetricFamily(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            labels=[*names, "source"],
+        )
+        for source, value in (
+            ("local_compute", s.prompt_tokens - cached),
+            ("local_cache_hit", cached),
+            ("external_kv_transfer", 0),
+        ):
+            by_source.add_metric([*values, source], float(max(value, 0)))
+        yield by_source
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=[*names, "finished_reason"],
+        )
+        for reason, count in s.stats.request_success.items():
+            success.add_metric([*values, reason], float(count))
+        yield success
+        for name, documentation, _ in HISTOGRAMS:
+            histogram = s.stats.histograms[name]
+            family = HistogramMetricFamily(name, documentation, labels=names)
+            family.add_metric(values, histogram.buckets(), histogram.total)
+            yield family
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=["block_size", "enable_prefix_caching", "num_gpu_blocks", "engine"],
+        )
+        info.add_metric(
+            [str(s.block_size), str(s.enable_prefix_caching), str(s.num_gpu_blocks), "0"], 1.0
+        )
+        yield info
 
 
 class _ProfileSession:

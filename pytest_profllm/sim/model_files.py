@@ -57,18 +57,21 @@ def tokenizer_config() -> dict[str, object]:
 
 def model_config(size: int = VOCAB_SIZE) -> dict[str, object]:
     # Enough of a Llama-style config for tools that read vocab size and context length;
-    # `profllm_sim` marks the folder as the simulator's (there are no weights).
+    # `profllm_sim` marks the folder as the simulator's (there are no weights). The shape is
+    # an 8B-class model's (Qwen3-8B's layers and widths), so a simulator serving this folder
+    # costs steps like a model people benchmark.
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "profllm_sim": True,
         "vocab_size": size,
         "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
-        "hidden_size": 256,
-        "intermediate_size": 688,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
         "bos_token_id": 1,
         "eos_token_id": 2,
         "torch_dtype": "bfloat16",

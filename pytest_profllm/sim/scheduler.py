@@ -1,20 +1,22 @@
-"""The simulated engine's step loop: continuous batching with a simple cost model.
+"""The simulated engine's step loop: continuous batching over the engine model's step times.
 
 Each step runs the decode of every running sequence plus a chunk of prefill, as vLLM's V1
 scheduler does with chunked prefill: at most `max_num_seqs` sequences run, and a step carries
-at most `max_num_batched_tokens` tokens. A step costs
-
-    decode_base_ms + decode_per_seq_ms * decoding sequences + prefill_per_token_ms * prefill tokens
-
-divided by the tensor-parallel speed-up. Every decoding sequence emits one token per step.
+at most `max_num_batched_tokens` tokens. What a step costs is the cost model's answer
+(`cost.EngineModel.step_seconds`, a roofline of the model on the device), asked in one place:
+`Scheduler.step_duration`. Every decoding sequence emits one token per step.
 
 The KV cache is `num_gpu_blocks` blocks of `block_size` tokens. A decoding sequence that needs
 a block when none is free preempts the newest running sequence, which goes back to the front
 of the queue and recomputes its tokens later (vLLM V1's recompute preemption). With prefix
 caching, a new sequence's leading full blocks whose token ids were computed before are hits
-and skip prefill. The counters (preemptions, prefix-cache queries and hits, tokens) are what
-`/metrics` reports under vLLM's names. Simplification: a hit's blocks are the sequence's own,
-not shared, so usage counts them once per sequence.
+and skip prefill. The counters (preemptions, prefix-cache queries and hits, tokens) and the
+request histograms (`stats.py`) are what `/metrics` reports under vLLM's names.
+Simplification: a hit's blocks are the sequence's own, not shared, so usage counts them once
+per sequence.
+
+The loop is three calls, `plan_step`, `step_duration` and `finish_step(now)`: the server
+sleeps the duration on the event loop (`run`), `virtual.py` advances a virtual clock instead.
 """
 
 from __future__ import annotations
@@ -24,53 +26,36 @@ import itertools
 import os
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from pytest_profllm.sim.cost import StepWork
+from pytest_profllm.sim.stats import EngineStats
 
 BLOCK_SIZE = 16  # vLLM's default block size on CUDA
 # About what vLLM 0.33 finds for an 8B model (Qwen3-8B: 144 KiB of KV per token) on one 80 GB
 # GPU at gpu_memory_utilization 0.9: ~54 GiB left after weights, ~390k tokens. A round figure.
 DEFAULT_GPU_BLOCKS = 24_000
-# A factor on every step time (1.15: 15 % slower), so a regression gate can be shown to catch a
-# known slowdown. Read once, where the server process starts.
-SLOWDOWN_ENV = "PROFLLM_SIM_SLOWDOWN"
 # How late a step may end before the lateness is forgotten rather than caught up.
 _MAX_CATCH_UP_S = 0.05
 
 
-def slowdown_from_env() -> float:
-    text = os.environ.get(SLOWDOWN_ENV, "1")
-    try:
-        factor = float(text)
-    except ValueError:
-        raise ValueError(f"{SLOWDOWN_ENV}={text!r}: expected a factor like 1.15") from None
-    if not 0 < factor < 100:
-        raise ValueError(f"{SLOWDOWN_ENV}={text!r}: expected a factor between 0 and 100")
-    return factor
+class StepCost(Protocol):
+    def step_seconds(self, work: StepWork) -> float: ...
 
 
 @dataclass(frozen=True)
-class CostModel:
-    """Per-step costs in milliseconds on one GPU.
+class ConstantStepCost:
+    """Every step takes the same time: for tests and tools that exercise the batching alone."""
 
-    The default decode figures follow published vLLM 0.11 numbers for Qwen3-8B on one H100
-    (shared/data rows 7 and 10: TPOT 7.2 ms at concurrency 1, 7.7 ms at 8); the prefill
-    figure is a round number of the same order (about 10k prompt tokens/s).
-    """
+    seconds: float = 0.001
 
-    decode_base_ms: float = 7.2
-    decode_per_seq_ms: float = 0.07
-    prefill_per_token_ms: float = 0.1
-    tp_efficiency: float = 0.8  # speed-up of tp GPUs is tp ** tp_efficiency
-
-    def step_seconds(self, decoding: int, prefill_tokens: int, tp: int) -> float:
-        cost = self.decode_base_ms + self.decode_per_seq_ms * decoding
-        cost += self.prefill_per_token_ms * prefill_tokens
-        speedup: float = max(tp, 1) ** self.tp_efficiency
-        return cost / 1000 / speedup
+    def step_seconds(self, work: StepWork) -> float:
+        return self.seconds
 
 
-@dataclass
+@dataclass(eq=False)  # identity: two requests alike are still two
 class Sequence:
     prompt_len: int
     max_tokens: int
@@ -81,6 +66,16 @@ class Sequence:
     context_len: int = 0  # tokens to compute before decoding: the prompt, or more after preemption
     blocks: int = 0  # KV-cache blocks held
     looked_up: bool = False
+    uid: int = 0  # stands for the prompt's token ids when there are none
+    block_hashes: list[int] | None = None
+    # Times on the scheduler's clock, for vLLM's request histograms and virtual runs.
+    arrived: float = 0.0
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished_at: float | None = None
+    preemptions: int = 0
+    computed_tokens: int = 0  # prompt tokens computed, not found in the prefix cache
 
     def __post_init__(self) -> None:
         self.context_len = self.context_len or self.prompt_len
@@ -91,30 +86,47 @@ class Sequence:
 
 
 @dataclass
+class Step:
+    """One planned engine step: who decodes, which prefill chunks, and the work for the cost."""
+
+    decoding: list[Sequence]
+    prefill: list[tuple[Sequence, int]]
+    work: StepWork
+
+
+@dataclass
 class Scheduler:
-    cost: CostModel
+    cost: StepCost
     max_num_seqs: int
     max_num_batched_tokens: int
-    tensor_parallel_size: int = 1
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     steps: int = 0
     block_size: int = BLOCK_SIZE
     num_gpu_blocks: int = DEFAULT_GPU_BLOCKS
     enable_prefix_caching: bool = True
+    # False: a prompt runs whole in one step or waits (vLLM's --no-enable-chunked-prefill).
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # >0: the largest chunk of one prompt per step
     used_blocks: int = 0
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # tokens looked up, as vLLM counts them
     prefix_cache_hits: int = 0  # tokens found
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    stats: EngineStats = field(default_factory=EngineStats)
+    clock: Callable[[], float] = time.perf_counter
+    # False for virtual runs: nobody reads the token queues, only the times.
+    stream_tokens: bool = True
+    on_finish: Callable[[Sequence], None] | None = None
+    itl_log: list[float] | None = None  # every inter-token gap, when a virtual run wants them
     # Chrome-trace events of each step while the profiler runs; None when it does not.
     trace_events: list[dict[str, Any]] | None = None
-    slowdown: float = field(default_factory=slowdown_from_env)
     _cached: OrderedDict[int, None] = field(default_factory=OrderedDict)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _step_end: float = 0.0  # when the last step was due to end (perf_counter)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+    _uids: itertools.count[int] = field(default_factory=itertools.count)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -122,13 +134,22 @@ class Scheduler:
         return self.used_blocks / self.num_gpu_blocks
 
     def submit(
-        self, prompt_len: int, max_tokens: int, prompt_ids: list[int] | None = None
+        self,
+        prompt_len: int,
+        max_tokens: int,
+        prompt_ids: list[int] | None = None,
+        arrived: float | None = None,
     ) -> Sequence:
         sequence = Sequence(
             prompt_len=max(prompt_len, 1),
             max_tokens=max_tokens,
             prompt_ids=tuple(prompt_ids) if prompt_ids is not None else None,
+            arrived=self.clock() if arrived is None else arrived,
+            uid=next(self._uids),
         )
+        self.stats.observe("vllm:request_params_n", 1)
+        self.stats.observe("vllm:request_params_max_tokens", max_tokens)
+        self.stats.observe("vllm:request_max_num_generation_tokens", max_tokens)
         self.waiting.append(sequence)
         self._wake.set()
         return sequence
@@ -140,57 +161,157 @@ class Scheduler:
             self._free(sequence)
         elif sequence in self.waiting:
             self.waiting.remove(sequence)
+        else:
+            return
+        self.stats.request_success["abort"] += 1
 
     async def run(self) -> None:
         self._step_end = time.perf_counter()
         while True:
-            if not self.running and not self.waiting:
+            step = self.plan_step()
+            if step is None:
                 self._wake.clear()
                 await self._wake.wait()
                 self._step_end = time.perf_counter()  # idle time is no lateness to catch up
-            self._grow_decoders()
-            decoding = [s for s in self.running if not s.in_prefill]
-            budget = self.max_num_batched_tokens - len(decoding)
-            prefill: list[tuple[Sequence, int]] = []
-            for sequence in self.running:
-                if sequence.in_prefill and budget > 0:
-                    left = sequence.context_len - sequence.prefilled
-                    chunk = self._fit(sequence, min(left, budget))
-                    if chunk:
-                        prefill.append((sequence, chunk))
-                        budget -= chunk
-            while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
-                sequence = self.waiting[0]
-                self._look_up(sequence)
-                chunk = self._fit(sequence, min(sequence.context_len - sequence.prefilled, budget))
-                if not chunk:
-                    break  # no room in the KV cache: it waits
-                self.running.append(self.waiting.popleft())
-                prefill.append((sequence, chunk))
-                budget -= chunk
-            prefill_tokens = sum(chunk for _, chunk in prefill)
+                continue
             began = time.perf_counter()
-            step = self.cost.step_seconds(len(decoding), prefill_tokens, self.tensor_parallel_size)
-            step *= self.slowdown  # PROFLLM_SIM_SLOWDOWN, applied here only
             # Each step ends its time after the previous one ended, not after this process woke:
             # on a busy host a late wake-up is caught up by the next step (up to a bound).
-            self._step_end = max(self._step_end, began - _MAX_CATCH_UP_S) + step
+            self._step_end = max(self._step_end, began - _MAX_CATCH_UP_S) + self.step_duration(step)
             await asyncio.sleep(max(0.0, self._step_end - time.perf_counter()))
-            self.steps += 1
-            self._trace(began, len(decoding), prefill_tokens)
-            for sequence, chunk in prefill:
-                sequence.prefilled += chunk
-                if not sequence.in_prefill:
-                    self._remember(sequence)
-            # A sequence whose prefill completed this step emits its first token with the decoders.
-            for sequence in [s for s in self.running if not s.in_prefill]:
-                sequence.generated += 1
-                self.generation_tokens += 1
-                sequence.tokens.put_nowait(next(self._ids))
-                if sequence.generated >= sequence.max_tokens:
-                    sequence.tokens.put_nowait(None)
-                    self.running.remove(sequence)
-                    self._free(sequence)
+            self.finish_step(step, self.clock())
+            self._trace(began, step)
+
+    def plan_step(self) -> Step | None:
+        """Admit and chunk as vLLM's V1 scheduler would; None when there is nothing to run."""
+        if not self.running and not self.waiting:
+            return None
+        self._grow_decoders()
+        decoding = [s for s in self.running if not s.in_prefill]
+        budget = self.max_num_batched_tokens - len(decoding)
+        prefill: list[tuple[Sequence, int]] = []
+        for sequence in self.running:
+            if sequence.in_prefill and budget > 0:
+                chunk = self._fit(sequence, self._chunk(sequence, budget))
+                if chunk:
+                    prefill.append((sequence, chunk))
+                    budget -= chunk
+        now = None
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            sequence = self.waiting[0]
+            self._look_up(sequence)
+            chunk = self._fit(sequence, self._chunk(sequence, budget))
+            if not chunk:
+                break  # no room in the KV cache: it waits
+            self.running.append(self.waiting.popleft())
+            if sequence.scheduled_at is None:
+                now = self.clock() if now is None else now
+                sequence.scheduled_at = now
+            prefill.append((sequence, chunk))
+            budget -= chunk
+        if prefill and not self.enable_chunked_prefill:
+            decoding = []  # vLLM without chunked prefill runs prefill steps alone
+        if not decoding and not prefill:
+            if not self.running:
+                return None  # a prompt larger than the whole cache waits for nothing
+            # Partial prefills filled the cache and none can grow: the newest gives way.
+            self._preempt(self.running[-1])
+            return self.plan_step()
+        context = 0
+        for sequence in decoding:
+            context += sequence.prompt_len + sequence.generated
+        prefill_tokens = prefill_context = 0
+        attended = 0.0
+        finishing = 0
+        for sequence, chunk in prefill:
+            prefill_tokens += chunk
+            prefill_context += sequence.prefilled
+            attended += chunk * (sequence.prefilled + chunk / 2)
+            finishing += sequence.prefilled + chunk >= sequence.context_len
+        work = StepWork(
+            decode_seqs=len(decoding),
+            decode_context=context,
+            prefill_tokens=prefill_tokens,
+            prefill_context=prefill_context,
+            prefill_attended=attended,
+            emitted=len(decoding) + finishing,
+        )
+        return Step(decoding, prefill, work)
+
+    def _chunk(self, sequence: Sequence, budget: int) -> int:
+        left = sequence.context_len - sequence.prefilled
+        if not self.enable_chunked_prefill:
+            return left if left <= budget else 0
+        if self.long_prefill_token_threshold:
+            left = min(left, self.long_prefill_token_threshold)
+        return min(left, budget)
+
+    def step_duration(self, step: Step) -> float:
+        """Seconds the step takes on the simulated GPU: the cost model's answer, asked here
+        and nowhere else."""
+        return self.cost.step_seconds(step.work)
+
+    def finish_step(self, step: Step, now: float) -> None:
+        """Apply a step that ended at `now`: prefill progress, one token per decoder."""
+        self.steps += 1
+        self.stats.observe(
+            "vllm:iteration_tokens_total", step.work.decode_seqs + step.work.prefill_tokens
+        )
+        emitting = [s for s in step.decoding if s.generated < s.max_tokens and s.blocks]
+        for sequence, chunk in step.prefill:
+            if not sequence.blocks:
+                continue  # preempted since the step was planned
+            sequence.prefilled += chunk
+            sequence.computed_tokens += chunk
+            if not sequence.in_prefill:
+                self._remember(sequence)
+                # Its prefill completed this step: it emits its first token with the decoders.
+                emitting.append(sequence)
+        for sequence in emitting:
+            self._emit(sequence, now)
+
+    def _emit(self, sequence: Sequence, now: float) -> None:
+        sequence.generated += 1
+        self.generation_tokens += 1
+        if sequence.first_token_at is None:
+            sequence.first_token_at = now
+            self.stats.observe("vllm:time_to_first_token_seconds", now - sequence.arrived)
+        elif sequence.last_token_at is not None:
+            gap = now - sequence.last_token_at
+            self.stats.observe("vllm:inter_token_latency_seconds", gap)
+            if self.itl_log is not None:
+                self.itl_log.append(gap)
+        sequence.last_token_at = now
+        if self.stream_tokens:
+            sequence.tokens.put_nowait(next(self._ids))
+        if sequence.generated >= sequence.max_tokens:
+            if self.stream_tokens:
+                sequence.tokens.put_nowait(None)
+            self.running.remove(sequence)
+            self._free(sequence)
+            self._finished(sequence, now)
+
+    def _finished(self, sequence: Sequence, now: float) -> None:
+        sequence.finished_at = now
+        stats, first = self.stats, sequence.first_token_at or now
+        scheduled = sequence.scheduled_at if sequence.scheduled_at is not None else now
+        stats.request_success["length"] += 1
+        stats.observe("vllm:e2e_request_latency_seconds", now - sequence.arrived)
+        stats.observe("vllm:request_queue_time_seconds", scheduled - sequence.arrived)
+        stats.observe("vllm:request_inference_time_seconds", now - scheduled)
+        stats.observe("vllm:request_prefill_time_seconds", first - scheduled)
+        stats.observe("vllm:request_decode_time_seconds", now - first)
+        stats.observe("vllm:request_prompt_tokens", sequence.prompt_len)
+        stats.observe("vllm:request_generation_tokens", sequence.generated)
+        stats.observe("vllm:request_num_preemptions", sequence.preemptions)
+        stats.observe("vllm:request_prefill_kv_computed_tokens", sequence.computed_tokens)
+        if sequence.generated > 1:
+            stats.observe(
+                "vllm:request_time_per_output_token_seconds",
+                (now - first) / (sequence.generated - 1),
+            )
+        if self.on_finish is not None:
+            self.on_finish(sequence)
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -199,7 +320,7 @@ class Scheduler:
         """Give each decoding sequence room for its next token, preempting the newest running
         sequences (itself last) when the cache is full."""
         for sequence in list(self.running):
-            if sequence not in self.running or sequence.in_prefill:
+            if sequence.in_prefill:  # also a sequence preempted in this loop (prefilled = 0)
                 continue
             need = self._blocks_for(sequence.prompt_len + sequence.generated + 1) - sequence.blocks
             while need > self.num_gpu_blocks - self.used_blocks:
@@ -216,6 +337,10 @@ class Scheduler:
         self._free(sequence)
         sequence.context_len = sequence.prompt_len + sequence.generated
         sequence.prefilled = 0
+        sequence.preemptions += 1
+        # Its blocks go back to the cache's free list: on resumption it looks its prompt up
+        # again, and finds what no other allocation took since (vLLM V1's prefix cache).
+        sequence.looked_up = False
         self.waiting.appendleft(sequence)
         self.num_preemptions += 1
 
@@ -233,24 +358,32 @@ class Scheduler:
         self.used_blocks -= sequence.blocks
         sequence.blocks = 0
 
-    def _block_hashes(self, ids: tuple[int, ...]) -> list[int]:
-        # Chained, as vLLM's: a block's hash covers every token before it.
-        hashes, parent = [], 0
-        for start in range(0, len(ids) - len(ids) % self.block_size, self.block_size):
-            parent = hash((parent, ids[start : start + self.block_size]))
-            hashes.append(parent)
-        return hashes
+    def _block_hashes(self, sequence: Sequence) -> list[int]:
+        """The hashes of the prompt's full blocks, chained as vLLM's (a block's hash covers
+        every token before it); a prompt without token ids gets hashes of its own."""
+        if sequence.block_hashes is None:
+            full = sequence.prompt_len // self.block_size
+            if sequence.prompt_ids is None:
+                sequence.block_hashes = [hash((-1, sequence.uid, i)) for i in range(full)]
+            else:
+                hashes, parent, ids = [], 0, sequence.prompt_ids
+                for start in range(0, full * self.block_size, self.block_size):
+                    parent = hash((parent, ids[start : start + self.block_size]))
+                    hashes.append(parent)
+                sequence.block_hashes = hashes
+        return sequence.block_hashes
 
     def _look_up(self, sequence: Sequence) -> None:
         if sequence.looked_up:
             return
         sequence.looked_up = True
-        if not self.enable_prefix_caching or sequence.prompt_ids is None:
+        if not self.enable_prefix_caching:
             return
         self.prefix_cache_queries += sequence.prompt_len
         hits = 0
         # The last prompt token is always computed (it yields the first output), as in vLLM.
-        for block_hash in self._block_hashes(sequence.prompt_ids[: sequence.prompt_len - 1]):
+        usable = (sequence.prompt_len - 1) // self.block_size
+        for block_hash in self._block_hashes(sequence)[:usable]:
             if block_hash not in self._cached:
                 break
             self._cached.move_to_end(block_hash)
@@ -261,15 +394,15 @@ class Scheduler:
     def _remember(self, sequence: Sequence) -> None:
         if sequence.context_len == sequence.prompt_len:
             self.prompt_tokens += sequence.prompt_len
-        if not self.enable_prefix_caching or sequence.prompt_ids is None:
+        if not self.enable_prefix_caching:
             return
-        for block_hash in self._block_hashes(sequence.prompt_ids):
+        for block_hash in self._block_hashes(sequence):
             self._cached[block_hash] = None
             self._cached.move_to_end(block_hash)
         while len(self._cached) > self.num_gpu_blocks:
             self._cached.popitem(last=False)
 
-    def _trace(self, began: float, decoding: int, prefill_tokens: int) -> None:
+    def _trace(self, began: float, step: Step) -> None:
         if self.trace_events is None:
             return
         self.trace_events.append(
@@ -285,8 +418,8 @@ class Scheduler:
                     "step": self.steps,
                     "running": len(self.running),
                     "waiting": len(self.waiting),
-                    "decode_seqs": decoding,
-                    "prefill_tokens": prefill_tokens,
+                    "decode_seqs": step.work.decode_seqs,
+                    "prefill_tokens": step.work.prefill_tokens,
                     "kv_cache_usage": round(self.kv_cache_usage, 4),
                 },
             }

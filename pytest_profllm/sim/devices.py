@@ -1,0 +1,116 @@
+"""Device profiles: what the simulator's cost model knows of a GPU.
+
+Each profile is a small TOML file in `sim/device_profiles/` with its figures and their sources
+(datasheets), and the overheads fitted on published vLLM runs (which rows: in the file and in
+README's calibration section). `--sim-device NAME` picks one by name or alias.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+PROFILE_DIR = Path(__file__).with_name("device_profiles")
+DEFAULT_DEVICE = "H100-SXM"
+GIB = 1024**3
+
+
+class UnknownDevice(ValueError):
+    """A `--sim-device` no profile answers to."""
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """What a roofline leaves out, fitted on published runs (sim_calibration.py).
+
+    Defaults are the fit over every calibration row; a profile's `[overheads]` table overrides
+    what its own rows pinned down.
+    """
+
+    step_ms: float = 1.6  # per engine step: scheduling, sampling, launches
+    bandwidth_efficiency: float = 0.80  # achieved fraction of the datasheet bandwidth
+    compute_efficiency: float = 0.40  # achieved fraction of dense FLOPs (prefill, big batches)
+    # CPU of vLLM's API server per streamed token (detokenise, build and send the SSE
+    # message): one process caps a server's token rate whatever the GPU does.
+    frontend_token_us: float = 200.0
+    request_ms: float = 40.0  # arrival to scheduler: HTTP, chat template, tokenisation
+    allreduce_latency_us: float = 15.0  # one all-reduce of a tensor-parallel layer, small message
+    # Mixture-of-experts kernels (routing, grouped GEMMs, MLA) reach this fraction of a dense
+    # model's efficiencies.
+    moe_efficiency: float = 0.3
+    # FP8 weights on a GPU without FP8 tensor cores (A100) run through weight-only kernels
+    # (Marlin) that dequantise on the fly: this fraction of the efficiencies.
+    weight_only_fp8_efficiency: float = 0.6
+    reserved_gib: float = 2.5  # memory neither weights nor KV cache: CUDA graphs, NCCL, context
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    memory_gib: float
+    memory_bandwidth_gbs: float
+    bf16_tflops: float
+    fp8_tflops: float  # 0: no FP8 tensor cores (FP8 weights computed in bf16)
+    interconnect_gbs: float  # one direction, per GPU
+    default_max_num_seqs: int
+    default_max_num_batched_tokens: int
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+    overheads: Overheads = field(default_factory=Overheads)
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    def peak_flops(self, fp8: bool) -> float:
+        tflops = self.fp8_tflops if fp8 and self.fp8_tflops else self.bf16_tflops
+        return tflops * 1e12
+
+    def with_overheads(self, **changes: float) -> DeviceProfile:
+        return replace(self, overheads=replace(self.overheads, **changes))
+
+    def describe(self) -> dict[str, Any]:
+        """What the record says of the device profile that produced the figures."""
+        return {
+            "name": self.name,
+            "source": self.source,
+            "memory_gib": self.memory_gib,
+            "memory_bandwidth_gbs": self.memory_bandwidth_gbs,
+            "bf16_tflops": self.bf16_tflops,
+            "fp8_tflops": self.fp8_tflops,
+            "interconnect_gbs": self.interconnect_gbs,
+            "overheads": {f.name: getattr(self.overheads, f.name) for f in fields(Overheads)},
+        }
+
+
+def _load(path: Path) -> DeviceProfile:
+    data = tomllib.loads(path.read_text())
+    overheads = Overheads(**data.pop("overheads", {}))
+    aliases = tuple(data.pop("aliases", ()))
+    return DeviceProfile(
+        **data, aliases=aliases, source=f"sim/device_profiles/{path.name}", overheads=overheads
+    )
+
+
+@functools.cache
+def profiles() -> dict[str, DeviceProfile]:
+    loaded = (_load(path) for path in sorted(PROFILE_DIR.glob("*.toml")))
+    return {profile.name: profile for profile in loaded}
+
+
+def _key(name: str) -> str:
+    return name.lower().replace(" ", "").replace("_", "-")
+
+
+def device_profile(name: str | None = None) -> DeviceProfile:
+    """The profile called `name` (or one of its aliases, any case); the default: H100 SXM."""
+    wanted = _key(name or DEFAULT_DEVICE)
+    for profile in profiles().values():
+        if wanted in {_key(profile.name), *(_key(alias) for alias in profile.aliases)}:
+            return profile
+    raise UnknownDevice(
+        f"unknown simulator device {name!r}; known devices: {', '.join(sorted(profiles()))}"
+    )

@@ -1,0 +1,109 @@
+"""Faults on demand: the simulator fails the ways a vLLM server does, so a suite (or the
+plugin's own tests) can see what the user sees when it happens.
+
+Faults come from `--sim-fault SPEC` (repeatable) and from the environment variable
+`PROFLLM_SIM_FAULTS` (specs separated by commas), which a pytest run passes on to every server
+it starts. A spec is `NAME[=VALUE][@ARG=VALUE]`; the `@` part limits it to servers whose
+`vllm serve` argv has that engine argument with that value (`@max_num_seqs=16`), so one
+server of a suite fails and the others do not.
+
+    exit_at_start            exit 1 at start with vLLM's engine-core failure (CUDA out of memory)
+    slow_start=SECONDS       listen only after SECONDS
+    never_healthy            listen, but /health answers 503 forever
+    die_after=N              the process dies (exit 1) when request N+1 arrives
+    error_rate=FRACTION      that fraction of requests get vLLM's 500 error (seeded, repeatable)
+    stall_request=N          the N-th request's stream stops after its first token, open
+    close_request=N          the N-th request's stream is cut after its first token
+    orphan_child             start a child in its own session that outlives the process group
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+FAULTS_ENV = "PROFLLM_SIM_FAULTS"
+_FLAGS = ("exit_at_start", "never_healthy", "orphan_child")
+_COUNTS = ("die_after", "stall_request", "close_request")
+_NUMBERS = ("slow_start", "error_rate")
+
+
+class FaultSpecError(ValueError):
+    """A fault spec the simulator cannot read; the message names it and the known faults."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    exit_at_start: bool = False
+    slow_start: float = 0.0
+    never_healthy: bool = False
+    die_after: int | None = None
+    error_rate: float = 0.0
+    stall_request: int | None = None
+    close_request: int | None = None
+    orphan_child: bool = False
+
+    def __bool__(self) -> bool:
+        return self != Faults()
+
+    def names(self) -> list[str]:
+        return [name for name in (*_FLAGS, *_COUNTS, *_NUMBERS) if getattr(self, name)]
+
+
+def parse_faults(specs: Sequence[str], argv: Sequence[str]) -> Faults:
+    """The faults of `specs` that apply to a server started with `argv`."""
+    values: dict[str, object] = {}
+    for spec in (part.strip() for text in specs for part in text.split(",")):
+        if not spec:
+            continue
+        body, _, selector = spec.partition("@")
+        if selector and not _selects(selector, argv):
+            continue
+        name, has_value, text = body.partition("=")
+        name = name.strip().replace("-", "_")
+        if name in _FLAGS:
+            if has_value:
+                raise FaultSpecError(f"fault {spec!r}: {name} takes no value")
+            values[name] = True
+        elif name in _COUNTS:
+            values[name] = _number(spec, text, int, minimum=0)
+        elif name in _NUMBERS:
+            value = _number(spec, text, float, minimum=0)
+            if name == "error_rate" and value > 1:
+                raise FaultSpecError(f"fault {spec!r}: error_rate is a fraction from 0 to 1")
+            values[name] = value
+        else:
+            known = ", ".join((*_FLAGS, *(f"{n}=N" for n in (*_COUNTS, *_NUMBERS))))
+            raise FaultSpecError(f"unknown fault {spec!r}; known faults: {known}")
+    return Faults(**values)  # type: ignore[arg-type]
+
+
+def _number(spec: str, text: str, kind: type[int] | type[float], minimum: float) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise FaultSpecError(f"fault {spec!r}: expected a number after '='") from None
+    if not (minimum <= value < math.inf):
+        raise FaultSpecError(f"fault {spec!r}: expected a number >= {minimum:g}")
+    return value
+
+
+def _selects(selector: str, argv: Sequence[str]) -> bool:
+    """`arg=value`: argv has `--arg value` (or `--arg=value`; `--arg` alone for true)."""
+    name, _, wanted = selector.partition("=")
+    flag = "--" + name.strip().replace("_", "-")
+    wanted = wanted.strip()
+    if name.strip() == "model":  # the positional model, as vllm serve takes it
+        return any(token == wanted for token in argv)
+    for index, token in enumerate(argv):
+        if token == flag:
+            following = argv[index + 1] if index + 1 < len(argv) else ""
+            if following.startswith("--") or not following:
+                return wanted.lower() in ("", "true")
+            return following == wanted
+        if token.startswith(flag + "="):
+            return token.split("=", 1)[1] == wanted
+        if token == "--no-" + flag[2:]:
+            return wanted.lower() == "false"
+    return False

@@ -1,0 +1,216 @@
+"""The simulator's engine model: model facts, device profiles, the roofline step time, the KV
+cache size, and how the plugin hands the device to the simulator and the facts to the record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_profllm.sim.config import NoCacheMemory, build_setup, describe_server
+from pytest_profllm.sim.cost import SLOWDOWN_ENV, EngineModel, StepWork
+from pytest_profllm.sim.devices import UnknownDevice, device_profile, profiles
+from pytest_profllm.sim.models import UnknownModel, known_names, resolve_model
+
+# Parameter counts as the models' cards state them (billions).
+PUBLISHED_PARAMS = {
+    "Qwen/Qwen3-0.6B": 0.6,
+    "Qwen/Qwen3-8B": 8.2,
+    "Qwen/Qwen3-32B": 32.8,
+    "meta-llama/Llama-3.1-8B-Instruct": 8.03,
+    "meta-llama/Llama-3.3-70B-Instruct": 70.6,
+    "meta-llama/Llama-3.1-405B-Instruct": 405.9,
+    "mistralai/Mistral-7B-Instruct-v0.3": 7.25,
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": 46.7,
+    "deepseek-ai/DeepSeek-R1": 671.0,
+}
+
+
+@pytest.mark.parametrize(("name", "billions"), PUBLISHED_PARAMS.items())
+def test_catalog_facts_give_the_published_parameter_counts(name: str, billions: float) -> None:
+    assert resolve_model(name).params / 1e9 == pytest.approx(billions, rel=0.02)
+
+
+def test_kv_bytes_active_params_and_dtype() -> None:
+    qwen = resolve_model("Qwen/Qwen3-8B")
+    assert qwen.kv_bytes_per_token == 36 * 2 * 8 * 128 * 2  # layers, K and V, heads, dim, bf16
+    assert qwen.bytes_per_param == 2.0
+    assert resolve_model("Qwen/Qwen3-14B-FP8").bytes_per_param == 1.0
+    deepseek = resolve_model("deepseek-ai/DeepSeek-R1")
+    assert deepseek.active_params / 1e9 == pytest.approx(37, rel=0.03)
+    assert deepseek.kv_bytes_per_token == 61 * (512 + 64) * 2  # MLA: the latent and rope part
+    assert resolve_model("qwen/qwen3-8b") == qwen  # hub names are case-insensitive
+
+
+def test_a_local_folder_uses_its_own_config(tmp_path: Path) -> None:
+    config = {
+        "num_hidden_layers": 4,
+        "hidden_size": 512,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+        "torch_dtype": "float16",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    facts = resolve_model(str(tmp_path))
+    assert facts.source == str(tmp_path / "config.json")
+    assert facts.num_hidden_layers == 4 and facts.kv_bytes_per_token == 4 * 2 * 2 * 64 * 2
+
+
+def test_an_unknown_model_name_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownModel) as error:
+        resolve_model("acme/Giant-9000B")
+    message = str(error.value)
+    assert "model 'acme/Giant-9000B' is not in the simulator's catalog" in message
+    assert all(name in message for name in known_names())
+    with pytest.raises(UnknownModel):
+        build_setup("acme/Giant-9000B")
+    # A bare test name (no organisation) is the simulator's own 8B-class model folder.
+    assert build_setup("m").engine.model.name == "profllm-sim"
+
+
+def test_device_profiles_have_their_figures_and_sources() -> None:
+    assert {"H100-SXM", "H200", "A100-40GB", "A100-80GB", "L40S"} <= set(profiles())
+    for profile in profiles().values():
+        text = (Path(__file__).parents[1] / "pytest_profllm" / profile.source).read_text()
+        assert "Datasheet" in text, profile.name  # each figure says where it comes from
+        assert profile.memory_gib > 0 and profile.memory_bandwidth_gbs > 0
+    assert device_profile("a100").name == "A100-80GB"
+    with pytest.raises(UnknownDevice, match="known devices: A100-40GB, A100-80GB"):
+        device_profile("TPU")
+
+
+def _engine(model: str = "Qwen/Qwen3-8B", device: str = "H100-SXM", tp: int = 1) -> EngineModel:
+    return EngineModel(resolve_model(model), device_profile(device), tp)
+
+
+def _decode(engine: EngineModel, batch: int, context: int = 1000) -> float:
+    # emitted=0: the GPU's part alone, without the API server's per-token floor.
+    return engine.step_seconds(StepWork(decode_seqs=batch, decode_context=batch * context))
+
+
+def test_decode_is_bound_by_memory_bandwidth() -> None:
+    h100 = _engine()
+    weights_s = resolve_model("Qwen/Qwen3-8B").weight_bytes / 3350e9
+    assert weights_s < _decode(h100, 1) < 1.5 * weights_s + 0.003
+    # More sequences read more KV cache; H200's bandwidth makes each step shorter.
+    assert _decode(h100, 64) > _decode(h100, 1)
+    assert _decode(_engine(device="H200"), 8) < 0.8 * _decode(h100, 8)
+    # FP8 weights: half the bytes to read.
+    assert _decode(_engine("Qwen/Qwen3-8B-FP8"), 1) < 0.7 * _decode(h100, 1)
+    # A bigger model is slower, in proportion to its weights.
+    assert _decode(_engine("Qwen/Qwen3-32B"), 1) / _decode(h100, 1) == pytest.approx(4, rel=0.2)
+
+
+def test_prefill_is_bound_by_compute() -> None:
+    h100, a100 = _engine(), _engine(device="A100-80GB")
+    work = StepWork(prefill_tokens=8192, prefill_attended=8192 * 4096.0)
+    assert h100.step_seconds(work) > 10 * _decode(h100, 1)
+    # 989 vs 312 dense TFLOPS: about three times faster, not the 1.6 of their bandwidths.
+    assert a100.step_seconds(work) / h100.step_seconds(work) == pytest.approx(3.17, rel=0.15)
+
+
+def test_tensor_parallelism_splits_both_and_adds_all_reduces() -> None:
+    one, four = (
+        _engine("meta-llama/Llama-3.1-70B-Instruct"),
+        _engine("meta-llama/Llama-3.1-70B-Instruct", tp=4),
+    )
+    assert _decode(one, 8) / 4 < _decode(four, 8) < _decode(one, 8) / 2
+    prefill = StepWork(prefill_tokens=4096, prefill_attended=4096 * 2048.0)
+    assert one.step_seconds(prefill) / 4 < four.step_seconds(prefill) < one.step_seconds(prefill)
+
+
+def test_the_frontend_floor_and_the_slowdown_factor(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _engine()
+    busy = StepWork(decode_seqs=256, decode_context=256 * 100, emitted=256)
+    floor = 256 * engine.device.overheads.frontend_token_us / 1e6
+    assert engine.step_seconds(busy) >= floor
+    monkeypatch.setenv(SLOWDOWN_ENV, "3")
+    slow = build_setup("Qwen/Qwen3-8B").engine
+    assert slow.step_seconds(busy) == pytest.approx(3 * engine.step_seconds(busy))
+    monkeypatch.setenv(SLOWDOWN_ENV, "-1")
+    with pytest.raises(ValueError, match="PROFLLM_SIM_SLOWDOWN='-1': expected a positive"):
+        build_setup("Qwen/Qwen3-8B")
+
+
+def test_kv_cache_follows_memory_utilisation_weights_and_parallelism() -> None:
+    small, large = (
+        build_setup("Qwen/Qwen3-8B", gpu_memory_utilization=u).num_gpu_blocks for u in (0.5, 0.9)
+    )
+    assert 0 < small < large
+    # About vLLM's figure for Qwen3-8B on one H100 at 0.9: ~54 GiB left, ~390k tokens.
+    assert build_setup("Qwen/Qwen3-8B").num_gpu_blocks * 16 == pytest.approx(390_000, rel=0.1)
+    with pytest.raises(NoCacheMemory, match="No available memory for the cache blocks"):
+        build_setup("meta-llama/Llama-3.3-70B-Instruct")
+    assert build_setup("meta-llama/Llama-3.3-70B-Instruct", tensor_parallel_size=4).num_gpu_blocks
+    # vLLM's defaults by device: 1024 sequences on H100, 256 on A100.
+    assert build_setup("Qwen/Qwen3-8B").max_num_seqs == 1024
+    assert build_setup("Qwen/Qwen3-8B", "A100-80GB").max_num_seqs == 256
+
+
+def test_describe_server_names_device_and_model_facts() -> None:
+    described = describe_server({"model": "Qwen/Qwen3-8B", "tensor_parallel_size": 2}, "h200")
+    assert described is not None
+    assert described["device"]["name"] == "H200"
+    assert described["device"]["source"] == "sim/device_profiles/h200.toml"
+    assert described["model"]["name"] == "Qwen/Qwen3-8B"
+    assert described["model"]["source"] == "catalog"
+    assert described["tensor_parallel_size"] == 2
+    assert described["kv_cache_tokens"] > 0
+    assert describe_server({"model": "acme/none"}, None) is None
+
+
+def test_the_plugin_passes_the_device_and_records_what_produced_the_figures(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makefile(
+        ".yaml",
+        bench_device="""
+server:
+  model: meta-llama/Llama-3.1-8B-Instruct
+benchmark:
+  num_prompts: 4
+  random_input_len: 16
+  random_output_len: 4
+""",
+    )
+    result = pytester.runpytest_subprocess(
+        f"--profllm-ports={ports}",
+        "--profllm-out=results",
+        "--profllm-sim-device=a100",
+        "--profllm-max-schedule-lag=1000",
+        timeout=120,
+    )
+    result.assert_outcomes(passed=1)
+    (record,) = [json.loads(p.read_text()) for p in (pytester.path / "results").glob("*.json")]
+    sim = record["engine"]["sim"]
+    assert sim["device"]["name"] == "A100-80GB"
+    assert sim["model"]["name"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert sim["model"]["params"] == resolve_model("meta-llama/Llama-3.1-8B-Instruct").params
+    assert sim["max_num_seqs"] == 256  # vLLM's default on an A100
+    (log,) = (pytester.path / "results" / "logs").glob("*.log")
+    assert "--sim-device A100-80GB" in log.read_text()
+    assert "on 1 x A100-80GB" in log.read_text()
+
+
+def test_an_unknown_model_fails_its_server_with_the_known_names(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makefile(
+        ".yaml",
+        bench_unknown="""
+server:
+  model: acme/Giant-9000B
+benchmark:
+  num_prompts: 2
+""",
+    )
+    result = pytester.runpytest_subprocess(
+        f"--profllm-ports={ports}", "--profllm-out=results", timeout=120
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*exited with code 1 during start-up*", "*model 'acme/Giant-9000B' is not in the*"]
+    )
