@@ -18,11 +18,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from pytest_profllm.suite import (
+    BENCHMARK_KINDS,
     BenchmarkConfig,
     Exclusion,
     Suite,
     SuiteError,
     Threshold,
+    WorkloadConfig,
     at_line,
     describe_error,
     did_you_mean,
@@ -59,16 +61,25 @@ class Case:
     server_label: str
     workload_label: str
     server: dict[str, Any]
-    benchmark: BenchmarkConfig
+    benchmark: WorkloadConfig
     thresholds: dict[str, Threshold]
     repeat_index: int = 0
     repeat_count: int = 1
     profile: bool = False  # a short profiled run after the measured one
 
     @property
+    def kind(self) -> str:
+        """serve, or an offline kind (throughput, latency) that runs without a server."""
+        return self.benchmark.kind
+
+    @property
     def server_key(self) -> str:
         # A profiling server is started differently (vLLM's profiler on): it is another server.
-        return server_key({**self.server, "<profile>": True} if self.profile else self.server)
+        # An offline case starts its own engine, never a server that a serve case could share.
+        extra: dict[str, Any] = {"<profile>": True} if self.profile else {}
+        if self.kind != "serve":
+            extra["<kind>"] = self.kind
+        return server_key({**self.server, **extra})
 
     @property
     def name(self) -> str:
@@ -116,7 +127,7 @@ def expand(
         ]
     )
     bench_labels = _unique_labels(
-        [_label(w.dataset_name, w.model_dump(), bench_axes) for w in workloads]
+        [_label(_workload_head(w), w.model_dump(), bench_axes) for w in workloads]
     )
     for server, server_label in zip(servers, server_labels, strict=True):
         for workload, workload_label, raw in zip(
@@ -162,19 +173,36 @@ def _combinations(block: dict[str, Any]) -> list[dict[str, Any]]:
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*choices)]
 
 
+def _workload_head(workload: WorkloadConfig) -> str:
+    # A serve workload is named by its dataset; an offline one by its kind first.
+    if isinstance(workload, BenchmarkConfig):
+        return workload.dataset_name
+    dataset = getattr(workload, "dataset_name", "")
+    return f"{workload.kind}-{dataset}" if dataset else workload.kind
+
+
 def _validate_benchmark(
     values: dict[str, Any], source: str, lines: dict[tuple[Any, ...], int]
-) -> BenchmarkConfig:
+) -> WorkloadConfig:
+    kind = values.get("kind", "serve")
+    model = BENCHMARK_KINDS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        where = at_line(source, lines.get(("benchmark", "kind")))
+        raise SuiteError(
+            f"{where}: benchmark.kind: {kind!r} is not a benchmark kind; "
+            f"allowed: {', '.join(BENCHMARK_KINDS)}"
+        )
     try:
-        return BenchmarkConfig.model_validate(values)
+        workload: WorkloadConfig = model.model_validate(values)  # type: ignore[assignment]
     except ValidationError as error:
         raise SuiteError(
-            describe_error(error, source, lines, BenchmarkConfig, prefix=("benchmark",))
+            describe_error(error, source, lines, model, prefix=("benchmark",))
         ) from None
+    return workload
 
 
 def _check_thresholds(
-    suite: Suite, workload: BenchmarkConfig, source: str, lines: dict[tuple[Any, ...], int]
+    suite: Suite, workload: WorkloadConfig, source: str, lines: dict[tuple[Any, ...], int]
 ) -> None:
     allowed = workload.result_names()
     for metric in suite.thresholds:
@@ -284,6 +312,9 @@ def plan_document(
     for path in find_suite_files(paths):
         suite, lines = load_suite_file(path, registry)
         for case in expand(suite, str(path), lines):
+            if case.kind != "serve":
+                cases.append(_offline_entry(engine, case, path, pool, registry))
+                continue
             if case.server_key not in servers:
                 lease = pool.lease_when_empty(case.gpus_needed)
                 engine_args, _ = engine_args_for(case, profile_root)
@@ -307,6 +338,7 @@ def plan_document(
                 {
                     "case_id": f"{path.name}::{case.name}",
                     "suite": case.suite,
+                    "kind": case.kind,
                     "server_key": case.server_key,
                     "repeat_index": case.repeat_index,
                     "benchmark": case.benchmark.model_dump(mode="json"),
@@ -326,6 +358,40 @@ def plan_document(
     }
 
 
+def _offline_entry(
+    engine: str, case: Case, path: Path, pool: Any, registry: Any
+) -> dict[str, Any]:
+    """An offline case runs its own command, no server: the plan shows that command."""
+    from pytest_profllm.engine import redact_argv, redact_env
+    from pytest_profllm.offline.commands import (
+        offline_command,
+        offline_env,
+        serve_only_args,
+    )
+    from pytest_profllm.server import server_env
+
+    case_id = f"{path.name}::{case.name}"
+    lease = pool.lease_when_empty(case.gpus_needed)
+    output = Path("<out>/logs") / f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', case_id)}.json"
+    argv = offline_command(engine, case.benchmark, case.server, output, registry)  # type: ignore[arg-type]
+    entry: dict[str, Any] = {
+        "case_id": case_id,
+        "suite": case.suite,
+        "kind": case.kind,
+        "server_key": case.server_key,
+        "repeat_index": case.repeat_index,
+        "gpus_needed": case.gpus_needed,
+        "argv": redact_argv(argv),
+        "env": redact_env({**server_env(lease), **offline_env(case.server)}),
+        "benchmark": case.benchmark.model_dump(mode="json"),
+        "thresholds": {k: v.model_dump() for k, v in case.thresholds.items()},
+    }
+    left_out = serve_only_args(case.server, registry)
+    if left_out:
+        entry["serve_only_args"] = left_out  # `vllm serve` options an engine alone lacks
+    return entry
+
+
 def plan_lines(document: dict[str, Any]) -> list[str]:
     lines = []
     for server in document["servers"]:
@@ -337,6 +403,13 @@ def plan_lines(document: dict[str, Any]) -> list[str]:
         for case in document["cases"]:
             if case["server_key"] == server["server_key"]:
                 lines.append(f"  case {case['case_id']}")
+    for case in document["cases"]:
+        if case.get("kind", "serve") != "serve":
+            env = " ".join(f"{key}={value}" for key, value in case["env"].items())
+            lines.append(
+                f"offline {case['kind']} {case['case_id']} ({case['gpus_needed']} GPU(s)): "
+                f"{env} {' '.join(case['argv'])}"
+            )
     lines.append(f"{len(document['servers'])} server(s), {len(document['cases'])} case(s)")
     lines.append(f"({document['lease']})")
     return lines

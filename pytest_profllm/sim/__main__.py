@@ -16,12 +16,16 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pytest_profllm.engine import redact_argv
 from pytest_profllm.engine_args import human_int
 from pytest_profllm.sim.instruments import ProfilerConfigError, ProfilerSettings
 from pytest_profllm.sim.model_files import MODEL_DIR, SPECIAL_TOKENS
 from pytest_profllm.sim.scheduler import BLOCK_SIZE, DEFAULT_GPU_BLOCKS
+
+if TYPE_CHECKING:
+    from pytest_profllm.sim.scheduler import Scheduler
 
 log = logging.getLogger("profllm.sim")
 
@@ -103,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProfilerConfigError as error:
         # As vLLM's parser says it (exit code 2), so the start failure names a bad argument.
         build_parser().error(f"argument --profiler-config: {error}")
-    model_dir = _model_dir(model, args.tokenizer)
+    model_dir = model_dir_of(model, args.tokenizer)
     if model_dir is None:
         log.error("model path %s does not exist", model)
         return 1
@@ -117,7 +121,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _model_dir(model: str, tokenizer: str | None) -> Path | None:
+def make_scheduler(args: argparse.Namespace) -> Scheduler:
+    """The simulated engine for parsed engine arguments: the server's, and the offline
+    benchmarks' (`pytest_profllm.offline.sim`)."""
+    from pytest_profllm.sim.scheduler import CostModel, Scheduler
+
+    return Scheduler(
+        cost=CostModel(),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        tensor_parallel_size=args.tensor_parallel_size,
+        block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks_override
+        or DEFAULT_GPU_BLOCKS * args.tensor_parallel_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+    )
+
+
+def model_dir_of(model: str, tokenizer: str | None) -> Path | None:
     for candidate in (tokenizer, model):
         if candidate and Path(candidate, "tokenizer.json").is_file():
             return Path(candidate)
@@ -138,7 +159,6 @@ async def _serve(
     from tokenizers import Tokenizer
 
     from pytest_profllm.sim.app import SimState, build_app
-    from pytest_profllm.sim.scheduler import CostModel, Scheduler
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     config = (
@@ -159,16 +179,7 @@ async def _serve(
         words=words,
         api_key=api_key,
     )
-    scheduler = Scheduler(
-        cost=CostModel(),
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        tensor_parallel_size=args.tensor_parallel_size,
-        block_size=args.block_size,
-        num_gpu_blocks=args.num_gpu_blocks_override
-        or DEFAULT_GPU_BLOCKS * args.tensor_parallel_size,
-        enable_prefix_caching=args.enable_prefix_caching,
-    )
+    scheduler = make_scheduler(args)
     if profiler.profiler:
         log.warning(
             "Profiler with mode '%s' is enabled in the API server (traces in %s)",
