@@ -24,6 +24,10 @@ def summary_lines(controller: ControllerSession) -> list[str]:
     lines = [header]
     for record in records:
         results = record.get("results") or {}
+        offline = _offline_cells(record, results)
+        if offline is not None:
+            lines.append(f"{record['case_id']:<{width}}  {record['status']:<7}  {offline}")
+            continue
         cells = "".join(
             f"{(fmt.format(results[key]) if results.get(key) is not None else '-'):>13}"
             for _, key, fmt in _COLUMNS
@@ -41,6 +45,22 @@ def summary_lines(controller: ControllerSession) -> list[str]:
             f"(table benchmark_runs); browse with: datasette {settings.db_path}"
         )
     return lines
+
+
+def _offline_cells(record: dict[str, Any], results: dict[str, Any]) -> str | None:
+    """An offline case's own figures, in place of the serving columns it lacks."""
+    kind = ((record.get("config") or {}).get("benchmark") or {}).get("kind", "serve")
+    if kind == "throughput" and results.get("tokens_per_second") is not None:
+        return (
+            f"throughput: {results['tokens_per_second']:.1f} tok/s, "
+            f"{results['requests_per_second']:.2f} req/s"
+        )
+    if kind == "latency" and results.get("avg_latency_ms") is not None:
+        return (
+            f"latency: avg {results['avg_latency_ms']:.1f} ms, "
+            f"p99 {results['p99_latency_ms']:.1f} ms"
+        )
+    return None if kind == "serve" else f"{kind}: -"
 
 
 def _server_lines(records: list[dict[str, Any]]) -> list[str]:

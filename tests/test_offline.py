@@ -258,6 +258,10 @@ def test_suite_mixing_kinds_under_two_workers(pytester: pytest.Pytester, ports: 
             "tokens_per_second = *, below min 1e+12",
             "*bench_latency.yaml::m::latency: threshold missed: "
             "p99_latency_ms = *, above max 0.001",
+            # The summary gives each kind's own figures.
+            "bench_latency.yaml::m::latency * failed * latency: avg * ms, p99 * ms",
+            "bench_throughput.yaml::m::throughput-random-n8 * failed * throughput: * tok/s, "
+            "* req/s",
         ]
     )
     result.stdout.no_fnmatch_line("*Traceback*")

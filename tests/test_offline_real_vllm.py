@@ -52,7 +52,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("kind", list(WORKLOADS))
 def test_offline_case_on_vllm_cpu(
-    kind: str, model: Path, tmp_path: Path, port_range: str, test_pool_dir: Path
+    kind: str, model: Path, tmp_path: Path, port_range: str
 ) -> None:
     suite = validate_suite(
         {
@@ -62,9 +62,11 @@ def test_offline_case_on_vllm_cpu(
         "real_vllm",
     )
     (case,) = expand(suite, "real_vllm")
+    # A pool of its own (one virtual GPU): the two kinds may run at once on two workers.
+    pool = make_pool(tmp_path / "pool", 1, parse_ports(port_range), [])
     servers = WorkerServers(
         engine="vllm",
-        pool=make_pool(test_pool_dir, 1, parse_ports(port_range), []),
+        pool=pool,
         log_dir=tmp_path / "logs",
         startup_timeout=600,
         lease_timeout=60,
@@ -111,4 +113,5 @@ def test_offline_case_on_vllm_cpu(
     assert not psutil.pid_exists(outcome.server.pid) or (
         psutil.Process(outcome.server.pid).status() == psutil.STATUS_ZOMBIE
     )
+    pool.acquire(1, timeout=1).release()  # the case gave its lease back
     assert load_records(tmp_path / "results.db", [record]) == 1
