@@ -3,10 +3,15 @@ random-weight model it can load, generated at test time (no download, no hub).""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import filelock
 
 from pytest_profllm.sim.model_files import MODEL_DIR
 
@@ -53,3 +58,14 @@ def tiny_llama(directory: Path) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(MODEL_DIR / name, directory / name)
     return directory
+
+
+_SLOT_LOCK = Path(tempfile.gettempdir()) / f"pytest-profllm-real-vllm-{os.getuid()}.lock"
+
+
+@contextlib.contextmanager
+def one_at_a_time() -> Iterator[None]:
+    """A host-wide lock: at most one real-vLLM engine (about 3 GB) runs at a time, however the
+    session is split over xdist workers."""
+    with filelock.FileLock(_SLOT_LOCK, thread_local=False):
+        yield
