@@ -119,6 +119,11 @@ def expand(
     ]
     for workload in workloads:
         _check_thresholds(suite, workload, source, lines)
+        if suite.profile and workload.kind != "serve":
+            raise SuiteError(
+                f"{at_line(source, lines.get(('profile',)))}: profile: true profiles a server; "
+                f"a {workload.kind} case runs none (leave profile out of offline suites)"
+            )
     cases: list[Case] = []
     server_labels = _unique_labels(
         [

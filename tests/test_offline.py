@@ -98,6 +98,16 @@ def test_unknown_kind_and_bad_values_name_file_line_and_key(tmp_path: Path) -> N
     assert "needs prefix_repetition_prefix_len, prefix_repetition_suffix_len" in message
 
 
+def test_profile_is_for_serve_cases(tmp_path: Path) -> None:
+    message = suite_error(
+        "server: {model: m}\nbenchmark: {kind: throughput}\nprofile: true\n", tmp_path
+    )
+    assert message == (
+        f"{tmp_path / 'bench_offline.yaml'}:3: profile: true profiles a server; a throughput "
+        "case runs none (leave profile out of offline suites)"
+    )
+
+
 def test_thresholds_name_the_kinds_metrics(tmp_path: Path) -> None:
     message = suite_error(
         "server: {model: m}\nbenchmark: {kind: latency}\nthresholds:\n"
