@@ -27,6 +27,10 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "total_output_tokens": "output tokens of completed requests, from the usage chunk",
     "request_goodput": "requests per second that met every goodput SLO of the workload",
     "failed_verdicts": "metrics that missed their threshold",
+    "bench_kind": "serve (vllm bench serve against a server), or throughput / latency (offline: "
+    "vllm bench throughput / latency, no server)",
+    "tokens_per_second": "offline throughput: prompt and output tokens per second",
+    "avg_latency_ms": "offline latency: mean time of one batch, end to end",
     "p99_schedule_lag_ms": "how late the client sent requests against their intended times",
     "achieved_request_rate": "requests per second the client actually sent (target_request_rate: "
     "the schedule's)",
@@ -40,7 +44,7 @@ DESCRIPTION = (
     "over requests), e2el = end-to-end latency; each as mean_, median_, std_ and pNN_."
 )
 
-DEFAULT_FACETS = ["suite", "engine", "status", "server_model"]
+DEFAULT_FACETS = ["suite", "bench_kind", "engine", "status", "server_model"]
 CHARTS = (
     (
         "Chart: median TTFT against request throughput",

@@ -19,11 +19,13 @@ from pydantic import ValidationError
 
 from pytest_profllm.engine import RedactedDict
 from pytest_profllm.suite import (
+    BENCHMARK_KINDS,
     BenchmarkConfig,
     Exclusion,
     Suite,
     SuiteError,
     Threshold,
+    WorkloadConfig,
     at_line,
     describe_error,
     did_you_mean,
@@ -61,7 +63,7 @@ class Case:
     server_label: str
     workload_label: str
     server: dict[str, Any]
-    benchmark: BenchmarkConfig
+    benchmark: WorkloadConfig
     thresholds: dict[str, Threshold]
     repeat_index: int = 0
     repeat_count: int = 1
@@ -77,9 +79,18 @@ class Case:
             object.__setattr__(self, "server", RedactedDict(self.server))
 
     @property
+    def kind(self) -> str:
+        """serve, or an offline kind (throughput, latency) that runs without a server."""
+        return self.benchmark.kind
+
+    @property
     def server_key(self) -> str:
         # A profiling server is started differently (vLLM's profiler on): it is another server.
-        return server_key({**self.server, "<profile>": True} if self.profile else self.server)
+        # An offline case starts its own engine, never a server that a serve case could share.
+        extra: dict[str, Any] = {"<profile>": True} if self.profile else {}
+        if self.kind != "serve":
+            extra["<kind>"] = self.kind
+        return server_key({**self.server, **extra})
 
     @property
     def name(self) -> str:
@@ -119,6 +130,11 @@ def expand(
     ]
     for workload in workloads:
         _check_thresholds(suite, workload, source, lines)
+        if suite.profile and workload.kind != "serve":
+            raise SuiteError(
+                f"{at_line(source, lines.get(('profile',)))}: profile: true profiles a server; "
+                f"a {workload.kind} case runs none (leave profile out of offline suites)"
+            )
     cases: list[Case] = []
     server_labels = _unique_labels(
         [
@@ -127,7 +143,7 @@ def expand(
         ]
     )
     bench_labels = _unique_labels(
-        [_label(w.dataset_name, w.model_dump(), bench_axes) for w in workloads]
+        [_label(_workload_head(w), w.model_dump(), bench_axes) for w in workloads]
     )
     for server, server_label in zip(servers, server_labels, strict=True):
         for workload, workload_label, raw in zip(
@@ -179,19 +195,36 @@ def _combinations(block: dict[str, Any]) -> list[dict[str, Any]]:
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*choices)]
 
 
+def _workload_head(workload: WorkloadConfig) -> str:
+    # A serve workload is named by its dataset; an offline one by its kind first.
+    if isinstance(workload, BenchmarkConfig):
+        return workload.dataset_name
+    dataset = getattr(workload, "dataset_name", "")
+    return f"{workload.kind}-{dataset}" if dataset else workload.kind
+
+
 def _validate_benchmark(
     values: dict[str, Any], source: str, lines: dict[tuple[Any, ...], int]
-) -> BenchmarkConfig:
+) -> WorkloadConfig:
+    kind = values.get("kind", "serve")
+    model = BENCHMARK_KINDS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        where = at_line(source, lines.get(("benchmark", "kind")))
+        raise SuiteError(
+            f"{where}: benchmark.kind: {kind!r} is not a benchmark kind; "
+            f"allowed: {', '.join(BENCHMARK_KINDS)}"
+        )
     try:
-        return BenchmarkConfig.model_validate(values)
+        workload: WorkloadConfig = model.model_validate(values)  # type: ignore[assignment]
     except ValidationError as error:
         raise SuiteError(
-            describe_error(error, source, lines, BenchmarkConfig, prefix=("benchmark",))
+            describe_error(error, source, lines, model, prefix=("benchmark",))
         ) from None
+    return workload
 
 
 def _check_thresholds(
-    suite: Suite, workload: BenchmarkConfig, source: str, lines: dict[tuple[Any, ...], int]
+    suite: Suite, workload: WorkloadConfig, source: str, lines: dict[tuple[Any, ...], int]
 ) -> None:
     allowed = workload.result_names()
     for metric in suite.thresholds:
@@ -310,6 +343,9 @@ def plan_document(
     servers: dict[str, dict[str, Any]] = {}
     listed: list[dict[str, Any]] = []
     for nodeid, case in cases:
+        if case.kind != "serve":
+            listed.append(_offline_entry(engine, case, nodeid, pool, registry))
+            continue
         if case.server_key not in servers:
             lease = pool.lease_when_empty(case.gpus_needed)
             engine_args, _ = engine_args_for(case, profile_root)
@@ -334,6 +370,7 @@ def plan_document(
             {
                 "case_id": nodeid,
                 "suite": case.suite,
+                "kind": case.kind,
                 "server_key": case.server_key,
                 "repeat_index": case.repeat_index,
                 "axes": _shown_axes(case, "benchmark."),
@@ -371,6 +408,40 @@ def _shown_axes(case: Case, prefix: str) -> dict[str, Any]:
     }
 
 
+def _offline_entry(
+    engine: str, case: Case, case_id: str, pool: Any, registry: Any
+) -> dict[str, Any]:
+    """An offline case runs its own command, no server: the plan shows that command."""
+    from pytest_profllm.engine import redact_argv, redact_env
+    from pytest_profllm.offline.commands import (
+        offline_command,
+        offline_env,
+        serve_only_args,
+    )
+    from pytest_profllm.server import server_env
+
+    lease = pool.lease_when_empty(case.gpus_needed)
+    output = Path("<out>/logs") / f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', case_id)}.json"
+    argv = offline_command(engine, case.benchmark, case.server, output, registry)  # type: ignore[arg-type]
+    entry: dict[str, Any] = {
+        "case_id": case_id,
+        "suite": case.suite,
+        "kind": case.kind,
+        "server_key": case.server_key,
+        "repeat_index": case.repeat_index,
+        "gpus_needed": case.gpus_needed,
+        "axes": _shown_axes(case, "benchmark."),
+        "argv": redact_argv(argv),
+        "env": redact_env({**server_env(lease), **offline_env(case.server)}),
+        "benchmark": case.benchmark.model_dump(mode="json"),
+        "thresholds": {k: v.model_dump() for k, v in case.thresholds.items()},
+    }
+    left_out = serve_only_args(case.server, registry)
+    if left_out:
+        entry["serve_only_args"] = left_out  # `vllm serve` options an engine alone lacks
+    return entry
+
+
 def plan_lines(document: dict[str, Any]) -> list[str]:
     """The plan as text; each server's command line can be pasted into a shell as it is."""
     import shlex
@@ -388,6 +459,13 @@ def plan_lines(document: dict[str, Any]) -> list[str]:
             if case["server_key"] == server["server_key"]:
                 axes = _axes_text(case["axes"])
                 lines.append(f"  case {case['case_id']}" + (f" (axes: {axes})" if axes else ""))
+    for case in document["cases"]:
+        if case.get("kind", "serve") != "serve":
+            env = [f"{key}={shlex.quote(value)}" for key, value in case["env"].items()]
+            lines.append(
+                f"offline {case['kind']} {case['case_id']} ({case['gpus_needed']} GPU(s)): "
+                f"{' '.join(env)} {shlex.join(case['argv'])}"
+            )
     lines.append(f"{len(document['servers'])} server(s), {len(document['cases'])} case(s)")
     lines.append(f"({document['lease']})")
     return lines

@@ -34,6 +34,7 @@ from pytest_profllm.profiling import PROFILE_PROMPTS, ProfilingFailed, profile_p
 from pytest_profllm.record import BenchmarkRecord, RegressionVerdict, Status, Verdict
 from pytest_profllm.server import ServerProcess, WorkerServers, describe_runtime
 from pytest_profllm.sim.model_files import MODEL_DIR
+from pytest_profllm.suite import BenchmarkConfig
 from pytest_profllm.telemetry import Sampler
 
 
@@ -134,9 +135,10 @@ def run_case(
     max_schedule_lag_ms: float | None = None,
 ) -> CaseOutcome:
     """Start or reuse the server, send the workload, compute metrics and verdicts."""
+    bench = case.benchmark
+    assert isinstance(bench, BenchmarkConfig), "offline kinds run in offline.runner"
     server = servers.server_for(case)
     outcome.server = server
-    bench = case.benchmark
     tokenizer = _tokenizer_for(case, servers.engine)
     codec: Codec = (
         TokenizerCodec.load(tokenizer)
@@ -248,8 +250,9 @@ def describe_missed(missed: list[Verdict]) -> str:
 
 def _tokenizer_for(case: Case, engine: str) -> str | None:
     """A local tokenizer folder or file, or None to ask the server (no model download)."""
-    if case.benchmark.tokenizer:
-        return case.benchmark.tokenizer
+    tokenizer = getattr(case.benchmark, "tokenizer", None)
+    if tokenizer:
+        return str(tokenizer)
     model = str(case.server["model"])
     if engine == "sim":
         # The simulator serves its bundled tokenizer unless the model folder has one.

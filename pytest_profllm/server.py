@@ -490,14 +490,7 @@ class WorkerServers:
 
     def _start(self, case: Case) -> ServerProcess:
         key = case.server_key
-        lease = self._lease(case)
-        try:
-            lease.wait_s += gpus.wait_until_idle(
-                lease.gpu_uuids, self.wait_for_busy_gpus, self.lease_timeout
-            )
-        except gpus.GpuBusy:
-            lease.release()
-            raise
+        lease = self.lease_devices(case)
         name = server_name(case)
         engine_args, profile_dir = engine_args_for(
             case, self.profile_root or self.log_dir / "profiles"
@@ -537,6 +530,20 @@ class WorkerServers:
         self.current = server
         self.restarts.pop(key, None)
         return server
+
+    def lease_devices(self, case: Case) -> Lease:
+        """This case's devices and ports, in the scheduler's order, once they are idle; the
+        server this worker holds goes back first. Also for offline cases (no server)."""
+        self.release()
+        lease = self._lease(case)
+        try:
+            lease.wait_s += gpus.wait_until_idle(
+                lease.gpu_uuids, self.wait_for_busy_gpus, self.lease_timeout
+            )
+        except gpus.GpuBusy:
+            lease.release()
+            raise
+        return lease
 
     def _lease(self, case: Case) -> Lease:
         rank = self.ranks.get(case.server_key)

@@ -160,6 +160,10 @@ class WorkerSession:
             sim_device=self.settings.sim_device,
         )
         try:
+            if case.kind != "serve":
+                from pytest_profllm.offline.runner import run_offline
+
+                return run_offline(case, self.servers, outcome)
             return run_case(case, self.servers, outcome, self.settings.max_schedule_lag_ms)
         except BaseException as error:
             outcome.error = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -101,6 +101,8 @@ def load_records(
             for name in STANDARD_METRICS:
                 if name not in existing:
                     table.add_column(name, float)
+            if "bench_kind" not in existing:  # a default facet: every table has it
+                table.add_column("bench_kind", str)
             for column in ("suite", "case_id", "timestamp", "status", "engine"):
                 table.create_index([column], if_not_exists=True)
             db.conn.execute("COMMIT")

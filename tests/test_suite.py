@@ -58,7 +58,7 @@ def test_cross_product_in_server_major_order(tmp_path: Path) -> None:
         "qwen3-8b-seqs64::random-rate-inf",
     ]
     assert [case.server["max_num_seqs"] for case in cases] == [16, 16, 64, 64]
-    assert [case.benchmark.request_rate for case in cases] == [8.0, math.inf, 8.0, math.inf]
+    assert [serve(case).request_rate for case in cases] == [8.0, math.inf, 8.0, math.inf]
 
 
 def test_cases_of_one_server_are_adjacent(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def test_case_fields(tmp_path: Path) -> None:
     assert case.workload_label == "random-rate-inf"
     assert case.name == f"{case.server_label}::{case.workload_label}"
     assert case.server == {"model": "Qwen/Qwen3-8B", "max_num_seqs": 16, "max_model_len": 4096}
-    assert case.benchmark.num_prompts == 32
+    assert serve(case).num_prompts == 32
     assert case.thresholds["completed"].min == 32
     assert (case.repeat_index, case.repeat_count) == (0, 1)
 
@@ -242,14 +242,20 @@ def test_case_gpus_needed_follows_its_axis(tmp_path: Path) -> None:
     assert [case.gpus_needed for case in cases_of(path)] == [2, 4]
 
 
+def serve(case: Case) -> BenchmarkConfig:
+    """The case's workload, which is a serving one."""
+    assert isinstance(case.benchmark, BenchmarkConfig)
+    return case.benchmark
+
+
 # --- BenchmarkConfig ----------------------------------------------------------------------
 
 
 def test_request_rate_inf_from_yaml_is_float_inf_and_dumps_as_text(tmp_path: Path) -> None:
     # YAML reads `inf` as a string; the model must make it a float, and JSON has no infinity.
     case = cases_of(write(tmp_path, "server: {model: m}\nbenchmark: {request_rate: inf}\n"))[0]
-    assert isinstance(case.benchmark.request_rate, float)
-    assert math.isinf(case.benchmark.request_rate)
+    assert isinstance(serve(case).request_rate, float)
+    assert math.isinf(serve(case).request_rate)
     assert case.benchmark.model_dump(mode="json")["request_rate"] == "inf"
     assert json.loads(case.benchmark.model_dump_json())["request_rate"] == "inf"
 

@@ -32,20 +32,43 @@ def change_text(verdict: dict[str, Any]) -> str:
     return text
 
 
+def offline_figures(record: dict[str, Any]) -> str | None:
+    """An offline case's own figures, in place of the serving metrics it lacks."""
+    results = record.get("results") or {}
+    kind = ((record.get("config") or {}).get("benchmark") or {}).get("kind", "serve")
+    if kind == "throughput" and results.get("tokens_per_second") is not None:
+        return (
+            f"throughput: {results['tokens_per_second']:.1f} tok/s, "
+            f"{results['requests_per_second']:.2f} req/s"
+        )
+    if kind == "latency" and results.get("avg_latency_ms") is not None:
+        return (
+            f"latency: avg {results['avg_latency_ms']:.1f} ms, "
+            f"p99 {results['p99_latency_ms']:.1f} ms"
+        )
+    return None if kind == "serve" else f"{kind}: -"
+
+
 def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells; the gate columns only where some case was gated."""
+    """Header and cells; the gate columns only where some case was gated, the offline column
+    only where some case was offline."""
     gated = any(record.get("regression") for record in records)
+    offline = [offline_figures(record) for record in records]
     header = ["case", "status"] + [name for name, _, _ in KEY_METRICS]
+    if any(offline):
+        header.append("offline")
     if gated:
         header += ["gate", "change vs baseline"]
     table = []
-    for record in records:
+    for record, figures in zip(records, offline, strict=True):
         results = record.get("results") or {}
         cells = [record["case_id"], record["status"]]
         cells += [
             fmt.format(results[key]) if results.get(key) is not None else "-"
             for _, key, fmt in KEY_METRICS
         ]
+        if any(offline):
+            cells.append(figures or "-")
         if gated:
             verdicts = record.get("regression") or []
             cells.append(gate_of(record) or "-")

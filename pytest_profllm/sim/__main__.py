@@ -17,6 +17,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pytest_profllm.engine import redact_argv
 from pytest_profllm.engine_args import human_int
@@ -25,6 +26,9 @@ from pytest_profllm.sim.devices import DEFAULT_DEVICE, GIB, profiles
 from pytest_profllm.sim.faults import FAULTS_ENV, Faults, FaultSpecError, parse_faults
 from pytest_profllm.sim.instruments import ProfilerConfigError, ProfilerSettings
 from pytest_profllm.sim.model_files import MODEL_DIR, SPECIAL_TOKENS
+
+if TYPE_CHECKING:
+    from pytest_profllm.sim.scheduler import Scheduler
 
 log = logging.getLogger("profllm.sim")
 
@@ -136,25 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         faults = parse_faults([os.environ.get(FAULTS_ENV, ""), *args.sim_fault], argv_seen)
     except FaultSpecError as error:
         build_parser().error(f"argument --sim-fault: {error}")
-    model_dir = _model_dir(model, args.tokenizer)
+    model_dir = model_dir_of(model, args.tokenizer)
     if model_dir is None:
         log.error("model path %s does not exist", model)
         return 1
     try:
-        setup = build_setup(
-            model,
-            args.sim_device,
-            tensor_parallel_size=args.tensor_parallel_size,
-            pipeline_parallel_size=args.pipeline_parallel_size,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            block_size=args.block_size,
-            num_gpu_blocks_override=args.num_gpu_blocks_override,
-            max_model_len=args.max_model_len,
-            api_server_count=args.api_server_count,
-            enable_chunked_prefill=args.enable_chunked_prefill,
-        )
+        setup = setup_for(args, model)
     except ValueError as error:  # unknown model or device, no memory left for the KV cache
         log.error("%s", error)
         return 1
@@ -232,7 +223,45 @@ def _leave_orphan() -> None:
     log.warning("orphan_child: left pid %d in its own session", child.pid)
 
 
-def _model_dir(model: str, tokenizer: str | None) -> Path | None:
+def setup_for(args: argparse.Namespace, model: str) -> SimSetup:
+    """The engine model for parsed engine arguments. Raises ValueError (unknown model or
+    device, no memory left for the KV cache) with a one-line message."""
+    return build_setup(
+        model,
+        args.sim_device,
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        block_size=args.block_size,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        max_model_len=args.max_model_len,
+        api_server_count=args.api_server_count,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+    )
+
+
+def make_scheduler(args: argparse.Namespace, setup: SimSetup) -> Scheduler:
+    """The simulated engine for parsed engine arguments: the server's, and the offline
+    benchmarks' (`pytest_profllm.offline.sim`)."""
+    from pytest_profllm.sim.scheduler import Scheduler
+    from pytest_profllm.sim.stats import EngineStats
+
+    return Scheduler(
+        cost=setup.engine,
+        max_num_seqs=setup.max_num_seqs,
+        max_num_batched_tokens=setup.max_num_batched_tokens,
+        block_size=setup.block_size,
+        num_gpu_blocks=setup.num_gpu_blocks,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        stats=EngineStats(max_model_len=setup.max_model_len),
+    )
+
+
+def model_dir_of(model: str, tokenizer: str | None) -> Path | None:
     for candidate in (tokenizer, model):
         if candidate and Path(candidate, "tokenizer.json").is_file():
             return Path(candidate)
@@ -255,8 +284,6 @@ async def _serve(
     from tokenizers import Tokenizer
 
     from pytest_profllm.sim.app import SimState, build_app
-    from pytest_profllm.sim.scheduler import Scheduler
-    from pytest_profllm.sim.stats import EngineStats
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     max_model_len = setup.max_model_len
@@ -274,17 +301,7 @@ async def _serve(
         request_delay_s=setup.engine.request_seconds(),
         faults=faults,
     )
-    scheduler = Scheduler(
-        cost=setup.engine,
-        max_num_seqs=setup.max_num_seqs,
-        max_num_batched_tokens=setup.max_num_batched_tokens,
-        block_size=setup.block_size,
-        num_gpu_blocks=setup.num_gpu_blocks,
-        enable_prefix_caching=args.enable_prefix_caching,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        stats=EngineStats(max_model_len=max_model_len),
-    )
+    scheduler = make_scheduler(args, setup)
     if profiler.profiler:
         log.warning(
             "Profiler with mode '%s' is enabled in the API server (traces in %s)",
