@@ -24,7 +24,8 @@ from pytest_profllm.record import (
     write_record,
     write_requests,
 )
-from pytest_profllm.store import TABLE, load_records, read_record_files, record_row
+from pytest_profllm.ingest import read_record
+from pytest_profllm.store import TABLE, load_records, record_row
 from pytest_profllm.suite import BenchmarkConfig
 
 MODEL = "Qwen/Qwen3-8B"
