@@ -182,6 +182,11 @@ def asgi_wrapper(datasette: Any) -> Any:
                         extra.append(b"_nosuggest=1")
                     if target.endswith(".csv") and b"_stream=" not in query:
                         extra.append(b"_stream=on")
+                        if target.startswith(TABLE) and b"_sort" not in query:
+                            # Datasette 0.65 pages a stream on (sort column, key): over the
+                            # default sort's ties (timestamps) it repeated rows. By run_id,
+                            # each row comes once.
+                            extra.append(b"_sort=run_id")
                     if extra:
                         query = b"&".join(([query] if query else []) + extra)
                         scope = {**scope, "query_string": query}
