@@ -208,7 +208,11 @@ def _ingest(args: argparse.Namespace) -> int:
     # A bar on a terminal only (tqdm's disable=None), for loads long enough to need one.
     with tqdm(total=len(files), unit="file", disable=None if len(files) > 200 else True,
               leave=False) as bar:
-        report = ingest(args.db, files, bar.update)
+
+        def advance(count: int) -> None:
+            bar.update(count)
+
+        report = ingest(args.db, files, advance)
     for path, reason in report.refused:
         print(f"profllm ingest: refused {path}: {reason}", file=sys.stderr)
     print(report.summary(args.db))

@@ -19,8 +19,7 @@ from datasette import hookimpl
 
 from pytest_profllm.datasette_queries import CANNED_QUERIES, CHARTS
 from pytest_profllm.store import (
-    LANDING_METRICS,
-    LANDING_VIEW,
+        LANDING_VIEW,
     STANDARD_METRICS,
     TABLE,
     landing_axes,
@@ -60,10 +59,10 @@ DESCRIPTION = (
     "over requests), e2el = end-to-end latency; each as mean_, median_, std_ and pNN_."
 )
 LANDING_DESCRIPTION = (
-    "What the runs show at a glance: who ran what and its status, the engine arguments and "
-    "workload parameters that differ between runs in this database (the swept axes), and the "
-    "headline metrics rounded (throughput per second, latencies in ms), newest first. Every "
-    "column of every run is in the full table benchmark_runs (the run_id links to its row)."
+    "Newest first: who ran what, its status, the engine arguments and workload parameters that "
+    "differ between runs here, and the headline metrics (req_per_s, output_tok_per_s; "
+    "latencies in ms). Every column is in benchmark_runs (a run_id opens its row); charts and "
+    "comparisons are in the actions menu (the cog) and under Queries."
 )
 
 DEFAULT_FACETS = ["server_model", "engine", "device", "suite", "status"]
@@ -96,17 +95,11 @@ def table_metadata(swept: list[str]) -> dict[str, Any]:
 
 
 def landing_metadata(swept: list[str]) -> dict[str, Any]:
+    # No column descriptions here: above a 30-column page they would fill the first screen.
     return {
         "title": "vLLM serving benchmarks",
         "description": LANDING_DESCRIPTION,
         "facets": DEFAULT_FACETS + [c for c in landing_axes(swept) if c != "server_model"],
-        "columns": {
-            name: text
-            for name, text in COLUMN_DESCRIPTIONS.items()
-            if name in {"status", "engine", "device", "configuration", "workload",
-                        "bench_request_rate"}
-            or name in {alias for _, alias, _ in LANDING_METRICS}
-        },
     }
 
 
@@ -154,7 +147,7 @@ class _Median:
 
 @hookimpl
 def prepare_connection(conn: sqlite3.Connection) -> None:
-    conn.create_aggregate("median", 1, _Median)
+    conn.create_aggregate("median", 1, _Median)  # type: ignore[arg-type]
 
 
 @hookimpl
@@ -281,9 +274,8 @@ def database_actions(datasette: Any, actor: Any, database: str, request: Any) ->
 def render_cell(value: Any, column: str, table: str | None, database: str,
                 datasette: Any) -> Any:
     if table == LANDING_VIEW and column == "run_id" and isinstance(value, str):
-        from markupsafe import Markup, escape
-
         from datasette.utils import tilde_encode
+        from markupsafe import Markup, escape
 
         href = datasette.urls.row(database, TABLE, tilde_encode(value))
         return Markup(f'<a href="{escape(href)}">{escape(value)}</a>')

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
-import json
 import math
 import operator
 import re
@@ -373,7 +372,7 @@ def _load_batch(
 ) -> None:
     fresh = []
     for row in rows:
-        before = digests.get(row["run_id"], None)
+        before = digests.get(row["run_id"])
         if before == row["record_digest"]:
             report.unchanged += 1
             continue

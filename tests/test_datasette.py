@@ -18,8 +18,8 @@ import pytest
 from datasette.app import Datasette
 
 from pytest_profllm import metrics
-from pytest_profllm.record import BenchmarkRecord
 from pytest_profllm.datasette_queries import CANNED_QUERIES, CHARTS
+from pytest_profllm.record import BenchmarkRecord
 from pytest_profllm.store import LANDING_VIEW, TABLE, load_records
 
 CASE_A = "bench_smoke.yaml::qwen3-8b-seqs8::random"

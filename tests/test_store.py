@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_profllm import metrics
+from pytest_profllm.ingest import read_record
 from pytest_profllm.record import (
     BenchmarkRecord,
     json_schema,
@@ -23,7 +24,6 @@ from pytest_profllm.record import (
     write_record,
     write_requests,
 )
-from pytest_profllm.ingest import read_record
 from pytest_profllm.store import LANDING_VIEW, TABLE, load_records, load_rows, record_row
 from pytest_profllm.suite import BenchmarkConfig
 

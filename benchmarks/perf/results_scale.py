@@ -30,9 +30,9 @@ import sys
 import tempfile
 import time
 import urllib.request
-from urllib.parse import urlencode
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-8B", "Qwen/Qwen3-32B")
 DEVICES = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
@@ -262,7 +262,7 @@ def time_pages(base: str, repeat: int) -> None:
             seconds, body = fetch(url)
             times.append(seconds)
         times.sort()
-        p95 = times[min(len(times) - 1, int(round(0.95 * (len(times) - 1))))]
+        p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
         print(f"{label:<58} {statistics.median(times):>7.3f}s {p95:>7.3f}s "
               f"{len(body) / 1024:>7.0f}KB")
     for label, path in (("full CSV export, benchmark_runs", f"/{db}/benchmark_runs.csv"),
