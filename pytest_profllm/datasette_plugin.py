@@ -1,4 +1,4 @@
-"""Datasette plugin: `datasette results.db` opens on the landing view `runs` (who ran what,
+"""Datasette plugin: `datasette results.db` opens on the landing table `runs` (who ran what,
 the swept axes, the headline metrics, rounded, units in the names), with default facets,
 column descriptions, canned queries and prepared charts (datasette-vega over aggregating
 queries; it keeps a chart's state in the URL fragment, so a link opens a ready-made chart).
@@ -19,7 +19,7 @@ from datasette import hookimpl
 
 from pytest_profllm.datasette_queries import CANNED_QUERIES, CHARTS
 from pytest_profllm.store import (
-        LANDING_VIEW,
+        LANDING,
     STANDARD_METRICS,
     TABLE,
     landing_axes,
@@ -99,6 +99,7 @@ def landing_metadata(swept: list[str]) -> dict[str, Any]:
     return {
         "title": "vLLM serving benchmarks",
         "description": LANDING_DESCRIPTION,
+        "sort_desc": "timestamp",
         "facets": DEFAULT_FACETS + [c for c in landing_axes(swept) if c != "server_model"],
     }
 
@@ -152,8 +153,9 @@ def prepare_connection(conn: sqlite3.Connection) -> None:
 
 @hookimpl
 def asgi_wrapper(datasette: Any) -> Any:
-    """Three changes to requests, for our table and view only:
-    - `/` opens the landing view when one database served is a results database;
+    """Changes to requests, for our tables only:
+    - `/` opens the landing table when one database served is a results database, and a
+      landing row opens the full row;
     - no facet suggestions: Datasette tries every column for them, and with one column per
       engine argument (400+) that made the table page take seconds;
     - CSV streams every row (`_stream=on`), as if the user had asked for all of them."""
@@ -167,6 +169,13 @@ def asgi_wrapper(datasette: Any) -> Any:
                                 "headers": [(b"location", landing.encode())]})
                     await send({"type": "http.response.body", "body": b""})
                     return
+                full_row = _landing_row(path)
+                if full_row is not None:
+                    # A run id on the landing table opens its row with every column.
+                    await send({"type": "http.response.start", "status": 302,
+                                "headers": [(b"location", full_row.encode())]})
+                    await send({"type": "http.response.body", "body": b""})
+                    return
                 target = _our_table(path)
                 if target is not None:
                     query: bytes = scope.get("query_string", b"")
@@ -175,7 +184,7 @@ def asgi_wrapper(datasette: Any) -> Any:
                         extra.append(b"_nosuggest=1")
                     if target.endswith(".csv") and b"_stream=" not in query:
                         extra.append(b"_stream=on")
-                        if target.startswith(TABLE) and b"_sort" not in query:
+                        if b"_sort" not in query:
                             # Datasette 0.65 pages a stream on (sort column, key): over the
                             # default sort's ties (timestamps) it repeated rows. By run_id,
                             # each row comes once.
@@ -197,14 +206,22 @@ async def _landing_path(datasette: Any) -> str | None:
             ours.append(name)
     if len(ours) != 1:
         return None
-    path: str = datasette.urls.table(ours[0], LANDING_VIEW)
+    path: str = datasette.urls.table(ours[0], LANDING)
     return path
+
+
+def _landing_row(path: str) -> str | None:
+    # /<database>/runs/<run id> (the HTML row page) -> /<database>/benchmark_runs/<run id>
+    parts = path.split("/")
+    if len(parts) == 4 and parts[2] == LANDING and "." not in parts[3]:
+        return "/".join([*parts[:2], TABLE, parts[3]])
+    return None
 
 
 def _our_table(path: str) -> str | None:
     # /<database>/benchmark_runs or /<database>/runs, with or without a format (.json, .csv)
     parts = path.strip("/").split("/")
-    if len(parts) == 2 and parts[1].split(".", 1)[0] in (TABLE, LANDING_VIEW):
+    if len(parts) == 2 and parts[1].split(".", 1)[0] in (TABLE, LANDING):
         return parts[1]
     return None
 
@@ -213,7 +230,7 @@ def _our_table(path: str) -> str | None:
 def get_metadata(
     datasette: Any, key: Any, database: str | None, table: str | None
 ) -> dict[str, Any]:
-    if table not in (None, TABLE, LANDING_VIEW):
+    if table not in (None, TABLE, LANDING):
         return {}
     names = [database] if database else [n for n in datasette.databases if n != "_internal"]
     return {
@@ -221,7 +238,7 @@ def get_metadata(
             name: {
                 "tables": {
                     TABLE: table_metadata(_swept(datasette, name)),
-                    LANDING_VIEW: landing_metadata(_swept(datasette, name)),
+                    LANDING: landing_metadata(_swept(datasette, name)),
                 }
             }
             for name in names
@@ -250,9 +267,9 @@ def chart_links(datasette: Any, database: str) -> list[dict[str, str]]:
 @hookimpl
 def table_actions(datasette: Any, actor: Any, database: str, table: str, request: Any) -> Any:
     if table == TABLE:
-        other = {"href": datasette.urls.table(database, LANDING_VIEW),
+        other = {"href": datasette.urls.table(database, LANDING),
                  "label": "Landing view: the columns that matter"}
-    elif table == LANDING_VIEW:
+    elif table == LANDING:
         other = {"href": datasette.urls.table(database, TABLE),
                  "label": "Every column (benchmark_runs)"}
     else:
@@ -271,19 +288,7 @@ def database_actions(datasette: Any, actor: Any, database: str, request: Any) ->
 
 
 @hookimpl
-def render_cell(value: Any, column: str, table: str | None, database: str,
-                datasette: Any) -> Any:
-    if table == LANDING_VIEW and column == "run_id" and isinstance(value, str):
-        from datasette.utils import tilde_encode
-        from markupsafe import Markup, escape
-
-        href = datasette.urls.row(database, TABLE, tilde_encode(value))
-        return Markup(f'<a href="{escape(href)}">{escape(value)}</a>')
-    return None
-
-
-@hookimpl
 def extra_css_urls(database: str | None, table: str | None) -> list[str]:
-    if table not in (TABLE, LANDING_VIEW):
+    if table not in (TABLE, LANDING):
         return []
     return ["data:text/css," + quote(_CSS)]

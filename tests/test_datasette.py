@@ -20,7 +20,7 @@ from datasette.app import Datasette
 from pytest_profllm import metrics
 from pytest_profllm.datasette_queries import CANNED_QUERIES, CHARTS
 from pytest_profllm.record import BenchmarkRecord
-from pytest_profllm.store import LANDING_VIEW, TABLE, load_records
+from pytest_profllm.store import LANDING, TABLE, load_records
 
 CASE_A = "bench_smoke.yaml::qwen3-8b-seqs8::random"
 CASE_B = "bench_smoke.yaml::qwen3-8b-seqs16::random"
@@ -134,7 +134,6 @@ def test_plugin_is_registered_with_its_hooks(results_db: Path) -> None:
         "database_actions",
         "startup",
         "prepare_connection",
-        "render_cell",
         "extra_css_urls",
     }
 
@@ -168,7 +167,7 @@ def test_table_has_the_default_facets(results_db: Path) -> None:
 
 
 def test_table_and_landing_pages_link_to_ready_made_charts(results_db: Path) -> None:
-    for page_url in (f"/results/{TABLE}", f"/results/{LANDING_VIEW}", "/results"):
+    for page_url in (f"/results/{TABLE}", f"/results/{LANDING}", "/results"):
         (page,) = get([results_db], page_url)
         links = chart_links(page.text)
         assert set(links) == {chart.title for chart in CHARTS}, page_url
@@ -222,9 +221,9 @@ def test_charts_over_two_sessions_of_a_case_show_per_run_values_not_their_sum(
 
 
 def test_the_root_opens_on_the_landing_view(results_db: Path, other_db: Path) -> None:
-    root, landing = get([results_db], "/", f"/results/{LANDING_VIEW}.json?_shape=objects")
+    root, landing = get([results_db], "/", f"/results/{LANDING}.json?_shape=objects")
     assert root.status_code == 302
-    assert root.headers["location"] == f"/results/{LANDING_VIEW}"
+    assert root.headers["location"] == f"/results/{LANDING}"
     data = landing.json()
     assert len(data["columns"]) <= 30
     assert data["columns"][:3] == ["run_id", "timestamp", "status"]
@@ -246,8 +245,8 @@ def test_the_landing_view_shows_the_swept_axes_with_facets(tmp_path: Path) -> No
                for i, seqs in enumerate((8, 16, 16))]
     load_records(db_path, records)
     data, page, faceted = get(
-        [db_path], f"/results/{LANDING_VIEW}.json", f"/results/{LANDING_VIEW}",
-        f"/results/{LANDING_VIEW}.json?server_max_num_seqs=16")
+        [db_path], f"/results/{LANDING}.json", f"/results/{LANDING}",
+        f"/results/{LANDING}.json?server_max_num_seqs=16")
     assert "server_max_num_seqs" in data.json()["columns"]
     assert "server_max_num_seqs" not in data.json()["columns"][:11]
     facets = data.json()["facet_results"]
@@ -256,8 +255,10 @@ def test_the_landing_view_shows_the_swept_axes_with_facets(tmp_path: Path) -> No
     counts = {item["value"]: item["count"] for item in facets["server_max_num_seqs"]["results"]}
     assert counts == {8: 1, 16: 2}
     assert faceted.json()["filtered_table_rows_count"] == 2
-    # The run id links to the full row, every column of it.
-    assert f'<a href="/results/{TABLE}/r0">r0</a>' in page.text
+    # The run id opens the full row, every column of it.
+    assert f'<a href="/results/{LANDING}/r0">r0</a>' in page.text
+    (row,) = get([db_path], f"/results/{LANDING}/r0")
+    assert (row.status_code, row.headers["location"]) == (302, f"/results/{TABLE}/r0")
 
 
 def test_csv_exports_every_row(tmp_path: Path) -> None:
@@ -266,8 +267,8 @@ def test_csv_exports_every_row(tmp_path: Path) -> None:
                for i in range(250)]
     load_records(db_path, records)
     table, landing, filtered = get(
-        [db_path], f"/results/{TABLE}.csv", f"/results/{LANDING_VIEW}.csv",
-        f"/results/{LANDING_VIEW}.csv?status=passed&_size=10")
+        [db_path], f"/results/{TABLE}.csv", f"/results/{LANDING}.csv",
+        f"/results/{LANDING}.csv?status=passed&_size=10")
     for response in (table, landing, filtered):
         assert response.status_code == 200
         rows = list(csv.reader(io.StringIO(response.text)))

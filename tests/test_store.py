@@ -24,7 +24,7 @@ from pytest_profllm.record import (
     write_record,
     write_requests,
 )
-from pytest_profllm.store import LANDING_VIEW, TABLE, load_records, load_rows, record_row
+from pytest_profllm.store import LANDING, TABLE, load_records, load_rows, record_row
 from pytest_profllm.suite import BenchmarkConfig
 
 MODEL = "Qwen/Qwen3-8B"
@@ -273,9 +273,9 @@ def test_swept_axes_make_the_landing_view(tmp_path: Path) -> None:
     assert len(columns) <= 32
     assert {"output_tok_per_s", "median_ttft_ms", "p99_tpot_ms"} <= set(columns)
     with sqlite3.connect(db_path) as connection:
-        newest_first = [row[0] for row in connection.execute(f"select run_id from {LANDING_VIEW}")]
+        newest_first = [row[0] for row in connection.execute(f"select run_id from {LANDING}")]
         indexed = {row[0] for row in connection.execute(
-            f"select i.name from pragma_index_list('{TABLE}') as l, "
+            f"select i.name from pragma_index_list('{LANDING}') as l, "
             "pragma_index_info(l.name) as i")}
     assert len(newest_first) == 3
     assert {"server_max_num_seqs", "bench_request_rate"} <= indexed
@@ -283,7 +283,7 @@ def test_swept_axes_make_the_landing_view(tmp_path: Path) -> None:
 
 def landing_columns(db_path: Path) -> list[str]:
     with sqlite3.connect(db_path) as connection:
-        return [row[1] for row in connection.execute(f"pragma table_info({LANDING_VIEW})")]
+        return [row[1] for row in connection.execute(f"pragma table_info({LANDING})")]
 
 
 def table_types(db_path: Path) -> dict[str, str]:
