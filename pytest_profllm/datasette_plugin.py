@@ -19,7 +19,7 @@ from datasette import hookimpl
 
 from pytest_profllm.datasette_queries import CANNED_QUERIES, CHARTS
 from pytest_profllm.store import (
-        LANDING,
+    LANDING,
     STANDARD_METRICS,
     TABLE,
     landing_axes,
