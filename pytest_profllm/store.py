@@ -208,10 +208,13 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
         )
         or None
     )
+    # Text in a numeric column ("inf" for an infinite request rate) comes from the workload
+    # and the metrics; engine arguments arrive typed by the registry.
     numeric = _numeric_columns()
-    for name in [name for name, value in row.items() if value.__class__ is str]:
-        if name in numeric:
-            row[name] = _number(row[name])
+    for block, prefix in ((config.get("benchmark"), "bench_"), (record.get("results"), "")):
+        for key, value in (block or {}).items():
+            if value.__class__ is str and prefix + key in numeric:
+                row[prefix + key] = _number(value)
     row["record_digest"] = hashlib.blake2b(
         orjson.dumps(record, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS),
         digest_size=12,
