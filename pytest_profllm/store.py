@@ -515,8 +515,11 @@ def _refresh_landing(db: Any, swept: list[str], fresh: list[str], rebuild: bool)
         db.conn.execute("DROP TABLE profllm_fresh")
     # The query planner's statistics: without them it can read thousands of rows through a
     # one-column index where a scan of another would read a hundred.
+    # The landing table is narrow: all of it is analysed; the wide table by samples.
+    db.conn.execute("PRAGMA analysis_limit = 0")
+    db.conn.execute(f"ANALYZE [{LANDING}]")
     db.conn.execute("PRAGMA analysis_limit = 1000")
-    db.conn.execute("ANALYZE")
+    db.conn.execute(f"ANALYZE [{TABLE}]")
 
 
 # The landing table's columns, in order: who and what, the swept axes, the headline metrics

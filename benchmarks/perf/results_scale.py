@@ -274,9 +274,30 @@ def time_pages(base: str, repeat: int) -> None:
               f"{len(body) / 1024:>7.0f}KB")
     for label, path in (("full CSV export, benchmark_runs", f"/{db}/benchmark_runs.csv"),
                         ("full CSV export, landing view runs", f"/{db}/runs.csv")):
-        seconds, body = fetch(base + path)
-        rows = sum(1 for _ in csv.reader(io.StringIO(body.decode()))) - 1
-        print(f"{label}: {rows} rows, {len(body) / 1e6:.0f} MB in {seconds:.1f} s")
+        started = time.perf_counter()
+        with urllib.request.urlopen(base + path, timeout=1800) as response:
+            counted = _Counted(response)
+            text = io.TextIOWrapper(io.BufferedReader(counted), encoding="utf-8", newline="")
+            rows = sum(1 for _ in csv.reader(text)) - 1
+        seconds = time.perf_counter() - started
+        print(f"{label}: {rows} rows, {counted.size / 1e6:.0f} MB in {seconds:.1f} s")
+
+
+class _Counted(io.RawIOBase):
+    """A response read in chunks, its size counted (a full export is hundreds of MB)."""
+
+    def __init__(self, response: Any) -> None:
+        self.response = response
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.response.read(len(buffer))
+        buffer[: len(data)] = data
+        self.size += len(data)
+        return len(data)
 
 
 if __name__ == "__main__":
