@@ -273,7 +273,7 @@ def time_pages(base: str, repeat: int) -> None:
         print(f"{label:<58} {statistics.median(times):>7.3f}s {p95:>7.3f}s "
               f"{len(body) / 1024:>7.0f}KB")
     for label, path in (("full CSV export, benchmark_runs", f"/{db}/benchmark_runs.csv"),
-                        ("full CSV export, landing view runs", f"/{db}/runs.csv")):
+                        ("full CSV export, landing table runs", f"/{db}/runs.csv")):
         started = time.perf_counter()
         with urllib.request.urlopen(base + path, timeout=1800) as response:
             counted = _Counted(response)
