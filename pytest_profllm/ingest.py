@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_profllm.record import normalize
-from pytest_profllm.store import LoadReport, batched, load_rows, record_row
+from pytest_profllm.store import LoadReport, RowBatch, batched, load_rows, record_row
 
 BENCH_SUITE = "bench"
 
@@ -160,20 +160,20 @@ def ingest(
     report = IngestReport(files=len(files))
     seen: set[str] = set()
 
-    def rows() -> Iterator[list[dict[str, Any]]]:
+    def rows() -> Iterator[RowBatch]:
         for read, refused in _read_batches(files):
             report.refused += refused
             fresh = []
-            for row in read:
-                if row["run_id"] in seen:
+            for run_id, row in zip(read.run_ids(), read.values, strict=True):
+                if run_id in seen:
                     report.duplicates += 1
                 else:
-                    seen.add(row["run_id"])
+                    seen.add(run_id)
                     fresh.append(row)
             if progress is not None:
-                progress(len(read) + len(refused) - len(fresh))
+                progress(len(read.values) + len(refused) - len(fresh))
             if fresh:
-                yield fresh
+                yield RowBatch(read.columns, fresh)
 
     batches = rows()
     first = next(batches, None)
@@ -183,7 +183,7 @@ def ingest(
     return report
 
 
-Batch = tuple[list[dict[str, Any]], list[tuple[Path, str]]]
+Batch = tuple[RowBatch, list[tuple[Path, str]]]
 # Reading and checking a record costs about as much as storing it: other processes read the
 # next batches while this one writes.
 _PARALLEL_FROM = 2_000
@@ -216,9 +216,9 @@ def _read_batch(paths: list[Path]) -> Batch:
             rows.append(record_row(read_record(path)))
         except ValueError as error:
             refused.append((path, str(error)))
-    return rows, refused
+    return RowBatch.from_rows(rows), refused
 
 
-def _chain(first: list[Any], rest: Iterator[list[Any]]) -> Iterator[list[Any]]:
+def _chain(first: RowBatch, rest: Iterator[RowBatch]) -> Iterator[RowBatch]:
     yield first
     yield from rest

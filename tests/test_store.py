@@ -24,7 +24,14 @@ from pytest_profllm.record import (
     write_record,
     write_requests,
 )
-from pytest_profllm.store import LANDING, TABLE, load_records, load_rows, record_row
+from pytest_profllm.store import (
+    LANDING,
+    TABLE,
+    RowBatch,
+    load_records,
+    load_rows,
+    record_row,
+)
 from pytest_profllm.suite import BenchmarkConfig
 
 MODEL = "Qwen/Qwen3-8B"
@@ -253,11 +260,11 @@ def test_a_table_typed_by_its_first_row_is_retyped(tmp_path: Path) -> None:
 
 def test_loading_counts_new_updated_and_unchanged(tmp_path: Path) -> None:
     db_path = tmp_path / "results.db"
-    first = load_rows(db_path, [[record_row(make_record("run-a")),
-                                 record_row(make_record("run-b"))]])
+    first = load_rows(db_path, [RowBatch.from_rows([record_row(make_record("run-a")),
+                                                    record_row(make_record("run-b"))])])
     assert (first.new, first.updated, first.unchanged) == (2, 0, 0)
-    again = load_rows(db_path, [[record_row(make_record("run-a")),
-                                 record_row(make_record("run-b", status="failed"))]])
+    again = load_rows(db_path, [RowBatch.from_rows([
+        record_row(make_record("run-a")), record_row(make_record("run-b", status="failed"))])])
     assert (again.new, again.updated, again.unchanged) == (0, 1, 1)
 
 
