@@ -66,7 +66,9 @@ def main() -> int:
 def run(root: Path, count: int, repeat: int, pages: bool = True) -> None:
     records = root / "records"
     db_path = root / "results.db"
-    db_path.unlink(missing_ok=True)
+    for stale in (db_path, db_path.with_name(db_path.name + "-wal"),
+                  db_path.with_name(db_path.name + "-shm")):
+        stale.unlink(missing_ok=True)  # a WAL file left beside a new database would corrupt it
     if not records.is_dir() or len(list(records.glob("*.json"))) != count:
         started = time.perf_counter()
         generate(records, count)
