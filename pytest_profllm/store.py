@@ -504,10 +504,13 @@ def _refresh_indexes(db: Any) -> None:
 
 
 def _refresh_landing(db: Any, swept: list[str], fresh: list[str], rebuild: bool) -> None:
-    exists = db.conn.execute(
+    expected = [*LANDING_IDENTITY, *landing_axes(swept),
+                *(name for _, name, _ in LANDING_METRICS), "failed_verdicts"]
+    existing = [row[1] for row in db.conn.execute(f"PRAGMA table_info([{LANDING}])")]
+    is_table = db.conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (LANDING,)
     ).fetchone()
-    if rebuild or not exists:
+    if rebuild or not is_table or existing != expected:
         kind = db.conn.execute(
             "SELECT type FROM sqlite_master WHERE name = ?", (LANDING,)
         ).fetchone()
