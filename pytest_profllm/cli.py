@@ -80,8 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     ingest = commands.add_parser(
         "ingest",
         help="load record files into a results database",
-        description="Load JSON records (files, or folders of them) into the benchmark_runs table. "
-        "Loading a record again changes nothing.",
+        description="Load JSON records (files, or folders of them), and `profllm bench "
+        "--save-result` files (as records of suite `bench`), into the benchmark_runs table. "
+        "Every good file is loaded and every bad one refused whole, named with its reason; "
+        "a record already there is counted as unchanged. Exit status 1 when a file was "
+        "refused, 2 when a path does not exist.",
     )
     ingest.add_argument("db", type=Path, metavar="DB", help="SQLite file (created if missing)")
     ingest.add_argument(
@@ -298,19 +301,26 @@ def _can_run_vllm() -> bool:
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from pytest_profllm.store import load_records, read_record_files, record_files
+    from tqdm import tqdm
 
-    files = record_files(args.paths)
-    missing = [str(path) for path in files if not path.exists()]
+    from pytest_profllm.ingest import ingest, record_files
+
+    missing = [str(path) for path in args.paths if not path.exists()]
     if missing:
         raise CliError(f"no such file: {', '.join(missing)}")
-    try:
-        records = read_record_files(files)
-    except ValueError as error:
-        raise CliError(str(error)) from None
-    count = load_records(args.db, records)
-    print(f"loaded {count} record(s) into {args.db} (table benchmark_runs)")
-    return 0
+    files = record_files(args.paths)
+    # A bar on a terminal only (tqdm's disable=None), for loads long enough to need one.
+    with tqdm(total=len(files), unit="file", disable=None if len(files) > 200 else True,
+              leave=False) as bar:
+
+        def advance(count: int) -> None:
+            bar.update(count)
+
+        report = ingest(args.db, files, advance)
+    for path, reason in report.refused:
+        print(f"profllm ingest: refused {path}: {reason}", file=sys.stderr)
+    print(report.summary(args.db))
+    return 1 if report.refused else 0
 
 
 def _history(args: argparse.Namespace) -> int:

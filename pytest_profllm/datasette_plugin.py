@@ -1,24 +1,36 @@
-"""Datasette plugin: `datasette results.db` shows `benchmark_runs` with default facets, units,
-column descriptions, canned queries and chart links (datasette-vega keeps a chart's state in
-the URL fragment, so a link can open a ready-made chart).
+"""Datasette plugin: `datasette results.db` opens on the landing table `runs` (who ran what,
+the swept axes, the headline metrics, rounded, units in the names), with default facets,
+column descriptions, canned queries and prepared charts (datasette-vega over aggregating
+queries; it keeps a chart's state in the URL fragment, so a link opens a ready-made chart).
+The full table `benchmark_runs` is one click away. CSV exports of both stream every row.
 
 Every hook returns early for databases without our table.
 """
 
 from __future__ import annotations
 
+import sqlite3
+import statistics
+import time
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote
 
 from datasette import hookimpl
 
-from pytest_profllm.metrics import COUNT_METRICS, LATENCY_METRICS
-from pytest_profllm.store import STANDARD_METRICS, TABLE
+from pytest_profllm.datasette_queries import CANNED_QUERIES, CHARTS
+from pytest_profllm.store import (
+    LANDING,
+    TABLE,
+    landing_axes,
+    swept_axes,
+)
 
 # Datasette lists column descriptions above the table: only the columns whose meaning is not
 # plain from their name get one; the latency metrics are explained once in the description.
 COLUMN_DESCRIPTIONS: dict[str, str] = {
     "case_id": "suite file :: server :: workload",
+    "configuration": "the case without its workload: suite file :: server",
+    "workload": "the case's workload, without its repeat number",
     "status": "passed; failed (threshold missed, or the test failed); invalid (the client fell "
     "behind its schedule: the figures measure the client); error (no measurement)",
     "engine": "vllm, or sim for the simulated engine: never compare the two",
@@ -31,10 +43,18 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "vllm bench throughput / latency, no server)",
     "tokens_per_second": "offline throughput: prompt and output tokens per second",
     "avg_latency_ms": "offline latency: mean time of one batch, end to end",
+    "regression": "the regression gate's verdict per gated metric against the baseline (JSON)",
+    "device": "the GPUs the case ran on (count x model); cpu: vLLM's CPU build on the host's "
+    "cores; virtual: the simulated engine",
     "p99_schedule_lag_ms": "how late the client sent requests against their intended times",
     "achieved_request_rate": "requests per second the client actually sent (target_request_rate: "
     "the schedule's)",
     "client_cpu_percent": "the client event loop's CPU use during the load (100 = one core)",
+    "bench_request_rate": "requests per second the workload offers; Infinity (shown as inf, "
+    "null in JSON) = all requests at once",
+    "req_per_s": "request_throughput: completed requests per second",
+    "output_tok_per_s": "output_throughput: output tokens per second",
+    "failed_requests": "requests that failed (vLLM's failed)",
 }
 DESCRIPTION = (
     "One row per benchmark case, written by pytest-profllm. server_* columns are vLLM engine "
@@ -43,68 +63,193 @@ DESCRIPTION = (
     "tpot = time per output token after the first, itl = gaps between streamed messages (pooled "
     "over requests), e2el = end-to-end latency; each as mean_, median_, std_ and pNN_."
 )
-
-DEFAULT_FACETS = ["suite", "bench_kind", "engine", "status", "server_model"]
-CHARTS = (
-    (
-        "Chart: median TTFT against request throughput",
-        "circle",
-        "request_throughput",
-        "median_ttft_ms",
-        "case_id",
-    ),
-    ("Chart: output throughput by case", "bar", "case_id", "output_throughput", "engine"),
-    ("Chart: median TPOT by case", "bar", "case_id", "median_tpot_ms", "engine"),
+LANDING_DESCRIPTION = (
+    "Newest first: who ran what, its status, the engine arguments and workload parameters that "
+    "differ between runs here, and the headline metrics (req_per_s, output_tok_per_s; "
+    "latencies in ms). Every column is in benchmark_runs (a run_id opens its row); charts and "
+    "comparisons are in the actions menu (the cog) and under Queries."
 )
+
+DEFAULT_FACETS = ["server_model", "engine", "device", "bench_kind", "suite", "status"]
+# Datasette's max_csv_mb default: a streamed CSV stops there, silently. We lift it (0 = no
+# limit) unless the user set a value of their own.
+_DATASETTE_DEFAULT_MAX_CSV_MB = 100
+# Long JSON cells (compilation_config) in one line each, cut with an ellipsis; the row page
+# shows them whole.
+_CSS = (
+    "body.table td { max-width: 28em; white-space: nowrap; overflow: hidden; "
+    "text-overflow: ellipsis; }"
+)
+_AXES_CACHE_S = 2.0
+_axes_cache: dict[str, tuple[float, list[str]]] = {}
 
 
 def table_metadata() -> dict[str, Any]:
-    units = {name: "ms" for name in STANDARD_METRICS if name.endswith("_ms")}
-    units["duration"] = units["case_duration"] = "s"
+    # No `units`: Datasette converts each such cell with pint (a third of the page's time) and
+    # shows 1500 ms as 1.5 s; the unit is in the column's name.
     return {
-        "title": "vLLM serving benchmarks",
+        "title": "vLLM serving benchmarks: every column",
         "description": DESCRIPTION,
+        # The indexed ones only: a facet on another column reads every 7 KB row. The swept
+        # axes are faceted on the landing table.
         "facets": DEFAULT_FACETS,
         "sort_desc": "timestamp",
-        "units": units,
+        # 400+ columns a row: 20 rows make a page of about 1 MB, not 5.
+        "size": 20,
         "columns": COLUMN_DESCRIPTIONS,
     }
 
 
+def landing_metadata(swept: list[str]) -> dict[str, Any]:
+    # No column descriptions here: above a 30-column page they would fill the first screen.
+    return {
+        "title": "vLLM serving benchmarks",
+        "description": LANDING_DESCRIPTION,
+        "sort_desc": "timestamp",
+        "facets": DEFAULT_FACETS + [c for c in landing_axes(swept) if c != "server_model"],
+    }
+
+
+def _swept(datasette: Any, database: str) -> list[str]:
+    """The database's swept axes, read at most every couple of seconds (metadata is asked for
+    many times a page, and synchronously)."""
+    db = datasette.databases.get(database)
+    path = getattr(db, "path", None)
+    if not path:
+        return []
+    now = time.monotonic()
+    cached = _axes_cache.get(path)
+    if cached is not None and now - cached[0] < _AXES_CACHE_S:
+        return cached[1]
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as connection:
+            axes = swept_axes(connection)
+    except sqlite3.Error:
+        axes = []
+    _axes_cache[path] = (now, axes)
+    return axes
+
+
+@hookimpl
+def startup(datasette: Any) -> None:
+    # Datasette has no public setter; its settings are a plain dict made at start-up.
+    settings = getattr(datasette, "_settings", None)
+    if isinstance(settings, dict) and settings.get("max_csv_mb") == _DATASETTE_DEFAULT_MAX_CSV_MB:
+        settings["max_csv_mb"] = 0
+
+
+class _Median:
+    """SQLite aggregate `median(x)`: charts combine repeats with it, never with a sum."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def step(self, value: Any) -> None:
+        if isinstance(value, int | float):
+            self.values.append(value)
+
+    def finalize(self) -> float | None:
+        return statistics.median(self.values) if self.values else None
+
+
+@hookimpl
+def prepare_connection(conn: sqlite3.Connection) -> None:
+    conn.create_aggregate("median", 1, _Median)  # type: ignore[arg-type]
+
+
 @hookimpl
 def asgi_wrapper(datasette: Any) -> Any:
-    """No facet suggestions on our table: Datasette tries every column for them, and with one
-    column per engine argument (400+) that made its table page take seconds instead of a
-    fraction of one. Default facets and `?_facet=` work as ever."""
+    """Changes to requests, for our tables only:
+    - `/` opens the landing table when one database served is a results database, and a
+      landing row opens the full row;
+    - no facet suggestions: Datasette tries every column for them, and with one column per
+      engine argument (400+) that made the table page take seconds;
+    - CSV streams every row (`_stream=on`), as if the user had asked for all of them."""
 
     def wrap(app: Any) -> Any:
-        async def without_suggestions(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            if scope.get("type") == "http" and _is_our_table(scope.get("path", "")):
-                query: bytes = scope.get("query_string", b"")
-                if b"_nosuggest=" not in query:
-                    query += (b"&" if query else b"") + b"_nosuggest=1"
-                    scope = {**scope, "query_string": query}
+        async def ours(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope.get("type") == "http":
+                path = scope.get("path", "")
+                if path == "/" and (landing := await _landing_path(datasette)) is not None:
+                    await send({"type": "http.response.start", "status": 302,
+                                "headers": [(b"location", landing.encode())]})
+                    await send({"type": "http.response.body", "body": b""})
+                    return
+                full_row = _landing_row(path)
+                if full_row is not None:
+                    # A run id on the landing table opens its row with every column.
+                    await send({"type": "http.response.start", "status": 302,
+                                "headers": [(b"location", full_row.encode())]})
+                    await send({"type": "http.response.body", "body": b""})
+                    return
+                target = _our_table(path)
+                if target is not None:
+                    query: bytes = scope.get("query_string", b"")
+                    extra = []
+                    if b"_nosuggest=" not in query:
+                        extra.append(b"_nosuggest=1")
+                    if target.endswith(".csv") and b"_stream=" not in query:
+                        extra.append(b"_stream=on")
+                        if b"_sort" not in query:
+                            # Datasette 0.65 pages a stream on (sort column, key): over the
+                            # default sort's ties (timestamps) it repeated rows. By run_id,
+                            # each row comes once.
+                            extra.append(b"_sort=run_id")
+                    if extra:
+                        query = b"&".join(([query] if query else []) + extra)
+                        scope = {**scope, "query_string": query}
             await app(scope, receive, send)
 
-        return without_suggestions
+        return ours
 
     return wrap
 
 
-def _is_our_table(path: str) -> bool:
-    # /<database>/benchmark_runs, with or without a format (.json, .csv)
+async def _landing_path(datasette: Any) -> str | None:
+    ours = []
+    for name, db in datasette.databases.items():
+        if name != "_internal" and await db.table_exists(TABLE):
+            ours.append(name)
+    if len(ours) != 1:
+        return None
+    path: str = datasette.urls.table(ours[0], LANDING)
+    return path
+
+
+def _landing_row(path: str) -> str | None:
+    # /<database>/runs/<run id> (the HTML row page) -> /<database>/benchmark_runs/<run id>
+    parts = path.split("/")
+    if len(parts) == 4 and parts[2] == LANDING and "." not in parts[3]:
+        return "/".join([*parts[:2], TABLE, parts[3]])
+    return None
+
+
+def _our_table(path: str) -> str | None:
+    # /<database>/benchmark_runs or /<database>/runs, with or without a format (.json, .csv)
     parts = path.strip("/").split("/")
-    return len(parts) == 2 and parts[1].split(".", 1)[0] == TABLE
+    if len(parts) == 2 and parts[1].split(".", 1)[0] in (TABLE, LANDING):
+        return parts[1]
+    return None
 
 
 @hookimpl
 def get_metadata(
     datasette: Any, key: Any, database: str | None, table: str | None
 ) -> dict[str, Any]:
-    if table not in (None, TABLE):
+    if table not in (None, TABLE, LANDING):
         return {}
-    names = [database] if database else list(datasette.databases)
-    return {"databases": {name: {"tables": {TABLE: table_metadata()}} for name in names}}
+    names = [database] if database else [n for n in datasette.databases if n != "_internal"]
+    return {
+        "databases": {
+            name: {
+                "tables": {
+                    TABLE: table_metadata(),
+                    LANDING: landing_metadata(_swept(datasette, name)),
+                }
+            }
+            for name in names
+        }
+    }
 
 
 @hookimpl
@@ -117,54 +262,39 @@ def canned_queries(datasette: Any, database: str, actor: Any) -> Any:
     return queries
 
 
-def _latency_columns() -> str:
-    return ", ".join(f"median_{m}_ms, p99_{m}_ms" for m in LATENCY_METRICS)
-
-
-CANNED_QUERIES: dict[str, Any] = {
-    "latest_session": {
-        "title": "Latest session",
-        "description": "Every case of the most recent pytest session.",
-        "sql": f"select case_id, status, engine, {', '.join(COUNT_METRICS[:3])}, "
-        f"request_throughput, output_throughput, {_latency_columns()} from {TABLE} "
-        f"where session_id = (select session_id from {TABLE} order by timestamp desc limit 1) "
-        "order by case_id",
-    },
-    "not_passed": {
-        "title": "Cases that did not pass",
-        "description": "Failed and errored cases with their message and missed thresholds.",
-        "sql": f"select timestamp, case_id, status, failed_verdicts, message, engine from {TABLE} "
-        "where status != 'passed' order by timestamp desc",
-    },
-    "case_history": {
-        "title": "History of one case",
-        "description": "A case's figures over time, newest first: regressions show here.",
-        "sql": f"select timestamp, session_id, engine, status, request_throughput, "
-        f"output_throughput, {_latency_columns()} from {TABLE} where case_id = :case_id "
-        "order by timestamp desc",
-    },
-}
+def chart_links(datasette: Any, database: str) -> list[dict[str, str]]:
+    return [
+        {"href": f"{datasette.urls.table(database, chart.name)}#{chart.fragment()}",
+         "label": chart.title}
+        for chart in CHARTS
+    ]
 
 
 @hookimpl
 def table_actions(datasette: Any, actor: Any, database: str, table: str, request: Any) -> Any:
-    if table != TABLE:
+    if table == TABLE:
+        other = {"href": datasette.urls.table(database, LANDING),
+                 "label": "Landing view: the columns that matter"}
+    elif table == LANDING:
+        other = {"href": datasette.urls.table(database, TABLE),
+                 "label": "Every column (benchmark_runs)"}
+    else:
         return None
-    base = datasette.urls.table(database, table)
-    return [
-        {
-            "href": f"{base}?{urlencode({'_size': 'max'})}#"
-            + urlencode(
-                {
-                    "g.mark": mark,
-                    "g.x_column": x,
-                    "g.x_type": "quantitative" if mark == "circle" else "ordinal",
-                    "g.y_column": y,
-                    "g.y_type": "quantitative",
-                    "g.color_column": color,
-                }
-            ),
-            "label": label,
-        }
-        for label, mark, x, y, color in CHARTS
-    ]
+    return [other, *chart_links(datasette, database)]
+
+
+@hookimpl
+def database_actions(datasette: Any, actor: Any, database: str, request: Any) -> Any:
+    async def links() -> list[dict[str, str]]:
+        if not await datasette.get_database(database).table_exists(TABLE):
+            return []
+        return chart_links(datasette, database)
+
+    return links
+
+
+@hookimpl
+def extra_css_urls(database: str | None, table: str | None) -> list[str]:
+    if table not in (TABLE, LANDING):
+        return []
+    return ["data:text/css," + quote(_CSS)]

@@ -4,20 +4,23 @@ results.db made by `load_records`, and nothing of it on a database without our t
 from __future__ import annotations
 
 import asyncio
+import csv
 import html
+import io
 import re
 import sqlite3
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 import pytest
 from datasette.app import Datasette
 
 from pytest_profllm import metrics
+from pytest_profllm.datasette_queries import CANNED_QUERIES, CHARTS
 from pytest_profllm.record import BenchmarkRecord
-from pytest_profllm.store import TABLE, load_records
+from pytest_profllm.store import LANDING, TABLE, load_records
 
 CASE_A = "bench_smoke.yaml::qwen3-8b-seqs8::random"
 CASE_B = "bench_smoke.yaml::qwen3-8b-seqs16::random"
@@ -34,11 +37,17 @@ def make_record(
     missed: tuple[str, ...] = (),
     latency_metrics: tuple[str, ...] = metrics.LATENCY_METRICS,
     percentiles: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0),
+    max_num_seqs: int = 8,
+    request_rate: float | str = 4.0,
+    p99_ttft: float = 1.0,
 ) -> dict[str, Any]:
     results: dict[str, float | int | None] = {
         name: 1.0 for name in metrics.result_names(latency_metrics, percentiles)
     }
     results["request_throughput"] = throughput
+    results["output_throughput"] = throughput * 10
+    if "p99_ttft_ms" in results:
+        results["p99_ttft_ms"] = p99_ttft
     return BenchmarkRecord.model_validate({
         "run_id": run_id,
         "session_id": session_id,
@@ -51,7 +60,8 @@ def make_record(
         "status": status,
         "message": None if status == "passed" else f"{status} here",
         "engine": {"name": "sim", "reason": "test", "version": "0.1.0"},
-        "config": {"server": {"model": "Qwen/Qwen3-8B"}, "benchmark": {"num_prompts": 10}},
+        "config": {"server": {"model": "Qwen/Qwen3-8B", "max_num_seqs": max_num_seqs},
+                   "benchmark": {"num_prompts": 10, "request_rate": request_rate}},
         "results": results,
         "system": {"host": "box", "platform": "Linux", "python": "3.11"},
         "runtime": {"worker": "main", "server_key": "0123456789ab"},
@@ -121,7 +131,10 @@ def test_plugin_is_registered_with_its_hooks(results_db: Path) -> None:
         "get_metadata",
         "canned_queries",
         "table_actions",
-        "prepare_connection",  # the regression gate's change-point aggregate
+        "database_actions",
+        "startup",
+        "prepare_connection",
+        "extra_css_urls",
     }
 
 
@@ -153,19 +166,20 @@ def test_table_has_the_default_facets(results_db: Path) -> None:
         assert f'id="facet-{column}"' in page.text
 
 
-def test_table_page_links_to_ready_made_charts(results_db: Path) -> None:
-    table, page = get([results_db], f"/results/{TABLE}.json", f"/results/{TABLE}")
-    columns = set(table.json()["columns"])
-    links = chart_links(page.text)
-    assert len(links) == 3
-    for label, href in links.items():
-        assert label.startswith("Chart:")
-        assert href.startswith(f"/results/{TABLE}?")
-        assert "#g.mark=" in href and "g.x_column=" in href
-        # Every column a chart plots exists in the table.
+def test_table_and_landing_pages_link_to_ready_made_charts(results_db: Path) -> None:
+    for page_url in (f"/results/{TABLE}", f"/results/{LANDING}", "/results"):
+        (page,) = get([results_db], page_url)
+        links = chart_links(page.text)
+        assert set(links) == {chart.title for chart in CHARTS}, page_url
+    for chart in CHARTS:
+        href = links[chart.title]
+        assert href.startswith(f"/results/{chart.name}#g.mark=")
+        # Every column a chart plots is a column of its query.
+        (data,) = get([results_db], f"/results/{chart.name}.json")
+        assert data.status_code == 200, chart.name
         state = parse_qs(urlsplit(href).fragment)
         for key in ("g.x_column", "g.y_column", "g.color_column"):
-            assert state[key][0] in columns, (label, key)
+            assert state[key][0] in data.json()["columns"], (chart.name, key)
 
 
 def test_chart_links_follow_the_database_name(tmp_path: Path) -> None:
@@ -173,7 +187,121 @@ def test_chart_links_follow_the_database_name(tmp_path: Path) -> None:
     load_records(db_path, RECORDS)
     (page,) = get([db_path], f"/nightly/{TABLE}")
     links = chart_links(page.text)
-    assert links and all(href.startswith(f"/nightly/{TABLE}?") for href in links.values())
+    assert links and all(href.startswith("/nightly/chart_") for href in links.values())
+
+
+def rows_of(db_path: Path, url: str) -> list[dict[str, Any]]:
+    (response,) = get([db_path], url)
+    assert response.status_code == 200, response.text[:500]
+    rows: list[dict[str, Any]] = response.json()
+    return rows
+
+
+def test_charts_over_two_sessions_of_a_case_show_per_run_values_not_their_sum(
+    results_db: Path,
+) -> None:
+    # Case A ran in session s1 at 11 req/s and in s2 at 21 req/s (output throughput: the
+    # same in this data): no chart may show 32.
+    history = rows_of(results_db, f"/results/chart_case_history.json?_shape=array&"
+                      f"{urlencode({'case_id': CASE_A})}")
+    assert [(row["session_id"], row["output_tok_per_s"]) for row in history] == [
+        ("s1", 110.0), ("s2", 210.0)]
+    latest = rows_of(results_db, "/results/chart_latest_session.json?_shape=array")
+    assert {row["case_label"]: row["output_tok_per_s"] for row in latest} == {
+        CASE_A.rsplit("::", 1)[0] + " :: random": 210.0,
+        CASE_B.rsplit("::", 1)[0] + " :: random": 220.0,
+    }
+    # One point per configuration and load: the median of the measured runs (s2-b errored).
+    pareto = rows_of(results_db, "/results/chart_ttft_vs_throughput.json?_shape=array")
+    assert sorted((row["output_tok_per_s"], row["runs"]) for row in pareto) == [
+        (120.0, 1), (160.0, 2)]
+    rate = rows_of(results_db, "/results/chart_throughput_vs_rate.json?_shape=array")
+    assert sorted((row["request_rate"], row["output_tok_per_s"]) for row in rate) == [
+        (4.0, 120.0), (4.0, 160.0)]
+
+
+def test_the_root_opens_on_the_landing_view(results_db: Path, other_db: Path) -> None:
+    root, landing = get([results_db], "/", f"/results/{LANDING}.json?_shape=objects")
+    assert root.status_code == 302
+    assert root.headers["location"] == f"/results/{LANDING}"
+    data = landing.json()
+    assert len(data["columns"]) <= 30
+    assert data["columns"][:3] == ["run_id", "timestamp", "status"]
+    # Newest first, rounded figures, units in the names.
+    assert [row["run_id"] for row in data["rows"]] == ["s2-b", "s2-a", "s1-b", "s1-a"]
+    assert data["rows"][0]["req_per_s"] == 22.0
+    assert {"output_tok_per_s", "median_ttft_ms", "p99_tpot_ms"} <= set(data["columns"])
+    # With another results database beside it, the root is Datasette's own index.
+    second = other_db.with_name("second.db")
+    load_records(second, RECORDS[:1])
+    (root,) = get([results_db, second], "/")
+    assert root.status_code == 200
+
+
+def test_the_landing_view_shows_the_swept_axes_with_facets(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    records = [make_record(f"r{i}", "s1", CASE_A, f"2026-01-01T10:0{i}:00+00:00",
+                           max_num_seqs=seqs)
+               for i, seqs in enumerate((8, 16, 16))]
+    load_records(db_path, records)
+    data, page, faceted = get(
+        [db_path], f"/results/{LANDING}.json", f"/results/{LANDING}",
+        f"/results/{LANDING}.json?server_max_num_seqs=16")
+    assert "server_max_num_seqs" in data.json()["columns"]
+    assert "server_max_num_seqs" not in data.json()["columns"][:11]
+    facets = data.json()["facet_results"]
+    assert {"server_model", "engine", "device", "suite", "status", "server_max_num_seqs"} <= set(
+        facets)
+    counts = {item["value"]: item["count"] for item in facets["server_max_num_seqs"]["results"]}
+    assert counts == {8: 1, 16: 2}
+    assert faceted.json()["filtered_table_rows_count"] == 2
+    # The run id opens the full row, every column of it.
+    assert f'<a href="/results/{LANDING}/r0">r0</a>' in page.text
+    (row,) = get([db_path], f"/results/{LANDING}/r0")
+    assert (row.status_code, row.headers["location"]) == (302, f"/results/{TABLE}/r0")
+
+
+def test_csv_exports_every_row(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    records = [make_record(f"r{i:03d}", "s1", CASE_A, f"2026-01-01T10:00:{i % 60:02d}+00:00")
+               for i in range(250)]
+    load_records(db_path, records)
+    table, landing, filtered = get(
+        [db_path], f"/results/{TABLE}.csv", f"/results/{LANDING}.csv",
+        f"/results/{LANDING}.csv?status=passed&_size=10")
+    for response in (table, landing, filtered):
+        assert response.status_code == 200
+        rows = list(csv.reader(io.StringIO(response.text)))
+        assert len(rows) == 251, len(rows)
+        assert len({row[0] for row in rows[1:]}) == 250
+    assert "server_max_num_seqs" in next(csv.reader(io.StringIO(table.text)))
+
+
+def test_infinity_is_a_number_in_sql_null_in_json_inf_in_csv(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [
+        make_record("r-inf", "s1", CASE_A, "2026-01-01T10:00:00+00:00", request_rate="inf"),
+        make_record("r-8", "s1", CASE_B, "2026-01-01T10:01:00+00:00", request_rate=8.0),
+    ])
+    sorted_, above, csv_ = get(
+        [db_path],
+        f"/results/{TABLE}.json?_shape=objects&_sort=bench_request_rate&_col=bench_request_rate",
+        f"/results/{TABLE}.json?_shape=objects&bench_request_rate__gt=5",
+        f"/results/{TABLE}.csv?_col=bench_request_rate&_sort=bench_request_rate",
+    )
+    assert [row["bench_request_rate"] for row in sorted_.json()["rows"]] == [8.0, None]
+    assert {row["run_id"] for row in above.json()["rows"]} == {"r-inf", "r-8"}
+    assert csv_.text.split() == ["run_id,bench_request_rate", "r-8,8.0", "r-inf,inf"]
+
+
+def test_max_csv_mb_is_lifted_unless_set(results_db: Path) -> None:
+    async def settings(**options: Any) -> Any:
+        datasette = Datasette([str(results_db)], **options)
+        await datasette.invoke_startup()
+        return datasette.setting("max_csv_mb")
+
+    assert asyncio.run(settings()) == 0
+    assert asyncio.run(settings(settings={"max_csv_mb": 5})) == 5
 
 
 def test_latest_session_lists_the_newest_session(results_db: Path) -> None:
@@ -183,18 +311,56 @@ def test_latest_session_lists_the_newest_session(results_db: Path) -> None:
     assert [(row["case_id"], row["status"]) for row in rows] == [
         (CASE_B, "error"), (CASE_A, "passed")
     ]
-    assert {row["request_throughput"] for row in rows} == {21.0, 22.0}
+    assert {row["req_per_s"] for row in rows} == {21.0, 22.0}
 
 
-def test_not_passed_lists_failed_and_errored_cases(results_db: Path) -> None:
-    (response,) = get([results_db], "/results/not_passed.json?_shape=array")
-    assert response.status_code == 200
-    rows = response.json()
-    assert [(row["timestamp"][:10], row["status"]) for row in rows] == [
-        ("2026-01-02", "error"), ("2026-01-01", "failed")
+def test_not_passed_lists_each_case_that_failed_or_errored(results_db: Path) -> None:
+    rows = rows_of(results_db, "/results/not_passed.json?_shape=array")
+    assert [(row["configuration"], row["status"], row["runs_not_passed"]) for row in rows] == [
+        (CASE_B.rsplit("::", 1)[0], "error", 2)
     ]
-    assert rows[1]["failed_verdicts"] == "output_throughput,request_throughput"
     assert rows[0]["message"] == "error here"
+
+
+def test_compare_sessions_defaults_to_the_two_latest(results_db: Path) -> None:
+    rows = rows_of(results_db, "/results/compare_sessions.json?_shape=array")
+    by_case = {row["configuration"]: row for row in rows}
+    a = by_case[CASE_A.rsplit("::", 1)[0]]
+    assert (a["a_output_tok_per_s"], a["b_output_tok_per_s"]) == (110.0, 210.0)
+    assert a["b_over_a_throughput"] == pytest.approx(210 / 110, abs=1e-3)
+    explicit = rows_of(results_db, "/results/compare_sessions.json?_shape=array&"
+                       "session_a=s2&session_b=s1")
+    flipped = {row["configuration"]: row for row in explicit}[CASE_A.rsplit("::", 1)[0]]
+    assert (flipped["a_output_tok_per_s"], flipped["b_output_tok_per_s"]) == (210.0, 110.0)
+
+
+def test_compare_runs_side_by_side(results_db: Path) -> None:
+    rows = rows_of(results_db, "/results/compare_runs.json?_shape=array&run_a=s1-a&run_b=s2-a")
+    figures = {row["metric"]: (row["a"], row["b"]) for row in rows}
+    assert figures["request_throughput"] == (11.0, 21.0)
+    assert figures["status"] == ("passed", "passed")
+
+
+def test_best_configuration_under_a_bound(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [
+        make_record("fast", "s1", CASE_A, "2026-01-01T10:00:00+00:00", throughput=30.0,
+                    p99_ttft=900.0),
+        make_record("slow", "s1", CASE_B, "2026-01-01T10:01:00+00:00", throughput=10.0,
+                    p99_ttft=100.0),
+    ])
+    unbounded = rows_of(db_path, "/results/best_configuration.json?_shape=array")
+    assert [row["output_tok_per_s"] for row in unbounded] == [300.0]
+    bounded = rows_of(db_path, "/results/best_configuration.json?_shape=array&"
+                      "max_p99_ttft_ms=500")
+    assert [(row["configuration"], row["output_tok_per_s"]) for row in bounded] == [
+        (CASE_B.rsplit("::", 1)[0], 100.0)]
+
+
+def test_latest_per_configuration(results_db: Path) -> None:
+    rows = rows_of(results_db, "/results/latest_per_configuration.json?_shape=array")
+    assert sorted((row["configuration"], row["run_id"]) for row in rows) == [
+        (CASE_B.rsplit("::", 1)[0], "s2-b"), (CASE_A.rsplit("::", 1)[0], "s2-a")]
 
 
 def test_case_history_lists_one_case_newest_first(results_db: Path) -> None:
@@ -203,7 +369,7 @@ def test_case_history_lists_one_case_newest_first(results_db: Path) -> None:
     )
     assert response.status_code == 200
     rows = response.json()
-    assert [(row["session_id"], row["request_throughput"]) for row in rows] == [
+    assert [(row["session_id"], row["req_per_s"]) for row in rows] == [
         ("s2", 21.0), ("s1", 11.0)
     ]
 
@@ -221,9 +387,7 @@ def test_database_without_our_table_gets_no_queries_or_charts(
     assert chart_links(table.text) == {}
     assert query.status_code == 404
     # The results database served beside it keeps its queries.
-    assert {q["name"] for q in ours.json()["queries"]} == {
-        "latest_session", "not_passed", "case_history"
-    }
+    assert {q["name"] for q in ours.json()["queries"]} == set(CANNED_QUERIES)
 
 
 def test_canned_queries_run_on_records_with_custom_percentiles(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_profllm import metrics
-from pytest_profllm.cli import main as cli_main
+from pytest_profllm.ingest import read_record
 from pytest_profllm.record import (
     BenchmarkRecord,
     json_schema,
@@ -24,7 +24,14 @@ from pytest_profllm.record import (
     write_record,
     write_requests,
 )
-from pytest_profllm.store import TABLE, load_records, read_record_files, record_row
+from pytest_profllm.store import (
+    LANDING,
+    TABLE,
+    RowBatch,
+    load_records,
+    load_rows,
+    record_row,
+)
 from pytest_profllm.suite import BenchmarkConfig
 
 MODEL = "Qwen/Qwen3-8B"
@@ -113,7 +120,8 @@ def test_record_row_flattens_every_block_with_its_prefix() -> None:
     assert row["server_model"] == MODEL
     assert row["server_max_num_seqs"] == 8
     assert row["bench_num_prompts"] == 10
-    assert row["bench_request_rate"] == "inf"
+    # JSON's "inf" is a number in its REAL column.
+    assert row["bench_request_rate"] == float("inf")
     assert row["bench_goodput"] is None
     # Metrics keep vLLM's names, unprefixed.
     assert row["median_ttft_ms"] == record["results"]["median_ttft_ms"]
@@ -124,7 +132,7 @@ def test_record_row_flattens_every_block_with_its_prefix() -> None:
     assert row["case_duration"] == 42.0
     assert (row["system_host"], row["system_cpu_count"]) == ("box", 2)
     assert (row["runtime_worker"], row["runtime_port"]) == ("gw0", 24000)
-    assert not any(key.startswith(("config", "results", "engine_name")) for key in row)
+    assert not {"config", "results", "engine_name", "system", "runtime"} & set(row)
 
 
 def test_record_row_stores_dicts_and_lists_as_json_text() -> None:
@@ -185,16 +193,109 @@ def test_loading_a_run_id_again_replaces_its_row(tmp_path: Path) -> None:
     assert [(row["run_id"], row["status"]) for row in rows] == [("run-a", "passed")]
 
 
-def test_a_new_server_argument_adds_a_column(tmp_path: Path) -> None:
+def test_every_registry_argument_has_a_typed_column(tmp_path: Path) -> None:
     db_path = tmp_path / "results.db"
     load_records(db_path, [make_record("run-a", server={"model": MODEL})])
-    assert "server_enable_prefix_caching" not in table_columns(db_path)
+    types = table_types(db_path)
+    assert types["server_enable_prefix_caching"] == "INTEGER"
+    assert types["server_max_num_seqs"] == "INTEGER"
+    assert types["server_gpu_memory_utilization"] == "REAL"
+    assert types["server_model"] == "TEXT"
+    assert types["bench_request_rate"] == "REAL"
+    assert types["bench_num_prompts"] == "INTEGER"
+    assert types["median_ttft_ms"] == "REAL"
+
+
+def test_an_argument_the_registry_does_not_know_adds_a_column(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [make_record("run-a", server={"model": MODEL})])
+    assert "server_from_a_newer_vllm" not in table_columns(db_path)
     load_records(db_path, [make_record("run-b", server={"model": MODEL,
-                                                        "enable_prefix_caching": True})])
-    assert "server_enable_prefix_caching" in table_columns(db_path)
+                                                        "from_a_newer_vllm": 3})])
+    assert table_types(db_path)["server_from_a_newer_vllm"] == "INTEGER"
     rows = {row["run_id"]: row for row in table_rows(db_path)}
-    assert rows["run-a"]["server_enable_prefix_caching"] is None
-    assert rows["run-b"]["server_enable_prefix_caching"] == 1
+    assert rows["run-a"]["server_from_a_newer_vllm"] is None
+    assert rows["run-b"]["server_from_a_newer_vllm"] == 3
+
+
+def rate_record(run_id: str, rate: float | str) -> dict[str, Any]:
+    record = make_record(run_id)
+    record["config"]["benchmark"]["request_rate"] = rate
+    return record
+
+
+def test_an_infinite_rate_first_keeps_the_rate_column_numeric(tmp_path: Path) -> None:
+    # The record writes an infinite rate as "inf": it used to make the column TEXT, and 8.0
+    # then became the text '8.0', so filters and sorts on the rate were wrong.
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [rate_record("run-inf", "inf"), rate_record("run-8", 8.0)])
+    assert table_types(db_path)["bench_request_rate"] == "REAL"
+    with sqlite3.connect(db_path) as connection:
+        stored = connection.execute(
+            f"select run_id, typeof(bench_request_rate), bench_request_rate from {TABLE} "
+            "order by bench_request_rate"
+        ).fetchall()
+        above = connection.execute(
+            f"select run_id from {TABLE} where bench_request_rate > 5 order by 1"
+        ).fetchall()
+    assert stored == [("run-8", "real", 8.0), ("run-inf", "real", float("inf"))]
+    assert above == [("run-8",), ("run-inf",)]
+
+
+def test_a_table_typed_by_its_first_row_is_retyped(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    with sqlite3.connect(db_path) as connection:
+        connection.execute(f"create table {TABLE} (run_id text primary key, "
+                           "bench_request_rate text)")
+        connection.executemany(f"insert into {TABLE} values (?, ?)",
+                               [("old-inf", "inf"), ("old-8", "8.0")])
+    load_records(db_path, [rate_record("new-4", 4.0)])
+    assert table_types(db_path)["bench_request_rate"] == "REAL"
+    with sqlite3.connect(db_path) as connection:
+        rows = connection.execute(
+            f"select run_id, bench_request_rate from {TABLE} order by bench_request_rate"
+        ).fetchall()
+    assert rows == [("new-4", 4.0), ("old-8", 8.0), ("old-inf", float("inf"))]
+
+
+def test_loading_counts_new_updated_and_unchanged(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    first = load_rows(db_path, [RowBatch.from_rows([record_row(make_record("run-a")),
+                                                    record_row(make_record("run-b"))])])
+    assert (first.new, first.updated, first.unchanged) == (2, 0, 0)
+    again = load_rows(db_path, [RowBatch.from_rows([
+        record_row(make_record("run-a")), record_row(make_record("run-b", status="failed"))])])
+    assert (again.new, again.updated, again.unchanged) == (0, 1, 1)
+
+
+def test_swept_axes_make_the_landing_view(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [make_record("run-a")])
+    assert landing_columns(db_path)[:3] == ["run_id", "timestamp", "status"]
+    assert "server_max_num_seqs" not in landing_columns(db_path)
+    load_records(db_path, [make_record("run-b", server={"model": MODEL, "max_num_seqs": 64}),
+                           rate_record("run-c", 4.0)])
+    columns = landing_columns(db_path)
+    assert {"server_max_num_seqs", "bench_request_rate"} <= set(columns)
+    assert len(columns) <= 32
+    assert {"output_tok_per_s", "median_ttft_ms", "p99_tpot_ms"} <= set(columns)
+    with sqlite3.connect(db_path) as connection:
+        newest_first = [row[0] for row in connection.execute(f"select run_id from {LANDING}")]
+        indexed = {row[0] for row in connection.execute(
+            f"select i.name from pragma_index_list('{LANDING}') as l, "
+            "pragma_index_info(l.name) as i")}
+    assert len(newest_first) == 3
+    assert {"server_max_num_seqs", "bench_request_rate"} <= indexed
+
+
+def landing_columns(db_path: Path) -> list[str]:
+    with sqlite3.connect(db_path) as connection:
+        return [row[1] for row in connection.execute(f"pragma table_info({LANDING})")]
+
+
+def table_types(db_path: Path) -> dict[str, str]:
+    with sqlite3.connect(db_path) as connection:
+        return {row[1]: row[2] for row in connection.execute(f"pragma table_info({TABLE})")}
 
 
 def test_loading_nothing_writes_nothing(tmp_path: Path) -> None:
@@ -276,10 +377,10 @@ def test_write_requests_writes_gzip_json_lines(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
 
 
-def test_read_record_files_round_trips(tmp_path: Path) -> None:
+def test_read_record_round_trips(tmp_path: Path) -> None:
     records = [make_record("run-a"), make_record("run-b")]
     paths = [write_record(tmp_path, record) for record in records]
-    assert read_record_files(paths) == records
+    assert [read_record(path) for path in paths] == records
 
 
 def test_normalize_round_trips() -> None:
@@ -297,26 +398,16 @@ def test_normalize_rejects_unknown_keys() -> None:
     [
         ('{"hello": 1}', "not a profllm record"),
         (json.dumps({**make_record(), "schema_version": 2}), "schema_version 2"),
-        ("{not json", "not a profllm record"),
+        ("{not json", "not JSON"),
+        ("[1, 2]", "not a profllm record"),
     ],
-    ids=["not-a-record", "wrong-schema-version", "not-json"],
+    ids=["not-a-record", "wrong-schema-version", "not-json", "json-array"],
 )
-def test_read_record_files_rejects_bad_files_naming_them(
-    tmp_path: Path, content: str, expected: str
-) -> None:
-    good = write_record(tmp_path, make_record())
+def test_read_record_says_what_is_wrong(tmp_path: Path, content: str, expected: str) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(content)
-    with pytest.raises(ValueError, match=expected) as raised:
-        read_record_files([good, bad])
-    assert str(bad) in str(raised.value)
-
-
-def test_read_record_files_rejects_a_json_array(tmp_path: Path) -> None:
-    bad = tmp_path / "list.json"
-    bad.write_text("[1, 2]")
-    with pytest.raises(ValueError, match="not a profllm record"):
-        read_record_files([bad])
+    with pytest.raises(ValueError, match=expected):
+        read_record(bad)
 
 
 def test_json_schema_validates_a_real_record() -> None:
@@ -333,65 +424,3 @@ def test_shipped_schema_file_matches_the_model() -> None:
     assert json.loads(shipped.read_text()) == json_schema()
 
 
-# --- profllm ingest --------------------------------------------------------------------------
-
-
-def test_ingest_loads_a_folder_of_records(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    folder = tmp_path / "records"
-    for run_id in ("run-a", "run-b"):
-        write_record(folder, make_record(run_id))
-        write_requests(folder, run_id, [{"index": 0, "success": True}])
-    db_path = tmp_path / "results.db"
-    assert cli_main(["ingest", str(db_path), str(folder)]) == 0
-    out = capsys.readouterr().out
-    assert out.strip() == f"loaded 2 record(s) into {db_path} (table benchmark_runs)"
-    assert [row["run_id"] for row in table_rows(db_path)] == ["run-a", "run-b"]
-    # Ingesting again changes nothing.
-    assert cli_main(["ingest", str(db_path), str(folder / "run-a.json"), str(folder)]) == 0
-    assert len(table_rows(db_path)) == 2
-
-
-def ingest_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], path: Path) -> str:
-    db_path = tmp_path / "results.db"
-    assert cli_main(["ingest", str(db_path), str(path)]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert not db_path.exists()
-    return captured.err
-
-
-def test_ingest_missing_path_exits_2_with_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    missing = tmp_path / "nowhere.json"
-    err = ingest_error(tmp_path, capsys, missing)
-    assert err.count("\n") == 1
-    assert err.startswith("profllm ingest: no such file")
-    assert str(missing) in err
-
-
-@pytest.mark.parametrize(
-    "content", ["{not json", json.dumps({**make_record(), "schema_version": 2})],
-    ids=["not-json", "wrong-schema-version"],
-)
-def test_ingest_bad_file_exits_2_with_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str
-) -> None:
-    folder = tmp_path / "records"
-    write_record(folder, make_record())
-    bad = folder / "bad.json"
-    bad.write_text(content)
-    err = ingest_error(tmp_path, capsys, folder)
-    assert err.count("\n") == 1, err
-    assert err.startswith(f"profllm ingest: {bad}: not a profllm record")
-
-
-def test_ingest_record_missing_fields_exits_2_with_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    bad = tmp_path / "partial.json"
-    bad.write_text(json.dumps({"schema_version": 1, "run_id": "x"}))
-    err = ingest_error(tmp_path, capsys, bad)
-    assert err.count("\n") == 1, err

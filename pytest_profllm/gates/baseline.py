@@ -82,12 +82,16 @@ class Baseline:
         return index
 
     def _read_folder(self) -> dict[str, list[_Found]]:
-        from pytest_profllm.store import read_record_files, record_files
+        from pytest_profllm.ingest import read_record, record_files
 
         index: dict[str, list[_Found]] = {}
         if not self.path.is_dir():
             return index
-        for record in read_record_files(record_files([self.path])):
+        for path in record_files([self.path]):
+            try:
+                record = read_record(path)
+            except ValueError as error:
+                raise ValueError(f"{path}: {error}") from None
             if record.get("status") not in _USABLE:
                 continue
             with_version, any_version = digests(record)
