@@ -151,6 +151,21 @@ def add_options(parser: pytest.Parser) -> None:
         "time is invalid, not passed (ini: profllm_max_schedule_lag; default: "
         f"{DEFAULT_MAX_SCHEDULE_LAG_MS:g}); raise it on shared, oversubscribed runners",
     )
+    group.addoption(
+        "--profllm-ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run each server group on a Ray cluster: auto (the cluster this host belongs to), "
+        "local (start one on this host) or the cluster's address; needs "
+        "pip install 'pytest-profllm[ray]' (ini: profllm_ray; default: this host only)",
+    )
+    group.addoption(
+        "--profllm-ray-retry",
+        action="store_true",
+        default=None,
+        help="with --profllm-ray: the cases a lost node had not finished run once more on "
+        "another node, instead of failing with the node's name (ini: profllm_ray_retry)",
+    )
     parser.addini("profllm_out", "directory for records, results.db and logs", default=None)
     parser.addini("profllm_db", "SQLite file for the records", default=None)
     parser.addini("profllm_engine", "auto, vllm or sim", default="auto")
@@ -172,6 +187,10 @@ def add_options(parser: pytest.Parser) -> None:
         default=f"{DEFAULT_MAX_SCHEDULE_LAG_MS:g}",
     )
     parser.addini("profllm_busy_gpus", "wait or fail on GPUs in use by others", default="wait")
+    parser.addini("profllm_ray", "Ray cluster address, auto or local", default=None)
+    parser.addini(
+        "profllm_ray_retry", "retry a lost node's cases elsewhere, once", type="bool", default=False
+    )
     parser.addini(
         "profllm_suite_glob", "file names collected as benchmark suites", default=DEFAULT_SUITE_GLOB
     )
@@ -189,6 +208,8 @@ class Settings:
     suite_glob: str
     wait_for_busy_gpus: bool = True
     max_schedule_lag_ms: float = DEFAULT_MAX_SCHEDULE_LAG_MS
+    ray: str | None = None  # a Ray cluster's address, auto or local: server groups run there
+    ray_retry: bool = False
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -236,6 +257,8 @@ class Settings:
             max_schedule_lag_ms=parsed(  # type: ignore[arg-type]
                 "profllm_max_schedule_lag", "profllm_max_schedule_lag", parse_milliseconds
             ),
+            ray=str(pick("profllm_ray", "profllm_ray") or "") or None,
+            ray_retry=bool(pick("profllm_ray_retry", "profllm_ray_retry")),
         )
 
 

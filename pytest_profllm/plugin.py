@@ -49,6 +49,10 @@ def pytest_configure(config: pytest.Config) -> None:
             session.host_pool(settings)
         except ValueError as error:
             raise pytest.UsageError(str(error)) from None
+        if settings.ray is not None:
+            from pytest_profllm.cluster.driver import check_usage
+
+            check_usage(config)
         identity = session.RunIdentity(session.new_session_id(), engine)
         config.stash[_CONTROLLER] = session.ControllerSession(settings, identity)
         # Only here: on an xdist worker it would take records out before they are sent.
@@ -88,11 +92,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.stash[scheduler.RANKS_KEY] = scheduler.server_ranks(nodeids, scopes, skipped)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    if config.stash[SETTINGS_KEY].ray is None or config.option.collectonly:
+        return
+    from pytest_profllm.cluster.driver import ClusterSession, planned_cases
+
+    # This process's case runner hands the server groups to the Ray cluster, all at once.
+    cluster = ClusterSession(
+        config.stash[SETTINGS_KEY],
+        config.stash[IDENTITY_KEY],
+        "ray",
+        planned=planned_cases(session.items),
+    )
+    config.stash[WORKER_KEY] = cluster
+    cluster.start()
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     settings = config.stash[SETTINGS_KEY]
     engine = config.stash[IDENTITY_KEY].engine
     out = f"records in {settings.out_dir}" if settings.out_dir else "no --profllm-out: no files"
-    return [f"profllm: engine {engine.name} ({engine.reason}); {out}"]
+    where = f"; server groups on the Ray cluster {settings.ray}" if settings.ray else ""
+    return [f"profllm: engine {engine.name} ({engine.reason}); {out}{where}"]
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:

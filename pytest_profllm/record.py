@@ -99,6 +99,9 @@ class RuntimeInfo(BaseModel):
     lease_wait_s: float | None = None
     # What the checks after stop found: processes that outlived the group, GPU memory held.
     server_stop_problems: list[str] = Field(default_factory=list)
+    # With --profllm-ray: the Ray node the case ran on (the host name is system.host).
+    node_id: str | None = None
+    node_ip: str | None = None
 
 
 class TraceFile(BaseModel):

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from pytest_profllm import gpus
+from pytest_profllm.cluster.wire import NodeError, NodeLost
 from pytest_profllm.engine import EngineChoice
 from pytest_profllm.gpus import GpuBusy
 from pytest_profllm.options import Settings
@@ -41,7 +42,7 @@ REQUESTS_PROPERTY = "profllm_requests"
 # The outcome of the case an item ran; its record leaves with the item's teardown report.
 OUTCOME_KEY = pytest.StashKey[CaseOutcome]()
 # Errors that fail a case with their own one-line message, not a traceback.
-CASE_ERRORS = (ServerStartError, LeaseTimeout, GpuBusy, CaseFailed)
+CASE_ERRORS = (ServerStartError, LeaseTimeout, GpuBusy, CaseFailed, NodeLost, NodeError)
 
 
 def new_session_id() -> str:
@@ -79,6 +80,8 @@ def session_turns(pool: HostPool, identity: RunIdentity) -> SessionTurns:
 
 def skip_reason(case: Case, settings: Settings) -> str | None:
     """Why a case cannot run in this pool at all, known before anything starts."""
+    if settings.ray is not None:
+        return None  # the Ray cluster's nodes hold the GPUs: checked when the groups go out
     capacity = _gpu_capacity(settings)
     if case.gpus_needed > capacity:
         return (
