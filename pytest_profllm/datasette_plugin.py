@@ -7,6 +7,8 @@ Every hook returns early for databases without our table.
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from typing import Any
 from urllib.parse import urlencode
 
@@ -31,6 +33,7 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "achieved_request_rate": "requests per second the client actually sent (target_request_rate: "
     "the schedule's)",
     "client_cpu_percent": "the client event loop's CPU use during the load (100 = one core)",
+    "runtime_node_id": "the Ray node the case ran on (--profllm-ray); empty on one host",
 }
 DESCRIPTION = (
     "One row per benchmark case, written by pytest-profllm. server_* columns are vLLM engine "
@@ -41,6 +44,10 @@ DESCRIPTION = (
 )
 
 DEFAULT_FACETS = ["suite", "engine", "status", "server_model"]
+# Where a run used --profllm-ray: the node each case ran on. Only for tables that have the
+# column (a database loaded before records named their node has not): a facet on a missing
+# column fails the whole page.
+NODE_FACET = "runtime_node_id"
 CHARTS = (
     (
         "Chart: median TTFT against request throughput",
@@ -54,13 +61,13 @@ CHARTS = (
 )
 
 
-def table_metadata() -> dict[str, Any]:
+def table_metadata(node_facet: bool = False) -> dict[str, Any]:
     units = {name: "ms" for name in STANDARD_METRICS if name.endswith("_ms")}
     units["duration"] = units["case_duration"] = "s"
     return {
         "title": "vLLM serving benchmarks",
         "description": DESCRIPTION,
-        "facets": DEFAULT_FACETS,
+        "facets": DEFAULT_FACETS + ([NODE_FACET] if node_facet else []),
         "sort_desc": "timestamp",
         "units": units,
         "columns": COLUMN_DESCRIPTIONS,
@@ -100,7 +107,31 @@ def get_metadata(
     if table not in (None, TABLE):
         return {}
     names = [database] if database else list(datasette.databases)
-    return {"databases": {name: {"tables": {TABLE: table_metadata()}} for name in names}}
+    return {
+        "databases": {
+            name: {"tables": {TABLE: table_metadata(_has_node_column(datasette, name))}}
+            for name in names
+        }
+    }
+
+
+_WITH_NODE_COLUMN: set[str] = set()  # database files known to have it (columns never go)
+
+
+def _has_node_column(datasette: Any, name: str) -> bool:
+    # get_metadata cannot await Datasette's own connection: a read-only look of our own.
+    path = getattr(datasette.databases.get(name), "path", None)
+    if not path:
+        return False
+    if path not in _WITH_NODE_COLUMN:
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                columns = {row[1] for row in db.execute(f"PRAGMA table_info([{TABLE}])")}
+        except sqlite3.Error:
+            return False
+        if NODE_FACET in columns:
+            _WITH_NODE_COLUMN.add(path)
+    return path in _WITH_NODE_COLUMN
 
 
 @hookimpl

@@ -17,14 +17,13 @@ from typing import Any
 
 import psutil
 import pytest
+from ray_cluster import LocalCluster, local_cluster
 
 from conftest import sim_processes
 from pytest_profllm.store import record_row
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="no Ray: pip install -e '.[test,ray]'")
-# Small: each Ray node of a test cluster maps its object store in /dev/shm.
-OBJECT_STORE_BYTES = 100 * 1024**2
 NODE_GPUS = 2
 
 SUITE_TP = """
@@ -63,18 +62,6 @@ def records(pytester: pytest.Pytester) -> list[dict[str, Any]]:
     return [json.loads(path.read_text()) for path in files]
 
 
-def ray_processes() -> list[psutil.Process]:
-    """Ray's own daemons started by this test process (a Cluster's raylets and GCS)."""
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.name() in ("raylet", "gcs_server"):
-                found.append(child)
-        except psutil.Error:
-            continue
-    return found
-
-
 def running_groups() -> list[psutil.Process]:
     """Ray workers running one of our server groups (Ray titles a worker after its task)."""
     found = []
@@ -94,33 +81,11 @@ def own_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def two_nodes(own_pool: Path) -> Iterator[Any]:
+def two_nodes(own_pool: Path) -> Iterator[LocalCluster]:
     """A Ray cluster on this host: a head without GPUs, two nodes of 2 logical GPUs each
-    (their workers inherit the test's pool folder). Its raylets and GCS are gone after the
-    test, whatever the test did."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "num_gpus": 0,
-            "include_dashboard": False,
-            "object_store_memory": OBJECT_STORE_BYTES,
-        },
-    )
-    try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, num_gpus=NODE_GPUS, object_store_memory=OBJECT_STORE_BYTES)
-        cluster.wait_for_nodes()
+    (their workers inherit the test's pool folder); its Ray daemons are gone after the test."""
+    with local_cluster(nodes=2, gpus=NODE_GPUS) as cluster:
         yield cluster
-    finally:
-        daemons = ray_processes()
-        cluster.shutdown()
-        _, alive = psutil.wait_procs(daemons, timeout=10)
-        for process in alive:
-            process.kill()
-        assert not alive, f"Ray daemons outlived the cluster: {[p.pid for p in alive]}"
 
 
 def db_equals_files(pytester: pytest.Pytester, written: list[dict[str, Any]]) -> None:
@@ -148,7 +113,7 @@ def same_cell(stored: Any, value: Any) -> bool:
 @pytest.mark.ray
 @needs_ray
 def test_suite_at_tp_1_and_2_on_two_nodes(
-    pytester: pytest.Pytester, ports: str, two_nodes: Any
+    pytester: pytest.Pytester, ports: str, two_nodes: LocalCluster
 ) -> None:
     pytester.makefile(".yaml", bench_tp=SUITE_TP)
     result = run(pytester, ports, f"--profllm-ray={two_nodes.address}")
@@ -162,8 +127,7 @@ def test_suite_at_tp_1_and_2_on_two_nodes(
         for seqs in (8, 16)
         for rate in ("-inf", "24")
     )
-    nodes = {node.node_id for node in two_nodes.worker_nodes}
-    assert {r["runtime"]["node_id"] for r in written} <= nodes
+    assert {r["runtime"]["node_id"] for r in written} <= set(two_nodes.nodes)
     # Each server started once: one start per server key, and GPUs as many as its tp.
     servers: dict[str, set[tuple[Any, ...]]] = {}
     for record in written:
@@ -207,7 +171,7 @@ benchmark:
 @needs_ray
 @pytest.mark.parametrize("retry", [False, True], ids=["fail", "retry"])
 def test_node_removed_mid_run(
-    pytester: pytest.Pytester, ports: str, two_nodes: Any, retry: bool
+    pytester: pytest.Pytester, ports: str, two_nodes: LocalCluster, retry: bool
 ) -> None:
     # Two servers of 2 GPUs: one on each node. Four cases of about 1.5 s each.
     pytester.makefile(".yaml", bench_long=SUITE_LONG)
@@ -233,8 +197,7 @@ def test_node_removed_mid_run(
             time.sleep(0.05)
         assert first is not None, log.read_text()
         lost_id = first["runtime"]["node_id"]
-        (lost,) = [node for node in two_nodes.worker_nodes if node.node_id == lost_id]
-        two_nodes.remove_node(lost)
+        two_nodes.remove(lost_id)
         driver.wait(timeout=240)
     finally:
         if driver.poll() is None:
@@ -300,7 +263,8 @@ thresholds:
 
 @pytest.mark.ray
 @needs_ray
-@pytest.mark.parametrize("selection", [[], ["-k", "tp2 or marked"], ["-x"]], ids=["all", "k", "x"])
+# -x stops at the first failure, the same one in both runs (cases run in the same order).
+@pytest.mark.parametrize("selection", [[], ["-k", "tp2 or marked", "-x"]], ids=["all", "k-x"])
 def test_same_cases_ids_and_verdicts_with_and_without_ray(
     pytester: pytest.Pytester, ports: str, own_pool: Path, selection: list[str]
 ) -> None:
@@ -371,3 +335,33 @@ def test_ray_with_xdist_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("--profllm-ray=local", "-n", "2")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --profllm-ray: the Ray cluster runs the server groups*"])
+
+
+def test_datasette_facets_on_the_node_where_records_name_one(tmp_path: Path) -> None:
+    import asyncio
+
+    from datasette.app import Datasette
+    from test_datasette import make_record
+
+    from pytest_profllm.store import load_records
+
+    on_ray = make_record("r1", "s1", "bench_a.yaml::m::w", "2026-01-01T00:00:00")
+    on_ray["runtime"]["node_id"] = "a1b2c3"
+    load_records(tmp_path / "ray.db", [on_ray])
+    # A database loaded before records named their node has no such column.
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        db.execute(
+            "create table benchmark_runs (run_id text primary key, suite text, "
+            "engine text, status text, server_model text, timestamp text)"
+        )
+        db.execute("insert into benchmark_runs values ('r0', 's', 'sim', 'passed', 'm', 't')")
+
+    async def facets(name: str) -> tuple[int, set[str]]:
+        datasette = Datasette([str(tmp_path / f"{name}.db")])
+        response = await datasette.client.get(f"/{name}/benchmark_runs.json")
+        return response.status_code, set(response.json().get("facet_results", {}))
+
+    status, ray_facets = asyncio.run(facets("ray"))
+    assert status == 200 and "runtime_node_id" in ray_facets
+    status, old_facets = asyncio.run(facets("old"))
+    assert status == 200 and "runtime_node_id" not in old_facets and "status" in old_facets
