@@ -7,12 +7,14 @@ two request-rate-bound cases each, on the simulated engine. It runs three ways:
 - with `--profllm-ray` on a cluster of 1 node of 2 GPUs: also one after another;
 - with `--profllm-ray` on a cluster of 2 such nodes: two servers at a time (aim: close to 2x).
 
-The clusters are started before the timed runs, as an existing cluster would be; the figures
-are pytest's whole wall time (connecting to the cluster included). What Ray adds per case is
-(1 node - baseline) / cases. Every node of these clusters is on this host, so the servers'
-start-ups still take turns (one at a time per host) and the client and servers share its CPUs.
+The clusters are started before the timed runs, as an existing cluster would be. Each run
+prints pytest's whole wall time and the span of its servers (first start to last stop, from the
+records): the rest is pytest's own start and end, and with Ray, connecting to the cluster. What
+Ray adds per case is (span on 1 node - span on this host) / cases; what it adds once per run is
+the difference of the rest. Every node of these clusters is on this host, so the servers'
+start-ups still take turns (one at a time per host) and the clients and servers share its CPUs.
 
-    python benchmarks/perf/ray_scaling.py [--prompts 8] [--rate 4] [--ports 64800-65199]
+    python benchmarks/perf/ray_scaling.py [--prompts 16] [--rate 4] [--ports 64800-65199]
 
 Needs `pip install -e ".[ray]"`. Run on demand (not collected by pytest); it uses its own lease
 folder.
@@ -51,7 +53,8 @@ CASES = 8
 NODE_GPUS = 2
 
 
-def run_suite(root: Path, name: str, ports: str, extra: list[str]) -> float:
+def run_suite(root: Path, name: str, ports: str, extra: list[str]) -> tuple[float, float]:
+    """pytest's wall time and its servers' span, in seconds."""
     out = root / f"results-{name}"
     command = [
         sys.executable, "-m", "pytest", str(root), "-q", "-p", "no:cacheprovider",
@@ -66,13 +69,18 @@ def run_suite(root: Path, name: str, ports: str, extra: list[str]) -> float:
     if done.returncode != 0 or passed != CASES:
         sys.exit(f"{name}: pytest exit {done.returncode}, {passed}/{CASES} passed\n{done.stdout}")
     nodes = {record["runtime"].get("node_id") for record in records}
-    print(f"{name:<22} {wall:7.1f} s   ({len(nodes - {None})} Ray node(s) used)")
-    return wall
+    runtimes = [record["runtime"] for record in records]
+    span = max(r["server_stopped_at"] for r in runtimes) - min(
+        r["server_started_at"] for r in runtimes
+    )
+    used = len(nodes - {None})
+    print(f"{name:<20} wall {wall:6.1f} s   servers {span:6.1f} s   ({used} Ray node(s) used)")
+    return wall, span
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--rate", type=float, default=4.0)
     parser.add_argument("--ports", default="64800-65199")
     args = parser.parse_args()
@@ -88,8 +96,13 @@ def main() -> int:
                 walls[nodes] = run_suite(
                     root, f"Ray, {nodes} node(s)", args.ports, [f"--profllm-ray={cluster.address}"]
                 )
-        print(f"speed-up, 2 nodes over 1: {walls[1] / walls[2]:.2f}x")
-        print(f"Ray adds per case: {(walls[1] - baseline) / CASES:+.2f} s")
+        (wall_1, span_1), (wall_2, span_2) = walls[1], walls[2]
+        print(
+            f"speed-up, 2 nodes over 1: wall {wall_1 / wall_2:.2f}x, servers {span_1 / span_2:.2f}x"
+        )
+        print(f"Ray adds per case: {(span_1 - baseline[1]) / CASES:+.2f} s")
+        once = (wall_1 - span_1) - (baseline[0] - baseline[1])
+        print(f"Ray adds once per run (connecting, submitting, leaving): {once:+.1f} s")
     return 0
 
 
