@@ -1,6 +1,6 @@
 """Suites on a Ray cluster (`--profllm-ray`): local clusters of logical GPUs on this host
 (`ray.cluster_utils.Cluster`: a head without GPUs and two nodes of 2 GPUs each), the simulated
-engine, real pytest runs."""
+engine, real pytest runs. The tests marked `ray` run with `pytest -m ray` (as CI does)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,14 @@ benchmark:
 thresholds:
   completed: {min: 6}
 """
+
+
+@pytest.fixture(autouse=True)
+def run_apart(request: pytest.FixtureRequest) -> None:
+    """Ray's daemons and workers listen on random ports of the ephemeral range, where other
+    tests' servers may be about to bind theirs: the Ray tests run in a session of their own."""
+    if request.node.get_closest_marker("ray") and "ray" not in request.config.option.markexpr:
+        pytest.skip("Ray tests run apart from the others: pytest -m ray")
 
 
 def run(pytester: pytest.Pytester, ports: str, *args: str) -> pytest.RunResult:
