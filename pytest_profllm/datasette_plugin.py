@@ -9,6 +9,7 @@ Every hook returns early for databases without our table.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import statistics
 import time
@@ -55,6 +56,7 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "req_per_s": "request_throughput: completed requests per second",
     "output_tok_per_s": "output_throughput: output tokens per second",
     "failed_requests": "requests that failed (vLLM's failed)",
+    "runtime_node_id": "the Ray node the case ran on (--profllm-ray); empty on one host",
 }
 DESCRIPTION = (
     "One row per benchmark case, written by pytest-profllm. server_* columns are vLLM engine "
@@ -69,6 +71,10 @@ LANDING_DESCRIPTION = (
     "latencies in ms). Every column is in benchmark_runs (a run_id opens its row); charts and "
     "comparisons are in the actions menu (the cog) and under Queries."
 )
+# Where a run used --profllm-ray: the node each case ran on. Only for tables that have the
+# column (a database loaded before records named their node has not): a facet on a missing
+# column fails the whole page.
+NODE_FACET = "runtime_node_id"
 
 DEFAULT_FACETS = ["server_model", "engine", "device", "bench_kind", "suite", "status"]
 # Datasette's max_csv_mb default: a streamed CSV stops there, silently. We lift it (0 = no
@@ -84,7 +90,7 @@ _AXES_CACHE_S = 2.0
 _axes_cache: dict[str, tuple[float, list[str]]] = {}
 
 
-def table_metadata() -> dict[str, Any]:
+def table_metadata(node_facet: bool = False) -> dict[str, Any]:
     # No `units`: Datasette converts each such cell with pint (a third of the page's time) and
     # shows 1500 ms as 1.5 s; the unit is in the column's name.
     return {
@@ -92,7 +98,7 @@ def table_metadata() -> dict[str, Any]:
         "description": DESCRIPTION,
         # The indexed ones only: a facet on another column reads every 7 KB row. The swept
         # axes are faceted on the landing table.
-        "facets": DEFAULT_FACETS,
+        "facets": DEFAULT_FACETS + ([NODE_FACET] if node_facet else []),
         "sort_desc": "timestamp",
         # 400+ columns a row: 20 rows make a page of about 1 MB, not 5.
         "size": 20,
@@ -243,13 +249,32 @@ def get_metadata(
         "databases": {
             name: {
                 "tables": {
-                    TABLE: table_metadata(),
+                    TABLE: table_metadata(_has_node_column(datasette, name)),
                     LANDING: landing_metadata(_swept(datasette, name)),
                 }
             }
             for name in names
         }
     }
+
+
+_WITH_NODE_COLUMN: set[str] = set()  # database files known to have it (columns never go)
+
+
+def _has_node_column(datasette: Any, name: str) -> bool:
+    # get_metadata cannot await Datasette's own connection: a read-only look of our own.
+    path = getattr(datasette.databases.get(name), "path", None)
+    if not path:
+        return False
+    if path not in _WITH_NODE_COLUMN:
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                columns = {row[1] for row in db.execute(f"PRAGMA table_info([{TABLE}])")}
+        except sqlite3.Error:
+            return False
+        if NODE_FACET in columns:
+            _WITH_NODE_COLUMN.add(path)
+    return path in _WITH_NODE_COLUMN
 
 
 @hookimpl

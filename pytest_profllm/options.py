@@ -206,6 +206,21 @@ def add_options(parser: pytest.Parser) -> None:
         help="the GPU the simulated engine models: H100-SXM, H200, A100-80GB, A100-40GB, "
         "L40S, H100-PCIe (ini: profllm_sim_device; default: H100-SXM)",
     )
+    group.addoption(
+        "--profllm-ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run each server group on a Ray cluster: auto (the cluster this host belongs to), "
+        "local (start one on this host) or the cluster's address; needs "
+        "pip install 'pytest-profllm[ray]' (ini: profllm_ray; default: this host only)",
+    )
+    group.addoption(
+        "--profllm-ray-retry",
+        action="store_true",
+        default=None,
+        help="with --profllm-ray: the cases a lost node had not finished run once more on "
+        "another node, instead of failing with the node's name (ini: profllm_ray_retry)",
+    )
     parser.addini("profllm_out", "directory for records, results.db and logs", default=None)
     parser.addini("profllm_db", "SQLite file for the records", default=None)
     parser.addini("profllm_engine", "auto, vllm or sim", default="auto")
@@ -230,6 +245,10 @@ def add_options(parser: pytest.Parser) -> None:
     )
     parser.addini("profllm_busy_gpus", "wait or fail on GPUs in use by others", default="wait")
     parser.addini("profllm_sim_device", "the GPU the simulated engine models", default=None)
+    parser.addini("profllm_ray", "Ray cluster address, auto or local", default=None)
+    parser.addini(
+        "profllm_ray_retry", "retry a lost node's cases elsewhere, once", type="bool", default=False
+    )
     parser.addini(
         "profllm_suite_glob", "file names collected as benchmark suites", default=DEFAULT_SUITE_GLOB
     )
@@ -250,6 +269,8 @@ class Settings:
     vllm_python: str | None = None
     cpus: int | tuple[str, ...] | None = None
     sim_device: str | None = None  # None: the simulator's default profile
+    ray: str | None = None  # a Ray cluster's address, auto or local: server groups run there
+    ray_retry: bool = False
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -304,6 +325,8 @@ class Settings:
             sim_device=parsed(  # type: ignore[arg-type]
                 "profllm_sim_device", "profllm_sim_device", parse_sim_device
             ),
+            ray=str(pick("profllm_ray", "profllm_ray") or "") or None,
+            ray_retry=bool(pick("profllm_ray_retry", "profllm_ray_retry")),
         )
 
 

@@ -60,6 +60,10 @@ def pytest_configure(config: pytest.Config) -> None:
         problem = session.check_writable(settings)
         if problem is not None:
             raise pytest.UsageError(problem)
+        if settings.ray is not None:
+            from pytest_profllm.cluster.driver import check_usage
+
+            check_usage(config)
         identity = session.RunIdentity(session.new_session_id(), engine)
         config.stash[_CONTROLLER] = session.ControllerSession(settings, identity)
         # Only here: on an xdist worker it would take records out before they are sent.
@@ -138,11 +142,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.stash[scheduler.RANKS_KEY] = scheduler.server_ranks(nodeids, scopes, skipped)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    if config.stash[SETTINGS_KEY].ray is None or config.option.collectonly:
+        return
+    from pytest_profllm.cluster.driver import ClusterSession, planned_cases
+
+    # This process's case runner hands the server groups to the Ray cluster, all at once.
+    cluster = ClusterSession(
+        config.stash[SETTINGS_KEY],
+        config.stash[IDENTITY_KEY],
+        "ray",
+        planned=planned_cases(session.items),
+    )
+    config.stash[WORKER_KEY] = cluster
+    cluster.start()
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     settings = config.stash[SETTINGS_KEY]
     engine = config.stash[IDENTITY_KEY].engine
     out = f"records in {settings.out_dir}" if settings.out_dir else "no --profllm-out: no files"
-    lines = [f"profllm: engine {engine.name} ({engine.reason}); {out}"]
+    where = f"; server groups on the Ray cluster {settings.ray}" if settings.ray else ""
+    lines = [f"profllm: engine {engine.name} ({engine.reason}); {out}{where}"]
     if not hasattr(config, "workerinput"):
         from pytest_profllm.gates.worker import baseline_of
 
@@ -266,6 +288,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if controller is not None:
         controller.finish(lambda line: _say(session.config, line))
         controller.forget_turns()
+        from pytest_profllm.gates.controller import GATE_CONTROLLER_KEY
+
+        gates = session.config.stash.get(GATE_CONTROLLER_KEY, None)
+        if gates is not None:
+            gates.finish(records_loaded=controller.load_problem is None)
     scope_dir = session.config.stash.get(scheduler.SCOPE_DIR_KEY, None)
     if scope_dir is not None:
         shutil.rmtree(scope_dir, ignore_errors=True)

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from pytest_profllm import gpus
+from pytest_profllm.cluster.wire import NodeError, NodeLost
 from pytest_profllm.devices import cpu_pool, device_kind
 from pytest_profllm.engine import EngineChoice
 from pytest_profllm.gpus import GpuBusy
@@ -51,7 +52,7 @@ _DB_FIRST_TRY_S = 1.0
 # The outcome of the case an item ran; its record leaves with the item's teardown report.
 OUTCOME_KEY = pytest.StashKey[CaseOutcome]()
 # Errors that fail a case with their own one-line message, not a traceback.
-CASE_ERRORS = (ServerStartError, ServerLost, LeaseTimeout, GpuBusy, CaseFailed)
+CASE_ERRORS = (ServerStartError, ServerLost, LeaseTimeout, GpuBusy, CaseFailed, NodeLost, NodeError)
 
 
 def new_session_id() -> str:
@@ -103,6 +104,8 @@ def session_turns(pool: HostPool, identity: RunIdentity) -> SessionTurns:
 
 def skip_reason(case: Case, settings: Settings, engine: EngineChoice) -> str | None:
     """Why a case cannot run in this pool at all, known before anything starts."""
+    if settings.ray is not None:
+        return None  # the Ray cluster's nodes hold the GPUs: checked when the groups go out
     capacity = _device_capacity(settings, engine)
     if case.gpus_needed > capacity:
         if device_kind(engine) == "cpu":

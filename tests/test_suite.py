@@ -298,7 +298,8 @@ def test_unknown_top_level_key_suggests_and_lists_allowed(tmp_path: Path) -> Non
     path = write(tmp_path, "server:\n  model: m\nthresholdz:\n  completed: {min: 1}\n")
     assert suite_error(path) == (
         f"{path}:3: unknown key 'thresholdz' (did you mean 'thresholds'?); "
-        "allowed: name, description, server, benchmark, thresholds, repeat, exclude, profile"
+        "allowed: name, description, server, benchmark, thresholds, repeat, exclude, profile, "
+        "regression"
     )
 
 

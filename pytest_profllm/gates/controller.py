@@ -1,9 +1,11 @@
-"""The gate where records arrive (the controller, or the only process): each run's fingerprint,
-per-request samples and verdicts into the results database as it arrives, pytest-benchmark's
-view of it, the new baseline where asked, and the Markdown summary at the end."""
+"""The gate where records arrive (the controller, or the only process): pytest-benchmark's view
+of each run as it arrives, the new baseline where asked, and at the end each run's fingerprint,
+per-request samples and verdicts into the results database (with the records, never before
+them: a locked or full database costs the load, not the session) and the Markdown summary."""
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,15 +25,25 @@ class GateController:
     engine: str
     records: list[dict[str, Any]] = field(default_factory=list)
     summary_written: list[Path] = field(default_factory=list)
+    # What could not be written (a full disk, a locked database): one line each, at the end.
+    problems: list[str] = field(default_factory=list)
+    _runs: list[tuple[dict[str, Any], list[dict[str, Any]] | None]] = field(
+        default_factory=list
+    )
 
     def receive(self, record: dict[str, Any], requests: list[dict[str, Any]] | None) -> None:
         self.records.append(record)
-        if self.db_path is not None:
-            tables.load_runs(self.db_path, [(record, requests)])
+        self._runs.append((record, requests))
         if requests is not None:
             benchmark_bridge.add_case(self.config, record, requests)
         if self.gate.update_baseline and record.get("status") in ("passed", "failed"):
-            self._write_baseline(record, requests)
+            try:
+                self._write_baseline(record, requests)
+            except (sqlite3.Error, OSError) as error:
+                self.problems.append(
+                    f"baseline {self.gate.baseline}: {record['case_id']} not written: "
+                    f"{getattr(error, 'strerror', None) or error}"
+                )
 
     def _write_baseline(
         self, record: dict[str, Any], requests: list[dict[str, Any]] | None
@@ -51,16 +63,32 @@ class GateController:
         if requests is not None:
             write_requests(path, record["run_id"], requests)
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def finish(self, records_loaded: bool) -> None:
+        """The gate's tables, where the records went into the database (`records_loaded`), and
+        the Markdown summary. Called once the records are loaded."""
         if not self.records:
             return
+        if self.db_path is not None and records_loaded:
+            try:
+                tables.load_runs(self.db_path, self._runs)
+            except (sqlite3.Error, OSError) as error:
+                self.problems.append(
+                    f"{self.db_path}: the gate's tables (samples, verdicts) not loaded: "
+                    f"{getattr(error, 'strerror', None) or error}; the records and their "
+                    "request files are the baseline to use instead"
+                )
         baseline = str(self.gate.baseline) if self.gate.baseline else None
         text = summary.markdown(self.records, self.engine, baseline)
-        self.summary_written = summary.write_markdown(text, self.gate.summary)
+        try:
+            self.summary_written = summary.write_markdown(text, self.gate.summary)
+        except OSError as error:
+            self.problems.append(f"Markdown summary not written: {error.strerror or error}")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for path in self.summary_written:
             terminalreporter.write_line(f"profllm: Markdown summary in {path}")
+        for problem in self.problems:
+            terminalreporter.write_line(f"profllm: {problem}", red=True, bold=True)
         if self.gate.update_baseline and self.records:
             terminalreporter.write_line(
                 f"profllm: this run is the new baseline in {self.gate.baseline}"
