@@ -13,6 +13,7 @@ import contextlib
 import sqlite3
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -86,11 +87,27 @@ _CSS = (
     "body.table td { max-width: 28em; white-space: nowrap; overflow: hidden; "
     "text-overflow: ellipsis; }"
 )
-_AXES_CACHE_S = 2.0
-_axes_cache: dict[str, tuple[float, list[str]]] = {}
+_SCHEMA_CACHE_S = 2.0
 
 
-def table_metadata(node_facet: bool = False) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Schema:
+    """What the metadata depends on in one database: its swept axes and the columns of our two
+    tables (a facet on a missing column fails the whole page: an older table lacks some)."""
+
+    swept: list[str]
+    columns: frozenset[str]
+    landing_columns: frozenset[str]
+
+
+_schema_cache: dict[str, tuple[float, _Schema]] = {}
+
+
+def _facets(wanted: list[str], columns: frozenset[str] | None) -> list[str]:
+    return [name for name in wanted if columns is None or name in columns]
+
+
+def table_metadata(columns: frozenset[str] | None = None) -> dict[str, Any]:
     # No `units`: Datasette converts each such cell with pint (a third of the page's time) and
     # shows 1500 ms as 1.5 s; the unit is in the column's name.
     return {
@@ -98,7 +115,8 @@ def table_metadata(node_facet: bool = False) -> dict[str, Any]:
         "description": DESCRIPTION,
         # The indexed ones only: a facet on another column reads every 7 KB row. The swept
         # axes are faceted on the landing table.
-        "facets": DEFAULT_FACETS + ([NODE_FACET] if node_facet else []),
+        "facets": _facets(DEFAULT_FACETS, columns)
+        + ([NODE_FACET] if columns is not None and NODE_FACET in columns else []),
         "sort_desc": "timestamp",
         # 400+ columns a row: 20 rows make a page of about 1 MB, not 5.
         "size": 20,
@@ -106,34 +124,42 @@ def table_metadata(node_facet: bool = False) -> dict[str, Any]:
     }
 
 
-def landing_metadata(swept: list[str]) -> dict[str, Any]:
+def landing_metadata(swept: list[str], columns: frozenset[str] | None = None) -> dict[str, Any]:
     # No column descriptions here: above a 30-column page they would fill the first screen.
     return {
         "title": "vLLM serving benchmarks",
         "description": LANDING_DESCRIPTION,
         "sort_desc": "timestamp",
-        "facets": DEFAULT_FACETS + [c for c in landing_axes(swept) if c != "server_model"],
+        "facets": _facets(DEFAULT_FACETS, columns)
+        + [c for c in landing_axes(swept) if c != "server_model"],
     }
 
 
-def _swept(datasette: Any, database: str) -> list[str]:
-    """The database's swept axes, read at most every couple of seconds (metadata is asked for
-    many times a page, and synchronously)."""
+def _schema(datasette: Any, database: str) -> _Schema | None:
+    """The database's swept axes and table columns, read at most every couple of seconds
+    (metadata is asked for many times a page, and synchronously: get_metadata cannot await
+    Datasette's own connection, so a read-only look of our own)."""
     db = datasette.databases.get(database)
     path = getattr(db, "path", None)
     if not path:
-        return []
+        return None
     now = time.monotonic()
-    cached = _axes_cache.get(path)
-    if cached is not None and now - cached[0] < _AXES_CACHE_S:
+    cached = _schema_cache.get(path)
+    if cached is not None and now - cached[0] < _SCHEMA_CACHE_S:
         return cached[1]
+
+    def columns(connection: sqlite3.Connection, table: str) -> frozenset[str]:
+        return frozenset(row[1] for row in connection.execute(f"PRAGMA table_info([{table}])"))
+
     try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as connection:
-            axes = swept_axes(connection)
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
+            schema = _Schema(
+                swept_axes(connection), columns(connection, TABLE), columns(connection, LANDING)
+            )
     except sqlite3.Error:
-        axes = []
-    _axes_cache[path] = (now, axes)
-    return axes
+        return None
+    _schema_cache[path] = (now, schema)
+    return schema
 
 
 @hookimpl
@@ -245,36 +271,18 @@ def get_metadata(
     if table not in (None, TABLE, LANDING):
         return {}
     names = [database] if database else [n for n in datasette.databases if n != "_internal"]
-    return {
-        "databases": {
-            name: {
-                "tables": {
-                    TABLE: table_metadata(_has_node_column(datasette, name)),
-                    LANDING: landing_metadata(_swept(datasette, name)),
-                }
+    databases = {}
+    for name in names:
+        schema = _schema(datasette, name)
+        databases[name] = {
+            "tables": {
+                TABLE: table_metadata(schema.columns if schema else None),
+                LANDING: landing_metadata(
+                    schema.swept if schema else [], schema.landing_columns if schema else None
+                ),
             }
-            for name in names
         }
-    }
-
-
-_WITH_NODE_COLUMN: set[str] = set()  # database files known to have it (columns never go)
-
-
-def _has_node_column(datasette: Any, name: str) -> bool:
-    # get_metadata cannot await Datasette's own connection: a read-only look of our own.
-    path = getattr(datasette.databases.get(name), "path", None)
-    if not path:
-        return False
-    if path not in _WITH_NODE_COLUMN:
-        try:
-            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-                columns = {row[1] for row in db.execute(f"PRAGMA table_info([{TABLE}])")}
-        except sqlite3.Error:
-            return False
-        if NODE_FACET in columns:
-            _WITH_NODE_COLUMN.add(path)
-    return path in _WITH_NODE_COLUMN
+    return {"databases": databases}
 
 
 @hookimpl
