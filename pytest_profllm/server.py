@@ -306,13 +306,14 @@ class ServerProcess:
         with contextlib.suppress(OSError), self.log_path.open("a") as log:
             log.write(line + "\n")
 
-    def describe(self) -> str:
-        devices = ",".join(self.lease.gpus)
+    def devices(self) -> str:
+        """`GPUs 0,1`, or `CPU cores 0-3|4-7` (a lease's core sets) for vLLM's CPU build."""
         if self.device == "cpu":
-            devices = "CPU cores " + "|".join(self.lease.gpus)
-        else:
-            devices = f"GPUs {devices}"
-        return f"server {self.label} ({self.engine}, port {self.lease.port}, {devices})"
+            return "CPU cores " + "|".join(self.lease.gpus)
+        return "GPUs " + ",".join(self.lease.gpus)
+
+    def describe(self) -> str:
+        return f"server {self.label} ({self.engine}, port {self.lease.port}, {self.devices()})"
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         try:

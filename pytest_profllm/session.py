@@ -152,8 +152,8 @@ class WorkerSession:
             sim_device=self.settings.sim_device,
         )
 
-    def run(self, case: Case, nodeid: str, stash: pytest.Stash) -> CaseOutcome:
-        outcome = stash[OUTCOME_KEY] = CaseOutcome(
+    def _outcome(self, case: Case, nodeid: str) -> CaseOutcome:
+        return CaseOutcome(
             case=case,
             nodeid=nodeid,
             session_id=self.identity.session_id,
@@ -162,6 +162,9 @@ class WorkerSession:
             started_at=time.time(),
             sim_device=self.settings.sim_device,
         )
+
+    def run(self, case: Case, nodeid: str, stash: pytest.Stash) -> CaseOutcome:
+        outcome = stash[OUTCOME_KEY] = self._outcome(case, nodeid)
         try:
             if case.kind != "serve":
                 from pytest_profllm.offline.runner import run_offline
@@ -175,15 +178,7 @@ class WorkerSession:
 
     def started_record(self, case: Case, nodeid: str) -> dict[str, Any]:
         """The record of this case if it never finishes: `error`, its reason filled in later."""
-        outcome = CaseOutcome(
-            case=case,
-            nodeid=nodeid,
-            session_id=self.identity.session_id,
-            engine=self.identity.engine,
-            worker=self.worker,
-            started_at=time.time(),
-        )
-        return outcome.record("error", "started, never finished")
+        return self._outcome(case, nodeid).record("error", "started, never finished")
 
     def after_case(self, next_case: Case | None) -> None:
         if "servers" in self.__dict__:

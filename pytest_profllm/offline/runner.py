@@ -49,12 +49,7 @@ class BenchProcess(ServerProcess):
         return code
 
     def describe(self) -> str:
-        devices = ",".join(self.lease.gpus)
-        if self.device == "cpu":
-            devices = "CPU cores " + "|".join(self.lease.gpus)
-        else:
-            devices = f"GPUs {devices}"
-        return f"vllm bench {self.kind} {self.label} ({self.engine}, {devices})"
+        return f"vllm bench {self.kind} {self.label} ({self.engine}, {self.devices()})"
 
     def failure(self, what: str) -> OfflineBenchFailed:
         return OfflineBenchFailed(
