@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
     make_arg_parser = importlib.import_module(parser_module).make_arg_parser
     parser = make_arg_parser(FlexibleArgumentParser())
     secret = _sensitive_fields()
-    field_types = _field_types()
+    field_types = _field_types(parser_module)
     deprecated = {id(action) for action in getattr(parser, "_deprecated", ())}
     options = []
     positional = None
@@ -184,13 +184,18 @@ def _value_type(
     return "any"
 
 
-def _field_types() -> dict[str, Any]:
-    # The dataclasses `make_arg_parser` builds the options from (frontend first, as it does).
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.common.cli_args import FrontendArgs
+def _field_types(parser_module: str) -> dict[str, Any]:
+    # The dataclasses `make_arg_parser` builds the options from (frontend first, as it does);
+    # FrontendArgs lives beside the parser, wherever this vLLM keeps it.
+    import importlib
 
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    frontend = getattr(importlib.import_module(parser_module), "FrontendArgs", None)
     found: dict[str, Any] = {}
-    for cls in (FrontendArgs, AsyncEngineArgs):
+    for cls in (frontend, AsyncEngineArgs):
+        if cls is None:
+            continue
         for name, annotation in _annotations(cls).items():
             found.setdefault(name, annotation)
     return found
