@@ -327,7 +327,7 @@ def plan_document(
     (node id, case): YAML suites and marked tests alike.
 
     Each server's argv and environment are those `launch` gives for the lease an empty pool
-    would hand out (the default pool: NVML's GPUs, else 8 virtual ones; the default ports):
+    would hand out (the default pool: NVML's GPUs for vLLM, else 8 virtual ones; the default ports):
     the plan itself leases nothing.
     """
     from pytest_profllm import gpus
@@ -338,7 +338,8 @@ def plan_document(
     from pytest_profllm.server import engine_args_for, launch
 
     registry = registry_for(engine)
-    real = [(str(gpu.index), gpu.uuid) for gpu in gpus.discover().gpus]
+    # The simulator's GPUs are virtual, also on a GPU host (as in a run).
+    real = [(str(gpu.index), gpu.uuid) for gpu in gpus.discover().gpus] if engine != "sim" else []
     pool = make_pool(default_pool_dir(), None, parse_ports(DEFAULT_PORTS), real)
     servers: dict[str, dict[str, Any]] = {}
     listed: list[dict[str, Any]] = []

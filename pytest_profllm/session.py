@@ -85,11 +85,13 @@ class RunIdentity:
 
 
 def host_pool(settings: Settings, engine: EngineChoice) -> HostPool:
-    """GPUs (NVML's, or virtual ones for the simulator), or CPU core sets where vLLM runs on
-    CPU; ValueError for devices the host lacks."""
-    if device_kind(engine) == "cpu":
+    """NVML's GPUs for vLLM, CPU core sets where vLLM runs on CPU, virtual GPUs for the
+    simulator (also on a GPU host: it uses none, so it must neither hold a real GPU's lease
+    nor wait for a job on one); ValueError for devices the host lacks."""
+    kind = device_kind(engine)
+    if kind == "cpu":
         return cpu_pool(default_pool_dir(), settings.cpus, settings.ports)
-    real = [(str(gpu.index), gpu.uuid) for gpu in gpus.discover().gpus]
+    real = [(str(gpu.index), gpu.uuid) for gpu in gpus.discover().gpus] if kind == "gpu" else []
     return make_pool(default_pool_dir(), settings.gpus, settings.ports, real)
 
 

@@ -113,3 +113,28 @@ def test_a_cpu_vllm_session_leases_core_sets_and_binds_its_servers(
     assert (worker.servers.device, worker.servers.vllm) == ("cpu", install)
     # And through xdist's hand-over to a worker.
     assert RunIdentity.from_workerinput(identity.to_workerinput()) == identity
+
+
+def test_the_simulator_leases_virtual_gpus_on_a_gpu_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On an H100 host a job holding the GPU failed every simulated case ("leased GPU(s) in use
+    # by a process profllm did not start"): the simulator uses no GPU, so it leases none.
+    from pytest_profllm import gpus
+    from pytest_profllm.engine import EngineChoice
+    from pytest_profllm.options import Settings
+    from pytest_profllm.pool import VIRTUAL_PREFIX
+    from pytest_profllm.session import host_pool
+
+    monkeypatch.setenv("PROFLLM_POOL_DIR", str(tmp_path))
+    h100 = gpus.Gpu(0, "NVIDIA H100 80GB HBM3", "GPU-52720938", 81559.0)
+    monkeypatch.setattr(gpus, "discover", lambda: gpus.GpuHost((h100,), "580.159.04"))
+    settings = Settings(
+        out_dir=None, db_path=None, engine="auto", gpus=None, ports=range(40000, 40020),
+        startup_timeout=1.0, lease_timeout=1.0, suite_glob="bench_*.yaml",
+    )
+    simulated = host_pool(settings, EngineChoice("sim", "test", None))
+    assert simulated.gpu_ids == tuple(str(i) for i in range(8))
+    assert all(name.startswith(VIRTUAL_PREFIX) for name in simulated.gpu_lock_names)
+    real = host_pool(settings, EngineChoice("vllm", "test", "0.33.0"))
+    assert (real.gpu_ids, real.gpu_lock_names) == (("0",), ("GPU-52720938",))

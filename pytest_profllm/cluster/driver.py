@@ -27,6 +27,7 @@ import pytest
 
 from pytest_profllm import gpus
 from pytest_profllm.cluster.wire import CaseResult, NodeError, NodeInfo, NodeLost
+from pytest_profllm.devices import device_kind
 from pytest_profllm.engine import EngineChoice
 from pytest_profllm.options import Settings
 from pytest_profllm.plan import Case
@@ -417,9 +418,10 @@ def largest_node_gpus() -> int:
 
 
 def _local_gpus(settings: Settings, engine: EngineChoice) -> int | None:
-    """A local cluster has this host's GPUs (Ray finds real ones itself); where there is none,
-    as many logical GPUs as the pool has virtual ones, for the simulated engine."""
-    if gpus.discover().gpus:
+    """A local cluster has this host's GPUs for vLLM (Ray finds real ones itself); for the
+    simulated engine, or where there is none, as many logical GPUs as the pool has virtual
+    ones."""
+    if device_kind(engine) == "gpu" and gpus.discover().gpus:
         return None
     return len(host_pool(settings, engine).gpu_ids)
 
