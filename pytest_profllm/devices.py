@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
+from pytest_profllm import gpus
 from pytest_profllm.engine import EngineChoice
 from pytest_profllm.pool import CPU_PREFIX, HostPool, Lease
 
@@ -163,3 +164,12 @@ def device_kind(engine: EngineChoice) -> DeviceKind:
     if engine.name == "sim":
         return "virtual"
     return "cpu" if engine.vllm is not None and engine.vllm.on_cpu else "gpu"
+
+
+def real_gpus(kind: DeviceKind) -> list[tuple[str, str]]:
+    """(index, UUID) of the host's NVML GPUs that a pool of this device kind leases: vLLM's
+    GPUs only. The simulator uses no GPU, so on a GPU host too its GPUs are virtual: it must
+    neither hold a real GPU's lease nor wait for a job on one."""
+    if kind != "gpu":
+        return []
+    return [(str(gpu.index), gpu.uuid) for gpu in gpus.discover().gpus]

@@ -34,8 +34,8 @@ def main(argv: list[str]) -> int:
 
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser_module = _parser_module()
-    make_arg_parser = importlib.import_module(parser_module).make_arg_parser
+    parser_module = importlib.import_module(_parser_module())
+    make_arg_parser = parser_module.make_arg_parser
     parser = make_arg_parser(FlexibleArgumentParser())
     secret = _sensitive_fields()
     field_types = _field_types(parser_module)
@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
         {
             "format": FORMAT,
             "vllm_version": _vllm_version(),
-            "parser": f"{parser_module}.make_arg_parser(FlexibleArgumentParser())",
+            "parser": f"{parser_module.__name__}.make_arg_parser(FlexibleArgumentParser())",
             # --help counts as an option of `vllm serve --help`; it is no engine argument.
             "parser_option_count": sum(1 for a in parser._actions if a.option_strings),
             "positional": positional,
@@ -184,14 +184,12 @@ def _value_type(
     return "any"
 
 
-def _field_types(parser_module: str) -> dict[str, Any]:
+def _field_types(parser_module: types.ModuleType) -> dict[str, Any]:
     # The dataclasses `make_arg_parser` builds the options from (frontend first, as it does);
     # FrontendArgs lives beside the parser, wherever this vLLM keeps it.
-    import importlib
-
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    frontend = getattr(importlib.import_module(parser_module), "FrontendArgs", None)
+    frontend = getattr(parser_module, "FrontendArgs", None)
     found: dict[str, Any] = {}
     for cls in (frontend, AsyncEngineArgs):
         if cls is None:

@@ -327,10 +327,10 @@ def plan_document(
     (node id, case): YAML suites and marked tests alike.
 
     Each server's argv and environment are those `launch` gives for the lease an empty pool
-    would hand out (the default pool: NVML's GPUs for vLLM, else 8 virtual ones; the default ports):
-    the plan itself leases nothing.
+    would hand out (the default pool: NVML's GPUs for vLLM, else 8 virtual ones; the default
+    ports): the plan itself leases nothing.
     """
-    from pytest_profllm import gpus
+    from pytest_profllm.devices import real_gpus
     from pytest_profllm.engine import redact, redact_argv, redact_env
     from pytest_profllm.engine_args import registry_for
     from pytest_profllm.options import DEFAULT_PORTS, parse_ports
@@ -338,8 +338,7 @@ def plan_document(
     from pytest_profllm.server import engine_args_for, launch
 
     registry = registry_for(engine)
-    # The simulator's GPUs are virtual, also on a GPU host (as in a run).
-    real = [(str(gpu.index), gpu.uuid) for gpu in gpus.discover().gpus] if engine != "sim" else []
+    real = real_gpus("virtual" if engine == "sim" else "gpu")
     pool = make_pool(default_pool_dir(), None, parse_ports(DEFAULT_PORTS), real)
     servers: dict[str, dict[str, Any]] = {}
     listed: list[dict[str, Any]] = []

@@ -22,9 +22,8 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm import gpus
 from pytest_profllm.cluster.wire import NodeError, NodeLost
-from pytest_profllm.devices import cpu_pool, device_kind
+from pytest_profllm.devices import cpu_pool, device_kind, real_gpus
 from pytest_profllm.engine import EngineChoice
 from pytest_profllm.gpus import GpuBusy
 from pytest_profllm.options import Settings
@@ -86,13 +85,11 @@ class RunIdentity:
 
 def host_pool(settings: Settings, engine: EngineChoice) -> HostPool:
     """NVML's GPUs for vLLM, CPU core sets where vLLM runs on CPU, virtual GPUs for the
-    simulator (also on a GPU host: it uses none, so it must neither hold a real GPU's lease
-    nor wait for a job on one); ValueError for devices the host lacks."""
+    simulator (`real_gpus`); ValueError for devices the host lacks."""
     kind = device_kind(engine)
     if kind == "cpu":
         return cpu_pool(default_pool_dir(), settings.cpus, settings.ports)
-    real = [(str(gpu.index), gpu.uuid) for gpu in gpus.discover().gpus] if kind == "gpu" else []
-    return make_pool(default_pool_dir(), settings.gpus, settings.ports, real)
+    return make_pool(default_pool_dir(), settings.gpus, settings.ports, real_gpus(kind))
 
 
 @functools.cache

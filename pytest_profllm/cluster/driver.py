@@ -25,9 +25,8 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm import gpus
 from pytest_profllm.cluster.wire import CaseResult, NodeError, NodeInfo, NodeLost
-from pytest_profllm.devices import device_kind
+from pytest_profllm.devices import device_kind, real_gpus
 from pytest_profllm.engine import EngineChoice
 from pytest_profllm.options import Settings
 from pytest_profllm.plan import Case
@@ -421,7 +420,7 @@ def _local_gpus(settings: Settings, engine: EngineChoice) -> int | None:
     """A local cluster has this host's GPUs for vLLM (Ray finds real ones itself); for the
     simulated engine, or where there is none, as many logical GPUs as the pool has virtual
     ones."""
-    if device_kind(engine) == "gpu" and gpus.discover().gpus:
+    if real_gpus(device_kind(engine)):
         return None
     return len(host_pool(settings, engine).gpu_ids)
 

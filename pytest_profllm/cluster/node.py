@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_profllm import gpus
 from pytest_profllm.cluster.wire import CaseResult, NodeInfo
-from pytest_profllm.devices import DeviceKind, device_kind
+from pytest_profllm.devices import DeviceKind, device_kind, real_gpus
 from pytest_profllm.options import Settings
 from pytest_profllm.plan import Case
 from pytest_profllm.pool import VIRTUAL_PREFIX, HostPool, default_pool_dir
@@ -42,12 +41,12 @@ class NodeSession(WorkerSession):
         return node_pool(self.node, self.settings.ports, device_kind(self.identity.engine))
 
 
-def node_pool(node: NodeInfo, ports: range, kind: DeviceKind = "gpu") -> HostPool:
+def node_pool(node: NodeInfo, ports: range, kind: DeviceKind) -> HostPool:
     """The host-wide pool folder, so ports and server starts are shared with every session on
-    this host; GPUs are locked by UUID where NVML knows them and vLLM uses them. Logical GPUs
-    (a test cluster, several Ray nodes on one host) and the simulator's are named after their
-    node, since node A's GPU 0 is not node B's, and a simulator holds no real GPU."""
-    real = {str(gpu.index): gpu.uuid for gpu in gpus.discover().gpus} if kind == "gpu" else {}
+    this host; GPUs are locked by UUID where NVML knows them and vLLM uses them (`real_gpus`).
+    Logical GPUs (a test cluster, several Ray nodes on one host) and the simulator's are named
+    after their node, since node A's GPU 0 is not node B's."""
+    real = dict(real_gpus(kind))
     names = tuple(
         real.get(gpu) or f"{VIRTUAL_PREFIX}{node.node_id[:12]}-{gpu}" for gpu in node.gpus
     )
