@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -84,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--save-result` files (as records of suite `bench`), into the benchmark_runs table. "
         "Every good file is loaded and every bad one refused whole, named with its reason; "
         "a record already there is counted as unchanged. Exit status 1 when a file was "
-        "refused, 2 when a path does not exist.",
+        "refused, 2 when a path does not exist or the database cannot be written (locked by "
+        "another process, a full disk): then nothing is loaded.",
     )
     ingest.add_argument("db", type=Path, metavar="DB", help="SQLite file (created if missing)")
     ingest.add_argument(
@@ -303,7 +305,8 @@ def _can_run_vllm() -> bool:
 def _ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from pytest_profllm.ingest import ingest, record_files
+    from pytest_profllm.ingest import IngestError, ingest, record_files
+    from pytest_profllm.store import BUSY_TIMEOUT_MS
 
     missing = [str(path) for path in args.paths if not path.exists()]
     if missing:
@@ -316,7 +319,15 @@ def _ingest(args: argparse.Namespace) -> int:
         def advance(count: int) -> None:
             bar.update(count)
 
-        report = ingest(args.db, files, advance)
+        try:
+            report = ingest(args.db, files, advance)
+        except IngestError as error:
+            raise CliError(f"{error}: nothing loaded") from None
+        except (sqlite3.Error, OSError) as error:
+            what = (f"still locked by another process after {BUSY_TIMEOUT_MS / 1000:g} s"
+                    if "locked" in str(error)
+                    else getattr(error, "strerror", None) or str(error))
+            raise CliError(f"{args.db}: {what}: nothing loaded") from None
     for path, reason in report.refused:
         print(f"profllm ingest: refused {path}: {reason}", file=sys.stderr)
     print(report.summary(args.db))

@@ -8,6 +8,10 @@ nothing of it is stored; the good files are loaded all the same. A run id given 
 same file named twice, or a copy) is loaded once. A `profllm bench --save-result` file
 becomes a record of suite `bench`, its run id derived from its content, so loading it again
 changes nothing either.
+
+From 2,000 files on, two other processes read, check and stage the files batch by batch
+while this one copies the staged rows into the database; a file whose bytes are those of a
+stored record is counted unchanged without being parsed.
 """
 
 from __future__ import annotations
@@ -15,16 +19,31 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pytest_profllm.record import normalize
-from pytest_profllm.store import LoadReport, RowBatch, batched, load_rows, record_row
+from pytest_profllm.store import (
+    BATCH,
+    Load,
+    LoadReport,
+    RowBuilder,
+    StagedRows,
+    batched,
+    record_digest,
+    stage,
+)
 
 BENCH_SUITE = "bench"
+
+
+class IngestError(Exception):
+    """An ingest that cannot go on (a process reading the files died)."""
 
 
 @dataclass
@@ -51,9 +70,17 @@ def record_files(paths: Iterable[Path]) -> list[Path]:
     found: dict[Path, None] = {}
     for path in paths:
         if path.is_dir():
-            for child in sorted(path.glob("*.json")):
-                if not child.name.startswith("."):
-                    found.setdefault(child.resolve(), None)
+            # One scandir, not a glob and a resolve per file: at 100,000 files those took
+            # longer than reading the records. Only links are resolved (a link to a file
+            # named as well is that file).
+            folder = path.resolve()
+            with os.scandir(folder) as entries:
+                names = sorted((entry.name, entry.is_symlink()) for entry in entries
+                               if entry.name.endswith(".json")
+                               and not entry.name.startswith("."))
+            for name, is_link in names:
+                child = folder / name
+                found.setdefault(child.resolve() if is_link else child, None)
         else:
             found.setdefault(path.resolve() if path.exists() else path, None)
     return list(found)
@@ -61,12 +88,22 @@ def record_files(paths: Iterable[Path]) -> list[Path]:
 
 def read_record(path: Path) -> dict[str, Any]:
     """One file as a record (JSON data of the current schema); ValueError with the reason."""
-    import orjson
+    return _read(path)[0]
 
+
+def _read(path: Path) -> tuple[dict[str, Any], bytes]:
+    """A record file's record and its bytes; ValueError with the reason it is no record."""
     try:
         content = path.read_bytes()
     except OSError as error:
         raise ValueError(f"cannot read: {error.strerror or error}") from None
+    return _parse(content, path), content
+
+
+def _parse(content: bytes, path: Path) -> dict[str, Any]:
+    import orjson
+
+    strict = True
     try:
         data = orjson.loads(content)
     except orjson.JSONDecodeError as error:
@@ -76,12 +113,11 @@ def read_record(path: Path) -> dict[str, Any]:
             data = json.loads(content)
         except ValueError:
             raise ValueError(f"not JSON: {error}") from None
+        strict = False
     if isinstance(data, dict) and "schema_version" not in data and _is_bench_result(data):
         data = bench_record(data, path)
-    results = data.get("results") if isinstance(data, dict) else None
-    for name, value in (results.items() if isinstance(results, dict) else ()):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"results.{name} is {value}: metrics must be finite numbers")
+    if not strict:
+        _check_finite(data)
     try:
         normalize(data)
     except ValueError as error:
@@ -90,6 +126,13 @@ def read_record(path: Path) -> dict[str, Any]:
     # again, at 100,000 records).
     result: dict[str, Any] = data
     return result
+
+
+def _check_finite(data: Any) -> None:
+    results = data.get("results") if isinstance(data, dict) else None
+    for name, value in (results.items() if isinstance(results, dict) else ()):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"results.{name} is {value}: metrics must be finite numbers")
 
 
 def _is_bench_result(data: dict[str, Any]) -> bool:
@@ -156,69 +199,121 @@ def ingest(
     files: list[Path],
     progress: Callable[[int], None] | None = None,
 ) -> IngestReport:
-    """Load every good file, refuse every bad one (with its reason), in one transaction."""
+    """Load every good file, refuse every bad one (with its reason), in one transaction.
+
+    A file whose bytes are those of a stored record is unchanged without being parsed: it is
+    read and digested only. A new database is made only when there is a record to load.
+    """
     report = IngestReport(files=len(files))
-    seen: set[str] = set()
-
-    def rows() -> Iterator[RowBatch]:
-        for read, refused in _read_batches(files):
-            report.refused += refused
-            fresh = []
-            for run_id, row in zip(read.run_ids(), read.values, strict=True):
-                if run_id in seen:
-                    report.duplicates += 1
-                else:
-                    seen.add(run_id)
-                    fresh.append(row)
-            if progress is not None:
-                progress(len(read.values) + len(refused) - len(fresh))
-            if fresh:
-                yield RowBatch(read.columns, fresh)
-
-    batches = rows()
-    first = next(batches, None)
-    if first is None:
+    if not files:
         return report
-    report.load = load_rows(db_path, _chain(first, batches), progress)
+    with ExitStack() as stack:
+        load = stack.enter_context(Load(db_path)) if db_path.exists() else None
+        stored = load.stored_digests() if load is not None else {}
+        seen: set[str] = set()
+        for batch in _read_batches(files, frozenset(stored)):
+            report.refused += batch.refused
+            unchanged = _unseen(seen, [stored[digest] for digest in batch.stored])
+            report.duplicates += len(batch.stored) - len(unchanged)
+            if load is not None:
+                load.add_unchanged(len(unchanged))
+            staged = batch.staged
+            if staged is not None:
+                fresh = _unseen(seen, staged.run_ids)
+                report.duplicates += len(staged.run_ids) - len(fresh)
+                if fresh:
+                    if load is None:
+                        load = stack.enter_context(Load(db_path))
+                    load.add(staged, fresh)
+            if progress is not None:
+                progress(batch.files)
+    if load is not None:
+        report.load = load.report
     return report
 
 
-Batch = tuple[RowBatch, list[tuple[Path, str]]]
-# Reading and checking a record costs about as much as storing it: other processes read the
-# next batches while this one writes.
+def _unseen(seen: set[str], run_ids: list[str]) -> list[int]:
+    """The positions of the run ids not seen before (now seen): a run id given twice, by the
+    same file named twice or a copy, is loaded once."""
+    fresh = []
+    for at, run_id in enumerate(run_ids):
+        if run_id not in seen:
+            seen.add(run_id)
+            fresh.append(at)
+    return fresh
+
+
+@dataclass
+class _Batch:
+    """What reading a batch of files found: the rows of the records not stored as they are,
+    the digests of files that are, and the files refused with their reason."""
+
+    files: int
+    staged: StagedRows | None
+    stored: list[str]
+    refused: list[tuple[Path, str]]
+
+
+# Reading, checking and staging a record costs ten times what copying it into the table
+# does: other processes read the next batches while this one writes.
 _PARALLEL_FROM = 2_000
+_FILES_PER_BATCH = BATCH
 _IN_FLIGHT = 4
+_stored_in_worker: frozenset[str] = frozenset()
 
 
-def _read_batches(files: list[Path]) -> Iterator[Batch]:
-    chunks = list(batched(files))
+def _read_batches(files: list[Path], stored: frozenset[str]) -> Iterator[_Batch]:
+    chunks = list(batched(files, _FILES_PER_BATCH))
     if len(files) < _PARALLEL_FROM:
-        yield from map(_read_batch, chunks)
+        for chunk in chunks:
+            yield _read_batch(chunk, stored)
         return
-    import os
     from concurrent.futures import Future, ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     workers = max(1, min(2, (os.cpu_count() or 1)))
-    with ProcessPoolExecutor(workers) as pool:
-        pending: list[Future[Batch]] = []
-        for chunk in chunks:
-            pending.append(pool.submit(_read_batch, chunk))
-            if len(pending) >= _IN_FLIGHT:
-                yield pending.pop(0).result()
-        for future in pending:
-            yield future.result()
+    # The stored digests go to each worker once, not with every batch.
+    with ProcessPoolExecutor(workers, initializer=_start_worker, initargs=(stored,)) as pool:
+        pending: list[Future[_Batch]] = []
+        try:
+            for chunk in chunks:
+                pending.append(pool.submit(_read_batch_in_worker, chunk))
+                if len(pending) >= _IN_FLIGHT:
+                    yield pending.pop(0).result()
+            for future in pending:
+                yield future.result()
+        except BrokenProcessPool:
+            raise IngestError("a process reading the record files died (killed, or out of "
+                              "memory)") from None
+        finally:
+            for future in pending:
+                future.cancel()
 
 
-def _read_batch(paths: list[Path]) -> Batch:
-    rows, refused = [], []
+def _start_worker(stored: frozenset[str]) -> None:
+    global _stored_in_worker
+    _stored_in_worker = stored
+
+
+def _read_batch_in_worker(paths: list[Path]) -> _Batch:
+    return _read_batch(paths, _stored_in_worker)
+
+
+def _read_batch(paths: list[Path], stored: frozenset[str]) -> _Batch:
+    rows = RowBuilder()
+    known, refused = [], []
     for path in paths:
         try:
-            rows.append(record_row(read_record(path)))
+            content = path.read_bytes()
+        except OSError as error:
+            refused.append((path, f"cannot read: {error.strerror or error}"))
+            continue
+        digest = record_digest(content)
+        if digest in stored:
+            known.append(digest)
+            continue
+        try:
+            rows.add(_parse(content, path), digest)
         except ValueError as error:
             refused.append((path, str(error)))
-    return RowBatch.from_rows(rows), refused
-
-
-def _chain(first: RowBatch, rest: Iterator[RowBatch]) -> Iterator[RowBatch]:
-    yield first
-    yield from rest
+    return _Batch(len(paths), stage(rows.batches()), known, refused)

@@ -239,9 +239,15 @@ def _umask() -> int:
     return mask
 
 
+def record_bytes(record: dict[str, Any]) -> bytes:
+    """A record file's content. The store digests these bytes: a record loaded at the end of
+    a session and its file ingested later are the same record."""
+    return json.dumps(record, indent=2, allow_nan=False).encode() + b"\n"
+
+
 def write_record(out_dir: Path, record: dict[str, Any]) -> Path:
     path = out_dir / f"{record['run_id']}.json"
-    write_atomic(path, json.dumps(record, indent=2, allow_nan=False).encode() + b"\n")
+    write_atomic(path, record_bytes(record))
     return path
 
 

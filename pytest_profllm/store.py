@@ -6,19 +6,25 @@ metrics keep vLLM's names unprefixed. Column types come from the record's schema
 engine-argument registry, never from the first value seen: a numeric parameter is REAL or
 INTEGER, and an infinite request rate is stored as SQLite's REAL Infinity, so numeric filters
 and sorts work. Loading is an upsert on `run_id` in one `BEGIN IMMEDIATE` transaction with a
-busy timeout, in WAL mode: re-loading a record changes nothing, concurrent writers wait their
-turn, readers (Datasette) read while a run writes, and a failed load leaves the database as
-it was.
+busy timeout, in WAL mode: re-loading a record changes nothing (its `record_digest`, of its
+file's bytes, is the same), concurrent writers wait their turn, readers (Datasette) read
+while a run writes, and a failed load leaves the database as it was.
+
+Rows reach the table staged: whoever reads the records (`profllm ingest`'s worker processes)
+writes them into an in-memory SQLite database, and the one writing process copies them over
+in C.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
 import math
 import operator
 import re
+import sqlite3
 import types
 import typing
 from collections.abc import Callable, Iterable, Iterator
@@ -78,7 +84,8 @@ _FIXED_COLUMNS: dict[str, str] = {
     "profiling": "TEXT",
     "regression": "TEXT",
     "failed_verdicts": "TEXT",
-    # A digest of the record: loading the same record again is recognised as unchanged.
+    # A digest of the record's file: loading the same file again is recognised as unchanged
+    # (without reading it: ingest digests the bytes and skips a file whose digest is stored).
     "record_digest": "TEXT",
 }
 _INTEGER_METRICS = {"completed", "failed", "total_input_tokens", "total_output_tokens"}
@@ -159,73 +166,142 @@ def _annotation_type(annotation: Any) -> str:
     return "TEXT"
 
 
-def record_row(record: dict[str, Any]) -> dict[str, Any]:
-    """A record flattened to one table row, each value of its column's type."""
-    import orjson
+def record_digest(content: bytes) -> str:
+    """The digest of a record file's bytes: the same file loaded again is unchanged."""
+    return hashlib.blake2b(content, digest_size=12).hexdigest()
 
-    row: dict[str, Any] = {
-        key: record.get(key)
-        for key in (
-            "run_id",
-            "session_id",
-            "suite",
-            "source",
-            "case_id",
-            "nodeid",
-            "repeat_index",
-            "timestamp",
-            "status",
-            "message",
-        )
-    }
-    # `duration` is the metric (vLLM's: the benchmark's requests); the whole case is apart.
-    row["case_duration"] = record.get("duration")
+
+def record_row(record: dict[str, Any], digest: str | None = None) -> dict[str, Any]:
+    """A record flattened to one table row, each value of its column's type. `digest` is its
+    file's `record_digest`; without it, that of the bytes its file is written with."""
+    rows = RowBuilder()
+    rows.add(record, digest)
+    (batch,) = rows.batches()
+    return dict(zip(batch.columns, batch.values[0], strict=True))
+
+
+# The record's blocks, in row order, with the prefix of their columns.
+_BLOCK_PREFIXES = ("server_", "bench_", "", "system_", "runtime_")
+_FIXED = tuple(_FIXED_COLUMNS)
+_CONTAINERS = frozenset((dict, list))
+_EMPTY_JSON = {dict: "{}", list: "[]"}
+_REPEAT_SUFFIX = re.compile(r"-r\d+$")
+
+
+class RowBuilder:
+    """Records to rows, grouped in batches by shape (the keys of their blocks).
+
+    An ingest builds 100,000 rows of 400+ values. Records of one database share a few
+    shapes, so the column names, the positions of numeric values and the handling of a key
+    two blocks share are worked out once per shape; a row is then the record's block values
+    in one tuple, with only the JSON cells and text in numeric columns converted.
+    """
+
+    def __init__(self) -> None:
+        self._shapes: dict[tuple[tuple[str, ...], ...], _Shape] = {}
+        self._rows: dict[int, list[tuple[Any, ...]]] = {}
+
+    def add(self, record: dict[str, Any], digest: str | None = None) -> None:
+        """Adds a record's row; `digest` as in `record_row`."""
+        if digest is None:
+            from pytest_profllm.record import record_bytes
+
+            digest = record_digest(record_bytes(record))
+        config = record.get("config") or {}
+        blocks = (config.get("server") or {}, config.get("benchmark") or {},
+                  record.get("results") or {}, record.get("system") or {},
+                  record.get("runtime") or {})
+        key = tuple(map(tuple, blocks))
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = _Shape.of(key, len(self._shapes))
+        values = list(_fixed_values(record, digest))
+        for block in blocks:
+            values += block.values()
+        # SQLite has no lists or mappings: they are stored as JSON text.
+        for at in itertools.compress(range(len(values)),
+                                     map(_CONTAINERS.__contains__, map(type, values))):
+            value = values[at]
+            values[at] = _json_text(value) if value else _EMPTY_JSON[value.__class__]
+        # JSON has no infinity: records carry an infinite request rate as "inf".
+        for at in shape.numeric:
+            if values[at].__class__ is str:
+                values[at] = _number(values[at])
+        self._rows.setdefault(shape.index, []).append(
+            tuple(values) if shape.keep is None else shape.keep(values))
+
+    def batches(self) -> list[RowBatch]:
+        columns = {shape.index: shape.columns for shape in self._shapes.values()}
+        return [RowBatch(columns[index], rows) for index, rows in self._rows.items()]
+
+
+@dataclass
+class _Shape:
+    index: int
+    columns: list[str]
+    # The positions of text that may be a number: workload parameters and metrics.
+    numeric: tuple[int, ...]
+    # Where two blocks share a column name, the first value (the record's top level first)
+    # is kept: a metric named like a fixed column never overwrites it.
+    keep: Callable[[list[Any]], tuple[Any, ...]] | None
+
+    @classmethod
+    def of(cls, key: tuple[tuple[str, ...], ...], index: int) -> _Shape:
+        names = list(_FIXED)
+        numeric_columns = _numeric_columns()
+        numeric = []
+        for prefix, keys in zip(_BLOCK_PREFIXES, key, strict=True):
+            for name in _prefixed(prefix, keys):
+                if prefix in ("bench_", "") and name in numeric_columns:
+                    numeric.append(len(names))
+                names.append(name)
+        first = {name: at for at, name in reversed(list(enumerate(names)))}
+        if len(first) == len(names):
+            return cls(index, names, tuple(numeric), None)
+        kept = sorted(first.values())
+        return cls(index, [names[at] for at in kept], tuple(numeric),
+                   lambda values: tuple(values[at] for at in kept))
+
+
+def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
+    """The values of `_FIXED_COLUMNS`, in their order."""
     engine = record.get("engine") or {}
-    row["engine"] = engine.get("name")
-    row["engine_version"] = engine.get("version")
-    row["engine_reason"] = engine.get("reason")
-    row["engine_distribution"] = engine.get("distribution")
-    config = record.get("config") or {}
-    engine_args = config.get("engine_args") or {}
-    row["engine_args_version"] = engine_args.get("vllm_version")
-    row["engine_args_source"] = engine_args.get("source")
+    engine_args = (record.get("config") or {}).get("engine_args") or {}
     case_id = str(record.get("case_id") or "")
     configuration, _, workload = case_id.rpartition("::")
-    row["configuration"] = configuration or case_id
-    row["workload"] = re.sub(r"-r\d+$", "", workload)
-    system = record.get("system") or {}
-    row["device"] = _device(system)
-    # A row is built for every record of an ingest (100,000 of them, 400+ values each): the
-    # blocks are copied in comprehensions, and only text in a numeric column is converted.
-    for prefix, block in (("server_", config.get("server")), ("bench_", config.get("benchmark")),
-                          ("", record.get("results")), ("system_", system),
-                          ("runtime_", record.get("runtime"))):
-        if block:
-            names = _prefixed(prefix, tuple(block))
-            row.update(zip(names, block.values(), strict=True))
-            for name, value in zip(names, block.values(), strict=True):
-                if value.__class__ is dict or value.__class__ is list:
-                    row[name] = _cell(value)
-    for key in ("thresholds", "verdicts", "profiling", "regression"):
-        row[key] = _cell(record.get(key))
-    row["failed_verdicts"] = (
-        ",".join(
-            verdict["metric"] for verdict in record.get("verdicts") or [] if not verdict["passed"]
-        )
-        or None
+    verdicts = record.get("verdicts")
+    failed = ",".join(verdict["metric"] for verdict in verdicts or () if not verdict["passed"])
+    return (
+        record.get("run_id"),
+        record.get("session_id"),
+        record.get("suite"),
+        record.get("source"),
+        record.get("case_id"),
+        record.get("nodeid"),
+        record.get("repeat_index"),
+        record.get("timestamp"),
+        record.get("status"),
+        record.get("message"),
+        # `duration` is the metric (vLLM's: the benchmark's requests); the whole case apart.
+        record.get("duration"),
+        engine.get("name"),
+        engine.get("version"),
+        engine.get("reason"),
+        engine.get("distribution"),
+        engine_args.get("vllm_version"),
+        engine_args.get("source"),
+        # For grouping: the case without its workload, the workload without its repeat
+        # number, the devices it ran on.
+        configuration or case_id,
+        _REPEAT_SUFFIX.sub("", workload),
+        _device(record.get("system") or {}),
+        record.get("thresholds"),
+        verdicts,
+        record.get("profiling"),
+        record.get("regression"),
+        failed or None,
+        digest,
     )
-    # Text in a numeric column ("inf" for an infinite request rate) comes from the workload
-    # and the metrics; engine arguments arrive typed by the registry.
-    numeric = _numeric_columns()
-    for block, prefix in ((config.get("benchmark"), "bench_"), (record.get("results"), "")):
-        for key, value in (block or {}).items():
-            if value.__class__ is str and prefix + key in numeric:
-                row[prefix + key] = _number(value)
-    row["record_digest"] = hashlib.blake2b(
-        orjson.dumps(record, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS),
-        digest_size=12,
-    ).hexdigest()
-    return row
 
 
 _PREFIXED: dict[tuple[str, tuple[str, ...]], tuple[str, ...]] = {}
@@ -255,13 +331,10 @@ def _device(system: dict[str, Any]) -> str:
     return " + ".join(f"{names.count(name)}x {name}" for name in distinct)
 
 
-def _cell(value: Any) -> Any:
-    # SQLite has no lists or mappings: store them as JSON text, which Datasette renders.
-    if isinstance(value, dict | list):
-        import orjson
+def _json_text(value: dict[str, Any] | list[Any]) -> str:
+    import orjson
 
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-    return value
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
 
 
 def _number(text: str) -> Any:
@@ -287,11 +360,11 @@ class LoadReport:
         return self.new + self.updated + self.unchanged
 
 
-def connect(db_path: Path, busy_timeout_s: float = BUSY_TIMEOUT_MS / 1000) -> Any:
-    """A sqlite-utils Database in WAL mode that waits up to `busy_timeout_s` for other
-    writers (then sqlite3.OperationalError: database is locked)."""
-    import sqlite3
-
+def connect(
+    db_path: Path, busy_timeout_s: float = BUSY_TIMEOUT_MS / 1000, wal: bool = True
+) -> Any:
+    """A sqlite-utils Database in WAL mode (`wal`; else as the file is) that waits up to
+    `busy_timeout_s` for other writers (then sqlite3.OperationalError: database is locked)."""
     import sqlite_utils
 
     db_path.parent.mkdir(parents=True, exist_ok=True)
@@ -301,7 +374,8 @@ def connect(db_path: Path, busy_timeout_s: float = BUSY_TIMEOUT_MS / 1000) -> An
     # row spills into overflow pages, which made loading twice as slow. The page size of a
     # new database only (WAL mode fixes it).
     db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-    db.enable_wal()
+    if wal:
+        db.enable_wal()
     # In WAL mode NORMAL still never corrupts the database; a power cut may lose the last
     # transaction, whose records are safe on disk as JSON.
     db.execute("PRAGMA synchronous = NORMAL")
@@ -311,8 +385,7 @@ def connect(db_path: Path, busy_timeout_s: float = BUSY_TIMEOUT_MS / 1000) -> An
 
 @dataclass
 class RowBatch:
-    """Rows as one column list and a tuple of values per row: what SQLite binds, and what
-    crosses from a reading process to the writing one at a third of the cost of dicts."""
+    """Rows as one column list and a tuple of values per row."""
 
     columns: list[str]
     values: list[tuple[Any, ...]]
@@ -322,11 +395,138 @@ class RowBatch:
         columns = list(dict.fromkeys(itertools.chain.from_iterable(rows)))
         return cls(columns, [tuple(map(row.get, columns)) for row in rows])
 
-    def run_ids(self) -> list[str]:
+    def column(self, name: str) -> list[Any]:
         if not self.values:
             return []
-        at = self.columns.index("run_id")
+        at = self.columns.index(name)
         return [row[at] for row in self.values]
+
+    def run_ids(self) -> list[str]:
+        return self.column("run_id")
+
+
+# The in-memory database a batch of rows is staged in. Its `rows` table holds each row's own
+# columns and the id of its server block in `servers`: the records of one server
+# configuration (every workload, every repeat) share one block of 300+ engine arguments.
+_STAGE = "profllm_stage"
+_SERVER_ID = "profllm_server"
+
+
+@dataclass
+class StagedRows:
+    """Rows written into an in-memory SQLite database and serialized: what a reading process
+    hands the writing one, which copies them into the table in C. Binding 400+ values a row
+    from Python cost the writer 0.13 ms a row (the copy: 0.025 ms), and the writer is the
+    one process an ingest cannot multiply."""
+
+    row_columns: list[str]
+    server_columns: list[str]
+    run_ids: list[str]
+    digests: list[str]
+    image: bytes
+
+    @property
+    def columns(self) -> list[str]:
+        return self.row_columns + self.server_columns
+
+    def select(self, columns: list[str], where: str = "", distinct: bool = False) -> str:
+        """A query of `columns` over the staged rows (`where`: a condition on `rows`)."""
+        servers = set(self.server_columns)
+        named = ", ".join(("s." if name in servers else "r.") + _names([name])
+                          for name in columns)
+        return (f"SELECT {'DISTINCT ' if distinct else ''}{named} FROM {_STAGE}.rows AS r "
+                f"LEFT JOIN {_STAGE}.servers AS s ON s.{_SERVER_ID} = r.{_SERVER_ID}"
+                + (f" WHERE r.{where}" if where else ""))
+
+
+def stage(batches: list[RowBatch]) -> StagedRows | None:
+    """Rows in stage order (batch by batch), each distinct server block stored once; None
+    where there are none."""
+    batches = [batch for batch in batches if batch.values]
+    if not batches:
+        return None
+    columns = list(dict.fromkeys(itertools.chain.from_iterable(b.columns for b in batches)))
+    server_columns = [name for name in columns if name.startswith("server_")]
+    row_columns = [name for name in columns if not name.startswith("server_")]
+    run_ids: list[str] = []
+    digests: list[str] = []
+    connection = sqlite3.connect(":memory:")
+    try:
+        connection.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+        # Untyped columns: values stay as bound until the table's own types apply.
+        connection.execute(f"CREATE TABLE rows ({_names([*row_columns, _SERVER_ID])})")
+        connection.execute(f"CREATE TABLE servers ({_SERVER_ID} INTEGER PRIMARY KEY"
+                           + "".join(f", {_names([name])}" for name in server_columns) + ")")
+        shapes: dict[tuple[str, ...], int] = {}
+        server_ids: dict[tuple[Any, ...], int] = {}
+        for batch in batches:
+            _stage_batch(connection, batch, shapes, server_ids)
+            run_ids += batch.run_ids()
+            digests += batch.column("record_digest")
+        connection.commit()
+        return StagedRows(row_columns, server_columns, run_ids, digests,
+                          connection.serialize())
+    finally:
+        connection.close()
+
+
+def _stage_batch(
+    connection: Any,
+    batch: RowBatch,
+    shapes: dict[tuple[str, ...], int],
+    server_ids: dict[tuple[Any, ...], int],
+) -> None:
+    server_at = [at for at, name in enumerate(batch.columns) if name.startswith("server_")]
+    row_at = [at for at, name in enumerate(batch.columns) if not name.startswith("server_")]
+    server_names = [batch.columns[at] for at in server_at]
+    # A block's key: its columns (as the number of their list), its values and their types.
+    # 1, 1.0 and True are equal in Python, not in a TEXT column.
+    shape = shapes.setdefault(tuple(server_names), len(shapes))
+    pick_server, pick_row = _picker(server_at), _picker(row_at)
+    rows, new_servers = [], []
+    for values in batch.values:
+        block = pick_server(values)
+        key = (shape, block, tuple(map(type, block)))
+        server_id = server_ids.get(key)
+        if server_id is None:
+            server_id = server_ids[key] = len(server_ids) + 1
+            new_servers.append((server_id, *block))
+        rows.append((*pick_row(values), server_id))
+    _insert(connection, "servers", [_SERVER_ID, *server_names], new_servers)
+    _insert(connection, "rows", [*(batch.columns[at] for at in row_at), _SERVER_ID], rows)
+
+
+def _insert(connection: Any, table: str, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+    sql = f"INSERT INTO {table} ({_names(columns)}) VALUES ({', '.join('?' for _ in columns)})"
+    (last,) = connection.execute(f"SELECT coalesce(max(rowid), 0) FROM {table}").fetchone()
+    try:
+        connection.executemany(sql, rows)
+    except OverflowError:
+        # JSON integers from 2**63 to 2**64 (orjson reads them) do not fit SQLite's INTEGER:
+        # they are stored as REAL, as JSON readers store larger ones. The rows before the
+        # one that did not fit are taken back first.
+        connection.execute(f"DELETE FROM {table} WHERE rowid > ?", (last,))
+        connection.executemany(sql, [tuple(map(_fit, row)) for row in rows])
+
+
+def _fit(value: Any) -> Any:
+    if value.__class__ is int and not -(2**63) <= value < 2**63:
+        return float(value)
+    return value
+
+
+def _picker(positions: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """The values at `positions` of a row, as a tuple (itemgetter, for any length)."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    if positions:
+        at = positions[0]
+        return lambda row: (row[at],)
+    return lambda row: ()
+
+
+def _names(columns: Iterable[str]) -> str:
+    return ", ".join('"' + name.replace('"', '""') + '"' for name in columns)
 
 
 def load_records(
@@ -337,10 +537,15 @@ def load_records(
     """Upsert records into `benchmark_runs` in one transaction (all or nothing: a full disk or
     an error leaves the database as it was); returns how many of them the table now holds
     (new, changed or already there). Waits up to `busy_timeout_s` for another writer."""
-    rows = [record_row(record) for record in records]
-    if not rows:
+    rows = RowBuilder()
+    for record in records:
+        rows.add(record)
+    staged = stage(rows.batches())
+    if staged is None:
         return 0
-    return load_rows(db_path, [RowBatch.from_rows(rows)], busy_timeout_s=busy_timeout_s).stored
+    with Load(db_path, busy_timeout_s) as load:
+        load.add(staged)
+    return load.report.stored
 
 
 def load_rows(
@@ -349,33 +554,128 @@ def load_rows(
     progress: Callable[[int], None] | None = None,
     busy_timeout_s: float = BUSY_TIMEOUT_MS / 1000,
 ) -> LoadReport:
-    """Upsert batches of rows (from `record_row`) in one transaction, refresh the swept axes,
+    """Upsert batches of rows (from `RowBuilder`) in one transaction, refresh the swept axes,
     their indexes and the landing table. `progress` is called with each batch's size."""
-    report = LoadReport()
-    db = connect(db_path, busy_timeout_s)
-    try:
-        db.conn.execute("BEGIN IMMEDIATE")
+    with Load(db_path, busy_timeout_s) as load:
+        for batch in batches:
+            staged = stage([batch])
+            if staged is not None:
+                load.add(staged)
+            if progress is not None:
+                progress(len(batch.values))
+    return load.report
+
+
+class Load:
+    """One loading transaction (`BEGIN IMMEDIATE`, so the digests read at its start stay
+    true): staged rows go in batch by batch; leaving it without an error refreshes the swept
+    axes, the indexes and the landing table and commits, an error rolls all of it back."""
+
+    def __init__(self, db_path: Path, busy_timeout_s: float | None = None) -> None:
+        self.db_path = db_path
+        self.busy_timeout_s = BUSY_TIMEOUT_MS / 1000 if busy_timeout_s is None else busy_timeout_s
+        self.report = LoadReport()
+        self._fresh: list[str] = []
+
+    def __enter__(self) -> Load:
+        # A new database is written with a rollback journal, then set to WAL mode: in WAL
+        # mode each page is written twice (to the log, then into the file when the log is
+        # checkpointed at the commit), which made the commit of 100,000 runs take 3.4 s of
+        # the ingest's 26. A rollback journal keeps no copy of pages a new file never had.
+        self._new = not self.db_path.exists() or self.db_path.stat().st_size == 0
+        self.db = connect(self.db_path, self.busy_timeout_s, wal=not self._new)
         try:
-            _prepare(db)
-            digests = dict(db.conn.execute(f"SELECT run_id, record_digest FROM [{TABLE}]"))
-            axes = _Axes.read(db)
-            fresh: list[str] = []
-            for batch in batches:
-                fresh += _load_batch(db, batch, digests, axes, report)
-                if progress is not None:
-                    progress(len(batch.values))
-            changed = axes.write(db)
-            report.swept_axes = axes.swept()
-            _refresh_indexes(db)
-            _refresh_landing(db, report.swept_axes, fresh, rebuild=changed)
-            db.conn.execute("COMMIT")
+            # Attached before the transaction: SQLite attaches nothing inside one.
+            self.db.conn.execute(f"ATTACH ':memory:' AS {_STAGE}")
+            self.db.conn.execute("BEGIN IMMEDIATE")
+            _prepare(self.db)
+            _refresh_indexes(self.db)
+            self.digests: dict[str, str] = dict(
+                self.db.conn.execute(f"SELECT run_id, record_digest FROM [{TABLE}]")
+            )
+            self.axes = _Axes.read(self.db)
+            self._columns = set(self.db.table(TABLE).columns_dict)
         except BaseException:
-            if db.conn.in_transaction:
-                db.conn.execute("ROLLBACK")
+            self._close(commit=False)
             raise
-    finally:
-        db.close()
-    return report
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self._close(commit=kind is None)
+
+    def stored_digests(self) -> dict[str, str]:
+        """The run id of each stored record's digest."""
+        return {digest: run_id for run_id, digest in self.digests.items() if digest}
+
+    def add(self, staged: StagedRows, positions: Iterable[int] | None = None) -> None:
+        """Writes the staged rows (those at `positions`, else all) that are new or changed."""
+        report, digests = self.report, self.digests
+        keep = []
+        for at in range(len(staged.run_ids)) if positions is None else positions:
+            run_id, digest = staged.run_ids[at], staged.digests[at]
+            before = digests.get(run_id)
+            if before == digest:
+                report.unchanged += 1
+                continue
+            if before is None:
+                report.new += 1
+            else:
+                report.updated += 1
+            digests[run_id] = digest
+            keep.append(at)
+        if not keep:
+            return
+        connection = self.db.conn
+        connection.deserialize(staged.image, name=_STAGE)
+        # Row ids of the staged rows count them from 1, in stage order.
+        where = ("" if len(keep) == len(staged.run_ids)
+                 else f"rowid IN ({', '.join(str(at + 1) for at in keep)})")
+        self._add_columns(staged, where)
+        connection.execute(f"INSERT OR REPLACE INTO main.[{TABLE}] ({_names(staged.columns)}) "
+                           + staged.select(staged.columns, where))
+        watched = self.axes.watched(staged.columns)
+        if watched:
+            self.axes.see(watched, connection.execute(
+                staged.select(watched, where, distinct=True)).fetchall())
+        self._fresh += [staged.run_ids[at] for at in keep]
+
+    def add_unchanged(self, count: int) -> None:
+        """Records known by their digest to be stored as they are."""
+        self.report.unchanged += count
+
+    def _add_columns(self, staged: StagedRows, where: str) -> None:
+        # Columns the schema does not know (an engine argument of a newer vLLM): typed by
+        # their values, as sqlite-utils suggests.
+        extra = [name for name in staged.columns if name not in self._columns]
+        if not extra:
+            return
+        from sqlite_utils.utils import suggest_column_types
+
+        rows = self.db.conn.execute(staged.select(extra, where)).fetchall()
+        suggested = suggest_column_types([dict(zip(extra, row, strict=True)) for row in rows])
+        table = self.db.table(TABLE)
+        for name in sorted(extra):
+            table.add_column(name, suggested[name])
+            self._columns.add(name)
+
+    def _close(self, commit: bool) -> None:
+        db = self.db
+        try:
+            if commit:
+                changed = self.axes.write(db)
+                self.report.swept_axes = self.axes.swept()
+                _refresh_landing(db, self.report.swept_axes, self._fresh, rebuild=changed)
+                db.conn.execute("COMMIT")
+                if self._new:
+                    # Where another writer has it open already, the next load sets WAL mode.
+                    with contextlib.suppress(sqlite3.OperationalError):
+                        db.enable_wal()
+        finally:
+            try:
+                if db.conn.in_transaction:
+                    db.conn.execute("ROLLBACK")
+            finally:
+                db.close()
 
 
 def _prepare(db: Any) -> None:
@@ -409,53 +709,6 @@ def _python_type(kind: str) -> type:
     return {"INTEGER": int, "REAL": float}.get(kind, str)
 
 
-def _load_batch(
-    db: Any,
-    batch: RowBatch,
-    digests: dict[str, str],
-    axes: _Axes,
-    report: LoadReport,
-) -> list[str]:
-    """Writes the rows that are new or changed; returns their run ids."""
-    columns = batch.columns
-    run_id_at, digest_at = columns.index("run_id"), columns.index("record_digest")
-    values = []
-    for row in batch.values:
-        run_id, digest = row[run_id_at], row[digest_at]
-        before = digests.get(run_id)
-        if before == digest:
-            report.unchanged += 1
-            continue
-        if before is not None:
-            report.updated += 1
-        else:
-            report.new += 1
-        digests[run_id] = digest
-        values.append(row)
-    if not values:
-        return []
-    table = db.table(TABLE)
-    known = set(table.columns_dict)
-    extra = [(at, name) for at, name in enumerate(columns) if name not in known]
-    if extra:
-        # Columns the schema does not know (an engine argument of a newer vLLM): typed by
-        # their values, as sqlite-utils suggests.
-        from sqlite_utils.utils import suggest_column_types
-
-        suggested = suggest_column_types([{name: row[at] for at, name in extra}
-                                          for row in values])
-        for _, name in sorted(extra, key=lambda pair: pair[1]):
-            table.add_column(name, suggested[name])
-    # sqlite-utils' insert_all binds at most 999 values a statement: with a column per engine
-    # argument (~420 columns) that is two rows a statement, 8x slower. The rows go in one
-    # executemany.
-    names = ", ".join(f"[{name}]" for name in columns)
-    marks = ", ".join("?" for _ in columns)
-    db.conn.executemany(f"INSERT OR REPLACE INTO [{TABLE}] ({names}) VALUES ({marks})", values)
-    axes.see(columns, values)
-    return [row[run_id_at] for row in values]
-
-
 class _Axes:
     """Which `server_*` / `bench_*` columns took more than one value: the swept axes."""
 
@@ -477,18 +730,14 @@ class _Axes:
                 swept.add(column)
         return cls(first, swept)
 
-    def see(self, columns: list[str], values: list[tuple[Any, ...]]) -> None:
-        watched = [index for index, column in enumerate(columns)
-                   if column.startswith(("server_", "bench_")) and column not in self._swept]
-        if not watched:
-            return
-        # Rows of one batch mostly repeat a few configurations: their distinct axis tuples
-        # (hashed at C speed) are few, and only those are looked at column by column.
-        pick = operator.itemgetter(*watched) if len(watched) > 1 else (
-            lambda row: (row[watched[0]],))
-        distinct_rows = set(map(pick, values))
-        for index, seen in zip(watched, zip(*distinct_rows, strict=True), strict=True):
-            column = columns[index]
+    def watched(self, columns: list[str]) -> list[str]:
+        """The columns that may be swept axes and are not known to be yet."""
+        return [column for column in columns
+                if column.startswith(("server_", "bench_")) and column not in self._swept]
+
+    def see(self, columns: list[str], distinct_rows: list[tuple[Any, ...]]) -> None:
+        """Takes note of the distinct values of `columns` in rows being loaded."""
+        for column, seen in zip(columns, zip(*distinct_rows, strict=True), strict=True):
             if column not in self.first:
                 self.first[column] = seen[0]
                 self._changed = True

@@ -5,6 +5,7 @@ records of their own suite; and record files that are never left half-written.""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -16,10 +17,12 @@ from typing import Any
 import pytest
 from test_store import make_record, table_rows
 
+from pytest_profllm import ingest as ingest_module
+from pytest_profllm import store
 from pytest_profllm.cli import main as cli_main
 from pytest_profllm.ingest import BENCH_SUITE, ingest, record_files
 from pytest_profllm.record import write_record, write_requests
-from pytest_profllm.store import TABLE
+from pytest_profllm.store import TABLE, load_records
 
 
 def run_ingest(
@@ -53,6 +56,115 @@ def test_ingest_loads_a_folder_and_again_adds_nothing_and_says_so(
     assert (status, err) == (0, [])
     assert out == f"{db_path} (table benchmark_runs): 0 new, 2 unchanged, 0 refused"
     assert table_rows(db_path) == before
+
+
+def test_records_loaded_by_their_session_are_unchanged_when_ingested(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The session loads its records from memory, ingest reads their files: both digest the
+    # same bytes.
+    records = [make_record("run-a"), make_record("run-b", status="failed")]
+    db_path = tmp_path / "results.db"
+    load_records(db_path, records)
+    folder = tmp_path / "records"
+    for record in records:
+        write_record(folder, record)
+    status, out, err = run_ingest(capsys, db_path, folder)
+    assert (status, err) == (0, [])
+    assert out == f"{db_path} (table benchmark_runs): 0 new, 2 unchanged, 0 refused"
+
+
+def test_a_changed_file_updates_its_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = records_folder(tmp_path, "run-a", "run-b")
+    db_path = tmp_path / "results.db"
+    run_ingest(capsys, db_path, folder)
+    write_record(folder, make_record("run-b", status="failed"))
+    status, out, _ = run_ingest(capsys, db_path, folder)
+    assert status == 0
+    assert out == f"{db_path} (table benchmark_runs): 0 new, 1 unchanged, 1 updated, 0 refused"
+    assert [row["status"] for row in table_rows(db_path)] == ["passed", "failed"]
+
+
+def test_many_files_are_read_by_other_processes_with_the_same_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # From _PARALLEL_FROM files on, worker processes read and stage batches of files while
+    # this one writes: lowered here, so that a few files take that path.
+    folder = records_folder(tmp_path, *(f"run-{n:02d}" for n in range(12)))
+    reasons = malformed_files(folder)
+    (folder / "copy.json").write_bytes((folder / "run-03.json").read_bytes())
+    files = record_files([folder])
+    sequential = ingest(tmp_path / "one.db", files)
+    monkeypatch.setattr(ingest_module, "_PARALLEL_FROM", 1)
+    monkeypatch.setattr(ingest_module, "_FILES_PER_BATCH", 4)
+    parallel = ingest(tmp_path / "many.db", files)
+    for report in (sequential, parallel):
+        assert (report.load.new, report.duplicates) == (12, 1)
+        assert sorted(path.name for path, _ in report.refused) == sorted(reasons)
+    assert table_rows(tmp_path / "many.db") == table_rows(tmp_path / "one.db")
+    # Again, with a file changed: the workers skip the files stored as they are.
+    write_record(folder, make_record("run-07", status="failed"))
+    again = ingest(tmp_path / "many.db", files)
+    assert (again.load.new, again.load.updated, again.load.unchanged) == (0, 1, 11)
+    assert again.duplicates == 1
+
+
+def test_a_locked_database_is_one_line_and_loads_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "BUSY_TIMEOUT_MS", 300)
+    folder = records_folder(tmp_path, "run-a")
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [make_record("run-0")])
+    holder = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        holder.execute("begin exclusive")
+        status, out, err = run_ingest(capsys, db_path, folder)
+    finally:
+        holder.close()
+    assert (status, out) == (2, "")
+    assert err == [f"profllm ingest: {db_path}: still locked by another process after 0.3 s: "
+                   "nothing loaded"]
+    assert [row["run_id"] for row in table_rows(db_path)] == ["run-0"]
+
+
+def _die(paths: list[Path]) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_reading_process_killed_is_one_line_and_loads_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = records_folder(tmp_path, "run-a", "run-b", "run-c")
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [make_record("run-0")])
+    monkeypatch.setattr(ingest_module, "_PARALLEL_FROM", 1)
+    monkeypatch.setattr(ingest_module, "_read_batch_in_worker", _die)
+    status, out, err = run_ingest(capsys, db_path, folder)
+    assert (status, out) == (2, "")
+    assert err == ["profllm ingest: a process reading the record files died (killed, or out "
+                   "of memory): nothing loaded"]
+    assert [row["run_id"] for row in table_rows(db_path)] == ["run-0"]
+
+
+def test_an_integer_too_large_for_sqlite_is_stored_as_a_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # JSON readers take integers up to 2**64; SQLite's INTEGER ends at 2**63.
+    folder = records_folder(tmp_path, "run-a", "run-c")
+    big = make_record("run-b")
+    big["config"]["server"]["seed"] = 2**63 + 5
+    big["results"]["completed"] = 2**64 - 1
+    write_record(folder, big)
+    db_path = tmp_path / "results.db"
+    status, out, _ = run_ingest(capsys, db_path, folder)
+    assert (status, out) == (0, f"{db_path} (table benchmark_runs): 3 new, 0 unchanged, "
+                                "0 refused")
+    rows = {row["run_id"]: row for row in table_rows(db_path)}
+    assert (rows["run-b"]["server_seed"], rows["run-b"]["completed"]) == (2.0**63, 2.0**64)
+    assert rows["run-a"]["completed"] == 10
 
 
 def test_a_copy_of_a_record_is_counted_once(

@@ -268,6 +268,40 @@ def test_loading_counts_new_updated_and_unchanged(tmp_path: Path) -> None:
     assert (again.new, again.updated, again.unchanged) == (0, 1, 1)
 
 
+def test_records_sharing_a_server_block_each_get_all_its_values(tmp_path: Path) -> None:
+    # A load stores each distinct server block once on its way into the table; every row
+    # still has its own values, and values Python holds equal (1 and 1.0) stay apart in a
+    # TEXT column.
+    db_path = tmp_path / "results.db"
+    server = {"model": MODEL, "max_num_seqs": 8, "hf_overrides": {"a": [1, 2]}}
+    records = [make_record(f"run-{n}", server=dict(server)) for n in range(3)]
+    records.append(make_record("run-float", server={**server, "model": 1.0}))
+    records.append(make_record("run-int", server={**server, "model": 1}))
+    records.append(make_record("run-other", server={**server, "max_num_seqs": 64}))
+    load_records(db_path, records)
+    rows = {row["run_id"]: row for row in table_rows(db_path)}
+    for record in records[:3] + records[-1:]:
+        row = record_row(record)
+        assert {key: rows[record["run_id"]][key] for key in row} == row, record["run_id"]
+    assert [rows[f"run-{n}"]["server_max_num_seqs"] for n in range(3)] == [8, 8, 8]
+    assert (rows["run-float"]["server_model"], rows["run-int"]["server_model"]) == ("1.0", "1")
+    assert rows["run-other"]["server_max_num_seqs"] == 64
+    assert rows["run-0"]["server_hf_overrides"] == '{"a":[1,2]}'
+
+
+def test_a_new_database_is_left_in_wal_mode(tmp_path: Path) -> None:
+    # Written with a rollback journal while new, then switched: readers (Datasette) read
+    # while the next run writes.
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [make_record("run-a")])
+    with sqlite3.connect(db_path) as connection:
+        assert connection.execute("pragma journal_mode").fetchone() == ("wal",)
+        assert connection.execute("pragma integrity_check").fetchall() == [("ok",)]
+    assert not db_path.with_name("results.db-journal").exists()
+    load_records(db_path, [make_record("run-b")])
+    assert [row["run_id"] for row in table_rows(db_path)] == ["run-a", "run-b"]
+
+
 def test_swept_axes_make_the_landing_view(tmp_path: Path) -> None:
     db_path = tmp_path / "results.db"
     load_records(db_path, [make_record("run-a")])
