@@ -5,7 +5,9 @@ import pytest
 
 @pytest.mark.profllm(
     server={"model": "Qwen/Qwen3-8B", "max_num_seqs": 32},
-    benchmark={"num_prompts": 16, "random_input_len": 128, "random_output_len": 16, "request_rate": 16},
+    benchmark={
+        "num_prompts": 16, "random_input_len": 128, "random_output_len": 16, "request_rate": 16,
+    },
     thresholds={"failed": {"max": 0}},
 )
 def test_decode_is_faster_than_prefill(profllm_result):

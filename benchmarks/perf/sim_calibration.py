@@ -18,7 +18,6 @@ import statistics
 import time
 
 from pytest_profllm.sim.calibration import ROWS, RowResult, median_abs, reproduce
-from pytest_profllm.sim.cost import EngineModel
 from pytest_profllm.sim.devices import device_profile
 
 

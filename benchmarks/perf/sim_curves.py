@@ -36,7 +36,8 @@ def max_num_seqs_curve(engine: EngineModel) -> None:
     requests = [Request(1024, 512) for _ in range(400)]
     print("\n1. max_num_seqs (400 x 1024/512 at rate inf, KV cache 40,000 tokens)")
     print(
-        f"{'max_num_seqs':>12} {'out tok/s':>10} {'median TPOT ms':>15} {'preemptions':>12} {'peak KV':>8}"
+        f"{'max_num_seqs':>12} {'out tok/s':>10} {'median TPOT ms':>15} {'preemptions':>12} "
+        f"{'peak KV':>8}"
     )
     for seqs in (4, 8, 16, 24, 32, 48, 64, 128):
         settings = ServerSettings(max_num_seqs=seqs, num_gpu_blocks=2500)
@@ -70,7 +71,8 @@ def prefix_caching_curve(engine: EngineModel) -> None:
         ids = prefixes[index % 4] + suffix
         requests.append(Request(len(ids), 64, ids))
     print(
-        "\n3. prefix caching (prefix_repetition: 4 prefixes of 2048 tokens, suffix 128, 200 requests at 8 req/s)"
+        "\n3. prefix caching (prefix_repetition: 4 prefixes of 2048 tokens, suffix 128, "
+        "200 requests at 8 req/s)"
     )
     print(f"{'prefix caching':>14} {'median TTFT ms':>15} {'hit rate':>9} {'out tok/s':>10}")
     for caching in (False, True):
@@ -91,7 +93,8 @@ def chunked_prefill_curve(engine: EngineModel) -> None:
         "prompts of 16k tokens)"
     )
     print(
-        f"{'chunk (max_num_batched_tokens)':>30} {'p99 ITL ms':>11} {'max ITL ms':>11} {'long TTFT ms':>13}"
+        f"{'chunk (max_num_batched_tokens)':>30} {'p99 ITL ms':>11} {'max ITL ms':>11} "
+        f"{'long TTFT ms':>13}"
     )
     for chunk in (512, 2048, 8192, None):
         settings = ServerSettings(
