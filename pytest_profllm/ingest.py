@@ -88,16 +88,14 @@ def record_files(paths: Iterable[Path]) -> list[Path]:
 
 def read_record(path: Path) -> dict[str, Any]:
     """One file as a record (JSON data of the current schema); ValueError with the reason."""
-    return _read(path)[0]
+    return _parse(_read(path), path)
 
 
-def _read(path: Path) -> tuple[dict[str, Any], bytes]:
-    """A record file's record and its bytes; ValueError with the reason it is no record."""
+def _read(path: Path) -> bytes:
     try:
-        content = path.read_bytes()
+        return path.read_bytes()
     except OSError as error:
         raise ValueError(f"cannot read: {error.strerror or error}") from None
-    return _parse(content, path), content
 
 
 def _parse(content: bytes, path: Path) -> dict[str, Any]:
@@ -304,16 +302,12 @@ def _read_batch(paths: list[Path], stored: frozenset[str]) -> _Batch:
     known, refused = [], []
     for path in paths:
         try:
-            content = path.read_bytes()
-        except OSError as error:
-            refused.append((path, f"cannot read: {error.strerror or error}"))
-            continue
-        digest = record_digest(content)
-        if digest in stored:
-            known.append(digest)
-            continue
-        try:
-            rows.add(_parse(content, path), digest)
+            content = _read(path)
+            digest = record_digest(content)
+            if digest in stored:
+                known.append(digest)
+            else:
+                rows.add(_parse(content, path), digest)
         except ValueError as error:
             refused.append((path, str(error)))
     return _Batch(len(paths), stage(rows.batches()), known, refused)

@@ -171,11 +171,10 @@ def record_digest(content: bytes) -> str:
     return hashlib.blake2b(content, digest_size=12).hexdigest()
 
 
-def record_row(record: dict[str, Any], digest: str | None = None) -> dict[str, Any]:
-    """A record flattened to one table row, each value of its column's type. `digest` is its
-    file's `record_digest`; without it, that of the bytes its file is written with."""
+def record_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A record flattened to one table row, each value of its column's type."""
     rows = RowBuilder()
-    rows.add(record, digest)
+    rows.add(record)
     (batch,) = rows.batches()
     return dict(zip(batch.columns, batch.values[0], strict=True))
 
@@ -199,10 +198,10 @@ class RowBuilder:
 
     def __init__(self) -> None:
         self._shapes: dict[tuple[tuple[str, ...], ...], _Shape] = {}
-        self._rows: dict[int, list[tuple[Any, ...]]] = {}
 
     def add(self, record: dict[str, Any], digest: str | None = None) -> None:
-        """Adds a record's row; `digest` as in `record_row`."""
+        """Adds a record's row. `digest` is its file's `record_digest`; without it, that of
+        the bytes its file is written with."""
         if digest is None:
             from pytest_profllm.record import record_bytes
 
@@ -214,7 +213,7 @@ class RowBuilder:
         key = tuple(map(tuple, blocks))
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._shapes[key] = _Shape.of(key, len(self._shapes))
+            shape = self._shapes[key] = _Shape.of(key)
         values = list(_fixed_values(record, digest))
         for block in blocks:
             values += block.values()
@@ -227,39 +226,37 @@ class RowBuilder:
         for at in shape.numeric:
             if values[at].__class__ is str:
                 values[at] = _number(values[at])
-        self._rows.setdefault(shape.index, []).append(
-            tuple(values) if shape.keep is None else shape.keep(values))
+        shape.rows.append(tuple(values) if shape.keep is None else shape.keep(values))
 
     def batches(self) -> list[RowBatch]:
-        columns = {shape.index: shape.columns for shape in self._shapes.values()}
-        return [RowBatch(columns[index], rows) for index, rows in self._rows.items()]
+        return [RowBatch(shape.columns, shape.rows) for shape in self._shapes.values()]
 
 
 @dataclass
 class _Shape:
-    index: int
     columns: list[str]
     # The positions of text that may be a number: workload parameters and metrics.
     numeric: tuple[int, ...]
     # Where two blocks share a column name, the first value (the record's top level first)
     # is kept: a metric named like a fixed column never overwrites it.
     keep: Callable[[list[Any]], tuple[Any, ...]] | None
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, key: tuple[tuple[str, ...], ...], index: int) -> _Shape:
+    def of(cls, key: tuple[tuple[str, ...], ...]) -> _Shape:
         names = list(_FIXED)
         numeric_columns = _numeric_columns()
         numeric = []
         for prefix, keys in zip(_BLOCK_PREFIXES, key, strict=True):
-            for name in _prefixed(prefix, keys):
+            for name in (prefix + key for key in keys):
                 if prefix in ("bench_", "") and name in numeric_columns:
                     numeric.append(len(names))
                 names.append(name)
         first = {name: at for at, name in reversed(list(enumerate(names)))}
         if len(first) == len(names):
-            return cls(index, names, tuple(numeric), None)
+            return cls(names, tuple(numeric), None)
         kept = sorted(first.values())
-        return cls(index, [names[at] for at in kept], tuple(numeric),
+        return cls([names[at] for at in kept], tuple(numeric),
                    lambda values: tuple(values[at] for at in kept))
 
 
@@ -302,17 +299,6 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         failed or None,
         digest,
     )
-
-
-_PREFIXED: dict[tuple[str, tuple[str, ...]], tuple[str, ...]] = {}
-
-
-def _prefixed(prefix: str, keys: tuple[str, ...]) -> tuple[str, ...]:
-    # Records of one database share their key lists: the prefixed names are made once.
-    names = _PREFIXED.get((prefix, keys))
-    if names is None:
-        names = _PREFIXED[(prefix, keys)] = tuple(prefix + key for key in keys)
-    return names
 
 
 @functools.cache
@@ -389,11 +375,6 @@ class RowBatch:
 
     columns: list[str]
     values: list[tuple[Any, ...]]
-
-    @classmethod
-    def from_rows(cls, rows: list[dict[str, Any]]) -> RowBatch:
-        columns = list(dict.fromkeys(itertools.chain.from_iterable(rows)))
-        return cls(columns, [tuple(map(row.get, columns)) for row in rows])
 
     def column(self, name: str) -> list[Any]:
         if not self.values:
@@ -546,24 +527,6 @@ def load_records(
     with Load(db_path, busy_timeout_s) as load:
         load.add(staged)
     return load.report.stored
-
-
-def load_rows(
-    db_path: Path,
-    batches: Iterable[RowBatch],
-    progress: Callable[[int], None] | None = None,
-    busy_timeout_s: float = BUSY_TIMEOUT_MS / 1000,
-) -> LoadReport:
-    """Upsert batches of rows (from `RowBuilder`) in one transaction, refresh the swept axes,
-    their indexes and the landing table. `progress` is called with each batch's size."""
-    with Load(db_path, busy_timeout_s) as load:
-        for batch in batches:
-            staged = stage([batch])
-            if staged is not None:
-                load.add(staged)
-            if progress is not None:
-                progress(len(batch.values))
-    return load.report
 
 
 class Load:

@@ -27,10 +27,12 @@ from pytest_profllm.record import (
 from pytest_profllm.store import (
     LANDING,
     TABLE,
-    RowBatch,
+    Load,
+    LoadReport,
+    RowBuilder,
     load_records,
-    load_rows,
     record_row,
+    stage,
 )
 from pytest_profllm.suite import BenchmarkConfig
 
@@ -260,11 +262,20 @@ def test_a_table_typed_by_its_first_row_is_retyped(tmp_path: Path) -> None:
 
 def test_loading_counts_new_updated_and_unchanged(tmp_path: Path) -> None:
     db_path = tmp_path / "results.db"
-    first = load_rows(db_path, [RowBatch.from_rows([record_row(make_record("run-a")),
-                                                    record_row(make_record("run-b"))])])
+
+    def load(*records: dict[str, Any]) -> LoadReport:
+        rows = RowBuilder()
+        for record in records:
+            rows.add(record)
+        staged = stage(rows.batches())
+        assert staged is not None
+        with Load(db_path) as loading:
+            loading.add(staged)
+        return loading.report
+
+    first = load(make_record("run-a"), make_record("run-b"))
     assert (first.new, first.updated, first.unchanged) == (2, 0, 0)
-    again = load_rows(db_path, [RowBatch.from_rows([
-        record_row(make_record("run-a")), record_row(make_record("run-b", status="failed"))])])
+    again = load(make_record("run-a"), make_record("run-b", status="failed"))
     assert (again.new, again.updated, again.unchanged) == (0, 1, 1)
 
 
