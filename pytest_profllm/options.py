@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_profllm.engine import ENGINE_CHOICES
+from pytest_profllm.engine.choice import ENGINE_CHOICES
 
 DEFAULT_PORTS = "20000-21999"
 DEFAULT_SUITE_GLOB = "bench_*.yaml"
@@ -40,7 +40,7 @@ def parse_gpus(text: str) -> int | tuple[str, ...]:
 
 def parse_cpus(text: str) -> int | tuple[str, ...]:
     """A count of CPU core sets, or the sets themselves (`0-3/4-7`): see devices.py."""
-    from pytest_profllm.devices import parse_cpu_sets
+    from pytest_profllm.hosts.devices import parse_cpu_sets
 
     try:
         return parse_cpu_sets(text)
@@ -58,7 +58,7 @@ def parse_python(text: str) -> str:
 
 def parse_ports(text: str) -> range:
     """`START-END`, both included; at least one block of ports for one server."""
-    from pytest_profllm.pool import PORT_BLOCK
+    from pytest_profllm.hosts.pool import PORT_BLOCK
 
     try:
         start_text, end_text = text.split("-")
@@ -102,7 +102,7 @@ def parse_milliseconds(text: str) -> float:
 
 def parse_sim_device(text: str) -> str:
     """A device profile of the simulator (`sim/device_profiles`), by name or alias."""
-    from pytest_profllm.sim.devices import UnknownDevice, device_profile
+    from pytest_profllm.sim.hardware import UnknownDevice, device_profile
 
     try:
         return device_profile(text).name

@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm import collect, interrupt, options, scheduler, session
-from pytest_profllm.collect import CASE_FIXTURE, PROFLLM_MARKER, case_of
+from pytest_profllm import options
 from pytest_profllm.gates import options as gate_options
-from pytest_profllm.plan import Case
-from pytest_profllm.session import IDENTITY_KEY, SETTINGS_KEY, WORKER_KEY, worker_session
+from pytest_profllm.plan.case import Case
+from pytest_profllm.session import collect, interrupt
+from pytest_profllm.session import worker as session
+from pytest_profllm.session import xdist_scheduling as scheduler
+from pytest_profllm.session.collect import CASE_FIXTURE, PROFLLM_MARKER, case_of
+from pytest_profllm.session.worker import IDENTITY_KEY, SETTINGS_KEY, WORKER_KEY, worker_session
 
 _CONTROLLER = pytest.StashKey[session.ControllerSession]()
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
@@ -44,8 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if workerinput is not None:
         identity = session.RunIdentity.from_workerinput(workerinput["profllm"])
     else:
-        from pytest_profllm.engine import EngineUnavailable, choose_engine
-        from pytest_profllm.gpus import discover
+        from pytest_profllm.engine.choice import EngineUnavailable, choose_engine
+        from pytest_profllm.hosts.nvml import discover
 
         try:
             engine = choose_engine(settings.engine, len(discover().gpus), settings.vllm_python)
@@ -251,7 +254,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         pytest.fail(f"invalid measurement: {outcome.invalid_reason}", pytrace=False)
     problems = []
     if outcome is not None and outcome.missed:
-        from pytest_profllm.runner import describe_missed
+        from pytest_profllm.run.serve import describe_missed
 
         problems.append(describe_missed(outcome.missed))
     if outcome is not None and outcome.case.regression:
@@ -363,7 +366,7 @@ class _ReportHooks:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    from pytest_profllm.report import summary_lines
+    from pytest_profllm.session.report import summary_lines
 
     controller = config.stash.get(_CONTROLLER, None)
     if controller is None or not controller.records:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm import metrics
-from pytest_profllm.cli import main
+from pytest_profllm.cli.main import main
+from pytest_profllm.load import metrics
 from pytest_profllm.sim.model_files import MODEL_DIR
 
 # The keys `vllm bench serve --save-result` writes for these flags (0.33.0, without
@@ -147,7 +147,7 @@ def test_every_exit_status_is_in_the_help(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    from pytest_profllm import cli
+    from pytest_profllm.cli import main as cli
 
     codes = {value for name, value in vars(cli).items() if name.startswith("EXIT_")}
     assert codes == {0, 1, 2, 3, 4}

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 from test_datasette import make_record
 
-from pytest_profllm.datasette_queries import CHARTS
-from pytest_profllm.store import load_records
+from pytest_profllm.browse.queries import CHARTS
+from pytest_profllm.results.store import load_records
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [

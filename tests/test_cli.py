@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import pytest_profllm
-from pytest_profllm.cli import build_parser, main
+from pytest_profllm.cli.main import build_parser, main
 
 PACKAGE_DIR = Path(pytest_profllm.__file__).parent
 SHIPPED_SCHEMA = PACKAGE_DIR / "schema" / "record.schema.json"
@@ -43,9 +43,9 @@ def suite_path(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def no_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     # The plan's environment comes from the default pool: 8 virtual GPUs where NVML finds none.
-    from pytest_profllm import gpus
+    from pytest_profllm.hosts import nvml
 
-    monkeypatch.setattr(gpus, "discover", lambda: gpus.GpuHost((), None))
+    monkeypatch.setattr(nvml, "discover", lambda: nvml.GpuHost((), None))
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -224,7 +224,7 @@ def test_plan_shows_marked_tests_as_pytest_collects_them(
 def test_plan_picks_the_engine_a_run_would(
     capsys: pytest.CaptureFixture[str], suite_path: Path
 ) -> None:
-    from pytest_profllm.engine import choose_engine
+    from pytest_profllm.engine.choice import choose_engine
 
     run_would = choose_engine("auto", 0)  # no GPU here (the autouse fixture)
     code, out, _ = run_main(capsys, "plan", str(suite_path), "--json")

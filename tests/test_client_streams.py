@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from pytest_profllm.client import LoadResult, LoadSettings, arrival_offsets, run_load
-from pytest_profllm.dataset import PromptRequest
+from pytest_profllm.load.client import LoadResult, LoadSettings, arrival_offsets, run_load
+from pytest_profllm.load.dataset import PromptRequest
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Step = bytes | float  # bytes: one write; float: a pause in seconds

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_profllm.dataset import (
+from pytest_profllm.load.dataset import (
     DatasetError,
     PromptRequest,
     ServerCodec,
@@ -19,9 +19,9 @@ from pytest_profllm.dataset import (
     make_prompts,
     random_prompts,
 )
+from pytest_profllm.plan.suite import BenchmarkConfig
 from pytest_profllm.sim import model_files
 from pytest_profllm.sim.model_files import MODEL_DIR
-from pytest_profllm.suite import BenchmarkConfig
 
 SPECIAL_IDS = {0, 1, 2}
 

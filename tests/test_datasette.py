@@ -17,10 +17,10 @@ import httpx
 import pytest
 from datasette.app import Datasette
 
-from pytest_profllm import metrics
-from pytest_profllm.datasette_queries import CANNED_QUERIES, CHARTS
-from pytest_profllm.record import BenchmarkRecord
-from pytest_profllm.store import LANDING, TABLE, load_records
+from pytest_profllm.browse.queries import CANNED_QUERIES, CHARTS
+from pytest_profllm.load import metrics
+from pytest_profllm.results.record import BenchmarkRecord
+from pytest_profllm.results.store import LANDING, TABLE, load_records
 
 CASE_A = "bench_smoke.yaml::qwen3-8b-seqs8::random"
 CASE_B = "bench_smoke.yaml::qwen3-8b-seqs16::random"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_profllm.devices import (
+from pytest_profllm.hosts.devices import (
     client_off,
     core_sets,
     cores_of,
@@ -17,8 +17,8 @@ from pytest_profllm.devices import (
     leased_cores,
     usable_cores,
 )
-from pytest_profllm.pool import Lease
-from pytest_profllm.server import launch
+from pytest_profllm.hosts.pool import Lease
+from pytest_profllm.server.process import launch
 
 
 @pytest.mark.parametrize(
@@ -93,10 +93,10 @@ def test_cpu_model_names_the_cpu() -> None:
 def test_a_cpu_vllm_session_leases_core_sets_and_binds_its_servers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_profllm.engine import EngineChoice
+    from pytest_profllm.engine.choice import EngineChoice
+    from pytest_profllm.engine.install import VllmInstall
     from pytest_profllm.options import Settings
-    from pytest_profllm.session import RunIdentity, WorkerSession
-    from pytest_profllm.vllm_install import VllmInstall
+    from pytest_profllm.session.worker import RunIdentity, WorkerSession
 
     monkeypatch.setenv("PROFLLM_POOL_DIR", str(tmp_path))
     install = VllmInstall(
@@ -120,15 +120,15 @@ def test_the_simulator_leases_virtual_gpus_on_a_gpu_host(
 ) -> None:
     # On an H100 host a job holding the GPU failed every simulated case ("leased GPU(s) in use
     # by a process profllm did not start"): the simulator uses no GPU, so it leases none.
-    from pytest_profllm import gpus
-    from pytest_profllm.engine import EngineChoice
+    from pytest_profllm.engine.choice import EngineChoice
+    from pytest_profllm.hosts import nvml
+    from pytest_profllm.hosts.pool import VIRTUAL_PREFIX
     from pytest_profllm.options import Settings
-    from pytest_profllm.pool import VIRTUAL_PREFIX
-    from pytest_profllm.session import host_pool
+    from pytest_profllm.session.worker import host_pool
 
     monkeypatch.setenv("PROFLLM_POOL_DIR", str(tmp_path))
-    h100 = gpus.Gpu(0, "NVIDIA H100 80GB HBM3", "GPU-52720938", 81559.0)
-    monkeypatch.setattr(gpus, "discover", lambda: gpus.GpuHost((h100,), "580.159.04"))
+    h100 = nvml.Gpu(0, "NVIDIA H100 80GB HBM3", "GPU-52720938", 81559.0)
+    monkeypatch.setattr(nvml, "discover", lambda: nvml.GpuHost((h100,), "580.159.04"))
     settings = Settings(
         out_dir=None, db_path=None, engine="auto", gpus=None, ports=range(40000, 40020),
         startup_timeout=1.0, lease_timeout=1.0, suite_glob="bench_*.yaml",

@@ -127,7 +127,7 @@ def test_client_that_fell_behind_is_invalid_not_passed(
 ) -> None:
     # Any client CPU counts as saturated: the case must fail as invalid, apart from a miss.
     pytester.makeconftest(
-        "import pytest_profllm.metrics as metrics\nmetrics.MAX_CLIENT_CPU_PERCENT = 0.0\n"
+        "import pytest_profllm.load.metrics as metrics\nmetrics.MAX_CLIENT_CPU_PERCENT = 0.0\n"
     )
     pytester.makefile(
         ".yaml",

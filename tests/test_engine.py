@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 
 import pytest_profllm
-from pytest_profllm import engine
-from pytest_profllm.devices import device_kind
-from pytest_profllm.engine import (
+from pytest_profllm.engine import choice as engine
+from pytest_profllm.engine.choice import (
     REDACTED,
     EngineUnavailable,
     choose_engine,
@@ -21,7 +20,8 @@ from pytest_profllm.engine import (
     serve_args,
     serve_command,
 )
-from pytest_profllm.vllm_install import VllmInstall
+from pytest_profllm.engine.install import VllmInstall
+from pytest_profllm.hosts.devices import device_kind
 
 # --- serve_args ---------------------------------------------------------------------------
 

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm import engine_args
-from pytest_profllm.cli import main
-from pytest_profllm.engine_args import DATA_FILE, Registry, bundled, human_int, registry_for
-from pytest_profllm.suite import SuiteError, validate_suite
+from pytest_profllm.cli.main import main
+from pytest_profllm.engine import registry
+from pytest_profllm.engine.in_vllm import DUMP_ARGS_SCRIPT
+from pytest_profllm.engine.registry import DATA_FILE, Registry, bundled, human_int, registry_for
+from pytest_profllm.plan.suite import SuiteError, validate_suite
 
 # --- the bundled registry -----------------------------------------------------------------
 
@@ -159,7 +160,7 @@ def test_bad_values(server: dict[str, Any], message: str) -> None:
 
 
 def test_a_bad_value_in_an_axis_points_at_its_line(tmp_path: Path) -> None:
-    from pytest_profllm.suite import load_suite_file
+    from pytest_profllm.plan.suite import load_suite_file
 
     path = tmp_path / "bench_axis.yaml"
     path.write_text("server:\n  model: m\n  max_num_seqs:\n    - 8\n    - lots\n")
@@ -245,15 +246,15 @@ def test_live_registry_is_read_once_per_version(
     fake_vllm_python: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    engine_args.live.cache_clear()
-    first = engine_args.live(str(fake_vllm_python), "9.9.9")
-    engine_args.live.cache_clear()
-    second = engine_args.live(str(fake_vllm_python), "9.9.9")  # from the disk cache
+    registry.live.cache_clear()
+    first = registry.live(str(fake_vllm_python), "9.9.9")
+    registry.live.cache_clear()
+    second = registry.live(str(fake_vllm_python), "9.9.9")  # from the disk cache
     assert (first.source, first.vllm_version, len(first)) == ("live", "9.9.9", 320)
     assert second.options == first.options
     assert (tmp_path / "calls").read_text() == "run\n"
     assert list((tmp_path / "cache" / "pytest-profllm").glob("engine-args-vllm-9.9.9-*.json"))
-    engine_args.live.cache_clear()
+    registry.live.cache_clear()
 
 
 def test_registry_for_the_simulator_is_the_bundled_one() -> None:
@@ -277,16 +278,16 @@ def test_a_failing_live_parser_falls_back_with_a_warning(
     broken.write_text("#!/bin/sh\necho 'ImportError: no vllm' >&2\nexit 1\n")
     broken.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(broken))
-    engine_args.live.cache_clear()
+    registry.live.cache_clear()
     with pytest.warns(UserWarning, match="ImportError: no vllm"):
         assert registry_for("vllm") is bundled()
-    engine_args.live.cache_clear()
+    registry.live.cache_clear()
 
 
 def test_plugin_import_reads_no_registry_and_no_vllm() -> None:
     # The plugin is imported by every pytest run: the registry loads on first use only.
     code = (
-        "import sys, pytest_profllm.plugin, pytest_profllm.engine_args as e;"
+        "import sys, pytest_profllm.plugin, pytest_profllm.engine.registry as e;"
         "print(e.bundled.cache_info().currsize, 'vllm' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -323,7 +324,7 @@ def test_engine_args_with_a_python_without_vllm_is_one_line(
     code = main(["engine-args", "--python", sys.executable, "-o", str(tmp_path / "x.json")])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith(f"profllm engine-args: {sys.executable} engine_args_dump.py exited 1: ")
+    assert err.startswith(f"profllm engine-args: {sys.executable} dump_args.py exited 1: ")
     assert "vllm" in err
     assert len(err.splitlines()) == 1
     assert not (tmp_path / "x.json").exists()
@@ -336,6 +337,6 @@ def test_engine_args_output_needs_python(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_dump_script_is_standalone() -> None:
     # It runs under any Python with vLLM: nothing but the standard library and vLLM.
-    source = engine_args.DUMP_SCRIPT.read_text()
+    source = DUMP_ARGS_SCRIPT.read_text()
     assert "pytest_profllm" not in source.split('"""', 2)[2]
-    assert os.access(engine_args.DUMP_SCRIPT, os.R_OK)
+    assert os.access(DUMP_ARGS_SCRIPT, os.R_OK)

@@ -20,9 +20,9 @@ from typing import Any
 import filelock
 import pytest
 
-from pytest_profllm.metrics import RequestOutcome, served_problem
-from pytest_profllm.pool import PORT_BLOCK, Lease
-from pytest_profllm.server import PortTaken, ServerProcess
+from pytest_profllm.hosts.pool import PORT_BLOCK, Lease
+from pytest_profllm.load.metrics import RequestOutcome, served_problem
+from pytest_profllm.server.process import PortTaken, ServerProcess
 
 SMALL = "benchmark:\n  num_prompts: 2\n  random_input_len: 8\n  random_output_len: [2, 3, 4]\n"
 
@@ -68,8 +68,8 @@ KILL_MID_CASE = """
 import asyncio, os, signal
 from urllib.parse import urlparse
 
-import pytest_profllm.runner as runner
-from pytest_profllm.server import listening_pids
+import pytest_profllm.run.serve as runner
+from pytest_profllm.server.process import listening_pids
 
 real_run_load = runner.run_load
 killed = []
@@ -219,7 +219,7 @@ TAKE_PORT_AT_START = """
 import subprocess, sys, time, socket
 from pathlib import Path
 
-import pytest_profllm.server as server
+import pytest_profllm.server.process as server
 
 real_start = server.ServerProcess.start
 
@@ -557,7 +557,7 @@ def test_a_full_disk_fails_the_cases_it_cannot_record_and_never_corrupts_the_dat
 
 
 def test_a_failed_database_load_leaves_the_database_as_it_was(tmp_path: Path) -> None:
-    from pytest_profllm.store import load_records
+    from pytest_profllm.results.store import load_records
 
     db = tmp_path / "results.db"
     load_records(db, [_record("before")])
@@ -581,7 +581,9 @@ def _record(run_id: str) -> dict[str, Any]:
 def test_a_locked_database_costs_the_load_not_the_session(
     pytester: pytest.Pytester, ports: str
 ) -> None:
-    pytester.makeconftest("import pytest_profllm.session as session\nsession.DB_LOCK_WAIT_S = 2\n")
+    pytester.makeconftest(
+        "import pytest_profllm.session.worker as session\nsession.DB_LOCK_WAIT_S = 2\n"
+    )
     pytester.makefile(".yaml", bench_locked="server:\n  model: sim-locked\n" + SMALL)
     out = pytester.path / "results"
     out.mkdir()

@@ -189,7 +189,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_profllm.session import WORKER_KEY
+from pytest_profllm.session.worker import WORKER_KEY
 
 
 @pytest.hookimpl(wrapper=True)

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from test_store import make_record, table_rows
 
-from pytest_profllm import ingest as ingest_module
-from pytest_profllm import store
-from pytest_profllm.cli import main as cli_main
-from pytest_profllm.ingest import BENCH_SUITE, ingest, record_files
-from pytest_profllm.record import write_record, write_requests
-from pytest_profllm.store import TABLE, load_records
+from pytest_profllm.cli.main import main as cli_main
+from pytest_profllm.results import ingest as ingest_module
+from pytest_profllm.results import store
+from pytest_profllm.results.ingest import BENCH_SUITE, ingest, record_files
+from pytest_profllm.results.record import write_record, write_requests
+from pytest_profllm.results.store import TABLE, load_records
 
 
 def run_ingest(
@@ -296,7 +296,7 @@ def test_bench_save_result_files_are_records_of_their_own_suite(
 _SLOW_WRITER = """
 import json, os, sys, time
 from pathlib import Path
-from pytest_profllm import record
+from pytest_profllm.results import record
 real_fdopen = os.fdopen
 class Slow:
     def __init__(self, handle): self.handle = handle

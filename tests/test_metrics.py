@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from pytest_profllm import metrics
-from pytest_profllm.metrics import (
+from pytest_profllm.load import metrics
+from pytest_profllm.load.metrics import (
     LATENCY_METRICS,
     RequestOutcome,
     compute,

@@ -15,8 +15,8 @@ import pytest
 
 from pytest_profllm.offline.commands import bench_args, engine_args, offline_command
 from pytest_profllm.offline.results import OfflineResultError, read_results
-from pytest_profllm.plan import expand, plan_document, plan_lines
-from pytest_profllm.suite import (
+from pytest_profllm.plan.case import expand, plan_document, plan_lines
+from pytest_profllm.plan.suite import (
     LatencyConfig,
     SuiteError,
     ThroughputConfig,
@@ -137,7 +137,7 @@ def test_throughput_command_is_vllm_bench_throughput_with_engine_args(tmp_path: 
     case = expand(suite, "marker")[0]
     argv = offline_command("vllm", case.benchmark, case.server, tmp_path / "out.json")  # type: ignore[arg-type]
     assert argv[1:4] == ["-P", str(Path(argv[2])), "throughput"]
-    assert Path(argv[2]).name == "vllm_bench.py"
+    assert Path(argv[2]).name == "bench.py"
     tail = argv[4:]
     assert tail[:2] == ["--model", "m"]
     assert "--max-num-seqs" in tail and "--seed" in tail
@@ -147,7 +147,7 @@ def test_throughput_command_is_vllm_bench_throughput_with_engine_args(tmp_path: 
     assert tail[tail.index("--random-output-len") + 1] == "16"
     assert tail[-2:] == ["--output-json", str(tmp_path / "out.json")]
     sim = offline_command("sim", case.benchmark, case.server, tmp_path / "out.json")  # type: ignore[arg-type]
-    assert sim[:4] == [sys.executable, "-m", "pytest_profllm.offline.sim", "throughput"]
+    assert sim[:4] == [sys.executable, "-m", "pytest_profllm.sim.offline", "throughput"]
     assert sim[4:] == tail
 
 
@@ -164,7 +164,7 @@ def test_plan_shows_the_offline_commands(tmp_path: Path) -> None:
     lines = plan_lines(document)[1:]  # after the engine line
     assert lines[0].startswith("offline latency bench_mixed.yaml::m::latency-bs1 (1 GPU(s)): ")
     assert "CUDA_VISIBLE_DEVICES=" in lines[0]
-    assert "pytest_profllm.offline.sim latency --model m --batch-size 1" in lines[0]
+    assert "pytest_profllm.sim.offline latency --model m --batch-size 1" in lines[0]
     assert "--output-json '<out>/logs/" in lines[0]
 
 

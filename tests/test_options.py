@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_profllm.hosts.pool import PORT_BLOCK
 from pytest_profllm.options import (
     DEFAULT_LEASE_TIMEOUT,
     DEFAULT_STARTUP_TIMEOUT,
@@ -20,7 +21,6 @@ from pytest_profllm.options import (
     parse_python,
     parse_seconds,
 )
-from pytest_profllm.pool import PORT_BLOCK
 
 # --- parse_gpus ---------------------------------------------------------------------------
 
@@ -238,7 +238,7 @@ def test_engine_option_overrides_ini_through_the_plugin(
 ) -> None:
     # The plugin's pytest_configure picks the engine from the settings: an ini asking for
     # vLLM where there is none would be a usage error, unless the command line wins.
-    monkeypatch.setattr("pytest_profllm.engine.find_vllm", lambda python: None)
+    monkeypatch.setattr("pytest_profllm.engine.choice.find_vllm", lambda python: None)
     pytester.makeini("[pytest]\nprofllm_engine = vllm\n")
     with pytest.raises(pytest.UsageError, match="vLLM is not installed"):
         pytester.parseconfigure()

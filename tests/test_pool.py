@@ -18,7 +18,7 @@ import filelock
 import psutil
 import pytest
 
-from pytest_profllm.pool import (
+from pytest_profllm.hosts.pool import (
     POOL_DIR_ENV,
     PORT_BLOCK,
     HostPool,
@@ -36,7 +36,7 @@ _FIRST_PORT = 24000
 HOLDER = """
 import sys, time
 from pathlib import Path
-from pytest_profllm.pool import make_pool
+from pytest_profllm.hosts.pool import make_pool
 directory, gpus, first, last, mode, count = sys.argv[1:7]
 pool = make_pool(Path(directory), int(gpus), range(int(first), int(last)), [])
 if mode == "lease":

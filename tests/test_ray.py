@@ -20,7 +20,7 @@ import pytest
 from ray_cluster import LocalCluster, local_cluster
 
 from conftest import sim_processes
-from pytest_profllm.store import record_row
+from pytest_profllm.results.store import record_row
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="no Ray: pip install -e '.[test,ray]'")
@@ -351,7 +351,7 @@ def test_datasette_facets_on_the_node_where_records_name_one(tmp_path: Path) -> 
     from datasette.app import Datasette
     from test_datasette import make_record
 
-    from pytest_profllm.store import load_records
+    from pytest_profllm.results.store import load_records
 
     on_ray = make_record("r1", "s1", "bench_a.yaml::m::w", "2026-01-01T00:00:00")
     on_ray["runtime"]["node_id"] = "a1b2c3"

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm import gpus
-from pytest_profllm.engine import EngineChoice
+from pytest_profllm.engine.choice import EngineChoice
+from pytest_profllm.hosts import nvml
+from pytest_profllm.hosts.pool import SessionTurns
 from pytest_profllm.options import Settings
-from pytest_profllm.pool import SessionTurns
-from pytest_profllm.report import summary_lines
-from pytest_profllm.scheduler import (
+from pytest_profllm.session.report import summary_lines
+from pytest_profllm.session.worker import ControllerSession, RunIdentity
+from pytest_profllm.session.xdist_scheduling import (
     Scope,
     group_by_server,
     read_scopes,
@@ -24,7 +25,6 @@ from pytest_profllm.scheduler import (
     work_order,
     write_scopes,
 )
-from pytest_profllm.session import ControllerSession, RunIdentity
 
 
 @dataclass
@@ -160,37 +160,37 @@ def test_summary_counts_each_server_once_and_reports_its_lease_wait(tmp_path: Pa
 def busy(pids: list[list[int]]) -> Any:
     answers = iter(pids)
 
-    def probe(uuids: Any) -> list[gpus.GpuProcess]:
-        return [gpus.GpuProcess("GPU-1", pid, 1024.0) for pid in next(answers)]
+    def probe(uuids: Any) -> list[nvml.GpuProcess]:
+        return [nvml.GpuProcess("GPU-1", pid, 1024.0) for pid in next(answers)]
 
     return probe
 
 
 def test_idle_gpus_start_at_once() -> None:
-    assert gpus.wait_until_idle(["GPU-1"], True, 5, probe=busy([[]])) < 1
+    assert nvml.wait_until_idle(["GPU-1"], True, 5, probe=busy([[]])) < 1
 
 
 def test_a_foreign_process_fails_at_once_when_told_not_to_wait() -> None:
-    with pytest.raises(gpus.GpuBusy, match=r"pid 4242 on GPU-1 \(1024 MiB\).*busy-gpus fail"):
-        gpus.wait_until_idle(["GPU-1"], False, 5, probe=busy([[4242]]))
+    with pytest.raises(nvml.GpuBusy, match=r"pid 4242 on GPU-1 \(1024 MiB\).*busy-gpus fail"):
+        nvml.wait_until_idle(["GPU-1"], False, 5, probe=busy([[4242]]))
 
 
 def test_a_foreign_process_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpus, "_BUSY_POLL_S", 0.01)
-    waited = gpus.wait_until_idle(["GPU-1"], True, 5, probe=busy([[7], [7], []]))
+    monkeypatch.setattr(nvml, "_BUSY_POLL_S", 0.01)
+    waited = nvml.wait_until_idle(["GPU-1"], True, 5, probe=busy([[7], [7], []]))
     assert 0 < waited < 5
 
 
 def test_a_foreign_process_that_stays_fails_after_the_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(gpus, "_BUSY_POLL_S", 0.01)
-    with pytest.raises(gpus.GpuBusy, match=r"pid 7 .*still there after"):
-        gpus.wait_until_idle(["GPU-1"], True, 0.05, probe=busy([[7]] * 1000))
+    monkeypatch.setattr(nvml, "_BUSY_POLL_S", 0.01)
+    with pytest.raises(nvml.GpuBusy, match=r"pid 7 .*still there after"):
+        nvml.wait_until_idle(["GPU-1"], True, 0.05, probe=busy([[7]] * 1000))
 
 
 def test_no_nvml_means_no_processes() -> None:
-    assert gpus.compute_processes([]) == []
+    assert nvml.compute_processes([]) == []
 
 
 

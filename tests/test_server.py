@@ -20,10 +20,11 @@ import pytest
 import requests
 from fake_nvml import FakeGpu, FakeNvml
 
-from pytest_profllm.engine import serve_command
-from pytest_profllm.plan import Case, expand
-from pytest_profllm.pool import HostPool, LeaseTimeout, make_pool
-from pytest_profllm.server import (
+from pytest_profllm.engine.choice import serve_command
+from pytest_profllm.hosts.pool import HostPool, LeaseTimeout, make_pool
+from pytest_profllm.plan.case import Case, expand
+from pytest_profllm.plan.suite import validate_suite
+from pytest_profllm.server.process import (
     HOST,
     ServerProcess,
     ServerStartError,
@@ -31,7 +32,6 @@ from pytest_profllm.server import (
     WorkerServers,
     server_env,
 )
-from pytest_profllm.suite import validate_suite
 
 MODEL = "Qwen/Qwen3-8B"
 # This file's ports: 24500 and up, one block per xdist worker, so that servers started by
@@ -472,9 +472,9 @@ def test_a_server_dying_mid_case_errors_the_case_at_once(workers: WorkerServers)
     # errors within a second or so of its death, with its lease given back.
     import threading
 
-    from pytest_profllm.engine import EngineChoice
-    from pytest_profllm.runner import CaseOutcome, run_case
-    from pytest_profllm.server import ServerLost
+    from pytest_profllm.engine.choice import EngineChoice
+    from pytest_profllm.run.serve import CaseOutcome, run_case
+    from pytest_profllm.server.process import ServerLost
 
     suite = validate_suite(
         {

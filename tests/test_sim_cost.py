@@ -10,7 +10,7 @@ import pytest
 
 from pytest_profllm.sim.config import NoCacheMemory, build_setup, describe_server
 from pytest_profllm.sim.cost import SLOWDOWN_ENV, EngineModel, StepWork
-from pytest_profllm.sim.devices import UnknownDevice, device_profile, profiles
+from pytest_profllm.sim.hardware import UnknownDevice, device_profile, profiles
 from pytest_profllm.sim.models import UnknownModel, known_names, resolve_model
 
 # Parameter counts as the models' cards state them (billions).

@@ -64,7 +64,7 @@ def faulty_run(
             "--profllm-startup-timeout=12",
             "--profllm-max-schedule-lag=1000",
             "-W",
-            "always::pytest_profllm.server.ServerStopWarning",
+            "always::pytest_profllm.server.process.ServerStopWarning",
             timeout=300,
         )
     finally:

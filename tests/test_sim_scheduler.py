@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from pytest_profllm.sim.batching import Scheduler, Sequence
 from pytest_profllm.sim.cost import StepWork
-from pytest_profllm.sim.scheduler import Scheduler, Sequence
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pytest_profllm.sim.scheduler import ConstantStepCost, Scheduler
+from pytest_profllm.sim.batching import ConstantStepCost, Scheduler
 
 
 def _generate(step_s: float, tokens: int) -> float:

@@ -1,4 +1,4 @@
-"""`sse_http`: the streaming HTTP/1.1 reader, fed by hand at every split point, and its
+"""`load.http`: the streaming HTTP/1.1 reader, fed by hand at every split point, and its
 connection pool against a real loopback server."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm.sse_http import HttpResponse, ResponseError, StreamingClient, _Connection
+from pytest_profllm.load.http import HttpResponse, ResponseError, StreamingClient, _Connection
 
 
 class FakeTransport:

@@ -15,16 +15,17 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm import metrics
-from pytest_profllm.ingest import read_record
-from pytest_profllm.record import (
+from pytest_profllm.load import metrics
+from pytest_profllm.plan.suite import BenchmarkConfig
+from pytest_profllm.results.ingest import read_record
+from pytest_profllm.results.record import (
     BenchmarkRecord,
     json_schema,
     normalize,
     write_record,
     write_requests,
 )
-from pytest_profllm.store import (
+from pytest_profllm.results.store import (
     LANDING,
     TABLE,
     Load,
@@ -34,7 +35,6 @@ from pytest_profllm.store import (
     record_row,
     stage,
 )
-from pytest_profllm.suite import BenchmarkConfig
 
 MODEL = "Qwen/Qwen3-8B"
 
@@ -392,7 +392,7 @@ def test_write_record_failing_midway_keeps_the_old_file(
     def broken_replace(source: str, target: Path) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("pytest_profllm.record.os.replace", broken_replace)
+    monkeypatch.setattr("pytest_profllm.results.record.os.replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
         write_record(tmp_path, {**record, "status": "failed"})
     assert path.read_bytes() == before

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_profllm.plan import Case, expand, gpus_needed, server_key
-from pytest_profllm.suite import BenchmarkConfig, SuiteError, load_suite_file
+from pytest_profllm.plan.case import Case, expand, gpus_needed, server_key
+from pytest_profllm.plan.suite import BenchmarkConfig, SuiteError, load_suite_file
 
 SMOKE = """\
 name: smoke

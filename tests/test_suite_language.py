@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_profllm.engine import serve_command
-from pytest_profllm.plan import Case, expand
-from pytest_profllm.suite import SuiteError, load_suite_file
+from pytest_profllm.engine.choice import serve_command
+from pytest_profllm.plan.case import Case, expand
+from pytest_profllm.plan.suite import SuiteError, load_suite_file
 
 
 def write(tmp_path: Path, text: str, name: str = "bench_x.yaml") -> Path:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import pytest
 from fake_nvml import FakeGpu, FakeNvml
 
-from pytest_profllm.telemetry import (
+from pytest_profllm.run.telemetry import (
     GpuReading,
     NvmlGpus,
     ProcessReading,

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm.engine import serve_command, serve_env
-from pytest_profllm.engine_args import Option, Registry, bundled, human_int
-from pytest_profllm.plan import expand
-from pytest_profllm.suite import load_suite_file
+from pytest_profllm.engine.choice import serve_command, serve_env
+from pytest_profllm.engine.registry import Option, Registry, bundled, human_int
+from pytest_profllm.plan.case import expand
+from pytest_profllm.plan.suite import load_suite_file
 
 ROOT = Path(__file__).parent.parent
 SUITE = ROOT / "benchmarks" / "bench_engine_args.yaml"

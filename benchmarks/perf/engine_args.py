@@ -36,9 +36,9 @@ def main() -> None:
     )
     print(f"{'import pytest_profllm.plugin (fresh process)':<48} {float(done.stdout):8.1f} ms")
 
-    from pytest_profllm.engine_args import bundled
-    from pytest_profllm.plan import expand
-    from pytest_profllm.suite import load_suite_file
+    from pytest_profllm.engine.registry import bundled
+    from pytest_profllm.plan.case import expand
+    from pytest_profllm.plan.suite import load_suite_file
 
     registry = timed("load the bundled registry (JSON)", bundled)
     timed("build the typed server model", lambda: registry.server_model)

@@ -27,9 +27,6 @@ from contextlib import contextmanager
 
 import requests
 
-from pytest_profllm.bench import load_settings, measure
-from pytest_profllm.client import run_load
-from pytest_profllm.dataset import TokenizerCodec, make_prompts
 from pytest_profllm.gates.samples import RunSamples, latencies_from_requests
 from pytest_profllm.gates.spec import (
     DEFAULT_CONFIDENCE,
@@ -40,9 +37,12 @@ from pytest_profllm.gates.spec import (
     parse_regression,
 )
 from pytest_profllm.gates.verdict import GateSettings, judge
-from pytest_profllm.runner import request_row
+from pytest_profllm.load.bench import load_settings, measure
+from pytest_profllm.load.client import run_load
+from pytest_profllm.load.dataset import TokenizerCodec, make_prompts
+from pytest_profllm.plan.suite import BenchmarkConfig
+from pytest_profllm.run.serve import request_row
 from pytest_profllm.sim.model_files import MODEL_DIR
-from pytest_profllm.suite import BenchmarkConfig
 
 # Gated as a suite would (default tolerances); a seed counts once whichever metric flags it.
 GATED = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "p99_e2el_ms", "mean_e2el_ms")

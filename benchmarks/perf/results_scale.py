@@ -87,7 +87,7 @@ def run(root: Path, count: int, repeat: int, pages: bool = True) -> None:
 
 def timed_ingest(db_path: Path, records: Path) -> tuple[float, float, str]:
     code = (
-        "import resource, sys; from pytest_profllm.cli import main; rc = main(sys.argv[1:]); "
+        "import resource, sys; from pytest_profllm.cli.main import main; rc = main(sys.argv[1:]); "
         "me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, "
         "resource.RUSAGE_CHILDREN)); "
         "print('peak_kib', max(me.ru_maxrss, kids.ru_maxrss), file=sys.stderr); "
@@ -108,10 +108,10 @@ def timed_ingest(db_path: Path, records: Path) -> tuple[float, float, str]:
 def generate(folder: Path, count: int) -> None:
     import orjson
 
-    from pytest_profllm import metrics
-    from pytest_profllm.engine_args import bundled
-    from pytest_profllm.store import STANDARD_METRICS
-    from pytest_profllm.suite import BenchmarkConfig
+    from pytest_profllm.engine.registry import bundled
+    from pytest_profllm.load import metrics
+    from pytest_profllm.plan.suite import BenchmarkConfig
+    from pytest_profllm.results.store import STANDARD_METRICS
 
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -242,7 +242,7 @@ def fetch(url: str) -> tuple[float, bytes]:
 
 
 def time_pages(base: str, repeat: int) -> None:
-    from pytest_profllm.datasette_queries import CANNED_QUERIES, CHARTS
+    from pytest_profllm.browse.queries import CANNED_QUERIES, CHARTS
 
     db = "results"
     first = fetch(f"{base}/{db}/runs.json?_shape=objects&_size=1")[1]

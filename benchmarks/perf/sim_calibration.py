@@ -18,7 +18,7 @@ import statistics
 import time
 
 from pytest_profllm.sim.calibration import ROWS, RowResult, median_abs, reproduce
-from pytest_profllm.sim.devices import device_profile
+from pytest_profllm.sim.hardware import device_profile
 
 
 def _fmt(error: float | None) -> str:

@@ -19,7 +19,7 @@ import math
 import random
 
 from pytest_profllm.sim.cost import EngineModel
-from pytest_profllm.sim.devices import device_profile
+from pytest_profllm.sim.hardware import device_profile
 from pytest_profllm.sim.models import resolve_model
 from pytest_profllm.sim.virtual import Request, ServerSettings, simulate
 

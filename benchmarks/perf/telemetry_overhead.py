@@ -15,7 +15,7 @@ import time
 
 import requests
 
-from pytest_profllm.telemetry import Sampler
+from pytest_profllm.run.telemetry import Sampler
 
 
 def free_port() -> int:

@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 
 from pytest_profllm.cluster.wire import CaseResult, NodeError, NodeInfo, NodeLost
-from pytest_profllm.devices import device_kind, real_gpus
-from pytest_profllm.engine import EngineChoice
+from pytest_profllm.engine.choice import EngineChoice
+from pytest_profllm.hosts.devices import device_kind, real_gpus
 from pytest_profllm.options import Settings
-from pytest_profllm.plan import Case
-from pytest_profllm.record import Status, Verdict
-from pytest_profllm.runner import CaseOutcome
-from pytest_profllm.session import (
+from pytest_profllm.plan.case import Case
+from pytest_profllm.results.record import Status, Verdict
+from pytest_profllm.run.serve import CaseOutcome
+from pytest_profllm.session.worker import (
     CASE_ERRORS,
     OUTCOME_KEY,
     RunIdentity,
@@ -68,7 +68,7 @@ def check_usage(config: pytest.Config) -> None:
 
 def planned_cases(items: list[pytest.Item]) -> list[tuple[str, Case]]:
     """The cases this run will ask for, in the items' order (node id, case)."""
-    from pytest_profllm.collect import case_of
+    from pytest_profllm.session.collect import case_of
 
     planned = []
     for item in items:

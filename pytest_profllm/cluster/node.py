@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from pytest_profllm.cluster.wire import CaseResult, NodeInfo
-from pytest_profllm.devices import DeviceKind, device_kind, real_gpus
+from pytest_profllm.hosts.devices import DeviceKind, device_kind, real_gpus
+from pytest_profllm.hosts.pool import VIRTUAL_PREFIX, HostPool, default_pool_dir
 from pytest_profllm.options import Settings
-from pytest_profllm.plan import Case
-from pytest_profllm.pool import VIRTUAL_PREFIX, HostPool, default_pool_dir
-from pytest_profllm.runner import CaseOutcome
-from pytest_profllm.session import CASE_ERRORS, OUTCOME_KEY, RunIdentity, WorkerSession
+from pytest_profllm.plan.case import Case
+from pytest_profllm.run.serve import CaseOutcome
+from pytest_profllm.session.worker import CASE_ERRORS, OUTCOME_KEY, RunIdentity, WorkerSession
 
 
 @dataclass

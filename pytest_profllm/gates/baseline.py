@@ -82,7 +82,7 @@ class Baseline:
         return index
 
     def _read_folder(self) -> dict[str, list[_Found]]:
-        from pytest_profllm.ingest import read_record, record_files
+        from pytest_profllm.results.ingest import read_record, record_files
 
         index: dict[str, list[_Found]] = {}
         if not self.path.is_dir():

@@ -52,12 +52,12 @@ class GateController:
         assert path is not None  # GateConfig refuses an update without a path
         if is_database(path):
             if path != self.db_path:
-                from pytest_profllm.store import load_records
+                from pytest_profllm.results.store import load_records
 
                 load_records(path, [record])
                 tables.load_runs(path, [(record, requests)])
             return
-        from pytest_profllm.record import write_record, write_requests
+        from pytest_profllm.results.record import write_record, write_requests
 
         write_record(path, record)
         if requests is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pytest_profllm import metrics
+from pytest_profllm.load import metrics
 
 # Defaults chosen with benchmarks/perf/gate_power.py (README: "Regression gates"). A per-repeat
 # interval spans the run-to-run noise (another moment, another load on the host); a per-request

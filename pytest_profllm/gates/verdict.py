@@ -18,7 +18,7 @@ import numpy as np
 
 from pytest_profllm.gates.samples import FloatArray, RunSamples
 from pytest_profllm.gates.spec import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, GatedMetric
-from pytest_profllm.record import GateVerdict, RegressionVerdict
+from pytest_profllm.results.record import GateVerdict, RegressionVerdict
 
 # Resampled values held at once (resamples x samples): bounds memory on long ITL samples.
 _BATCH_ELEMENTS = 4_000_000

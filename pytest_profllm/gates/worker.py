@@ -11,8 +11,8 @@ from pytest_profllm.gates.options import GATE_CONFIG_KEY
 from pytest_profllm.gates.samples import RunSamples, samples_of
 from pytest_profllm.gates.spec import gated_metric
 from pytest_profllm.gates.verdict import describe, judge
-from pytest_profllm.record import RegressionVerdict
-from pytest_profllm.runner import CaseOutcome
+from pytest_profllm.results.record import RegressionVerdict
+from pytest_profllm.run.serve import CaseOutcome
 
 _PENDING = pytest.StashKey[dict[str, list[RunSamples]]]()
 _BASELINE = pytest.StashKey[Baseline]()

@@ -2,7 +2,7 @@
 arguments (rendered by the same registry as `vllm serve`'s) and its benchmark options, or the
 simulator's stand-in with the same arguments.
 
-vLLM runs through `vllm_bench.py` (vLLM's own subcommand parsers and mains, see there), by
+vLLM runs through `engine/in_vllm/bench.py` (vLLM's own subcommand parsers and mains, see there), by
 file path with `python -P`, so the vLLM environment needs nothing of ours.
 """
 
@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_profllm.engine import EngineName, _env_secrets, serve_args, serve_env
-from pytest_profllm.suite import LatencyConfig, OfflineConfig, ThroughputConfig
+from pytest_profllm.engine.choice import EngineName, _env_secrets, serve_args, serve_env
+from pytest_profllm.engine.in_vllm import BENCH_SCRIPT
+from pytest_profllm.plan.suite import LatencyConfig, OfflineConfig, ThroughputConfig
 
 if TYPE_CHECKING:
-    from pytest_profllm.engine_args import Registry
+    from pytest_profllm.engine.registry import Registry
 
-VLLM_BENCH_SCRIPT = Path(__file__).with_name("vllm_bench.py")
 # `vllm bench throughput|latency` builds an engine, not an HTTP server: options of `vllm serve`
 # outside EngineArgs (these registry groups) do not exist there and are left out.
 _SERVE_ONLY_GROUPS = frozenset({"Frontend", "options"})
@@ -34,9 +34,9 @@ def offline_command(
 ) -> list[str]:
     """The full argv; `python` is the one that imports vLLM (default: this one)."""
     if engine == "vllm":
-        head = [python or sys.executable, "-P", str(VLLM_BENCH_SCRIPT), bench.kind]
+        head = [python or sys.executable, "-P", str(BENCH_SCRIPT), bench.kind]
     else:
-        head = [sys.executable, "-m", "pytest_profllm.offline.sim", bench.kind]
+        head = [sys.executable, "-m", "pytest_profllm.sim.offline", bench.kind]
     return head + engine_args(server, registry) + bench_args(bench) + [
         "--output-json",
         str(output_json),
@@ -50,7 +50,7 @@ def offline_env(server: dict[str, Any]) -> dict[str, str]:
 
 def engine_args(server: dict[str, Any], registry: Registry | None = None) -> list[str]:
     """`--model MODEL` and the engine options (the benchmarks take no positional model)."""
-    from pytest_profllm.engine_args import bundled
+    from pytest_profllm.engine.registry import bundled
 
     options = (registry or bundled()).options
     moved = set(_env_secrets(server))  # they travel in the environment (offline_env)
@@ -66,7 +66,7 @@ def engine_args(server: dict[str, Any], registry: Registry | None = None) -> lis
 
 def serve_only_args(server: dict[str, Any], registry: Registry | None = None) -> list[str]:
     """The server's options an offline command leaves out (shown by `profllm plan`)."""
-    from pytest_profllm.engine_args import bundled
+    from pytest_profllm.engine.registry import bundled
 
     options = (registry or bundled()).options
     return [key for key in server if key in options and options[key].group in _SERVE_ONLY_GROUPS]

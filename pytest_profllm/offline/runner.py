@@ -10,12 +10,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_profllm.engine_args import registry_for
+from pytest_profllm.engine.registry import registry_for
 from pytest_profllm.offline.commands import offline_command, offline_env
 from pytest_profllm.offline.results import OfflineResultError, read_results
-from pytest_profllm.plan import Case
-from pytest_profllm.runner import CaseFailed, CaseOutcome, evaluate
-from pytest_profllm.server import (
+from pytest_profllm.plan.case import Case
+from pytest_profllm.plan.suite import LatencyConfig, ThroughputConfig
+from pytest_profllm.run.serve import CaseFailed, CaseOutcome, evaluate
+from pytest_profllm.run.telemetry import Sampler
+from pytest_profllm.server.process import (
     LOG_TAIL_LINES,
     ServerProcess,
     WorkerServers,
@@ -23,8 +25,6 @@ from pytest_profllm.server import (
     server_env,
     server_name,
 )
-from pytest_profllm.suite import LatencyConfig, ThroughputConfig
-from pytest_profllm.telemetry import Sampler
 
 
 class OfflineBenchFailed(CaseFailed):

@@ -19,16 +19,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_profllm.engine import redact_argv
-from pytest_profllm.engine_args import human_int
+from pytest_profllm.engine.choice import redact_argv
+from pytest_profllm.engine.registry import human_int
 from pytest_profllm.sim.config import SimSetup, build_setup
-from pytest_profllm.sim.devices import DEFAULT_DEVICE, GIB, profiles
 from pytest_profllm.sim.faults import FAULTS_ENV, Faults, FaultSpecError, parse_faults
+from pytest_profllm.sim.hardware import DEFAULT_DEVICE, GIB, profiles
 from pytest_profllm.sim.instruments import ProfilerConfigError, ProfilerSettings
 from pytest_profllm.sim.model_files import MODEL_DIR, SPECIAL_TOKENS
 
 if TYPE_CHECKING:
-    from pytest_profllm.sim.scheduler import Scheduler
+    from pytest_profllm.sim.batching import Scheduler
 
 log = logging.getLogger("profllm.sim")
 
@@ -244,8 +244,8 @@ def setup_for(args: argparse.Namespace, model: str) -> SimSetup:
 
 def make_scheduler(args: argparse.Namespace, setup: SimSetup) -> Scheduler:
     """The simulated engine for parsed engine arguments: the server's, and the offline
-    benchmarks' (`pytest_profllm.offline.sim`)."""
-    from pytest_profllm.sim.scheduler import Scheduler
+    benchmarks' (`pytest_profllm.sim.offline`)."""
+    from pytest_profllm.sim.batching import Scheduler
     from pytest_profllm.sim.stats import EngineStats
 
     return Scheduler(

@@ -18,9 +18,9 @@ from typing import Any
 
 from aiohttp import web
 
+from pytest_profllm.sim.batching import Scheduler, Sequence
 from pytest_profllm.sim.faults import Faults
 from pytest_profllm.sim.instruments import ProfilerSettings, add_routes
-from pytest_profllm.sim.scheduler import Scheduler, Sequence
 
 log = logging.getLogger("profllm.sim")
 

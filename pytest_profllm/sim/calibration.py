@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from pytest_profllm.sim.cost import EngineModel
-from pytest_profllm.sim.devices import device_profile
+from pytest_profllm.sim.hardware import device_profile
 from pytest_profllm.sim.models import resolve_model
 from pytest_profllm.sim.virtual import Outcome, Request, ServerSettings, simulate
 

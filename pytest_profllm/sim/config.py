@@ -11,11 +11,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_profllm.sim.batching import BLOCK_SIZE
 from pytest_profllm.sim.cost import EngineModel, slowdown_from_env
-from pytest_profllm.sim.devices import GIB, device_profile
+from pytest_profllm.sim.hardware import GIB, device_profile
 from pytest_profllm.sim.model_files import MODEL_DIR
 from pytest_profllm.sim.models import ModelFacts, UnknownModel, resolve_model
-from pytest_profllm.sim.scheduler import BLOCK_SIZE
 
 OWN_MODEL = "profllm-sim"
 

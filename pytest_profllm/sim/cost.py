@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_profllm.sim.devices import GIB, DeviceProfile
+from pytest_profllm.sim.hardware import GIB, DeviceProfile
 from pytest_profllm.sim.models import ModelFacts
 
 SLOWDOWN_ENV = "PROFLLM_SIM_SLOWDOWN"

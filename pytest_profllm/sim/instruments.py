@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from pytest_profllm.sim.scheduler import Scheduler
+from pytest_profllm.sim.batching import Scheduler
 from pytest_profllm.sim.stats import HISTOGRAMS
 
 # The rank suffix vLLM's workers put in their trace names (single GPU, no parallelism).

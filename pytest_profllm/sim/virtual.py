@@ -15,8 +15,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_profllm.sim.batching import BLOCK_SIZE, Scheduler, Sequence
 from pytest_profllm.sim.cost import EngineModel
-from pytest_profllm.sim.scheduler import BLOCK_SIZE, Scheduler, Sequence
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,2 @@
+"""The Datasette plugin: the landing table's presentation, canned queries, charts, and the
+change-point aggregate."""

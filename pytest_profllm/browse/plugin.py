@@ -1,0 +1,333 @@
+"""Datasette plugin: `datasette results.db` opens on the landing table `runs` (who ran what,
+the swept axes, the headline metrics, rounded, units in the names), with default facets,
+column descriptions, canned queries and prepared charts (datasette-vega over aggregating
+queries; it keeps a chart's state in the URL fragment, so a link opens a ready-made chart).
+The full table `benchmark_runs` is one click away. CSV exports of both stream every row.
+
+Every hook returns early for databases without our table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from datasette import hookimpl
+
+from pytest_profllm.browse.queries import CANNED_QUERIES, CHARTS
+from pytest_profllm.results.store import (
+    LANDING,
+    TABLE,
+    landing_axes,
+    swept_axes,
+)
+
+# Datasette lists column descriptions above the table: only the columns whose meaning is not
+# plain from their name get one; the latency metrics are explained once in the description.
+COLUMN_DESCRIPTIONS: dict[str, str] = {
+    "case_id": "suite file :: server :: workload",
+    "configuration": "the case without its workload: suite file :: server",
+    "workload": "the case's workload, without its repeat number",
+    "status": "passed; failed (threshold missed, or the test failed); invalid (the client fell "
+    "behind its schedule: the figures measure the client); error (no measurement)",
+    "engine": "vllm, or sim for the simulated engine: never compare the two",
+    "duration": "seconds the benchmark's requests took, failed ones included (vLLM's duration)",
+    "case_duration": "seconds the whole case took, server start included",
+    "total_output_tokens": "output tokens of completed requests, from the usage chunk",
+    "request_goodput": "requests per second that met every goodput SLO of the workload",
+    "failed_verdicts": "metrics that missed their threshold",
+    "bench_kind": "serve (vllm bench serve against a server), or throughput / latency (offline: "
+    "vllm bench throughput / latency, no server)",
+    "tokens_per_second": "offline throughput: prompt and output tokens per second",
+    "avg_latency_ms": "offline latency: mean time of one batch, end to end",
+    "regression": "the regression gate's verdict per gated metric against the baseline (JSON)",
+    "device": "the GPUs the case ran on (count x model); cpu: vLLM's CPU build on the host's "
+    "cores; virtual: the simulated engine",
+    "p99_schedule_lag_ms": "how late the client sent requests against their intended times",
+    "achieved_request_rate": "requests per second the client actually sent (target_request_rate: "
+    "the schedule's)",
+    "client_cpu_percent": "the client event loop's CPU use during the load (100 = one core)",
+    "bench_request_rate": "requests per second the workload offers; Infinity (shown as inf, "
+    "null in JSON) = all requests at once",
+    "req_per_s": "request_throughput: completed requests per second",
+    "output_tok_per_s": "output_throughput: output tokens per second",
+    "failed_requests": "requests that failed (vLLM's failed)",
+    "runtime_node_id": "the Ray node the case ran on (--profllm-ray); empty on one host",
+}
+DESCRIPTION = (
+    "One row per benchmark case, written by pytest-profllm. server_* columns are vLLM engine "
+    "arguments, bench_* the workload, system_* and runtime_* where and how it ran. Metrics keep "
+    "the names and definitions of vllm bench serve, latencies in ms: ttft = time to first token, "
+    "tpot = time per output token after the first, itl = gaps between streamed messages (pooled "
+    "over requests), e2el = end-to-end latency; each as mean_, median_, std_ and pNN_."
+)
+LANDING_DESCRIPTION = (
+    "Newest first: who ran what, its status, the engine arguments and workload parameters that "
+    "differ between runs here, and the headline metrics (req_per_s, output_tok_per_s; "
+    "latencies in ms). Every column is in benchmark_runs (a run_id opens its row); charts and "
+    "comparisons are in the actions menu (the cog) and under Queries."
+)
+# Where a run used --profllm-ray: the node each case ran on. Only for tables that have the
+# column (a database loaded before records named their node has not): a facet on a missing
+# column fails the whole page.
+NODE_FACET = "runtime_node_id"
+
+DEFAULT_FACETS = ["server_model", "engine", "device", "bench_kind", "suite", "status"]
+# Datasette's max_csv_mb default: a streamed CSV stops there, silently. We lift it (0 = no
+# limit) unless the user set a value of their own.
+_DATASETTE_DEFAULT_MAX_CSV_MB = 100
+# Long JSON cells (compilation_config) in one line each, cut with an ellipsis; the row page
+# shows them whole.
+_CSS = (
+    "body.table td { max-width: 28em; white-space: nowrap; overflow: hidden; "
+    "text-overflow: ellipsis; }"
+)
+_SCHEMA_CACHE_S = 2.0
+
+
+@dataclass(frozen=True)
+class _Schema:
+    """What the metadata depends on in one database: its swept axes and the columns of our two
+    tables (a facet on a missing column fails the whole page: an older table lacks some)."""
+
+    swept: list[str]
+    columns: frozenset[str]
+    landing_columns: frozenset[str]
+
+
+_schema_cache: dict[str, tuple[float, _Schema]] = {}
+
+
+def _facets(wanted: list[str], columns: frozenset[str] | None) -> list[str]:
+    return [name for name in wanted if columns is None or name in columns]
+
+
+def table_metadata(columns: frozenset[str] | None = None) -> dict[str, Any]:
+    # No `units`: Datasette converts each such cell with pint (a third of the page's time) and
+    # shows 1500 ms as 1.5 s; the unit is in the column's name.
+    return {
+        "title": "vLLM serving benchmarks: every column",
+        "description": DESCRIPTION,
+        # The indexed ones only: a facet on another column reads every 7 KB row. The swept
+        # axes are faceted on the landing table.
+        "facets": _facets(DEFAULT_FACETS, columns)
+        + ([NODE_FACET] if columns is not None and NODE_FACET in columns else []),
+        "sort_desc": "timestamp",
+        # 400+ columns a row: 20 rows make a page of about 1 MB, not 5.
+        "size": 20,
+        "columns": COLUMN_DESCRIPTIONS,
+    }
+
+
+def landing_metadata(swept: list[str], columns: frozenset[str] | None = None) -> dict[str, Any]:
+    # No column descriptions here: above a 30-column page they would fill the first screen.
+    return {
+        "title": "vLLM serving benchmarks",
+        "description": LANDING_DESCRIPTION,
+        "sort_desc": "timestamp",
+        "facets": _facets(DEFAULT_FACETS, columns)
+        + [c for c in landing_axes(swept) if c != "server_model"],
+    }
+
+
+def _schema(datasette: Any, database: str) -> _Schema | None:
+    """The database's swept axes and table columns, read at most every couple of seconds
+    (metadata is asked for many times a page, and synchronously: get_metadata cannot await
+    Datasette's own connection, so a read-only look of our own)."""
+    db = datasette.databases.get(database)
+    path = getattr(db, "path", None)
+    if not path:
+        return None
+    now = time.monotonic()
+    cached = _schema_cache.get(path)
+    if cached is not None and now - cached[0] < _SCHEMA_CACHE_S:
+        return cached[1]
+
+    def columns(connection: sqlite3.Connection, table: str) -> frozenset[str]:
+        return frozenset(row[1] for row in connection.execute(f"PRAGMA table_info([{table}])"))
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
+            schema = _Schema(
+                swept_axes(connection), columns(connection, TABLE), columns(connection, LANDING)
+            )
+    except sqlite3.Error:
+        return None
+    _schema_cache[path] = (now, schema)
+    return schema
+
+
+@hookimpl
+def startup(datasette: Any) -> None:
+    # Datasette has no public setter; its settings are a plain dict made at start-up.
+    settings = getattr(datasette, "_settings", None)
+    if isinstance(settings, dict) and settings.get("max_csv_mb") == _DATASETTE_DEFAULT_MAX_CSV_MB:
+        settings["max_csv_mb"] = 0
+
+
+class _Median:
+    """SQLite aggregate `median(x)`: charts combine repeats with it, never with a sum."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def step(self, value: Any) -> None:
+        if isinstance(value, int | float):
+            self.values.append(value)
+
+    def finalize(self) -> float | None:
+        return statistics.median(self.values) if self.values else None
+
+
+@hookimpl
+def prepare_connection(conn: sqlite3.Connection) -> None:
+    conn.create_aggregate("median", 1, _Median)  # type: ignore[arg-type]
+
+
+@hookimpl
+def asgi_wrapper(datasette: Any) -> Any:
+    """Changes to requests, for our tables only:
+    - `/` opens the landing table when one database served is a results database, and a
+      landing row opens the full row;
+    - no facet suggestions: Datasette tries every column for them, and with one column per
+      engine argument (400+) that made the table page take seconds;
+    - CSV streams every row (`_stream=on`), as if the user had asked for all of them."""
+
+    def wrap(app: Any) -> Any:
+        async def ours(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope.get("type") == "http":
+                path = scope.get("path", "")
+                if path == "/" and (landing := await _landing_path(datasette)) is not None:
+                    await send({"type": "http.response.start", "status": 302,
+                                "headers": [(b"location", landing.encode())]})
+                    await send({"type": "http.response.body", "body": b""})
+                    return
+                full_row = _landing_row(path)
+                if full_row is not None:
+                    # A run id on the landing table opens its row with every column.
+                    await send({"type": "http.response.start", "status": 302,
+                                "headers": [(b"location", full_row.encode())]})
+                    await send({"type": "http.response.body", "body": b""})
+                    return
+                target = _our_table(path)
+                if target is not None:
+                    query: bytes = scope.get("query_string", b"")
+                    extra = []
+                    if b"_nosuggest=" not in query:
+                        extra.append(b"_nosuggest=1")
+                    if target.endswith(".csv") and b"_stream=" not in query:
+                        extra.append(b"_stream=on")
+                        if b"_sort" not in query:
+                            # Datasette 0.65 pages a stream on (sort column, key): over the
+                            # default sort's ties (timestamps) it repeated rows. By run_id,
+                            # each row comes once.
+                            extra.append(b"_sort=run_id")
+                    if extra:
+                        query = b"&".join(([query] if query else []) + extra)
+                        scope = {**scope, "query_string": query}
+            await app(scope, receive, send)
+
+        return ours
+
+    return wrap
+
+
+async def _landing_path(datasette: Any) -> str | None:
+    ours = []
+    for name, db in datasette.databases.items():
+        if name != "_internal" and await db.table_exists(TABLE):
+            ours.append(name)
+    if len(ours) != 1:
+        return None
+    path: str = datasette.urls.table(ours[0], LANDING)
+    return path
+
+
+def _landing_row(path: str) -> str | None:
+    # /<database>/runs/<run id> (the HTML row page) -> /<database>/benchmark_runs/<run id>
+    parts = path.split("/")
+    if len(parts) == 4 and parts[2] == LANDING and "." not in parts[3]:
+        return "/".join([*parts[:2], TABLE, parts[3]])
+    return None
+
+
+def _our_table(path: str) -> str | None:
+    # /<database>/benchmark_runs or /<database>/runs, with or without a format (.json, .csv)
+    parts = path.strip("/").split("/")
+    if len(parts) == 2 and parts[1].split(".", 1)[0] in (TABLE, LANDING):
+        return parts[1]
+    return None
+
+
+@hookimpl
+def get_metadata(
+    datasette: Any, key: Any, database: str | None, table: str | None
+) -> dict[str, Any]:
+    if table not in (None, TABLE, LANDING):
+        return {}
+    names = [database] if database else [n for n in datasette.databases if n != "_internal"]
+    databases = {}
+    for name in names:
+        schema = _schema(datasette, name)
+        databases[name] = {
+            "tables": {
+                TABLE: table_metadata(schema.columns if schema else None),
+                LANDING: landing_metadata(
+                    schema.swept if schema else [], schema.landing_columns if schema else None
+                ),
+            }
+        }
+    return {"databases": databases}
+
+
+@hookimpl
+def canned_queries(datasette: Any, database: str, actor: Any) -> Any:
+    async def queries() -> dict[str, Any]:
+        if not await datasette.get_database(database).table_exists(TABLE):
+            return {}
+        return CANNED_QUERIES
+
+    return queries
+
+
+def chart_links(datasette: Any, database: str) -> list[dict[str, str]]:
+    return [
+        {"href": f"{datasette.urls.table(database, chart.name)}#{chart.fragment()}",
+         "label": chart.title}
+        for chart in CHARTS
+    ]
+
+
+@hookimpl
+def table_actions(datasette: Any, actor: Any, database: str, table: str, request: Any) -> Any:
+    if table == TABLE:
+        other = {"href": datasette.urls.table(database, LANDING),
+                 "label": "Landing view: the columns that matter"}
+    elif table == LANDING:
+        other = {"href": datasette.urls.table(database, TABLE),
+                 "label": "Every column (benchmark_runs)"}
+    else:
+        return None
+    return [other, *chart_links(datasette, database)]
+
+
+@hookimpl
+def database_actions(datasette: Any, actor: Any, database: str, request: Any) -> Any:
+    async def links() -> list[dict[str, str]]:
+        if not await datasette.get_database(database).table_exists(TABLE):
+            return []
+        return chart_links(datasette, database)
+
+    return links
+
+
+@hookimpl
+def extra_css_urls(database: str | None, table: str | None) -> list[str]:
+    if table not in (TABLE, LANDING):
+        return []
+    return ["data:text/css," + quote(_CSS)]

@@ -1,0 +1,273 @@
+"""The canned queries and prepared charts of the Datasette plugin, as SQL over `benchmark_runs`.
+
+Charts run over queries that aggregate to one point per configuration and load: repeats and
+history are combined with a median (`median()`, which the plugin registers on every
+connection), or shown as separate points over time, never summed. Points come from measured
+cases only (`passed`, `failed`): an `error` has no measurement, an `invalid` one measures the
+client. The aggregating queries read the columns of one covering index (`store.SUMMARY_COLUMNS`),
+never the 400-column rows, so they answer in milliseconds at 100,000 runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from pytest_profllm.results.store import TABLE
+
+# The unary + keeps SQLite off the status index (it would then read each 7 KB row): these
+# queries read the covering index alone.
+MEASURED = "+status IN ('passed', 'failed')"
+# A series: one configuration on one engine and device, at one input/output length.
+SERIES = (
+    "configuration || ' [' || engine || ', ' || device || ', in ' || "
+    "coalesce(bench_random_input_len, '-') || ' / out ' || coalesce(bench_random_output_len, '-')"
+    " || ']'"
+)
+# The covering index's column order (store.SUMMARY_COLUMNS): grouping needs no sort.
+SERIES_KEY = "configuration, engine, device, bench_random_input_len, bench_random_output_len"
+LATEST_SESSION = f"(SELECT session_id FROM {TABLE} ORDER BY timestamp DESC LIMIT 1)"
+
+
+def _number(param: str, default: str = "1e308") -> str:
+    # A canned query's parameters arrive as text, empty when the form was not filled in.
+    return f"CAST(coalesce(nullif(:{param}, ''), '{default}') AS REAL)"
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A canned query and how datasette-vega draws it (its state lives in the URL fragment)."""
+
+    name: str
+    title: str
+    description: str
+    sql: str
+    mark: str
+    x: tuple[str, str]  # column, vega-lite type
+    y: tuple[str, str]
+    color: str
+
+    def fragment(self) -> str:
+        return urlencode({
+            "g.mark": self.mark,
+            "g.x_column": self.x[0],
+            "g.x_type": self.x[1],
+            "g.y_column": self.y[0],
+            "g.y_type": self.y[1],
+            "g.color_column": self.color,
+        })
+
+    def canned_query(self) -> dict[str, Any]:
+        return {"title": self.title, "description": self.description, "sql": self.sql}
+
+
+def _throughput_against(column: str, name: str, where: str) -> str:
+    return (
+        f"SELECT {SERIES} AS series, {column} AS {name}, "
+        "round(median(output_throughput), 2) AS output_tok_per_s, "
+        "round(median(request_throughput), 3) AS req_per_s, count(*) AS runs "
+        f"FROM {TABLE} WHERE {MEASURED} AND {where} AND output_throughput IS NOT NULL "
+        f"GROUP BY {SERIES_KEY}, workload, bench_request_rate, bench_max_concurrency "
+        f"ORDER BY series, {name}"
+    )
+
+
+CHARTS = (
+    Chart(
+        "chart_throughput_vs_rate",
+        "Chart: output throughput against request rate",
+        "Median output throughput (tokens/s) of each configuration at each finite request "
+        "rate (req/s), over repeats and history.",
+        _throughput_against("bench_request_rate", "request_rate",
+                            "bench_request_rate < 9e999 AND bench_max_concurrency IS NULL"),
+        "line",
+        ("request_rate", "quantitative"),
+        ("output_tok_per_s", "quantitative"),
+        "series",
+    ),
+    Chart(
+        "chart_throughput_vs_concurrency",
+        "Chart: output throughput against concurrency",
+        "Median output throughput (tokens/s) of each configuration at each max_concurrency, "
+        "over repeats and history.",
+        _throughput_against("bench_max_concurrency", "max_concurrency",
+                            "bench_max_concurrency IS NOT NULL"),
+        "line",
+        ("max_concurrency", "quantitative"),
+        ("output_tok_per_s", "quantitative"),
+        "series",
+    ),
+    Chart(
+        "chart_ttft_vs_throughput",
+        "Chart: p99 TTFT against output throughput (Pareto)",
+        "One point per configuration and load: median output throughput (tokens/s) and median "
+        "p99 TTFT (ms) over repeats and history. Down and right is better.",
+        f"SELECT {SERIES} AS series, workload, "
+        "round(median(output_throughput), 2) AS output_tok_per_s, "
+        "round(median(p99_ttft_ms), 2) AS p99_ttft_ms, count(*) AS runs "
+        f"FROM {TABLE} WHERE {MEASURED} AND output_throughput IS NOT NULL "
+        f"AND p99_ttft_ms IS NOT NULL GROUP BY {SERIES_KEY}, workload "
+        "ORDER BY series, output_tok_per_s",
+        "circle",
+        ("output_tok_per_s", "quantitative"),
+        ("p99_ttft_ms", "quantitative"),
+        "series",
+    ),
+    Chart(
+        "chart_latest_session",
+        "Chart: output throughput of the latest session, by case",
+        "Each case of the most recent session: its output throughput (tokens/s), the median "
+        "of its repeats. One bar per case.",
+        f"SELECT configuration || ' :: ' || workload AS case_label, engine, "
+        "round(median(output_throughput), 2) AS output_tok_per_s, count(*) AS runs "
+        f"FROM {TABLE} WHERE session_id = {LATEST_SESSION} AND output_throughput IS NOT NULL "
+        "GROUP BY configuration, workload, engine, device ORDER BY case_label",
+        "bar",
+        ("case_label", "nominal"),
+        ("output_tok_per_s", "quantitative"),
+        "engine",
+    ),
+    Chart(
+        "chart_case_history",
+        "Chart: one case's output throughput over time",
+        "Every run of one case (default: the case of the latest run), one point per run.",
+        "SELECT timestamp, session_id, status, round(output_throughput, 2) AS output_tok_per_s, "
+        f"round(p99_ttft_ms, 2) AS p99_ttft_ms FROM {TABLE} WHERE case_id = coalesce("
+        f"nullif(:case_id, ''), (SELECT case_id FROM {TABLE} ORDER BY timestamp DESC LIMIT 1)) "
+        "AND output_throughput IS NOT NULL ORDER BY timestamp",
+        "line",
+        ("timestamp", "temporal"),
+        ("output_tok_per_s", "quantitative"),
+        "status",
+    ),
+)
+
+_HEADLINE = (
+    ("output_throughput", "output_tok_per_s", 2),
+    ("request_throughput", "req_per_s", 3),
+    ("median_ttft_ms", "median_ttft_ms", 2),
+    ("p99_ttft_ms", "p99_ttft_ms", 2),
+    ("median_tpot_ms", "median_tpot_ms", 3),
+    ("p99_tpot_ms", "p99_tpot_ms", 3),
+)
+
+
+def _per_session(alias: str, param: str, default: str) -> str:
+    figures = ", ".join(f"median({column}) AS {name}" for column, name, _ in _HEADLINE)
+    return (
+        f"{alias} AS (SELECT configuration, workload, engine, device, {figures}, "
+        f"count(*) AS runs FROM {TABLE} WHERE session_id = coalesce(nullif(:{param}, ''), "
+        f"{default}) AND {MEASURED} GROUP BY configuration, workload, engine, device)"
+    )
+
+
+_PREVIOUS_SESSION = (
+    f"(SELECT session_id FROM {TABLE} WHERE timestamp < (SELECT min(timestamp) FROM {TABLE} "
+    f"WHERE session_id = {LATEST_SESSION}) ORDER BY timestamp DESC LIMIT 1)"
+)
+_COMPARE_SESSIONS = (
+    "WITH "
+    + _per_session("a", "session_a", _PREVIOUS_SESSION)
+    + ", "
+    + _per_session("b", "session_b", LATEST_SESSION)
+    + ", cases AS (SELECT configuration, workload, engine, device FROM a UNION "
+    "SELECT configuration, workload, engine, device FROM b) "
+    "SELECT cases.configuration, cases.workload, cases.engine, cases.device, "
+    + ", ".join(
+        f"round(a.{name}, {digits}) AS a_{name}, round(b.{name}, {digits}) AS b_{name}"
+        for _, name, digits in _HEADLINE[:1] + _HEADLINE[3:4] + _HEADLINE[5:6]
+    )
+    + ", round(b.output_tok_per_s / a.output_tok_per_s, 3) AS b_over_a_throughput, "
+    "a.runs AS a_runs, b.runs AS b_runs FROM cases "
+    "LEFT JOIN a USING (configuration, workload, engine, device) "
+    "LEFT JOIN b USING (configuration, workload, engine, device) "
+    "ORDER BY cases.configuration, cases.workload"
+)
+_COMPARE_RUNS = " UNION ALL ".join(
+    f"SELECT '{column}' AS metric, (SELECT {column} FROM {TABLE} WHERE run_id = :run_a) AS a, "
+    f"(SELECT {column} FROM {TABLE} WHERE run_id = :run_b) AS b"
+    for column in ("status", "case_id", "timestamp", "engine", "device", "server_model",
+                   *(column for column, _, _ in _HEADLINE), "median_itl_ms", "p99_e2el_ms",
+                   "completed", "failed", "failed_verdicts")
+)
+_BEST_UNDER_BOUND = (
+    "WITH points AS (SELECT server_model, configuration, workload, engine, device, "
+    "median(output_throughput) AS tp, median(p99_ttft_ms) AS ttft, median(p99_tpot_ms) AS tpot, "
+    f"count(*) AS runs FROM {TABLE} WHERE {MEASURED} AND output_throughput IS NOT NULL "
+    f"GROUP BY {SERIES_KEY}, workload, bench_request_rate, bench_max_concurrency, server_model) "
+    # SQLite's bare columns: configuration and workload come from the row with max(tp).
+    "SELECT server_model, engine, device, round(max(tp), 2) AS output_tok_per_s, "
+    "configuration, workload, round(ttft, 2) AS p99_ttft_ms, round(tpot, 3) AS p99_tpot_ms, runs "
+    f"FROM points WHERE ttft <= {_number('max_p99_ttft_ms')} "
+    f"AND tpot <= {_number('max_p99_tpot_ms')} "
+    "GROUP BY server_model, engine, device ORDER BY server_model, engine, device"
+)
+_LATEST_PER_CONFIGURATION = (
+    "SELECT configuration, workload, engine, device, max(timestamp) AS timestamp, run_id, "
+    "status, round(output_throughput, 2) AS output_tok_per_s, "
+    "round(p99_ttft_ms, 2) AS p99_ttft_ms, round(p99_tpot_ms, 3) AS p99_tpot_ms "
+    f"FROM {TABLE} GROUP BY {SERIES_KEY}, workload "
+    "ORDER BY configuration, workload, engine, device"
+)
+_NOT_PASSED = (
+    "SELECT configuration, workload, engine, device, max(timestamp) AS timestamp, run_id, "
+    "status, failed_verdicts, message, count(*) AS runs_not_passed "
+    f"FROM {TABLE} WHERE status IN ('failed', 'error', 'invalid') "
+    "GROUP BY configuration, workload, engine, device ORDER BY timestamp DESC"
+)
+
+
+def _latency_columns() -> str:
+    return ", ".join(f"round(median_{m}_ms, 2) AS median_{m}_ms, round(p99_{m}_ms, 2) AS "
+                     f"p99_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el"))
+
+
+CANNED_QUERIES: dict[str, dict[str, Any]] = {
+    "compare_sessions": {
+        "title": "Compare two sessions side by side",
+        "description": "Each case's medians in session A and session B (default: the two most "
+        "recent sessions), and B's throughput as a fraction of A's.",
+        "sql": _COMPARE_SESSIONS,
+    },
+    "compare_runs": {
+        "title": "Compare two runs side by side",
+        "description": "The headline figures of two run_ids, one metric a row.",
+        "sql": _COMPARE_RUNS,
+    },
+    "best_configuration": {
+        "title": "Best configuration per model under a TTFT or TPOT bound",
+        "description": "For each model, engine and device: the configuration and load with the "
+        "highest median output throughput (tokens/s) whose median p99 TTFT and p99 TPOT (ms) "
+        "stay within the bounds (empty: no bound).",
+        "sql": _BEST_UNDER_BOUND,
+    },
+    "latest_per_configuration": {
+        "title": "Latest run of every configuration",
+        "description": "For each configuration and workload, its most recent run.",
+        "sql": _LATEST_PER_CONFIGURATION,
+    },
+    "not_passed": {
+        "title": "Cases that did not pass",
+        "description": "Each case with a failed, errored or invalid run: its latest such run, "
+        "with the missed thresholds and message, and how many runs did not pass.",
+        "sql": _NOT_PASSED,
+    },
+    "latest_session": {
+        "title": "Latest session",
+        "description": "Every case of the most recent pytest session.",
+        "sql": "SELECT case_id, status, engine, device, completed, failed, "
+        "round(request_throughput, 3) AS req_per_s, "
+        f"round(output_throughput, 2) AS output_tok_per_s, {_latency_columns()} FROM {TABLE} "
+        f"WHERE session_id = {LATEST_SESSION} ORDER BY case_id",
+    },
+    "case_history": {
+        "title": "History of one case",
+        "description": "A case's figures over time, newest first: regressions show here.",
+        "sql": "SELECT timestamp, session_id, run_id, engine, status, "
+        "round(request_throughput, 3) AS req_per_s, "
+        f"round(output_throughput, 2) AS output_tok_per_s, {_latency_columns()} FROM {TABLE} "
+        "WHERE case_id = :case_id ORDER BY timestamp DESC",
+    },
+    **{chart.name: chart.canned_query() for chart in CHARTS},
+}

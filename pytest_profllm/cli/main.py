@@ -1,0 +1,488 @@
+"""The `profllm` command: thin wrappers over the library, one clean error line at the edge."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pytest_profllm.engine.choice import ENGINE_CHOICES
+from pytest_profllm.options import DEFAULT_SUITE_GLOB
+
+
+class CliError(Exception):
+    """A problem to report (one line per problem) with an exit status, 2 unless given."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# The exit statuses of every command, listed in `profllm --help`.
+EXIT_OK = 0
+EXIT_NOTHING_MEASURED = 1
+EXIT_USAGE = 2
+EXIT_INVALID = 3
+EXIT_UNREACHABLE = 4
+_EXIT_CODES = f"""exit status:
+  {EXIT_OK}  success
+  {EXIT_NOTHING_MEASURED}  bench: nothing was measured (every request failed, a non-200 status,
+     or no output token)
+  {EXIT_USAGE}  a usage error: a bad flag, a bad suite, a file that cannot be read
+  {EXIT_INVALID}  bench: an invalid measurement (the client fell behind its schedule)
+  {EXIT_UNREACHABLE}  bench: cannot connect to the server
+  sim exits as a server does: 0 after SIGTERM or SIGINT, 1 or 2 when it cannot start"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="profllm",
+        description="vLLM serving benchmarks as pytest tests: tools around them.",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    plan = commands.add_parser(
+        "plan",
+        help="print the servers (argv, environment) and cases pytest would run, starting nothing",
+        description="Collect the benchmark cases `pytest PATH...` would run, as pytest collects "
+        f"them (suite files named {DEFAULT_SUITE_GLOB}, and tests marked "
+        "@pytest.mark.profllm), and print each server's command line and its cases, without "
+        "starting anything. Axis values are shown beside each server and case.",
+    )
+    plan.add_argument(
+        "paths",
+        nargs="+",
+        type=Path,
+        metavar="PATH",
+        help="suite files, test files, or folders searched as pytest searches them",
+    )
+    plan.add_argument("--json", action="store_true", help="print JSON instead of a listing")
+    plan.add_argument(
+        "--engine",
+        choices=ENGINE_CHOICES,
+        help="whose command line to print (default: the engine a run would pick: "
+        "--profllm-engine's ini value, else auto)",
+    )
+    plan.add_argument(
+        "--profllm-out",
+        type=Path,
+        default=Path("results"),
+        metavar="DIR",
+        help="the --profllm-out of the run, for the trace folders of profiling servers "
+        "(default: results)",
+    )
+    plan.set_defaults(handler=_plan)
+
+    ingest = commands.add_parser(
+        "ingest",
+        help="load record files into a results database",
+        description="Load JSON records (files, or folders of them), and `profllm bench "
+        "--save-result` files (as records of suite `bench`), into the benchmark_runs table. "
+        "Every good file is loaded and every bad one refused whole, named with its reason; "
+        "a record already there is counted as unchanged. Exit status 1 when a file was "
+        "refused, 2 when a path does not exist or the database cannot be written (locked by "
+        "another process, a full disk): then nothing is loaded.",
+    )
+    ingest.add_argument("db", type=Path, metavar="DB", help="SQLite file (created if missing)")
+    ingest.add_argument(
+        "paths", nargs="+", type=Path, metavar="PATH", help="record files or folders holding them"
+    )
+    ingest.set_defaults(handler=_ingest)
+
+    schema = commands.add_parser(
+        "schema",
+        help="print the JSON Schema of the record",
+        description="Print the JSON Schema of a benchmark record (schema version 1).",
+    )
+    schema.set_defaults(handler=_schema)
+
+    engine_args = commands.add_parser(
+        "engine-args",
+        help="the registry of vLLM engine arguments: list it, or regenerate it from a vLLM",
+        description="Without --python: summarise (or --list) the registry shipped with the "
+        "package. With --python: read every `vllm serve` option from the parser of the vLLM "
+        "that Python imports (VLLM_TARGET_DEVICE=cpu unless set), and write the registry file.",
+    )
+    engine_args.add_argument(
+        "--python",
+        metavar="PY",
+        help="a Python that imports vLLM, e.g. /path/to/venv/bin/python (default: none; "
+        "the bundled registry is shown)",
+    )
+    engine_args.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        metavar="PATH",
+        help="where --python writes the registry (default: the package's own "
+        "pytest_profllm/engine/data/engine_args.json)",
+    )
+    engine_args.add_argument(
+        "--list", action="store_true", help="print one line per option instead"
+    )
+    engine_args.set_defaults(handler=_engine_args)
+    bench = commands.add_parser(
+        "bench",
+        help="benchmark a running server, as `vllm bench serve` (same flags, same result keys)",
+        description="Send a workload to a running OpenAI-compatible server and report vLLM's "
+        "serving metrics. Flags and defaults are those of `vllm bench serve`; unlike it, a "
+        "benchmark where every request failed, any request got a non-200 status, or no output "
+        "token came back exits 1, a client that fell behind its schedule exits 3, and a "
+        "server that cannot be reached exits 4 (one line: cannot connect to URL: why).",
+    )
+    add_bench_arguments(bench)
+    bench.set_defaults(handler=_bench)
+
+    history = commands.add_parser(
+        "history",
+        help="find where a metric shifted in a results database's history (change points)",
+        description="For every fingerprint (server configuration, workload, engine and "
+        "version, devices) in DB, find the sessions after which a metric's mean shifted "
+        "(ruptures' PELT over per-session means), print them and store them in the "
+        "change_points table, which Datasette shows.",
+    )
+    history.add_argument("db", type=Path, metavar="DB", help="a results.db written by a run")
+    history.add_argument(
+        "--metric",
+        action="append",
+        metavar="NAME",
+        help="a result metric, repeatable (default: output_throughput, median_ttft_ms, "
+        "median_tpot_ms)",
+    )
+    history.add_argument(
+        "--case", metavar="PATTERN", help="only case ids LIKE this SQL pattern (default: all)"
+    )
+    history.add_argument(
+        "--min-change",
+        default="5%",
+        metavar="PERCENT",
+        help="smallest shift of the mean reported (default: 5%%)",
+    )
+    history.add_argument(
+        "--any-version",
+        action="store_true",
+        help="one history across engine versions (the version left out of the fingerprint)",
+    )
+    history.set_defaults(handler=_history)
+
+    # `profllm sim ...` is handed to the simulator's own parser before this one (see main);
+    # listed here for `profllm --help`.
+    commands.add_parser(
+        "sim",
+        help="run the simulated engine: profllm sim MODEL [vllm serve arguments] "
+        "(profllm sim --help lists them)",
+        add_help=False,
+    )
+    return parser
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """`vllm bench serve`'s flags that profllm implements, with vLLM's defaults."""
+    add = parser.add_argument
+    add("--backend", choices=("openai", "openai-chat"), default="openai")
+    add("--base-url", help="server URL, e.g. http://127.0.0.1:8000 (default: from --host/--port)")
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=8000)
+    add("--endpoint", help="API path (default: the backend's, /v1/completions or "
+        "/v1/chat/completions)")
+    add("--model", required=True, help="the model the server serves")
+    add("--served-model-name", help="the name to send (default: --model)")
+    add("--tokenizer", help="local tokenizer folder (default: the server's /tokenize)")
+    add("--dataset-name", choices=("random", "prefix_repetition", "sharegpt", "custom"),
+        default="random")
+    add("--dataset-path", help="local file for sharegpt (JSON) and custom (JSON lines)")
+    add("--num-prompts", type=int, default=1000)
+    add("--seed", type=int, default=0)
+    add("--random-input-len", type=int, default=1024)
+    add("--random-output-len", type=int, default=128)
+    add("--random-range-ratio", type=float, default=0.0)
+    add("--random-prefix-len", type=int, default=0)
+    add("--prefix-repetition-prefix-len", type=int, default=256)
+    add("--prefix-repetition-suffix-len", type=int, default=256)
+    add("--prefix-repetition-num-prefixes", type=int, default=10)
+    add("--prefix-repetition-output-len", type=int, default=128)
+    add("--sharegpt-output-len", type=int)
+    add("--custom-output-len", type=int, default=256)
+    add("--request-rate", type=float, default=float("inf"))
+    add("--burstiness", type=float, default=1.0)
+    add("--max-concurrency", type=int)
+    add("--ramp-up-strategy", choices=("linear", "exponential"))
+    add("--ramp-up-start-rps", type=float)
+    add("--ramp-up-end-rps", type=float)
+    add("--num-warmups", type=int, default=0)
+    add("--goodput", nargs="+", metavar="KEY:MS", help="service level objectives, e.g. ttft:500")
+    add("--percentile-metrics", default="ttft,tpot,itl")
+    add("--metric-percentiles", default="99")
+    add("--ignore-eos", action="store_true")
+    add("--temperature", type=float, help="(default: not sent; the server's default applies)")
+    add("--request-timeout-s", type=float, default=6 * 60 * 60)
+    add("--client-processes", type=int, default=1, help="spread the client over N processes "
+        "when one event loop cannot keep up with the server (not a vLLM flag; default: 1)")
+    add("--label")
+    add("--save-result", action="store_true", help="write the result JSON (and per-request "
+        "records beside it, .requests.jsonl.gz)")
+    add("--save-detailed", action="store_true", help="keep the per-request lists in the JSON")
+    add("--result-dir")
+    add("--result-filename")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"]:
+        # Everything after `sim` is the simulator's (its own -h/--help included): argparse's
+        # REMAINDER would refuse an option first.
+        from pytest_profllm.sim.__main__ import main as sim_main
+
+        return sim_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result: int = args.handler(args)
+        return result
+    except CliError as error:
+        prefix = f"profllm {args.command}: "
+        print(prefix + str(error).replace("\n", "\n" + prefix), file=sys.stderr)
+        return error.code
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from pytest_profllm.plan.case import plan_document, plan_lines
+    from pytest_profllm.session.collect import CollectionFailed, collect_cases
+
+    for path in args.paths:
+        if not path.exists():
+            raise CliError(f"{path}: no such file or folder")
+    pytest_args = [str(path) for path in args.paths]
+    engine, reason = args.engine, "--engine " + str(args.engine)
+    if engine is not None:
+        # A plan of vLLM's command lines is useful where vLLM cannot run (a laptop): the
+        # collection then checks suites as a simulated run would.
+        runnable = engine != "vllm" or _can_run_vllm()
+        pytest_args.append(f"--profllm-engine={engine if runnable else 'sim'}")
+    try:
+        collected = collect_cases(pytest_args)
+    except CollectionFailed as error:
+        hint = ""
+        if str(error).startswith("not found:"):
+            hint = f" (pytest collects suite files named {DEFAULT_SUITE_GLOB}, or as the ini "
+            hint += "option profllm_suite_glob says)"
+        raise CliError(f"{error}{hint}") from None
+    if collected.errors:
+        raise CliError("\n".join(collected.errors))
+    for path in args.paths:
+        if path.suffix in (".yaml", ".yml") and path.name not in collected.suite_files:
+            raise CliError(
+                f"{path}: pytest does not collect it as a suite (suite files are named "
+                f"{collected.suite_glob}, ini option profllm_suite_glob)"
+            )
+    if engine is None or engine == "auto":
+        choice = collected.engine
+        engine, reason = (choice.name, choice.reason) if choice else ("sim", "no cases")
+    document = plan_document(collected.cases, engine, reason, args.profllm_out / "profiles")
+    if args.json:
+        print(json.dumps(document, indent=2))
+    else:
+        print("\n".join(plan_lines(document)))
+    return 0
+
+
+def _can_run_vllm() -> bool:
+    from pytest_profllm.engine.choice import EngineUnavailable, choose_engine
+    from pytest_profllm.hosts.nvml import discover
+
+    try:
+        choose_engine("vllm", len(discover().gpus))
+    except EngineUnavailable:
+        return False
+    return True
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from pytest_profllm.results.ingest import IngestError, ingest, record_files
+    from pytest_profllm.results.store import BUSY_TIMEOUT_MS
+
+    missing = [str(path) for path in args.paths if not path.exists()]
+    if missing:
+        raise CliError(f"no such file: {', '.join(missing)}")
+    files = record_files(args.paths)
+    # A bar on a terminal only (tqdm's disable=None), for loads long enough to need one.
+    with tqdm(total=len(files), unit="file", disable=None if len(files) > 200 else True,
+              leave=False) as bar:
+
+        def advance(count: int) -> None:
+            bar.update(count)
+
+        try:
+            report = ingest(args.db, files, advance)
+        except IngestError as error:
+            raise CliError(f"{error}: nothing loaded") from None
+        except (sqlite3.Error, OSError) as error:
+            what = (f"still locked by another process after {BUSY_TIMEOUT_MS / 1000:g} s"
+                    if "locked" in str(error)
+                    else getattr(error, "strerror", None) or str(error))
+            raise CliError(f"{args.db}: {what}: nothing loaded") from None
+    for path, reason in report.refused:
+        print(f"profllm ingest: refused {path}: {reason}", file=sys.stderr)
+    print(report.summary(args.db))
+    return 1 if report.refused else 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    from pytest_profllm.gates import history
+    from pytest_profllm.gates.spec import parse_tolerance
+
+    if not args.db.is_file():
+        raise CliError(f"{args.db}: no such database")
+    try:
+        min_change = parse_tolerance(args.min_change)
+    except ValueError as error:
+        raise CliError(f"--min-change: {error}") from None
+    found: list[history.Finding] = []
+    for metric in args.metric or ["output_throughput", "median_ttft_ms", "median_tpot_ms"]:
+        try:
+            count, findings = history.analyse(
+                args.db, metric, args.case, min_change, args.any_version
+            )
+        except ValueError as error:
+            raise CliError(str(error)) from None
+        for finding in findings:
+            point = finding.change.point
+            print(
+                f"{finding.case_id} [{finding.fingerprint}] {metric}: "
+                f"{finding.change.before:.4g} -> {finding.change.after:.4g} "
+                f"({finding.change.change:+.1%}) from session {point.key} (run {point.run_id})"
+            )
+        print(f"{metric}: {len(findings)} change point(s) in {count} history(ies)")
+        found += findings
+    history.save(args.db, found)
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from pytest_profllm.results.record import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def _engine_args(args: argparse.Namespace) -> int:
+    import os
+
+    from pytest_profllm.engine.registry import DATA_FILE, Registry, RegistryError, bundled, generate
+
+    try:
+        if args.python is None:
+            if args.output is not None:
+                raise CliError("--output needs --python (the vLLM to read the options from)")
+            registry = bundled()
+            where = f"bundled: {DATA_FILE}"
+        else:
+            env = {} if "VLLM_TARGET_DEVICE" in os.environ else {"VLLM_TARGET_DEVICE": "cpu"}
+            data = generate(args.python, with_help=True, env=env)
+            registry = Registry.from_json(data, "live")
+            where = str(args.output or DATA_FILE)
+            if not args.list:
+                from pytest_profllm.results.record import write_atomic
+
+                write_atomic(Path(where), (json.dumps(data, indent=1) + "\n").encode())
+    except RegistryError as error:
+        raise CliError(str(error)) from None
+    if args.list:
+        for option in registry.options.values():
+            default = json.dumps(option.default)
+            default = default if len(default) <= 40 else default[:37] + "..."
+            print(f"{option.name}\t{option.kind}\t{option.group}\t{default}")
+        return 0
+    verb = "wrote" if args.python else "has"
+    print(f"{len(registry)} engine arguments of vLLM {registry.vllm_version} ({verb} {where})")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import os
+
+    from pydantic import ValidationError
+
+    from pytest_profllm.load.bench import (
+        BenchFailed,
+        ServerUnreachable,
+        result_path,
+        run_bench,
+        summary_lines,
+    )
+    from pytest_profllm.load.dataset import DatasetError
+    from pytest_profllm.plan.suite import BenchmarkConfig
+    from pytest_profllm.results.record import write_atomic, write_requests
+    from pytest_profllm.run.serve import request_row
+
+    values = {
+        key: value
+        for key, value in vars(args).items()
+        if key in BenchmarkConfig.model_fields and value is not None
+    }
+    if args.goodput:
+        values["goodput"] = _goodput(args.goodput)
+    try:
+        config = BenchmarkConfig.model_validate(values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        message = first["msg"].removeprefix("Value error, ")
+        if first["loc"]:
+            flag = "--" + "-".join(str(part) for part in first["loc"]).replace("_", "-")
+            message = f"{flag}: {message} (got {first.get('input')!r})"
+        raise CliError(message) from None
+    base_url = args.base_url or f"http://{args.host}:{args.port}"
+    try:
+        done = run_bench(
+            config,
+            base_url,
+            args.model,
+            served_model_name=args.served_model_name,
+            tokenizer=args.tokenizer,
+            api_key=os.environ.get("OPENAI_API_KEY"),
+            endpoint=args.endpoint,
+            label=args.label,
+            save_detailed=args.save_detailed,
+        )
+    except ServerUnreachable as error:
+        raise CliError(str(error), EXIT_UNREACHABLE) from None
+    except BenchFailed as error:
+        raise CliError(str(error), EXIT_NOTHING_MEASURED) from None
+    except DatasetError as error:
+        raise CliError(str(error)) from None
+    print("\n".join(summary_lines(done.result)))
+    if args.save_result:
+        path = result_path(config, args.model, args.label, args.result_dir, args.result_filename)
+        write_atomic(path, json.dumps(done.result).encode())
+        rows = [
+            request_row(index, outcome, done.load.clock_start)
+            for index, outcome in enumerate(done.load.outcomes)
+        ]
+        write_requests(path.parent, path.stem, rows)
+        print(f"result: {path}")
+    if done.invalid_reason:
+        print(f"profllm bench: invalid measurement: {done.invalid_reason}", file=sys.stderr)
+        return EXIT_INVALID
+    return EXIT_OK
+
+
+def _goodput(pairs: list[str]) -> dict[str, float]:
+    goodput = {}
+    for pair in pairs:
+        key, _, value = pair.partition(":")
+        try:
+            goodput[key.strip()] = float(value)
+        except ValueError:
+            raise CliError(f"--goodput: {pair!r} is not KEY:MILLISECONDS") from None
+    return goodput
+
+
+if __name__ == "__main__":
+    sys.exit(main())

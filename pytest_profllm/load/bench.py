@@ -1,0 +1,309 @@
+"""One benchmark against a running server, as `vllm bench serve` runs it: prompts, load,
+metrics, and a result with vLLM's keys. `profllm bench` is a thin wrapper over `run_bench`.
+
+Unlike vLLM's client, a benchmark of nothing is an error (`BenchFailed`), and a client that
+fell behind its schedule says so in `verdict` and `invalid_reason`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pytest_profllm.load import metrics
+from pytest_profllm.load.client import LoadResult, LoadSettings, run_load
+from pytest_profllm.load.dataset import Codec, ServerCodec, TokenizerCodec, make_prompts
+from pytest_profllm.load.metrics import RequestOutcome
+from pytest_profllm.plan.suite import BenchmarkConfig
+
+# Lists vLLM keeps only with --save-detailed (one entry per request).
+DETAILED_KEYS = (
+    "input_lens",
+    "output_lens",
+    "start_times",
+    "ttfts",
+    "itls",
+    "generated_texts",
+    "errors",
+)
+
+
+class BenchFailed(Exception):
+    """The benchmark measured nothing worth a number; the message quotes the first errors."""
+
+
+class ServerUnreachable(Exception):
+    """Nothing accepts connections at the server's address; the message is one line."""
+
+
+def check_reachable(base_url: str, timeout_s: float = 10.0) -> None:
+    """ServerUnreachable unless a TCP connection to `base_url` opens: a server that is down
+    is one line, not every request failing or a traceback from the tokenizer's first call."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base_url)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        raise ServerUnreachable(f"cannot connect to {base_url}: connection refused") from None
+    except TimeoutError:
+        raise ServerUnreachable(
+            f"cannot connect to {base_url}: no answer in {timeout_s:g} s"
+        ) from None
+    except OSError as error:
+        why = (error.strerror or str(error)).lower()
+        raise ServerUnreachable(f"cannot connect to {base_url}: {why}") from None
+
+
+@dataclass
+class BenchResult:
+    result: dict[str, Any]  # vLLM's result JSON, plus the client's health and verdict
+    load: LoadResult
+    invalid_reason: str | None
+
+
+def measure(
+    load: LoadResult, config: BenchmarkConfig, codec: Codec
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """vLLM's metrics of a finished load, and the client's health (how well it kept to its
+    schedule): the same figures for `profllm bench` and for a suite's case."""
+    summary = metrics.compute(
+        load.outcomes,
+        load.duration,
+        latency_metrics=config.latency_metrics,
+        percentiles=config.percentiles,
+        goodput_ms={str(k): v for k, v in (config.goodput or {}).items()},
+        count_tokens=lambda text: len(codec.encode(text)),
+    )
+    health = metrics.client_health(
+        load.outcomes,
+        load.intended_offsets,
+        load.clock_start,
+        load.duration,
+        load.cpu_seconds,
+        load.processes,
+    )
+    return summary, health
+
+
+def run_bench(
+    config: BenchmarkConfig,
+    base_url: str,
+    model: str,
+    *,
+    served_model_name: str | None = None,
+    tokenizer: str | None = None,
+    api_key: str | None = None,
+    endpoint: str | None = None,
+    label: str | None = None,
+    save_detailed: bool = False,
+) -> BenchResult:
+    """Run `config` against the server at `base_url`; raises BenchFailed for a benchmark of
+    nothing (every request failed, a non-200 status, no output tokens), ServerUnreachable
+    when nothing listens at `base_url`."""
+    check_reachable(base_url)
+    name = served_model_name or model
+    codec: Codec = (
+        TokenizerCodec.load(tokenizer) if tokenizer else ServerCodec(base_url, name, api_key)
+    )
+    prompts = make_prompts(config, codec)
+    settings = load_settings(config, base_url, name, api_key=api_key, endpoint=endpoint)
+    load = asyncio.run(run_load(settings, prompts))
+    summary, health = measure(load, config, codec)
+    if (problem := metrics.served_problem(load.outcomes, summary)) is not None:
+        raise BenchFailed(problem)
+    invalid = metrics.client_fell_behind(health)
+    result = result_json(config, model, tokenizer, label, load, summary, health, codec)
+    result["verdict"] = "invalid" if invalid else "valid"
+    result["invalid_reason"] = invalid
+    if not save_detailed:
+        for key in DETAILED_KEYS:
+            result.pop(key, None)
+    return BenchResult(result, load, invalid)
+
+
+def load_settings(
+    config: BenchmarkConfig,
+    base_url: str,
+    model: str,
+    *,
+    api_key: str | None = None,
+    endpoint: str | None = None,
+) -> LoadSettings:
+    return LoadSettings(
+        base_url=base_url,
+        model=model,
+        backend=config.backend,
+        request_rate=config.request_rate,
+        burstiness=config.burstiness,
+        max_concurrency=config.max_concurrency,
+        ramp_up_strategy=config.ramp_up_strategy,
+        ramp_up_start_rps=config.ramp_up_start_rps,
+        ramp_up_end_rps=config.ramp_up_end_rps,
+        seed=config.seed,
+        ignore_eos=config.ignore_eos,
+        temperature=config.temperature,
+        num_warmups=config.num_warmups,
+        request_timeout_s=config.request_timeout_s,
+        api_key=api_key,
+        endpoint=endpoint,
+        client_processes=config.client_processes,
+    )
+
+
+def result_json(
+    config: BenchmarkConfig,
+    model: str,
+    tokenizer: str | None,
+    label: str | None,
+    load: LoadResult,
+    summary: dict[str, float | int | None],
+    health: dict[str, float | int | None],
+    codec: Codec,
+) -> dict[str, Any]:
+    """The keys `vllm bench serve --save-result` writes, in its order, then the client's."""
+    outcomes = load.outcomes
+    output_lens = []
+    for outcome in outcomes:
+        length = outcome.output_tokens or (
+            len(codec.encode(outcome.generated_text)) if outcome.success else 0
+        )
+        output_lens.append(length if outcome.success else 0)
+    result: dict[str, Any] = {
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": config.backend,
+        "backend": config.backend,
+        "label": label,
+        "model_id": model,
+        "tokenizer_id": tokenizer or model,
+        "num_prompts": config.num_prompts,
+        "request_rate": "inf" if math.isinf(config.request_rate) else config.request_rate,
+        "burstiness": config.burstiness,
+        "max_concurrency": config.max_concurrency,
+    }
+    if config.ramp_up_strategy is not None:
+        result["ramp_up_strategy"] = config.ramp_up_strategy
+        result["ramp_up_start_rps"] = config.ramp_up_start_rps
+        result["ramp_up_end_rps"] = config.ramp_up_end_rps
+    result.update(
+        {
+            "duration": summary["duration"],
+            "completed": summary["completed"],
+            "failed": summary["failed"],
+            "total_input_tokens": summary["total_input_tokens"],
+            "total_output_tokens": summary["total_output_tokens"],
+            "request_throughput": summary["request_throughput"],
+            "request_goodput": summary["request_goodput"],
+            "output_throughput": summary["output_throughput"],
+            "total_token_throughput": summary["total_token_throughput"],
+            "input_lens": [outcome.prompt_len for outcome in outcomes],
+            "output_lens": output_lens,
+            "ttfts": [outcome.ttft for outcome in outcomes],
+            "itls": [outcome.itl for outcome in outcomes],
+            "start_times": [outcome.start_time for outcome in outcomes],
+            "generated_texts": [outcome.generated_text for outcome in outcomes],
+            "errors": [outcome.error for outcome in outcomes],
+            "latencies": [outcome.latency for outcome in outcomes],
+            "queue_times": [outcome.start_time - outcome.dispatch_time for outcome in outcomes],
+            "rtfx": 0.0,
+        }
+    )
+    result.update(peaks(outcomes))
+    for key, value in summary.items():
+        if key.endswith("_ms"):
+            result[key] = value
+    result.update(health)
+    return result
+
+
+def peaks(outcomes: list[RequestOutcome]) -> dict[str, float | int]:
+    """vLLM's peak figures: the most content messages and the most requests in flight in any
+    whole second since the first successful request started."""
+    import numpy as np
+
+    done = [outcome for outcome in outcomes if outcome.success]
+    if not done:
+        return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
+    first = min(outcome.start_time for outcome in done)
+    last = max(outcome.start_time + outcome.latency for outcome in done)
+    seconds = int(np.ceil(last - first)) + 1
+    tokens = np.zeros(seconds)
+    in_flight = np.zeros(seconds)
+    for outcome in done:
+        for moment in outcome.message_times:
+            bucket = int(moment - first)
+            if 0 <= bucket < seconds:
+                tokens[bucket] += 1
+        begin = int(outcome.start_time - first)
+        end = int(outcome.start_time + outcome.latency - first)
+        in_flight[begin : end + 1] += 1
+    return {
+        "max_output_tokens_per_s": float(tokens.max()),
+        "max_concurrent_requests": int(in_flight.max()),
+    }
+
+
+def result_path(
+    config: BenchmarkConfig,
+    model: str,
+    label: str | None,
+    result_dir: str | None,
+    result_filename: str | None,
+) -> Path:
+    """Where vLLM would write the result: its file name pattern, in `result_dir`."""
+    if result_filename:
+        name = result_filename
+    else:
+        base = model.rstrip("/").split("/")[-1]
+        concurrency = f"-concurrency{config.max_concurrency}" if config.max_concurrency else ""
+        date = datetime.now().strftime("%Y%m%d-%H%M%S")
+        label = label or config.backend
+        if config.ramp_up_strategy is not None:
+            rate = (
+                f"ramp-up-{config.ramp_up_strategy}-{config.ramp_up_start_rps}qps-"
+                f"{config.ramp_up_end_rps}qps"
+            )
+        else:
+            rate = f"{config.request_rate}qps"
+        name = f"{label}-{rate}{concurrency}-{base}-{date}.json"
+    return Path(result_dir or ".") / name
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """The result as the table `vllm bench serve` prints, plus the client's health."""
+    rows = [
+        ("Successful requests:", result["completed"]),
+        ("Failed requests:", result["failed"]),
+        ("Benchmark duration (s):", result["duration"]),
+        ("Total input tokens:", result["total_input_tokens"]),
+        ("Total generated tokens:", result["total_output_tokens"]),
+        ("Request throughput (req/s):", result["request_throughput"]),
+        ("Output token throughput (tok/s):", result["output_throughput"]),
+        ("Total token throughput (tok/s):", result["total_token_throughput"]),
+    ]
+    if result.get("request_goodput") is not None:
+        rows.append(("Request goodput (req/s):", result["request_goodput"]))
+    for key, value in result.items():
+        if key.endswith("_ms") and "schedule_lag" not in key and not key.startswith("std_"):
+            rows.append((f"{key}:", value))
+    rows += [
+        ("Schedule lag p99 (ms):", result["p99_schedule_lag_ms"]),
+        ("Achieved request rate (req/s):", result["achieved_request_rate"]),
+        ("Client CPU (% of a core):", result["client_cpu_percent"]),
+        ("Verdict:", result["verdict"]),
+    ]
+    lines = ["{:=^50}".format(" Serving Benchmark Result ")]
+    for title, value in rows:
+        shown = f"{value:.2f}" if isinstance(value, float) else str(value)
+        lines.append(f"{title:<40} {shown}")
+    if result.get("invalid_reason"):
+        lines.append(f"invalid: {result['invalid_reason']}")
+    lines.append("=" * 50)
+    return lines

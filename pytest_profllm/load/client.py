@@ -1,0 +1,368 @@
+"""The load generator: streams completions from an OpenAI-compatible server, timing each message.
+
+Timing follows `vllm bench serve`: a request's clock starts just before it is sent (after any
+`max_concurrency` wait), TTFT is the first content message, ITL the gaps between content
+messages, latency the last content message. Arrival times follow vLLM's schedule: all at once
+for an infinite rate, else gamma-distributed gaps (burstiness 1.0 is a Poisson process), or a
+linear or exponential ramp from one rate to another.
+
+Where it differs, it is on the side of honesty and speed: every time is taken on the monotonic
+`perf_counter` clock when the bytes of a read arrive (not after parsing them), so messages that
+came in one read share one time; each request also keeps its intended send time and the time
+its task actually ran, so the client's own lateness (schedule lag) is measured rather than
+hidden; one pooled session serves every request, and each message is parsed once with orjson.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pytest_profllm.load.dataset import PromptRequest
+from pytest_profllm.load.metrics import RequestOutcome
+
+if TYPE_CHECKING:
+    from pytest_profllm.load.http import StreamingClient
+
+_NO_CONTENT = "Never received a valid chunk to calculate TTFT."
+Backend = Literal["openai", "openai-chat"]
+RampUp = Literal["linear", "exponential"]
+ENDPOINTS: dict[str, str] = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    base_url: str
+    model: str
+    backend: Backend = "openai"
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    ramp_up_strategy: RampUp | None = None
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
+    seed: int = 0
+    ignore_eos: bool = True
+    temperature: float | None = 0.0  # None: not sent, the server's default applies (as vLLM)
+    num_warmups: int = 0
+    request_timeout_s: float = 600.0
+    api_key: str | None = None
+    endpoint: str | None = None  # default: the backend's
+    # Each request sends `x-request-id: <prefix><index>`, as vLLM's client does, so server logs
+    # can be matched to requests.
+    request_id_prefix: str = "profllm-"
+    client_processes: int = 1  # more than one: the load is spread over that many processes
+
+
+@dataclass
+class LoadResult:
+    outcomes: list[RequestOutcome]
+    duration: float  # seconds from the benchmark's start to the last response
+    started_at: float  # Unix seconds
+    clock_start: float  # the same moment on the perf_counter clock the outcomes use
+    cpu_seconds: float = 0.0  # the client event loops' CPU time during the timed part
+    processes: int = 1  # how many client processes shared the load
+    intended_offsets: list[float] = field(default_factory=list)
+
+
+def arrival_offsets(
+    count: int,
+    rate: float,
+    burstiness: float,
+    seed: int,
+    ramp_up: RampUp | None = None,
+    ramp_start: float | None = None,
+    ramp_end: float | None = None,
+) -> list[float]:
+    """Intended send times in seconds from the start, as vLLM schedules them."""
+    import numpy as np
+
+    if ramp_up is not None:
+        if ramp_start is None or ramp_end is None:
+            raise ValueError("a ramp-up needs ramp_up_start_rps and ramp_up_end_rps")
+        progress = np.arange(count) / max(count - 1, 1)
+        if ramp_up == "linear":
+            rates = ramp_start + (ramp_end - ramp_start) * progress
+        else:
+            rates = ramp_start * (ramp_end / ramp_start) ** progress
+    else:
+        if math.isinf(rate):
+            return [0.0] * count
+        rates = np.full(count, rate)
+    if math.isinf(burstiness):
+        gaps = 1.0 / rates
+    else:
+        # One draw per request from a generator seeded like vLLM's global numpy one.
+        generator = np.random.RandomState(seed)
+        gaps = np.array(
+            [generator.gamma(shape=burstiness, scale=1.0 / (r * burstiness)) for r in rates]
+        )
+    offsets = np.cumsum(gaps)
+    # vLLM rescales a fixed rate so the last request goes at count / rate: the mean is exact.
+    if ramp_up is None and count and offsets[-1] != 0:
+        offsets = offsets * (count / rate) / offsets[-1]
+    result: list[float] = offsets.tolist()
+    return result
+
+
+def request_payload(settings: LoadSettings, request: PromptRequest) -> dict[str, Any]:
+    """The JSON body vLLM's client sends for this backend."""
+    payload: dict[str, Any] = {"model": settings.model}
+    if settings.backend == "openai-chat":
+        payload["messages"] = [{"role": "user", "content": request.prompt}]
+        payload["max_completion_tokens"] = request.output_len
+    else:
+        payload["prompt"] = request.prompt
+        payload["max_tokens"] = request.output_len
+    payload["stream"] = True
+    payload["stream_options"] = {"include_usage": True}
+    if settings.temperature is not None:
+        payload["temperature"] = settings.temperature
+    if settings.ignore_eos:
+        payload["ignore_eos"] = True
+    return payload
+
+
+async def run_load(settings: LoadSettings, requests: Sequence[PromptRequest]) -> LoadResult:
+    """Send `requests` on vLLM's arrival schedule and time every response.
+
+    With `client_processes` > 1 the requests are dealt round-robin to that many processes,
+    which share the schedule's clock (the host's monotonic clock) and each own a share of
+    `max_concurrency`: for servers faster than one event loop can read.
+    """
+    offsets = arrival_offsets(
+        len(requests),
+        settings.request_rate,
+        settings.burstiness,
+        settings.seed,
+        settings.ramp_up_strategy,
+        settings.ramp_up_start_rps,
+        settings.ramp_up_end_rps,
+    )
+    if settings.client_processes > 1 and len(requests) > 1:
+        from pytest_profllm.load.processes import run_in_processes
+
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, run_in_processes, settings, requests, offsets)
+    if settings.num_warmups and requests:
+        await run_warmups(settings, requests[0])
+    started_at = time.time()
+    # The event loop's own thread: other threads of the process (a pytest worker's) are not
+    # the client.
+    cpu_start = time.thread_time()
+    start = time.perf_counter()
+    outcomes = await run_share(settings, requests, offsets, range(len(requests)), start)
+    duration = time.perf_counter() - start
+    cpu_seconds = time.thread_time() - cpu_start
+    return LoadResult(
+        outcomes, duration, started_at, start, cpu_seconds=cpu_seconds, intended_offsets=offsets
+    )
+
+
+def _client(settings: LoadSettings, limit: int | None) -> StreamingClient:
+    from pytest_profllm.load.http import StreamingClient
+
+    headers = {"Content-Type": "application/json"}
+    if settings.api_key:
+        headers["Authorization"] = f"Bearer {settings.api_key}"
+    # One pool of keep-alive connections serves every request, never a connection per request.
+    return StreamingClient(settings.base_url, headers, limit)
+
+
+async def run_warmups(settings: LoadSettings, request: PromptRequest) -> None:
+    """vLLM's warmups: the first prompt, `num_warmups` times, within `max_concurrency`."""
+    client = _client(settings, settings.max_concurrency)
+    path = settings.endpoint or ENDPOINTS[settings.backend]
+    body = _encode(request_payload(settings, request))
+    warmup = asyncio.Semaphore(settings.max_concurrency or settings.num_warmups)
+
+    async def warm() -> None:
+        async with warmup:
+            await stream_request(client, path, body, RequestOutcome(prompt_len=0), settings)
+
+    try:
+        await asyncio.gather(*(warm() for _ in range(settings.num_warmups)))
+    finally:
+        client.close()
+
+
+async def run_share(
+    settings: LoadSettings,
+    requests: Sequence[PromptRequest],
+    offsets: Sequence[float],
+    indices: Sequence[int],
+    start: float,
+    max_concurrency: int | None = None,
+) -> list[RequestOutcome]:
+    """Send `requests` (numbered `indices` in the whole workload) at `start + offsets`."""
+    limit = max_concurrency or settings.max_concurrency
+    semaphore: contextlib.AbstractAsyncContextManager[object] = (
+        asyncio.Semaphore(limit) if limit else contextlib.nullcontext()
+    )
+    path = settings.endpoint or ENDPOINTS[settings.backend]
+    bodies = [_encode(request_payload(settings, request)) for request in requests]
+    client = _client(settings, limit)
+
+    async def one(outcome: RequestOutcome, body: bytes, index: int) -> RequestOutcome:
+        outcome.dispatch_time = time.perf_counter()
+        async with semaphore:
+            request_id = f"{settings.request_id_prefix}{index}"
+            return await stream_request(client, path, body, outcome, settings, request_id)
+
+    try:
+        tasks = []
+        schedule = zip(requests, offsets, bodies, indices, strict=True)
+        for request, offset, body, index in schedule:
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            outcome = RequestOutcome(prompt_len=request.prompt_len, intended_start=start + offset)
+            tasks.append(asyncio.create_task(one(outcome, body, index)))
+        return list(await asyncio.gather(*tasks))
+    finally:
+        client.close()
+
+
+def _encode(payload: dict[str, Any]) -> bytes:
+    import orjson
+
+    return orjson.dumps(payload)
+
+
+async def stream_request(
+    client: StreamingClient,
+    path: str,
+    body: bytes,
+    outcome: RequestOutcome,
+    settings: LoadSettings,
+    request_id: str | None = None,
+) -> RequestOutcome:
+    """Send one streaming request and time its content messages into `outcome`."""
+    parser = SseTimer(outcome, chat=path.endswith("/chat/completions"))
+    start = time.perf_counter()
+    outcome.start_time = start
+    if not outcome.dispatch_time:
+        outcome.dispatch_time = start
+    headers = {"x-request-id": request_id} if request_id else None
+    try:
+        async with asyncio.timeout(settings.request_timeout_s):
+            response = await client.post(path, body, parser.feed, headers)
+        outcome.status = response.status
+        if response.status != 200:
+            text = response.body.decode(errors="replace")[:300]
+            outcome.error = f"HTTP {response.status} {response.reason}: {text}"
+        else:
+            parser.finish()
+    except Exception as error:  # as in vLLM's client: any error fails this request only
+        outcome.error = f"{type(error).__name__}: {error}"
+    outcome.end_time = time.perf_counter()
+    parser.close()
+    return outcome
+
+
+class SseTimer:
+    """Cuts an SSE byte stream into messages and times the content ones.
+
+    A message is complete at its blank line; a read may hold several messages or part of one,
+    and every message completed by a read takes that read's arrival time. A content message is
+    one with a choice (completions: any text, even empty; chat: a delta with content, reasoning
+    or tool calls, or an empty content without a role), as vLLM counts them. A usage message
+    sets the output token count; an `error` event fails the request.
+    """
+
+    def __init__(self, outcome: RequestOutcome, chat: bool = False) -> None:
+        import orjson
+
+        self._loads = orjson.loads
+        self._outcome = outcome
+        self._chat = chat
+        self._buffer = b""
+        self._text: list[str] = []
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        self._outcome.status = 200  # only a 200 response's body is fed here
+        buffer = self._buffer + chunk if self._buffer else chunk
+        begin = 0
+        while (end := buffer.find(b"\n\n", begin)) >= 0:
+            self._message(buffer[begin:end], now)
+            begin = end + 2
+        self._buffer = buffer[begin:]
+
+    def _message(self, raw: bytes, now: float) -> None:
+        if raw.startswith(b"data: "):
+            data = raw[6:]
+        elif raw.startswith(b"data:"):
+            data = raw[5:]
+        else:
+            return  # a comment (": keep-alive"), an empty message, or another field
+        data = data.strip()
+        if not data or data == b"[DONE]":
+            return
+        event = self._loads(data)
+        choices = event.get("choices")
+        if choices:
+            choice = choices[0]
+            if self._chat:
+                delta = choice.get("delta")
+                if not isinstance(delta, dict) or not _has_output(delta):
+                    return
+                text = delta.get("content")
+            else:
+                text = choice.get("text")
+            outcome = self._outcome
+            outcome.message_times.append(now)
+            if text:
+                self._text.append(text)
+        elif usage := event.get("usage"):
+            self._outcome.output_tokens = usage.get("completion_tokens")
+            # As vLLM's client: the server's prompt count, where it gives one, is the truth.
+            if (prompt_tokens := usage.get("prompt_tokens")) is not None:
+                self._outcome.prompt_len = prompt_tokens
+        elif error := event.get("error"):
+            message = error.get("message") if isinstance(error, dict) else error
+            raise StreamError(f"error event in the stream: {message}")
+
+    def finish(self) -> None:
+        if self._buffer.strip():
+            # The last message lacked its blank line: vLLM's client still reads it.
+            self._message(self._buffer.strip(), time.perf_counter())
+            self._buffer = b""
+        if self._outcome.message_times:
+            self._outcome.success = True
+        else:
+            self._outcome.error = _NO_CONTENT
+
+    def close(self) -> None:
+        """Derive vLLM's per-request figures from the message times, whatever happened."""
+        outcome = self._outcome
+        times = outcome.message_times
+        outcome.generated_text = "".join(self._text)
+        if outcome.error:
+            outcome.success = False
+        if times:
+            outcome.ttft = times[0] - outcome.start_time
+            outcome.itl = [b - a for a, b in itertools.pairwise(times)]
+            outcome.latency = times[-1] - outcome.start_time
+
+
+class StreamError(Exception):
+    """The server reported an error inside a stream that had started well."""
+
+
+def _has_output(delta: dict[str, Any]) -> bool:
+    if (
+        delta.get("content")
+        or delta.get("reasoning")
+        or delta.get("reasoning_content")
+        or delta.get("tool_calls")
+        or delta.get("function_call")
+    ):
+        return True
+    # A token that decodes to nothing still is a token; the role-only first chunk is not.
+    return delta.get("content") == "" and "role" not in delta

@@ -1,0 +1,334 @@
+"""Workload prompts, as `vllm bench serve`'s datasets make them.
+
+`random` follows vLLM's RandomDataset: token ids drawn from the tokenizer's vocabulary with a
+seeded numpy generator, decoded to text, and adjusted by re-encoding until the prompt has
+exactly the asked-for number of tokens. `prefix_repetition` builds `num_prefixes` shared
+prefixes, each followed by random suffixes; `sharegpt` takes the first two turns of local
+ShareGPT conversations; `custom` reads JSON lines with a `prompt` (and `output_tokens`).
+
+Tokens come from a local Hugging Face tokenizer folder (`TokenizerCodec`) or, with no model on
+this machine, from the server's own `/tokenize` and `/detokenize` routes (`ServerCodec`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from pytest_profllm.plan.suite import BenchmarkConfig
+
+_MAX_ADJUST_ROUNDS = 10
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    prompt: str
+    prompt_len: int
+    output_len: int
+
+
+class Codec(Protocol):
+    special_ids: set[int]
+    vocab_size: int
+    num_special_tokens_to_add: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot give prompts; the message says which file or setting and why."""
+
+
+class TokenizerCodec:
+    """A Hugging Face tokenizer folder (or hub name) through the `tokenizers` library."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        added = tokenizer.get_added_tokens_decoder()
+        self.special_ids = {index for index, token in added.items() if token.special}
+        # vLLM uses the base vocabulary size (without added tokens), as HF's `vocab_size` does.
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=False)
+        processor = tokenizer.post_processor
+        self.num_special_tokens_to_add = (
+            processor.num_special_tokens_to_add(False) if processor is not None else 0
+        )
+
+    @classmethod
+    def load(cls, name_or_dir: str) -> TokenizerCodec:
+        from tokenizers import Tokenizer
+
+        path = Path(name_or_dir)
+        if path.is_dir():
+            return cls(Tokenizer.from_file(str(path / "tokenizer.json")))
+        if path.is_file():
+            return cls(Tokenizer.from_file(str(path)))
+        return cls(Tokenizer.from_pretrained(name_or_dir))
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        text: str = self._tokenizer.decode(ids, skip_special_tokens=False)
+        return text
+
+
+def random_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    import numpy as np
+
+    rng = np.random.default_rng(config.seed)
+    ratio = config.random_range_ratio
+    real_input = max(0, config.random_input_len - codec.num_special_tokens_to_add)
+    n = config.num_prompts
+    input_lens = rng.integers(
+        max(int(np.floor(real_input * (1 - ratio))), 1),
+        max(int(np.ceil(real_input * (1 + ratio))), 1) + 1,
+        size=n,
+    )
+    output_lens = rng.integers(
+        max(int(np.floor(config.random_output_len * (1 - ratio))), 1),
+        max(int(np.ceil(config.random_output_len * (1 + ratio))), 1) + 1,
+        size=n,
+    )
+    offsets = rng.integers(0, codec.vocab_size, size=n)
+    allowed = np.array(sorted(set(range(codec.vocab_size)) - codec.special_ids))
+    prefix = allowed[rng.integers(0, len(allowed), size=config.random_prefix_len)].tolist()
+    requests = []
+    for i in range(n):
+        inner = allowed[(offsets[i] + i + np.arange(input_lens[i])) % len(allowed)].tolist()
+        target = config.random_prefix_len + int(input_lens[i])
+        prompt, prompt_len = _decode_to_length(codec, prefix + inner, target, rng)
+        requests.append(PromptRequest(prompt, prompt_len, int(output_lens[i])))
+    return requests
+
+
+def _decode_to_length(codec: Codec, tokens: list[int], target: int, rng: Any) -> tuple[str, int]:
+    """Decode, re-encode, and pad or cut until the text encodes to `target` tokens."""
+    prompt = codec.decode(tokens)
+    for _ in range(_MAX_ADJUST_ROUNDS):
+        tokens = codec.encode(prompt)
+        if len(tokens) == target:
+            break
+        if len(tokens) < target:
+            tokens = tokens + rng.integers(0, codec.vocab_size, size=target - len(tokens)).tolist()
+        else:
+            tokens = tokens[:target]
+        prompt = codec.decode(tokens)
+    return prompt, len(codec.encode(prompt))
+
+
+def prefix_repetition_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    """`num_prefixes` shared prefixes, each with num_prompts // num_prefixes random suffixes,
+    shuffled; every part decodes and re-encodes to its exact length."""
+    import numpy as np
+
+    per_prefix = config.num_prompts // config.prefix_repetition_num_prefixes
+    if per_prefix == 0:
+        raise DatasetError(
+            f"num_prompts ({config.num_prompts}) must be at least "
+            f"prefix_repetition_num_prefixes ({config.prefix_repetition_num_prefixes})"
+        )
+    rng = np.random.default_rng(config.seed)
+    allowed = np.array(sorted(set(range(codec.vocab_size)) - codec.special_ids))
+
+    def exact(length: int) -> list[int]:
+        tokens = allowed[rng.integers(0, len(allowed), size=length)].tolist()
+        text, _ = _decode_to_length(codec, tokens, length, rng)
+        return codec.encode(text)[:length]
+
+    requests = []
+    for _ in range(config.prefix_repetition_num_prefixes):
+        prefix = exact(config.prefix_repetition_prefix_len)
+        for _ in range(per_prefix):
+            tokens = prefix + exact(config.prefix_repetition_suffix_len)
+            requests.append(
+                PromptRequest(
+                    codec.decode(tokens), len(tokens), config.prefix_repetition_output_len
+                )
+            )
+    random.Random(config.seed).shuffle(requests)
+    return requests
+
+
+def sharegpt_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    """The first human turn as prompt, the reply's length as output length (or
+    `sharegpt_output_len`), skipping pairs vLLM skips (prompt under 4 or over 1024 tokens,
+    output under 4, both over 2048)."""
+    path = Path(str(config.dataset_path))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DatasetError(f"{path}: cannot read a ShareGPT JSON file: {error}") from None
+    if not isinstance(data, list):
+        raise DatasetError(f"{path}: a ShareGPT file is a JSON list of conversations")
+    entries = [e for e in data if isinstance(e, dict) and len(e.get("conversations") or []) >= 2]
+    random.Random(config.seed).shuffle(entries)
+    fixed = config.sharegpt_output_len
+    requests: list[PromptRequest] = []
+    for entry in entries:
+        if len(requests) >= config.num_prompts:
+            break
+        prompt = str(entry["conversations"][0]["value"])
+        reply = str(entry["conversations"][1]["value"])
+        prompt_len = len(codec.encode(prompt)) + codec.num_special_tokens_to_add
+        output_len = fixed if fixed is not None else len(codec.encode(reply))
+        too_short = prompt_len < 4 or (fixed is None and output_len < 4)
+        if too_short or prompt_len > 1024 or prompt_len + output_len > 2048:
+            continue
+        requests.append(PromptRequest(prompt, prompt_len, output_len))
+    return _fill(requests, config, path)
+
+
+def custom_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    """JSON lines with a `prompt` and, when `custom_output_len` is -1, `output_tokens`. The
+    prompt is sent as it is (vLLM applies the model's chat template unless told to skip it)."""
+    path = Path(str(config.dataset_path))
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise DatasetError(f"{path}: cannot read: {error}") from None
+    items = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as error:
+            raise DatasetError(f"{path}:{number}: not JSON: {error}") from None
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            raise DatasetError(f"{path}:{number}: each line needs a string 'prompt'")
+        items.append((number, item))
+    random.Random(config.seed).shuffle(items)
+    requests = []
+    for number, item in items[: config.num_prompts]:
+        if config.custom_output_len == -1:
+            output_len = item.get("output_tokens")
+            if not isinstance(output_len, int) or output_len < 1:
+                raise DatasetError(
+                    f"{path}:{number}: with custom_output_len -1 each line needs a positive "
+                    "integer 'output_tokens'"
+                )
+        else:
+            output_len = config.custom_output_len
+        prompt = item["prompt"]
+        requests.append(PromptRequest(prompt, len(codec.encode(prompt)), output_len))
+    return _fill(requests, config, path)
+
+
+def _fill(
+    requests: list[PromptRequest], config: BenchmarkConfig, path: Path
+) -> list[PromptRequest]:
+    # vLLM oversamples a short dataset to num_prompts by drawing again from what it has.
+    if not requests:
+        raise DatasetError(f"{path}: no usable prompts in the file")
+    picker = random.Random(config.seed)
+    while len(requests) < config.num_prompts:
+        requests.append(picker.choice(requests))
+    return requests
+
+
+DATASETS = {
+    "random": random_prompts,
+    "prefix_repetition": prefix_repetition_prompts,
+    "sharegpt": sharegpt_prompts,
+    "custom": custom_prompts,
+}
+
+
+def make_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    return DATASETS[config.dataset_name](config, codec)
+
+
+def build_prompts(config: BenchmarkConfig, tokenizer: str) -> list[PromptRequest]:
+    return make_prompts(config, TokenizerCodec.load(tokenizer))
+
+
+class ServerCodec:
+    """Tokens from the server's `/tokenize` and `/detokenize`: no model files needed here.
+
+    The vocabulary size is found by asking `/detokenize` which ids exist (a binary search);
+    special ids are those whose text `/tokenize` does not map back to the same single id.
+    """
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None) -> None:
+        import requests
+
+        self._url = base_url.rstrip("/")
+        self._model = model
+        self._session = requests.Session()
+        if api_key:
+            self._session.headers["Authorization"] = f"Bearer {api_key}"
+        self.num_special_tokens_to_add = len(self._tokenize("", add_special=True))
+        self.vocab_size = self._find_vocab_size()
+        self.special_ids = self._find_special_ids()
+
+    def _post(self, route: str, body: dict[str, Any]) -> Any:
+        response = self._session.post(f"{self._url}{route}", json=body, timeout=30)
+        if response.status_code != 200:
+            raise DatasetError(
+                f"{self._url}{route}: HTTP {response.status_code}: {response.text[:200]}"
+            )
+        return response.json()
+
+    def _tokenize(self, text: str, add_special: bool) -> list[int]:
+        body = {"model": self._model, "prompt": text, "add_special_tokens": add_special}
+        tokens: list[int] = self._post("/tokenize", body)["tokens"]
+        return tokens
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenize(text, add_special=False)
+
+    def decode(self, ids: list[int]) -> str:
+        text: str = self._post("/detokenize", {"model": self._model, "tokens": ids})["prompt"]
+        return text
+
+    def _exists(self, token: int) -> bool:
+        import requests
+
+        body = {"model": self._model, "tokens": [token]}
+        try:
+            response = self._session.post(f"{self._url}/detokenize", json=body, timeout=30)
+        except requests.RequestException as error:
+            raise DatasetError(f"{self._url}/detokenize: {error}") from None
+        return response.status_code == 200
+
+    def _find_vocab_size(self) -> int:
+        if not self._exists(0):
+            raise DatasetError(f"{self._url}/detokenize does not decode token 0")
+        low, high = 0, 1
+        while self._exists(high):  # the first id that does not exist lies beyond `low`
+            low, high = high, high * 2
+            if high > 1 << 24:
+                raise DatasetError(f"{self._url}/detokenize decodes any id: no vocabulary size")
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if self._exists(middle) else (low, middle)
+        return high
+
+    def _find_special_ids(self) -> set[int]:
+        # Control tokens sit at the start of a vocabulary (<unk>, <s>) or at its end (Llama 3,
+        # Qwen): probe there for tokens whose text is a control marker like `<s>` or `<|x|>`.
+        # Like `tokenizer.vocab_size`, the vocabulary then ends before a trailing run of them.
+        probes = sorted(
+            set(range(min(self.vocab_size, 64)))
+            | set(range(max(0, self.vocab_size - 512), self.vocab_size))
+        )
+        special = {token for token in probes if _looks_special(self.decode([token]))}
+        while self.vocab_size - 1 in special and self.vocab_size > 1:
+            self.vocab_size -= 1
+            special.discard(self.vocab_size)
+        return special
+
+
+def _looks_special(text: str) -> bool:
+    import re
+
+    return not text or re.fullmatch(r"<\|?[^<>\s]+\|?>|\[[A-Z_]+\]", text) is not None

@@ -1,0 +1,113 @@
+"""The load spread over several client processes, for servers faster than one event loop.
+
+Requests are dealt round-robin; every process gets the whole schedule's times for its share and
+one start moment on the host's monotonic clock (`perf_counter` is CLOCK_MONOTONIC on Linux,
+shared by all processes), so the merged outcomes read as if one client had sent them.
+`max_concurrency` is split between the processes as evenly as it goes. Workers are plain
+subprocesses (`python -m pytest_profllm.load.processes FD`) talking over a socket pair.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_profllm.load.client import LoadResult, LoadSettings
+    from pytest_profllm.load.dataset import PromptRequest
+    from pytest_profllm.load.metrics import RequestOutcome
+
+_START_LEAD_S = 0.05  # from the go signal to the first send, so every process is waiting
+_READY_TIMEOUT_S = 120.0
+
+
+def run_in_processes(
+    settings: LoadSettings, requests: Sequence[PromptRequest], offsets: Sequence[float]
+) -> LoadResult:
+    from pytest_profllm.load.client import LoadResult
+
+    count = min(settings.client_processes, len(requests))
+    # Plain subprocesses over socket pairs: multiprocessing's spawn would leave its resource
+    # tracker running for the rest of the caller's life.
+    workers: list[tuple[subprocess.Popen[bytes], Connection]] = []
+    try:
+        for rank in range(count):
+            ours, theirs = socket.socketpair()
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pytest_profllm.load.processes", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+            )
+            theirs.close()
+            pipe = Connection(ours.detach())
+            workers.append((process, pipe))
+            indices = list(range(rank, len(requests), count))
+            limit = _share(settings.max_concurrency, rank, count)
+            share = ([requests[i] for i in indices], [offsets[i] for i in indices], indices)
+            pipe.send((settings, share, limit, rank == 0))
+        for process, pipe in workers:
+            if not pipe.poll(_READY_TIMEOUT_S) or pipe.recv() != "ready":
+                raise RuntimeError(f"client process {process.pid} did not get ready")
+        started_at = time.time()
+        start = time.perf_counter() + _START_LEAD_S
+        for _, pipe in workers:
+            pipe.send(start)
+        outcomes: list[RequestOutcome | None] = [None] * len(requests)
+        cpu_seconds = 0.0
+        deadline = settings.request_timeout_s + offsets[-1] + _READY_TIMEOUT_S
+        for process, pipe in workers:
+            if not pipe.poll(deadline):
+                raise RuntimeError(f"client process {process.pid} sent no result")
+            indices, share_outcomes, cpu = pipe.recv()
+            cpu_seconds += cpu
+            for index, outcome in zip(indices, share_outcomes, strict=True):
+                outcomes[index] = outcome
+        duration = time.perf_counter() - start
+    finally:
+        for process, pipe in workers:
+            pipe.close()
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    merged = [outcome for outcome in outcomes if outcome is not None]
+    return LoadResult(
+        merged,
+        duration,
+        started_at,
+        start,
+        cpu_seconds=cpu_seconds,
+        intended_offsets=list(offsets),
+        processes=count,
+    )
+
+
+def _share(limit: int | None, rank: int, count: int) -> int | None:
+    if limit is None:
+        return None
+    return max(1, limit // count + (1 if rank < limit % count else 0))
+
+
+def _worker(fd: int) -> None:
+    from pytest_profllm.load.client import run_share, run_warmups
+
+    pipe = Connection(fd)
+    settings, (requests, offsets, indices), limit, warm = pipe.recv()
+    if warm and settings.num_warmups and requests:
+        asyncio.run(run_warmups(settings, requests[0]))
+    pipe.send("ready")
+    start: float = pipe.recv()
+    cpu_start = time.thread_time()
+    outcomes = asyncio.run(run_share(settings, requests, offsets, indices, start, limit))
+    pipe.send((indices, outcomes, time.thread_time() - cpu_start))
+    pipe.close()
+
+
+if __name__ == "__main__":
+    _worker(int(sys.argv[1]))

@@ -1,0 +1,1 @@
+"""The plan stage: suite files and markers (`suite`) expanded into cases (`case`)."""

@@ -1,0 +1,478 @@
+"""The plan: a suite's cross product, expanded into cases with stable ids and server keys.
+
+Cases are ordered server-major, so that every case of one server runs back to back in one
+server. A case id reads `bench_smoke.yaml::qwen3-8b-tp1-seqs64::random-rate4`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from pytest_profllm.engine.choice import RedactedDict
+from pytest_profllm.plan.suite import (
+    BENCHMARK_KINDS,
+    BenchmarkConfig,
+    Exclusion,
+    Suite,
+    SuiteError,
+    Threshold,
+    WorkloadConfig,
+    at_line,
+    describe_error,
+    did_you_mean,
+    fold_dotted_keys,
+)
+
+# Short names for the axes users sweep most; other axes use their words' initials.
+_ABBREVIATIONS = {
+    "tensor_parallel_size": "tp",
+    "pipeline_parallel_size": "pp",
+    "data_parallel_size": "dp",
+    "max_num_seqs": "seqs",
+    "max_num_batched_tokens": "mnbt",
+    "max_model_len": "len",
+    "gpu_memory_utilization": "gmu",
+    "enable_prefix_caching": "prefix-cache",
+    "enable_chunked_prefill": "chunked",
+    "request_rate": "rate",
+    "max_concurrency": "conc",
+    "num_prompts": "n",
+    "random_input_len": "in",
+    "random_output_len": "out",
+    "random_prefix_len": "prefix",
+    "random_range_ratio": "range",
+    "dataset_name": "",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark run: a server configuration and one workload against it."""
+
+    suite: str
+    source: str  # the suite file, or the test function of a marker
+    server_label: str
+    workload_label: str
+    server: dict[str, Any]
+    benchmark: WorkloadConfig
+    thresholds: dict[str, Threshold]
+    repeat_index: int = 0
+    repeat_count: int = 1
+    profile: bool = False  # a short profiled run after the measured one
+    regression: dict[str, float] = field(default_factory=dict)  # metric -> tolerance
+    # The values this case takes on its suite's axes, as ("server.key", value) pairs: what
+    # was read as an axis, and not as one (list) value.
+    axis_values: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        # pytest shows this mapping in reprs (-l, fixture values, JUnit XML): secrets as ***.
+        if not isinstance(self.server, RedactedDict):
+            object.__setattr__(self, "server", RedactedDict(self.server))
+
+    @property
+    def kind(self) -> str:
+        """serve, or an offline kind (throughput, latency) that runs without a server."""
+        return self.benchmark.kind
+
+    @property
+    def server_key(self) -> str:
+        # A profiling server is started differently (vLLM's profiler on): it is another server.
+        # An offline case starts its own engine, never a server that a serve case could share.
+        extra: dict[str, Any] = {"<profile>": True} if self.profile else {}
+        if self.kind != "serve":
+            extra["<kind>"] = self.kind
+        return server_key({**self.server, **extra})
+
+    @property
+    def name(self) -> str:
+        """The case's part of the node id, after the file: `server::workload`."""
+        return f"{self.server_label}::{self.workload_label}"
+
+    @property
+    def gpus_needed(self) -> int:
+        return gpus_needed(self.server)
+
+
+def server_key(server: dict[str, Any]) -> str:
+    """A short hash of the effective server configuration: equal configs share one server."""
+    canonical = json.dumps(server, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def gpus_needed(server: dict[str, Any]) -> int:
+    sizes = (
+        server.get(name, 1) or 1
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+    )
+    return math.prod(int(size) for size in sizes)
+
+
+def expand(
+    suite: Suite, source: str, lines: dict[tuple[Any, ...], int] | None = None
+) -> list[Case]:
+    """Every case of a suite, server-major, exclusions removed, thresholds checked."""
+    lines = lines or {}
+    suite_name = suite.name or _suite_name(source)
+    server_axes = _axes(suite.server)
+    bench_axes = _axes(suite.benchmark)
+    servers = list(_combinations(suite.server))
+    workloads = [
+        _validate_benchmark(values, source, lines) for values in _combinations(suite.benchmark)
+    ]
+    for workload in workloads:
+        _check_thresholds(suite, workload, source, lines)
+        if suite.profile and workload.kind != "serve":
+            raise SuiteError(
+                f"{at_line(source, lines.get(('profile',)))}: profile: true profiles a server; "
+                f"a {workload.kind} case runs none (leave profile out of offline suites)"
+            )
+    cases: list[Case] = []
+    server_labels = _unique_labels(
+        [
+            _label(_model_short_name(str(s["model"])), s, server_axes - {"model"}, suite.server)
+            for s in servers
+        ]
+    )
+    bench_labels = _unique_labels(
+        [_label(_workload_head(w), w.model_dump(), bench_axes) for w in workloads]
+    )
+    for server, server_label in zip(servers, server_labels, strict=True):
+        for workload, workload_label, raw in zip(
+            workloads, bench_labels, _combinations(suite.benchmark), strict=True
+        ):
+            if _excluded(suite.exclude, server, raw):
+                continue
+            axis_values = tuple(
+                [(f"server.{key}", server[key]) for key in suite.server if key in server_axes]
+                + [(f"benchmark.{key}", raw[key]) for key in suite.benchmark if key in bench_axes]
+            )
+            for index in range(suite.repeat):
+                label = workload_label if suite.repeat == 1 else f"{workload_label}-r{index + 1}"
+                cases.append(
+                    Case(
+                        suite=suite_name,
+                        source=source,
+                        server_label=server_label,
+                        workload_label=label,
+                        server=fold_dotted_keys(server),
+                        benchmark=workload,
+                        thresholds=suite.thresholds,
+                        repeat_index=index,
+                        repeat_count=suite.repeat,
+                        profile=suite.profile,
+                        axis_values=axis_values,
+                        regression=suite.regression,
+                    )
+                )
+    return cases
+
+
+def _suite_name(source: str) -> str:
+    # `bench_smoke.yaml` is suite "smoke"; a marked test is "test_file.py::test_name".
+    name = re.split(r"[\\/]", source)[-1]
+    if "::" in name:
+        return name
+    return name.removesuffix(".yaml").removesuffix(".yml").removeprefix("bench_")
+
+
+def _axes(block: dict[str, Any]) -> set[str]:
+    # A one-value list (often a list-valued argument, `[[a, b]]`) names nothing apart.
+    return {key for key, value in block.items() if isinstance(value, list) and len(value) > 1}
+
+
+def _combinations(block: dict[str, Any]) -> list[dict[str, Any]]:
+    keys = list(block)
+    choices = [block[key] if isinstance(block[key], list) else [block[key]] for key in keys]
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*choices)]
+
+
+def _workload_head(workload: WorkloadConfig) -> str:
+    # A serve workload is named by its dataset; an offline one by its kind first.
+    if isinstance(workload, BenchmarkConfig):
+        return workload.dataset_name
+    dataset = getattr(workload, "dataset_name", "")
+    return f"{workload.kind}-{dataset}" if dataset else workload.kind
+
+
+def _validate_benchmark(
+    values: dict[str, Any], source: str, lines: dict[tuple[Any, ...], int]
+) -> WorkloadConfig:
+    kind = values.get("kind", "serve")
+    model = BENCHMARK_KINDS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        where = at_line(source, lines.get(("benchmark", "kind")))
+        raise SuiteError(
+            f"{where}: benchmark.kind: {kind!r} is not a benchmark kind; "
+            f"allowed: {', '.join(BENCHMARK_KINDS)}"
+        )
+    try:
+        workload: WorkloadConfig = model.model_validate(values)  # type: ignore[assignment]
+    except ValidationError as error:
+        raise SuiteError(
+            describe_error(error, source, lines, model, prefix=("benchmark",))
+        ) from None
+    return workload
+
+
+def _check_thresholds(
+    suite: Suite, workload: WorkloadConfig, source: str, lines: dict[tuple[Any, ...], int]
+) -> None:
+    allowed = workload.result_names()
+    for metric in suite.thresholds:
+        if metric not in allowed:
+            where = at_line(source, lines.get(("thresholds", metric)))
+            raise SuiteError(
+                f"{where}: unknown metric 'thresholds.{metric}'{did_you_mean(metric, allowed)}; "
+                f"allowed: {', '.join(allowed)}"
+            )
+
+
+def _excluded(exclusions: list[Exclusion], server: dict[str, Any], bench: dict[str, Any]) -> bool:
+    return any(
+        all(server.get(k) == v for k, v in rule.server.items())
+        and all(bench.get(k) == v for k, v in rule.benchmark.items())
+        for rule in exclusions
+    )
+
+
+def _model_short_name(model: str) -> str:
+    return model.rstrip("/").split("/")[-1].lower()
+
+
+def _label(
+    head: str, values: dict[str, Any], axes: set[str], block: dict[str, Any] | None = None
+) -> str:
+    from pytest_profllm.engine.choice import is_secret
+
+    parts = [head] if head else []
+    for key in sorted(axes, key=list(values).index):
+        if is_secret(key) and block is not None:
+            # Ids land in reports and files: a secret axis is named by position, not value.
+            parts.append(f"{_abbreviate(key)}{block[key].index(values[key]) + 1}")
+            continue
+        parts.append(_abbreviate(key) + _format_value(values[key]))
+    return _slug("-".join(parts)) or "default"
+
+
+def _abbreviate(key: str) -> str:
+    if "." in key:  # compilation_config.mode -> cc.mode
+        name, *path = key.split(".")
+        return ".".join([_abbreviate(name), *path])
+    if key in _ABBREVIATIONS:
+        return _ABBREVIATIONS[key]
+    return "".join(word[0] for word in key.split("_") if word)
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "-on" if value else "-off"
+    if isinstance(value, float) and math.isinf(value):
+        return "-inf" if value > 0 else "-minf"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, list) and len(value) <= 8 and all(
+        isinstance(item, int | str) and not isinstance(item, bool) and len(str(item)) <= 12
+        for item in value
+    ):
+        return "-" + "_".join(str(item) for item in value)  # a list value: [1, 2, 4] -> 1_2_4
+    if isinstance(value, dict | list):
+        return "-" + hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:6]
+    text = str(value)
+    return text if text[:1].isdigit() else f"-{text}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "-", text).strip("-").lower()
+
+
+def _unique_labels(labels: list[str]) -> list[str]:
+    # Labels collide only when two different values format alike; a counter keeps ids unique.
+    seen: dict[str, int] = {}
+    unique = []
+    for label in labels:
+        count = seen.get(label, 0)
+        seen[label] = count + 1
+        unique.append(label if count == 0 else f"{label}-{count + 1}")
+    return unique
+
+
+def find_suite_files(paths: list[Path], glob: str = "bench_*.yaml") -> list[Path]:
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(path.rglob(glob))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"{path}: no such file or folder")
+    return files
+
+
+def plan_document(
+    cases: list[tuple[str, Case]],
+    engine: str,
+    engine_reason: str,
+    profile_root: Path = Path("results/profiles"),
+) -> dict[str, Any]:
+    """What a run would start and measure, as JSON-ready data, for the cases pytest collected
+    (node id, case): YAML suites and marked tests alike.
+
+    Each server's argv and environment are those `launch` gives for the lease an empty pool
+    would hand out (the default pool: NVML's GPUs for vLLM, else 8 virtual ones; the default
+    ports): the plan itself leases nothing.
+    """
+    from pytest_profllm.engine.choice import redact, redact_argv, redact_env
+    from pytest_profllm.engine.registry import registry_for
+    from pytest_profllm.hosts.devices import real_gpus
+    from pytest_profllm.hosts.pool import default_pool_dir, make_pool
+    from pytest_profllm.options import DEFAULT_PORTS, parse_ports
+    from pytest_profllm.server.process import engine_args_for, launch
+
+    registry = registry_for(engine)
+    real = real_gpus("virtual" if engine == "sim" else "gpu")
+    pool = make_pool(default_pool_dir(), None, parse_ports(DEFAULT_PORTS), real)
+    servers: dict[str, dict[str, Any]] = {}
+    listed: list[dict[str, Any]] = []
+    for nodeid, case in cases:
+        if case.kind != "serve":
+            listed.append(_offline_entry(engine, case, nodeid, pool, registry))
+            continue
+        if case.server_key not in servers:
+            lease = pool.lease_when_empty(case.gpus_needed)
+            engine_args, _ = engine_args_for(case, profile_root)
+            argv, env = launch(engine, engine_args, lease, registry)  # type: ignore[arg-type]
+            entry = {
+                "server_key": case.server_key,
+                "label": case.server_label,
+                "suite": case.suite,
+                "gpus_needed": case.gpus_needed,
+                "axes": _shown_axes(case, "server."),
+                "config": redact(case.server),
+                "argv": redact_argv(argv),
+                "env": redact_env(env),
+            }
+            if case.gpus_needed > len(pool.gpu_ids):
+                entry["problem"] = (
+                    f"needs {case.gpus_needed} GPUs but the default pool has "
+                    f"{len(pool.gpu_ids)}: skipped unless --profllm-gpus gives more"
+                )
+            servers[case.server_key] = entry
+        listed.append(
+            {
+                "case_id": nodeid,
+                "suite": case.suite,
+                "kind": case.kind,
+                "server_key": case.server_key,
+                "repeat_index": case.repeat_index,
+                "axes": _shown_axes(case, "benchmark."),
+                "benchmark": case.benchmark.model_dump(mode="json"),
+                "thresholds": {k: v.model_dump() for k, v in case.thresholds.items()},
+            }
+        )
+    where = "NVML's GPUs" if real else f"{len(pool.gpu_ids)} virtual GPUs"
+    return {
+        "engine": engine,
+        "engine_reason": engine_reason,
+        "engine_args": registry.describe(),
+        "lease": (
+            f"argv and env as leased from an empty pool ({where}, ports {DEFAULT_PORTS}); "
+            "a run leases GPUs and ports when each server starts"
+        ),
+        "servers": list(servers.values()),
+        "cases": listed,
+    }
+
+
+def _shown_axes(case: Case, prefix: str) -> dict[str, Any]:
+    from pytest_profllm.engine.choice import REDACTED, is_secret
+
+    def shown(key: str, value: Any) -> Any:
+        if is_secret(key.split(".")[-1]):
+            return REDACTED
+        # JSON has no infinity; records write "inf" too.
+        return "inf" if isinstance(value, float) and math.isinf(value) else value
+
+    return {
+        key.removeprefix(prefix): shown(key, value)
+        for key, value in case.axis_values
+        if key.startswith(prefix)
+    }
+
+
+def _offline_entry(
+    engine: str, case: Case, case_id: str, pool: Any, registry: Any
+) -> dict[str, Any]:
+    """An offline case runs its own command, no server: the plan shows that command."""
+    from pytest_profllm.engine.choice import redact_argv, redact_env
+    from pytest_profllm.offline.commands import (
+        offline_command,
+        offline_env,
+        serve_only_args,
+    )
+    from pytest_profllm.server.process import server_env
+
+    lease = pool.lease_when_empty(case.gpus_needed)
+    output = Path("<out>/logs") / f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', case_id)}.json"
+    argv = offline_command(engine, case.benchmark, case.server, output, registry)  # type: ignore[arg-type]
+    entry: dict[str, Any] = {
+        "case_id": case_id,
+        "suite": case.suite,
+        "kind": case.kind,
+        "server_key": case.server_key,
+        "repeat_index": case.repeat_index,
+        "gpus_needed": case.gpus_needed,
+        "axes": _shown_axes(case, "benchmark."),
+        "argv": redact_argv(argv),
+        "env": redact_env({**server_env(lease), **offline_env(case.server)}),
+        "benchmark": case.benchmark.model_dump(mode="json"),
+        "thresholds": {k: v.model_dump() for k, v in case.thresholds.items()},
+    }
+    left_out = serve_only_args(case.server, registry)
+    if left_out:
+        entry["serve_only_args"] = left_out  # `vllm serve` options an engine alone lacks
+    return entry
+
+
+def plan_lines(document: dict[str, Any]) -> list[str]:
+    """The plan as text; each server's command line can be pasted into a shell as it is."""
+    import shlex
+
+    lines = [f"engine {document['engine']} ({document['engine_reason']})"]
+    for server in document["servers"]:
+        env = [f"{key}={shlex.quote(value)}" for key, value in server["env"].items()]
+        axes = _axes_text(server["axes"])
+        lines.append(
+            f"server {server['label']} [{server['server_key']}] "
+            f"({server['gpus_needed']} GPU(s){'; axes: ' + axes if axes else ''}): "
+            f"{' '.join(env)} {shlex.join(server['argv'])}"
+        )
+        for case in document["cases"]:
+            if case["server_key"] == server["server_key"]:
+                axes = _axes_text(case["axes"])
+                lines.append(f"  case {case['case_id']}" + (f" (axes: {axes})" if axes else ""))
+    for case in document["cases"]:
+        if case.get("kind", "serve") != "serve":
+            env = [f"{key}={shlex.quote(value)}" for key, value in case["env"].items()]
+            lines.append(
+                f"offline {case['kind']} {case['case_id']} ({case['gpus_needed']} GPU(s)): "
+                f"{' '.join(env)} {shlex.join(case['argv'])}"
+            )
+    lines.append(f"{len(document['servers'])} server(s), {len(document['cases'])} case(s)")
+    lines.append(f"({document['lease']})")
+    return lines
+
+
+def _axes_text(axes: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{key}={value if isinstance(value, str) else json.dumps(value, separators=(',', ':'))}"
+        for key, value in axes.items()
+    )

@@ -1,0 +1,709 @@
+"""Suite files: the typed form of `bench_*.yaml` and of the `profllm` marker's arguments.
+
+A suite declares `server:` (vLLM engine arguments, snake_case) and `benchmark:` (the workload,
+`vllm bench serve` flags in snake_case); a list value is an axis, except for an engine argument
+that takes a list, whose axis is a list of lists. Every error of a suite is reported at once,
+one line each, naming the file, the line, the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+import json
+import math
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+
+from pytest_profllm.load import metrics
+
+if TYPE_CHECKING:
+    from pytest_profllm.engine.registry import Registry
+
+# An engine argument, or a field inside a JSON one (`compilation_config.mode`).
+_ARG_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[A-Za-z0-9_]+)*$")
+# Set by the lease, never by a suite: two servers must not be told the same port.
+LEASED_SERVER_ARGS = frozenset({"host", "port"})
+
+
+class SuiteError(Exception):
+    """A suite that cannot be run; the message has one line per problem, each naming file,
+    line and key."""
+
+    def __init__(self, problems: str | list[str]) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class _Problems:
+    """The problems of one suite, reported together in line order."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.found: list[tuple[int, str]] = []
+
+    def add(self, line: int | None, text: str) -> None:
+        entry = (line or 0, f"{at_line(self.where, line)}: {text}")
+        if entry not in self.found:
+            self.found.append(entry)
+
+    def error(self) -> SuiteError:
+        return SuiteError([text for _, text in sorted(self.found, key=lambda e: e[0])])
+
+
+class Threshold(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> Threshold:
+        if self.min is None and self.max is None:
+            raise ValueError("a threshold needs 'min', 'max' or both")
+        return self
+
+
+class Exclusion(BaseModel):
+    """Cases whose server and benchmark values match all of these are left out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    server: dict[str, Any] = Field(default_factory=dict)
+    benchmark: dict[str, Any] = Field(default_factory=dict)
+
+
+class BenchmarkConfig(BaseModel):
+    """One workload, with the names of `vllm bench serve`'s flags in snake_case."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["serve"] = "serve"
+    backend: Literal["openai", "openai-chat"] = "openai"
+    dataset_name: Literal["random", "prefix_repetition", "sharegpt", "custom"] = "random"
+    # sharegpt: a ShareGPT JSON file; custom: JSON lines with a "prompt" (and "output_tokens").
+    dataset_path: str | None = None
+    num_prompts: int = Field(100, gt=0)
+    random_input_len: int = Field(1024, gt=0)
+    random_output_len: int = Field(128, gt=0)
+    random_range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    random_prefix_len: int = Field(0, ge=0)
+    prefix_repetition_prefix_len: int = Field(256, gt=0)
+    prefix_repetition_suffix_len: int = Field(256, gt=0)
+    prefix_repetition_num_prefixes: int = Field(10, gt=0)
+    prefix_repetition_output_len: int = Field(128, gt=0)
+    sharegpt_output_len: int | None = Field(None, gt=0)
+    custom_output_len: int = 256  # -1: each line's own "output_tokens"
+    request_rate: float = Field(math.inf, gt=0)
+    burstiness: float = Field(1.0, gt=0)
+    max_concurrency: int | None = Field(None, gt=0)
+    ramp_up_strategy: Literal["linear", "exponential"] | None = None
+    ramp_up_start_rps: float | None = Field(None, ge=0)
+    ramp_up_end_rps: float | None = Field(None, gt=0)
+    seed: int = 0
+    # vLLM's own client forces ignore_eos for the random dataset, so lengths are exact.
+    ignore_eos: bool = True
+    temperature: float | None = Field(0.0, ge=0.0)  # None: the server's default
+    tokenizer: str | None = None
+    num_warmups: int = Field(0, ge=0)
+    percentile_metrics: str = "ttft,tpot,itl,e2el"
+    metric_percentiles: str = "50,90,95,99"
+    goodput: dict[Literal["ttft", "tpot", "e2el"], float] | None = None
+    request_timeout_s: float = Field(600.0, gt=0)
+    # Ours, not vLLM's: spread the client over processes when one event loop cannot keep up.
+    client_processes: int = Field(1, ge=1)
+
+    @field_validator("percentile_metrics")
+    @classmethod
+    def _known_metrics(cls, value: str) -> str:
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        unknown = [name for name in names if name not in metrics.LATENCY_METRICS]
+        if unknown or not names:
+            raise ValueError(
+                f"unknown latency metric {unknown or value!r}; "
+                f"allowed: {', '.join(metrics.LATENCY_METRICS)}"
+            )
+        return ",".join(names)
+
+    @field_validator("metric_percentiles")
+    @classmethod
+    def _percentiles(cls, value: str) -> str:
+        try:
+            numbers = [float(p) for p in value.split(",") if p.strip()]
+        except ValueError:
+            raise ValueError("metric_percentiles takes numbers like '50,90,99'") from None
+        if not numbers or not all(0 < p < 100 for p in numbers):
+            raise ValueError("metric_percentiles must lie strictly between 0 and 100")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BenchmarkConfig:
+        # The same checks as vllm bench serve, before any server starts.
+        if self.ramp_up_strategy is not None:
+            if self.ramp_up_start_rps is None or self.ramp_up_end_rps is None:
+                raise ValueError("ramp_up_strategy needs ramp_up_start_rps and ramp_up_end_rps")
+            if not math.isinf(self.request_rate):
+                raise ValueError("with ramp_up_strategy, leave request_rate out (the ramp sets it)")
+            if self.ramp_up_start_rps > self.ramp_up_end_rps:
+                raise ValueError("ramp_up_start_rps must not exceed ramp_up_end_rps")
+            if self.ramp_up_strategy == "exponential" and self.ramp_up_start_rps == 0:
+                raise ValueError("an exponential ramp-up cannot start at 0 requests/s")
+        if self.dataset_name in ("sharegpt", "custom") and not self.dataset_path:
+            raise ValueError(
+                f"dataset_name {self.dataset_name!r} needs dataset_path (a local file)"
+            )
+        return self
+
+    @field_serializer("request_rate")
+    def _rate_json(self, rate: float) -> float | str:
+        # JSON has no infinity; vLLM's result files write "inf" too.
+        return "inf" if math.isinf(rate) else rate
+
+    @property
+    def percentiles(self) -> list[float]:
+        return [float(p) for p in self.metric_percentiles.split(",") if p.strip()]
+
+    @property
+    def latency_metrics(self) -> list[str]:
+        return self.percentile_metrics.split(",")
+
+    def result_names(self) -> list[str]:
+        # The client's health figures can be gated on too (say, p99_schedule_lag_ms).
+        names = metrics.result_names(self.latency_metrics, self.percentiles)
+        return names + list(metrics.CLIENT_HEALTH_KEYS)
+
+
+class ThroughputConfig(BaseModel):
+    """An offline throughput run: `vllm bench throughput`'s flags in snake_case (no server)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["throughput"]
+    backend: Literal["vllm", "vllm-chat"] = "vllm"
+    dataset_name: Literal["random", "sharegpt", "prefix_repetition"] = "random"
+    dataset_path: str | None = None  # sharegpt: a local ShareGPT JSON file
+    # vLLM's own default of --input-len is unset, which means 1024 for the random dataset.
+    input_len: int = Field(1024, gt=0)
+    output_len: int | None = Field(None, gt=0)  # None: the dataset's (random: 128)
+    num_prompts: int = Field(1000, gt=0)
+    n: int = Field(1, gt=0)
+    prefix_len: int = Field(0, ge=0)
+    random_range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    prefix_repetition_prefix_len: int | None = Field(None, gt=0)
+    prefix_repetition_suffix_len: int | None = Field(None, gt=0)
+    prefix_repetition_num_prefixes: int | None = Field(None, gt=0)
+    prefix_repetition_output_len: int | None = Field(None, gt=0)
+    async_engine: bool = False
+    disable_detokenize: bool = False
+    # Ours, not vLLM's: the whole command (engine start included) must end within this.
+    timeout_s: float = Field(1800.0, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ThroughputConfig:
+        if self.dataset_name == "sharegpt" and not self.dataset_path:
+            raise ValueError("dataset_name 'sharegpt' needs dataset_path (a local file)")
+        if self.dataset_name == "prefix_repetition":
+            needed = [
+                f"prefix_repetition_{name}"
+                for name in ("prefix_len", "suffix_len", "num_prefixes", "output_len")
+                if getattr(self, f"prefix_repetition_{name}") is None
+            ]
+            if needed:
+                raise ValueError(f"dataset_name 'prefix_repetition' needs {', '.join(needed)}")
+        return self
+
+    def result_names(self) -> list[str]:
+        from pytest_profllm.offline.results import THROUGHPUT_RESULTS
+
+        return list(THROUGHPUT_RESULTS)
+
+
+class LatencyConfig(BaseModel):
+    """An offline latency run: `vllm bench latency`'s flags in snake_case (no server)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["latency"]
+    batch_size: int = Field(8, gt=0)
+    input_len: int = Field(32, gt=0)
+    output_len: int = Field(128, gt=0)
+    n: int = Field(1, gt=0)
+    num_iters_warmup: int = Field(10, ge=0)
+    num_iters: int = Field(30, gt=0)
+    use_beam_search: bool = False
+    disable_detokenize: bool = False
+    timeout_s: float = Field(1800.0, gt=0)  # ours: the whole command's limit
+
+    def result_names(self) -> list[str]:
+        from pytest_profllm.offline.results import LATENCY_RESULTS
+
+        return list(LATENCY_RESULTS)
+
+
+# What `benchmark:` describes, by its `kind` (serve when absent).
+OfflineConfig = ThroughputConfig | LatencyConfig
+WorkloadConfig = BenchmarkConfig | ThroughputConfig | LatencyConfig
+BENCHMARK_KINDS: dict[str, type[BaseModel]] = {
+    "serve": BenchmarkConfig,
+    "throughput": ThroughputConfig,
+    "latency": LatencyConfig,
+}
+
+
+class Suite(BaseModel):
+    """A whole suite file before expansion; list values in server/benchmark are axes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    description: str | None = None
+    server: dict[str, Any]
+    benchmark: dict[str, Any] = Field(default_factory=dict)
+    thresholds: dict[str, Threshold] = Field(default_factory=dict)
+    repeat: int = Field(1, gt=0)
+    exclude: list[Exclusion] = Field(default_factory=list)
+    # Each case ends with a short run under vLLM's profiler (`/start_profile`, `/stop_profile`).
+    profile: bool = False
+    # The regression gate: metric -> tolerance (a fraction), against --profllm-baseline.
+    regression: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("regression", mode="before")
+    @classmethod
+    def _regression(cls, value: object) -> dict[str, float]:
+        from pytest_profllm.gates.spec import parse_regression
+
+        return parse_regression(value)
+
+    @model_validator(mode="after")
+    def _repeats_for_throughputs(self) -> Suite:
+        from pytest_profllm.gates.spec import PER_REPEAT_METRICS
+
+        per_repeat = [name for name in self.regression if name in PER_REPEAT_METRICS]
+        if per_repeat and self.repeat < 2:
+            raise ValueError(
+                f"regression: {per_repeat[0]} is compared on one value per repeat: "
+                "set 'repeat: 2' or more"
+            )
+        return self
+
+    @field_validator("server")
+    @classmethod
+    def _has_model(cls, server: dict[str, Any]) -> dict[str, Any]:
+        if "model" not in server:
+            raise ValueError("'model' is required (the model name or path vLLM serves)")
+        return server
+
+
+
+def _server_key_problem(key: object, registry: Registry) -> str | None:
+    if not isinstance(key, str) or not _ARG_NAME.match(key):
+        return f"{key!r} is not an engine argument name (snake_case, as in vLLM's EngineArgs)"
+    name = key.split(".")[0]
+    if name in LEASED_SERVER_ARGS:
+        return f"'{name}' is set by profllm's port lease; remove it"
+    if name not in registry.options:
+        hint = did_you_mean(name, list(registry.options))
+        return f"unknown engine argument of vLLM {registry.vllm_version}{hint or _NO_MATCH}"
+    return None
+
+
+_NO_MATCH = " (see `profllm engine-args --list` for all of them)"
+
+
+def load_suite_file(
+    path: Path, registry: Registry | None = None
+) -> tuple[Suite, dict[tuple[Any, ...], int]]:
+    """Read and validate a YAML suite; returns the suite and each key path's line (1-based)."""
+    try:
+        text = path.read_text()
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        raise SuiteError(_yaml_problem(error, str(path), text)) from None
+    except (OSError, yaml.YAMLError) as error:
+        raise SuiteError(f"{path}: cannot read suite: {error}") from None
+    lines = _key_lines(node) if node is not None else {}
+    if not isinstance(data, dict):
+        raise SuiteError(f"{path}:1: a suite is a mapping with 'server:' and 'benchmark:' blocks")
+    return validate_suite(data, str(path), lines, registry), lines
+
+
+def _yaml_problem(error: yaml.MarkedYAMLError, where: str, text: str) -> str:
+    """`file:line: invalid YAML: ...` at the line of the mistake, saying what YAML expected.
+
+    PyYAML marks where it gave up (problem_mark); for an unclosed bracket or quote, or a key
+    without its colon, that is a later line, and the mistake is where the construct began
+    (context_mark)."""
+    problem = error.problem or "cannot parse"
+    context = error.context or ""
+    mark = error.problem_mark
+    if problem == "mapping values are not allowed here" and mark is not None:
+        # `model m` above `max_num_seqs: 4`: YAML reads the first line's text on into the
+        # second and stops at its colon; the mistake is the line without one.
+        source = text.splitlines()
+        above = next((n for n in range(mark.line - 1, -1, -1) if source[n].strip()), None)
+        line_above = source[above].strip() if above is not None else ""
+        plain_text = ":" not in line_above and not line_above.startswith(("-", "#"))
+        if above is not None and plain_text:
+            return (
+                f"{at_line(where, above + 1)}: invalid YAML: expected 'key: value', found "
+                f"no ':' on this line (YAML read it on into line {mark.line + 1})"
+            )
+    starts = context.startswith(("while scanning", "while parsing a flow"))
+    mark = error.context_mark if starts and error.context_mark else error.problem_mark
+    line = mark.line + 1 if mark is not None else None
+    message = f"invalid YAML: {problem}"
+    if context and error.context_mark is not None:
+        message += f" ({context} that began at line {error.context_mark.line + 1}"
+        if error.problem_mark is not None:
+            message += f"; YAML stopped at line {error.problem_mark.line + 1}"
+        message += ")"
+    return f"{at_line(where, line)}: {message}"
+
+
+def validate_suite(
+    data: dict[str, Any],
+    where: str,
+    lines: dict[tuple[Any, ...], int] | None = None,
+    registry: Registry | None = None,
+) -> Suite:
+    """The typed suite; `server:` is checked against vLLM's engine arguments (`registry`,
+    the bundled one by default): names, types, choices and a few rules across them. Every
+    problem is reported, in one SuiteError. In the suite returned, `server:` values are as
+    vLLM's parser reads them (`"16"` is 16), and every value of an argument that takes a
+    list is written as an axis (`[1, 2]` becomes `[[1, 2]]`): a list there is an axis."""
+    from pytest_profllm.engine.registry import bundled
+
+    lines = lines or {}
+    registry = registry or bundled()
+    problems = _Problems(where)
+    server = data.get("server")
+    checked = _check_server(server, registry, lines, problems) if isinstance(server, dict) else None
+    try:
+        suite: Suite | None = Suite.model_validate(data)
+    except ValidationError as error:
+        for line, text in describe_errors(error, lines, Suite):
+            problems.add(line, text)
+        suite = None
+    benchmark = data.get("benchmark", {})
+    thresholds = data.get("thresholds")
+    if isinstance(benchmark, dict):
+        metrics_named = thresholds if isinstance(thresholds, dict) else {}
+        _check_benchmark(benchmark, metrics_named, lines, problems)
+    if suite is not None and checked is not None and not problems.found:
+        suite.server = checked
+        _check_rules(suite.server, lines, problems)
+        _check_exclusions(suite, registry, lines, problems)
+    if suite is None or problems.found:
+        raise problems.error()
+    return suite
+
+
+def _check_server(
+    server: dict[str, Any],
+    registry: Registry,
+    lines: dict[tuple[Any, ...], int],
+    problems: _Problems,
+) -> dict[str, Any]:
+    """Each key and each value of each axis once (not every combination: the cross product
+    can be large); the block with values as vLLM reads them, every list an axis."""
+    checked: dict[str, Any] = {}
+    for key, value in server.items():
+        problem = _server_key_problem(key, registry)
+        if problem is not None:
+            problems.add(lines.get(("server", key)), f"server.{key}: {problem}")
+            continue
+        resolved = registry.resolve(key)
+        if resolved is None:
+            continue  # not reached: _server_key_problem knows every name
+        option, path = resolved
+        axis = option.axis(value, path)
+        values = []
+        for index, item in enumerate(axis if axis is not None else [value]):
+            loc: tuple[Any, ...] = ("server", key, index) if axis is not None else ("server", key)
+            try:
+                values.append(option.check_field(path, item) if path else option.check(item))
+            except ValueError as error:
+                shown = f"server.{key}" + (f"[{index}]" if axis is not None else "")
+                # A place inside a list value reads as an index of the key: `key[1]: ...`.
+                sep = "" if str(error).startswith("[") else ": "
+                problems.add(
+                    _nearest_line(lines, loc), f"{shown}{sep}{error}{_shown_input(loc, item)}"
+                )
+        if axis is not None:
+            checked[key] = values
+        elif values:
+            # One value that is a list: an axis of one, so that every list here is an axis.
+            checked[key] = [values[0]] if isinstance(values[0], list) else values[0]
+    return checked
+
+
+def combinations(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every combination of a block's axes (a list value is an axis)."""
+    keys = list(block)
+    choices = [block[key] if isinstance(block[key], list) else [block[key]] for key in keys]
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*choices)]
+
+
+def fold_dotted_keys(server: dict[str, Any]) -> dict[str, Any]:
+    """One server's values with each `name.field: value` merged into the JSON value of
+    `name`, as vLLM merges `--name.field value` into `--name`."""
+    folded = {key: value for key, value in server.items() if "." not in key}
+    for key, value in server.items():
+        if "." not in key:
+            continue
+        name, *path = key.split(".")
+        base = folded.get(name)
+        merged = json.loads(base) if isinstance(base, str) else copy.deepcopy(base)
+        if not isinstance(merged, dict):
+            merged = {}  # as in vLLM, where the dotted form then replaces the value
+        inner = merged
+        for part in path[:-1]:
+            inner = inner.setdefault(part, {})
+        inner[path[-1]] = value
+        folded[name] = merged
+    return folded
+
+
+def _check_benchmark(
+    block: dict[str, Any],
+    thresholds: dict[str, Any],
+    lines: dict[tuple[Any, ...], int],
+    problems: _Problems,
+) -> None:
+    # Every combination: its rules span keys (ramp-up needs an infinite request_rate).
+    workloads: list[WorkloadConfig] = []
+    for values in combinations(block):
+        kind = values.get("kind", "serve")
+        model = BENCHMARK_KINDS.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            problems.add(
+                lines.get(("benchmark", "kind")),
+                f"benchmark.kind: {kind!r} is not a benchmark kind; "
+                f"allowed: {', '.join(BENCHMARK_KINDS)}",
+            )
+            continue
+        try:
+            workloads.append(model.model_validate(values))  # type: ignore[arg-type]
+        except ValidationError as error:
+            for line, text in describe_errors(error, lines, model, ("benchmark",)):
+                problems.add(line, text)
+    # With no valid workload, metric names are checked against the default one's.
+    for workload in workloads or [BenchmarkConfig()]:
+        allowed = workload.result_names()
+        for metric in thresholds:
+            if metric not in allowed:
+                problems.add(
+                    lines.get(("thresholds", metric)),
+                    f"unknown metric 'thresholds.{metric}'{did_you_mean(str(metric), allowed)}; "
+                    f"allowed: {', '.join(allowed)}",
+                )
+
+
+def _check_rules(
+    server: dict[str, Any], lines: dict[tuple[Any, ...], int], problems: _Problems
+) -> None:
+    for combination in _rule_combinations(server):
+        problem = cross_field_problem(combination)
+        if problem is not None:
+            key, message = problem
+            problems.add(lines.get(("server", key)), f"server: {message}")
+
+
+def _rule_combinations(server: dict[str, Any]) -> list[dict[str, Any]]:
+    return combinations({key: server[key] for key in _RULE_KEYS if key in server})
+
+
+_RULE_KEYS = (
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "max_model_len",
+    "enable_chunked_prefill",
+    "max_num_active_seqs",
+    "data_parallel_size",
+    "data_parallel_size_local",
+)
+
+
+def cross_field_problem(server: dict[str, Any]) -> tuple[str, str] | None:
+    """The first rule across engine arguments that vLLM 0.33.0 would refuse at start-up, as
+    (key, message); only rules that need no model or device to decide, on values given."""
+    from pytest_profllm.engine.registry import human_int
+
+    def number(key: str) -> int | None:
+        value = server.get(key)
+        if isinstance(value, str):
+            value = human_int(value, allow_auto=True)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return None
+        return value
+
+    tokens, seqs, length = (
+        number("max_num_batched_tokens"), number("max_num_seqs"), number("max_model_len")
+    )
+    active, dp, dp_local = (
+        number("max_num_active_seqs"),
+        number("data_parallel_size"),
+        number("data_parallel_size_local"),
+    )
+    if tokens is not None and seqs is not None and tokens < seqs:
+        return "max_num_batched_tokens", (
+            f"max_num_batched_tokens ({tokens}) must be at least max_num_seqs ({seqs})"
+        )
+    if (
+        tokens is not None
+        and length is not None
+        and tokens < length
+        and server.get("enable_chunked_prefill") is False
+    ):
+        return "max_num_batched_tokens", (
+            f"max_num_batched_tokens ({tokens}) is below max_model_len ({length}) with "
+            "enable_chunked_prefill false: prompts longer than it could never be scheduled"
+        )
+    if active is not None and seqs is not None and active > seqs:
+        return "max_num_active_seqs", (
+            f"max_num_active_seqs ({active}) must not exceed max_num_seqs ({seqs})"
+        )
+    if dp is not None and dp_local is not None and dp_local > dp:
+        return "data_parallel_size_local", (
+            f"data_parallel_size_local ({dp_local}) must not exceed data_parallel_size ({dp})"
+        )
+    return None
+
+
+def _check_exclusions(
+    suite: Suite, registry: Registry, lines: dict[tuple[Any, ...], int], problems: _Problems
+) -> None:
+    # A rule naming a key its block lacks (a typo) would silently exclude nothing. A rule's
+    # server values are read as the block's are ("16" is 16), so that they compare equal.
+    for index, rule in enumerate(suite.exclude):
+        for block_name, rule_block, block in (
+            ("server", rule.server, suite.server),
+            ("benchmark", rule.benchmark, suite.benchmark),
+        ):
+            for key, value in rule_block.items():
+                loc = ("exclude", index, block_name, key)
+                if key not in block:
+                    problems.add(
+                        _nearest_line(lines, loc),
+                        f"exclude[{index}].{block_name}.{key} is not a key of '{block_name}'"
+                        f"{did_you_mean(key, list(block))}; the rule would exclude nothing",
+                    )
+                    continue
+                resolved = registry.resolve(key) if block_name == "server" else None
+                if resolved is not None and value is not None:
+                    option, path = resolved
+                    try:
+                        rule_block[key] = (
+                            option.check_field(path, value) if path else option.check(value)
+                        )
+                    except ValueError as error:
+                        problems.add(
+                            _nearest_line(lines, loc),
+                            f"exclude[{index}].server.{key}: {error}{_shown_input(loc, value)}",
+                        )
+
+
+def describe_error(
+    error: ValidationError,
+    where: str,
+    lines: dict[tuple[Any, ...], int],
+    model: type[BaseModel],
+    prefix: tuple[Any, ...] = (),
+) -> str:
+    """The first validation error as one line: `file:line: key: what is wrong; what is allowed`."""
+    line, text = describe_errors(error, lines, model, prefix)[0]
+    return f"{at_line(where, line)}: {text}"
+
+
+def describe_errors(
+    error: ValidationError,
+    lines: dict[tuple[Any, ...], int],
+    model: type[BaseModel],
+    prefix: tuple[Any, ...] = (),
+) -> list[tuple[int | None, str]]:
+    """Every validation error as (line, `key: what is wrong; what is allowed`)."""
+    described = []
+    for each in error.errors():
+        loc = prefix + tuple(each["loc"])
+        line = _nearest_line(lines, loc)
+        key = ".".join(str(part) for part in loc) or "(top level)"
+        if each["type"] == "extra_forbidden":
+            allowed = _allowed_fields(model, loc[len(prefix) :])
+            hint = did_you_mean(str(loc[-1]), allowed)
+            described.append((line, f"unknown key '{key}'{hint}; allowed: {', '.join(allowed)}"))
+            continue
+        message = each["msg"].removeprefix("Value error, ")
+        described.append((line, f"{key}: {message}{_shown_input(loc, each.get('input'))}"))
+    return described
+
+
+def _shown_input(loc: tuple[Any, ...], value: Any) -> str:
+    # A whole block is too long to quote, and may hold an api_key; a secret is never shown.
+    from pytest_profllm.engine.choice import REDACTED, is_secret
+
+    if isinstance(value, dict | list):
+        return ""
+    if any(isinstance(part, str) and is_secret(part) for part in loc):
+        return f" (got {REDACTED})"
+    return f" (got {value!r})"
+
+
+def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed where an error points, walking nested models along its location."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            current = field.annotation if field is not None else None
+        else:
+            # Inside a dict[str, Model] or list[Model]: the key or index leads to the Model.
+            args = get_args(current)
+            current = args[-1] if args else None
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return list(model.model_fields)
+
+
+def did_you_mean(name: str, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def at_line(where: str, line: int | None) -> str:
+    """`file:line`, or just `file` where the line is unknown (a marker's dict)."""
+    return f"{where}:{line}" if line else where
+
+
+def _nearest_line(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int | None:
+    for end in range(len(loc), 0, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def _key_lines(node: yaml.Node, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], int]:
+    lines: dict[tuple[Any, ...], int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key_path = (*path, key_node.value)
+            lines[key_path] = key_node.start_mark.line + 1
+            lines.update(_key_lines(value_node, key_path))
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            lines[(*path, index)] = item.start_mark.line + 1
+            lines.update(_key_lines(item, (*path, index)))
+    return lines

@@ -1,0 +1,1 @@
+"""Results: the JSON record, the SQLite store and its landing table, and `profllm ingest`."""

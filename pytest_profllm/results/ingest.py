@@ -1,0 +1,313 @@
+"""`profllm ingest`: record files from anywhere (other hosts, CI artifacts, `profllm bench
+--save-result` files) into a results database, saying what it did.
+
+Each file is read and checked whole before any of it is stored: a file that is not JSON, not
+a record, or carries a non-finite metric (NaN, infinity: no measurement produces one, and
+SQLite and JSON readers would show it as a number) is refused, named with its reason, and
+nothing of it is stored; the good files are loaded all the same. A run id given twice (the
+same file named twice, or a copy) is loaded once. A `profllm bench --save-result` file
+becomes a record of suite `bench`, its run id derived from its content, so loading it again
+changes nothing either.
+
+From 2,000 files on, two other processes read, check and stage the files batch by batch
+while this one copies the staged rows into the database; a file whose bytes are those of a
+stored record is counted unchanged without being parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pytest_profllm.results.record import normalize
+from pytest_profllm.results.store import (
+    BATCH,
+    Load,
+    LoadReport,
+    RowBuilder,
+    StagedRows,
+    batched,
+    record_digest,
+    stage,
+)
+
+BENCH_SUITE = "bench"
+
+
+class IngestError(Exception):
+    """An ingest that cannot go on (a process reading the files died)."""
+
+
+@dataclass
+class IngestReport:
+    files: int = 0
+    duplicates: int = 0
+    refused: list[tuple[Path, str]] = field(default_factory=list)
+    load: LoadReport = field(default_factory=LoadReport)
+
+    def summary(self, db_path: Path) -> str:
+        load = self.load
+        parts = [f"{load.new} new", f"{load.unchanged} unchanged"]
+        if load.updated:
+            parts.append(f"{load.updated} updated")
+        parts.append(f"{len(self.refused)} refused")
+        if self.duplicates:
+            parts.append(f"{self.duplicates} duplicate(s) counted once")
+        return f"{db_path} (table benchmark_runs): " + ", ".join(parts)
+
+
+def record_files(paths: Iterable[Path]) -> list[Path]:
+    """The files named, or the record files found in the folders named (per-request files,
+    hidden and temporary files left out); each file once."""
+    found: dict[Path, None] = {}
+    for path in paths:
+        if path.is_dir():
+            # One scandir, not a glob and a resolve per file: at 100,000 files those took
+            # longer than reading the records. Only links are resolved (a link to a file
+            # named as well is that file).
+            folder = path.resolve()
+            with os.scandir(folder) as entries:
+                names = sorted((entry.name, entry.is_symlink()) for entry in entries
+                               if entry.name.endswith(".json")
+                               and not entry.name.startswith("."))
+            for name, is_link in names:
+                child = folder / name
+                found.setdefault(child.resolve() if is_link else child, None)
+        else:
+            found.setdefault(path.resolve() if path.exists() else path, None)
+    return list(found)
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """One file as a record (JSON data of the current schema); ValueError with the reason."""
+    return _parse(_read(path), path)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"cannot read: {error.strerror or error}") from None
+
+
+def _parse(content: bytes, path: Path) -> dict[str, Any]:
+    import orjson
+
+    strict = True
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError as error:
+        # orjson refuses NaN and Infinity; Python's json reads them, so that the refusal can
+        # name the metric.
+        try:
+            data = json.loads(content)
+        except ValueError:
+            raise ValueError(f"not JSON: {error}") from None
+        strict = False
+    if isinstance(data, dict) and "schema_version" not in data and _is_bench_result(data):
+        data = bench_record(data, path)
+    if not strict:
+        _check_finite(data)
+    try:
+        normalize(data)
+    except ValueError as error:
+        raise ValueError(f"not a profllm record: {error}") from None
+    # Checked against the schema; stored as read (a dump of the model would cost as much
+    # again, at 100,000 records).
+    result: dict[str, Any] = data
+    return result
+
+
+def _check_finite(data: Any) -> None:
+    results = data.get("results") if isinstance(data, dict) else None
+    for name, value in (results.items() if isinstance(results, dict) else ()):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"results.{name} is {value}: metrics must be finite numbers")
+
+
+def _is_bench_result(data: dict[str, Any]) -> bool:
+    return {"date", "backend", "model_id", "request_throughput"} <= set(data)
+
+
+# `profllm bench` result keys that are workload parameters (the rest are metrics or lists).
+_BENCH_PARAMETERS = ("backend", "num_prompts", "request_rate", "burstiness", "max_concurrency",
+                     "ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps")
+_BENCH_NOT_METRICS = {"date", "endpoint_type", "label", "model_id", "tokenizer_id", "verdict",
+                      "invalid_reason", *_BENCH_PARAMETERS}
+
+
+def bench_record(result: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A `profllm bench --save-result` file as a record of suite `bench`.
+
+    What the file does not say is left empty, never invented: the server's engine arguments
+    other than the model, the host, the devices. Its run id is a digest of its content.
+    """
+    import orjson
+
+    digest = hashlib.blake2b(orjson.dumps(result, option=orjson.OPT_SORT_KEYS),
+                             digest_size=8).hexdigest()
+    try:
+        started = datetime.strptime(str(result["date"]), "%Y%m%d-%H%M%S").astimezone(UTC)
+    except ValueError:
+        raise ValueError(f"date {result['date']!r} is not YYYYMMDD-HHMMSS") from None
+    label = result.get("label") or result.get("backend") or "bench"
+    rate = result.get("request_rate")
+    concurrency = result.get("max_concurrency")
+    workload = f"rate-{rate}" + (f"-concurrency{concurrency}" if concurrency else "")
+    model = str(result["model_id"])
+    invalid = result.get("verdict") == "invalid"
+    benchmark = {key: result[key] for key in _BENCH_PARAMETERS if result.get(key) is not None}
+    metrics_ = {
+        key: value
+        for key, value in result.items()
+        if key not in _BENCH_NOT_METRICS and isinstance(value, int | float)
+        and not isinstance(value, bool)
+    }
+    return {
+        "schema_version": 1,
+        "run_id": f"bench-{digest}",
+        "session_id": f"bench-{result['date']}",
+        "suite": BENCH_SUITE,
+        "source": str(path),
+        "case_id": f"{label}::{model}::{workload}",
+        "nodeid": str(path),
+        "timestamp": started.isoformat(),
+        "duration": float(result.get("duration") or 0.0),
+        "status": "invalid" if invalid else "passed",
+        "message": result.get("invalid_reason") if invalid else None,
+        "engine": {"name": "vllm", "reason": "profllm bench --save-result file: the server's "
+                   "engine is not recorded there"},
+        "config": {"server": {"model": model}, "benchmark": benchmark},
+        "results": metrics_,
+        "system": {"host": "", "platform": "", "python": ""},
+        "runtime": {"worker": "profllm bench", "server_key": ""},
+    }
+
+
+def ingest(
+    db_path: Path,
+    files: list[Path],
+    progress: Callable[[int], None] | None = None,
+) -> IngestReport:
+    """Load every good file, refuse every bad one (with its reason), in one transaction.
+
+    A file whose bytes are those of a stored record is unchanged without being parsed: it is
+    read and digested only. A new database is made only when there is a record to load.
+    """
+    report = IngestReport(files=len(files))
+    if not files:
+        return report
+    with ExitStack() as stack:
+        load = stack.enter_context(Load(db_path)) if db_path.exists() else None
+        stored = load.stored_digests() if load is not None else {}
+        seen: set[str] = set()
+        for batch in _read_batches(files, frozenset(stored)):
+            report.refused += batch.refused
+            unchanged = _unseen(seen, [stored[digest] for digest in batch.stored])
+            report.duplicates += len(batch.stored) - len(unchanged)
+            if load is not None:
+                load.add_unchanged(len(unchanged))
+            staged = batch.staged
+            if staged is not None:
+                fresh = _unseen(seen, staged.run_ids)
+                report.duplicates += len(staged.run_ids) - len(fresh)
+                if fresh:
+                    if load is None:
+                        load = stack.enter_context(Load(db_path))
+                    load.add(staged, fresh)
+            if progress is not None:
+                progress(batch.files)
+    if load is not None:
+        report.load = load.report
+    return report
+
+
+def _unseen(seen: set[str], run_ids: list[str]) -> list[int]:
+    """The positions of the run ids not seen before (now seen): a run id given twice, by the
+    same file named twice or a copy, is loaded once."""
+    fresh = []
+    for at, run_id in enumerate(run_ids):
+        if run_id not in seen:
+            seen.add(run_id)
+            fresh.append(at)
+    return fresh
+
+
+@dataclass
+class _Batch:
+    """What reading a batch of files found: the rows of the records not stored as they are,
+    the digests of files that are, and the files refused with their reason."""
+
+    files: int
+    staged: StagedRows | None
+    stored: list[str]
+    refused: list[tuple[Path, str]]
+
+
+# Reading, checking and staging a record costs ten times what copying it into the table
+# does: other processes read the next batches while this one writes.
+_PARALLEL_FROM = 2_000
+_FILES_PER_BATCH = BATCH
+_IN_FLIGHT = 4
+_stored_in_worker: frozenset[str] = frozenset()
+
+
+def _read_batches(files: list[Path], stored: frozenset[str]) -> Iterator[_Batch]:
+    chunks = list(batched(files, _FILES_PER_BATCH))
+    if len(files) < _PARALLEL_FROM:
+        for chunk in chunks:
+            yield _read_batch(chunk, stored)
+        return
+    from concurrent.futures import Future, ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    workers = max(1, min(2, (os.cpu_count() or 1)))
+    # The stored digests go to each worker once, not with every batch.
+    with ProcessPoolExecutor(workers, initializer=_start_worker, initargs=(stored,)) as pool:
+        pending: list[Future[_Batch]] = []
+        try:
+            for chunk in chunks:
+                pending.append(pool.submit(_read_batch_in_worker, chunk))
+                if len(pending) >= _IN_FLIGHT:
+                    yield pending.pop(0).result()
+            for future in pending:
+                yield future.result()
+        except BrokenProcessPool:
+            raise IngestError("a process reading the record files died (killed, or out of "
+                              "memory)") from None
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def _start_worker(stored: frozenset[str]) -> None:
+    global _stored_in_worker
+    _stored_in_worker = stored
+
+
+def _read_batch_in_worker(paths: list[Path]) -> _Batch:
+    return _read_batch(paths, _stored_in_worker)
+
+
+def _read_batch(paths: list[Path], stored: frozenset[str]) -> _Batch:
+    rows = RowBuilder()
+    known, refused = [], []
+    for path in paths:
+        try:
+            content = _read(path)
+            digest = record_digest(content)
+            if digest in stored:
+                known.append(digest)
+            else:
+                rows.add(_parse(content, path), digest)
+        except ValueError as error:
+            refused.append((path, str(error)))
+    return _Batch(len(paths), stage(rows.batches()), known, refused)

@@ -1,0 +1,1 @@
+"""Running one case: its outcome and record, the serve case end to end, telemetry, profiling."""

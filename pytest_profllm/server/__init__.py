@@ -1,0 +1,1 @@
+"""Server processes: one process's lifecycle, and the live server each worker keeps."""

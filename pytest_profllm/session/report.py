@@ -1,0 +1,59 @@
+"""The terminal summary: one line per case with the figures people look at first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_profllm.session.worker import ControllerSession
+
+_WAIT_WORTH_SAYING_S = 0.5
+
+
+def summary_lines(controller: ControllerSession) -> list[str]:
+    from pytest_profllm.gates.summary import terminal_lines
+
+    records = controller.records
+    # The same table as the Markdown summary: key metrics, and the gate where one ran.
+    lines = terminal_lines(records)
+    engine = controller.identity.engine
+    lines.append(f"engine: {engine.name} ({engine.reason})")
+    lines += _server_lines(records)
+    settings = controller.settings
+    if settings.out_dir is not None:
+        unwritten = controller.unwritten
+        missing = f" ({unwritten} could not be written)" if unwritten else ""
+        lines.append(f"{len(records) - unwritten} record(s) in {settings.out_dir}{missing}")
+    if controller.interrupted_by is not None:
+        lines.append(
+            f"interrupted by {controller.interrupted_by}: every case that finished has its "
+            "record; cases cut short are `error`"
+        )
+    if settings.db_path is not None and controller.loaded_rows is not None:
+        lines.append(
+            f"{controller.loaded_rows} row(s) loaded into {settings.db_path} "
+            f"(table benchmark_runs); browse with: datasette {settings.db_path}"
+        )
+    return lines
+
+
+def _server_lines(records: list[dict[str, Any]]) -> list[str]:
+    # The lease wait is the server's, shared by all its cases: count each server once. It is
+    # reported here and kept out of every measurement (the load starts after the server is up).
+    servers: dict[tuple[Any, ...], float] = {}
+    for record in records:
+        runtime = record.get("runtime") or {}
+        if runtime.get("server_started_at") is None:
+            continue
+        lifetime = (runtime.get("worker"), runtime.get("server_key"), runtime["server_started_at"])
+        servers[lifetime] = runtime.get("lease_wait_s") or 0.0
+    if not servers:
+        return []
+    workers = {worker for worker, _, _ in servers}
+    line = f"{len(servers)} server start(s) on {len(workers)} worker(s)"
+    waited = [wait for wait in servers.values() if wait >= _WAIT_WORTH_SAYING_S]
+    if waited:
+        line += (
+            f"; {len(waited)} waited for GPUs or ports, {sum(waited):.1f} s in all "
+            f"(longest {max(waited):.1f} s), not counted in any measurement"
+        )
+    return [line]
