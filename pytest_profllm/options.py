@@ -5,12 +5,19 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pytest_profllm.engine.choice import ENGINE_CHOICES
+from pytest_profllm.gates.config import GateConfig
+from pytest_profllm.gates.verdict import GateSettings
+from pytest_profllm.hosts.devices import parse_cpu_sets
+from pytest_profllm.hosts.pool import PORT_BLOCK
+from pytest_profllm.plan.regression import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
+from pytest_profllm.sim.hardware import UnknownDevice, device_profile
 
 DEFAULT_PORTS = "20000-21999"
 DEFAULT_SUITE_GLOB = "bench_*.yaml"
@@ -39,8 +46,7 @@ def parse_gpus(text: str) -> int | tuple[str, ...]:
 
 
 def parse_cpus(text: str) -> int | tuple[str, ...]:
-    """A count of CPU core sets, or the sets themselves (`0-3/4-7`): see devices.py."""
-    from pytest_profllm.hosts.devices import parse_cpu_sets
+    """A count of CPU core sets, or the sets themselves (`0-3/4-7`): see hosts/devices.py."""
 
     try:
         return parse_cpu_sets(text)
@@ -58,7 +64,6 @@ def parse_python(text: str) -> str:
 
 def parse_ports(text: str) -> range:
     """`START-END`, both included; at least one block of ports for one server."""
-    from pytest_profllm.hosts.pool import PORT_BLOCK
 
     try:
         start_text, end_text = text.split("-")
@@ -78,31 +83,46 @@ def parse_ports(text: str) -> range:
     return range(start, end + 1)
 
 
-def parse_seconds(text: str) -> float:
+def _number(text: str, expected: str, valid: Callable[[float], bool], invalid: str) -> float:
+    """`text` as a number for which `valid` holds; ArgumentTypeError saying what was expected
+    (`expected`: not a number; `invalid`: out of range). NaN is never valid."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not (0 < value < math.inf):  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if math.isnan(value) or not valid(value):
+        raise argparse.ArgumentTypeError(f"{invalid}, got {text!r}")
     return value
+
+
+def _positive(value: float) -> bool:
+    return 0 < value < math.inf
+
+
+def parse_seconds(text: str) -> float:
+    return _number(text, "seconds", _positive, "expected a positive number of seconds")
 
 
 def parse_milliseconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds, got {text!r}") from None
-    if not (0 < value < math.inf):
-        raise argparse.ArgumentTypeError(
-            f"expected a positive number of milliseconds, got {text!r}"
-        )
-    return value
+    return _number(text, "milliseconds", _positive, "expected a positive number of milliseconds")
+
+
+def parse_confidence(text: str) -> float:
+    """The regression gate's confidence level, in [0.5, 1)."""
+    return _number(
+        text, "a confidence like 0.99", lambda v: 0.5 <= v < 1, "a confidence lies in [0.5, 1)"
+    )
+
+
+def parse_resamples(text: str) -> int:
+    """The regression gate's bootstrap resamples: a whole number, at least 100."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a number of resamples, got {text!r}")
+    return int(_number(text, "a number of resamples", lambda v: v >= 100, "at least 100 resamples"))
 
 
 def parse_sim_device(text: str) -> str:
     """A device profile of the simulator (`sim/device_profiles`), by name or alias."""
-    from pytest_profllm.sim.hardware import UnknownDevice, device_profile
 
     try:
         return device_profile(text).name
@@ -252,6 +272,58 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini(
         "profllm_suite_glob", "file names collected as benchmark suites", default=DEFAULT_SUITE_GLOB
     )
+    # The regression gate's.
+    group.addoption(
+        "--profllm-baseline",
+        metavar="PATH",
+        default=None,
+        help="compare each case with a `regression:` block against the runs of the same "
+        "fingerprint in PATH: a results.db or a folder of records (ini: profllm_baseline)",
+    )
+    group.addoption(
+        "--profllm-baseline-any-version",
+        action="store_true",
+        default=None,
+        help="leave the engine's version out of the fingerprint "
+        "(ini: profllm_baseline_any_version; default: off)",
+    )
+    group.addoption(
+        "--profllm-baseline-update",
+        action="store_true",
+        default=False,
+        help="write this run's measured cases into the --profllm-baseline PATH, so they become "
+        "the baseline of the next run",
+    )
+    group.addoption(
+        "--profllm-summary",
+        metavar="PATH",
+        default=None,
+        help="write a Markdown summary of the run to PATH (ini: profllm_summary; default: "
+        "DIR/summary.md with --profllm-out); also appended to $GITHUB_STEP_SUMMARY when set",
+    )
+    group.addoption(
+        "--profllm-gate-confidence",
+        metavar="LEVEL",
+        type=parse_confidence,
+        default=None,
+        help="confidence level of the gate's bootstrap intervals "
+        f"(ini: profllm_gate_confidence; default: {DEFAULT_CONFIDENCE})",
+    )
+    group.addoption(
+        "--profllm-gate-resamples",
+        metavar="N",
+        type=parse_resamples,
+        default=None,
+        help="bootstrap resamples per verdict "
+        f"(ini: profllm_gate_resamples; default: {DEFAULT_RESAMPLES})",
+    )
+    parser.addini("profllm_baseline", "results.db or folder of records to gate against")
+    parser.addini(
+        "profllm_baseline_any_version", "leave the engine version out", type="bool", default=False
+    )
+    parser.addini("profllm_summary", "Markdown summary file", default=None)
+    parser.addini("profllm_gate_confidence", "bootstrap confidence level", default=None)
+    parser.addini("profllm_gate_resamples", "bootstrap resamples", default=None)
 
 
 @dataclass(frozen=True)
@@ -279,16 +351,7 @@ class Settings:
             return value if value is not None else config.getini(ini)
 
         def parsed(option: str, ini: str, parse: object) -> object:
-            value = config.getoption(option)
-            if value is not None:
-                return value
-            text = config.getini(ini)
-            if text in (None, ""):
-                return None
-            try:
-                return parse(str(text))  # type: ignore[operator]
-            except argparse.ArgumentTypeError as error:
-                raise pytest.UsageError(f"ini option {ini}: {error}") from None
+            return _parsed(config, option, ini, parse)
 
         engine = str(pick("profllm_engine", "profllm_engine") or "auto")
         if engine not in ENGINE_CHOICES:
@@ -336,3 +399,71 @@ def _busy_gpus(value: str) -> bool:
             f"ini option profllm_busy_gpus: {value!r} is not one of {', '.join(BUSY_GPU_CHOICES)}"
         )
     return value == "wait"
+
+
+def _parsed(config: pytest.Config, option: str, ini: str, parse: object) -> object:
+    """The option's value, else its ini value parsed as the option would be (a bad one is a
+    usage error naming the ini option), else None."""
+    value = config.getoption(option)
+    if value is not None:
+        return value
+    text = config.getini(ini)
+    if text in (None, ""):
+        return None
+    try:
+        return parse(str(text))  # type: ignore[operator]
+    except argparse.ArgumentTypeError as error:
+        raise pytest.UsageError(f"ini option {ini}: {error}") from None
+
+
+def gate_config(config: pytest.Config, out_dir: Path | None) -> GateConfig:
+    """The regression gate's settings from its options."""
+    here = config.invocation_params.dir
+
+    def path(option: str, ini: str) -> Path | None:
+        value = config.getoption(option) or config.getini(ini)
+        return here / str(value) if value else None
+
+    def number(option: str, ini: str, parse: object, default: float) -> float:
+        value = _parsed(config, option, ini, parse)
+        return default if value is None else float(value)  # type: ignore[arg-type]
+
+    baseline = path("profllm_baseline", "profllm_baseline")
+    update = bool(config.getoption("profllm_baseline_update"))
+    if update and baseline is None:
+        raise pytest.UsageError(
+            "--profllm-baseline-update needs --profllm-baseline PATH (where to write it)"
+        )
+    if baseline is not None and not update and not baseline.exists():
+        raise pytest.UsageError(
+            f"--profllm-baseline {baseline}: no such file or folder "
+            "(write one with --profllm-baseline-update)"
+        )
+    any_version = config.getoption("profllm_baseline_any_version")
+    if any_version is None:
+        any_version = config.getini("profllm_baseline_any_version")
+    summary = path("profllm_summary", "profllm_summary")
+    if summary is None and out_dir is not None:
+        summary = out_dir / "summary.md"
+    return GateConfig(
+        baseline=baseline,
+        with_version=not any_version,
+        update_baseline=update,
+        summary=summary,
+        settings=GateSettings(
+            confidence=number(
+                "profllm_gate_confidence",
+                "profllm_gate_confidence",
+                parse_confidence,
+                DEFAULT_CONFIDENCE,
+            ),
+            resamples=int(
+                number(
+                    "profllm_gate_resamples",
+                    "profllm_gate_resamples",
+                    parse_resamples,
+                    DEFAULT_RESAMPLES,
+                )
+            ),
+        ),
+    )

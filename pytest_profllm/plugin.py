@@ -14,22 +14,34 @@ from typing import Any
 import pytest
 
 from pytest_profllm import options
-from pytest_profllm.gates import options as gate_options
+from pytest_profllm.cluster.driver import ClusterSession, check_usage, planned_cases
+from pytest_profllm.engine.choice import EngineUnavailable, choose_engine
+from pytest_profllm.gates.config import GATE_CONFIG_KEY
+from pytest_profllm.gates.controller import GATE_CONTROLLER_KEY, GateController
+from pytest_profllm.gates.summary import junit_properties
+from pytest_profllm.gates.worker import baseline_of, judge_case, regression_message
+from pytest_profllm.hosts import nvml
 from pytest_profllm.plan.case import Case
-from pytest_profllm.session import collect, interrupt
-from pytest_profllm.session import worker as session
+from pytest_profllm.run.outcome import describe_missed
+from pytest_profllm.session import collect, identity, interrupt, worker
 from pytest_profllm.session import xdist_scheduling as scheduler
 from pytest_profllm.session.collect import CASE_FIXTURE, PROFLLM_MARKER, case_of
-from pytest_profllm.session.worker import IDENTITY_KEY, SETTINGS_KEY, WORKER_KEY, worker_session
+from pytest_profllm.session.controller import (
+    CONTROLLER_KEY,
+    ControllerReports,
+    ControllerSession,
+    check_writable,
+)
+from pytest_profllm.session.identity import IDENTITY_KEY, SETTINGS_KEY, RunIdentity
+from pytest_profllm.session.report import summary_lines
+from pytest_profllm.session.worker import OUTCOME_KEY, WORKER_KEY, worker_session
 
-_CONTROLLER = pytest.StashKey[session.ControllerSession]()
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 _RESTORE_SIGTERM = pytest.StashKey[Callable[[], None]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
-    gate_options.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,42 +53,36 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     settings = options.Settings.from_config(config)
     config.stash[SETTINGS_KEY] = settings
-    gate = gate_options.GateConfig.from_config(config, settings.out_dir)
-    config.stash[gate_options.GATE_CONFIG_KEY] = gate
+    gate = options.gate_config(config, settings.out_dir)
+    config.stash[GATE_CONFIG_KEY] = gate
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
-        identity = session.RunIdentity.from_workerinput(workerinput["profllm"])
+        run_identity = RunIdentity.from_workerinput(workerinput["profllm"])
     else:
-        from pytest_profllm.engine.choice import EngineUnavailable, choose_engine
-        from pytest_profllm.hosts.nvml import discover
-
         try:
-            engine = choose_engine(settings.engine, len(discover().gpus), settings.vllm_python)
+            gpu_count = len(nvml.discover().gpus)
+            engine = choose_engine(settings.engine, gpu_count, settings.vllm_python)
         except EngineUnavailable as error:
             raise pytest.UsageError(str(error)) from None
         try:
             # Checked here, once, so a wrong device list is a usage error, not a failure per case.
-            session.host_pool(settings, engine)
+            identity.host_pool(settings, engine)
         except ValueError as error:
             raise pytest.UsageError(str(error)) from None
         # A folder we cannot write would otherwise be found after the first case ran.
-        problem = session.check_writable(settings)
+        problem = check_writable(settings)
         if problem is not None:
             raise pytest.UsageError(problem)
         if settings.ray is not None:
-            from pytest_profllm.cluster.driver import check_usage
-
             check_usage(config)
-        identity = session.RunIdentity(session.new_session_id(), engine)
-        config.stash[_CONTROLLER] = session.ControllerSession(settings, identity)
+        run_identity = RunIdentity(identity.new_session_id(), engine)
+        config.stash[CONTROLLER_KEY] = ControllerSession(settings, run_identity)
         # Only here: on an xdist worker it would take records out before they are sent.
-        config.pluginmanager.register(_ReportHooks(config), "profllm-reports")
-        from pytest_profllm.gates.controller import GATE_CONTROLLER_KEY, GateController
-
+        config.pluginmanager.register(ControllerReports(config), "profllm-reports")
         gates = GateController(config, gate, settings.db_path, engine.name)
         config.stash[GATE_CONTROLLER_KEY] = gates
         config.pluginmanager.register(gates, "profllm-gates")
-    config.stash[IDENTITY_KEY] = identity
+    config.stash[IDENTITY_KEY] = run_identity
     restore = interrupt.install(
         lambda: _on_sigterm(config), lambda: config.pluginmanager.has_plugin("dsession")
     )
@@ -85,7 +91,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _on_sigterm(config: pytest.Config) -> None:
-    controller = config.stash.get(_CONTROLLER, None)
+    controller = config.stash.get(CONTROLLER_KEY, None)
     if controller is None:
         return
     controller.interrupted_by = interrupt.SIGNAL_NAME
@@ -139,7 +145,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             for item in items
             if (case := case_of(item)) is not None
         }
-        scheduler.write_scopes(Path(scope_dir), session.worker_name(), scopes)
+        scheduler.write_scopes(Path(scope_dir), identity.worker_name(), scopes)
         skipped = {item.nodeid for item in items if item.get_closest_marker("skip")}
         nodeids = [item.nodeid for item in items]
         config.stash[scheduler.RANKS_KEY] = scheduler.server_ranks(nodeids, scopes, skipped)
@@ -149,8 +155,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config
     if config.stash[SETTINGS_KEY].ray is None or config.option.collectonly:
         return
-    from pytest_profllm.cluster.driver import ClusterSession, planned_cases
-
     # This process's case runner hands the server groups to the Ray cluster, all at once.
     cluster = ClusterSession(
         config.stash[SETTINGS_KEY],
@@ -169,8 +173,6 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     where = f"; server groups on the Ray cluster {settings.ray}" if settings.ray else ""
     lines = [f"profllm: engine {engine.name} ({engine.reason}); {out}{where}"]
     if not hasattr(config, "workerinput"):
-        from pytest_profllm.gates.worker import baseline_of
-
         baseline = baseline_of(config)
         if baseline is not None:
             lines.append(f"profllm: regression gate against {baseline.describe()}")
@@ -196,7 +198,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     engine = metafunc.config.stash[IDENTITY_KEY].engine
     params = []
     for case in cases:
-        reason = session.skip_reason(case, settings, engine)
+        reason = worker.skip_reason(case, settings, engine)
         marks = [pytest.mark.skip(reason=reason)] if reason else []
         params.append(pytest.param(case, marks=marks, id=case.name.replace("::", "/")))
     metafunc.parametrize(CASE_FIXTURE, params)
@@ -233,7 +235,7 @@ def pytest_runtest_makereport(
     started = None
     if case is not None:
         record = worker_session(item.config).started_record(case, item.nodeid)
-        started = (session.STARTED_PROPERTY, record)
+        started = (worker.STARTED_PROPERTY, record)
         item.user_properties.append(started)
     try:
         report = yield
@@ -249,17 +251,13 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     # After the case ran (a suite item) or the test's own asserts passed (a marked test), the
     # matrix's thresholds decide. A failure in the call itself stands as it is.
     yield
-    outcome = item.stash.get(session.OUTCOME_KEY, None)
+    outcome = item.stash.get(OUTCOME_KEY, None)
     if outcome is not None and outcome.invalid_reason:
         pytest.fail(f"invalid measurement: {outcome.invalid_reason}", pytrace=False)
     problems = []
     if outcome is not None and outcome.missed:
-        from pytest_profllm.run.serve import describe_missed
-
         problems.append(describe_missed(outcome.missed))
     if outcome is not None and outcome.case.regression:
-        from pytest_profllm.gates.worker import judge_case, regression_message
-
         outcome.regression = judge_case(item.config, outcome)
         problems.append(regression_message(outcome.regression) or "")
     if any(problems):
@@ -268,31 +266,27 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    outcome = item.stash.get(session.OUTCOME_KEY, None)
+    outcome = item.stash.get(OUTCOME_KEY, None)
     if outcome is None:
         return
-    worker = item.config.stash.get(WORKER_KEY, None)
-    if worker is not None:
-        worker.after_case(case_of(nextitem))
-    status, message = session.status_of(item.stash.get(_REPORTS, {}), outcome)
+    case_runner = item.config.stash.get(WORKER_KEY, None)
+    if case_runner is not None:
+        case_runner.after_case(case_of(nextitem))
+    status, message = worker.status_of(item.stash.get(_REPORTS, {}), outcome)
     record = outcome.record(status, message)
-    item.user_properties.append((session.RECORD_PROPERTY, record))
-    from pytest_profllm.gates.summary import junit_properties
-
+    item.user_properties.append((worker.RECORD_PROPERTY, record))
     item.user_properties.extend(junit_properties(record))
-    item.user_properties.append((session.REQUESTS_PROPERTY, outcome.requests))
+    item.user_properties.append((worker.REQUESTS_PROPERTY, outcome.requests))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    worker = session.config.stash.get(WORKER_KEY, None)
-    if worker is not None:
-        worker.close()
-    controller = session.config.stash.get(_CONTROLLER, None)
+    case_runner = session.config.stash.get(WORKER_KEY, None)
+    if case_runner is not None:
+        case_runner.close()
+    controller = session.config.stash.get(CONTROLLER_KEY, None)
     if controller is not None:
         controller.finish(lambda line: _say(session.config, line))
         controller.forget_turns()
-        from pytest_profllm.gates.controller import GATE_CONTROLLER_KEY
-
         gates = session.config.stash.get(GATE_CONTROLLER_KEY, None)
         if gates is not None:
             gates.finish(records_loaded=controller.load_problem is None)
@@ -301,74 +295,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         shutil.rmtree(scope_dir, ignore_errors=True)
 
 
-class _ReportHooks:
-    """Hooks that see reports where they are processed: the controller, or the only process."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-        self.bad_suites = 0
-
-    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
-        if report.failed and report.nodeid.endswith((".yaml", ".yml")):
-            self.bad_suites += 1
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtestloop(self, session: pytest.Session) -> None:
-        # A bad suite file fails its own collection and the other suites still run, as they do
-        # under xdist. An error in a Python test module still stops the run, as pytest does.
-        if self.bad_suites and self.bad_suites == session.testsfailed:
-            session.config.option.continue_on_collection_errors = True
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        # Take the records out of the report, so they are written once (here) and not copied
-        # into JUnit XML by the plugins that read user_properties after us.
-        ours = (session.RECORD_PROPERTY, session.REQUESTS_PROPERTY, session.STARTED_PROPERTY)
-        properties = dict(report.user_properties)
-        if not any(name in properties for name in ours):
-            if report.when == "teardown":
-                self._controller().ended(report.nodeid)
-            return
-        report.user_properties = [
-            (name, value) for name, value in report.user_properties if name not in ours
-        ]
-        controller = self._controller()
-        started = properties.get(session.STARTED_PROPERTY)
-        if started is not None:
-            controller.started(report.nodeid, started)  # type: ignore[arg-type]
-        record = properties.get(session.RECORD_PROPERTY)
-        if report.when != "teardown":
-            return
-        controller.ended(report.nodeid)
-        if record is None:
-            return
-        requests = properties.get(session.REQUESTS_PROPERTY)
-        problem = controller.receive(record, requests)  # type: ignore[arg-type]
-        from pytest_profllm.gates.controller import GATE_CONTROLLER_KEY
-
-        self.config.stash[GATE_CONTROLLER_KEY].receive(record, requests)  # type: ignore[arg-type]
-        if problem is not None:
-            # The case fails, clearly; the session goes on with the next one.
-            report.outcome = "failed"
-            report.longrepr = f"{report.nodeid}: {problem}"
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
-        # xdist lost the worker running this case: it gets an `error` record with the reason.
-        controller = self._controller()
-        reason = str(report.longrepr)
-        if controller.interrupted_by:
-            reason = f"interrupted by {controller.interrupted_by} before the case finished"
-        controller.lost(crashitem, reason)
-
-    def _controller(self) -> session.ControllerSession:
-        return self.config.stash[_CONTROLLER]
-
-
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    from pytest_profllm.session.report import summary_lines
-
-    controller = config.stash.get(_CONTROLLER, None)
+    controller = config.stash.get(CONTROLLER_KEY, None)
     if controller is None or not controller.records:
         return
     terminalreporter.write_sep("=", "profllm benchmark results")

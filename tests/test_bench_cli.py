@@ -12,6 +12,7 @@ import pytest
 
 from pytest_profllm.cli.main import main
 from pytest_profllm.load import metrics
+from pytest_profllm.plan import metric_names
 from pytest_profllm.sim.model_files import MODEL_DIR
 
 # The keys `vllm bench serve --save-result` writes for these flags (0.33.0, without
@@ -51,7 +52,7 @@ def test_result_has_vllm_keys_and_per_request_records(sim_url: str, tmp_path: Pa
     assert result["total_output_tokens"] == 30
     assert result["request_goodput"] == pytest.approx(result["request_throughput"])
     assert result["verdict"] == "valid"
-    assert set(metrics.CLIENT_HEALTH_KEYS) <= set(result)
+    assert set(metric_names.CLIENT_HEALTH_KEYS) <= set(result)
     assert "ttfts" not in result  # only with --save-detailed, as vLLM
     with gzip.open(tmp_path / "out.requests.jsonl.gz", "rt") as handle:
         rows = [json.loads(line) for line in handle]

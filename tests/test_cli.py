@@ -41,6 +41,14 @@ def suite_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def in_the_suites_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `profllm plan` is run where its suites are, as a user would. From elsewhere pytest puts
+    # the rootdir at the common ancestor of that folder and the suites: from a clone under
+    # /tmp that is /tmp, and every case id would start with pytest-of-root/...
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
 def no_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     # The plan's environment comes from the default pool: 8 virtual GPUs where NVML finds none.
     from pytest_profllm.hosts import nvml

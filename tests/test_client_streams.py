@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from pytest_profllm.load.client import LoadResult, LoadSettings, arrival_offsets, run_load
+from pytest_profllm.load.bench import run_load
 from pytest_profllm.load.dataset import PromptRequest
+from pytest_profllm.load.schedule import LoadResult, LoadSettings, arrival_offsets
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Step = bytes | float  # bytes: one write; float: a pause in seconds

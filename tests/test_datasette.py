@@ -18,9 +18,11 @@ import pytest
 from datasette.app import Datasette
 
 from pytest_profllm.browse.queries import CANNED_QUERIES, CHARTS
-from pytest_profllm.load import metrics
+from pytest_profllm.plan import metric_names
+from pytest_profllm.results.landing import LANDING
 from pytest_profllm.results.record import BenchmarkRecord
-from pytest_profllm.results.store import LANDING, TABLE, load_records
+from pytest_profllm.results.store import load_records
+from pytest_profllm.results.table import TABLE
 
 CASE_A = "bench_smoke.yaml::qwen3-8b-seqs8::random"
 CASE_B = "bench_smoke.yaml::qwen3-8b-seqs16::random"
@@ -35,14 +37,14 @@ def make_record(
     *,
     throughput: float = 10.0,
     missed: tuple[str, ...] = (),
-    latency_metrics: tuple[str, ...] = metrics.LATENCY_METRICS,
+    latency_metrics: tuple[str, ...] = metric_names.LATENCY_METRICS,
     percentiles: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0),
     max_num_seqs: int = 8,
     request_rate: float | str = 4.0,
     p99_ttft: float = 1.0,
 ) -> dict[str, Any]:
     results: dict[str, float | int | None] = {
-        name: 1.0 for name in metrics.result_names(latency_metrics, percentiles)
+        name: 1.0 for name in metric_names.result_names(latency_metrics, percentiles)
     }
     results["request_throughput"] = throughput
     results["output_throughput"] = throughput * 10

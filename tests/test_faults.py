@@ -5,7 +5,6 @@ no server of ours left running and no lease left held."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -19,6 +18,7 @@ from typing import Any
 
 import filelock
 import pytest
+from helpers import records, run_suites
 
 from pytest_profllm.hosts.pool import PORT_BLOCK, Lease
 from pytest_profllm.load.metrics import RequestOutcome, served_problem
@@ -27,19 +27,7 @@ from pytest_profllm.server.process import PortTaken, ServerProcess
 SMALL = "benchmark:\n  num_prompts: 2\n  random_input_len: 8\n  random_output_len: [2, 3, 4]\n"
 
 
-def run(pytester: pytest.Pytester, ports: str, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        f"--profllm-ports={ports}",
-        "--profllm-out=results",
-        "--profllm-gpus=4",
-        "--profllm-max-schedule-lag=1000",
-        *args,
-        timeout=300,
-    )
-
-
-def records(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(path.read_text()) for path in sorted(out.glob("*.json"))]
+run = run_suites
 
 
 def assert_records_are_rows(out: Path, db: Path | None = None) -> list[dict[str, Any]]:
@@ -582,7 +570,7 @@ def test_a_locked_database_costs_the_load_not_the_session(
     pytester: pytest.Pytester, ports: str
 ) -> None:
     pytester.makeconftest(
-        "import pytest_profllm.session.worker as session\nsession.DB_LOCK_WAIT_S = 2\n"
+        "import pytest_profllm.session.controller as controller\ncontroller.DB_LOCK_WAIT_S = 2\n"
     )
     pytester.makefile(".yaml", bench_locked="server:\n  model: sim-locked\n" + SMALL)
     out = pytester.path / "results"

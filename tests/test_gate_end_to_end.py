@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import run_suites
 
 # Prefill-heavy (the simulator's step times, which PROFLLM_SIM_SLOWDOWN multiplies, outweigh its
 # own CPU overhead on a busy host), prefix caching off (every repeat sends the same prompts).
@@ -38,15 +39,7 @@ CASE = "bench_gate.yaml::sim-8b::random"
 
 
 def run(pytester: pytest.Pytester, ports: str, out: str, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        f"--profllm-ports={ports}",
-        f"--profllm-out={out}",
-        "--profllm-max-schedule-lag=1000",
-        "-p",
-        "no:cacheprovider",
-        *args,
-        timeout=300,
-    )
+    return run_suites(pytester, ports, "-p", "no:cacheprovider", *args, out=out, gpus=None)
 
 
 def last_record(pytester: pytest.Pytester, out: str) -> dict[str, Any]:

@@ -19,11 +19,11 @@ from pytest_profllm.gates import tables
 from pytest_profllm.gates.baseline import Baseline
 from pytest_profllm.gates.fingerprint import digests
 from pytest_profllm.gates.history import Point, change_points
-from pytest_profllm.gates.options import parse_confidence, parse_resamples
 from pytest_profllm.gates.samples import RunSamples
-from pytest_profllm.gates.spec import gated_metric, parse_regression, parse_tolerance
 from pytest_profllm.gates.summary import markdown
 from pytest_profllm.gates.verdict import GateSettings, describe, judge
+from pytest_profllm.options import parse_confidence, parse_resamples
+from pytest_profllm.plan.regression import gated_metric, parse_regression, parse_tolerance
 from pytest_profllm.plan.suite import SuiteError, validate_suite
 from pytest_profllm.results.record import write_record, write_requests
 

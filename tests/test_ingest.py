@@ -22,7 +22,8 @@ from pytest_profllm.results import ingest as ingest_module
 from pytest_profllm.results import store
 from pytest_profllm.results.ingest import BENCH_SUITE, ingest, record_files
 from pytest_profllm.results.record import write_record, write_requests
-from pytest_profllm.results.store import TABLE, load_records
+from pytest_profllm.results.store import load_records
+from pytest_profllm.results.table import TABLE
 
 
 def run_ingest(
@@ -296,6 +297,7 @@ def test_bench_save_result_files_are_records_of_their_own_suite(
 _SLOW_WRITER = """
 import json, os, sys, time
 from pathlib import Path
+from pytest_profllm.hosts import files
 from pytest_profllm.results import record
 real_fdopen = os.fdopen
 class Slow:
@@ -306,7 +308,7 @@ class Slow:
         for start in range(0, len(data), 4096):
             self.handle.write(data[start:start + 4096]); self.handle.flush()
             print("writing", flush=True); time.sleep(0.05)
-record.os.fdopen = lambda fd, mode: Slow(real_fdopen(fd, mode))
+files.os.fdopen = lambda fd, mode: Slow(real_fdopen(fd, mode))
 data = json.loads(sys.stdin.read())
 record.write_record(Path(sys.argv[1]), data)
 print("done", flush=True)

@@ -12,13 +12,9 @@ from collections.abc import Sequence
 import pytest
 
 from pytest_profllm.load import metrics
-from pytest_profllm.load.metrics import (
-    LATENCY_METRICS,
-    RequestOutcome,
-    compute,
-    percentile_key,
-    result_names,
-)
+from pytest_profllm.load.metrics import RequestOutcome, compute
+from pytest_profllm.plan import metric_names
+from pytest_profllm.plan.metric_names import LATENCY_METRICS, percentile_key, result_names
 
 DURATION = 2.0
 
@@ -301,7 +297,7 @@ def test_client_health_lag_statistics_and_rates() -> None:
     assert health["target_request_rate"] == pytest.approx(10.0)  # 5 requests by 0.5 s
     assert health["achieved_request_rate"] == pytest.approx(5 / 0.514)
     assert health["client_cpu_percent"] == pytest.approx(25.0)
-    assert set(health) == set(metrics.CLIENT_HEALTH_KEYS)
+    assert set(health) == set(metric_names.CLIENT_HEALTH_KEYS)
 
 
 def test_a_request_early_has_no_negative_lag() -> None:

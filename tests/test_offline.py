@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import VLLM_PYTHON
+from helpers import vllm_parse as parse_in_vllm
 
+from pytest_profllm.cli.plan_preview import plan_document, plan_lines
 from pytest_profllm.offline.commands import bench_args, engine_args, offline_command
 from pytest_profllm.offline.results import OfflineResultError, read_results
-from pytest_profllm.plan.case import expand, plan_document, plan_lines
+from pytest_profllm.plan.case import expand
 from pytest_profllm.plan.suite import (
     LatencyConfig,
     SuiteError,
@@ -25,7 +28,6 @@ from pytest_profllm.plan.suite import (
 )
 
 DATA = Path(__file__).parent / "data" / "offline"
-VLLM_PYTHON = os.environ.get("PROFLLM_VLLM_PYTHON", "")
 
 
 def cases_of(text: str, tmp_path: Path) -> list[Any]:
@@ -396,19 +398,7 @@ def test_rendered_commands_are_accepted_by_vllms_own_parsers(tmp_path: Path) -> 
         [bench.kind, engine_args(server) + bench_args(bench) + ["--output-json", "o.json"]]
         for bench in workloads
     ]
-    done = subprocess.run(
-        [VLLM_PYTHON, "-c", _PARSE],
-        input=json.dumps(argvs),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    parsed: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
-    for argv, namespace in zip(argvs, parsed, strict=True):
-        assert "error" not in namespace, f"vLLM refused {argv}: {namespace}"
+    parsed = parse_in_vllm(_PARSE, argvs)
     random, sharegpt, prefix, latency = parsed
     for namespace in parsed:
         assert namespace["model"] == "Qwen/Qwen3-8B"

@@ -24,8 +24,8 @@ from pytest_profllm.plan.case import expand
 from pytest_profllm.plan.suite import validate_suite
 from pytest_profllm.results.record import normalize
 from pytest_profllm.results.store import load_records
-from pytest_profllm.run.serve import CaseOutcome
-from pytest_profllm.server.process import WorkerServers
+from pytest_profllm.run.outcome import CaseOutcome
+from pytest_profllm.server.workers import WorkerServers
 
 pytestmark = [
     pytest.mark.real_vllm,

@@ -17,10 +17,11 @@ from typing import Any
 
 import psutil
 import pytest
+from helpers import records as records_in
 from ray_cluster import LocalCluster, local_cluster
 
 from conftest import sim_processes
-from pytest_profllm.results.store import record_row
+from pytest_profllm.results.rows import record_row
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="no Ray: pip install -e '.[test,ray]'")
@@ -66,8 +67,7 @@ def common_args(ports: str) -> list[str]:
 
 
 def records(pytester: pytest.Pytester) -> list[dict[str, Any]]:
-    files = sorted((pytester.path / "results").glob("*.json"))
-    return [json.loads(path.read_text()) for path in files]
+    return records_in(pytester.path / "results")
 
 
 def running_groups() -> list[psutil.Process]:

@@ -14,8 +14,9 @@ from pytest_profllm.engine.choice import EngineChoice
 from pytest_profllm.hosts import nvml
 from pytest_profllm.hosts.pool import SessionTurns
 from pytest_profllm.options import Settings
+from pytest_profllm.session.controller import ControllerSession
+from pytest_profllm.session.identity import RunIdentity
 from pytest_profllm.session.report import summary_lines
-from pytest_profllm.session.worker import ControllerSession, RunIdentity
 from pytest_profllm.session.xdist_scheduling import (
     Scope,
     group_by_server,
@@ -191,8 +192,6 @@ def test_a_foreign_process_that_stays_fails_after_the_timeout(
 
 def test_no_nvml_means_no_processes() -> None:
     assert nvml.compute_processes([]) == []
-
-
 
 
 def test_server_ranks_follow_the_work_order_and_skip_unleased_servers() -> None:

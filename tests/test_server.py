@@ -20,18 +20,13 @@ import pytest
 import requests
 from fake_nvml import FakeGpu, FakeNvml
 
-from pytest_profllm.engine.choice import serve_command
+from pytest_profllm.engine.command import serve_command
 from pytest_profllm.hosts.pool import HostPool, LeaseTimeout, make_pool
 from pytest_profllm.plan.case import Case, expand
 from pytest_profllm.plan.suite import validate_suite
-from pytest_profllm.server.process import (
-    HOST,
-    ServerProcess,
-    ServerStartError,
-    ServerStopWarning,
-    WorkerServers,
-    server_env,
-)
+from pytest_profllm.server.launch import HOST, server_env
+from pytest_profllm.server.process import ServerProcess, ServerStartError, ServerStopWarning
+from pytest_profllm.server.workers import WorkerServers
 
 MODEL = "Qwen/Qwen3-8B"
 # This file's ports: 24500 and up, one block per xdist worker, so that servers started by
@@ -473,7 +468,8 @@ def test_a_server_dying_mid_case_errors_the_case_at_once(workers: WorkerServers)
     import threading
 
     from pytest_profllm.engine.choice import EngineChoice
-    from pytest_profllm.run.serve import CaseOutcome, run_case
+    from pytest_profllm.run.outcome import CaseOutcome
+    from pytest_profllm.run.serve import run_case
     from pytest_profllm.server.process import ServerLost
 
     suite = validate_suite(

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm.load import metrics
+from pytest_profllm.plan import metric_names
 from pytest_profllm.plan.suite import BenchmarkConfig
 from pytest_profllm.results.ingest import read_record
+from pytest_profllm.results.landing import LANDING
 from pytest_profllm.results.record import (
     BenchmarkRecord,
     json_schema,
@@ -25,16 +26,10 @@ from pytest_profllm.results.record import (
     write_record,
     write_requests,
 )
-from pytest_profllm.results.store import (
-    LANDING,
-    TABLE,
-    Load,
-    LoadReport,
-    RowBuilder,
-    load_records,
-    record_row,
-    stage,
-)
+from pytest_profllm.results.rows import RowBuilder, record_row
+from pytest_profllm.results.staging import stage
+from pytest_profllm.results.store import Load, LoadReport, load_records
+from pytest_profllm.results.table import TABLE
 
 MODEL = "Qwen/Qwen3-8B"
 
@@ -50,7 +45,7 @@ def make_record(
     """A record as the runner builds it: validated by the model, dumped as JSON data."""
     results: dict[str, float | int | None] = {
         name: float(index) + 0.5
-        for index, name in enumerate(metrics.result_names(metrics.LATENCY_METRICS,
+        for index, name in enumerate(metric_names.result_names(metric_names.LATENCY_METRICS,
                                                           [50, 90, 95, 99]))
     }
     results.update(completed=10, failed=0, duration=3.25, request_goodput=None)
@@ -392,7 +387,7 @@ def test_write_record_failing_midway_keeps_the_old_file(
     def broken_replace(source: str, target: Path) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("pytest_profllm.results.record.os.replace", broken_replace)
+    monkeypatch.setattr("pytest_profllm.hosts.files.os.replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
         write_record(tmp_path, {**record, "status": "failed"})
     assert path.read_bytes() == before

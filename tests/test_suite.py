@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import cases_of, write_suite
 
 from pytest_profllm.plan.case import Case, expand, gpus_needed, server_key
 from pytest_profllm.plan.suite import BenchmarkConfig, SuiteError, load_suite_file
@@ -26,15 +26,7 @@ thresholds:
 """
 
 
-def write(tmp_path: Path, text: str, name: str = "bench_x.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def cases_of(path: Path) -> list[Case]:
-    suite, lines = load_suite_file(path)
-    return expand(suite, str(path), lines)
+write = write_suite
 
 
 def suite_error(path: Path) -> str:

@@ -4,25 +4,16 @@ once, numbers in quotes, dotted keys and the types inside config arguments."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import cases_of, write_suite
 
-from pytest_profllm.engine.choice import serve_command
-from pytest_profllm.plan.case import Case, expand
-from pytest_profllm.plan.suite import SuiteError, load_suite_file
+from pytest_profllm.engine.command import serve_command
+from pytest_profllm.plan.case import Case
+from pytest_profllm.plan.suite import SuiteError
 
-
-def write(tmp_path: Path, text: str, name: str = "bench_x.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def cases_of(path: Path) -> list[Case]:
-    suite, lines = load_suite_file(path)
-    return expand(suite, str(path), lines)
+write = write_suite
 
 
 def errors_of(path: Path) -> list[str]:

@@ -13,16 +13,14 @@ from typing import Any, ClassVar
 import pytest
 from fake_nvml import FakeGpu, FakeNvml
 
+from pytest_profllm.hosts.nvml import GpuReading, NvmlGpus, wait_gpu_memory_released
 from pytest_profllm.run.telemetry import (
-    GpuReading,
-    NvmlGpus,
     ProcessReading,
     Sample,
     Sampler,
     scrape_metrics,
     server_metric_deltas,
     summarize,
-    wait_gpu_memory_released,
 )
 
 MIB = 2**20

@@ -14,15 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import VLLM_PYTHON
+from helpers import vllm_parse as parse_in_vllm
 
-from pytest_profllm.engine.choice import serve_command, serve_env
+from pytest_profllm.engine.command import serve_command, serve_env
 from pytest_profllm.engine.registry import Option, Registry, bundled, human_int
 from pytest_profllm.plan.case import expand
 from pytest_profllm.plan.suite import load_suite_file
 
 ROOT = Path(__file__).parent.parent
 SUITE = ROOT / "benchmarks" / "bench_engine_args.yaml"
-VLLM_PYTHON = os.environ.get("PROFLLM_VLLM_PYTHON", "")
 # Parses each argv given on stdin (a JSON list of lists) and prints each namespace as JSON.
 _PARSE = """
 import argparse, dataclasses, enum, json, sys
@@ -64,20 +65,7 @@ pytestmark = pytest.mark.skipif(
 
 def vllm_parse(argvs: list[list[str]]) -> list[dict[str, Any]]:
     """vLLM's parse of each argv (the part after `vllm serve`), in one vLLM import."""
-    done = subprocess.run(
-        [VLLM_PYTHON, "-c", _PARSE],
-        input=json.dumps(argvs),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    parsed: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
-    for argv, namespace in zip(argvs, parsed, strict=True):
-        assert "error" not in namespace, f"vLLM refused {argv}: {namespace}"
-    return parsed
+    return parse_in_vllm(_PARSE, argvs)
 
 
 def args_after_serve(server: dict[str, Any]) -> list[str]:
@@ -222,17 +210,7 @@ def test_config_type_checks_agree_with_vllms_parser() -> None:
             ours.append("accepted")
         except ValueError:
             ours.append("refused")
-    done = subprocess.run(
-        [VLLM_PYTHON, "-c", _PARSE],
-        input=json.dumps(argvs),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results = parse_in_vllm(_PARSE, argvs, refusals=True)
     theirs = ["refused" if "error" in result else "accepted" for result in results]
     assert list(zip(CONFIG_VALUES, ours, strict=True)) == list(
         zip(CONFIG_VALUES, theirs, strict=True)

@@ -34,7 +34,8 @@ def main() -> int:
         root = Path(tmp)
         record = json.loads(args.record.read_text()) if args.record else one_record(root)
         records = [{**record, "run_id": f"{record['run_id']}-{i}"} for i in range(args.rows)]
-        from pytest_profllm.results.store import TABLE, load_records
+        from pytest_profllm.results.store import load_records
+        from pytest_profllm.results.table import TABLE
 
         db = root / "results.db"
         started = time.perf_counter()

@@ -28,7 +28,10 @@ from contextlib import contextmanager
 import requests
 
 from pytest_profllm.gates.samples import RunSamples, latencies_from_requests
-from pytest_profllm.gates.spec import (
+from pytest_profllm.gates.verdict import GateSettings, judge
+from pytest_profllm.load.bench import load_settings, measure, run_load
+from pytest_profllm.load.dataset import TokenizerCodec, make_prompts
+from pytest_profllm.plan.regression import (
     DEFAULT_CONFIDENCE,
     DEFAULT_LATENCY_TOLERANCE,
     DEFAULT_RESAMPLES,
@@ -36,12 +39,8 @@ from pytest_profllm.gates.spec import (
     gated_metric,
     parse_regression,
 )
-from pytest_profllm.gates.verdict import GateSettings, judge
-from pytest_profllm.load.bench import load_settings, measure
-from pytest_profllm.load.client import run_load
-from pytest_profllm.load.dataset import TokenizerCodec, make_prompts
 from pytest_profllm.plan.suite import BenchmarkConfig
-from pytest_profllm.run.serve import request_row
+from pytest_profllm.run.outcome import request_row
 from pytest_profllm.sim.model_files import MODEL_DIR
 
 # Gated as a suite would (default tolerances); a seed counts once whichever metric flags it.

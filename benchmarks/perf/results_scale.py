@@ -109,9 +109,9 @@ def generate(folder: Path, count: int) -> None:
     import orjson
 
     from pytest_profllm.engine.registry import bundled
-    from pytest_profllm.load import metrics
+    from pytest_profllm.plan.metric_names import LATENCY_METRICS, result_names
     from pytest_profllm.plan.suite import BenchmarkConfig
-    from pytest_profllm.results.store import STANDARD_METRICS
+    from pytest_profllm.results.table import STANDARD_METRICS
 
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -147,7 +147,7 @@ def generate(folder: Path, count: int) -> None:
             total_token_throughput=throughput * 1280, request_goodput=throughput,
             duration=200 / max(throughput, 0.1),
         )
-        for key in metrics.result_names(metrics.LATENCY_METRICS, (50.0, 90.0, 95.0, 99.0)):
+        for key in result_names(LATENCY_METRICS, (50.0, 90.0, 95.0, 99.0)):
             results.setdefault(key, round(random.uniform(5, 500), 3))
         gpus = [device] * tp
         status = "passed" if random.random() > 0.05 else random.choice(("failed", "error"))

@@ -5,7 +5,7 @@
 
 Rows are those of shared/data/published-vllm-benchmarks.md (`pytest_profllm/sim/calibration.py`
 holds them), replayed on the virtual clock. The fit searches the overheads of
-`sim/devices.py:Overheads` (coordinate descent on the median absolute error of output
+`sim/hardware.py:Overheads` (coordinate descent on the median absolute error of output
 throughput and median TPOT together) and prints them; the chosen values live in the device
 profiles' `[overheads]` tables and in `Overheads`' defaults.
 """

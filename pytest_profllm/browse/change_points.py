@@ -11,6 +11,7 @@ from typing import Any
 from datasette import hookimpl
 
 from pytest_profllm.gates import tables
+from pytest_profllm.gates.history import Point, change_points, session_means
 
 _QUERY = f"""
 select case_id, fingerprint, count(distinct session_id) as sessions,
@@ -31,8 +32,6 @@ class ChangePointsAggregate:
             self.points.append((str(key), float(value)))
 
     def finalize(self) -> str:
-        from pytest_profllm.gates.history import Point, change_points, session_means
-
         means = session_means(Point(key, value) for key, value in self.points)
         return json.dumps(
             [

@@ -20,12 +20,8 @@ from urllib.parse import quote
 from datasette import hookimpl
 
 from pytest_profllm.browse.queries import CANNED_QUERIES, CHARTS
-from pytest_profllm.results.store import (
-    LANDING,
-    TABLE,
-    landing_axes,
-    swept_axes,
-)
+from pytest_profllm.results.landing import LANDING, landing_axes, swept_axes
+from pytest_profllm.results.table import TABLE
 
 # Datasette lists column descriptions above the table: only the columns whose meaning is not
 # plain from their name get one; the latency metrics are explained once in the description.
@@ -203,16 +199,12 @@ def asgi_wrapper(datasette: Any) -> Any:
             if scope.get("type") == "http":
                 path = scope.get("path", "")
                 if path == "/" and (landing := await _landing_path(datasette)) is not None:
-                    await send({"type": "http.response.start", "status": 302,
-                                "headers": [(b"location", landing.encode())]})
-                    await send({"type": "http.response.body", "body": b""})
+                    await _redirect(send, landing)
                     return
                 full_row = _landing_row(path)
                 if full_row is not None:
                     # A run id on the landing table opens its row with every column.
-                    await send({"type": "http.response.start", "status": 302,
-                                "headers": [(b"location", full_row.encode())]})
-                    await send({"type": "http.response.body", "body": b""})
+                    await _redirect(send, full_row)
                     return
                 target = _our_table(path)
                 if target is not None:
@@ -235,6 +227,13 @@ def asgi_wrapper(datasette: Any) -> Any:
         return ours
 
     return wrap
+
+
+async def _redirect(send: Any, location: str) -> None:
+    """Answers the request with a 302 to `location`."""
+    await send({"type": "http.response.start", "status": 302,
+                "headers": [(b"location", location.encode())]})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _landing_path(datasette: Any) -> str | None:

@@ -4,7 +4,7 @@ Charts run over queries that aggregate to one point per configuration and load: 
 history are combined with a median (`median()`, which the plugin registers on every
 connection), or shown as separate points over time, never summed. Points come from measured
 cases only (`passed`, `failed`): an `error` has no measurement, an `invalid` one measures the
-client. The aggregating queries read the columns of one covering index (`store.SUMMARY_COLUMNS`),
+client. The aggregating queries read the columns of one covering index (`table.SUMMARY_COLUMNS`),
 never the 400-column rows, so they answer in milliseconds at 100,000 runs.
 """
 
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from pytest_profllm.results.store import TABLE
+from pytest_profllm.results.landing import HEADLINE_METRICS
+from pytest_profllm.results.table import TABLE
 
 # The unary + keeps SQLite off the status index (it would then read each 7 KB row): these
 # queries read the covering index alone.
@@ -25,7 +26,7 @@ SERIES = (
     "coalesce(bench_random_input_len, '-') || ' / out ' || coalesce(bench_random_output_len, '-')"
     " || ']'"
 )
-# The covering index's column order (store.SUMMARY_COLUMNS): grouping needs no sort.
+# The covering index's column order (table.SUMMARY_COLUMNS): grouping needs no sort.
 SERIES_KEY = "configuration, engine, device, bench_random_input_len, bench_random_output_len"
 LATEST_SESSION = f"(SELECT session_id FROM {TABLE} ORDER BY timestamp DESC LIMIT 1)"
 
@@ -143,18 +144,19 @@ CHARTS = (
     ),
 )
 
-_HEADLINE = (
-    ("output_throughput", "output_tok_per_s", 2),
-    ("request_throughput", "req_per_s", 3),
-    ("median_ttft_ms", "median_ttft_ms", 2),
-    ("p99_ttft_ms", "p99_ttft_ms", 2),
-    ("median_tpot_ms", "median_tpot_ms", 3),
-    ("p99_tpot_ms", "p99_tpot_ms", 3),
+# The headline metrics the comparisons take medians of (results/landing.py's, with their
+# rounding here): output throughput first, the others in the landing table's order.
+_HEADLINE = sorted(
+    (metric for metric in HEADLINE_METRICS if metric.compared_digits is not None),
+    key=lambda metric: metric.column != "output_throughput",
 )
+# Side by side in the session comparison.
+_SIDE_BY_SIDE = [metric for metric in _HEADLINE
+                 if metric.column in ("output_throughput", "p99_ttft_ms", "p99_tpot_ms")]
 
 
 def _per_session(alias: str, param: str, default: str) -> str:
-    figures = ", ".join(f"median({column}) AS {name}" for column, name, _ in _HEADLINE)
+    figures = ", ".join(f"median({metric.column}) AS {metric.name}" for metric in _HEADLINE)
     return (
         f"{alias} AS (SELECT configuration, workload, engine, device, {figures}, "
         f"count(*) AS runs FROM {TABLE} WHERE session_id = coalesce(nullif(:{param}, ''), "
@@ -175,8 +177,9 @@ _COMPARE_SESSIONS = (
     "SELECT configuration, workload, engine, device FROM b) "
     "SELECT cases.configuration, cases.workload, cases.engine, cases.device, "
     + ", ".join(
-        f"round(a.{name}, {digits}) AS a_{name}, round(b.{name}, {digits}) AS b_{name}"
-        for _, name, digits in _HEADLINE[:1] + _HEADLINE[3:4] + _HEADLINE[5:6]
+        f"round(a.{metric.name}, {metric.compared_digits}) AS a_{metric.name}, "
+        f"round(b.{metric.name}, {metric.compared_digits}) AS b_{metric.name}"
+        for metric in _SIDE_BY_SIDE
     )
     + ", round(b.output_tok_per_s / a.output_tok_per_s, 3) AS b_over_a_throughput, "
     "a.runs AS a_runs, b.runs AS b_runs FROM cases "
@@ -188,7 +191,7 @@ _COMPARE_RUNS = " UNION ALL ".join(
     f"SELECT '{column}' AS metric, (SELECT {column} FROM {TABLE} WHERE run_id = :run_a) AS a, "
     f"(SELECT {column} FROM {TABLE} WHERE run_id = :run_b) AS b"
     for column in ("status", "case_id", "timestamp", "engine", "device", "server_model",
-                   *(column for column, _, _ in _HEADLINE), "median_itl_ms", "p99_e2el_ms",
+                   *(metric.column for metric in _HEADLINE), "median_itl_ms", "p99_e2el_ms",
                    "completed", "failed", "failed_verdicts")
 )
 _BEST_UNDER_BOUND = (

@@ -4,13 +4,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_profllm.engine.choice import ENGINE_CHOICES
+from pydantic import ValidationError
+
+from pytest_profllm.cli.plan_preview import plan_document, plan_lines
+from pytest_profllm.engine.choice import ENGINE_CHOICES, EngineUnavailable, choose_engine
+from pytest_profllm.engine.registry import DATA_FILE, Registry, RegistryError, bundled, generate
+from pytest_profllm.gates import history
+from pytest_profllm.hosts.files import write_atomic
+from pytest_profllm.hosts.nvml import discover
+from pytest_profllm.load.bench import (
+    BenchFailed,
+    ServerUnreachable,
+    result_path,
+    run_bench,
+    summary_lines,
+)
+from pytest_profllm.load.dataset import DatasetError
 from pytest_profllm.options import DEFAULT_SUITE_GLOB
+from pytest_profllm.plan.regression import parse_tolerance
+from pytest_profllm.plan.suite import BenchmarkConfig
+from pytest_profllm.results import store
+from pytest_profllm.results.ingest import IngestError, ingest, record_files
+from pytest_profllm.results.record import json_schema, write_requests
+from pytest_profllm.run.outcome import request_row
+from pytest_profllm.session.collect import CollectionFailed, collect_cases
+from pytest_profllm.sim.cli import main as sim_main
 
 
 class CliError(Exception):
@@ -236,7 +260,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["sim"]:
         # Everything after `sim` is the simulator's (its own -h/--help included): argparse's
         # REMAINDER would refuse an option first.
-        from pytest_profllm.sim.__main__ import main as sim_main
 
         return sim_main(argv[1:])
     parser = build_parser()
@@ -251,9 +274,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from pytest_profllm.plan.case import plan_document, plan_lines
-    from pytest_profllm.session.collect import CollectionFailed, collect_cases
-
     for path in args.paths:
         if not path.exists():
             raise CliError(f"{path}: no such file or folder")
@@ -292,9 +312,6 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _can_run_vllm() -> bool:
-    from pytest_profllm.engine.choice import EngineUnavailable, choose_engine
-    from pytest_profllm.hosts.nvml import discover
-
     try:
         choose_engine("vllm", len(discover().gpus))
     except EngineUnavailable:
@@ -303,10 +320,8 @@ def _can_run_vllm() -> bool:
 
 
 def _ingest(args: argparse.Namespace) -> int:
+    # Deferred: tqdm only for ingest's progress bar.
     from tqdm import tqdm
-
-    from pytest_profllm.results.ingest import IngestError, ingest, record_files
-    from pytest_profllm.results.store import BUSY_TIMEOUT_MS
 
     missing = [str(path) for path in args.paths if not path.exists()]
     if missing:
@@ -324,7 +339,7 @@ def _ingest(args: argparse.Namespace) -> int:
         except IngestError as error:
             raise CliError(f"{error}: nothing loaded") from None
         except (sqlite3.Error, OSError) as error:
-            what = (f"still locked by another process after {BUSY_TIMEOUT_MS / 1000:g} s"
+            what = (f"still locked by another process after {store.BUSY_TIMEOUT_MS / 1000:g} s"
                     if "locked" in str(error)
                     else getattr(error, "strerror", None) or str(error))
             raise CliError(f"{args.db}: {what}: nothing loaded") from None
@@ -335,9 +350,6 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
-    from pytest_profllm.gates import history
-    from pytest_profllm.gates.spec import parse_tolerance
-
     if not args.db.is_file():
         raise CliError(f"{args.db}: no such database")
     try:
@@ -366,17 +378,11 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from pytest_profllm.results.record import json_schema
-
     print(json.dumps(json_schema(), indent=2))
     return 0
 
 
 def _engine_args(args: argparse.Namespace) -> int:
-    import os
-
-    from pytest_profllm.engine.registry import DATA_FILE, Registry, RegistryError, bundled, generate
-
     try:
         if args.python is None:
             if args.output is not None:
@@ -389,8 +395,6 @@ def _engine_args(args: argparse.Namespace) -> int:
             registry = Registry.from_json(data, "live")
             where = str(args.output or DATA_FILE)
             if not args.list:
-                from pytest_profllm.results.record import write_atomic
-
                 write_atomic(Path(where), (json.dumps(data, indent=1) + "\n").encode())
     except RegistryError as error:
         raise CliError(str(error)) from None
@@ -406,22 +410,6 @@ def _engine_args(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import os
-
-    from pydantic import ValidationError
-
-    from pytest_profllm.load.bench import (
-        BenchFailed,
-        ServerUnreachable,
-        result_path,
-        run_bench,
-        summary_lines,
-    )
-    from pytest_profllm.load.dataset import DatasetError
-    from pytest_profllm.plan.suite import BenchmarkConfig
-    from pytest_profllm.results.record import write_atomic, write_requests
-    from pytest_profllm.run.serve import request_row
-
     values = {
         key: value
         for key, value in vars(args).items()

@@ -25,20 +25,17 @@ from typing import Any
 
 import pytest
 
+from pytest_profllm.cluster.node import run_group
 from pytest_profllm.cluster.wire import CaseResult, NodeError, NodeInfo, NodeLost
 from pytest_profllm.engine.choice import EngineChoice
-from pytest_profllm.hosts.devices import device_kind, real_gpus
+from pytest_profllm.hosts.devices import real_gpus
 from pytest_profllm.options import Settings
 from pytest_profllm.plan.case import Case
 from pytest_profllm.results.record import Status, Verdict
-from pytest_profllm.run.serve import CaseOutcome
-from pytest_profllm.session.worker import (
-    CASE_ERRORS,
-    OUTCOME_KEY,
-    RunIdentity,
-    WorkerSession,
-    host_pool,
-)
+from pytest_profllm.run.outcome import CaseOutcome
+from pytest_profllm.session.collect import case_of
+from pytest_profllm.session.identity import RunIdentity, host_pool
+from pytest_profllm.session.worker import CASE_ERRORS, OUTCOME_KEY, WorkerSession
 
 INSTALL_HINT = "pip install 'pytest-profllm[ray]'"
 # `local` starts a cluster of this host alone; records are small, so is its object store.
@@ -68,7 +65,6 @@ def check_usage(config: pytest.Config) -> None:
 
 def planned_cases(items: list[pytest.Item]) -> list[tuple[str, Case]]:
     """The cases this run will ask for, in the items' order (node id, case)."""
-    from pytest_profllm.session.collect import case_of
 
     planned = []
     for item in items:
@@ -196,9 +192,8 @@ class Dispatch:
         self.settings = settings
         self.identity = identity
         self._connect()
+        # Deferred: Ray is the optional extra pytest-profllm[ray].
         import ray
-
-        from pytest_profllm.cluster.node import run_group
 
         # max_retries=0: Ray would run a failed group again from its first case; a lost node's
         # unfinished cases are ours to fail or retry.
@@ -211,6 +206,7 @@ class Dispatch:
         self._last_feasible_check = 0.0
 
     def _connect(self) -> None:
+        # Deferred: Ray is the optional extra pytest-profllm[ray].
         import ray
 
         address = self.settings.ray
@@ -267,6 +263,7 @@ class Dispatch:
     # -- taking results off the cluster (the fetch thread) -------------------------------------
 
     def _fetch(self) -> None:
+        # Deferred: Ray is the optional extra pytest-profllm[ray].
         import ray
 
         while True:
@@ -282,6 +279,7 @@ class Dispatch:
                 self._fail_infeasible()
 
     def _take_next(self, stream: Any) -> None:
+        # Deferred: Ray is the optional extra pytest-profllm[ray].
         import ray
 
         group = self._streams[stream]
@@ -339,6 +337,7 @@ class Dispatch:
     def _fail_infeasible(self) -> None:
         """A group still waiting for a node that no live node can hold any more would wait for
         ever: it fails now."""
+        # Deferred: Ray is the optional extra pytest-profllm[ray].
         import ray
 
         with self._changed:
@@ -391,6 +390,7 @@ class Dispatch:
 
     def close(self) -> None:
         """Cancel what still runs (its node stops its server), then leave the cluster."""
+        # Deferred: Ray is the optional extra pytest-profllm[ray].
         import ray
 
         with self._changed:
@@ -404,6 +404,7 @@ class Dispatch:
 
 
 def largest_node_gpus() -> int:
+    # Deferred: Ray is the optional extra pytest-profllm[ray].
     import ray
 
     return max(
@@ -420,7 +421,7 @@ def _local_gpus(settings: Settings, engine: EngineChoice) -> int | None:
     """A local cluster has this host's GPUs for vLLM (Ray finds real ones itself); for the
     simulated engine, or where there is none, as many logical GPUs as the pool has virtual
     ones."""
-    if real_gpus(device_kind(engine)):
+    if real_gpus(engine.device_kind):
         return None
     return len(host_pool(settings, engine).gpu_ids)
 

@@ -21,12 +21,13 @@ from pathlib import Path
 import pytest
 
 from pytest_profllm.cluster.wire import CaseResult, NodeInfo
-from pytest_profllm.hosts.devices import DeviceKind, device_kind, real_gpus
+from pytest_profllm.hosts.devices import DeviceKind, real_gpus
 from pytest_profllm.hosts.pool import VIRTUAL_PREFIX, HostPool, default_pool_dir
 from pytest_profllm.options import Settings
 from pytest_profllm.plan.case import Case
-from pytest_profllm.run.serve import CaseOutcome
-from pytest_profllm.session.worker import CASE_ERRORS, OUTCOME_KEY, RunIdentity, WorkerSession
+from pytest_profllm.run.outcome import CaseOutcome
+from pytest_profllm.session.identity import RunIdentity
+from pytest_profllm.session.worker import CASE_ERRORS, OUTCOME_KEY, WorkerSession
 
 
 @dataclass
@@ -38,7 +39,7 @@ class NodeSession(WorkerSession):
     @functools.cached_property
     def pool(self) -> HostPool:
         assert self.node is not None, "a node session knows its node"
-        return node_pool(self.node, self.settings.ports, device_kind(self.identity.engine))
+        return node_pool(self.node, self.settings.ports, self.identity.engine.device_kind)
 
 
 def node_pool(node: NodeInfo, ports: range, kind: DeviceKind) -> HostPool:
@@ -54,6 +55,7 @@ def node_pool(node: NodeInfo, ports: range, kind: DeviceKind) -> HostPool:
 
 
 def this_node() -> NodeInfo:
+    # Deferred: Ray is the optional extra pytest-profllm[ray].
     import ray
 
     context = ray.get_runtime_context()

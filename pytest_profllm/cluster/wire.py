@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_profllm.run.outcome import CaseFailed
 
-class NodeLost(Exception):
+
+class NodeLost(CaseFailed):
     """The Ray node running a case's server group died, or left the cluster."""
 
     def __init__(self, message: str, node: NodeInfo | None = None) -> None:
@@ -14,7 +16,7 @@ class NodeLost(Exception):
         self.node = node  # where the case was to run, when the group had said
 
 
-class NodeError(Exception):
+class NodeError(CaseFailed):
     """A case failed on its node with an error we did not name; the message is its traceback."""
 
 

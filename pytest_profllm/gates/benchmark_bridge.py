@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pytest_benchmark.stats import Metadata
 
 from pytest_profllm.gates.samples import latencies_from_requests
 
@@ -56,8 +57,6 @@ def add_case(config: pytest.Config, record: dict[str, Any], requests: list[dict[
     session = benchmark_session(config)
     if session is None or not requests or record.get("status") in ("error", "invalid"):
         return 0
-    from pytest_benchmark.stats import Metadata
-
     added = 0
     case_name = record["case_id"].split("::", 1)[-1]
     for metric, values in latencies_from_requests(requests).items():

@@ -14,7 +14,9 @@ import pytest
 
 from pytest_profllm.gates import benchmark_bridge, summary, tables
 from pytest_profllm.gates.baseline import is_database
-from pytest_profllm.gates.options import GateConfig
+from pytest_profllm.gates.config import GateConfig
+from pytest_profllm.results.record import write_record, write_requests
+from pytest_profllm.results.store import load_records
 
 
 @dataclass
@@ -52,12 +54,9 @@ class GateController:
         assert path is not None  # GateConfig refuses an update without a path
         if is_database(path):
             if path != self.db_path:
-                from pytest_profllm.results.store import load_records
-
                 load_records(path, [record])
                 tables.load_runs(path, [(record, requests)])
             return
-        from pytest_profllm.results.record import write_record, write_requests
 
         write_record(path, record)
         if requests is not None:

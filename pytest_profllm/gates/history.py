@@ -63,6 +63,7 @@ def session_means(points: Iterable[Point]) -> list[Point]:
 
 def change_points(points: list[Point], min_change: float = DEFAULT_MIN_CHANGE) -> list[ChangePoint]:
     """Where the mean of `points` (in order) shifts by at least `min_change`."""
+    # Deferred: ruptures takes about 2 s to import; only a history needs it.
     import ruptures
 
     values = np.asarray([p.value for p in points], dtype=float)

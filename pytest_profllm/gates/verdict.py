@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from pytest_profllm.gates.samples import FloatArray, RunSamples
-from pytest_profllm.gates.spec import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, GatedMetric
+from pytest_profllm.plan.regression import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, GatedMetric
 from pytest_profllm.results.record import GateVerdict, RegressionVerdict
 
 # Resampled values held at once (resamples x samples): bounds memory on long ITL samples.
@@ -96,6 +96,7 @@ def change_interval(
 ) -> tuple[float, float] | None:
     """The bootstrap interval of stat(new) / stat(base) - 1, resampling each side apart;
     None where a side has fewer than two values."""
+    # Deferred: scipy.stats takes about 0.9 s to import; only a gated case needs it.
     from scipy import stats
 
     if new.size < 2 or base.size < 2:

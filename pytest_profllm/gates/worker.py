@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from pytest_profllm.gates.baseline import Baseline
+from pytest_profllm.gates.config import GATE_CONFIG_KEY
 from pytest_profllm.gates.fingerprint import digests
-from pytest_profllm.gates.options import GATE_CONFIG_KEY
 from pytest_profllm.gates.samples import RunSamples, samples_of
-from pytest_profllm.gates.spec import gated_metric
 from pytest_profllm.gates.verdict import describe, judge
+from pytest_profllm.plan.regression import gated_metric
 from pytest_profllm.results.record import RegressionVerdict
-from pytest_profllm.run.serve import CaseOutcome
+from pytest_profllm.run.outcome import CaseOutcome
 
 _PENDING = pytest.StashKey[dict[str, list[RunSamples]]]()
 _BASELINE = pytest.StashKey[Baseline]()

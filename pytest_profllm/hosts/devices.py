@@ -18,7 +18,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
-from pytest_profllm.engine.choice import EngineChoice
 from pytest_profllm.hosts import nvml
 from pytest_profllm.hosts.pool import CPU_PREFIX, HostPool, Lease
 
@@ -156,14 +155,6 @@ def cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
-
-
-def device_kind(engine: EngineChoice) -> DeviceKind:
-    """`cpu` where vLLM runs on CPU (its platform says so), `virtual` for the simulator's
-    devices, else `gpu`."""
-    if engine.name == "sim":
-        return "virtual"
-    return "cpu" if engine.vllm is not None and engine.vllm.on_cpu else "gpu"
 
 
 def real_gpus(kind: DeviceKind) -> list[tuple[str, str]]:

@@ -9,15 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import math
+import socket
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
 
 from pytest_profllm.load import metrics
-from pytest_profllm.load.client import LoadResult, LoadSettings, run_load
-from pytest_profllm.load.dataset import Codec, ServerCodec, TokenizerCodec, make_prompts
+from pytest_profllm.load.client import run_share, run_warmups
+from pytest_profllm.load.dataset import (
+    Codec,
+    PromptRequest,
+    ServerCodec,
+    TokenizerCodec,
+    make_prompts,
+)
 from pytest_profllm.load.metrics import RequestOutcome
+from pytest_profllm.load.processes import run_in_processes
+from pytest_profllm.load.schedule import LoadResult, LoadSettings, arrival_offsets
 from pytest_profllm.plan.suite import BenchmarkConfig
 
 # Lists vLLM keeps only with --save-detailed (one entry per request).
@@ -40,12 +54,43 @@ class ServerUnreachable(Exception):
     """Nothing accepts connections at the server's address; the message is one line."""
 
 
+async def run_load(settings: LoadSettings, requests: Sequence[PromptRequest]) -> LoadResult:
+    """Send `requests` on vLLM's arrival schedule and time every response.
+
+    With `client_processes` > 1 the requests are dealt round-robin to that many processes,
+    which share the schedule's clock (the host's monotonic clock) and each own a share of
+    `max_concurrency`: for servers faster than one event loop can read.
+    """
+    offsets = arrival_offsets(
+        len(requests),
+        settings.request_rate,
+        settings.burstiness,
+        settings.seed,
+        settings.ramp_up_strategy,
+        settings.ramp_up_start_rps,
+        settings.ramp_up_end_rps,
+    )
+    if settings.client_processes > 1 and len(requests) > 1:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, run_in_processes, settings, requests, offsets)
+    if settings.num_warmups and requests:
+        await run_warmups(settings, requests[0])
+    started_at = time.time()
+    # The event loop's own thread: other threads of the process (a pytest worker's) are not
+    # the client.
+    cpu_start = time.thread_time()
+    start = time.perf_counter()
+    outcomes = await run_share(settings, requests, offsets, range(len(requests)), start)
+    duration = time.perf_counter() - start
+    cpu_seconds = time.thread_time() - cpu_start
+    return LoadResult(
+        outcomes, duration, started_at, start, cpu_seconds=cpu_seconds, intended_offsets=offsets
+    )
+
+
 def check_reachable(base_url: str, timeout_s: float = 10.0) -> None:
     """ServerUnreachable unless a TCP connection to `base_url` opens: a server that is down
     is one line, not every request failing or a traceback from the tokenizer's first call."""
-    import socket
-    from urllib.parse import urlsplit
-
     parts = urlsplit(base_url)
     host = parts.hostname or "127.0.0.1"
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -226,7 +271,6 @@ def result_json(
 def peaks(outcomes: list[RequestOutcome]) -> dict[str, float | int]:
     """vLLM's peak figures: the most content messages and the most requests in flight in any
     whole second since the first successful request started."""
-    import numpy as np
 
     done = [outcome for outcome in outcomes if outcome.success]
     if not done:

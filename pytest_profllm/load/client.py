@@ -2,9 +2,8 @@
 
 Timing follows `vllm bench serve`: a request's clock starts just before it is sent (after any
 `max_concurrency` wait), TTFT is the first content message, ITL the gaps between content
-messages, latency the last content message. Arrival times follow vLLM's schedule: all at once
-for an infinite rate, else gamma-distributed gaps (burstiness 1.0 is a Poisson process), or a
-linear or exponential ramp from one rate to another.
+messages, latency the last content message. Arrival times come from the schedule
+(schedule.py); this module sends each request at its time and reads its stream.
 
 Where it differs, it is on the side of honesty and speed: every time is taken on the monotonic
 `perf_counter` clock when the bytes of a read arrive (not after parsing them), so messages that
@@ -18,97 +17,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
+
+import orjson
 
 from pytest_profllm.load.dataset import PromptRequest
+from pytest_profllm.load.http import StreamingClient
 from pytest_profllm.load.metrics import RequestOutcome
-
-if TYPE_CHECKING:
-    from pytest_profllm.load.http import StreamingClient
+from pytest_profllm.load.schedule import LoadSettings
 
 _NO_CONTENT = "Never received a valid chunk to calculate TTFT."
-Backend = Literal["openai", "openai-chat"]
-RampUp = Literal["linear", "exponential"]
 ENDPOINTS: dict[str, str] = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
-
-
-@dataclass(frozen=True)
-class LoadSettings:
-    base_url: str
-    model: str
-    backend: Backend = "openai"
-    request_rate: float = math.inf
-    burstiness: float = 1.0
-    max_concurrency: int | None = None
-    ramp_up_strategy: RampUp | None = None
-    ramp_up_start_rps: float | None = None
-    ramp_up_end_rps: float | None = None
-    seed: int = 0
-    ignore_eos: bool = True
-    temperature: float | None = 0.0  # None: not sent, the server's default applies (as vLLM)
-    num_warmups: int = 0
-    request_timeout_s: float = 600.0
-    api_key: str | None = None
-    endpoint: str | None = None  # default: the backend's
-    # Each request sends `x-request-id: <prefix><index>`, as vLLM's client does, so server logs
-    # can be matched to requests.
-    request_id_prefix: str = "profllm-"
-    client_processes: int = 1  # more than one: the load is spread over that many processes
-
-
-@dataclass
-class LoadResult:
-    outcomes: list[RequestOutcome]
-    duration: float  # seconds from the benchmark's start to the last response
-    started_at: float  # Unix seconds
-    clock_start: float  # the same moment on the perf_counter clock the outcomes use
-    cpu_seconds: float = 0.0  # the client event loops' CPU time during the timed part
-    processes: int = 1  # how many client processes shared the load
-    intended_offsets: list[float] = field(default_factory=list)
-
-
-def arrival_offsets(
-    count: int,
-    rate: float,
-    burstiness: float,
-    seed: int,
-    ramp_up: RampUp | None = None,
-    ramp_start: float | None = None,
-    ramp_end: float | None = None,
-) -> list[float]:
-    """Intended send times in seconds from the start, as vLLM schedules them."""
-    import numpy as np
-
-    if ramp_up is not None:
-        if ramp_start is None or ramp_end is None:
-            raise ValueError("a ramp-up needs ramp_up_start_rps and ramp_up_end_rps")
-        progress = np.arange(count) / max(count - 1, 1)
-        if ramp_up == "linear":
-            rates = ramp_start + (ramp_end - ramp_start) * progress
-        else:
-            rates = ramp_start * (ramp_end / ramp_start) ** progress
-    else:
-        if math.isinf(rate):
-            return [0.0] * count
-        rates = np.full(count, rate)
-    if math.isinf(burstiness):
-        gaps = 1.0 / rates
-    else:
-        # One draw per request from a generator seeded like vLLM's global numpy one.
-        generator = np.random.RandomState(seed)
-        gaps = np.array(
-            [generator.gamma(shape=burstiness, scale=1.0 / (r * burstiness)) for r in rates]
-        )
-    offsets = np.cumsum(gaps)
-    # vLLM rescales a fixed rate so the last request goes at count / rate: the mean is exact.
-    if ramp_up is None and count and offsets[-1] != 0:
-        offsets = offsets * (count / rate) / offsets[-1]
-    result: list[float] = offsets.tolist()
-    return result
 
 
 def request_payload(settings: LoadSettings, request: PromptRequest) -> dict[str, Any]:
@@ -129,45 +50,7 @@ def request_payload(settings: LoadSettings, request: PromptRequest) -> dict[str,
     return payload
 
 
-async def run_load(settings: LoadSettings, requests: Sequence[PromptRequest]) -> LoadResult:
-    """Send `requests` on vLLM's arrival schedule and time every response.
-
-    With `client_processes` > 1 the requests are dealt round-robin to that many processes,
-    which share the schedule's clock (the host's monotonic clock) and each own a share of
-    `max_concurrency`: for servers faster than one event loop can read.
-    """
-    offsets = arrival_offsets(
-        len(requests),
-        settings.request_rate,
-        settings.burstiness,
-        settings.seed,
-        settings.ramp_up_strategy,
-        settings.ramp_up_start_rps,
-        settings.ramp_up_end_rps,
-    )
-    if settings.client_processes > 1 and len(requests) > 1:
-        from pytest_profllm.load.processes import run_in_processes
-
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, run_in_processes, settings, requests, offsets)
-    if settings.num_warmups and requests:
-        await run_warmups(settings, requests[0])
-    started_at = time.time()
-    # The event loop's own thread: other threads of the process (a pytest worker's) are not
-    # the client.
-    cpu_start = time.thread_time()
-    start = time.perf_counter()
-    outcomes = await run_share(settings, requests, offsets, range(len(requests)), start)
-    duration = time.perf_counter() - start
-    cpu_seconds = time.thread_time() - cpu_start
-    return LoadResult(
-        outcomes, duration, started_at, start, cpu_seconds=cpu_seconds, intended_offsets=offsets
-    )
-
-
 def _client(settings: LoadSettings, limit: int | None) -> StreamingClient:
-    from pytest_profllm.load.http import StreamingClient
-
     headers = {"Content-Type": "application/json"}
     if settings.api_key:
         headers["Authorization"] = f"Bearer {settings.api_key}"
@@ -230,8 +113,6 @@ async def run_share(
 
 
 def _encode(payload: dict[str, Any]) -> bytes:
-    import orjson
-
     return orjson.dumps(payload)
 
 
@@ -277,8 +158,6 @@ class SseTimer:
     """
 
     def __init__(self, outcome: RequestOutcome, chat: bool = False) -> None:
-        import orjson
-
         self._loads = orjson.loads
         self._outcome = outcome
         self._chat = chat

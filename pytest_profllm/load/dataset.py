@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+from tokenizers import Tokenizer
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -63,8 +67,6 @@ class TokenizerCodec:
 
     @classmethod
     def load(cls, name_or_dir: str) -> TokenizerCodec:
-        from tokenizers import Tokenizer
-
         path = Path(name_or_dir)
         if path.is_dir():
             return cls(Tokenizer.from_file(str(path / "tokenizer.json")))
@@ -82,8 +84,6 @@ class TokenizerCodec:
 
 
 def random_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
-    import numpy as np
-
     rng = np.random.default_rng(config.seed)
     ratio = config.random_range_ratio
     real_input = max(0, config.random_input_len - codec.num_special_tokens_to_add)
@@ -128,7 +128,6 @@ def _decode_to_length(codec: Codec, tokens: list[int], target: int, rng: Any) ->
 def prefix_repetition_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
     """`num_prefixes` shared prefixes, each with num_prompts // num_prefixes random suffixes,
     shuffled; every part decodes and re-encodes to its exact length."""
-    import numpy as np
 
     per_prefix = config.num_prompts // config.prefix_repetition_num_prefixes
     if per_prefix == 0:
@@ -259,6 +258,7 @@ class ServerCodec:
     """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None) -> None:
+        # Deferred: requests takes about 0.1 s to import, on every pytest run otherwise.
         import requests
 
         self._url = base_url.rstrip("/")
@@ -291,6 +291,7 @@ class ServerCodec:
         return text
 
     def _exists(self, token: int) -> bool:
+        # Deferred: requests takes about 0.1 s to import, on every pytest run otherwise.
         import requests
 
         body = {"model": self._model, "tokens": [token]}
@@ -329,6 +330,4 @@ class ServerCodec:
 
 
 def _looks_special(text: str) -> bool:
-    import re
-
     return not text or re.fullmatch(r"<\|?[^<>\s]+\|?>|\[[A-Z_]+\]", text) is not None

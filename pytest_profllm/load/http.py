@@ -11,6 +11,7 @@ server answers a POST with: a status line, headers, and a chunked, sized or clos
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable
 from typing import cast
@@ -238,8 +239,6 @@ class StreamingClient:
                 return connection
         loop = asyncio.get_running_loop()
         if self._tls:
-            import ssl
-
             _, protocol = await loop.create_connection(
                 _Connection, self._host, self._port, ssl=ssl.create_default_context()
             )

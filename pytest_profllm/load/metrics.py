@@ -12,23 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
-GOODPUT_METRICS = ("ttft", "tpot", "e2el")
-COUNT_METRICS = (
-    "completed",
-    "failed",
-    "total_input_tokens",
-    "total_output_tokens",
-    "request_throughput",
-    "request_goodput",
-    "output_throughput",
-    "total_token_throughput",
-    "duration",
+import numpy as np
+
+from pytest_profllm.plan.metric_names import (
+    LATENCY_METRICS,
+    PROFLLM_ALIASES,
+    percentile_key,
+    percentiles_for,
 )
-# The names the original ProfLLM record used; kept so old dashboards and thresholds still work.
-PROFLLM_ALIASES = {"completed_requests": "completed", "failed_requests": "failed"}
-# ProfLLM's record always had these, whatever percentiles a suite asks for.
-ALWAYS_PERCENTILES = {"ttft": (95.0,), "tpot": (95.0,)}
 
 
 @dataclass
@@ -56,29 +47,6 @@ class RequestOutcome:
         return max(0.0, self.dispatch_time - self.intended_start)
 
 
-def percentile_key(percentile: float) -> str:
-    # vLLM writes p99 for 99 and p99.9 for 99.9.
-    word = str(int(percentile)) if int(percentile) == percentile else str(percentile)
-    return f"p{word}"
-
-
-def result_names(latency_metrics: Sequence[str], percentiles: Sequence[float]) -> list[str]:
-    """Every key `compute` returns for these settings, in the order it returns them."""
-    names = list(COUNT_METRICS) + list(PROFLLM_ALIASES)
-    for metric in latency_metrics:
-        names += [f"mean_{metric}_ms", f"median_{metric}_ms", f"std_{metric}_ms"]
-        for percentile in _percentiles_for(metric, percentiles):
-            names.append(f"{percentile_key(percentile)}_{metric}_ms")
-    return names
-
-
-def _percentiles_for(metric: str, percentiles: Sequence[float]) -> list[float]:
-    wanted = list(percentiles) + [
-        p for p in ALWAYS_PERCENTILES.get(metric, ()) if p not in percentiles
-    ]
-    return sorted(wanted)
-
-
 def compute(
     outcomes: Sequence[RequestOutcome],
     duration: float,
@@ -93,8 +61,6 @@ def compute(
     `count_tokens` counts output tokens of a request whose stream carried no usage chunk, as
     vLLM's client does with its tokenizer.
     """
-    import numpy as np
-
     samples: dict[str, list[float]] = {name: [] for name in LATENCY_METRICS}
     all_tpots: list[float] = []  # with 0 for single-token outputs, as vLLM's goodput uses
     completed = total_input = total_output = 0
@@ -136,7 +102,7 @@ def compute(
         results[f"mean_{metric}_ms"] = float(np.mean(values)) * 1000
         results[f"median_{metric}_ms"] = float(np.median(values)) * 1000
         results[f"std_{metric}_ms"] = float(np.std(values)) * 1000
-        for percentile in _percentiles_for(metric, percentiles):
+        for percentile in percentiles_for(metric, percentiles):
             key = f"{percentile_key(percentile)}_{metric}_ms"
             results[key] = float(np.percentile(values, percentile)) * 1000
     return results
@@ -162,15 +128,6 @@ def _good_count(
 MIN_ACHIEVED_RATE_FRACTION = 0.95
 MAX_P99_SCHEDULE_LAG_S = 0.010
 MAX_CLIENT_CPU_PERCENT = 95.0
-CLIENT_HEALTH_KEYS = (
-    "mean_schedule_lag_ms",
-    "median_schedule_lag_ms",
-    "p99_schedule_lag_ms",
-    "max_schedule_lag_ms",
-    "target_request_rate",
-    "achieved_request_rate",
-    "client_cpu_percent",
-)
 
 
 def client_health(
@@ -188,8 +145,6 @@ def client_health(
     count too); the achieved rate is the same count over the last actual dispatch. Both are
     None for an infinite rate, where there is no schedule to keep.
     """
-    import numpy as np
-
     lags = [outcome.schedule_lag for outcome in outcomes] or [0.0]
     last_intended = max(intended_offsets, default=0.0)
     target: float | None = None

@@ -16,12 +16,11 @@ import sys
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from pytest_profllm.load.client import LoadResult, LoadSettings
-    from pytest_profllm.load.dataset import PromptRequest
-    from pytest_profllm.load.metrics import RequestOutcome
+from pytest_profllm.load.client import run_share, run_warmups
+from pytest_profllm.load.dataset import PromptRequest
+from pytest_profllm.load.metrics import RequestOutcome
+from pytest_profllm.load.schedule import LoadResult, LoadSettings
 
 _START_LEAD_S = 0.05  # from the go signal to the first send, so every process is waiting
 _READY_TIMEOUT_S = 120.0
@@ -30,8 +29,6 @@ _READY_TIMEOUT_S = 120.0
 def run_in_processes(
     settings: LoadSettings, requests: Sequence[PromptRequest], offsets: Sequence[float]
 ) -> LoadResult:
-    from pytest_profllm.load.client import LoadResult
-
     count = min(settings.client_processes, len(requests))
     # Plain subprocesses over socket pairs: multiprocessing's spawn would leave its resource
     # tracker running for the rest of the caller's life.
@@ -95,8 +92,6 @@ def _share(limit: int | None, rank: int, count: int) -> int | None:
 
 
 def _worker(fd: int) -> None:
-    from pytest_profllm.load.client import run_share, run_warmups
-
     pipe = Connection(fd)
     settings, (requests, offsets, indices), limit, warm = pipe.recv()
     if warm and settings.num_warmups and requests:

@@ -12,8 +12,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_profllm.engine.choice import EngineName, _env_secrets, serve_args, serve_env
+from pytest_profllm.engine.choice import EngineName
+from pytest_profllm.engine.command import serve_args, serve_env
 from pytest_profllm.engine.in_vllm import BENCH_SCRIPT
+from pytest_profllm.engine.registry import bundled
+from pytest_profllm.engine.secrets import env_secrets
 from pytest_profllm.plan.suite import LatencyConfig, OfflineConfig, ThroughputConfig
 
 if TYPE_CHECKING:
@@ -50,10 +53,9 @@ def offline_env(server: dict[str, Any]) -> dict[str, str]:
 
 def engine_args(server: dict[str, Any], registry: Registry | None = None) -> list[str]:
     """`--model MODEL` and the engine options (the benchmarks take no positional model)."""
-    from pytest_profllm.engine.registry import bundled
 
     options = (registry or bundled()).options
-    moved = set(_env_secrets(server))  # they travel in the environment (offline_env)
+    moved = set(env_secrets(server))  # they travel in the environment (offline_env)
     kept = {
         key: value
         for key, value in server.items()
@@ -66,7 +68,6 @@ def engine_args(server: dict[str, Any], registry: Registry | None = None) -> lis
 
 def serve_only_args(server: dict[str, Any], registry: Registry | None = None) -> list[str]:
     """The server's options an offline command leaves out (shown by `profllm plan`)."""
-    from pytest_profllm.engine.registry import bundled
 
     options = (registry or bundled()).options
     return [key for key in server if key in options and options[key].group in _SERVE_ONLY_GROUPS]

@@ -14,20 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-THROUGHPUT_RESULTS = (
-    "elapsed_time",
-    "num_requests",
-    "total_num_tokens",
-    "requests_per_second",
-    "tokens_per_second",
-)
-LATENCY_PERCENTILES = (10, 25, 50, 75, 90, 99)  # what vLLM's latency.py computes
-LATENCY_RESULTS = (
-    "avg_latency",
-    "avg_latency_ms",
-    *(f"p{p}_latency_ms" for p in LATENCY_PERCENTILES),
-    "num_iters",
-)
+from pytest_profllm.plan.metric_names import LATENCY_PERCENTILES, THROUGHPUT_RESULTS
 
 
 class OfflineResultError(ValueError):

@@ -15,16 +15,11 @@ from pytest_profllm.offline.commands import offline_command, offline_env
 from pytest_profllm.offline.results import OfflineResultError, read_results
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.suite import LatencyConfig, ThroughputConfig
-from pytest_profllm.run.serve import CaseFailed, CaseOutcome, evaluate
+from pytest_profllm.run.outcome import CaseFailed, CaseOutcome, evaluate
 from pytest_profllm.run.telemetry import Sampler
-from pytest_profllm.server.process import (
-    LOG_TAIL_LINES,
-    ServerProcess,
-    WorkerServers,
-    _safe,
-    server_env,
-    server_name,
-)
+from pytest_profllm.server.launch import safe_name, server_env, server_name
+from pytest_profllm.server.process import LOG_TAIL_LINES, ServerProcess
+from pytest_profllm.server.workers import WorkerServers
 
 
 class OfflineBenchFailed(CaseFailed):
@@ -72,7 +67,7 @@ def run_offline(
     bench = case.benchmark
     assert isinstance(bench, ThroughputConfig | LatencyConfig), "an offline case"
     lease = servers.lease_devices(case)
-    name = f"{server_name(case)}-{_safe(case.workload_label)}"
+    name = f"{server_name(case)}-{safe_name(case.workload_label)}"
     output_json = servers.log_dir / f"{name}.{bench.kind}.json"
     if python is None and servers.vllm is not None:
         python = servers.vllm.python  # the chosen vLLM's environment, as its servers use

@@ -28,7 +28,11 @@ from pydantic import (
     model_validator,
 )
 
-from pytest_profllm.load import metrics
+from pytest_profllm.engine.registry import bundled, human_int
+from pytest_profllm.engine.secrets import REDACTED, is_secret
+from pytest_profllm.plan import metric_names
+from pytest_profllm.plan.metric_names import LATENCY_RESULTS, THROUGHPUT_RESULTS
+from pytest_profllm.plan.regression import PER_REPEAT_METRICS, parse_regression
 
 if TYPE_CHECKING:
     from pytest_profllm.engine.registry import Registry
@@ -130,11 +134,11 @@ class BenchmarkConfig(BaseModel):
     @classmethod
     def _known_metrics(cls, value: str) -> str:
         names = [name.strip() for name in value.split(",") if name.strip()]
-        unknown = [name for name in names if name not in metrics.LATENCY_METRICS]
+        unknown = [name for name in names if name not in metric_names.LATENCY_METRICS]
         if unknown or not names:
             raise ValueError(
                 f"unknown latency metric {unknown or value!r}; "
-                f"allowed: {', '.join(metrics.LATENCY_METRICS)}"
+                f"allowed: {', '.join(metric_names.LATENCY_METRICS)}"
             )
         return ",".join(names)
 
@@ -182,8 +186,8 @@ class BenchmarkConfig(BaseModel):
 
     def result_names(self) -> list[str]:
         # The client's health figures can be gated on too (say, p99_schedule_lag_ms).
-        names = metrics.result_names(self.latency_metrics, self.percentiles)
-        return names + list(metrics.CLIENT_HEALTH_KEYS)
+        names = metric_names.result_names(self.latency_metrics, self.percentiles)
+        return names + list(metric_names.CLIENT_HEALTH_KEYS)
 
 
 class ThroughputConfig(BaseModel):
@@ -226,8 +230,6 @@ class ThroughputConfig(BaseModel):
         return self
 
     def result_names(self) -> list[str]:
-        from pytest_profllm.offline.results import THROUGHPUT_RESULTS
-
         return list(THROUGHPUT_RESULTS)
 
 
@@ -248,8 +250,6 @@ class LatencyConfig(BaseModel):
     timeout_s: float = Field(1800.0, gt=0)  # ours: the whole command's limit
 
     def result_names(self) -> list[str]:
-        from pytest_profllm.offline.results import LATENCY_RESULTS
-
         return list(LATENCY_RESULTS)
 
 
@@ -283,14 +283,10 @@ class Suite(BaseModel):
     @field_validator("regression", mode="before")
     @classmethod
     def _regression(cls, value: object) -> dict[str, float]:
-        from pytest_profllm.gates.spec import parse_regression
-
         return parse_regression(value)
 
     @model_validator(mode="after")
     def _repeats_for_throughputs(self) -> Suite:
-        from pytest_profllm.gates.spec import PER_REPEAT_METRICS
-
         per_repeat = [name for name in self.regression if name in PER_REPEAT_METRICS]
         if per_repeat and self.repeat < 2:
             raise ValueError(
@@ -305,7 +301,6 @@ class Suite(BaseModel):
         if "model" not in server:
             raise ValueError("'model' is required (the model name or path vLLM serves)")
         return server
-
 
 
 def _server_key_problem(key: object, registry: Registry) -> str | None:
@@ -385,7 +380,6 @@ def validate_suite(
     problem is reported, in one SuiteError. In the suite returned, `server:` values are as
     vLLM's parser reads them (`"16"` is 16), and every value of an argument that takes a
     list is written as an axis (`[1, 2]` becomes `[[1, 2]]`): a list there is an axis."""
-    from pytest_profllm.engine.registry import bundled
 
     lines = lines or {}
     registry = registry or bundled()
@@ -541,7 +535,6 @@ _RULE_KEYS = (
 def cross_field_problem(server: dict[str, Any]) -> tuple[str, str] | None:
     """The first rule across engine arguments that vLLM 0.33.0 would refuse at start-up, as
     (key, message); only rules that need no model or device to decide, on values given."""
-    from pytest_profllm.engine.registry import human_int
 
     def number(key: str) -> int | None:
         value = server.get(key)
@@ -653,7 +646,6 @@ def describe_errors(
 
 def _shown_input(loc: tuple[Any, ...], value: Any) -> str:
     # A whole block is too long to quote, and may hold an api_key; a secret is never shown.
-    from pytest_profllm.engine.choice import REDACTED, is_secret
 
     if isinstance(value, dict | list):
         return ""

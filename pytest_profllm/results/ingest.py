@@ -21,23 +21,20 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from pytest_profllm.results.record import normalize
-from pytest_profllm.results.store import (
-    BATCH,
-    Load,
-    LoadReport,
-    RowBuilder,
-    StagedRows,
-    batched,
-    record_digest,
-    stage,
-)
+from pytest_profllm.results.rows import RowBuilder, record_digest
+from pytest_profllm.results.staging import BATCH, StagedRows, batched, stage
+from pytest_profllm.results.store import Load, LoadReport
 
 BENCH_SUITE = "bench"
 
@@ -99,8 +96,6 @@ def _read(path: Path) -> bytes:
 
 
 def _parse(content: bytes, path: Path) -> dict[str, Any]:
-    import orjson
-
     strict = True
     try:
         data = orjson.loads(content)
@@ -150,7 +145,6 @@ def bench_record(result: dict[str, Any], path: Path) -> dict[str, Any]:
     What the file does not say is left empty, never invented: the server's engine arguments
     other than the model, the host, the devices. Its run id is a digest of its content.
     """
-    import orjson
 
     digest = hashlib.blake2b(orjson.dumps(result, option=orjson.OPT_SORT_KEYS),
                              digest_size=8).hexdigest()
@@ -266,8 +260,6 @@ def _read_batches(files: list[Path], stored: frozenset[str]) -> Iterator[_Batch]
         for chunk in chunks:
             yield _read_batch(chunk, stored)
         return
-    from concurrent.futures import Future, ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
 
     workers = max(1, min(2, (os.cpu_count() or 1)))
     # The stored digests go to each worker once, not with every batch.

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pytest_profllm.hosts.files import write_atomic
 
 SCHEMA_VERSION: Literal[1] = 1
 # `invalid`: measured, but the client fell behind its schedule, so the figures measure the
@@ -209,34 +209,6 @@ def normalize(data: object) -> BenchmarkRecord:
 
 def json_schema() -> dict[str, Any]:
     return BenchmarkRecord.model_json_schema()
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Readers see the old file or the new one, never a part (rename is atomic on POSIX)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        # mkstemp makes 0600 files; a record is an ordinary output file, as open() makes them.
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    # Linux shows the umask in /proc; elsewhere it is read by setting it and back.
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def record_bytes(record: dict[str, Any]) -> bytes:

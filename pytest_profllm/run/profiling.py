@@ -27,16 +27,6 @@ class ProfilingFailed(Exception):
     """The server would not profile, or wrote no trace."""
 
 
-def profiled_server(server: dict[str, Any], trace_dir: Path) -> dict[str, Any]:
-    """Engine arguments with the torch profiler on, writing into `trace_dir` (vLLM wants an
-    absolute path). A suite's own `profiler_config` keeps its other settings."""
-    own = server.get("profiler_config")
-    config = dict(own) if isinstance(own, dict) else {}
-    config["profiler"] = "torch"
-    config["torch_profiler_dir"] = str(trace_dir.resolve())
-    return {**server, "profiler_config": config}
-
-
 def profile_prefix(name: str) -> str:
     """A trace-name prefix vLLM accepts: 1-128 ASCII letters, digits, '.', '_', '-'."""
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", name).lstrip("._-")[:128]
@@ -47,6 +37,7 @@ def run_profiled(
     base_url: str, trace_dir: Path, prefix: str, num_prompts: int, run: Callable[[], object]
 ) -> dict[str, Any]:
     """`run()` between /start_profile and /stop_profile; the record's `profiling` block."""
+    # Deferred: requests takes about 0.1 s to import, on every pytest run otherwise.
     import requests
 
     before = _files(trace_dir)

@@ -1,35 +1,26 @@
-"""What a case cost the machine: NVML for the leased GPUs, psutil for the server's process
-tree and the client, and the server's Prometheus `/metrics`, sampled in a background thread
-while the load runs. The record's `system` block gets peaks and means; where NVML is absent
-the GPU figures stay null, never invented.
+"""What a case cost the machine: NVML for the leased GPUs (hosts/nvml.py), psutil for the
+server's process tree and the client, and the server's Prometheus `/metrics`, sampled in a
+background thread while the load runs. The record's `system` block gets peaks and means; where
+NVML is absent the GPU figures stay null, never invented.
 """
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 import psutil
 
+from pytest_profllm.hosts.nvml import GpuReading, NvmlGpus
+from pytest_profllm.hosts.processes import process_tree
+
 DEFAULT_INTERVAL_S = 0.5
 _SCRAPE_TIMEOUT_S = 2.0
 _MIB = 2**20
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    index: int
-    utilization: float | None  # percent of the sample period a kernel ran
-    memory_used_mib: float | None
-    power_w: float | None
-    sm_clock_mhz: float | None
-    temperature_c: float | None
 
 
 @dataclass(frozen=True)
@@ -46,123 +37,6 @@ class Sample:
     server: ProcessReading | None
     client: ProcessReading | None
     kv_cache_usage: float | None  # vLLM's vllm:kv_cache_usage_perc, a fraction (1 = full)
-
-
-class NvmlGpus:
-    """The leased GPUs through NVML (`pynvml`, from nvidia-ml-py), by CUDA device index."""
-
-    def __init__(self, nvml: ModuleType, indices: Sequence[int]) -> None:
-        self.nvml = nvml
-        self.indices = tuple(indices)
-        self.handles = [nvml.nvmlDeviceGetHandleByIndex(index) for index in self.indices]
-
-    @classmethod
-    def open(cls, gpu_ids: Iterable[str]) -> NvmlGpus | None:
-        """The GPUs, or None where NVML or the GPUs are absent (a CPU host, virtual GPU ids)."""
-        try:
-            indices = [int(gpu) for gpu in gpu_ids]
-        except ValueError:
-            return None
-        if not indices:
-            return None
-        try:
-            import pynvml
-        except ImportError:
-            return None
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError:
-            return None
-        try:
-            if any(index >= pynvml.nvmlDeviceGetCount() for index in indices):
-                pynvml.nvmlShutdown()
-                return None
-            return cls(pynvml, indices)
-        except pynvml.NVMLError:
-            pynvml.nvmlShutdown()
-            return None
-
-    def close(self) -> None:
-        with contextlib.suppress(self.nvml.NVMLError):
-            self.nvml.nvmlShutdown()
-
-    def read(self) -> tuple[GpuReading, ...]:
-        return tuple(
-            GpuReading(
-                index=index,
-                utilization=self._get(
-                    lambda h: float(self.nvml.nvmlDeviceGetUtilizationRates(h).gpu), handle
-                ),
-                memory_used_mib=self._get(
-                    lambda h: self.nvml.nvmlDeviceGetMemoryInfo(h).used / _MIB, handle
-                ),
-                # NVML reports milliwatts.
-                power_w=self._get(lambda h: self.nvml.nvmlDeviceGetPowerUsage(h) / 1000, handle),
-                sm_clock_mhz=self._get(
-                    lambda h: float(self.nvml.nvmlDeviceGetClockInfo(h, self.nvml.NVML_CLOCK_SM)),
-                    handle,
-                ),
-                temperature_c=self._get(
-                    lambda h: float(
-                        self.nvml.nvmlDeviceGetTemperature(h, self.nvml.NVML_TEMPERATURE_GPU)
-                    ),
-                    handle,
-                ),
-            )
-            for index, handle in zip(self.indices, self.handles, strict=True)
-        )
-
-    def memory_holders(self) -> dict[int, dict[int, float]]:
-        """Per leased GPU index: pid -> MiB of every compute process holding memory on it."""
-        held: dict[int, dict[int, float]] = {}
-        for index, handle in zip(self.indices, self.handles, strict=True):
-            processes = self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            held[index] = {int(p.pid): (p.usedGpuMemory or 0) / _MIB for p in processes}
-        return held
-
-    def _get(self, read: Callable[[Any], float], handle: Any) -> float | None:
-        # A GPU may not support a query (power on some boards): that field stays null.
-        try:
-            return read(handle)
-        except self.nvml.NVMLError:
-            return None
-
-
-def wait_gpu_memory_released(
-    gpus: NvmlGpus, pids: set[int], timeout: float, poll_s: float = 0.2
-) -> str | None:
-    """Wait until no process of `pids` holds memory on the leased GPUs; a problem, or None.
-
-    The driver frees a dead process's memory shortly after it exits, not at once. NVML reports
-    pids of the host's PID namespace: in a container they may not match ours, and then this
-    check sees nothing to wait for.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        left = {
-            index: {pid: mib for pid, mib in holders.items() if pid in pids}
-            for index, holders in gpus.memory_holders().items()
-        }
-        left = {index: holders for index, holders in left.items() if holders}
-        if not left:
-            return None
-        if time.monotonic() >= deadline:
-            where = "; ".join(
-                f"GPU {index}: "
-                + ", ".join(f"pid {pid} {mib:.0f} MiB" for pid, mib in held.items())
-                for index, held in sorted(left.items())
-            )
-            return f"GPU memory still held {timeout:.0f} s after the server stopped ({where})"
-        time.sleep(poll_s)
-
-
-def process_tree(pid: int) -> list[psutil.Process]:
-    """The process and its descendants (vLLM's EngineCore and workers), those still alive."""
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
 
 
 class _TreeMeter:
@@ -205,6 +79,7 @@ def scrape_metrics(
     """A Prometheus text endpoint as {sample name: value summed over its labels}; None where
     it does not answer (an engine without /metrics is no error). A `requests.Session` keeps
     the connection between scrapes."""
+    # Deferred: requests takes about 0.1 s to import, on every pytest run otherwise.
     import requests
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -349,6 +224,7 @@ class Sampler:
         self._server = _TreeMeter(self.server_pid) if self.server_pid else None
         self._client = _TreeMeter(psutil.Process().pid, recursive=False)
         if self.metrics_url:
+            # Deferred: requests takes about 0.1 s to import, on every pytest run otherwise.
             import requests
 
             self._http = requests.Session()

@@ -1,10 +1,6 @@
 """A server process (vLLM or the simulator): start in its own process group, wait for
 `/health`, stop with SIGTERM then SIGKILL of the whole group, then check that nothing of it
-survives and (with NVML) that its GPU memory is free before the lease goes back.
-
-`WorkerServers` keeps the one server this worker is using and swaps it when the server key
-changes, so all cases of one server key share one start.
-"""
+survives and (with NVML) that its GPU memory is free before the lease goes back."""
 
 from __future__ import annotations
 
@@ -21,31 +17,24 @@ import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 
-from pytest_profllm.engine.choice import (
-    EngineName,
-    RedactedArgv,
-    RedactedDict,
-    redact_argv,
-    serve_command,
-    serve_env,
+from pytest_profllm.engine.choice import EngineName
+from pytest_profllm.engine.secrets import RedactedArgv, RedactedDict, redact_argv
+from pytest_profllm.hosts.devices import DeviceKind
+from pytest_profllm.hosts.nvml import NvmlGpus, wait_gpu_memory_released
+from pytest_profllm.hosts.pool import Lease
+from pytest_profllm.hosts.processes import (
+    alive,
+    describe_pids,
+    group_members,
+    listening_pids,
+    process_tree,
+    tagged_processes,
 )
-from pytest_profllm.engine.install import VllmInstall
-from pytest_profllm.engine.registry import Registry, registry_for
-from pytest_profllm.hosts import nvml
-from pytest_profllm.hosts.devices import DeviceKind, device_env
-from pytest_profllm.hosts.pool import HostPool, Lease, SessionTurns
-from pytest_profllm.plan.case import Case
-from pytest_profllm.run.profiling import profiled_server
-from pytest_profllm.run.telemetry import process_tree
+from pytest_profllm.server.launch import HOST
 
-HOST = "127.0.0.1"
-# How long a server waits for the one before it in the scheduler's order to reach the lease
-# queue: seconds at most, since that one may still be finishing a case on a busy worker.
-TURN_WAIT_CAP_S = 5.0
 LOG_TAIL_LINES = 50
 # Attempts to start a server whose port another process took between lease and bind.
 PORT_TAKEN_ATTEMPTS = 3
@@ -77,6 +66,11 @@ class ServerStartError(Exception):
 
 class PortTaken(ServerStartError):
     """Another process held the server's port when it started: it was never ours."""
+
+
+class ServerExited(Exception):
+    """The server exited while a case was using it (raised by whoever watches it, such as the
+    load); `WorkerServers.serving` turns it into ServerLost with the log's tail."""
 
 
 class ServerLost(Exception):
@@ -151,6 +145,7 @@ class ServerProcess:
             )
 
     def wait_ready(self, timeout: float) -> None:
+        # Deferred: requests takes about 0.1 s to import, on every pytest run otherwise.
         import requests
 
         assert self._process is not None, "start() first"
@@ -224,12 +219,8 @@ class ServerProcess:
         tail = self.log_tail()
         said = engine_message(tail)
         self.stop(grace=5.0)
-        return ServerLost(
-            f"{self.describe()} {problem}"
-            + (f" ({said})" if said else "")
-            + f"; its measurement does not count; log: {self.log_path}\n"
-            f"--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
-        )
+        what = problem + (f" ({said})" if said else "")
+        return ServerLost(self._failure(what, tail, "its measurement does not count"))
 
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
@@ -270,7 +261,7 @@ class ServerProcess:
         deadline = time.monotonic() + _SURVIVOR_GRACE_S
         while True:
             survivors = {p.pid: p for p in group_members(pgid)}
-            survivors.update({pid: p for pid, p in watched.items() if _alive(p)})
+            survivors.update({pid: p for pid, p in watched.items() if alive(p)})
             if not survivors or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
@@ -287,8 +278,6 @@ class ServerProcess:
         )
 
     def _check_gpu_memory(self, pids: set[int]) -> None:
-        from pytest_profllm.run.telemetry import NvmlGpus, wait_gpu_memory_released
-
         if self.device != "gpu":
             return  # CPU core sets: no GPU memory to wait for
 
@@ -332,11 +321,13 @@ class ServerProcess:
             kind = PortTaken
         said = engine_message(tail)
         self.stop(grace=5.0)
-        return kind(
-            f"{self.describe()} {what}{likely}"
-            + (f": {said}" if said else "")
-            + f"; log: {self.log_path}\n--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
-        )
+        return kind(self._failure(f"{what}{likely}" + (f": {said}" if said else ""), tail))
+
+    def _failure(self, what: str, tail: str, *notes: str) -> str:
+        """A server failure as the case shows it: the server, what happened, where its log is,
+        and the log's tail."""
+        head = "; ".join((f"{self.describe()} {what}", *notes, f"log: {self.log_path}"))
+        return f"{head}\n--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
 
 
 # The line in which an engine says why it stopped: an exception's last line (vLLM's
@@ -357,284 +348,8 @@ def engine_message(tail: str) -> str | None:
     return None
 
 
-def tagged_processes(name: str, value: str) -> list[psutil.Process]:
-    """Live processes of this user whose environment has name=value."""
-    found = []
-    for process in psutil.process_iter():
-        try:
-            if process.environ().get(name) == value and _alive(process):
-                found.append(process)
-        except (OSError, psutil.Error):
-            continue
-    return found
-
-
-def group_members(pgid: int) -> list[psutil.Process]:
-    """Live (not zombie) processes of a process group."""
-    members = []
-    for process in psutil.process_iter():
-        try:
-            if os.getpgid(process.pid) == pgid and _alive(process):
-                members.append(process)
-        except (OSError, psutil.Error):
-            continue
-    return members
-
-
-def listening_pids(port: int) -> set[int | None]:
-    """Pids of the TCP listeners on `port`, any address (None where the kernel does not tell
-    us whose it is: another user's process)."""
-    try:
-        connections = psutil.net_connections(kind="tcp")
-    except psutil.Error:
-        return set()
-    return {
-        c.pid
-        for c in connections
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-    }
-
-
-def describe_pids(pids: list[int | None]) -> str:
-    shown = []
-    for pid in pids:
-        if pid is None:
-            shown.append("a process of another user")
-            continue
-        try:
-            command = " ".join(" ".join(psutil.Process(pid).cmdline()).split())
-            shown.append(f"pid {pid}: {command[:80]}")
-        except psutil.Error:
-            shown.append(f"pid {pid}")
-    return "; ".join(shown)
-
-
-def _alive(process: psutil.Process) -> bool:
-    try:
-        # is_running() also tells a reused pid from the process we knew.
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def _die_with_parent() -> None:
     # If the worker is killed outright, the kernel sends the server SIGTERM: no orphans that
     # hold GPUs and ports after a crash.
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-@dataclass
-class WorkerServers:
-    """The server this worker is using; at most one at a time, swapped when the key changes."""
-
-    engine: EngineName
-    pool: HostPool
-    log_dir: Path
-    startup_timeout: float
-    lease_timeout: float
-    wait_for_busy_gpus: bool = True
-    # Under xdist: each server's place in the scheduler's order, and the session's turns.
-    ranks: dict[str, int] = field(default_factory=dict)
-    turns: SessionTurns | None = None
-    profile_root: Path | None = None  # trace folders of profiling servers go under it
-    sim_device: str | None = None  # the simulator's --sim-device (None: its default)
-    current: ServerProcess | None = None
-    failed: dict[str, ServerStartError] = field(default_factory=dict)
-    # Why a key's next server is a restart: its last server died or lost its port.
-    restarts: dict[str, str] = field(default_factory=dict)
-    starts: int = 0
-    vllm: VllmInstall | None = None  # where the engine is vLLM: its Python and launcher
-    device: DeviceKind = "gpu"
-
-    def server_for(self, case: Case) -> ServerProcess:
-        """The running server for this case's key, started (once) if need be."""
-        key = case.server_key
-        if key in self.failed:
-            # Every case of a server that failed to start fails the same way, without retrying.
-            raise ServerStartError(f"{self.failed[key]}".splitlines()[0] + " (see the first case)")
-        current = self.current
-        if current is not None and current.key == key:
-            if current.alive():
-                return current  # its port was checked after the last case
-            # Died between cases: the last case's record could not say so, this one's does.
-            problem = f"died between cases: {current.exit_description()}"
-            current.stop_problems.append(problem)
-            self.restarts[key] = f"its server {problem}"
-        self.release()
-        for attempt in range(1, PORT_TAKEN_ATTEMPTS + 1):
-            try:
-                return self._start(case)
-            except PortTaken as error:
-                # Another process took the port between the lease's check and our bind: the
-                # next lease skips it (it is no longer free).
-                if attempt == PORT_TAKEN_ATTEMPTS:
-                    self.failed[key] = error
-                    raise
-                warnings.warn(
-                    f"{str(error).splitlines()[0]}; starting again on another port",
-                    PortTakenWarning,
-                    stacklevel=2,
-                )
-        raise AssertionError("unreachable")
-
-    def lost(self, server: ServerProcess, problem: str) -> ServerLost:
-        """The server died or lost its port during a case: the case fails with this error, its
-        remaining processes are ended and its lease given back now (a CPU server's orphaned
-        engine holds gigabytes), and the key's next case starts a new server and says why."""
-        self.restarts[server.key] = f"its server {problem}"
-        if self.current is server:
-            self.current = None
-        error = server.lost_error(problem)
-        server.lease.release()
-        return error
-
-    def _start(self, case: Case) -> ServerProcess:
-        key = case.server_key
-        lease = self.lease_devices(case)
-        name = server_name(case)
-        engine_args, profile_dir = engine_args_for(
-            case, self.profile_root or self.log_dir / "profiles"
-        )
-        argv, env = launch(
-            self.engine,
-            engine_args,
-            lease,
-            registry_for(self.engine, self.vllm),
-            vllm=self.vllm,
-            device=self.device,
-            sim_device=self.sim_device,
-        )
-        server = ServerProcess(
-            key=key,
-            label=case.server_label,
-            engine=self.engine,
-            argv=argv,
-            env=env,
-            log_path=self.log_dir / f"{name}.log",
-            lease=lease,
-            profile_dir=profile_dir,
-            restart_reason=self.restarts.get(key),
-            device=self.device,
-        )
-        try:
-            with self.pool.serial_start(timeout=self.lease_timeout + self.startup_timeout):
-                server.start()
-                self.starts += 1
-                server.wait_ready(self.startup_timeout)
-        except BaseException as error:
-            server.stop(grace=5.0)
-            lease.release()
-            if isinstance(error, ServerStartError) and not isinstance(error, PortTaken):
-                self.failed[key] = error
-            raise
-        self.current = server
-        self.restarts.pop(key, None)
-        return server
-
-    def lease_devices(self, case: Case) -> Lease:
-        """This case's devices and ports, in the scheduler's order, once they are idle; the
-        server this worker holds goes back first. Also for offline cases (no server)."""
-        self.release()
-        lease = self._lease(case)
-        try:
-            lease.wait_s += nvml.wait_until_idle(
-                lease.gpu_uuids, self.wait_for_busy_gpus, self.lease_timeout
-            )
-        except nvml.GpuBusy:
-            lease.release()
-            raise
-        return lease
-
-    def _lease(self, case: Case) -> Lease:
-        rank = self.ranks.get(case.server_key)
-        if self.turns is None or rank is None:
-            return self.pool.acquire(case.gpus_needed, timeout=self.lease_timeout)
-        turns = self.turns
-        waited = turns.wait_for(rank, timeout=TURN_WAIT_CAP_S)
-        try:
-            lease = self.pool.acquire(
-                case.gpus_needed, timeout=self.lease_timeout, queued=lambda: turns.taken(rank)
-            )
-        finally:
-            turns.taken(rank)  # also when no lease came: the next server must not wait on us
-        lease.wait_s += waited
-        return lease
-
-    def after_case(self, next_case: Case | None) -> None:
-        """Stop the server unless the next case on this worker uses it too."""
-        if self.current is not None and (
-            next_case is None or next_case.server_key != self.current.key
-        ):
-            self.release()
-
-    def release(self) -> None:
-        server, self.current = self.current, None
-        if server is not None:
-            server.stop()
-            server.lease.release()
-
-
-def launch(
-    engine: EngineName,
-    server: dict[str, Any],
-    lease: Lease,
-    registry: Registry | None = None,
-    vllm: VllmInstall | None = None,
-    device: DeviceKind = "gpu",
-    sim_device: str | None = None,
-) -> tuple[list[str], dict[str, str]]:
-    """The argv and the environment (over the inherited one) a server starts with.
-
-    `profllm plan` prints what this returns, so the plan is the command that runs.
-    """
-    argv = serve_command(engine, server, HOST, lease.port, registry, vllm, sim_device)
-    return argv, {**server_env(lease, device), **serve_env(server)}
-
-
-def server_name(case: Case) -> str:
-    """Names the server's log file and trace folder."""
-    return f"{_safe(case.suite)}-{case.server_label}-{case.server_key}"
-
-
-def engine_args_for(case: Case, profile_root: Path) -> tuple[dict[str, Any], Path | None]:
-    """The engine arguments a case's server starts with, and its trace folder when it profiles
-    (vLLM's profiler is switched on by an engine argument)."""
-    if not case.profile:
-        return case.server, None
-    trace_dir = profile_root / server_name(case)
-    return profiled_server(case.server, trace_dir), trace_dir
-
-
-def server_env(lease: Lease, device: DeviceKind = "gpu") -> dict[str, str]:
-    # No VLLM_TORCH_PROFILER_DIR for a profiling server: vLLM 0.33.0 takes `--profiler-config`
-    # (see profiling.py) and warns about that variable as unknown.
-    return {
-        **device_env(device, lease),
-        # A private base for vLLM's internal ports: without it, servers on one host collide.
-        "VLLM_PORT": str(lease.internal_port),
-    }
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
-
-
-def describe_runtime(server: ServerProcess | None, worker: str, case: Case) -> dict[str, Any]:
-    lease = server.lease if server else None
-    on_cpu = server is not None and server.device == "cpu"
-    return {
-        "worker": worker,
-        "server_key": case.server_key,
-        "gpus": list(lease.gpus) if lease and not on_cpu else [],
-        "cpus": list(lease.gpus) if lease and on_cpu else [],
-        "gpu_uuids": list(lease.gpu_uuids) if lease else [],
-        "port": lease.port if lease else None,
-        "server_pid": server.pid if server else None,
-        "server_started_at": server.started_at if server else None,
-        "server_ready_at": server.ready_at if server else None,
-        "server_stopped_at": server.stopped_at if server else None,
-        "lease_wait_s": lease.wait_s if lease else None,
-        "server_stop_problems": list(server.stop_problems) if server else [],
-        "server_restart_reason": server.restart_reason if server else None,
-    }

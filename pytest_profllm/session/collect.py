@@ -13,8 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_profllm.engine.registry import Registry, registry_for
 from pytest_profllm.plan.case import Case, expand
 from pytest_profllm.plan.suite import SuiteError, load_suite_file, validate_suite
+from pytest_profllm.session.identity import IDENTITY_KEY, SETTINGS_KEY
+from pytest_profllm.session.worker import CASE_ERRORS, skip_reason, worker_session
 
 if TYPE_CHECKING:
     from pytest_profllm.engine.choice import EngineChoice
@@ -46,8 +49,6 @@ class ServerCollector(pytest.Collector):
         self.cases = cases
 
     def collect(self) -> Iterator[pytest.Item]:
-        from pytest_profllm.session.worker import IDENTITY_KEY, SETTINGS_KEY, skip_reason
-
         settings = self.config.stash[SETTINGS_KEY]
         engine = self.config.stash[IDENTITY_KEY].engine
         for case in self.cases:
@@ -66,14 +67,10 @@ class BenchItem(pytest.Item):
         self.case = case
 
     def runtest(self) -> None:
-        from pytest_profllm.session.worker import worker_session
-
         # Thresholds are checked after the call, for both forms, by plugin.pytest_runtest_call.
         worker_session(self.config).run(self.case, self.nodeid, self.stash)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        from pytest_profllm.session.worker import CASE_ERRORS
-
         if isinstance(excinfo.value, (pytest.fail.Exception, *CASE_ERRORS)):
             # The message alone: the report already names the case, and pytest's short
             # summary shows the first line, which must say what failed (metric and bound).
@@ -87,8 +84,6 @@ class BenchItem(pytest.Item):
 
 def _registry(config: pytest.Config) -> Registry:
     """The engine arguments suites are checked against: those of the engine this run uses."""
-    from pytest_profllm.engine.registry import registry_for
-    from pytest_profllm.session.worker import IDENTITY_KEY
 
     engine = config.stash[IDENTITY_KEY].engine
     return registry_for(engine.name, engine.vllm)
@@ -146,8 +141,6 @@ class CollectedCases:
             self.suite_files.add(report.nodeid.replace("\\", "/").split("/")[-1])
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        from pytest_profllm.session.worker import IDENTITY_KEY, SETTINGS_KEY
-
         self.engine = session.config.stash[IDENTITY_KEY].engine
         self.suite_glob = session.config.stash[SETTINGS_KEY].suite_glob
         self.cases = [

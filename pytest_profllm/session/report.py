@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_profllm.session.worker import ControllerSession
+from pytest_profllm.gates.summary import terminal_lines
+from pytest_profllm.session.controller import ControllerSession
 
 _WAIT_WORTH_SAYING_S = 0.5
 
 
 def summary_lines(controller: ControllerSession) -> list[str]:
-    from pytest_profllm.gates.summary import terminal_lines
-
     records = controller.records
     # The same table as the Markdown summary: key metrics, and the gate where one ran.
     lines = terminal_lines(records)

@@ -116,7 +116,8 @@ def scope_name(nodeid: str, scopes: dict[str, Scope]) -> str:
 
 
 def server_scheduling(config: Any, log: Any) -> Any:
-    """The xdist scheduler (xdist is imported only when it schedules)."""
+    """The xdist scheduler."""
+    # Imported here: xdist's scheduler module is needed only on an xdist controller.
     from xdist.scheduler import LoadScopeScheduling
 
     class ServerScopeScheduling(LoadScopeScheduling):  # type: ignore[misc]

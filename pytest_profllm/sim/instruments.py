@@ -79,6 +79,7 @@ def add_routes(
 
 
 def render_metrics(scheduler: Scheduler, model_name: str) -> bytes:
+    # Deferred: prometheus_client is needed only once the simulator serves /metrics.
     from prometheus_client import CollectorRegistry, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)
@@ -89,6 +90,7 @@ def render_metrics(scheduler: Scheduler, model_name: str) -> bytes:
 
 def _metrics_handler(scheduler: Scheduler, model_name: str) -> Any:
     async def handler(request: web.Request) -> web.Response:
+        # Deferred: prometheus_client is needed only once the simulator serves /metrics.
         from prometheus_client import CONTENT_TYPE_LATEST
 
         return web.Response(
@@ -108,6 +110,7 @@ class _SchedulerCollector:
         self.labels = {"model_name": model_name, "engine": "0"}
 
     def collect(self) -> Iterator[Any]:
+        # Deferred: prometheus_client is needed only once the simulator serves /metrics.
         from prometheus_client.core import (
             CounterMetricFamily,
             GaugeMetricFamily,

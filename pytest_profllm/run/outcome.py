@@ -1,0 +1,214 @@
+"""What one case produced, and the JSON record that says so: its results, verdicts and
+telemetry, the configuration it ran with (every engine argument), the system it ran on, and
+the runtime of its server and lease. Serve and offline cases alike end here."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import platform
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pytest_profllm.engine.choice import EngineChoice
+from pytest_profllm.engine.registry import registry_for
+from pytest_profllm.engine.secrets import redact
+from pytest_profllm.hosts import nvml
+from pytest_profllm.hosts.devices import cpu_model
+from pytest_profllm.load import metrics
+from pytest_profllm.plan.case import Case
+from pytest_profllm.results.record import BenchmarkRecord, RegressionVerdict, Status, Verdict
+from pytest_profllm.server.process import ServerProcess
+from pytest_profllm.sim.config import describe_server
+
+
+class CaseFailed(Exception):
+    """The case must not pass, for a reason its message states in full: every request failed,
+    a request got a non-200 status, no output came back (or its Ray node was lost)."""
+
+
+@dataclass
+class CaseOutcome:
+    """What one case produced; `record()` turns it into the JSON record."""
+
+    case: Case
+    nodeid: str
+    session_id: str
+    engine: EngineChoice
+    worker: str
+    started_at: float
+    finished_at: float = 0.0
+    results: dict[str, float | int | None] = field(default_factory=dict)
+    verdicts: list[Verdict] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    server: ServerProcess | None = None
+    error: str | None = None
+    telemetry: dict[str, float | int | None] = field(default_factory=dict)
+    profiling: dict[str, Any] | None = None
+    # Set when the client, not the server, set the pace: the figures do not measure the server.
+    invalid_reason: str | None = None
+    # The regression gate's verdicts (gates/worker.py), set after the case's call.
+    regression: list[RegressionVerdict] = field(default_factory=list)
+    sim_device: str | None = None  # the simulator's device profile (None: its default)
+
+    @property
+    def run_id(self) -> str:
+        digest = hashlib.sha256(self.nodeid.encode()).hexdigest()[:10]
+        return f"{self.session_id}-{digest}"
+
+    @property
+    def missed(self) -> list[Verdict]:
+        return [verdict for verdict in self.verdicts if not verdict.passed]
+
+    def record(self, status: Status, message: str | None) -> dict[str, Any]:
+        case = self.case
+        record = BenchmarkRecord(
+            run_id=self.run_id,
+            session_id=self.session_id,
+            suite=case.suite,
+            source=case.source,
+            case_id=f"{case.source.split('/')[-1]}::{case.name}",
+            nodeid=self.nodeid,
+            repeat_index=case.repeat_index,
+            timestamp=datetime.fromtimestamp(self.started_at, UTC).isoformat(),
+            duration=(self.finished_at or time.time()) - self.started_at,
+            status=status,
+            message=message,
+            engine=self._engine(),
+            config=_config(case, self.engine),
+            results={k: v for k, v in self.results.items() if not _bad_float(v)},
+            system={**system_info(self.engine, self.server), **self.telemetry},
+            runtime=describe_runtime(self.server, self.worker, case),
+            profiling=self.profiling,
+            thresholds={name: t.model_dump() for name, t in case.thresholds.items()},
+            verdicts=self.verdicts,
+            regression=self.regression,
+        )
+        return record.model_dump(mode="json")
+
+    def _engine(self) -> dict[str, Any]:
+        engine: dict[str, Any] = dict(self.engine.as_record())
+        if self.engine.name == "sim":
+            # Which device profile and model facts produced the simulator's figures.
+            engine["sim"] = describe_server(self.case.server, self.sim_device)
+        return engine
+
+
+def _config(case: Case, engine: EngineChoice) -> dict[str, Any]:
+    # Every engine argument, defaults included, so the database can filter on any of them;
+    # the server key stays a hash of the suite's own values (Case.server).
+    registry = registry_for(engine.name, engine.vllm)
+    return {
+        "server": redact(registry.complete(case.server)),
+        "benchmark": case.benchmark.model_dump(mode="json"),
+        "engine_args": registry.describe(),
+    }
+
+
+def _bad_float(value: object) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def evaluate(case: Case, results: dict[str, float | int | None]) -> list[Verdict]:
+    verdicts = []
+    for name, threshold in case.thresholds.items():
+        value = results.get(name)
+        bounds: tuple[tuple[Literal["min", "max"], float | None], ...] = (
+            ("min", threshold.min),
+            ("max", threshold.max),
+        )
+        for bound, limit in bounds:
+            if limit is None:
+                continue
+            passed = value is not None and (value >= limit if bound == "min" else value <= limit)
+            verdicts.append(
+                Verdict(
+                    metric=name,
+                    bound=bound,
+                    limit=limit,
+                    value=None if value is None else float(value),
+                    passed=passed,
+                )
+            )
+    return verdicts
+
+
+def describe_missed(missed: list[Verdict]) -> str:
+    """The metric, its value and the bound first: pytest's short summary (-rA) keeps the
+    first line of a failure only, cut to the terminal's width."""
+    parts = []
+    for verdict in missed:
+        relation = "< min" if verdict.bound == "min" else "> max"
+        value = "missing" if verdict.value is None else f"{verdict.value:.4g}"
+        parts.append(f"{verdict.metric} = {value} {relation} {verdict.limit:g}")
+    noun = "threshold" if len(parts) == 1 else "thresholds"
+    return "; ".join(parts) + f" ({noun} missed)"
+
+
+def request_row(index: int, outcome: metrics.RequestOutcome, clock_start: float) -> dict[str, Any]:
+    # Times in seconds from the benchmark's start, so every statistic can be recomputed later.
+    return {
+        "index": index,
+        "success": outcome.success,
+        "status": outcome.status,
+        "prompt_len": outcome.prompt_len,
+        "output_tokens": outcome.output_tokens,
+        "intended_start_s": outcome.intended_start - clock_start,
+        "dispatch_s": outcome.dispatch_time - clock_start,
+        "start_s": outcome.start_time - clock_start,
+        "schedule_lag_s": outcome.schedule_lag,
+        "ttft_s": outcome.ttft,
+        "itl_s": outcome.itl,
+        "latency_s": outcome.latency,
+        "message_s": [t - clock_start for t in outcome.message_times],
+        "end_s": outcome.end_time - clock_start if outcome.end_time else None,
+        "error": outcome.error or None,
+    }
+
+
+def system_info(engine: EngineChoice, server: ServerProcess | None) -> dict[str, Any]:
+    host = nvml.discover()
+    kind = engine.device_kind
+    leased = set(server.lease.gpus) if server and kind == "gpu" else set()
+    chosen = [gpu for gpu in host.gpus if str(gpu.index) in leased]
+    if kind == "cpu":
+        device_name: str | None = cpu_model()
+    else:
+        device_name = ", ".join(sorted({gpu.name for gpu in chosen})) or None
+    return {
+        "device_kind": kind,
+        "device_name": device_name,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+        "gpu_names": [gpu.name for gpu in chosen],
+        "gpu_uuids": [gpu.uuid for gpu in chosen],
+        "driver_version": host.driver_version,
+        "vllm_version": engine.version if engine.name == "vllm" else None,
+    }
+
+
+def describe_runtime(server: ServerProcess | None, worker: str, case: Case) -> dict[str, Any]:
+    lease = server.lease if server else None
+    on_cpu = server is not None and server.device == "cpu"
+    return {
+        "worker": worker,
+        "server_key": case.server_key,
+        "gpus": list(lease.gpus) if lease and not on_cpu else [],
+        "cpus": list(lease.gpus) if lease and on_cpu else [],
+        "gpu_uuids": list(lease.gpu_uuids) if lease else [],
+        "port": lease.port if lease else None,
+        "server_pid": server.pid if server else None,
+        "server_started_at": server.started_at if server else None,
+        "server_ready_at": server.ready_at if server else None,
+        "server_stopped_at": server.stopped_at if server else None,
+        "lease_wait_s": lease.wait_s if lease else None,
+        "server_stop_problems": list(server.stop_problems) if server else [],
+        "server_restart_reason": server.restart_reason if server else None,
+    }

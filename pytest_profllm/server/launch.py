@@ -1,0 +1,75 @@
+"""How a case's server is launched: its engine arguments (with the profiler where the case
+profiles), the argv and environment it starts with, and the name of its log and trace folder.
+`profllm plan` prints what `launch` returns, so the plan is the command that runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pytest_profllm.engine.choice import EngineName
+from pytest_profllm.engine.command import serve_command, serve_env
+from pytest_profllm.engine.install import VllmInstall
+from pytest_profllm.engine.registry import Registry
+from pytest_profllm.hosts.devices import DeviceKind, device_env
+from pytest_profllm.hosts.pool import Lease
+from pytest_profllm.plan.case import Case
+
+HOST = "127.0.0.1"
+
+
+def launch(
+    engine: EngineName,
+    server: dict[str, Any],
+    lease: Lease,
+    registry: Registry | None = None,
+    vllm: VllmInstall | None = None,
+    device: DeviceKind = "gpu",
+    sim_device: str | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and the environment (over the inherited one) a server starts with.
+
+    `profllm plan` prints what this returns, so the plan is the command that runs.
+    """
+    argv = serve_command(engine, server, HOST, lease.port, registry, vllm, sim_device)
+    return argv, {**server_env(lease, device), **serve_env(server)}
+
+
+def server_name(case: Case) -> str:
+    """Names the server's log file and trace folder."""
+    return f"{safe_name(case.suite)}-{case.server_label}-{case.server_key}"
+
+
+def engine_args_for(case: Case, profile_root: Path) -> tuple[dict[str, Any], Path | None]:
+    """The engine arguments a case's server starts with, and its trace folder when it profiles
+    (vLLM's profiler is switched on by an engine argument)."""
+    if not case.profile:
+        return case.server, None
+    trace_dir = profile_root / server_name(case)
+    return profiled_server(case.server, trace_dir), trace_dir
+
+
+def server_env(lease: Lease, device: DeviceKind = "gpu") -> dict[str, str]:
+    # No VLLM_TORCH_PROFILER_DIR for a profiling server: vLLM 0.33.0 takes `--profiler-config`
+    # (see profiled_server) and warns about that variable as unknown.
+    return {
+        **device_env(device, lease),
+        # A private base for vLLM's internal ports: without it, servers on one host collide.
+        "VLLM_PORT": str(lease.internal_port),
+    }
+
+
+def safe_name(name: str) -> str:
+    """A name fit for a file name: runs of other characters become one `-`."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
+
+
+def profiled_server(server: dict[str, Any], trace_dir: Path) -> dict[str, Any]:
+    """Engine arguments with the torch profiler on, writing into `trace_dir` (vLLM wants an
+    absolute path). A suite's own `profiler_config` keeps its other settings."""
+    own = server.get("profiler_config")
+    config = dict(own) if isinstance(own, dict) else {}
+    config["profiler"] = "torch"
+    config["torch_profiler_dir"] = str(trace_dir.resolve())
+    return {**server, "profiler_config": config}

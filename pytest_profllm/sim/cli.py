@@ -1,0 +1,351 @@
+"""The simulated engine's command line: `vllm serve`'s arguments parsed as vLLM parses them, the
+engine model they choose, and the server started on them (`python -m pytest_profllm.sim`).
+
+It reads the `vllm serve` arguments that shape serving (batch limits, context length, parallel
+sizes, memory utilisation, served names, API key) and accepts every other engine argument
+without effect, listing them at start-up, as a stand-in must: a suite runs unchanged on vLLM
+and on the simulator. Its own flags: `--sim-device NAME` (the GPU it models, `sim/hardware.py`)
+and `--sim-fault SPEC` (faults on demand, `sim/faults.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tokenizers import Tokenizer
+
+from pytest_profllm.engine.registry import human_int
+from pytest_profllm.engine.secrets import redact_argv
+from pytest_profllm.sim.batching import Scheduler
+from pytest_profllm.sim.config import SimSetup, build_setup
+from pytest_profllm.sim.faults import FAULTS_ENV, Faults, FaultSpecError, parse_faults
+from pytest_profllm.sim.hardware import DEFAULT_DEVICE, GIB, profiles
+from pytest_profllm.sim.instruments import ProfilerConfigError, ProfilerSettings
+from pytest_profllm.sim.model_files import MODEL_DIR, SPECIAL_TOKENS
+from pytest_profllm.sim.stats import EngineStats
+
+if TYPE_CHECKING:
+    from pytest_profllm.sim.batching import Scheduler
+
+log = logging.getLogger("profllm.sim")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="profllm sim",
+        description="Simulated vLLM engine: vLLM's OpenAI-compatible API over a step cost model.",
+        # vLLM's options it ignores must not be taken for abbreviations of those it reads.
+        allow_abbrev=False,
+    )
+    parser.add_argument("model_tag", nargs="?", help="model name or folder, as for `vllm serve`")
+    parser.add_argument("--model", help="same as the positional MODEL")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", nargs="+")
+    parser.add_argument(
+        "--tokenizer",
+        help="tokenizer folder (default: the model folder if it has "
+        "one, else the simulator's bundled tokenizer)",
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=_positive, help="default: vLLM's for the device (1024 or 256)"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens", type=_positive, help="default: vLLM's for the device"
+    )
+    parser.add_argument("--max-model-len", type=_model_len)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument(
+        "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True
+    )
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    parser.add_argument("--api-server-count", "-asc", type=_positive, default=1)
+    parser.add_argument("--tensor-parallel-size", "-tp", type=_positive, default=1)
+    parser.add_argument("--pipeline-parallel-size", "-pp", type=_positive, default=1)
+    parser.add_argument("--data-parallel-size", "-dp", type=_positive, default=1)
+    # vLLM takes several keys; all are read (so none is logged as an ignored argument), and
+    # the first is required, the one profllm's client sends.
+    parser.add_argument("--api-key", nargs="+")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block-size", type=_positive)
+    parser.add_argument(
+        "--num-gpu-blocks-override",
+        type=_positive,
+        help="KV-cache blocks (default: what the device's memory holds after the weights)",
+    )
+    parser.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
+    )
+    parser.add_argument(
+        "--profiler-config",
+        help='JSON, as vLLM\'s: {"profiler": "torch", "torch_profiler_dir": DIR} enables '
+        "/start_profile and /stop_profile, which write Chrome traces of the scheduler steps",
+    )
+    parser.add_argument(
+        "--sim-device",
+        default=DEFAULT_DEVICE,
+        help=f"the GPU the simulator models (default: {DEFAULT_DEVICE}; known: "
+        f"{', '.join(sorted(profiles()))})",
+    )
+    parser.add_argument(
+        "--sim-fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help=f"fail on purpose (repeatable; also {FAULTS_ENV}): exit_at_start, slow_start=S, "
+        "never_healthy, die_after=N, error_rate=F, stall_request=N, close_request=N, "
+        "orphan_child; SPEC@ARG=VALUE applies only where the argv has that argument value",
+    )
+    return parser
+
+
+def _positive(text: str) -> int:
+    # vLLM takes sizes like 4k (4000) and 2K (2048) for its token counts; so does the simulator.
+    value = human_int(text.removeprefix("+"))
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _model_len(text: str) -> int | None:
+    # auto (or -1): the longest the model allows, as when the flag is absent.
+    if text.strip().lower() in ("auto", "-1"):
+        return None
+    return _positive(text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s %(asctime)s [profllm sim] %(message)s"
+    )
+    args, ignored = build_parser().parse_known_args(argv)
+    model = args.model or args.model_tag
+    if not model:
+        build_parser().error("a model is required: profllm sim MODEL [options]")
+    if ignored:
+        shown = " ".join(redact_argv(ignored))  # the log lands in --profllm-out/logs
+        log.info("engine arguments without effect on the simulator: %s", shown)
+    try:
+        profiler = ProfilerSettings.from_json(args.profiler_config)
+    except ProfilerConfigError as error:
+        # As vLLM's parser says it (exit code 2), so the start failure names a bad argument.
+        build_parser().error(f"argument --profiler-config: {error}")
+    argv_seen = list(sys.argv[1:] if argv is None else argv)
+    try:
+        faults = parse_faults([os.environ.get(FAULTS_ENV, ""), *args.sim_fault], argv_seen)
+    except FaultSpecError as error:
+        build_parser().error(f"argument --sim-fault: {error}")
+    model_dir = model_dir_of(model, args.tokenizer)
+    if model_dir is None:
+        log.error("model path %s does not exist", model)
+        return 1
+    try:
+        setup = setup_for(args, model)
+    except ValueError as error:  # unknown model or device, no memory left for the KV cache
+        log.error("%s", error)
+        return 1
+    api_key = args.api_key[0] if args.api_key else os.environ.get("VLLM_API_KEY")
+    log.info(
+        "CUDA_VISIBLE_DEVICES=%s VLLM_PORT=%s",
+        os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        os.environ.get("VLLM_PORT", ""),
+    )
+    _log_setup(setup)
+    if faults:
+        log.warning("faults on demand: %s", faults)
+        if faults.exit_at_start:
+            return _exit_at_start(setup)
+        if faults.orphan_child:
+            _leave_orphan()
+    asyncio.run(_serve(args, model, model_dir, api_key, profiler, setup, faults))
+    return 0
+
+
+def _log_setup(setup: SimSetup) -> None:
+    engine = setup.engine
+    model, device = engine.model, engine.device
+    gpus = engine.tensor_parallel_size * engine.pipeline_parallel_size
+    log.info(
+        "simulating %s (%.2fB parameters, %s, facts from %s) on %d x %s (%s)",
+        model.name,
+        model.params / 1e9,
+        "fp8" if model.quantization == "fp8" else model.dtype,
+        model.source,
+        gpus,
+        device.name,
+        device.source,
+    )
+    log.info(
+        "Model loading took %.2f GiB per GPU; GPU KV cache size: %d tokens (%d blocks of %d); "
+        "max_num_seqs=%d, max_num_batched_tokens=%d",
+        model.weight_bytes / gpus / GIB,
+        setup.num_gpu_blocks * setup.block_size,
+        setup.num_gpu_blocks,
+        setup.block_size,
+        setup.max_num_seqs,
+        setup.max_num_batched_tokens,
+    )
+
+
+def _exit_at_start(setup: SimSetup) -> int:
+    # What vLLM 0.33.0 prints when its engine core fails to start (here: out of memory).
+    device = setup.engine.device
+    log.error(
+        "EngineCore failed to start.\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+        "total capacity of %.2f GiB of which 1.12 GiB is free. (simulated fault exit_at_start)",
+        device.memory_gib,
+    )
+    log.error(
+        "RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {'EngineCore_DP0': 1}"
+    )
+    return 1
+
+
+def _leave_orphan() -> None:
+    # Its own session: out of the server's process group, as a leaked EngineCore can be.
+    # Bounded (10 minutes) so that even a harness that misses it does not keep it forever.
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)  # profllm sim orphan_child"],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    log.warning("orphan_child: left pid %d in its own session", child.pid)
+
+
+def setup_for(args: argparse.Namespace, model: str) -> SimSetup:
+    """The engine model for parsed engine arguments. Raises ValueError (unknown model or
+    device, no memory left for the KV cache) with a one-line message."""
+    return build_setup(
+        model,
+        args.sim_device,
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        block_size=args.block_size,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        max_model_len=args.max_model_len,
+        api_server_count=args.api_server_count,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+    )
+
+
+def make_scheduler(args: argparse.Namespace, setup: SimSetup) -> Scheduler:
+    """The simulated engine for parsed engine arguments: the server's, and the offline
+    benchmarks' (`pytest_profllm.sim.offline`)."""
+
+    return Scheduler(
+        cost=setup.engine,
+        max_num_seqs=setup.max_num_seqs,
+        max_num_batched_tokens=setup.max_num_batched_tokens,
+        block_size=setup.block_size,
+        num_gpu_blocks=setup.num_gpu_blocks,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        stats=EngineStats(max_model_len=setup.max_model_len),
+    )
+
+
+def model_dir_of(model: str, tokenizer: str | None) -> Path | None:
+    for candidate in (tokenizer, model):
+        if candidate and Path(candidate, "tokenizer.json").is_file():
+            return Path(candidate)
+    # A local path that is missing is an error, as in vLLM; a hub name gets the bundled folder.
+    if model.startswith(("/", "./", "../", "~")):
+        return None
+    return MODEL_DIR
+
+
+async def _serve(
+    args: argparse.Namespace,
+    model: str,
+    model_dir: Path,
+    api_key: str | None,
+    profiler: ProfilerSettings,
+    setup: SimSetup,
+    faults: Faults,
+) -> None:
+    # Deferred: aiohttp (about 0.17 s) only when the simulator serves; `profllm plan`
+    # and the offline benchmarks import this module for its parser.
+    from aiohttp import web
+
+    # Deferred: aiohttp (about 0.17 s) only when the simulator serves; `profllm plan`
+    # and the offline benchmarks import this module for its parser.
+    from pytest_profllm.sim.app import SimState, build_app
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    max_model_len = setup.max_model_len
+    vocab = tokenizer.get_vocab()
+    words = [
+        w for w, _ in sorted(vocab.items(), key=lambda item: item[1]) if w not in SPECIAL_TOKENS
+    ]
+    state = SimState(
+        served_names=args.served_model_name or [model],
+        root=model,
+        max_model_len=max_model_len,
+        tokenizer=tokenizer,
+        words=words,
+        api_key=api_key,
+        request_delay_s=setup.engine.request_seconds(),
+        faults=faults,
+    )
+    scheduler = make_scheduler(args, setup)
+    if profiler.profiler:
+        log.warning(
+            "Profiler with mode '%s' is enabled in the API server (traces in %s)",
+            profiler.profiler,
+            profiler.torch_profiler_dir,
+        )
+    app = build_app(state, scheduler, profiler)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        if faults.slow_start:
+            log.info("slow_start: listening in %.1f s", faults.slow_start)
+            await asyncio.sleep(faults.slow_start)
+        await site.start()
+        # The pid says which process bound the port (a test proves whose server was measured).
+        log.info(
+            "Starting vLLM API server (simulated) on http://%s:%d (pid %d)",
+            args.host,
+            args.port,
+            os.getpid(),
+        )
+        log.info(
+            "serving %s as %s, max_num_seqs=%d, max_model_len=%d, tp=%d",
+            model_dir,
+            state.served_names,
+            setup.max_num_seqs,
+            max_model_len,
+            args.tensor_parallel_size,
+        )
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await runner.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
