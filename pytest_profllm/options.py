@@ -16,6 +16,7 @@ from pytest_profllm.gates.config import GateConfig
 from pytest_profllm.gates.verdict import GateSettings
 from pytest_profllm.hosts.devices import parse_cpu_sets
 from pytest_profllm.hosts.pool import PORT_BLOCK
+from pytest_profllm.plan.case import MAX_CASES
 from pytest_profllm.plan.regression import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
 from pytest_profllm.sim.hardware import UnknownDevice, device_profile
 
@@ -105,6 +106,15 @@ def parse_seconds(text: str) -> float:
 
 def parse_milliseconds(text: str) -> float:
     return _number(text, "milliseconds", _positive, "expected a positive number of milliseconds")
+
+
+def parse_max_cases(text: str) -> int:
+    """A whole number of cases, at least 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--profllm-max-cases: expected a count of cases, got {text!r}"
+        )
+    return int(text)
 
 
 def parse_confidence(text: str) -> float:
@@ -227,6 +237,14 @@ def add_options(parser: pytest.Parser) -> None:
         "L40S, H100-PCIe (ini: profllm_sim_device; default: H100-SXM)",
     )
     group.addoption(
+        "--profllm-max-cases",
+        metavar="N",
+        type=parse_max_cases,
+        default=None,
+        help="the most cases one suite may expand to; a larger matrix is an error naming its "
+        f"axes (ini: profllm_max_cases; default: {MAX_CASES:,})",
+    )
+    group.addoption(
         "--profllm-ray",
         metavar="ADDRESS",
         default=None,
@@ -265,6 +283,7 @@ def add_options(parser: pytest.Parser) -> None:
     )
     parser.addini("profllm_busy_gpus", "wait or fail on GPUs in use by others", default="wait")
     parser.addini("profllm_sim_device", "the GPU the simulated engine models", default=None)
+    parser.addini("profllm_max_cases", "the most cases one suite may expand to", default=None)
     parser.addini("profllm_ray", "Ray cluster address, auto or local", default=None)
     parser.addini(
         "profllm_ray_retry", "retry a lost node's cases elsewhere, once", type="bool", default=False
@@ -295,6 +314,13 @@ def add_options(parser: pytest.Parser) -> None:
         "the baseline of the next run",
     )
     group.addoption(
+        "--profllm-require-baseline",
+        action="store_true",
+        default=None,
+        help="a case with a `regression:` block and no baseline run fails instead of passing "
+        "as no-baseline (ini: profllm_require_baseline; default: off)",
+    )
+    group.addoption(
         "--profllm-summary",
         metavar="PATH",
         default=None,
@@ -321,6 +347,10 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini(
         "profllm_baseline_any_version", "leave the engine version out", type="bool", default=False
     )
+    parser.addini(
+        "profllm_require_baseline", "fail gated cases without a baseline", type="bool",
+        default=False,
+    )
     parser.addini("profllm_summary", "Markdown summary file", default=None)
     parser.addini("profllm_gate_confidence", "bootstrap confidence level", default=None)
     parser.addini("profllm_gate_resamples", "bootstrap resamples", default=None)
@@ -343,6 +373,7 @@ class Settings:
     sim_device: str | None = None  # None: the simulator's default profile
     ray: str | None = None  # a Ray cluster's address, auto or local: server groups run there
     ray_retry: bool = False
+    max_cases: int = MAX_CASES
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -389,6 +420,10 @@ class Settings:
                 "profllm_sim_device", "profllm_sim_device", parse_sim_device
             ),
             ray=str(pick("profllm_ray", "profllm_ray") or "") or None,
+            max_cases=parsed(  # type: ignore[arg-type]
+                "profllm_max_cases", "profllm_max_cases", parse_max_cases
+            )
+            or MAX_CASES,
             ray_retry=bool(pick("profllm_ray_retry", "profllm_ray_retry")),
         )
 
@@ -439,6 +474,9 @@ def gate_config(config: pytest.Config, out_dir: Path | None) -> GateConfig:
             f"--profllm-baseline {baseline}: no such file or folder "
             "(write one with --profllm-baseline-update)"
         )
+    require = config.getoption("profllm_require_baseline")
+    if require is None:
+        require = config.getini("profllm_require_baseline")
     any_version = config.getoption("profllm_baseline_any_version")
     if any_version is None:
         any_version = config.getini("profllm_baseline_any_version")
@@ -450,6 +488,7 @@ def gate_config(config: pytest.Config, out_dir: Path | None) -> GateConfig:
         with_version=not any_version,
         update_baseline=update,
         summary=summary,
+        require_baseline=bool(require),
         settings=GateSettings(
             confidence=number(
                 "profllm_gate_confidence",

@@ -19,7 +19,12 @@ from pytest_profllm.engine.choice import EngineUnavailable, choose_engine
 from pytest_profllm.gates.config import GATE_CONFIG_KEY
 from pytest_profllm.gates.controller import GATE_CONTROLLER_KEY, GateController
 from pytest_profllm.gates.summary import junit_properties
-from pytest_profllm.gates.worker import baseline_of, judge_case, regression_message
+from pytest_profllm.gates.worker import (
+    baseline_of,
+    baseline_problem,
+    judge_case,
+    regression_message,
+)
 from pytest_profllm.hosts import nvml
 from pytest_profllm.plan.case import Case
 from pytest_profllm.run.outcome import describe_missed
@@ -37,6 +42,7 @@ from pytest_profllm.session.report import summary_lines
 from pytest_profllm.session.worker import OUTCOME_KEY, WORKER_KEY, worker_session
 
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+_LEFTOVERS = pytest.StashKey[list[str]]()  # what killed sessions left, ended at the start
 _RESTORE_SIGTERM = pytest.StashKey[Callable[[], None]]()
 
 
@@ -75,11 +81,14 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(problem)
         if settings.ray is not None:
             check_usage(config)
+        config.stash[_LEFTOVERS] = identity.claim_session(settings)
         run_identity = RunIdentity(identity.new_session_id(), engine)
         config.stash[CONTROLLER_KEY] = ControllerSession(settings, run_identity)
         # Only here: on an xdist worker it would take records out before they are sent.
         config.pluginmanager.register(ControllerReports(config), "profllm-reports")
         gates = GateController(config, gate, settings.db_path, engine.name)
+        if (problem := baseline_problem(config)) is not None:
+            raise pytest.UsageError(problem)
         config.stash[GATE_CONTROLLER_KEY] = gates
         config.pluginmanager.register(gates, "profllm-gates")
     config.stash[IDENTITY_KEY] = run_identity
@@ -172,6 +181,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     out = f"records in {settings.out_dir}" if settings.out_dir else "no --profllm-out: no files"
     where = f"; server groups on the Ray cluster {settings.ray}" if settings.ray else ""
     lines = [f"profllm: engine {engine.name} ({engine.reason}); {out}{where}"]
+    lines += [f"profllm: {line}" for line in config.stash.get(_LEFTOVERS, [])]
     if not hasattr(config, "workerinput"):
         baseline = baseline_of(config)
         if baseline is not None:
@@ -259,7 +269,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         problems.append(describe_missed(outcome.missed))
     if outcome is not None and outcome.case.regression:
         outcome.regression = judge_case(item.config, outcome)
-        problems.append(regression_message(outcome.regression) or "")
+        require = item.config.stash[GATE_CONFIG_KEY].require_baseline
+        problems.append(regression_message(outcome.regression, require) or "")
     if any(problems):
         pytest.fail("; ".join(problem for problem in problems if problem), pytrace=False)
 
@@ -290,6 +301,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         gates = session.config.stash.get(GATE_CONTROLLER_KEY, None)
         if gates is not None:
             gates.finish(records_loaded=controller.load_problem is None)
+            if gates.gated_nothing() is not None:
+                # A gate that gated nothing is an error, never green.
+                session.exitstatus = pytest.ExitCode.USAGE_ERROR
     scope_dir = session.config.stash.get(scheduler.SCOPE_DIR_KEY, None)
     if scope_dir is not None:
         shutil.rmtree(scope_dir, ignore_errors=True)

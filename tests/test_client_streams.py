@@ -200,7 +200,7 @@ def test_stream_with_only_usage_is_a_failure() -> None:
 def test_invalid_json_is_a_failed_outcome() -> None:
     (outcome,) = _load(_scripted(_token("a"), b"data: {not json\n\n", DONE)).outcomes
     assert not outcome.success
-    assert outcome.error.startswith("JSONDecodeError")
+    assert outcome.error == "StreamError: a message in the stream is not a JSON object: '{not json'"
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,8 @@ def make_record(
     results: dict[str, float | int | None] = {
         name: 1.0 for name in metric_names.result_names(latency_metrics, percentiles)
     }
+    # A measurement: every request completed (a failed one makes the run no data point).
+    results.update(completed=10, failed=0, completed_requests=10, failed_requests=0)
     results["request_throughput"] = throughput
     results["output_throughput"] = throughput * 10
     if "p99_ttft_ms" in results:
@@ -210,10 +212,10 @@ def test_charts_over_two_sessions_of_a_case_show_per_run_values_not_their_sum(
                       f"{urlencode({'case_id': CASE_A})}")
     assert [(row["session_id"], row["output_tok_per_s"]) for row in history] == [
         ("s1", 110.0), ("s2", 210.0)]
+    # Case B's run of s2 is an `error`: its figures are no data point (issue 22).
     latest = rows_of(results_db, "/results/chart_latest_session.json?_shape=array")
     assert {row["case_label"]: row["output_tok_per_s"] for row in latest} == {
         CASE_A.rsplit("::", 1)[0] + " :: random": 210.0,
-        CASE_B.rsplit("::", 1)[0] + " :: random": 220.0,
     }
     # One point per configuration and load: the median of the measured runs (s2-b errored).
     pareto = rows_of(results_db, "/results/chart_ttft_vs_throughput.json?_shape=array")
@@ -362,9 +364,10 @@ def test_best_configuration_under_a_bound(tmp_path: Path) -> None:
 
 
 def test_latest_per_configuration(results_db: Path) -> None:
+    # The latest valid measurement of each: case B's latest run (s2-b) is an `error`.
     rows = rows_of(results_db, "/results/latest_per_configuration.json?_shape=array")
     assert sorted((row["configuration"], row["run_id"]) for row in rows) == [
-        (CASE_B.rsplit("::", 1)[0], "s2-b"), (CASE_A.rsplit("::", 1)[0], "s2-a")]
+        (CASE_B.rsplit("::", 1)[0], "s1-b"), (CASE_A.rsplit("::", 1)[0], "s2-a")]
 
 
 def test_case_history_lists_one_case_newest_first(results_db: Path) -> None:
@@ -405,3 +408,22 @@ def test_canned_queries_run_on_records_with_custom_percentiles(tmp_path: Path) -
         f"/results/case_history.json?_shape=array&case_id={CASE_A}",
     )
     assert (latest.status_code, history.status_code) == (200, 200)
+
+
+def test_a_run_whose_requests_all_failed_is_no_data_point(tmp_path: Path) -> None:
+    # Issue 22: a `failed` run that measured nothing (every request failed: completed 0,
+    # metrics 0.0) halved the median of the throughput and Pareto charts and was a "best" or
+    # "latest" configuration. A run that missed a threshold stays a point.
+    dead = make_record("s3-a", "s3", CASE_A, "2026-01-03T10:00:00+00:00", "failed",
+                       throughput=0.0)
+    dead["results"].update(completed=0, failed=10, completed_requests=0, failed_requests=10)
+    dead["validity"] = None  # as a record of before, read back: its validity is derived
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [*RECORDS, dead])
+    rate = rows_of(db_path, "/results/chart_throughput_vs_rate.json?_shape=array")
+    assert sorted((row["request_rate"], row["output_tok_per_s"]) for row in rate) == [
+        (4.0, 120.0), (4.0, 160.0)]
+    latest = rows_of(db_path, "/results/latest_per_configuration.json?_shape=array")
+    assert "s3-a" not in {row["run_id"] for row in latest}
+    best = rows_of(db_path, "/results/best_configuration.json?_shape=array")
+    assert all(row["output_tok_per_s"] > 0 for row in best)

@@ -269,13 +269,13 @@ def test_without_out_dir_nothing_is_written(pytester: pytest.Pytester, ports: st
 
 
 def test_secrets_never_reach_files_we_write(pytester: pytest.Pytester, ports: str) -> None:
-    # One key travels in VLLM_API_KEY; several stay in argv; watermark_config is secret to vLLM.
+    # A key travels in VLLM_API_KEY, never in argv; watermark_config is secret to vLLM.
     pytester.makefile(
         ".yaml",
         bench_secret="""
 server:
   model: Qwen/Qwen3-8B
-  api_key: [sk-topsecret-1, [sk-topsecret-3, sk-topsecret-4]]
+  api_key: [sk-topsecret-1, [sk-topsecret-3]]
   hf_token: hf_topsecret_2
   watermark_config: {key: wm-topsecret-5}
 benchmark:
@@ -304,6 +304,29 @@ benchmark:
             content = gzip.decompress(content)
         assert b"topsecret" not in content, path
     result.stdout.no_fnmatch_line("*topsecret*")
+
+
+def test_several_keys_are_refused_and_an_inherited_key_is_not_half_applied(
+    pytester: pytest.Pytester, ports: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Several keys would go on the server's command line, readable by any local user.
+    pytester.makefile(
+        ".yaml",
+        bench_keys="server:\n  model: Qwen/Qwen3-8B\n  api_key: [[sk-a, sk-b]]\n" + SMALL_WORKLOAD,
+    )
+    refused = run(pytester, ports)
+    assert (
+        "bench_keys.yaml:3: server.api_key[0]: more than one value would go on the server's "
+        "command line, which any local user reads (/proc/PID/cmdline); give one"
+    ) in refused.stdout.str()
+    assert "sk-a" not in refused.stdout.str()
+    # A key in the user's shell is not enforced on requests that do not send it (before:
+    # every request got 401 while the record said api_key: null).
+    (pytester.path / "bench_keys.yaml").unlink()
+    pytester.makefile(".yaml", bench_open="server:\n  model: Qwen/Qwen3-8B\n" + SMALL_WORKLOAD)
+    monkeypatch.setenv("VLLM_API_KEY", "sk-from-the-shell")
+    result = run(pytester, ports)
+    result.assert_outcomes(passed=1)
 
 
 def test_case_needing_more_gpus_than_the_pool_is_skipped(

@@ -119,7 +119,8 @@ def test_requests_without_a_response_fail_the_case() -> None:
     cut = RequestOutcome(8, error="ServerDisconnectedError: Server disconnected")
     problem = served_problem([*answered, refused, cut], {"completed": 3, "total_output_tokens": 12})
     assert problem == (
-        "2 of 5 requests got no response (connection refused, reset or closed); first errors: "
+        "2 of 5 requests failed (2 got no response (connection refused, reset or closed); none "
+        "allowed: thresholds: {failed: {max: N}}); first errors: "
         "ClientConnectorError: Connect call failed; ServerDisconnectedError: Server disconnected"
     )
 

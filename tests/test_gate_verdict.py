@@ -15,9 +15,7 @@ import pytest
 
 from pytest_profllm.browse.change_points import ChangePointsAggregate
 from pytest_profllm.cli.main import main as cli_main
-from pytest_profllm.gates import tables
 from pytest_profllm.gates.baseline import Baseline
-from pytest_profllm.gates.fingerprint import digests
 from pytest_profllm.gates.history import Point, change_points
 from pytest_profllm.gates.samples import RunSamples
 from pytest_profllm.gates.summary import markdown
@@ -25,6 +23,8 @@ from pytest_profllm.gates.verdict import GateSettings, describe, judge
 from pytest_profllm.options import parse_confidence, parse_resamples
 from pytest_profllm.plan.regression import gated_metric, parse_regression, parse_tolerance
 from pytest_profllm.plan.suite import SuiteError, validate_suite
+from pytest_profllm.results import gate_tables as tables
+from pytest_profllm.results.fingerprint import digests
 from pytest_profllm.results.record import write_record, write_requests
 
 

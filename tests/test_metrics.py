@@ -358,8 +358,10 @@ def test_served_problem_any_non_200_status() -> None:
     outcomes[3].error = "HTTP 400 Bad Request: too long"
     problem = metrics.served_problem(outcomes, compute(outcomes, DURATION))
     assert problem == (
-        "1 of 4 requests got a non-200 status; first errors: HTTP 400 Bad Request: too long"
+        "1 of 4 requests failed (1 got a non-200 status; none allowed: thresholds: "
+        "{failed: {max: N}}); first errors: HTTP 400 Bad Request: too long"
     )
+    assert metrics.served_problem(outcomes, compute(outcomes, DURATION), 1) is None
 
 
 def test_served_problem_zero_output_tokens() -> None:

@@ -20,7 +20,6 @@ from pytest_profllm.plan.suite import BenchmarkConfig
 from pytest_profllm.results.ingest import read_record
 from pytest_profllm.results.landing import LANDING
 from pytest_profllm.results.record import (
-    BenchmarkRecord,
     json_schema,
     normalize,
     write_record,
@@ -42,7 +41,8 @@ def make_record(
     server: dict[str, Any] | None = None,
     verdicts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A record as the runner builds it: validated by the model, dumped as JSON data."""
+    """A record as the runner builds it (validity included): validated by the model, dumped
+    as JSON data."""
     results: dict[str, float | int | None] = {
         name: float(index) + 0.5
         for index, name in enumerate(metric_names.result_names(metric_names.LATENCY_METRICS,
@@ -61,7 +61,8 @@ def make_record(
         {"metric": "output_throughput", "bound": "min", "limit": 5.0, "value": 1.5,
          "passed": False},
     ]
-    return BenchmarkRecord.model_validate({
+    return normalize({
+        "schema_version": 1,
         "run_id": run_id,
         "session_id": session_id,
         "suite": "smoke",

@@ -10,8 +10,8 @@ from typing import Any
 
 from datasette import hookimpl
 
-from pytest_profllm.gates import tables
 from pytest_profllm.gates.history import Point, change_points, session_means
+from pytest_profllm.results import gate_tables as tables
 
 _QUERY = f"""
 select case_id, fingerprint, count(distinct session_id) as sessions,

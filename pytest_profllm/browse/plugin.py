@@ -13,13 +13,16 @@ import contextlib
 import sqlite3
 import statistics
 import time
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from datasette import hookimpl
+from datasette.utils import tilde_encode
 
 from pytest_profllm.browse.queries import CANNED_QUERIES, CHARTS
+from pytest_profllm.hosts.files import read_only_uri
 from pytest_profllm.results.landing import LANDING, landing_axes, swept_axes
 from pytest_profllm.results.table import TABLE
 
@@ -148,7 +151,7 @@ def _schema(datasette: Any, database: str) -> _Schema | None:
         return frozenset(row[1] for row in connection.execute(f"PRAGMA table_info([{table}])"))
 
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
+        with contextlib.closing(sqlite3.connect(read_only_uri(path), uri=True)) as connection:
             schema = _Schema(
                 swept_axes(connection), columns(connection, TABLE), columns(connection, LANDING)
             )
@@ -159,11 +162,23 @@ def _schema(datasette: Any, database: str) -> _Schema | None:
 
 
 @hookimpl
-def startup(datasette: Any) -> None:
-    # Datasette has no public setter; its settings are a plain dict made at start-up.
-    settings = getattr(datasette, "_settings", None)
-    if isinstance(settings, dict) and settings.get("max_csv_mb") == _DATASETTE_DEFAULT_MAX_CSV_MB:
-        settings["max_csv_mb"] = 0
+def startup(datasette: Any) -> Any:
+    async def lift_csv_limit() -> None:
+        # Datasette has no public setter; its settings are a plain dict made at start-up. The
+        # setting is the whole server's: it is lifted only where every database is ours.
+        settings = getattr(datasette, "_settings", None)
+        default = isinstance(settings, dict) and (
+            settings.get("max_csv_mb") == _DATASETTE_DEFAULT_MAX_CSV_MB
+        )
+        if default and await _all_ours(datasette):
+            settings["max_csv_mb"] = 0  # type: ignore[index]
+
+    return lift_csv_limit
+
+
+async def _all_ours(datasette: Any) -> bool:
+    served = [db for name, db in datasette.databases.items() if name != "_internal"]
+    return bool(served) and all([await db.table_exists(TABLE) for db in served])
 
 
 class _Median:
@@ -187,12 +202,17 @@ def prepare_connection(conn: sqlite3.Connection) -> None:
 
 @hookimpl
 def asgi_wrapper(datasette: Any) -> Any:
-    """Changes to requests, for our tables only:
+    """Changes to requests, for our tables only (a database that has `benchmark_runs`):
     - `/` opens the landing table when one database served is a results database, and a
       landing row opens the full row;
     - no facet suggestions: Datasette tries every column for them, and with one column per
       engine argument (400+) that made the table page take seconds;
-    - CSV streams every row (`_stream=on`), as if the user had asked for all of them."""
+    - CSV streams every row (`_stream=on`), as if the user had asked for all of them, paged
+      on the unique run id whatever the query string says (Datasette 0.65 pages a stream on
+      (sort column, key): over a sort's ties, such as timestamps, it repeated and lost rows).
+
+    Redirects are built by Datasette's own URL builder from a database it serves: never
+    from the raw path, which may hold `\\evil.com` or a line break."""
 
     def wrap(app: Any) -> Any:
         async def ours(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -201,32 +221,33 @@ def asgi_wrapper(datasette: Any) -> Any:
                 if path == "/" and (landing := await _landing_path(datasette)) is not None:
                     await _redirect(send, landing)
                     return
-                full_row = _landing_row(path)
-                if full_row is not None:
-                    # A run id on the landing table opens its row with every column.
-                    await _redirect(send, full_row)
-                    return
-                target = _our_table(path)
-                if target is not None:
-                    query: bytes = scope.get("query_string", b"")
-                    extra = []
-                    if b"_nosuggest=" not in query:
-                        extra.append(b"_nosuggest=1")
-                    if target.endswith(".csv") and b"_stream=" not in query:
-                        extra.append(b"_stream=on")
-                        if b"_sort" not in query:
-                            # Datasette 0.65 pages a stream on (sort column, key): over the
-                            # default sort's ties (timestamps) it repeated rows. By run_id,
-                            # each row comes once.
-                            extra.append(b"_sort=run_id")
-                    if extra:
-                        query = b"&".join(([query] if query else []) + extra)
-                        scope = {**scope, "query_string": query}
+                parts = path.strip("/").split("/")
+                database = datasette.databases.get(parts[0]) if parts[0] else None
+                if database is not None and await database.table_exists(TABLE):
+                    if len(parts) == 3 and parts[1] == LANDING and "." not in parts[2]:
+                        # A run id on the landing table opens its row with every column.
+                        run_id = tilde_encode(parts[2])
+                        await _redirect(send, datasette.urls.row(parts[0], TABLE, run_id))
+                        return
+                    if len(parts) == 2 and parts[1].split(".", 1)[0] in (TABLE, LANDING):
+                        scope = {**scope, "query_string": _our_query(
+                            parts[1], scope.get("query_string", b""))}
             await app(scope, receive, send)
 
         return ours
 
     return wrap
+
+
+def _our_query(target: str, query: bytes) -> bytes:
+    pairs = urllib.parse.parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+    names = {name for name, _ in pairs}
+    if "_nosuggest" not in names:
+        pairs.append(("_nosuggest", "1"))
+    if target.endswith(".csv"):
+        pairs = [(n, v) for n, v in pairs if n not in ("_sort", "_sort_desc", "_stream")]
+        pairs += [("_stream", "on"), ("_sort", "run_id")]
+    return urllib.parse.urlencode(pairs).encode("latin-1")
 
 
 async def _redirect(send: Any, location: str) -> None:
@@ -247,20 +268,6 @@ async def _landing_path(datasette: Any) -> str | None:
     return path
 
 
-def _landing_row(path: str) -> str | None:
-    # /<database>/runs/<run id> (the HTML row page) -> /<database>/benchmark_runs/<run id>
-    parts = path.split("/")
-    if len(parts) == 4 and parts[2] == LANDING and "." not in parts[3]:
-        return "/".join([*parts[:2], TABLE, parts[3]])
-    return None
-
-
-def _our_table(path: str) -> str | None:
-    # /<database>/benchmark_runs or /<database>/runs, with or without a format (.json, .csv)
-    parts = path.strip("/").split("/")
-    if len(parts) == 2 and parts[1].split(".", 1)[0] in (TABLE, LANDING):
-        return parts[1]
-    return None
 
 
 @hookimpl

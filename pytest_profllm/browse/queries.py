@@ -15,11 +15,10 @@ from typing import Any
 from urllib.parse import urlencode
 
 from pytest_profllm.results.landing import HEADLINE_METRICS
-from pytest_profllm.results.table import TABLE
+from pytest_profllm.results.table import MEASURED_RUNS, TABLE
 
-# The unary + keeps SQLite off the status index (it would then read each 7 KB row): these
-# queries read the covering index alone.
-MEASURED = "+status IN ('passed', 'failed')"
+# Points, comparisons and bests come from valid measurements only: the store's view of them
+# (results/table.py), which the covering index serves.
 # A series: one configuration on one engine and device, at one input/output length.
 SERIES = (
     "configuration || ' [' || engine || ', ' || device || ', in ' || "
@@ -68,7 +67,7 @@ def _throughput_against(column: str, name: str, where: str) -> str:
         f"SELECT {SERIES} AS series, {column} AS {name}, "
         "round(median(output_throughput), 2) AS output_tok_per_s, "
         "round(median(request_throughput), 3) AS req_per_s, count(*) AS runs "
-        f"FROM {TABLE} WHERE {MEASURED} AND {where} AND output_throughput IS NOT NULL "
+        f"FROM {MEASURED_RUNS} WHERE {where} AND output_throughput IS NOT NULL "
         f"GROUP BY {SERIES_KEY}, workload, bench_request_rate, bench_max_concurrency "
         f"ORDER BY series, {name}"
     )
@@ -107,7 +106,7 @@ CHARTS = (
         f"SELECT {SERIES} AS series, workload, "
         "round(median(output_throughput), 2) AS output_tok_per_s, "
         "round(median(p99_ttft_ms), 2) AS p99_ttft_ms, count(*) AS runs "
-        f"FROM {TABLE} WHERE {MEASURED} AND output_throughput IS NOT NULL "
+        f"FROM {MEASURED_RUNS} WHERE output_throughput IS NOT NULL "
         f"AND p99_ttft_ms IS NOT NULL GROUP BY {SERIES_KEY}, workload "
         "ORDER BY series, output_tok_per_s",
         "circle",
@@ -122,7 +121,8 @@ CHARTS = (
         "of its repeats. One bar per case.",
         f"SELECT configuration || ' :: ' || workload AS case_label, engine, "
         "round(median(output_throughput), 2) AS output_tok_per_s, count(*) AS runs "
-        f"FROM {TABLE} WHERE session_id = {LATEST_SESSION} AND output_throughput IS NOT NULL "
+        f"FROM {MEASURED_RUNS} WHERE session_id = {LATEST_SESSION} "
+        "AND output_throughput IS NOT NULL "
         "GROUP BY configuration, workload, engine, device ORDER BY case_label",
         "bar",
         ("case_label", "nominal"),
@@ -134,7 +134,7 @@ CHARTS = (
         "Chart: one case's output throughput over time",
         "Every run of one case (default: the case of the latest run), one point per run.",
         "SELECT timestamp, session_id, status, round(output_throughput, 2) AS output_tok_per_s, "
-        f"round(p99_ttft_ms, 2) AS p99_ttft_ms FROM {TABLE} WHERE case_id = coalesce("
+        f"round(p99_ttft_ms, 2) AS p99_ttft_ms FROM {MEASURED_RUNS} WHERE case_id = coalesce("
         f"nullif(:case_id, ''), (SELECT case_id FROM {TABLE} ORDER BY timestamp DESC LIMIT 1)) "
         "AND output_throughput IS NOT NULL ORDER BY timestamp",
         "line",
@@ -159,8 +159,8 @@ def _per_session(alias: str, param: str, default: str) -> str:
     figures = ", ".join(f"median({metric.column}) AS {metric.name}" for metric in _HEADLINE)
     return (
         f"{alias} AS (SELECT configuration, workload, engine, device, {figures}, "
-        f"count(*) AS runs FROM {TABLE} WHERE session_id = coalesce(nullif(:{param}, ''), "
-        f"{default}) AND {MEASURED} GROUP BY configuration, workload, engine, device)"
+        f"count(*) AS runs FROM {MEASURED_RUNS} WHERE session_id = coalesce(nullif(:{param}, ''), "
+        f"{default}) GROUP BY configuration, workload, engine, device)"
     )
 
 
@@ -197,7 +197,7 @@ _COMPARE_RUNS = " UNION ALL ".join(
 _BEST_UNDER_BOUND = (
     "WITH points AS (SELECT server_model, configuration, workload, engine, device, "
     "median(output_throughput) AS tp, median(p99_ttft_ms) AS ttft, median(p99_tpot_ms) AS tpot, "
-    f"count(*) AS runs FROM {TABLE} WHERE {MEASURED} AND output_throughput IS NOT NULL "
+    f"count(*) AS runs FROM {MEASURED_RUNS} WHERE output_throughput IS NOT NULL "
     f"GROUP BY {SERIES_KEY}, workload, bench_request_rate, bench_max_concurrency, server_model) "
     # SQLite's bare columns: configuration and workload come from the row with max(tp).
     "SELECT server_model, engine, device, round(max(tp), 2) AS output_tok_per_s, "
@@ -210,7 +210,7 @@ _LATEST_PER_CONFIGURATION = (
     "SELECT configuration, workload, engine, device, max(timestamp) AS timestamp, run_id, "
     "status, round(output_throughput, 2) AS output_tok_per_s, "
     "round(p99_ttft_ms, 2) AS p99_ttft_ms, round(p99_tpot_ms, 3) AS p99_tpot_ms "
-    f"FROM {TABLE} GROUP BY {SERIES_KEY}, workload "
+    f"FROM {MEASURED_RUNS} GROUP BY {SERIES_KEY}, workload "
     "ORDER BY configuration, workload, engine, device"
 )
 _NOT_PASSED = (

@@ -53,10 +53,11 @@ EXIT_INVALID = 3
 EXIT_UNREACHABLE = 4
 _EXIT_CODES = f"""exit status:
   {EXIT_OK}  success
-  {EXIT_NOTHING_MEASURED}  bench: nothing was measured (every request failed, a non-200 status,
-     or no output token)
+  {EXIT_NOTHING_MEASURED}  bench: nothing was measured, or a request failed (a non-200 status, an
+     error in its stream, a stream cut or stalled), or no output token
   {EXIT_USAGE}  a usage error: a bad flag, a bad suite, a file that cannot be read
-  {EXIT_INVALID}  bench: an invalid measurement (the client fell behind its schedule)
+  {EXIT_INVALID}  bench: an invalid measurement (the client fell behind its schedule, or the
+     server's token counts cannot be believed)
   {EXIT_UNREACHABLE}  bench: cannot connect to the server
   sim exits as a server does: 0 after SIGTERM or SIGINT, 1 or 2 when it cannot start"""
 

@@ -51,7 +51,8 @@ def redact(server: dict[str, Any]) -> dict[str, Any]:
 
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:
-    return {key: REDACTED if is_secret(key) else value for key, value in env.items()}
+    # An empty secret (a variable cleared on purpose) hides nothing.
+    return {key: REDACTED if is_secret(key) and value else value for key, value in env.items()}
 
 
 def redact_argv(argv: list[str]) -> list[str]:

@@ -1,7 +1,8 @@
 """Baselines: from a previous `results.db` (the gate's tables) or a folder of records (with
 their `.requests.jsonl.gz`), the runs with the same fingerprint as a case. Where several
-sessions match, the latest one is the baseline, all its repeats together; runs that measured
-nothing (`error`) or measured the client (`invalid`) are never a baseline.
+sessions match, the latest one is the baseline, all its repeats together. Only valid
+measurements are a baseline (record.py's `validity`): never a run that measured nothing, whose
+requests failed, or whose figures measure the client or counts the server made up.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from pytest_profllm.gates import tables
-from pytest_profllm.gates.fingerprint import digests
 from pytest_profllm.gates.samples import RunSamples, samples_of
+from pytest_profllm.hosts.files import read_only_uri
+from pytest_profllm.results import gate_tables as tables
+from pytest_profllm.results.fingerprint import digests
 from pytest_profllm.results.ingest import read_record, record_files
-
-_USABLE = ("passed", "failed")
+from pytest_profllm.results.record import is_valid
 
 
 def is_database(path: Path) -> bool:
@@ -73,11 +74,9 @@ class Baseline:
         with _reading(self.path) as db:
             if not _has_table(db, tables.RUNS):
                 return index
-            marks = ",".join("?" for _ in _USABLE)
             for digest, run_id, session, timestamp in db.execute(
                 f"SELECT {column}, run_id, session_id, timestamp FROM [{tables.RUNS}] "
-                f"WHERE status IN ({marks})",
-                _USABLE,
+                f"WHERE {tables.valid_runs(db)}"
             ):
                 index.setdefault(digest, []).append(_Found(run_id, session or "", timestamp or ""))
         return index
@@ -91,7 +90,7 @@ class Baseline:
                 record = read_record(path)
             except ValueError as error:
                 raise ValueError(f"{path}: {error}") from None
-            if record.get("status") not in _USABLE:
+            if not is_valid(record):
                 continue
             with_version, any_version = digests(record)
             key = with_version if self.with_version else any_version
@@ -154,7 +153,7 @@ def _requests_file(folder: Path, run_id: str) -> list[dict[str, Any]] | None:
 
 def _reading(path: Path) -> closing[sqlite3.Connection]:
     """A read-only connection that waits up to 30 s for a writer's transaction."""
-    return closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30))
+    return closing(sqlite3.connect(read_only_uri(path), uri=True, timeout=30))
 
 
 def _has_table(db: sqlite3.Connection, name: str) -> bool:

@@ -17,6 +17,7 @@ import pytest
 from pytest_benchmark.stats import Metadata
 
 from pytest_profllm.gates.samples import latencies_from_requests
+from pytest_profllm.results.record import is_valid
 
 _OPTIONS = (
     "benchmark_json",
@@ -55,7 +56,7 @@ def benchmark_session(config: pytest.Config) -> Any | None:
 def add_case(config: pytest.Config, record: dict[str, Any], requests: list[dict[str, Any]]) -> int:
     """One pytest-benchmark benchmark per latency metric of the case; returns how many."""
     session = benchmark_session(config)
-    if session is None or not requests or record.get("status") in ("error", "invalid"):
+    if session is None or not requests or not is_valid(record):
         return 0
     added = 0
     case_name = record["case_id"].split("::", 1)[-1]

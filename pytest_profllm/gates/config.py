@@ -18,6 +18,7 @@ class GateConfig:
     update_baseline: bool
     summary: Path | None
     settings: GateSettings
+    require_baseline: bool = False  # a gated case without a baseline fails
 
 
 GATE_CONFIG_KEY = pytest.StashKey[GateConfig]()

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm.gates import benchmark_bridge, summary, tables
+from pytest_profllm.gates import benchmark_bridge, summary
 from pytest_profllm.gates.baseline import is_database
 from pytest_profllm.gates.config import GateConfig
-from pytest_profllm.results.record import write_record, write_requests
+from pytest_profllm.results import gate_tables as tables
+from pytest_profllm.results.record import is_valid, write_record, write_requests
 from pytest_profllm.results.store import load_records
 
 
@@ -33,12 +34,40 @@ class GateController:
         default_factory=list
     )
 
+    @property
+    def gated(self) -> list[dict[str, Any]]:
+        """The records of cases the gate judged (the last repeat of a `regression:` case)."""
+        return [record for record in self.records if record.get("regression")]
+
+    @property
+    def without_baseline(self) -> list[dict[str, Any]]:
+        return [
+            record
+            for record in self.gated
+            if all(v["verdict"] == "no-baseline" for v in record["regression"])
+        ]
+
+    def gated_nothing(self) -> str | None:
+        """A --profllm-baseline that matched no run of this session is an error, never green
+        (except while --profllm-baseline-update makes it)."""
+        gated, missing = self.gated, self.without_baseline
+        if self.gate.baseline is None or self.gate.update_baseline or not gated:
+            return None
+        if len(missing) < len(gated):
+            return None
+        return (
+            f"--profllm-baseline {self.gate.baseline} matches no run of this session's "
+            f"{len(gated)} gated case(s): nothing was compared (another engine, version or "
+            "configuration? --profllm-baseline-any-version leaves the version out)"
+        )
+
     def receive(self, record: dict[str, Any], requests: list[dict[str, Any]] | None) -> None:
         self.records.append(record)
         self._runs.append((record, requests))
         if requests is not None:
             benchmark_bridge.add_case(self.config, record, requests)
-        if self.gate.update_baseline and record.get("status") in ("passed", "failed"):
+        # A baseline is made of valid measurements only (record.py's `validity`).
+        if self.gate.update_baseline and is_valid(record):
             try:
                 self._write_baseline(record, requests)
             except (sqlite3.Error, OSError) as error:
@@ -79,13 +108,21 @@ class GateController:
         baseline = str(self.gate.baseline) if self.gate.baseline else None
         text = summary.markdown(self.records, self.engine, baseline)
         try:
-            self.summary_written = summary.write_markdown(text, self.gate.summary)
+            session = self.records[0].get("session_id")
+            self.summary_written = summary.write_markdown(text, self.gate.summary, session)
         except OSError as error:
             self.problems.append(f"Markdown summary not written: {error.strerror or error}")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for path in self.summary_written:
             terminalreporter.write_line(f"profllm: Markdown summary in {path}")
+        missing, gated = len(self.without_baseline), len(self.gated)
+        if self.gate.baseline is not None and missing and not self.gate.update_baseline:
+            terminalreporter.write_line(
+                f"profllm: no baseline for {missing} of {gated} gated case(s)", yellow=True
+            )
+        if (problem := self.gated_nothing()) is not None:
+            terminalreporter.write_line(f"profllm: {problem}", red=True, bold=True)
         for problem in self.problems:
             terminalreporter.write_line(f"profllm: {problem}", red=True, bold=True)
         if self.gate.update_baseline and self.records:

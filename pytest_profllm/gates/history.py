@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pytest_profllm.gates import tables
+from pytest_profllm.hosts.files import read_only_uri
+from pytest_profllm.results import gate_tables as tables
 
 MIN_SEGMENT = 2  # sessions on each side of a change
 DEFAULT_MIN_CHANGE = 0.05
@@ -105,22 +106,26 @@ def analyse(
     """Every fingerprint's history of `metric` in a results database (the gate's tables);
     returns how many histories were looked at and the change points found."""
     column = "fingerprint_any_version" if any_version else "fingerprint"
-    query = (
-        f"SELECT {column}, case_id, session_id, run_id, timestamp, "
-        f"json_extract(results, '$.' || ?) FROM [{tables.RUNS}] "
-        "WHERE status IN ('passed', 'failed')"
-    )
     parameters: list[str] = [metric]
-    if case is not None:
-        query += " AND case_id LIKE ?"
-        parameters.append(case)
     histories: dict[str, tuple[str, list[Point]]] = {}
-    with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)) as db:
-        exists = db.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (tables.RUNS,)
-        ).fetchone()
+    with closing(sqlite3.connect(read_only_uri(db_path), uri=True, timeout=30)) as db:
+        try:
+            exists = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (tables.RUNS,)
+            ).fetchone()
+        except sqlite3.DatabaseError as error:
+            raise ValueError(f"{db_path}: not a results database ({error})") from None
         if not exists:
             raise ValueError(f"{db_path} has no {tables.RUNS} table (no gated run was loaded)")
+        # A history is made of valid measurements only (record.py's `validity`).
+        query = (
+            f"SELECT {column}, case_id, session_id, run_id, timestamp, "
+            f"json_extract(results, '$.' || ?) FROM [{tables.RUNS}] "
+            f"WHERE {tables.valid_runs(db)}"
+        )
+        if case is not None:
+            query += " AND case_id LIKE ?"
+            parameters.append(case)
         for digest, case_id, session, run_id, timestamp, value in db.execute(query, parameters):
             if value is None:
                 continue

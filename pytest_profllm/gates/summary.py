@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pytest_profllm.gates.tables import gate_of
+from pytest_profllm.results.gate_tables import gate_of
 
 KEY_METRICS = (
     ("req/s", "request_throughput", "{:.2f}"),
@@ -122,13 +122,19 @@ def _numeric(column: str) -> bool:
     return column not in ("case", "status", "gate", "change vs baseline")
 
 
-def write_markdown(text: str, path: Path | None) -> list[Path]:
-    """To `path` (replaced) and appended to $GITHUB_STEP_SUMMARY; returns where it went."""
+def write_markdown(text: str, path: Path | None, session_id: str | None = None) -> list[Path]:
+    """To `path` (the latest session's) and beside it to `<stem>-<session_id>.md` (kept when
+    another session writes into the same folder), and appended to $GITHUB_STEP_SUMMARY;
+    returns where it went."""
     written = []
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         written.append(path)
+        if session_id:
+            own = path.with_name(f"{path.stem}-{session_id}{path.suffix}")
+            own.write_text(text)
+            written.append(own)
     step_summary = os.environ.get(STEP_SUMMARY_ENV)
     if step_summary:
         with open(step_summary, "a") as handle:

@@ -3,14 +3,16 @@ repeat every gated metric is judged against the baseline over all the repeats.""
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from pytest_profllm.gates.baseline import Baseline
 from pytest_profllm.gates.config import GATE_CONFIG_KEY
-from pytest_profllm.gates.fingerprint import digests
 from pytest_profllm.gates.samples import RunSamples, samples_of
 from pytest_profllm.gates.verdict import describe, judge
 from pytest_profllm.plan.regression import gated_metric
+from pytest_profllm.results.fingerprint import digests
 from pytest_profllm.results.record import RegressionVerdict
 from pytest_profllm.run.outcome import CaseOutcome
 
@@ -49,8 +51,27 @@ def judge_case(config: pytest.Config, outcome: CaseOutcome) -> list[RegressionVe
     ]
 
 
-def regression_message(verdicts: list[RegressionVerdict]) -> str | None:
+def regression_message(
+    verdicts: list[RegressionVerdict], require_baseline: bool = False
+) -> str | None:
+    """Why the gate fails the case: a regression, or (where a baseline is required) none to
+    compare with."""
     regressed = [verdict for verdict in verdicts if verdict.verdict == "regressed"]
-    if not regressed:
+    if regressed:
+        return "regression: " + "; ".join(describe(verdict) for verdict in regressed)
+    if require_baseline and verdicts and all(v.verdict == "no-baseline" for v in verdicts):
+        return "no baseline for this case (--profllm-require-baseline)"
+    return None
+
+
+def baseline_problem(config: pytest.Config) -> str | None:
+    """Why --profllm-baseline cannot be read at all (not a results database, a bad record),
+    known before any case runs; None where it can (or none is given)."""
+    baseline = baseline_of(config)
+    if baseline is None or config.stash[GATE_CONFIG_KEY].update_baseline:
         return None
-    return "regression: " + "; ".join(describe(verdict) for verdict in regressed)
+    try:
+        baseline.describe()
+    except (ValueError, OSError, sqlite3.Error) as error:
+        return f"--profllm-baseline {baseline.path}: not a baseline: {error}"
+    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import urllib.parse
 from pathlib import Path
 
 
@@ -34,3 +35,9 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def read_only_uri(path: Path | str) -> str:
+    """SQLite's URI for opening `path` read-only. The path is quoted: a `#` or `?` in a file
+    name would otherwise end it, and SQLite would open (and make) another file."""
+    return f"file:{urllib.parse.quote(str(path))}?mode=ro"

@@ -14,6 +14,7 @@ their server, since a server is ready only when its port's listener is its own p
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import filelock
+
+from pytest_profllm.hosts.processes import OWNER_ENV, owner_alive
 
 POOL_DIR_ENV = "PROFLLM_POOL_DIR"
 # One API port, then vLLM's internal ports (VLLM_PORT and up), per lease.
@@ -227,7 +230,36 @@ class SessionTurns:
     def taken(self, rank: int) -> None:
         shared_dir(self.directory.parent)  # `turns/`, where every session has its folder
         self.directory.mkdir(exist_ok=True)
+        owner = self.directory / _OWNER_FILE
+        if not owner.exists() and (token := os.environ.get(OWNER_ENV)):
+            owner.write_text(token)  # whose the folder is: a later session sweeps it if dead
         (self.directory / f"turn-{rank}").touch()
+
+
+_OWNER_FILE = "owner"
+# A session folder with no owner (written before owners were) is stale after this long.
+_UNOWNED_STALE_S = 24 * 3600
+
+
+def sweep_stale_turns(pool_dir: Path) -> list[Path]:
+    """Remove the turn folders of sessions whose controller is gone (a SIGKILL leaves them);
+    returns what was removed."""
+    removed: list[Path] = []
+    turns = pool_dir / "turns"
+    if not turns.is_dir():
+        return removed
+    for folder in turns.iterdir():
+        try:
+            token = (folder / _OWNER_FILE).read_text().strip()
+            stale = not owner_alive(token)
+        except FileNotFoundError:
+            stale = time.time() - folder.stat().st_mtime > _UNOWNED_STALE_S
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 def _internal_port(block: int) -> int:

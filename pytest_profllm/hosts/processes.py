@@ -76,3 +76,38 @@ def alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+# Every process a session starts (workers, servers and their children, wherever they moved)
+# inherits this from the session's controller: "pid:start time", which outlives nothing.
+OWNER_ENV = "PROFLLM_SESSION_OWNER"
+
+
+def owner_token(pid: int) -> str:
+    """A process's identity that a reused pid does not share: its pid and start time."""
+    return f"{pid}:{psutil.Process(pid).create_time():.2f}"
+
+
+def owner_alive(token: str) -> bool:
+    pid_text, _, started = token.partition(":")
+    try:
+        return owner_token(int(pid_text)) == f"{pid_text}:{started}"
+    except (ValueError, psutil.Error):
+        return False
+
+
+def orphans_of_dead_sessions() -> list[psutil.Process]:
+    """Live processes of this user started by a session whose controller is gone (killed
+    with SIGKILL, or a crashed node): nothing of that session will ever stop them."""
+    found = []
+    me = os.getpid()
+    for process in psutil.process_iter():
+        if process.pid == me:
+            continue
+        try:
+            token = process.environ().get(OWNER_ENV)
+        except (OSError, psutil.Error):
+            continue  # another user's, or gone
+        if token and not owner_alive(token) and alive(process):
+            found.append(process)
+    return found

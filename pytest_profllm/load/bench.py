@@ -8,9 +8,11 @@ fell behind its schedule says so in `verdict` and `invalid_reason`.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import socket
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -138,6 +140,46 @@ def measure(
     return summary, health
 
 
+# The simulator says so in this header of every answer (sim/app.py).
+_ENGINE_HEADER = "X-Profllm-Engine"
+
+
+def server_engine(base_url: str, api_key: str | None = None) -> dict[str, str | None]:
+    """Which engine answers at `base_url`, as the server itself says: the simulator by its
+    header, vLLM by its /version; `unknown` where it says neither (never a guess)."""
+    request = urllib.request.Request(
+        f"{base_url.rstrip('/')}/version",
+        headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            said = response.headers.get(_ENGINE_HEADER)
+            body = json.loads(response.read() or b"{}")
+    except (OSError, ValueError):
+        return {"name": "unknown", "version": None}
+    if said:
+        name, _, version = said.partition(" ")
+        return {"name": name, "version": version or None}
+    if isinstance(body, dict) and isinstance(body.get("version"), str):
+        return {"name": "vllm", "version": body["version"]}
+    return {"name": "unknown", "version": None}
+
+
+def invalid_reason(
+    load: LoadResult,
+    config: BenchmarkConfig,
+    health: dict[str, Any],
+    max_p99_lag_ms: float | None = None,
+) -> str | None:
+    """Why a finished load's figures are not a valid measurement, or None: token counts that
+    cannot be believed, or a client that set the pace instead of the server."""
+    reasons = (
+        metrics.inconsistent_counts(load.outcomes, config.ignore_eos),
+        metrics.client_fell_behind(health, max_p99_lag_ms),
+    )
+    return "; ".join(reason for reason in reasons if reason) or None
+
+
 def run_bench(
     config: BenchmarkConfig,
     base_url: str,
@@ -149,6 +191,7 @@ def run_bench(
     endpoint: str | None = None,
     label: str | None = None,
     save_detailed: bool = False,
+    max_failed: int = 0,
 ) -> BenchResult:
     """Run `config` against the server at `base_url`; raises BenchFailed for a benchmark of
     nothing (every request failed, a non-200 status, no output tokens), ServerUnreachable
@@ -162,10 +205,11 @@ def run_bench(
     settings = load_settings(config, base_url, name, api_key=api_key, endpoint=endpoint)
     load = asyncio.run(run_load(settings, prompts))
     summary, health = measure(load, config, codec)
-    if (problem := metrics.served_problem(load.outcomes, summary)) is not None:
+    if (problem := metrics.served_problem(load.outcomes, summary, max_failed)) is not None:
         raise BenchFailed(problem)
-    invalid = metrics.client_fell_behind(health)
+    invalid = invalid_reason(load, config, health)
     result = result_json(config, model, tokenizer, label, load, summary, health, codec)
+    result["engine"] = server_engine(base_url, api_key)
     result["verdict"] = "invalid" if invalid else "valid"
     result["invalid_reason"] = invalid
     if not save_detailed:

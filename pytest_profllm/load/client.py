@@ -105,7 +105,11 @@ async def run_share(
             delay = start + offset - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            outcome = RequestOutcome(prompt_len=request.prompt_len, intended_start=start + offset)
+            outcome = RequestOutcome(
+                prompt_len=request.prompt_len,
+                intended_start=start + offset,
+                output_len=request.output_len,
+            )
             tasks.append(asyncio.create_task(one(outcome, body, index)))
         return list(await asyncio.gather(*tasks))
     finally:
@@ -140,6 +144,8 @@ async def stream_request(
             outcome.error = f"HTTP {response.status} {response.reason}: {text}"
         else:
             parser.finish()
+    except TimeoutError:
+        outcome.error = f"TimeoutError: no end within {settings.request_timeout_s:g} s"
     except Exception as error:  # as in vLLM's client: any error fails this request only
         outcome.error = f"{type(error).__name__}: {error}"
     outcome.end_time = time.perf_counter()
@@ -154,7 +160,11 @@ class SseTimer:
     and every message completed by a read takes that read's arrival time. A content message is
     one with a choice (completions: any text, even empty; chat: a delta with content, reasoning
     or tool calls, or an empty content without a role), as vLLM counts them. A usage message
-    sets the output token count; an `error` event fails the request.
+    sets the output token count.
+
+    A request completes only when its stream ends normally (`[DONE]`, or a choice with a
+    finish_reason) with content; an `error` event or a message that is not a JSON object
+    fails it at once (StreamError), and a stream that stops short fails it at its end.
     """
 
     def __init__(self, outcome: RequestOutcome, chat: bool = False) -> None:
@@ -163,6 +173,7 @@ class SseTimer:
         self._chat = chat
         self._buffer = b""
         self._text: list[str] = []
+        self._ended = False  # [DONE] or a finish_reason came
 
     def feed(self, chunk: bytes, now: float) -> None:
         self._outcome.status = 200  # only a 200 response's body is fed here
@@ -181,12 +192,23 @@ class SseTimer:
         else:
             return  # a comment (": keep-alive"), an empty message, or another field
         data = data.strip()
-        if not data or data == b"[DONE]":
+        if not data:
             return
-        event = self._loads(data)
+        if data == b"[DONE]":
+            self._ended = True
+            return
+        try:
+            event = self._loads(data)
+        except orjson.JSONDecodeError:
+            event = None
+        if not isinstance(event, dict):
+            shown = data[:80].decode(errors="replace")
+            raise StreamError(f"a message in the stream is not a JSON object: {shown!r}")
         choices = event.get("choices")
-        if choices:
+        if choices and isinstance(choices, list) and isinstance(choices[0], dict):
             choice = choices[0]
+            if choice.get("finish_reason") is not None:
+                self._ended = True
             if self._chat:
                 delta = choice.get("delta")
                 if not isinstance(delta, dict) or not _has_output(delta):
@@ -196,26 +218,39 @@ class SseTimer:
                 text = choice.get("text")
             outcome = self._outcome
             outcome.message_times.append(now)
-            if text:
+            if isinstance(text, str) and text:
                 self._text.append(text)
         elif usage := event.get("usage"):
-            self._outcome.output_tokens = usage.get("completion_tokens")
-            # As vLLM's client: the server's prompt count, where it gives one, is the truth.
-            if (prompt_tokens := usage.get("prompt_tokens")) is not None:
-                self._outcome.prompt_len = prompt_tokens
+            self._usage(usage)
         elif error := event.get("error"):
             message = error.get("message") if isinstance(error, dict) else error
             raise StreamError(f"error event in the stream: {message}")
+
+    def _usage(self, usage: object) -> None:
+        outcome = self._outcome
+        count = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        # bool is an int to Python, not a count to anyone.
+        if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+            outcome.output_tokens = count
+        else:
+            outcome.output_tokens = None
+            outcome.usage_problem = f"usage.completion_tokens is {count!r}, not a count"
+        # As vLLM's client: the server's prompt count, where it gives one, is the truth.
+        prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt >= 0:
+            outcome.prompt_len = prompt
 
     def finish(self) -> None:
         if self._buffer.strip():
             # The last message lacked its blank line: vLLM's client still reads it.
             self._message(self._buffer.strip(), time.perf_counter())
             self._buffer = b""
-        if self._outcome.message_times:
-            self._outcome.success = True
-        else:
+        if not self._outcome.message_times:
             self._outcome.error = _NO_CONTENT
+        elif not self._ended:
+            self._outcome.error = "the stream ended without [DONE] or a finish_reason"
+        else:
+            self._outcome.success = True
 
     def close(self) -> None:
         """Derive vLLM's per-request figures from the message times, whatever happened."""

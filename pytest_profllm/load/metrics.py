@@ -40,6 +40,9 @@ class RequestOutcome:
     status: int | None = None  # HTTP status, None where no response came
     generated_text: str = ""
     error: str = ""
+    output_len: int | None = None  # the output tokens asked for (max_tokens)
+    # The server's usage count where it is not a count (a string, negative): never believed.
+    usage_problem: str | None = None
 
     @property
     def schedule_lag(self) -> float:
@@ -195,30 +198,90 @@ _ERRORS_QUOTED = 3
 
 
 def served_problem(
-    outcomes: Sequence[RequestOutcome], results: dict[str, float | int | None]
+    outcomes: Sequence[RequestOutcome],
+    results: dict[str, float | int | None],
+    allowed_failures: int = 0,
 ) -> str | None:
-    """Why these outcomes measure nothing worth a number, or None: vLLM's client exits 0 even
-    when every request failed; we do not. Quotes the first distinct errors."""
-    first = list(dict.fromkeys(o.error.splitlines()[0] for o in outcomes if o.error))
-    quoted = "; ".join(first[:_ERRORS_QUOTED]) or "none given"
+    """Why these outcomes must not pass, or None: vLLM's client exits 0 even when every
+    request failed; we do not. A failed request (an error status, no response, a stream cut,
+    stalled, or with an error event or a message that is not JSON) fails the case unless the
+    suite allows that many (`thresholds: {failed: {max: N}}`). Quotes the first errors."""
+    failed = [o for o in outcomes if _failed(o)]
     if not results.get("completed"):
-        return f"all {len(outcomes)} requests failed; first errors: {quoted}"
+        return f"all {len(outcomes)} requests failed; first errors: {_first_errors(failed)}"
     # No HTTP response at all (connection refused, reset, closed): the server went away or
     # was not there; a figure over the requests that got through would hide it.
-    unanswered = [o for o in outcomes if not o.success and o.status is None]
-    if unanswered:
-        first_lost = list(dict.fromkeys(o.error.splitlines()[0] for o in unanswered if o.error))
+    unanswered = [o for o in failed if o.status is None]
+    rejected = [o for o in failed if o.status is not None and o.status != 200]
+    cut = [o for o in failed if o.status == 200]
+    if len(failed) > allowed_failures:
+        kinds = [
+            f"{len(group)} {what}"
+            for group, what in (
+                (unanswered, "got no response (connection refused, reset or closed)"),
+                (rejected, "got a non-200 status"),
+                (cut, "failed in the middle of their stream"),
+            )
+            if group
+        ]
+        allowed = f"the suite allows {allowed_failures}" if allowed_failures else "none allowed"
         return (
-            f"{len(unanswered)} of {len(outcomes)} requests got no response (connection "
-            f"refused, reset or closed); first errors: "
-            f"{'; '.join(first_lost[:_ERRORS_QUOTED]) or 'none given'}"
-        )
-    rejected = [o for o in outcomes if o.status is not None and o.status != 200]
-    if rejected:
-        return (
-            f"{len(rejected)} of {len(outcomes)} requests got a non-200 status; "
-            f"first errors: {quoted}"
+            f"{len(failed)} of {len(outcomes)} requests failed ({'; '.join(kinds)}; "
+            f"{allowed}: thresholds: {{failed: {{max: N}}}}); first errors: "
+            f"{_first_errors(failed)}"
         )
     if not results.get("total_output_tokens"):
         return "the server returned no output tokens for any request"
     return None
+
+
+def request_failures(outcomes: Sequence[RequestOutcome]) -> str | None:
+    """How many requests failed and the first reasons; None where none did."""
+    failed = [o for o in outcomes if _failed(o)]
+    if not failed:
+        return None
+    return f"{len(failed)} of {len(outcomes)} requests failed: {_first_errors(failed)}"
+
+
+def _failed(outcome: RequestOutcome) -> bool:
+    return not outcome.success or bool(outcome.error) or outcome.status not in (None, 200)
+
+
+def _first_errors(outcomes: Sequence[RequestOutcome]) -> str:
+    first = list(dict.fromkeys(o.error.splitlines()[0] for o in outcomes if o.error))
+    return "; ".join(first[:_ERRORS_QUOTED]) or "none given"
+
+
+def token_problem(outcome: RequestOutcome, ignore_eos: bool) -> str | None:
+    """Why a completed request's token counts cannot be believed, or None. The server's usage
+    count must be a count; it may not fall short of the content messages streamed (each
+    carries at least one token; the last may carry none), nor exceed what was asked for, and
+    under `ignore_eos` it must reach it (the server ignored the limit otherwise)."""
+    if outcome.usage_problem is not None:
+        return outcome.usage_problem
+    tokens = outcome.output_tokens
+    if tokens is None:
+        return None  # no usage chunk: the tokens are counted from the text, as vLLM's client
+    messages = len(outcome.message_times)
+    if tokens < messages - 1:
+        return f"usage says {tokens} output tokens but {messages} content messages streamed"
+    asked = outcome.output_len
+    if asked is not None and tokens > asked:
+        return f"usage says {tokens} output tokens, more than the {asked} asked for"
+    if asked is not None and ignore_eos and tokens < asked:
+        return f"{tokens} of {asked} output tokens under ignore_eos"
+    return None
+
+
+def inconsistent_counts(outcomes: Sequence[RequestOutcome], ignore_eos: bool) -> str | None:
+    """Why the figures of these outcomes are not a valid measurement, from their token
+    counts, or None: the throughputs and TPOT would rest on counts the server made up."""
+    problems = [
+        (index, problem)
+        for index, outcome in enumerate(outcomes)
+        if outcome.success and (problem := token_problem(outcome, ignore_eos)) is not None
+    ]
+    if not problems:
+        return None
+    shown = "; ".join(f"request {index}: {problem}" for index, problem in problems[:3])
+    return f"inconsistent token counts in {len(problems)} of {len(outcomes)} requests: {shown}"

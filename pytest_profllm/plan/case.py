@@ -115,10 +115,38 @@ def gpus_needed(server: dict[str, Any]) -> int:
     return math.prod(int(size) for size in sizes)
 
 
+# More cases than this from one suite is a usage error unless raised (--profllm-max-cases):
+# a matrix of millions runs for days, and expanding it alone takes minutes and gigabytes.
+MAX_CASES = 10_000
+
+
+def case_count(suite: Suite) -> tuple[int, list[str]]:
+    """How many cases a suite's cross product makes (before exclusions), and the factors."""
+    factors = [
+        (f"{block}.{key}", len(value))
+        for block, values in (("server", suite.server), ("benchmark", suite.benchmark))
+        for key, value in values.items()
+        if isinstance(value, list) and len(value) > 1
+    ]
+    if suite.repeat > 1:
+        factors.append(("repeat", suite.repeat))
+    return math.prod(n for _, n in factors), [f"{name} {n:,}" for name, n in factors]
+
+
 def expand(
-    suite: Suite, source: str, lines: dict[tuple[Any, ...], int] | None = None
+    suite: Suite,
+    source: str,
+    lines: dict[tuple[Any, ...], int] | None = None,
+    max_cases: int = MAX_CASES,
 ) -> list[Case]:
-    """Every case of a suite, server-major, exclusions removed, thresholds checked."""
+    """Every case of a suite, server-major, exclusions removed, thresholds checked; SuiteError
+    for a matrix of more than `max_cases`, known before anything is expanded."""
+    count, factors = case_count(suite)
+    if count > max_cases:
+        raise SuiteError(
+            f"{source}: {count:,} cases ({' x '.join(factors)}) is over the limit of "
+            f"{max_cases:,}; raise it with --profllm-max-cases (ini: profllm_max_cases)"
+        )
     lines = lines or {}
     suite_name = suite.name or _suite_name(source)
     server_axes = _axes(suite.server)

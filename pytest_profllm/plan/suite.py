@@ -22,6 +22,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    FiniteFloat,
     ValidationError,
     field_serializer,
     field_validator,
@@ -29,7 +30,7 @@ from pydantic import (
 )
 
 from pytest_profllm.engine.registry import bundled, human_int
-from pytest_profllm.engine.secrets import REDACTED, is_secret
+from pytest_profllm.engine.secrets import ENV_SECRETS, REDACTED, is_secret
 from pytest_profllm.plan import metric_names
 from pytest_profllm.plan.metric_names import LATENCY_RESULTS, THROUGHPUT_RESULTS
 from pytest_profllm.plan.regression import PER_REPEAT_METRICS, parse_regression
@@ -71,8 +72,9 @@ class _Problems:
 class Threshold(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    min: float | None = None
-    max: float | None = None
+    # A bound that is not a number can hold nothing to it: refused, with its line.
+    min: FiniteFloat | None = None
+    max: FiniteFloat | None = None
 
     @model_validator(mode="after")
     def _one_bound(self) -> Threshold:
@@ -115,18 +117,19 @@ class BenchmarkConfig(BaseModel):
     burstiness: float = Field(1.0, gt=0)
     max_concurrency: int | None = Field(None, gt=0)
     ramp_up_strategy: Literal["linear", "exponential"] | None = None
-    ramp_up_start_rps: float | None = Field(None, ge=0)
-    ramp_up_end_rps: float | None = Field(None, gt=0)
+    ramp_up_start_rps: FiniteFloat | None = Field(None, ge=0)
+    ramp_up_end_rps: FiniteFloat | None = Field(None, gt=0)
     seed: int = 0
     # vLLM's own client forces ignore_eos for the random dataset, so lengths are exact.
     ignore_eos: bool = True
-    temperature: float | None = Field(0.0, ge=0.0)  # None: the server's default
+    temperature: FiniteFloat | None = Field(0.0, ge=0.0)  # None: the server's default
     tokenizer: str | None = None
     num_warmups: int = Field(0, ge=0)
     percentile_metrics: str = "ttft,tpot,itl,e2el"
     metric_percentiles: str = "50,90,95,99"
-    goodput: dict[Literal["ttft", "tpot", "e2el"], float] | None = None
-    request_timeout_s: float = Field(600.0, gt=0)
+    # Only request_rate and burstiness may be infinite (all at once; evenly spaced).
+    goodput: dict[Literal["ttft", "tpot", "e2el"], FiniteFloat] | None = None
+    request_timeout_s: FiniteFloat = Field(600.0, gt=0)
     # Ours, not vLLM's: spread the client over processes when one event loop cannot keep up.
     client_processes: int = Field(1, ge=1)
 
@@ -213,7 +216,7 @@ class ThroughputConfig(BaseModel):
     async_engine: bool = False
     disable_detokenize: bool = False
     # Ours, not vLLM's: the whole command (engine start included) must end within this.
-    timeout_s: float = Field(1800.0, gt=0)
+    timeout_s: FiniteFloat = Field(1800.0, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> ThroughputConfig:
@@ -247,7 +250,7 @@ class LatencyConfig(BaseModel):
     num_iters: int = Field(30, gt=0)
     use_beam_search: bool = False
     disable_detokenize: bool = False
-    timeout_s: float = Field(1800.0, gt=0)  # ours: the whole command's limit
+    timeout_s: FiniteFloat = Field(1800.0, gt=0)  # ours: the whole command's limit
 
     def result_names(self) -> list[str]:
         return list(LATENCY_RESULTS)
@@ -324,7 +327,11 @@ def load_suite_file(
     """Read and validate a YAML suite; returns the suite and each key path's line (1-based)."""
     try:
         text = path.read_text()
+        # Composing shares an alias's node (cheap even for a "billion laughs"); its size and
+        # its keys are checked before anything expands it.
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None:
+            _check_node(node, str(path))
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as error:
         raise SuiteError(_yaml_problem(error, str(path), text)) from None
@@ -333,7 +340,69 @@ def load_suite_file(
     lines = _key_lines(node) if node is not None else {}
     if not isinstance(data, dict):
         raise SuiteError(f"{path}:1: a suite is a mapping with 'server:' and 'benchmark:' blocks")
+    _paths_from(path.parent, data.get("benchmark"))
     return validate_suite(data, str(path), lines, registry), lines
+
+
+def _paths_from(folder: Path, benchmark: object) -> None:
+    """A relative `dataset_path` names a file beside the suite, wherever pytest runs from."""
+    if not isinstance(benchmark, dict) or "dataset_path" not in benchmark:
+        return
+    value = benchmark["dataset_path"]
+
+    def resolved(item: object) -> object:
+        if isinstance(item, str) and item and not Path(item).expanduser().is_absolute():
+            return str(folder / item)
+        return item
+
+    benchmark["dataset_path"] = (
+        [resolved(item) for item in value] if isinstance(value, list) else resolved(value)
+    )
+
+
+# A suite of this many values, aliases expanded, is no suite anyone wrote by hand.
+MAX_SUITE_VALUES = 100_000
+
+
+def _check_node(root: yaml.Node, where: str) -> None:
+    """SuiteError for a suite whose aliases expand past MAX_SUITE_VALUES, or with a key given
+    twice in one mapping (YAML keeps the last silently; a suite must not)."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        sizes[id(node)] = 1  # an alias of an enclosing node (a cycle) counts once
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key, value in node.value:
+                line = key.start_mark.line + 1
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in seen:
+                        raise SuiteError(
+                            f"{where}:{line}: key {key.value!r} appears twice in one mapping "
+                            f"(first at line {seen[key.value]}): YAML would keep the last alone"
+                        )
+                    seen[key.value] = line
+                total += size(key) + size(value)
+                if total > MAX_SUITE_VALUES:
+                    break
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                total += size(item)
+                if total > MAX_SUITE_VALUES:
+                    break
+        sizes[id(node)] = total
+        if total > MAX_SUITE_VALUES:
+            raise SuiteError(
+                f"{at_line(where, node.start_mark.line + 1)}: the suite expands to more than "
+                f"{MAX_SUITE_VALUES:,} values through YAML aliases; refused"
+            )
+        return total
+
+    size(root)
 
 
 def _yaml_problem(error: yaml.MarkedYAMLError, where: str, text: str) -> str:
@@ -430,6 +499,13 @@ def _check_server(
             loc: tuple[Any, ...] = ("server", key, index) if axis is not None else ("server", key)
             try:
                 values.append(option.check_field(path, item) if path else option.check(item))
+                value_ = values[-1]
+                if key in ENV_SECRETS and isinstance(value_, list) and len(value_) > 1:
+                    raise ValueError(
+                        "more than one value would go on the server's command line, which any "
+                        f"local user reads (/proc/PID/cmdline); give one (it travels as "
+                        f"{ENV_SECRETS[key]})"
+                    )
             except ValueError as error:
                 shown = f"server.{key}" + (f"[{index}]" if axis is not None else "")
                 # A place inside a list value reads as an index of the key: `key[1]: ...`.

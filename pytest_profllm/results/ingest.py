@@ -16,6 +16,7 @@ stored record is counted unchanged without being parsed.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
@@ -31,6 +32,7 @@ from typing import Any
 
 import orjson
 
+from pytest_profllm.results.gate_tables import GateRows, gate_rows
 from pytest_profllm.results.record import normalize
 from pytest_profllm.results.rows import RowBuilder, record_digest
 from pytest_profllm.results.staging import BATCH, StagedRows, batched, stage
@@ -115,10 +117,36 @@ def _parse(content: bytes, path: Path) -> dict[str, Any]:
         normalize(data)
     except ValueError as error:
         raise ValueError(f"not a profllm record: {error}") from None
+    _check_width(data)
     # Checked against the schema; stored as read (a dump of the model would cost as much
     # again, at 100,000 records).
     result: dict[str, Any] = data
     return result
+
+
+# A column per metric and per engine argument: SQLite's tables hold 2,000 columns at most, and
+# the registry's arguments and the record's fields take about 600 of them.
+MAX_RESULTS = 1_000
+MAX_SERVER_ARGUMENTS = 1_000
+
+
+def _check_width(data: dict[str, Any]) -> None:
+    """A record too wide for the table is refused alone, before it reaches the load."""
+    results = data.get("results") or {}
+    server = (data.get("config") or {}).get("server") or {}
+    for what, block, limit in (("results", results, MAX_RESULTS),
+                               ("config.server", server, MAX_SERVER_ARGUMENTS)):
+        if len(block) > limit:
+            raise ValueError(
+                f"{what} has {len(block):,} keys, more than the {limit:,} a table holds"
+            )
+        # All lower case (the usual): no two can differ in case alone.
+        if not "".join(block).islower() and len(set(map(str.lower, block))) < len(block):
+            seen: dict[str, str] = {}
+            for key in block:
+                if (other := seen.setdefault(str(key).lower(), key)) != key:
+                    raise ValueError(f"{what} has keys {other!r} and {key!r}, which differ only "
+                                     "in case: a table's column names do not")
 
 
 def _check_finite(data: Any) -> None:
@@ -136,7 +164,7 @@ def _is_bench_result(data: dict[str, Any]) -> bool:
 _BENCH_PARAMETERS = ("backend", "num_prompts", "request_rate", "burstiness", "max_concurrency",
                      "ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps")
 _BENCH_NOT_METRICS = {"date", "endpoint_type", "label", "model_id", "tokenizer_id", "verdict",
-                      "invalid_reason", *_BENCH_PARAMETERS}
+                      "invalid_reason", "engine", *_BENCH_PARAMETERS}
 
 
 def bench_record(result: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -158,6 +186,7 @@ def bench_record(result: dict[str, Any], path: Path) -> dict[str, Any]:
     workload = f"rate-{rate}" + (f"-concurrency{concurrency}" if concurrency else "")
     model = str(result["model_id"])
     invalid = result.get("verdict") == "invalid"
+    engine = _bench_engine(result.get("engine"))
     benchmark = {key: result[key] for key in _BENCH_PARAMETERS if result.get(key) is not None}
     metrics_ = {
         key: value
@@ -177,13 +206,23 @@ def bench_record(result: dict[str, Any], path: Path) -> dict[str, Any]:
         "duration": float(result.get("duration") or 0.0),
         "status": "invalid" if invalid else "passed",
         "message": result.get("invalid_reason") if invalid else None,
-        "engine": {"name": "vllm", "reason": "profllm bench --save-result file: the server's "
-                   "engine is not recorded there"},
+        "engine": engine,
         "config": {"server": {"model": model}, "benchmark": benchmark},
         "results": metrics_,
-        "system": {"host": "", "platform": "", "python": ""},
+        # The simulator's devices are virtual; what else served is not in the file.
+        "system": {"host": "", "platform": "", "python": "",
+                   "device_kind": "virtual" if engine["name"] == "sim" else None},
         "runtime": {"worker": "profllm bench", "server_key": ""},
     }
+
+
+def _bench_engine(said: object) -> dict[str, Any]:
+    """The engine a `profllm bench` file names (the server said it), else `unknown`."""
+    if isinstance(said, dict) and said.get("name") in ("vllm", "sim"):
+        return {"name": said["name"], "version": said.get("version"),
+                "reason": "the server said so to profllm bench"}
+    return {"name": "unknown", "reason": "profllm bench file: the server's engine is not "
+            "recorded there"}
 
 
 def ingest(
@@ -217,6 +256,8 @@ def ingest(
                     if load is None:
                         load = stack.enter_context(Load(db_path))
                     load.add(staged, fresh)
+                    # The gate's tables too: any results database is a baseline and a history.
+                    load.add_gates([batch.gates[staged.run_ids[at]] for at in fresh])
             if progress is not None:
                 progress(batch.files)
     if load is not None:
@@ -244,6 +285,7 @@ class _Batch:
     staged: StagedRows | None
     stored: list[str]
     refused: list[tuple[Path, str]]
+    gates: dict[str, GateRows] = field(default_factory=dict)  # by run id
 
 
 # Reading, checking and staging a record costs ten times what copying it into the table
@@ -292,6 +334,8 @@ def _read_batch_in_worker(paths: list[Path]) -> _Batch:
 def _read_batch(paths: list[Path], stored: frozenset[str]) -> _Batch:
     rows = RowBuilder()
     known, refused = [], []
+    gates: dict[str, GateRows] = {}
+    fingerprints: dict[Any, str] = {}  # what the batch's records share of their fingerprints
     for path in paths:
         try:
             content = _read(path)
@@ -299,7 +343,34 @@ def _read_batch(paths: list[Path], stored: frozenset[str]) -> _Batch:
             if digest in stored:
                 known.append(digest)
             else:
-                rows.add(_parse(content, path), digest)
+                record = _parse(content, path)
+                requests = _requests_beside(path, record["run_id"])
+                try:
+                    gate = gate_rows(record, requests, fingerprints)
+                except (TypeError, KeyError) as error:
+                    raise ValueError(
+                        f"its request file has a row that is not one: {error!r}"
+                    ) from None
+                rows.add(record, digest)
+                gates[record["run_id"]] = gate
         except ValueError as error:
             refused.append((path, str(error)))
-    return _Batch(len(paths), stage(rows.batches()), known, refused)
+    return _Batch(len(paths), stage(rows.batches()), known, refused, gates)
+
+
+def _requests_beside(path: Path, run_id: str) -> list[dict[str, Any]] | None:
+    """The record's per-request rows, where its `.requests.jsonl.gz` lies beside it."""
+    beside = path.with_name(f"{run_id}.requests.jsonl.gz")
+    try:
+        lines = gzip.decompress(beside.read_bytes()).splitlines()
+    except FileNotFoundError:
+        return None
+    except (OSError, EOFError, gzip.BadGzipFile) as error:
+        raise ValueError(f"{beside.name}: not a request file: {error}") from None
+    try:
+        requests = [orjson.loads(line) for line in lines if line.strip()]
+    except orjson.JSONDecodeError as error:
+        raise ValueError(f"{beside.name}: not JSON lines: {error}") from None
+    if not all(isinstance(row, dict) for row in requests):
+        raise ValueError(f"{beside.name}: a line is not a JSON object")
+    return requests

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_profllm.results.table import TABLE
+from pytest_profllm.results.table import TABLE, quote
 
 LANDING = "runs"
 # One row per `server_*` / `bench_*` column: its first value seen and whether another value
@@ -37,8 +37,8 @@ class HeadlineMetric:
 
 
 # The landing table's columns, in order: who and what, the swept axes, the headline metrics.
-LANDING_IDENTITY = ("run_id", "timestamp", "status", "suite", "configuration", "workload",
-                    "engine", "device", "server_model", "session_id", "system_host")
+LANDING_IDENTITY = ("run_id", "timestamp", "status", "validity", "suite", "configuration",
+                    "workload", "engine", "device", "server_model", "session_id", "system_host")
 HEADLINE_METRICS = (
     HeadlineMetric("request_throughput", "req_per_s", 2, 3),
     HeadlineMetric("output_throughput", "output_tok_per_s", 1, 2),
@@ -59,11 +59,12 @@ def landing_axes(swept: list[str]) -> list[str]:
 
 
 def landing_sql(swept: list[str]) -> str:
-    columns = [f"[{c}]" for c in LANDING_IDENTITY]
-    columns += [f"[{c}]" for c in landing_axes(swept)]
+    columns = [quote(c) for c in LANDING_IDENTITY]
+    columns += [quote(c) for c in landing_axes(swept)]
     for metric in HEADLINE_METRICS:
-        columns.append(f"[{metric.column}] AS [{metric.name}]" if metric.digits is None
-                       else f"round([{metric.column}], {metric.digits}) AS [{metric.name}]")
+        columns.append(f"{quote(metric.column)} AS {quote(metric.name)}" if metric.digits is None
+                       else f"round({quote(metric.column)}, {metric.digits}) AS "
+                       f"{quote(metric.name)}")
     columns.append("[failed_verdicts]")
     return f"SELECT {', '.join(columns)} FROM [{TABLE}]"
 
@@ -85,17 +86,18 @@ def refresh_landing(db: Any, swept: list[str], fresh: list[str], rebuild: bool) 
         if kind is not None:  # a view where an older store made one
             db.conn.execute(f"DROP {kind[0].upper()} [{LANDING}]")
         declared = {row[1]: row[2] for row in db.conn.execute(f"PRAGMA table_info([{TABLE}])")}
-        columns = [f"[{name}] {declared.get(name, '')}" for name in LANDING_IDENTITY]
+        columns = [f"{quote(name)} {declared.get(name, '')}" for name in LANDING_IDENTITY]
         columns[0] += " PRIMARY KEY"
-        columns += [f"[{name}] {declared.get(name, '')}" for name in landing_axes(swept)]
-        columns += [f"[{metric.name}] {declared.get(metric.column, 'REAL')}"
+        columns += [f"{quote(name)} {declared.get(name, '')}" for name in landing_axes(swept)]
+        columns += [f"{quote(metric.name)} {declared.get(metric.column, 'REAL')}"
                     for metric in HEADLINE_METRICS]
         columns.append("[failed_verdicts] TEXT")
         db.conn.execute(f"CREATE TABLE [{LANDING}] ({', '.join(columns)})")
         db.conn.execute(f"INSERT INTO [{LANDING}] {landing_sql(swept)}")
         for column in ("timestamp", *LANDING_FACETS, *landing_axes(swept)):
             db.conn.execute(
-                f"CREATE INDEX IF NOT EXISTS [idx_{LANDING}_{column}] ON [{LANDING}] ([{column}])"
+                f"CREATE INDEX IF NOT EXISTS {quote(f'idx_{LANDING}_{column}')} ON [{LANDING}] "
+                f"({quote(column)})"
             )
     elif fresh:
         db.conn.execute("CREATE TEMP TABLE IF NOT EXISTS profllm_fresh (run_id TEXT)")

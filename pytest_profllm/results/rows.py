@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from pytest_profllm.results.record import record_bytes
+from pytest_profllm.results.record import is_valid, record_bytes
 from pytest_profllm.results.table import FIXED_COLUMNS, column_types
 
 
@@ -117,7 +117,8 @@ class _Shape:
         numeric_columns = _numeric_columns()
         numeric = []
         for prefix, keys in zip(_BLOCK_PREFIXES, key, strict=True):
-            for name in (prefix + key for key in keys):
+            # SQLite's column names ignore case: one spelling per name, whatever a record's.
+            for name in (prefix + key.lower() for key in keys):
                 if prefix in ("bench_", "") and name in numeric_columns:
                     numeric.append(len(names))
                 names.append(name)
@@ -148,6 +149,8 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         record.get("timestamp"),
         record.get("status"),
         record.get("message"),
+        "valid" if is_valid(record) else "invalid",
+        record.get("validity_reasons"),
         # `duration` is the metric (vLLM's: the benchmark's requests); the whole case apart.
         record.get("duration"),
         engine.get("name"),
@@ -181,6 +184,8 @@ def _device(system: dict[str, Any]) -> str:
         # vLLM's CPU build on the host's cores, or the simulator on virtual GPUs.
         if system.get("device_kind") == "virtual":
             return "virtual"
+        if not system.get("device_kind") and not system.get("device_name"):
+            return "unknown"  # a file that does not say (a profllm bench result)
         return f"cpu: {system['device_name']}" if system.get("device_name") else "cpu"
     distinct = sorted(set(names))
     return " + ".join(f"{names.count(name)}x {name}" for name in distinct)

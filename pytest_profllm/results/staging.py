@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_profllm.results.rows import RowBatch
-from pytest_profllm.results.table import PAGE_SIZE
+from pytest_profllm.results.table import PAGE_SIZE, quote
 
 # Rows go to SQLite in batches: memory stays flat whatever the number of records.
 BATCH = 500
@@ -39,7 +39,7 @@ def batched(items: Iterable[Any], size: int = BATCH) -> Iterator[list[Any]]:
 
 def column_list(columns: Iterable[str]) -> str:
     """The column names quoted for SQL, comma-separated."""
-    return ", ".join('"' + name.replace('"', '""') + '"' for name in columns)
+    return ", ".join(quote(name) for name in columns)
 
 
 @dataclass

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_profllm.results import gate_tables
+from pytest_profllm.results.gate_tables import GateRows
 from pytest_profllm.results.landing import SweptAxes, refresh_landing
 from pytest_profllm.results.rows import RowBuilder
 from pytest_profllm.results.staging import STAGE, StagedRows, column_list, stage
@@ -91,6 +93,7 @@ class Load:
         self.busy_timeout_s = BUSY_TIMEOUT_MS / 1000 if busy_timeout_s is None else busy_timeout_s
         self.report = LoadReport()
         self._fresh: list[str] = []
+        self._gate_tables = False
 
     def __enter__(self) -> Load:
         # A new database is written with a rollback journal, then set to WAL mode: in WAL
@@ -154,6 +157,16 @@ class Load:
                 staged.select(watched, where, distinct=True)).fetchall())
         self._fresh += [staged.run_ids[at] for at in keep]
 
+    def add_gates(self, runs: list[GateRows]) -> None:
+        """The runs' rows of the gate's tables, in the same transaction as theirs."""
+        if not runs:
+            return
+        connection = self.db.conn
+        if not self._gate_tables:
+            gate_tables.create(connection)
+            self._gate_tables = True
+        gate_tables.write(connection, runs)
+
     def add_unchanged(self, count: int) -> None:
         """Records known by their digest to be stored as they are."""
         self.report.unchanged += count
@@ -161,7 +174,10 @@ class Load:
     def _add_columns(self, staged: StagedRows, where: str) -> None:
         # Columns the schema does not know (an engine argument of a newer vLLM): typed by
         # their values, as sqlite-utils suggests.
-        extra = [name for name in staged.columns if name not in self._columns]
+        # SQLite's column names ignore case: `server_Xy` is the column `server_xy` too.
+        known = {name.lower() for name in self._columns}
+        extra = list({name.lower(): name for name in staged.columns
+                      if name.lower() not in known}.values())
         if not extra:
             return
         # Deferred: sqlite-utils takes about 0.25 s to import; only a load needs it.

@@ -30,6 +30,9 @@ STANDARD_METRICS = metric_names.result_names(
 # spills into overflow pages, which made loading twice as slow.
 PAGE_SIZE = 32_768
 
+# The runs whose results are a valid measurement (record.py's `validity`): a view.
+MEASURED_RUNS = "measured_runs"
+
 # Columns of the record's top level and of derived values: (name, SQLite type).
 FIXED_COLUMNS: dict[str, str] = {
     "run_id": "TEXT",
@@ -42,6 +45,8 @@ FIXED_COLUMNS: dict[str, str] = {
     "timestamp": "TEXT",
     "status": "TEXT",
     "message": "TEXT",
+    "validity": "TEXT",  # valid or invalid: whether `results` measure the server (record.py)
+    "validity_reasons": "TEXT",
     "case_duration": "REAL",
     "engine": "TEXT",
     "engine_version": "TEXT",
@@ -94,6 +99,7 @@ SUMMARY_COLUMNS = (
     "session_id",
     "timestamp",
     "status",
+    "validity",
     "run_id",
     "output_throughput",
     "request_throughput",
@@ -127,6 +133,8 @@ _OPTION_TYPES = {"int": "INTEGER", "float": "REAL", "bool": "INTEGER", "flag": "
 
 def _annotation_type(annotation: Any) -> str:
     # `float | None` is REAL; a list, a mapping or a Literal is TEXT (JSON or a word).
+    if typing.get_origin(annotation) is typing.Annotated:  # FiniteFloat: a float
+        return _annotation_type(typing.get_args(annotation)[0])
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         kinds = {_annotation_type(arg) for arg in typing.get_args(annotation)
                  if arg is not type(None)}
@@ -150,6 +158,13 @@ def prepare_table(db: Any) -> None:
     missing = {name: _python_type(kind) for name, kind in typed.items() if name not in existing}
     for name, kind in missing.items():
         table.add_column(name, kind)
+    if "validity" in missing:
+        # Rows loaded before records said it: record.measurement_validity's rule, in SQL.
+        db.conn.execute(
+            f"UPDATE [{TABLE}] SET validity = CASE WHEN status IN ('passed', 'failed') "
+            "AND coalesce(failed, 0) = 0 AND (completed IS NULL OR completed > 0) "
+            "THEN 'valid' ELSE 'invalid' END"
+        )
     # Tables written before columns were typed by the schema: `bench_request_rate` was TEXT
     # because its first value was "inf". Retype them; "inf" becomes REAL Infinity.
     declared = {row[1]: row[2].upper() for row in db.conn.execute(f"PRAGMA table_info([{TABLE}])")}
@@ -159,11 +174,19 @@ def prepare_table(db: Any) -> None:
         table.transform(types=wrong)
         for name in wrong:
             db.conn.execute(
-                f"UPDATE [{TABLE}] SET [{name}] = 9e999 WHERE [{name}] IN ('inf', 'Infinity')"
+                f"UPDATE [{TABLE}] SET {quote(name)} = 9e999 WHERE {quote(name)} IN "
+                "('inf', 'Infinity')"
             )
             db.conn.execute(
-                f"UPDATE [{TABLE}] SET [{name}] = -9e999 WHERE [{name}] IN ('-inf', '-Infinity')"
+                f"UPDATE [{TABLE}] SET {quote(name)} = -9e999 WHERE {quote(name)} IN "
+                "('-inf', '-Infinity')"
             )
+
+
+def quote(name: str) -> str:
+    """A column or index name quoted for SQL, whatever characters it holds (a suite's engine
+    argument may hold `]`, which SQLite's [brackets] cannot quote)."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _python_type(kind: str) -> type:
@@ -176,8 +199,14 @@ def refresh_indexes(db: Any) -> None:
         db.conn.execute(
             f"CREATE INDEX IF NOT EXISTS [idx_{TABLE}_{column}] ON [{TABLE}] ([{column}])"
         )
-    db.conn.execute(f"DROP INDEX IF EXISTS [idx_{TABLE}_summary]")  # an older column order
+    for older in ("summary", "groups"):  # the covering index of an older column list
+        db.conn.execute(f"DROP INDEX IF EXISTS [idx_{TABLE}_{older}]")
     db.conn.execute(
-        f"CREATE INDEX IF NOT EXISTS [idx_{TABLE}_groups] ON [{TABLE}] "
+        f"CREATE INDEX IF NOT EXISTS [idx_{TABLE}_measured] ON [{TABLE}] "
         f"({', '.join(f'[{c}]' for c in SUMMARY_COLUMNS)})"
+    )
+    # The one definition of a data point: every chart, comparison and canned query reads it.
+    db.conn.execute(
+        f"CREATE VIEW IF NOT EXISTS [{MEASURED_RUNS}] AS "
+        f"SELECT * FROM [{TABLE}] WHERE validity = 'valid'"
     )

@@ -50,8 +50,11 @@ class CaseOutcome:
     error: str | None = None
     telemetry: dict[str, float | int | None] = field(default_factory=dict)
     profiling: dict[str, Any] | None = None
-    # Set when the client, not the server, set the pace: the figures do not measure the server.
+    # Set when the figures do not measure the server: token counts that cannot be believed,
+    # or a client that set the pace.
     invalid_reason: str | None = None
+    # Set when requests failed (also when the suite allows them): the figures leave them out.
+    request_failures: str | None = None
     # The regression gate's verdicts (gates/worker.py), set after the case's call.
     regression: list[RegressionVerdict] = field(default_factory=list)
     sim_device: str | None = None  # the simulator's device profile (None: its default)
@@ -88,8 +91,18 @@ class CaseOutcome:
             thresholds={name: t.model_dump() for name, t in case.thresholds.items()},
             verdicts=self.verdicts,
             regression=self.regression,
+            validity="invalid" if (reasons := self._invalid_because(message)) else "valid",
+            validity_reasons=reasons,
         )
         return record.model_dump(mode="json")
+
+    def _invalid_because(self, message: str | None) -> list[str]:
+        """Why this case's results are not a valid measurement (none: they are)."""
+        results = self.results
+        if not results or ("completed" in results and not results["completed"]):
+            return [message or self.error or "nothing was measured"]
+        reasons = [self.invalid_reason, self.request_failures]
+        return [reason for reason in reasons if reason]
 
     def _engine(self) -> dict[str, Any]:
         engine: dict[str, Any] = dict(self.engine.as_record())

@@ -17,7 +17,7 @@ from typing import Any
 
 from pytest_profllm.hosts.devices import client_off, leased_cores
 from pytest_profllm.load import metrics
-from pytest_profllm.load.bench import load_settings, measure, run_load
+from pytest_profllm.load.bench import invalid_reason, load_settings, measure, run_load
 from pytest_profllm.load.dataset import (
     Codec,
     PromptRequest,
@@ -62,8 +62,9 @@ def run_case(
     outcome.results, health = measure(load, bench, codec)
     outcome.results.update(health)
     outcome.verdicts = evaluate(case, outcome.results)
-    check_served(load.outcomes, outcome.results)
-    outcome.invalid_reason = metrics.client_fell_behind(health, max_schedule_lag_ms)
+    outcome.invalid_reason = invalid_reason(load, bench, health, max_schedule_lag_ms)
+    outcome.request_failures = metrics.request_failures(load.outcomes)
+    check_served(load.outcomes, outcome.results, allowed_failures(case))
     if case.profile and server.profile_dir is not None:
         outcome.profiling = _profile(server, settings, prompts, outcome.run_id)
     outcome.finished_at = time.time()
@@ -136,9 +137,21 @@ async def _load_while_alive(
             raise ServerExited(server.exit_description())
 
 
-def check_served(outcomes: list[metrics.RequestOutcome], results: dict[str, Any]) -> None:
-    if (problem := metrics.served_problem(outcomes, results)) is not None:
+def check_served(
+    outcomes: list[metrics.RequestOutcome], results: dict[str, Any], allowed: int = 0
+) -> None:
+    if (problem := metrics.served_problem(outcomes, results, allowed)) is not None:
         raise CaseFailed(problem)
+
+
+def allowed_failures(case: Case) -> int:
+    """How many failed requests the suite allows: its `failed` (or `failed_requests`)
+    threshold's max; none by default."""
+    for name in ("failed", "failed_requests"):
+        threshold = case.thresholds.get(name)
+        if threshold is not None and threshold.max is not None:
+            return max(0, int(threshold.max))
+    return 0
 
 
 def _tokenizer_for(case: Case, engine: str) -> str | None:

@@ -33,7 +33,9 @@ def launch(
     `profllm plan` prints what this returns, so the plan is the command that runs.
     """
     argv = serve_command(engine, server, HOST, lease.port, registry, vllm, sim_device)
-    return argv, {**server_env(lease, device), **serve_env(server)}
+    # A key in the user's own environment would be enforced by the server on requests that
+    # do not send it: a suite's key is passed on, no other.
+    return argv, {**server_env(lease, device), "VLLM_API_KEY": "", **serve_env(server)}
 
 
 def server_name(case: Case) -> str:

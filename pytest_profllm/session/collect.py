@@ -32,7 +32,7 @@ class SuiteFile(pytest.File):
         where = self.nodeid or self.path.name
         try:
             suite, lines = load_suite_file(self.path, _registry(self.config))
-            cases = expand(suite, where, lines)
+            cases = expand(suite, where, lines, self.config.stash[SETTINGS_KEY].max_cases)
         except SuiteError as error:
             # The rootdir-relative path reads better than the absolute one the loader knows.
             raise self.CollectError(str(error).replace(str(self.path), where)) from None
@@ -114,7 +114,7 @@ def marker_cases(metafunc: pytest.Metafunc) -> list[Case] | None:
     where = metafunc.definition.nodeid
     try:
         suite = validate_suite(dict(marker.kwargs), where, None, _registry(metafunc.config))
-        return expand(suite, where)
+        return expand(suite, where, None, metafunc.config.stash[SETTINGS_KEY].max_cases)
     except SuiteError as error:
         # A collection error of this module alone, shown as the one line, not a traceback.
         raise pytest.Collector.CollectError(str(error)) from None

@@ -165,7 +165,14 @@ class ControllerSession:
             else f"{written} JSON record(s) are in {out} ({self.unwritten} more could not be "
             "written: see their cases)"
         )
-        return f"{db}: {what}: nothing loaded; {kept}: load them with: profllm ingest {db} {out}"
+        # A locked or full database takes them later; one that cannot be read or written
+        # (not a database, damaged, read-only) never will: then another file.
+        broken = ("not a database", "malformed", "readonly", "unable to open", "I/O error")
+        bad = any(word in str(error) for word in broken)
+        target = db.with_name(f"{db.stem}-recovered{db.suffix}") if bad else db
+        return (
+            f"{db}: {what}: nothing loaded; {kept}: load them with: profllm ingest {target} {out}"
+        )
 
 
 def _started_at(record: dict[str, Any]) -> float:

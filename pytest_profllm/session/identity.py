@@ -9,12 +9,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import psutil
 import pytest
 
 from pytest_profllm.engine.choice import EngineChoice
 from pytest_profllm.engine.install import VllmInstall
 from pytest_profllm.hosts.devices import cpu_pool, real_gpus
-from pytest_profllm.hosts.pool import HostPool, SessionTurns, default_pool_dir, make_pool
+from pytest_profllm.hosts.pool import (
+    HostPool,
+    SessionTurns,
+    default_pool_dir,
+    make_pool,
+    sweep_stale_turns,
+)
+from pytest_profllm.hosts.processes import OWNER_ENV, orphans_of_dead_sessions, owner_token
 from pytest_profllm.options import Settings
 
 
@@ -66,3 +74,22 @@ def worker_name() -> str:
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
 IDENTITY_KEY = pytest.StashKey[RunIdentity]()
+
+
+def claim_session(settings: Settings) -> list[str]:
+    """On the controller, before anything starts: what sessions killed outright (SIGKILL, a
+    crashed node) left behind is ended and removed, then this process becomes the owner of
+    everything the session starts (OWNER_ENV, inherited). Returns one line per leftover."""
+    said = []
+    for process in orphans_of_dead_sessions():
+        try:
+            command = " ".join(process.cmdline())[:80]
+            process.kill()
+            said.append(f"ended pid {process.pid} ({command}), left by a session that was killed")
+        except psutil.Error:
+            continue
+    if settings.ray is None:
+        for folder in sweep_stale_turns(default_pool_dir()):
+            said.append(f"removed {folder}, left by a session that was killed")
+    os.environ[OWNER_ENV] = owner_token(os.getpid())
+    return said

@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+import pytest_profllm
 from pytest_profllm.sim.batching import Scheduler, Sequence
 from pytest_profllm.sim.faults import Faults
 from pytest_profllm.sim.instruments import ProfilerSettings, add_routes
@@ -76,9 +77,13 @@ def build_app(
     state: SimState, scheduler: Scheduler, profiler: ProfilerSettings | None = None
 ) -> web.Application:
     app = web.Application(middlewares=[_auth, _faults])
+    # Every answer says which engine gave it, so a client (`profllm bench`) records the
+    # simulator as the simulator, never as vLLM.
+    app.on_response_prepare.append(_identify)
     app[_STATE] = state
     app[_SCHEDULER] = scheduler
     app.router.add_get("/health", _health)
+    app.router.add_get("/version", _version)
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat_completions)
@@ -105,6 +110,18 @@ async def _step_loop(app: web.Application) -> AsyncIterator[None]:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+ENGINE_HEADER = "X-Profllm-Engine"
+
+
+async def _identify(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers[ENGINE_HEADER] = f"sim {pytest_profllm.__version__}"
+
+
+async def _version(request: web.Request) -> web.Response:
+    # vLLM's /version answers {"version": ...}: the simulator's is the package's.
+    return web.json_response({"version": pytest_profllm.__version__})
 
 
 @web.middleware
@@ -378,22 +395,31 @@ async def _stream(
     try:
         if opening is not None:
             await response.write(_sse(opening))
+        number = request.get(_FAULT_NUMBER)
+        short = state.faults.short_stream == number and number is not None
         while (token := await sequence.tokens.get()) is not None:
             generated += 1
-            finish = "length" if generated == max_tokens else None
+            cut = short and generated == 2
+            finish = "length" if generated == max_tokens or cut else None
             message = _sse(event(_word(state, token), finish))
             emitted.append(time.perf_counter())  # handed to the socket now
             await response.write(message)
-            if generated == 1 and state.faults:
-                await _fault_in_stream(request, sequence)
+            if cut:
+                request.app[_SCHEDULER].cancel(sequence)
+                log.warning("short_stream: request %d finishes after 2 tokens", number)
+                break
+            if generated == 1 and state.faults.in_stream(number):
+                await _fault_in_stream(request, response, sequence)
         if include_usage:
             usage = event("", None)
-            usage.update(choices=[], usage=_usage(prompt_len, generated))
+            usage.update(choices=[], usage=_claimed_usage(state.faults, prompt_len, generated))
             usage.pop("prompt_token_ids", None)  # chat's opening fields stay in the opening
             usage.pop("prompt_text", None)
             usage["system_fingerprint"] = _SYSTEM_FINGERPRINT
             await response.write(_sse(usage))
         await response.write(b"data: [DONE]\n\n")
+    except _StreamEnded:
+        return response
     except (ConnectionResetError, asyncio.CancelledError):
         request.app[_SCHEDULER].cancel(sequence)
         raise
@@ -417,11 +443,23 @@ async def _submit(
     return scheduler.submit(prompt_len, max_tokens, prompt_ids, arrived=arrived)
 
 
-async def _fault_in_stream(request: web.Request, sequence: Sequence) -> None:
-    """After the first token: stall this stream for good, or cut it (faults.py)."""
+async def _fault_in_stream(
+    request: web.Request, response: web.StreamResponse, sequence: Sequence
+) -> None:
+    """After the first token: stall this stream for good, cut it, send an error event (and
+    end it, as vLLM does) or a line that is not JSON (and go on) (faults.py)."""
     faults, number = request.app[_STATE].faults, request.get(_FAULT_NUMBER)
-    if number is None or number not in (faults.stall_request, faults.close_request):
+    if number == faults.junk_line:
+        log.warning("junk_line: request %d gets a line that is not JSON", number)
+        await response.write(b"data: <html>502 Bad Gateway</html>\n\n")
         return
+    if number == faults.error_event:
+        log.warning("error_event: request %d gets an error event", number)
+        request.app[_SCHEDULER].cancel(sequence)
+        error = {"message": "simulated fault error_event", "type": "InternalServerError"}
+        body = {"error": {**error, "param": None, "code": 500}}
+        await response.write(_sse(body) + b"data: [DONE]\n\n")
+        raise _StreamEnded
     request.app[_SCHEDULER].cancel(sequence)
     if number == faults.stall_request:
         log.warning("stall_request: request %d stalls after its first token", number)
@@ -430,6 +468,20 @@ async def _fault_in_stream(request: web.Request, sequence: Sequence) -> None:
     if request.transport is not None:
         request.transport.close()
     raise ConnectionResetError("simulated fault close_request")
+
+
+class _StreamEnded(Exception):
+    """The stream was ended by a fault: nothing more is written to it."""
+
+
+def _claimed_usage(faults: Faults, prompt_len: int, generated: int) -> dict[str, object]:
+    """The usage chunk, as the faults would have it lie."""
+    usage: dict[str, object] = dict(_usage(prompt_len, generated))
+    if faults.usage_claims is not None:
+        usage["completion_tokens"] = faults.usage_claims
+    if faults.usage_text:
+        usage["completion_tokens"] = str(generated)
+    return usage
 
 
 def _sse(payload: dict[str, Any]) -> bytes:

@@ -14,6 +14,14 @@ server of a suite fails and the others do not.
     error_rate=FRACTION      that fraction of requests get vLLM's 500 error (seeded, repeatable)
     stall_request=N          the N-th request's stream stops after its first token, open
     close_request=N          the N-th request's stream is cut after its first token
+    error_event=N            the N-th request's stream sends an `error` event after its first
+                             token, then ends ([DONE]), as vLLM does for an error mid-stream
+    junk_line=N              the N-th request's stream sends a line that is not JSON after its
+                             first token, then goes on
+    short_stream=N           the N-th request finishes after 2 tokens (finish_reason length),
+                             whatever max_tokens and ignore_eos asked
+    usage_claims=N           every usage chunk claims N completion tokens (N may be negative)
+    usage_text               every usage chunk gives completion_tokens as a string
     orphan_child             start a child in its own session that outlives the process group
 """
 
@@ -24,9 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 FAULTS_ENV = "PROFLLM_SIM_FAULTS"
-_FLAGS = ("exit_at_start", "never_healthy", "orphan_child")
-_COUNTS = ("die_after", "stall_request", "close_request")
+_FLAGS = ("exit_at_start", "never_healthy", "orphan_child", "usage_text")
+_COUNTS = (
+    "die_after", "stall_request", "close_request", "error_event", "junk_line", "short_stream"
+)
 _NUMBERS = ("slow_start", "error_rate")
+_INTEGERS = ("usage_claims",)  # any whole number, negative ones included
 
 
 class FaultSpecError(ValueError):
@@ -42,13 +53,28 @@ class Faults:
     error_rate: float = 0.0
     stall_request: int | None = None
     close_request: int | None = None
+    error_event: int | None = None
+    junk_line: int | None = None
+    short_stream: int | None = None
+    usage_claims: int | None = None
+    usage_text: bool = False
     orphan_child: bool = False
 
     def __bool__(self) -> bool:
         return self != Faults()
 
     def names(self) -> list[str]:
-        return [name for name in (*_FLAGS, *_COUNTS, *_NUMBERS) if getattr(self, name)]
+        names = (*_FLAGS, *_COUNTS, *_NUMBERS, *_INTEGERS)
+        return [name for name in names if getattr(self, name) not in (None, False, 0, 0.0)]
+
+    def in_stream(self, number: int | None) -> bool:
+        """Whether request `number`'s stream has a fault after its first token."""
+        return number is not None and number in (
+            self.stall_request,
+            self.close_request,
+            self.error_event,
+            self.junk_line,
+        )
 
 
 def parse_faults(specs: Sequence[str], argv: Sequence[str]) -> Faults:
@@ -68,13 +94,16 @@ def parse_faults(specs: Sequence[str], argv: Sequence[str]) -> Faults:
             values[name] = True
         elif name in _COUNTS:
             values[name] = _number(spec, text, int, minimum=0)
+        elif name in _INTEGERS:
+            values[name] = _number(spec, text, int, minimum=-math.inf)
         elif name in _NUMBERS:
             value = _number(spec, text, float, minimum=0)
             if name == "error_rate" and value > 1:
                 raise FaultSpecError(f"fault {spec!r}: error_rate is a fraction from 0 to 1")
             values[name] = value
         else:
-            known = ", ".join((*_FLAGS, *(f"{n}=N" for n in (*_COUNTS, *_NUMBERS))))
+            counted = (*_COUNTS, *_NUMBERS, *_INTEGERS)
+            known = ", ".join((*_FLAGS, *(f"{n}=N" for n in counted)))
             raise FaultSpecError(f"unknown fault {spec!r}; known faults: {known}")
     return Faults(**values)  # type: ignore[arg-type]
 
@@ -86,6 +115,8 @@ def _number(spec: str, text: str, kind: type[int] | type[float], minimum: float)
         raise FaultSpecError(f"fault {spec!r}: expected a number after '='") from None
     if not (minimum <= value < math.inf):
         raise FaultSpecError(f"fault {spec!r}: expected a number >= {minimum:g}")
+    if math.isinf(minimum) and math.isnan(value):
+        raise FaultSpecError(f"fault {spec!r}: expected a whole number")
     return value
 
 

@@ -1,0 +1,101 @@
+"""A run's fingerprint: what must be equal for two runs to be compared. The effective server
+configuration, the workload, the engine and its version, and the device model and count.
+
+The workload's `seed` is left out: it draws other prompts of the same distribution, which is
+the noise a gate must tolerate, not another workload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import orjson
+
+_NOT_THE_WORKLOAD = ("seed",)
+
+
+def fingerprint(record: dict[str, Any], with_version: bool = True) -> dict[str, Any]:
+    config = record.get("config") or {}
+    engine = record.get("engine") or {}
+    system = record.get("system") or {}
+    runtime = record.get("runtime") or {}
+    benchmark = {
+        key: value
+        for key, value in (config.get("benchmark") or {}).items()
+        if key not in _NOT_THE_WORKLOAD
+    }
+    parts: dict[str, Any] = {
+        "server": config.get("server") or {},
+        "benchmark": benchmark,
+        "engine": engine.get("name"),
+        # The simulator has no device model: its GPUs are virtual.
+        "device_model": sorted(set(system.get("gpu_names") or [])) or None,
+        "device_count": len(runtime.get("gpus") or []),
+    }
+    if with_version:
+        parts["engine_version"] = engine.get("version")
+        parts["engine_args_version"] = (config.get("engine_args") or {}).get("vllm_version")
+    return parts
+
+
+def digest(parts: dict[str, Any]) -> str:
+    return _hash(_canonical(parts))
+
+
+def digests(record: dict[str, Any], cache: dict[Any, str] | None = None) -> tuple[str, str]:
+    """(with the engine version, without it)."""
+    with_version, any_version, _ = described(record, cache)
+    return with_version, any_version
+
+
+def described(
+    record: dict[str, Any], cache: dict[Any, str] | None = None
+) -> tuple[str, str, str]:
+    """Both digests and the canonical JSON of the parts (with the version). The canonical
+    JSON of both is assembled from one dump of each part: the server block (every engine
+    argument) is most of the cost, and `cache` keeps its dump for records that share it (an
+    ingest's batch)."""
+    with_version = fingerprint(record, True)
+    dumped = {
+        name: _cached_dump(value, cache) if isinstance(value, dict) else _dump(value)
+        for name, value in with_version.items()
+    }
+    without = {name: text for name, text in dumped.items() if name not in _VERSIONS}
+    canonical = _join(dumped)
+    return _hash(canonical), _hash(_join(without)), canonical
+
+
+_VERSIONS = ("engine_version", "engine_args_version")
+
+
+def _cached_dump(block: dict[str, Any], cache: dict[Any, str] | None) -> str:
+    # Keyed by orjson's dump (ten times faster than json's, but not the same text).
+    if cache is None:
+        return _dump(block)
+    try:
+        key = orjson.dumps(block, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        return _dump(block)  # what orjson cannot write (an integer past 64 bits): no cache
+    text = cache.get(key)
+    if text is None:
+        text = cache[key] = _dump(block)
+    return text
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _join(dumped: dict[str, str]) -> str:
+    # What _dump of the whole mapping writes: its keys sorted, each with its value's dump.
+    return "{" + ",".join(f"{json.dumps(name)}:{dumped[name]}" for name in sorted(dumped)) + "}"
+
+
+def _canonical(parts: dict[str, Any]) -> str:
+    return _dump(parts)
+
+
+def _hash(canonical: str) -> str:
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -1,0 +1,251 @@
+"""The regression gate's tables in the results database, beside `benchmark_runs` (a session
+and `profllm ingest` both fill them, so any results database is a baseline and a history):
+
+- `gate_runs`: one row per run: its fingerprint (digest with and without the engine version),
+  its case, session, time, status, results (JSON) and validity (`fingerprint_parts` is
+  filled only by older versions: the parts are in `gate_fingerprints`, once per fingerprint);
+- `gate_fingerprints`: what each fingerprint is made of, as JSON;
+- `request_samples`: one row per request of a run (TTFT, TPOT, E2EL, ITL list, in ms), the
+  per-request samples a later run's latency verdicts resample;
+- `regression_verdicts`: one row per gated metric of a run: verdict, baseline and new value,
+  change and its confidence interval;
+- `change_points`: what `profllm history` found.
+
+Loading is an upsert keyed by run_id, in one `BEGIN IMMEDIATE` transaction, as the store does.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pytest_profllm.results.fingerprint import described
+from pytest_profllm.results.record import is_valid
+
+RUNS = "gate_runs"
+SAMPLES = "request_samples"
+VERDICTS = "regression_verdicts"
+CHANGE_POINTS = "change_points"
+FINGERPRINTS = "gate_fingerprints"
+_BUSY_TIMEOUT_MS = 30_000
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS [{RUNS}] (
+    run_id TEXT PRIMARY KEY, fingerprint TEXT, fingerprint_any_version TEXT,
+    fingerprint_parts TEXT, suite TEXT, case_id TEXT, session_id TEXT, timestamp TEXT,
+    repeat_index INTEGER, status TEXT, gate TEXT, results TEXT, validity TEXT
+);
+CREATE INDEX IF NOT EXISTS [{RUNS}_fingerprint] ON [{RUNS}] (fingerprint);
+CREATE INDEX IF NOT EXISTS [{RUNS}_fingerprint_any_version] ON [{RUNS}] (fingerprint_any_version);
+CREATE TABLE IF NOT EXISTS [{FINGERPRINTS}] (fingerprint TEXT PRIMARY KEY, parts TEXT);
+CREATE TABLE IF NOT EXISTS [{SAMPLES}] (
+    run_id TEXT, request_index INTEGER, success INTEGER, output_tokens INTEGER,
+    ttft_ms REAL, tpot_ms REAL, e2el_ms REAL, itl_ms TEXT,
+    PRIMARY KEY (run_id, request_index)
+);
+CREATE TABLE IF NOT EXISTS [{VERDICTS}] (
+    run_id TEXT, case_id TEXT, metric TEXT, verdict TEXT, tolerance REAL,
+    higher_is_better INTEGER, baseline REAL, value REAL, change REAL, ci_low REAL, ci_high REAL,
+    confidence REAL, samples INTEGER, baseline_samples INTEGER, baseline_session TEXT,
+    PRIMARY KEY (run_id, metric)
+);
+CREATE TABLE IF NOT EXISTS [{CHANGE_POINTS}] (
+    fingerprint TEXT, case_id TEXT, metric TEXT, run_id TEXT, session_id TEXT, timestamp TEXT,
+    before REAL, after REAL, change REAL, found_at TEXT,
+    PRIMARY KEY (fingerprint, metric, run_id)
+);
+"""
+
+
+@contextmanager
+def writing(db_path: Path) -> Iterator[sqlite3.Connection]:
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    connection = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        connection.execute("PRAGMA journal_mode = WAL")
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            create(connection)
+            yield connection
+            connection.execute("COMMIT")
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
+    finally:
+        connection.close()
+
+
+# A run loaded before records said whether they were valid: record.measurement_validity's
+# rule over its status and results.
+_DERIVED_VALIDITY = (
+    "CASE WHEN status IN ('passed', 'failed') "
+    "AND coalesce(json_extract(results, '$.failed'), 0) = 0 "
+    "AND coalesce(json_extract(results, '$.completed'), 1) > 0 THEN 'valid' ELSE 'invalid' END"
+)
+
+
+def valid_runs(db: sqlite3.Connection) -> str:
+    """The SQL condition for a valid measurement in `gate_runs`, as this database has it."""
+    columns = {row[1] for row in db.execute(f"PRAGMA table_info([{RUNS}])")}
+    if "validity" in columns:
+        return f"coalesce(validity, {_DERIVED_VALIDITY}) = 'valid'"
+    return f"{_DERIVED_VALIDITY} = 'valid'"
+
+
+def _add_validity(db: sqlite3.Connection) -> None:
+    """`gate_runs` of an older database gets its validity column, filled in."""
+    columns = {row[1] for row in db.execute(f"PRAGMA table_info([{RUNS}])")}
+    if "validity" not in columns:
+        db.execute(f"ALTER TABLE [{RUNS}] ADD COLUMN validity TEXT")
+        db.execute(f"UPDATE [{RUNS}] SET validity = {_DERIVED_VALIDITY}")
+
+
+def gate_of(record: dict[str, Any]) -> str | None:
+    """The run's overall verdict: the worst of its metrics', None where nothing was gated."""
+    verdicts = {v["verdict"] for v in record.get("regression") or []}
+    for verdict in ("regressed", "improved", "unchanged", "no-baseline"):
+        if verdict in verdicts:
+            return verdict
+    return None
+
+
+def sample_rows(run_id: str, requests: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    rows = []
+    for row in requests:
+        first, latency, tokens = row.get("ttft_s"), row.get("latency_s"), row.get("output_tokens")
+        ttft = e2el = tpot = None
+        if row.get("success") and first is not None and latency is not None:
+            ttft, e2el = first * 1000, latency * 1000
+            if tokens and tokens > 1:
+                tpot = (latency - first) / (tokens - 1) * 1000
+        rows.append(
+            (
+                run_id,
+                row.get("index"),
+                int(bool(row.get("success"))),
+                tokens,
+                ttft,
+                tpot,
+                e2el,
+                json.dumps([gap * 1000 for gap in row.get("itl_s") or []]),
+            )
+        )
+    return rows
+
+
+@dataclass
+class GateRows:
+    """One run's rows of the gate's tables: its `gate_runs` row, its request samples (None
+    where its per-request rows are not known: what is stored stays) and its verdicts."""
+
+    run_id: str
+    run: tuple[Any, ...]
+    samples: list[tuple[Any, ...]] | None
+    verdicts: list[tuple[Any, ...]]
+    parts: tuple[str, str]  # (fingerprint, its parts as canonical JSON)
+
+
+def gate_rows(
+    record: dict[str, Any],
+    requests: list[dict[str, Any]] | None,
+    cache: dict[Any, str] | None = None,
+) -> GateRows:
+    """`cache`: the fingerprint's dumps shared by the records of one batch (fingerprint.py)."""
+    with_version, any_version, parts = described(record, cache)
+    results = orjson.dumps(record.get("results") or {}, option=orjson.OPT_SORT_KEYS).decode()
+    run = (
+        record["run_id"],
+        with_version,
+        any_version,
+        None,
+        record.get("suite"),
+        record.get("case_id"),
+        record.get("session_id"),
+        record.get("timestamp"),
+        record.get("repeat_index"),
+        record.get("status"),
+        gate_of(record),
+        results,
+        "valid" if is_valid(record) else "invalid",
+    )
+    verdicts = [
+        (
+            record["run_id"],
+            record.get("case_id"),
+            v["metric"],
+            v["verdict"],
+            v["tolerance"],
+            int(v["higher_is_better"]),
+            v.get("baseline"),
+            v.get("value"),
+            v.get("change"),
+            v.get("ci_low"),
+            v.get("ci_high"),
+            v.get("confidence"),
+            v.get("samples"),
+            v.get("baseline_samples"),
+            v.get("baseline_session"),
+        )
+        for v in record.get("regression") or []
+    ]
+    samples = None if requests is None else sample_rows(record["run_id"], requests)
+    return GateRows(record["run_id"], run, samples, verdicts, (with_version, parts))
+
+
+def create(db: sqlite3.Connection) -> None:
+    """The tables, in the connection's open transaction (an older `gate_runs` gets its
+    validity column)."""
+    # One statement at a time: executescript would commit the open transaction.
+    for statement in _SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    _add_validity(db)
+
+
+def write(db: sqlite3.Connection, runs: Iterable[GateRows]) -> int:
+    """Upserts runs' rows, in the connection's open transaction; returns how many. Each kind
+    of row goes in one executemany (an ingest writes 100,000 runs from one process)."""
+    runs = list(runs)
+    if not runs:
+        return 0
+    parts = dict(rows.parts for rows in runs)
+    db.executemany(f"INSERT OR IGNORE INTO [{FINGERPRINTS}] VALUES (?, ?)", parts.items())
+    db.executemany(
+        f"INSERT OR REPLACE INTO [{RUNS}] (run_id, fingerprint, fingerprint_any_version, "
+        "fingerprint_parts, suite, case_id, session_id, timestamp, repeat_index, status, "
+        "gate, results, validity) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        [rows.run for rows in runs],
+    )
+    db.executemany(f"DELETE FROM [{VERDICTS}] WHERE run_id = ?", [(r.run_id,) for r in runs])
+    db.executemany(
+        f"INSERT INTO [{VERDICTS}] VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        [verdict for rows in runs for verdict in rows.verdicts],
+    )
+    # Request samples only where the run's per-request rows are known: what is stored stays.
+    sampled = [rows for rows in runs if rows.samples is not None]
+    db.executemany(f"DELETE FROM [{SAMPLES}] WHERE run_id = ?", [(r.run_id,) for r in sampled])
+    db.executemany(
+        f"INSERT INTO [{SAMPLES}] VALUES (?,?,?,?,?,?,?,?)",
+        [sample for rows in sampled for sample in rows.samples or ()],
+    )
+    return len(runs)
+
+
+def load_runs(
+    db_path: Path, runs: Iterable[tuple[dict[str, Any], list[dict[str, Any]] | None]]
+) -> int:
+    """Upsert records (with their per-request rows, where known) into the gate's tables."""
+    runs = list(runs)
+    if not runs:
+        return 0
+    with writing(db_path) as db:
+        return write(db, (gate_rows(record, requests) for record, requests in runs))

@@ -1,0 +1,160 @@
+"""Every number that enters is finite, and suites have limits (issue 22): a non-finite
+threshold, goodput or sampling value, a YAML alias bomb, a key given twice and a matrix of
+millions are each one line naming the file (and line), refused before anything expands.
+Generated suites are collected or refused with such a line, never with another exception."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pytest_profllm.plan.case import MAX_CASES, expand
+from pytest_profllm.plan.suite import SuiteError, load_suite_file
+
+BASE = "server:\n  model: Qwen/Qwen3-0.6B\nbenchmark:\n  num_prompts: 4\n"
+
+
+def _load(tmp_path: Path, text: str) -> int:
+    path = tmp_path / "bench_x.yaml"
+    path.write_text(text)
+    suite, lines = load_suite_file(path)
+    return len(expand(suite, str(path), lines))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("thresholds:\n  completed: {min: .nan}\n",
+         "bench_x.yaml:6: thresholds.completed.min: Input should be a finite number"),
+        ("thresholds:\n  p99_ttft_ms: {max: .inf}\n",
+         "bench_x.yaml:6: thresholds.p99_ttft_ms.max: Input should be a finite number"),
+        ("  goodput: {ttft: .inf}\n",
+         "bench_x.yaml:5: benchmark.goodput.ttft: Input should be a finite number"),
+        ("  temperature: .inf\n",
+         "bench_x.yaml:5: benchmark.temperature: Input should be a finite number"),
+        ("  request_timeout_s: .inf\n",
+         "bench_x.yaml:5: benchmark.request_timeout_s: Input should be a finite number"),
+    ],
+)
+def test_a_number_that_is_not_finite_is_refused_with_its_line(
+    tmp_path: Path, extra: str, message: str
+) -> None:
+    with pytest.raises(SuiteError) as error:
+        _load(tmp_path, BASE + extra)
+    assert message in str(error.value)
+
+
+def test_an_infinite_request_rate_still_means_all_at_once(tmp_path: Path) -> None:
+    assert _load(tmp_path, BASE + "  request_rate: .inf\n") == 1
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
+    rows = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for name, previous in zip("bcdefghi", "abcdefgh", strict=True):
+        rows.append(f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]")
+    text = "\n".join(rows) + "\nserver: {model: m, seed: *i}\nbenchmark: {num_prompts: 1}\n"
+    started = time.monotonic()
+    with pytest.raises(SuiteError, match="expands to more than 100,000 values through YAML"):
+        _load(tmp_path, text)
+    assert time.monotonic() - started < 2  # before: 4 GB and a MemoryError
+
+
+def test_a_key_given_twice_names_both_lines(tmp_path: Path) -> None:
+    text = BASE + "thresholds:\n  completed: {min: 4}\n  completed: {min: 1}\n"
+    with pytest.raises(SuiteError) as error:
+        _load(tmp_path, text)
+    assert str(error.value) == (
+        f"{tmp_path / 'bench_x.yaml'}:7: key 'completed' appears twice in one mapping "
+        "(first at line 6): YAML would keep the last alone"
+    )
+
+
+def test_a_matrix_over_the_cap_is_one_line_before_expanding(tmp_path: Path) -> None:
+    values = list(range(1, 101))
+    text = (
+        f"server:\n  model: m\n  max_num_seqs: {values}\n  seed: {values}\n"
+        f"benchmark:\n  num_prompts: {values}\nrepeat: 2\n"
+    )
+    started = time.monotonic()
+    with pytest.raises(SuiteError) as error:
+        _load(tmp_path, text)
+    assert time.monotonic() - started < 2  # before: over 60 s and 3.6 GB
+    assert str(error.value).endswith(
+        "bench_x.yaml: 2,000,000 cases (server.max_num_seqs 100 x server.seed 100 x "
+        f"benchmark.num_prompts 100 x repeat 2) is over the limit of {MAX_CASES:,}; raise it "
+        "with --profllm-max-cases (ini: profllm_max_cases)"
+    )
+
+
+def test_the_cap_can_be_raised(tmp_path: Path) -> None:
+    path = tmp_path / "bench_x.yaml"
+    path.write_text("server:\n  model: m\n  seed: [1, 2, 3]\nbenchmark:\n  num_prompts: 1\n")
+    suite, lines = load_suite_file(path)
+    with pytest.raises(SuiteError, match="3 cases"):
+        expand(suite, str(path), lines, max_cases=2)
+    assert len(expand(suite, str(path), lines, max_cases=3)) == 3
+
+
+# Generated suites: known keys with values of any type, unknown keys, non-finite numbers,
+# axes (lists), aliases and repeated keys, written as YAML text.
+KEYS = ["model", "max_num_seqs", "seed", "tensor_parallel_size", "num_prompts",
+        "request_rate", "random_input_len", "temperature", "goodput", "completed", "bogus"]
+scalars = st.one_of(
+    st.integers(-3, 100), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+    st.text(max_size=5), st.none(),
+)
+values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(KEYS), inner, max_size=3), max_leaves=12,
+)
+
+
+def _yaml_value(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ".nan"
+        if math.isinf(value):
+            return ".inf" if value > 0 else "-.inf"
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix(
+        "\n..."
+    ).removesuffix("...").strip()
+
+
+@st.composite
+def suite_texts(draw: st.DrawFn) -> str:
+    blocks = []
+    for block in ("server", "benchmark", "thresholds", draw(st.sampled_from(["exclude", "x"]))):
+        entries = draw(st.lists(st.tuples(st.sampled_from(KEYS), values), max_size=4))
+        if block == "server" and draw(st.booleans()):
+            entries.insert(0, ("model", "Qwen/Qwen3-0.6B"))
+        lines = [f"  {key}: {_yaml_value(value)}" for key, value in entries]
+        if draw(st.booleans()) and lines:
+            lines.append(lines[0])  # a key given twice
+        blocks.append(f"{block}:\n" + ("\n".join(lines) if lines else "  {}"))
+    if draw(st.booleans()):
+        blocks.insert(0, "anchor: &big [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]")
+        blocks.append("repeat: 1")
+    return "\n".join(blocks) + "\n"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=suite_texts())
+def test_a_generated_suite_is_collected_or_refused_in_one_line(
+    tmp_path_factory: pytest.TempPathFactory, text: str
+) -> None:
+    path = tmp_path_factory.mktemp("suite") / "bench_gen.yaml"
+    path.write_text(text)
+    try:
+        suite, lines = load_suite_file(path)
+        expand(suite, str(path), lines)
+    except SuiteError as error:
+        message = str(error)
+        assert message.startswith(str(path)), message
+        assert "Traceback" not in message
