@@ -3,14 +3,17 @@ it wrote, suite files written for a test, and vLLM's own parse of argvs (in vLLM
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import textwrap
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from pytest_profllm.plan.case import Case, expand
 from pytest_profllm.plan.suite import load_suite_file
@@ -72,3 +75,25 @@ def vllm_parse(script: str, argvs: list[Any], *, refusals: bool = False) -> list
         for argv, namespace in zip(argvs, parsed, strict=True):
             assert "error" not in namespace, f"vLLM refused {argv}: {namespace}"
     return parsed
+
+
+@contextlib.asynccontextmanager
+async def serve_handler(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    path: str = "/v1/completions",
+    shutdown_timeout: float = 1.0,
+) -> AsyncIterator[str]:
+    """An in-process aiohttp server on 127.0.0.1 answering POST `path` with `handler`;
+    yields its base URL."""
+    app = web.Application()
+    app.router.add_post(path, handler)
+    # A short shutdown timeout: cleanup never waits long on a handler the test left hanging.
+    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()

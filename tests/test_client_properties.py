@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from helpers import serve_handler
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -100,21 +101,10 @@ async def _one_request(status: int, script: list[Step], ending: str) -> metrics.
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        settings_ = LoadSettings(
-            base_url=f"http://{host}:{port}", model="m", request_timeout_s=TIMEOUT_S
-        )
+    async with serve_handler(handler, shutdown_timeout=0.1) as url:
+        settings_ = LoadSettings(base_url=url, model="m", request_timeout_s=TIMEOUT_S)
         load = await run_load(settings_, [PromptRequest("hi", 3, 4)])
         return load.outcomes[0]
-    finally:
-        await runner.cleanup()
 
 
 @settings(

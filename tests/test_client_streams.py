@@ -11,12 +11,13 @@ import contextlib
 import itertools
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 import pytest
 from aiohttp import web
+from helpers import serve_handler
 
 from pytest_profllm.load.bench import run_load
 from pytest_profllm.load.dataset import PromptRequest
@@ -61,22 +62,6 @@ def _scripted(*steps: Step) -> Handler:
     return handler
 
 
-@contextlib.asynccontextmanager
-async def _serve(handler: Handler, path: str = "/v1/completions") -> AsyncIterator[str]:
-    app = web.Application()
-    app.router.add_post(path, handler)
-    # A short shutdown timeout: cleanup never waits long on a handler the test left hanging.
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
-
-
 def _requests(count: int) -> list[PromptRequest]:
     return [PromptRequest(prompt=f"prompt {i}", prompt_len=3, output_len=4) for i in range(count)]
 
@@ -85,7 +70,7 @@ def _load(handler: Handler, count: int = 1, **overrides: Any) -> LoadResult:
     """Run the client against `handler`, bounded in time, and stop the server whatever happens."""
 
     async def main() -> LoadResult:
-        async with _serve(handler) as url:
+        async with serve_handler(handler) as url:
             settings = LoadSettings(base_url=url, model="sim", request_timeout_s=5.0, **overrides)
             return await asyncio.wait_for(run_load(settings, _requests(count)), timeout=10)
 
@@ -224,7 +209,7 @@ def test_request_timeout_is_a_failed_outcome() -> None:
         return response
 
     async def main() -> LoadResult:
-        async with _serve(stall) as url:
+        async with serve_handler(stall) as url:
             settings = LoadSettings(base_url=url, model="sim", request_timeout_s=0.3)
             try:
                 return await asyncio.wait_for(run_load(settings, _requests(1)), timeout=5)
@@ -468,7 +453,7 @@ def test_chat_counts_content_deltas_not_the_role_chunk() -> None:
         return await stream(request)
 
     async def main() -> LoadResult:
-        async with _serve(handler, "/v1/chat/completions") as url:
+        async with serve_handler(handler, "/v1/chat/completions") as url:
             settings = LoadSettings(
                 base_url=url, model="sim", backend="openai-chat",
                 temperature=None, request_timeout_s=5.0,

@@ -50,7 +50,7 @@ def test_an_over_wide_record_is_refused_alone(tmp_path: Path) -> None:
 
 
 names = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+    alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
     min_size=1, max_size=12,
 )
 hostile = st.fixed_dictionaries({
