@@ -13,6 +13,8 @@ import psutil
 import pytest
 
 pytest_plugins = ["pytester"]
+# tests/helpers.py asserts for the tests that call it: its failures read as the tests' own do.
+pytest.register_assert_rewrite("helpers")
 
 _PORT_RANGES = itertools.count()
 

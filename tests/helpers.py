@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -16,10 +17,41 @@ import pytest
 from aiohttp import web
 
 from pytest_profllm.plan.case import Case, expand
-from pytest_profllm.plan.suite import load_suite_file
+from pytest_profllm.plan.suite import SuiteError, load_suite_file
 
 # A Python that imports vLLM (CPU-only is enough: its parsers run, it cannot serve).
 VLLM_PYTHON = os.environ.get("PROFLLM_VLLM_PYTHON", "")
+needs_vllm_python = pytest.mark.skipif(
+    not (VLLM_PYTHON and os.access(VLLM_PYTHON, os.X_OK)),
+    reason="no vLLM Python: set PROFLLM_VLLM_PYTHON to one that imports vLLM "
+    "(shared/tools/vllm-cpu-env.sh builds a CPU-only one)",
+)
+
+
+def suite_args(
+    ports: str, *, out: str | None = "results", gpus: int | None = 4, cache: bool = True
+) -> list[str]:
+    """The options of a pytest run of suites on this test's ports. The schedule-lag verdict is
+    off: these runs test the path, in a session that oversubscribes the host."""
+    return [
+        f"--profllm-ports={ports}",
+        *([f"--profllm-out={out}"] if out else []),
+        *([f"--profllm-gpus={gpus}"] if gpus else []),
+        "--profllm-max-schedule-lag=1000",
+        *([] if cache else ["-p", "no:cacheprovider"]),
+    ]
+
+
+def pytest_argv(
+    ports: str,
+    *args: str,
+    out: str | None = "results",
+    gpus: int | None = 4,
+    cache: bool = True,
+) -> list[str]:
+    """The command line of such a run in a process of its own: `suite_args`, then `args`."""
+    options = suite_args(ports, out=out, gpus=gpus, cache=cache)
+    return [sys.executable, "-m", "pytest", *options, *args]
 
 
 def run_suites(
@@ -28,17 +60,12 @@ def run_suites(
     *args: str,
     out: str | None = "results",
     gpus: int | None = 4,
+    cache: bool = True,
+    timeout: float = 300,
 ) -> pytest.RunResult:
-    """pytest in a subprocess over pytester's folder, on this test's ports. The schedule-lag
-    verdict is off: these runs test the path, in a session that oversubscribes the host."""
-    return pytester.runpytest_subprocess(
-        f"--profllm-ports={ports}",
-        *([f"--profllm-out={out}"] if out else []),
-        *([f"--profllm-gpus={gpus}"] if gpus else []),
-        "--profllm-max-schedule-lag=1000",
-        *args,
-        timeout=300,
-    )
+    """pytest in a subprocess over pytester's folder, with `suite_args` and then `args`."""
+    options = suite_args(ports, out=out, gpus=gpus, cache=cache)
+    return pytester.runpytest_subprocess(*options, *args, timeout=timeout)
 
 
 def records(folder: Path) -> list[dict[str, Any]]:
@@ -46,15 +73,31 @@ def records(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
 
 
+def run_records(pytester: pytest.Pytester, out: str = "results") -> list[dict[str, Any]]:
+    """The records a run in pytester's folder wrote to --profllm-out=`out`."""
+    return records(pytester.path / out)
+
+
 def write_suite(folder: Path, text: str, name: str = "bench_x.yaml") -> Path:
+    """`text`, dedented, in the suite file `folder`/`name`."""
     path = folder / name
     path.write_text(textwrap.dedent(text))
     return path
 
 
 def cases_of(path: Path) -> list[Case]:
+    """The cases of the suite file at `path`, loaded and expanded as collection does."""
     suite, lines = load_suite_file(path)
     return expand(suite, str(path), lines)
+
+
+def suite_error(path: Path) -> str:
+    """The message of the SuiteError that loading and expanding `path` raises."""
+    with pytest.raises(SuiteError) as error:
+        cases_of(path)
+    message = str(error.value)
+    assert "\n" not in message  # one line, fit for a collection error or a CLI
+    return message
 
 
 def vllm_parse(script: str, argvs: list[Any], *, refusals: bool = False) -> list[dict[str, Any]]:

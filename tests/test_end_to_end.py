@@ -14,8 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers import records as records_in
-from helpers import run_suites
+from helpers import run_records, run_suites
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL_WORKLOAD = """
@@ -24,15 +23,6 @@ benchmark:
   random_input_len: 32
   random_output_len: 8
 """
-
-
-def run(pytester: pytest.Pytester, ports: str, *args: str) -> pytest.RunResult:
-    # The schedule-lag verdict is off here; it has its own test below.
-    return run_suites(pytester, ports, *args)
-
-
-def records(pytester: pytest.Pytester) -> list[dict[str, Any]]:
-    return records_in(pytester.path / "results")
 
 
 def db_rows(pytester: pytest.Pytester, sql: str) -> list[tuple[Any, ...]]:
@@ -44,7 +34,7 @@ def test_example_suites_with_two_workers(pytester: pytest.Pytester, ports: str) 
     for suite in (REPO / "benchmarks").iterdir():
         if suite.suffix in (".yaml", ".py"):
             shutil.copy(suite, pytester.path)
-    result = run(pytester, ports, "-n", "2")
+    result = run_suites(pytester, ports, "-n", "2")
     result.assert_outcomes(passed=10)
     result.stdout.fnmatch_lines(
         [
@@ -53,7 +43,7 @@ def test_example_suites_with_two_workers(pytester: pytest.Pytester, ports: str) 
             "10 row(s) loaded into *results.db (table benchmark_runs)*",
         ]
     )
-    written = records(pytester)
+    written = run_records(pytester)
     assert len(written) == 10
     assert db_rows(pytester, "select count(*) from benchmark_runs") == [(10,)]
     assert {r["engine"]["name"] for r in written} == {"sim"}
@@ -90,14 +80,14 @@ thresholds:
   total_output_tokens: {max: 60}
 """,
     )
-    result = run(pytester, ports)
+    result = run_suites(pytester, ports)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
             "total_output_tokens = 96 > max 60 (threshold missed)",
         ]
     )
-    by_case = {r["case_id"]: r for r in records(pytester)}
+    by_case = {r["case_id"]: r for r in run_records(pytester)}
     failed = by_case["bench_gate.yaml::qwen3-8b::random-out16"]
     assert failed["status"] == "failed"
     assert failed["verdicts"] == [
@@ -126,14 +116,14 @@ def test_client_that_fell_behind_is_invalid_not_passed(
         ".yaml",
         bench_slow="server:\n  model: Qwen/Qwen3-8B\n" + SMALL_WORKLOAD,
     )
-    result = run(pytester, ports)
+    result = run_suites(pytester, ports)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
             "invalid measurement: client fell behind: client CPU saturated (*% of a core)"
         ]
     )
-    (record,) = records(pytester)
+    (record,) = run_records(pytester)
     assert record["status"] == "invalid"
     assert record["message"].startswith("client fell behind: client CPU saturated")
     assert record["verdicts"] == []
@@ -178,12 +168,12 @@ def test_bad_suite_fails_its_collection_and_others_run(
     text, message = BAD_SUITES[kind]
     pytester.makefile(".yaml", bench_bad=text)
     pytester.makefile(".yaml", bench_good="server:\n  model: Qwen/Qwen3-8B\n" + SMALL_WORKLOAD)
-    result = run(pytester, ports, *xdist)
+    result = run_suites(pytester, ports, *xdist)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*ERROR collecting bench_bad.yaml*", message])
     result.stdout.no_fnmatch_line("*Traceback*")
     result.assert_outcomes(passed=1, errors=1)
-    assert [r["case_id"] for r in records(pytester)] == ["bench_good.yaml::qwen3-8b::random"]
+    assert [r["case_id"] for r in run_records(pytester)] == ["bench_good.yaml::qwen3-8b::random"]
 
 
 def test_server_that_dies_at_start_fails_its_cases(pytester: pytest.Pytester, ports: str) -> None:
@@ -191,7 +181,7 @@ def test_server_that_dies_at_start_fails_its_cases(pytester: pytest.Pytester, po
         ".yaml",
         bench_dead="server:\n  model: ./no-such-model\nbenchmark:\n  num_prompts: [2, 3]\n",
     )
-    result = run(pytester, ports)
+    result = run_suites(pytester, ports)
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(
         [
@@ -202,7 +192,7 @@ def test_server_that_dies_at_start_fails_its_cases(pytester: pytest.Pytester, po
             "*(see the first case)*",
         ]
     )
-    written = records(pytester)
+    written = run_records(pytester)
     assert [r["status"] for r in written] == ["error", "error"]
     assert all("exited with code 1" in r["message"] for r in written)
     # Nothing of it is left: the checks after stop found no survivor, and no process of the
@@ -236,7 +226,7 @@ def test_marker_form_gives_the_result_to_the_test(pytester: pytest.Pytester, por
             pass
         """
     )
-    result = run(pytester, ports, "-v")
+    result = run_suites(pytester, ports, "-v")
     result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(
         [
@@ -244,7 +234,7 @@ def test_marker_form_gives_the_result_to_the_test(pytester: pytest.Pytester, por
             "*completed = 4 < min 5 (threshold missed)*",
         ]
     )
-    written = records(pytester)
+    written = run_records(pytester)
     assert sorted(r["status"] for r in written) == ["failed", "failed", "passed", "passed"]
     assert {r["suite"] for r in written} == {
         "test_marked.py::test_counts",
@@ -254,7 +244,7 @@ def test_marker_form_gives_the_result_to_the_test(pytester: pytest.Pytester, por
 
 def test_engine_vllm_without_vllm_is_a_usage_error(pytester: pytest.Pytester, ports: str) -> None:
     pytester.makefile(".yaml", bench_x="server:\n  model: m\n")
-    result = run(pytester, ports, "--profllm-engine=vllm")
+    result = run_suites(pytester, ports, "--profllm-engine=vllm")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--profllm-engine vllm: vLLM is not installed*"])
 
@@ -289,10 +279,10 @@ benchmark:
         cwd=pytester.path, capture_output=True, text=True, timeout=60, check=True,
     )
     assert "topsecret" not in plan.stdout + plan.stderr
-    result = run(pytester, ports)
+    result = run_suites(pytester, ports)
     # The server got the key: the client's requests, which carry it, were accepted.
     result.assert_outcomes(passed=2)
-    for record in records(pytester):
+    for record in run_records(pytester):
         assert record["config"]["server"]["api_key"] == "***"
         assert record["config"]["server"]["hf_token"] == "***"
         assert record["config"]["server"]["watermark_config"] == "***"
@@ -314,7 +304,7 @@ def test_several_keys_are_refused_and_an_inherited_key_is_not_half_applied(
         ".yaml",
         bench_keys="server:\n  model: Qwen/Qwen3-8B\n  api_key: [[sk-a, sk-b]]\n" + SMALL_WORKLOAD,
     )
-    refused = run(pytester, ports)
+    refused = run_suites(pytester, ports)
     assert (
         "bench_keys.yaml:3: server.api_key[0]: more than one value would go on the server's "
         "command line, which any local user reads (/proc/PID/cmdline); give one"
@@ -325,7 +315,7 @@ def test_several_keys_are_refused_and_an_inherited_key_is_not_half_applied(
     (pytester.path / "bench_keys.yaml").unlink()
     pytester.makefile(".yaml", bench_open="server:\n  model: Qwen/Qwen3-8B\n" + SMALL_WORKLOAD)
     monkeypatch.setenv("VLLM_API_KEY", "sk-from-the-shell")
-    result = run(pytester, ports)
+    result = run_suites(pytester, ports)
     result.assert_outcomes(passed=1)
 
 
@@ -337,12 +327,12 @@ def test_case_needing_more_gpus_than_the_pool_is_skipped(
         bench_big="server:\n  model: Qwen/Qwen3-8B\n  tensor_parallel_size: [1, 8]\n"
         + SMALL_WORKLOAD,
     )
-    result = run(pytester, ports, "-rs")
+    result = run_suites(pytester, ports, "-rs")
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines([
         "SKIPPED *needs 8 GPUs (tensor x pipeline x data parallel size) but the pool has 4*"
     ])
-    assert [r["case_id"] for r in records(pytester)] == ["bench_big.yaml::qwen3-8b-tp1::random"]
+    assert [r["case_id"] for r in run_records(pytester)] == ["bench_big.yaml::qwen3-8b-tp1::random"]
 
 
 def test_profiled_suite_writes_a_trace_and_the_record_says_where(
@@ -363,9 +353,9 @@ benchmark:
   random_prefix_len: 32
 """,
     )
-    result = run(pytester, ports)
+    result = run_suites(pytester, ports)
     result.assert_outcomes(passed=1)
-    (record,) = records(pytester)
+    (record,) = run_records(pytester)
     profiling = record["profiling"]
     assert profiling["profiler"] == "torch"
     assert profiling["num_prompts"] == 8
@@ -417,10 +407,10 @@ def test_a_client_later_than_the_lag_limit_makes_its_case_invalid(
         "  request_rate: 50\n",
     )
     # No client sends within a microsecond of its schedule: the limit is the option's.
-    result = run(pytester, ports, "--profllm-max-schedule-lag=0.001")
+    result = run_suites(pytester, ports, "--profllm-max-schedule-lag=0.001")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         ["*invalid measurement: client fell behind: p99 schedule lag * ms is over 0.001 ms*"]
     )
-    [record] = records(pytester)
+    [record] = run_records(pytester)
     assert record["status"] == "invalid"

@@ -18,16 +18,13 @@ from typing import Any
 
 import filelock
 import pytest
-from helpers import records, run_suites
+from helpers import pytest_argv, records, run_suites
 
 from pytest_profllm.hosts.pool import PORT_BLOCK, Lease
 from pytest_profllm.load.metrics import RequestOutcome, served_problem
 from pytest_profllm.server.process import PortTaken, ServerProcess
 
 SMALL = "benchmark:\n  num_prompts: 2\n  random_input_len: 8\n  random_output_len: [2, 3, 4]\n"
-
-
-run = run_suites
 
 
 def assert_records_are_rows(out: Path, db: Path | None = None) -> list[dict[str, Any]]:
@@ -84,7 +81,7 @@ def test_server_killed_mid_case_fails_it_as_error_and_the_next_case_restarts(
         bench_dies="server:\n  model: sim-dies\nbenchmark:\n  num_prompts: 16\n"
         "  request_rate: 10\n  random_input_len: 8\n  random_output_len: [4, 5]\n",
     )
-    result = run(pytester, ports)
+    result = run_suites(pytester, ports)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
@@ -237,7 +234,7 @@ def test_a_port_taken_after_the_lease_is_never_measured(
     (pytester.path / "foreign.py").write_text(FOREIGN_SERVER)
     pytester.makefile(".yaml", bench_taken="server:\n  model: sim-taken\n" + SMALL)
     try:
-        result = run(pytester, ports, "-W", "always")
+        result = run_suites(pytester, ports, "-W", "always")
     finally:
         stranger = int((pytester.path / "stranger.pid").read_text())
         os.kill(stranger, signal.SIGKILL)
@@ -276,21 +273,7 @@ def test_two_sessions_with_their_own_pool_folders_never_measure_each_others_serv
         (pytester.path / name / "bench_shared.yaml").write_text(TWO_USERS_SUITE)
     runs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-p",
-                "no:cacheprovider",
-                "-n",
-                "2",
-                "-W",
-                "always",
-                f"--profllm-ports={ports}",
-                "--profllm-out=results",
-                "--profllm-gpus=4",
-                "--profllm-max-schedule-lag=1000",
-            ],
+            pytest_argv(ports, "-n", "2", "-W", "always", cache=False),
             cwd=pytester.path / name,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -366,18 +349,7 @@ def test_sigterm_stops_the_session_as_ctrl_c_does(
     temp = tmp_path / "tmp"  # where the session's scope folder goes
     temp.mkdir()
     controller = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            *xdist,
-            f"--profllm-ports={ports}",
-            "--profllm-out=results",
-            "--profllm-gpus=4",
-            "--profllm-max-schedule-lag=1000",
-        ],
+        pytest_argv(ports, *xdist, cache=False),
         cwd=pytester.path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -451,13 +423,6 @@ def mounts(tmp_path: Path) -> None:
         pytest.skip("needs `unshare` (util-linux) and user namespaces to mount a small tmpfs")
 
 
-def pytest_argv(ports: str, *args: str) -> list[str]:
-    return [
-        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--profllm-ports={ports}",
-        "--profllm-gpus=4", "--profllm-max-schedule-lag=1000", *args,
-    ]  # fmt: skip
-
-
 @pytest.mark.usefixtures("mounts")
 def test_a_read_only_out_folder_is_a_usage_error_before_anything_starts(
     pytester: pytest.Pytester, ports: str
@@ -465,7 +430,7 @@ def test_a_read_only_out_folder_is_a_usage_error_before_anything_starts(
     pytester.makefile(".yaml", bench_ro="server:\n  model: sim-ro\n" + SMALL)
     read_only = pytester.path / "ro"
     read_only.mkdir()
-    argv = pytest_argv(ports, f"--profllm-out={read_only / 'results'}")
+    argv = pytest_argv(ports, out=str(read_only / "results"), cache=False)
     result = pytester.run(*private_mount(read_only, "ro,size=64k", argv), timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert result.stderr.lines[0] == (
@@ -508,7 +473,7 @@ def test_a_full_disk_fails_the_cases_it_cannot_record_and_never_corrupts_the_dat
     argv = [
         "sh", "-c",
         'kept=$1; shift; "$@"; code=$?; rm -f "$0/filler"; cp -a "$0/." "$kept"; exit $code',
-        str(out), str(kept), *pytest_argv(ports, "-p", "no:xdist", f"--profllm-out={out}"),
+        str(out), str(kept), *pytest_argv(ports, "-p", "no:xdist", out=str(out), cache=False),
     ]  # fmt: skip
     result = pytester.run(*private_mount(out, "size=4m", argv), timeout=300)
     # The two cases whose records could not be written fail, each clearly; all three ran.
@@ -580,7 +545,7 @@ def test_a_locked_database_costs_the_load_not_the_session(
     holder = sqlite3.connect(db, isolation_level=None)
     try:
         holder.execute("begin exclusive")
-        result = run(pytester, ports, "-n", "2")
+        result = run_suites(pytester, ports, "-n", "2")
     finally:
         holder.close()
     result.assert_outcomes(passed=3)
@@ -626,7 +591,7 @@ def test_secrets_never_show_in_pytest_reprs_or_junit_xml(
             assert profllm_result.results["completed"] == 99
         """
     )
-    result = run(pytester, ports, "-l", "-vv", "--junitxml=junit.xml")
+    result = run_suites(pytester, ports, "-l", "-vv", "--junitxml=junit.xml")
     result.assert_outcomes(failed=1)
     # The locals were shown (pytest pretty-prints them over lines), their secrets as ***.
     shown = result.stdout.str()

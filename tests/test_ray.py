@@ -8,7 +8,6 @@ import importlib.util
 import json
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from itertools import combinations
@@ -17,7 +16,7 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers import records as records_in
+from helpers import pytest_argv, run_records, run_suites
 from ray_cluster import LocalCluster, local_cluster
 
 from conftest import sim_processes
@@ -48,26 +47,6 @@ def run_apart(request: pytest.FixtureRequest) -> None:
     tests' servers may be about to bind theirs: the Ray tests run in a session of their own."""
     if request.node.get_closest_marker("ray") and "ray" not in request.config.option.markexpr:
         pytest.skip("Ray tests run apart from the others: pytest -m ray")
-
-
-def run(pytester: pytest.Pytester, ports: str, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(*common_args(ports), *args, timeout=300)
-
-
-def common_args(ports: str) -> list[str]:
-    return [
-        f"--profllm-ports={ports}",
-        "--profllm-out=results",
-        "--profllm-gpus=4",
-        # The path is under test, in a session that oversubscribes the host on purpose.
-        "--profllm-max-schedule-lag=1000",
-        "-p",
-        "no:cacheprovider",
-    ]
-
-
-def records(pytester: pytest.Pytester) -> list[dict[str, Any]]:
-    return records_in(pytester.path / "results")
 
 
 def running_groups() -> list[psutil.Process]:
@@ -124,10 +103,10 @@ def test_suite_at_tp_1_and_2_on_two_nodes(
     pytester: pytest.Pytester, ports: str, two_nodes: LocalCluster
 ) -> None:
     pytester.makefile(".yaml", bench_tp=SUITE_TP)
-    result = run(pytester, ports, f"--profllm-ray={two_nodes.address}")
+    result = run_suites(pytester, ports, f"--profllm-ray={two_nodes.address}", cache=False)
     result.assert_outcomes(passed=8)
     result.stdout.fnmatch_lines([f"profllm: engine sim *Ray cluster {two_nodes.address}"])
-    written = records(pytester)
+    written = run_records(pytester)
     # Every case's record came back once.
     assert sorted(r["nodeid"] for r in written) == sorted(
         f"bench_tp.yaml::qwen3-8b-tp{tp}-seqs{seqs}::random-rate{rate}"
@@ -183,14 +162,14 @@ def test_node_removed_mid_run(
 ) -> None:
     # Two servers of 2 GPUs: one on each node. Four cases of about 1.5 s each.
     pytester.makefile(".yaml", bench_long=SUITE_LONG)
-    args = [*common_args(ports), f"--profllm-ray={two_nodes.address}", "-rA"]
+    argv = pytest_argv(ports, f"--profllm-ray={two_nodes.address}", "-rA", cache=False)
     if retry:
-        args.append("--profllm-ray-retry")
+        argv.append("--profllm-ray-retry")
     results = pytester.path / "results"
     log = pytester.path / "pytest.log"
     with log.open("wb") as output:
         driver = subprocess.Popen(
-            [sys.executable, "-m", "pytest", *args],
+            argv,
             cwd=pytester.path,
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -212,7 +191,7 @@ def test_node_removed_mid_run(
             driver.kill()
             driver.wait()
     output_text = log.read_text()
-    written = {r["nodeid"]: r for r in records(pytester)}
+    written = {r["nodeid"]: r for r in run_records(pytester)}
     assert len(written) == 8, output_text
     finished = [r for r in written.values() if r["status"] == "passed"]
     unfinished = [r for r in written.values() if r["status"] != "passed"]
@@ -280,14 +259,14 @@ def test_same_cases_ids_and_verdicts_with_and_without_ray(
     pytester.makepyfile(test_marked=MARKED_TEST)
 
     def outcome(ray: list[str]) -> tuple[dict[str, int], dict[str, Any]]:
-        result = run(pytester, ports, "-rA", *ray, *selection)
+        result = run_suites(pytester, ports, "-rA", *ray, *selection, cache=False)
         verdicts = {
             r["nodeid"]: (
                 r["case_id"],
                 r["status"],
                 [(v["metric"], v["bound"], v["passed"]) for v in r["verdicts"]],
             )
-            for r in records(pytester)
+            for r in run_records(pytester)
         }
         result.stdout.no_fnmatch_line("*Traceback*")
         for path in (pytester.path / "results").iterdir():

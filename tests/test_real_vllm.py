@@ -9,7 +9,6 @@ lock so that one of them at a time runs its servers (about 3 GB each).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 import requests
+from helpers import run_records
 from real_vllm import (
     kill_under,
     one_at_a_time,
@@ -77,13 +77,6 @@ def plugin_args(ports: str, *more: str) -> list[str]:
     ]
 
 
-def records(pytester: pytest.Pytester) -> list[dict[str, Any]]:
-    return [
-        json.loads(path.read_text())
-        for path in sorted((pytester.path / "results").glob("*.json"))
-    ]
-
-
 def suite(model: Path, server: str, benchmark: str) -> str:
     return (
         f"server:\n  model: {model}\n  enforce_eager: true\n  max_model_len: 1024\n{server}"
@@ -124,7 +117,7 @@ def test_two_servers_two_workloads_on_cpu_cores(
                 "*maximum context length is 1024 tokens*",
         ]
     )
-    written = records(pytester)
+    written = run_records(pytester)
     assert len(written) == 5
     for record in written:
         engine = record["engine"]
@@ -172,7 +165,7 @@ def test_a_bad_engine_argument_fails_with_vllms_own_message(
     )
     result = pytester.runpytest_subprocess(*plugin_args(ports), timeout=600)
     result.assert_outcomes(failed=1)
-    (record,) = records(pytester)
+    (record,) = run_records(pytester)
     assert record["status"] == "error"
     message = record["message"]
     assert "\n" not in message
@@ -283,7 +276,7 @@ def test_killed_api_process_then_ctrl_c(
     assert not left, f"processes left after Ctrl-C: {left}"
     # The killed server's case and the case Ctrl-C cut short each keep a record.
     killed, interrupted = sorted(
-        records(pytester), key=lambda r: r["config"]["server"]["max_num_seqs"]
+        run_records(pytester), key=lambda r: r["config"]["server"]["max_num_seqs"]
     )
     assert killed["status"] == "error"
     assert "died during the case" in killed["message"]

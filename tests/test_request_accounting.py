@@ -5,7 +5,6 @@ simulated engine, a real server process, with its faults on demand."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import records as records_in
 
 from conftest import sim_processes
 from pytest_profllm.sim.faults import FaultSpecError, parse_faults
@@ -82,10 +82,7 @@ def faulty_run(
         for process in leaked:
             process.kill()
     assert not leaked, "a server outlived the run"
-    records = {}
-    for path in (folder / "results").glob("*.json"):
-        record = json.loads(path.read_text())
-        records[record["config"]["server"]["seed"]] = record
+    records = {r["config"]["server"]["seed"]: r for r in records_in(folder / "results")}
     yield done, records
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import run_records
 
 from pytest_profllm.sim.config import NoCacheMemory, build_setup, describe_server
 from pytest_profllm.sim.cost import SLOWDOWN_ENV, EngineModel, StepWork
@@ -184,7 +185,7 @@ benchmark:
         timeout=120,
     )
     result.assert_outcomes(passed=1)
-    (record,) = [json.loads(p.read_text()) for p in (pytester.path / "results").glob("*.json")]
+    (record,) = run_records(pytester)
     sim = record["engine"]["sim"]
     assert sim["device"]["name"] == "A100-80GB"
     assert sim["model"]["name"] == "meta-llama/Llama-3.1-8B-Instruct"

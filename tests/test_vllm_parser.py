@@ -8,14 +8,10 @@ with `shared/tools/vllm-cpu-env.sh`); without one these tests are skipped and sa
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-from helpers import VLLM_PYTHON
-from helpers import vllm_parse as parse_in_vllm
+from helpers import needs_vllm_python, vllm_parse
 
 from pytest_profllm.engine.command import serve_command, serve_env
 from pytest_profllm.engine.registry import Option, Registry, bundled, human_int
@@ -56,16 +52,7 @@ for argv in json.load(sys.stdin):
 print(json.dumps(results))
 """
 
-pytestmark = pytest.mark.skipif(
-    not (VLLM_PYTHON and os.access(VLLM_PYTHON, os.X_OK)),
-    reason="no vLLM Python: set PROFLLM_VLLM_PYTHON to one that imports vLLM "
-    "(shared/tools/vllm-cpu-env.sh builds a CPU-only one)",
-)
-
-
-def vllm_parse(argvs: list[list[str]]) -> list[dict[str, Any]]:
-    """vLLM's parse of each argv (the part after `vllm serve`), in one vLLM import."""
-    return parse_in_vllm(_PARSE, argvs)
+pytestmark = needs_vllm_python
 
 
 def args_after_serve(server: dict[str, Any]) -> list[str]:
@@ -135,7 +122,7 @@ def test_the_engine_args_suite_parses_to_its_values() -> None:
     assert len(given) >= 40, f"the suite uses {len(given)} engine arguments, not 40 or more"
     kinds = {registry.options[name].kind for name in given}
     assert {"bool", "flag", "int", "float", "str", "json"} <= kinds
-    parsed = vllm_parse([args_after_serve(server) for server in servers.values()])
+    parsed = vllm_parse(_PARSE, [args_after_serve(server) for server in servers.values()])
     for server, namespace in zip(servers.values(), parsed, strict=True):
         check_parsed(registry, server, namespace)
     # The secret reached the server through its environment, never its command line.
@@ -163,7 +150,7 @@ def test_plain_yaml_lists_reach_vllm_as_the_lists_asked_for(tmp_path: Path) -> N
         "  compilation_config.mode: 3\n"
         "  compilation_config.cudagraph_capture_sizes: [1, 2]\n",
     )
-    [parsed] = vllm_parse([args_after_serve(server)])
+    [parsed] = vllm_parse(_PARSE, [args_after_serve(server)])
     assert parsed["cudagraph_capture_sizes"] == [1, 2, 4, 8]
     assert parsed["allowed_origins"] == ["http://localhost"]
     assert parsed["served_model_name"] == ["a", "b"]
@@ -177,7 +164,7 @@ def test_an_axis_of_list_values_is_a_list_of_lists(tmp_path: Path) -> None:
         tmp_path, "server:\n  model: m\n  cudagraph_capture_sizes: [[1, 2], [1, 2, 4, 8]]\n"
     )
     assert len(servers) == 2
-    parsed = vllm_parse([args_after_serve(server) for server in servers])
+    parsed = vllm_parse(_PARSE, [args_after_serve(server) for server in servers])
     assert [p["cudagraph_capture_sizes"] for p in parsed] == [[1, 2], [1, 2, 4, 8]]
 
 
@@ -210,7 +197,7 @@ def test_config_type_checks_agree_with_vllms_parser() -> None:
             ours.append("accepted")
         except ValueError:
             ours.append("refused")
-    results = parse_in_vllm(_PARSE, argvs, refusals=True)
+    results = vllm_parse(_PARSE, argvs, refusals=True)
     theirs = ["refused" if "error" in result else "accepted" for result in results]
     assert list(zip(CONFIG_VALUES, ours, strict=True)) == list(
         zip(CONFIG_VALUES, theirs, strict=True)
@@ -243,7 +230,7 @@ def test_every_option_renders_to_what_vllm_parses() -> None:
         for value in _sample_values(option):
             servers.append({"model": "m", option.name: value})
     assert len(servers) > 300
-    parsed = vllm_parse([args_after_serve(server) for server in servers])
+    parsed = vllm_parse(_PARSE, [args_after_serve(server) for server in servers])
     for server, namespace in zip(servers, parsed, strict=True):
         check_parsed(registry, server, namespace)
 
@@ -252,15 +239,6 @@ def test_vllm_refuses_an_unknown_option_and_a_stale_config_key() -> None:
     # What the registry cannot check (keys inside a config) vLLM's parser does: 0.33.0 has
     # no `level` in CompilationConfig (it is `mode`). Unknown options fail in both.
     stale = ["m", "--compilation-config", '{"level":3}']
-    done = subprocess.run(
-        [VLLM_PYTHON, "-c", _PARSE],
-        input=json.dumps([["m", "--max-num-seqz", "4"], stale]),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")},
-        check=False,
-    )
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results = vllm_parse(_PARSE, [["m", "--max-num-seqz", "4"], stale], refusals=True)
     assert results[0] == {"error": "exit 2"}
     assert results[1] == {"error": "exit 2"}
