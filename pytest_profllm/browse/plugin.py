@@ -337,3 +337,9 @@ def extra_css_urls(database: str | None, table: str | None) -> list[str]:
     if table not in (TABLE, LANDING):
         return []
     return ["data:text/css," + quote(_CSS)]
+
+
+@hookimpl
+def register_routes() -> list[tuple[str, Any]]:
+    # Our prepared pages, each module's own routes.
+    return []

@@ -1,0 +1,70 @@
+"""Vega-Lite specs for our prepared pages, with their data inline: the SQL runs on the server
+(each page's module), and these functions only say how the rows are drawn. Every chart is
+full width and tall enough to read, and has tooltips; the browser draws it with the Vega-Lite
+runtime that datasette-dashboards ships (browse/templates/profllm_base.html).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+VEGA_LITE_SCHEMA = "https://vega.github.io/schema/vega-lite/v6.json"
+HEIGHT = 360
+SMALL_HEIGHT = 220
+
+
+def clean(value: Any) -> Any:
+    """A cell as JSON can carry it: a non-finite number becomes null (Vega-Lite drops it)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def rows_as_values(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [{key: clean(value) for key, value in row.items()} for row in rows]
+
+
+def spec(
+    values: Sequence[Mapping[str, Any]],
+    *,
+    title: str,
+    height: int = HEIGHT,
+    layers: Sequence[Mapping[str, Any]] | None = None,
+    **single: Any,
+) -> dict[str, Any]:
+    """A chart over `values`: either one view (`mark`, `encoding`, `transform`, ... as keyword
+    arguments) or several `layers` over the same data."""
+    chart: dict[str, Any] = {
+        "$schema": VEGA_LITE_SCHEMA,
+        "title": title,
+        "width": "container",
+        "height": height,
+        "data": {"values": rows_as_values(values)},
+        "config": {"legend": {"orient": "right", "labelLimit": 420, "titleLimit": 420},
+                   "axis": {"labelLimit": 300}},
+    }
+    if layers is not None:
+        chart["layer"] = list(layers)
+    chart.update(single)
+    return chart
+
+
+def field(name: str, kind: str, title: str | None = None, **extra: Any) -> dict[str, Any]:
+    """An encoding channel: `kind` is Vega-Lite's type (quantitative, nominal, ordinal,
+    temporal)."""
+    channel: dict[str, Any] = {"field": name, "type": kind, "title": title or name}
+    channel.update(extra)
+    return channel
+
+
+def tooltips(*names: str) -> list[dict[str, str]]:
+    return [{"field": name, "title": name} for name in names]
+
+
+def charts_json(charts: Mapping[str, Mapping[str, Any]]) -> str:
+    """The page's charts as the JSON of its <script type="application/json">: `</` is escaped
+    so no cell can close the script element."""
+    return json.dumps(charts, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
