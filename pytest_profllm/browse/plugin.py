@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import statistics
 import time
 import urllib.parse
 from dataclasses import dataclass
+from html import escape
 from typing import Any
 from urllib.parse import quote
 
 from datasette import hookimpl
 from datasette.utils import tilde_encode
 
+from pytest_profllm.browse import dashboard_pages, sql_functions
+from pytest_profllm.browse.dashboards import DASHBOARDS
 from pytest_profllm.browse.queries import CANNED_QUERIES, CHARTS
 from pytest_profllm.hosts.files import read_only_uri
 from pytest_profllm.results.landing import LANDING, landing_axes, swept_axes
@@ -123,11 +125,22 @@ def table_metadata(columns: frozenset[str] | None = None) -> dict[str, Any]:
     }
 
 
-def landing_metadata(swept: list[str], columns: frozenset[str] | None = None) -> dict[str, Any]:
+def dashboard_links_html(database: str | None) -> str:
+    """The dashboards, one link each, for the top of the landing page."""
+    if not database:
+        return ""
+    base = "/" + quote(tilde_encode(database)) + "/-/dashboards/"
+    links = " · ".join(f'<a href="{base}{d.name}" title="{escape(d.question)}">'
+                       f"{escape(d.title)}</a>" for d in DASHBOARDS)
+    return f'<p class="profllm-dashboard-links"><strong>Dashboards:</strong> {links}</p>'
+
+
+def landing_metadata(swept: list[str], columns: frozenset[str] | None = None,
+                     database: str | None = None) -> dict[str, Any]:
     # No column descriptions here: above a 30-column page they would fill the first screen.
     return {
         "title": "vLLM serving benchmarks",
-        "description": LANDING_DESCRIPTION,
+        "description_html": escape(LANDING_DESCRIPTION) + dashboard_links_html(database),
         "sort_desc": "timestamp",
         "facets": _facets(DEFAULT_FACETS, columns)
         + [c for c in landing_axes(swept) if c != "server_model"],
@@ -181,23 +194,9 @@ async def _all_ours(datasette: Any) -> bool:
     return bool(served) and all([await db.table_exists(TABLE) for db in served])
 
 
-class _Median:
-    """SQLite aggregate `median(x)`: charts combine repeats with it, never with a sum."""
-
-    def __init__(self) -> None:
-        self.values: list[float] = []
-
-    def step(self, value: Any) -> None:
-        if isinstance(value, int | float):
-            self.values.append(value)
-
-    def finalize(self) -> float | None:
-        return statistics.median(self.values) if self.values else None
-
-
 @hookimpl
 def prepare_connection(conn: sqlite3.Connection) -> None:
-    conn.create_aggregate("median", 1, _Median)  # type: ignore[arg-type]
+    sql_functions.register(conn)
 
 
 @hookimpl
@@ -284,7 +283,8 @@ def get_metadata(
             "tables": {
                 TABLE: table_metadata(schema.columns if schema else None),
                 LANDING: landing_metadata(
-                    schema.swept if schema else [], schema.landing_columns if schema else None
+                    schema.swept if schema else [], schema.landing_columns if schema else None,
+                    name,
                 ),
             }
         }
@@ -342,4 +342,14 @@ def extra_css_urls(database: str | None, table: str | None) -> list[str]:
 @hookimpl
 def register_routes() -> list[tuple[str, Any]]:
     # Our prepared pages, each module's own routes.
-    return []
+    return [*dashboard_pages.ROUTES]
+
+
+@hookimpl
+def permission_allowed(actor: Any, action: str) -> bool | None:
+    """Writing to a results database from the web (saved filters, uploads) is the root
+    actor's (`datasette --root`) unless the configuration's allow blocks say more; everyone
+    else reads only. None: this hook has no opinion on Datasette's own actions."""
+    if action == dashboard_pages.WRITE_ACTION and actor and actor.get("id") == "root":
+        return True
+    return None

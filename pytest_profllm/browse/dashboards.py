@@ -1,0 +1,780 @@
+"""The dashboards: prepared charts and tables over valid measurements, each answering one
+question people open the results with. Every function here takes a sqlite3 connection and a
+selection (browse/filters.py) and returns what the page shows, so the data path is tested
+without a browser; browse/plugin.py serves them at `/{database}/-/dashboards/{name}`.
+
+Rules every chart keeps:
+- points are valid measurements (the `measured_runs` view) of the selected sessions: the
+  latest of each suite by default; repeats are combined with a median, and sessions are never
+  blended unless asked (`blend=1`): each selected session is its own series;
+- a series is named by the axes that differ between the series drawn, never by a cut case id;
+- load is the axis the suite sweeps (request rate or concurrency), an infinite rate shown as
+  `inf` at the end of an ordinal axis rather than left out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_profllm.browse import charts
+from pytest_profllm.browse.filters import Schema, Selection
+from pytest_profllm.results.table import MEASURED_RUNS, TABLE, quote
+
+# The columns that can name a series, in the order their values are written.
+_NAMING = ("suite", "server_model", "engine", "device")
+_WORKLOAD_NAMING = ("bench_dataset_name", "bench_random_input_len", "bench_random_output_len")
+# Server arguments that never name a series: they differ with every run or say nothing.
+_NOT_AXES = {"server_model", "server_api_key", "server_port", "server_host", "server_seed"}
+# The metrics a point carries (median over the repeats of one case in one session).
+POINT_METRICS = (
+    ("output_throughput", "output tok/s"),
+    ("request_throughput", "req/s"),
+    ("median_ttft_ms", "median TTFT (ms)"),
+    ("p99_ttft_ms", "p99 TTFT (ms)"),
+    ("median_tpot_ms", "median TPOT (ms)"),
+    ("p99_tpot_ms", "p99 TPOT (ms)"),
+)
+HISTORY_METRICS = (*POINT_METRICS, ("median_itl_ms", "median ITL (ms)"),
+                   ("p99_e2el_ms", "p99 E2EL (ms)"))
+INF_LABEL = "inf"
+# The regression gate's verdicts (gates/verdict.py), each always the same colour.
+_VERDICT_COLOURS = {
+    "domain": ["regressed", "improved", "unchanged", "no-baseline", "no verdict"],
+    "range": ["#c62828", "#2e7d32", "#1565c0", "#ef6c00", "#9e9e9e"],
+}
+_INF_ORDER = 1e300
+
+
+@dataclass
+class Table:
+    """A table under the charts: `rows` are mappings from column to cell; a cell of
+    `link_columns` links to the URL in `links[row index][column]`."""
+
+    title: str
+    columns: list[str]
+    rows: list[dict[str, Any]]
+    links: list[dict[str, str]] = field(default_factory=list)
+    empty: str = "Nothing to show for this selection."
+
+
+@dataclass
+class View:
+    """What a dashboard shows: charts (id -> Vega-Lite spec), in order, with a caption each,
+    tables, and notes (what was left out and why)."""
+
+    charts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    captions: dict[str, str] = field(default_factory=dict)
+    tables: list[Table] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    # Inputs the dashboard takes besides the filter panel: name -> (label, value, choices).
+    inputs: dict[str, tuple[str, str, list[str]]] = field(default_factory=dict)
+
+    def add(self, chart_id: str, spec: dict[str, Any], caption: str) -> None:
+        self.charts[chart_id] = spec
+        self.captions[chart_id] = caption
+
+
+@dataclass(frozen=True)
+class Point:
+    """One case in one session (or in all selected sessions, blended): medians over repeats."""
+
+    series_key: tuple[Any, ...]
+    configuration: str
+    workload: str
+    session: str
+    rate: float | None
+    concurrency: int | None
+    metrics: Mapping[str, float | None]
+    runs: int
+    run_id: str
+    context: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    name: str
+    title: str
+    question: str
+    build: Callable[[sqlite3.Connection, Schema, Selection, Mapping[str, str]], View]
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _rate(value: Any) -> float | None:
+    """A request rate: a number, infinity (all at once) or None (not set)."""
+    if isinstance(value, int | float):
+        return float(value)
+    return None
+
+
+def load_points(connection: sqlite3.Connection, schema: Schema, selection: Selection,
+                extra_where: str = "1", extra_params: Sequence[Any] = ()) -> list[Point]:
+    """The points of the selection: one per case (configuration, workload, engine, device)
+    and session (unless blended), medians over its repeats, valid measurements only."""
+    where, params = selection.where(schema)
+    have = schema.types
+    metrics = [name for name, _ in POINT_METRICS if name in have]
+    session = "'(blended)'" if selection.blend else "session_id"
+    group = ["suite", "configuration", "workload", "engine", "device", "bench_request_rate",
+             "bench_max_concurrency", *(c for c in _WORKLOAD_NAMING if c in have)]
+    if not selection.blend:
+        group.append("session_id")
+    sql = (
+        f"SELECT {', '.join(quote(c) for c in group if c != 'session_id')}, {session} AS "
+        f"session, server_model, "
+        + ", ".join(f"median({quote(m)}) AS {quote(m)}" for m in metrics)
+        + ", count(*) AS runs, max(run_id) AS run_id "
+        f"FROM [{MEASURED_RUNS}] WHERE {where} AND ({extra_where}) "
+        f"AND output_throughput IS NOT NULL GROUP BY {', '.join(quote(c) for c in group)}"
+    )
+    cursor = connection.execute(sql, [*params, *extra_params])
+    names = [d[0] for d in cursor.description]
+    rows = [dict(zip(names, row, strict=True)) for row in cursor]
+    axes = server_axes(connection, schema, [row["run_id"] for row in rows])
+    points = []
+    for row in rows:
+        context = {c: row.get(c) for c in (*_NAMING, *_WORKLOAD_NAMING) if c in row}
+        context.update(axes.get(row["configuration"], {}))
+        if not selection.blend:
+            context["session"] = row["session"]
+        workload_key = tuple(row.get(c) for c in _WORKLOAD_NAMING)
+        points.append(Point(
+            series_key=(row["suite"], row["configuration"], row["engine"], row["device"],
+                        row["session"], workload_key),
+            configuration=row["configuration"] or "",
+            workload=row["workload"] or "",
+            session=row["session"] or "",
+            rate=_rate(row["bench_request_rate"]),
+            concurrency=row["bench_max_concurrency"],
+            metrics={m: _finite(row[m]) for m in metrics},
+            runs=row["runs"],
+            run_id=row["run_id"],
+            context=context,
+        ))
+    return points
+
+
+def server_axes(connection: sqlite3.Connection, schema: Schema,
+                run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per configuration, the values of the swept server arguments (constant within one
+    configuration), read from one run of each: the points' names come from them."""
+    columns = [c for c in schema.axes if c.startswith("server_") and c not in _NOT_AXES]
+    if not columns or not run_ids:
+        return {}
+    values: dict[str, dict[str, Any]] = {}
+    for start in range(0, len(run_ids), 500):
+        chunk = list(run_ids[start:start + 500])
+        for row in connection.execute(
+            f"SELECT configuration, {', '.join(quote(c) for c in columns)} FROM [{TABLE}] "
+            f"WHERE run_id IN ({', '.join('?' for _ in chunk)})", chunk
+        ):
+            values.setdefault(row[0], {}).update(
+                {c: v for c, v in zip(columns, row[1:], strict=True) if not _is_json(v)})
+    return values
+
+
+def _is_json(value: Any) -> bool:
+    return isinstance(value, str) and value[:1] in ("{", "[")
+
+
+def series_names(
+    contexts: Mapping[tuple[Any, ...], Mapping[str, Any]],
+) -> dict[tuple[Any, ...], str]:
+    """Each series named by the values that differ between the series drawn together: the
+    suite first where several are drawn, then, within its suite, the axes that differ there
+    (so one suite's arguments never show up in another's names)."""
+    suites = {_cell(context.get("suite")) for context in contexts.values()}
+    by_suite: dict[str, dict[tuple[Any, ...], Mapping[str, Any]]] = defaultdict(dict)
+    for key, context in contexts.items():
+        by_suite[_cell(context.get("suite"))][key] = context
+    names = {}
+    for group in by_suite.values():
+        differing = _differing(group.values(), exclude={"suite"})
+        for key, context in group.items():
+            parts = [_label(k, context.get(k)) for k in differing]
+            if len(suites) > 1:
+                parts.insert(0, str(context.get("suite")))
+            if len(parts) <= (1 if len(suites) > 1 else 0):
+                # Alone in its suite: the suite's own name for the configuration.
+                parts.append(str(key[1]).rsplit("::", 1)[-1])
+            names[key] = " · ".join(parts)
+    # Two series the differing values cannot tell apart still get distinct names.
+    seen: dict[str, int] = defaultdict(int)
+    for key in sorted(names, key=str):
+        seen[names[key]] += 1
+        if seen[names[key]] > 1:
+            names[key] = f"{names[key]} ({key[1]})"
+    return names
+
+
+def _differing(contexts: Iterable[Mapping[str, Any]], exclude: set[str]) -> list[str]:
+    group = list(contexts)
+    keys = sorted({k for context in group for k in context} - exclude)
+    differing = [k for k in keys if len({_cell(context.get(k)) for context in group}) > 1]
+    ordered = [k for k in (*_NAMING, *_WORKLOAD_NAMING, "session") if k in differing]
+    return ordered + [k for k in differing if k not in ordered]
+
+
+def _cell(value: Any) -> str:
+    return json.dumps(value, default=str)
+
+
+def _label(column: str, value: Any) -> str:
+    if column in ("suite", "server_model", "engine", "device"):
+        return str(value)
+    name = column.removeprefix("server_").removeprefix("bench_").removeprefix("random_")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"{name}={value}"
+
+
+def _load_value(value: float | None) -> tuple[str, float]:
+    if value is None:
+        return "-", -1.0
+    if math.isinf(value):
+        return INF_LABEL, _INF_ORDER
+    text = str(int(value)) if float(value).is_integer() else f"{value:g}"
+    return text, float(value)
+
+
+def load_axis(points: Sequence[Point]) -> str:
+    """Which load the points of one series sweep: `request_rate` or `max_concurrency`."""
+    rates = {p.rate for p in points}
+    concurrencies = {p.concurrency for p in points}
+    if len(rates) > 1:
+        return "request_rate"
+    if len(concurrencies) > 1:
+        return "max_concurrency"
+    only = next(iter(points))
+    finite_rate = only.rate is not None and math.isfinite(only.rate)
+    return "max_concurrency" if only.concurrency is not None and not finite_rate else "request_rate"
+
+
+def _series(points: Iterable[Point]) -> dict[tuple[Any, ...], list[Point]]:
+    grouped: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
+    for point in points:
+        grouped[point.series_key].append(point)
+    return grouped
+
+
+def _point_row(point: Point, name: str, x_column: str | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {"series": name, "workload": point.workload,
+                           "configuration": point.configuration, "session": point.session,
+                           "runs": point.runs, "run_id": point.run_id}
+    row.update({k: (round(v, 3) if v is not None else None) for k, v in point.metrics.items()})
+    if x_column is not None:
+        raw = point.rate if x_column == "request_rate" else (
+            float(point.concurrency) if point.concurrency is not None else None)
+        row["load"], row["load_order"] = _load_value(raw)
+    return row
+
+
+# -- the dashboards ------------------------------------------------------------------------
+
+
+def load_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Selection,
+                   args: Mapping[str, str]) -> View:
+    """Throughput and latency against load, one series per configuration."""
+    view = View()
+    points = load_points(connection, schema, selection)
+    by_series = _series(points)
+    by_axis: dict[str, dict[tuple[Any, ...], list[Point]]] = defaultdict(dict)
+    for key, members in by_series.items():
+        by_axis[load_axis(members)][key] = members
+    for axis, series in sorted(by_axis.items()):
+        names = series_names({key: members[0].context for key, members in series.items()})
+        rows = [_point_row(p, names[key], axis) for key, members in series.items()
+                for p in members]
+        x = charts.field("load", "ordinal", axis.replace("_", " ") + (
+            " (req/s)" if axis == "request_rate" else " (requests in flight)"),
+            sort={"field": "load_order"}, axis={"labelAngle": 0})
+        suites = {members[0].context.get("suite") for members in series.values()}
+        prefix = f"{suites.pop()}: " if len(suites) == 1 else ""
+        for metric, label in (("output_throughput", "output tok/s"),
+                              ("p99_ttft_ms", "p99 TTFT (ms)"),
+                              ("median_tpot_ms", "median TPOT (ms)"),
+                              ("request_throughput", "req/s")):
+            if metric not in schema.types:
+                continue
+            chart_id = f"load-{axis}-{metric}"
+            view.add(chart_id, charts.spec(
+                rows, title=f"{prefix}{label} against {axis.replace('_', ' ')}",
+                mark={"type": "line", "point": {"size": 70}, "tooltip": True},
+                encoding={
+                    "x": x,
+                    "y": charts.field(metric, "quantitative", label),
+                    "color": charts.field("series", "nominal", "configuration"),
+                    "tooltip": charts.tooltips("series", "workload", "load", metric, "runs",
+                                               "session", "run_id"),
+                },
+            ), f"{label}, median over repeats, against the {axis.replace('_', ' ')} "
+               "the suite sweeps; one line per configuration.")
+    if not points:
+        view.notes.append("No valid measurement in this selection.")
+    return view
+
+
+def pareto_frontier(rows: Sequence[Mapping[str, Any]], x: str, y: str,
+                    y_higher_is_better: bool) -> list[Mapping[str, Any]]:
+    """The points no other point beats on both: higher `x`, and higher (or lower) `y`."""
+    candidates = [r for r in rows if r.get(x) is not None and r.get(y) is not None]
+    candidates.sort(key=lambda r: (-r[x], -r[y] if y_higher_is_better else r[y]))
+    frontier: list[Mapping[str, Any]] = []
+    best: float | None = None
+    for row in candidates:
+        value = row[y]
+        if best is None or (value > best if y_higher_is_better else value < best):
+            frontier.append(row)
+            best = value
+    return sorted(frontier, key=lambda r: r[x])
+
+
+def _gpus(connection: sqlite3.Connection, schema: Schema, run_ids: Sequence[str]) -> dict[str, int]:
+    parts = [c for c in ("server_tensor_parallel_size", "server_pipeline_parallel_size",
+                         "server_data_parallel_size") if c in schema.types]
+    if not parts or not run_ids:
+        return {}
+    product = " * ".join(f"max(coalesce({quote(c)}, 1), 1)" for c in parts)
+    found: dict[str, int] = {}
+    for start in range(0, len(run_ids), 500):
+        chunk = list(run_ids[start:start + 500])
+        found.update({run_id: int(gpus) for run_id, gpus in connection.execute(
+            f"SELECT run_id, {product} FROM [{TABLE}] WHERE run_id IN "
+            f"({', '.join('?' for _ in chunk)})", chunk)})
+    return found
+
+
+def pareto_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Selection,
+                     args: Mapping[str, str]) -> View:
+    """Per-user speed (or p99 TTFT) against throughput per GPU, with the frontier; and the
+    best configuration under a p99 TTFT bound."""
+    view = View()
+    y_choice = args.get("y", "per_user")
+    if y_choice not in ("per_user", "p99_ttft_ms"):
+        y_choice = "per_user"
+    bound_text = args.get("max_p99_ttft_ms", "").strip()
+    bound = _finite(_number(bound_text))
+    view.inputs["y"] = ("y axis", y_choice, ["per_user", "p99_ttft_ms"])
+    view.inputs["max_p99_ttft_ms"] = ("p99 TTFT bound (ms)", bound_text, [])
+    points = load_points(connection, schema, selection)
+    gpus = _gpus(connection, schema, [p.run_id for p in points])
+    series = _series(points)
+    names = series_names({key: members[0].context for key, members in series.items()})
+    rows = []
+    for key, members in series.items():
+        for point in members:
+            row = _point_row(point, names[key], load_axis(members))
+            count = gpus.get(point.run_id, 1)
+            output = point.metrics.get("output_throughput")
+            tpot = point.metrics.get("median_tpot_ms")
+            row["gpus"] = count
+            row["output_tok_per_s_per_gpu"] = round(output / count, 2) if output else None
+            row["per_user_tok_per_s"] = round(1000.0 / tpot, 2) if tpot else None
+            row["meets_bound"] = (bound is None or (
+                row.get("p99_ttft_ms") is not None and row["p99_ttft_ms"] <= bound))
+            rows.append(row)
+    y_field = "per_user_tok_per_s" if y_choice == "per_user" else "p99_ttft_ms"
+    y_title = ("per-user output tok/s (1000 / median TPOT)" if y_choice == "per_user"
+               else "p99 TTFT (ms)")
+    frontier = pareto_frontier(rows, "output_tok_per_s_per_gpu", y_field,
+                               y_higher_is_better=y_choice == "per_user")
+    for row in rows:
+        row["on_frontier"] = any(row is f for f in frontier)
+    x = charts.field("output_tok_per_s_per_gpu", "quantitative", "output tok/s per GPU")
+    y = charts.field(y_field, "quantitative", y_title)
+    layers: list[dict[str, Any]] = [
+        {"data": {"values": charts.rows_as_values(frontier)},
+         "mark": {"type": "line", "strokeDash": [6, 4], "color": "#444"},
+         "encoding": {"x": x, "y": y}},
+        {"mark": {"type": "point", "filled": True, "size": 90, "tooltip": True},
+         "encoding": {
+             "x": x, "y": y,
+             "color": charts.field("series", "nominal", "configuration"),
+             "shape": charts.field("meets_bound", "nominal", "meets the TTFT bound"),
+             "tooltip": charts.tooltips("series", "workload", "load", "output_tok_per_s_per_gpu",
+                                        y_field, "p99_ttft_ms", "gpus", "session", "run_id")}},
+    ]
+    view.add("pareto", charts.spec(rows, title="Pareto: " + y_title + " against output tok/s "
+                                   "per GPU", height=460, layers=layers),
+             "Each point is one configuration at one load. The dashed line is the frontier: "
+             "no other point is better on both axes. " + (
+                 "Up and right is better." if y_choice == "per_user"
+                 else "Down and right is better."))
+    ranked = sorted((r for r in rows if r["meets_bound"] and r["output_tok_per_s_per_gpu"]),
+                    key=lambda r: -r["output_tok_per_s_per_gpu"])
+    title = ("Best configurations under p99 TTFT <= " + bound_text + " ms" if bound is not None
+             else "Configurations by output tok/s per GPU (set a p99 TTFT bound above)")
+    view.tables.append(_ranked_table(title, ranked[:25]))
+    if bound_text and bound is None:
+        view.notes.append(f"p99 TTFT bound {bound_text!r} is not a number: ignored.")
+    if not rows:
+        view.notes.append("No valid measurement in this selection.")
+    return view
+
+
+def _ranked_table(title: str, rows: Sequence[Mapping[str, Any]]) -> Table:
+    columns = ["rank", "series", "load", "output_tok_per_s_per_gpu", "output_throughput",
+               "p99_ttft_ms", "median_tpot_ms", "gpus", "session", "run_id"]
+    return Table(title, columns,
+                 [{"rank": i + 1, **{c: r.get(c) for c in columns[1:]}}
+                  for i, r in enumerate(rows)],
+                 empty="No configuration meets the bound in this selection.")
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def scaling_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Selection,
+                      args: Mapping[str, str]) -> View:
+    """Tensor-parallel scaling: throughput per GPU, and efficiency against the smallest
+    tensor-parallel size of the same model, workload, load and other arguments."""
+    view = View()
+    if "server_tensor_parallel_size" not in schema.types:
+        view.notes.append("No tensor_parallel_size column in this database.")
+        return view
+    points = load_points(connection, schema, selection)
+    tp_of = {run_id: tp for run_id, tp in _column(connection, "server_tensor_parallel_size",
+                                                  [p.run_id for p in points]).items()}
+    groups: dict[tuple[Any, ...], list[tuple[int, Point]]] = defaultdict(list)
+    for point in points:
+        tp = int(tp_of.get(point.run_id) or 1)
+        context = {k: v for k, v in point.context.items()
+                   if k != "server_tensor_parallel_size"}
+        key = (json.dumps(context, sort_keys=True, default=str), point.workload, point.rate,
+               point.concurrency)
+        groups[key].append((tp, point))
+    scaled = {key: members for key, members in groups.items()
+              if len({tp for tp, _ in members}) > 1}
+    if not scaled:
+        view.notes.append("No configuration in this selection was run at more than one "
+                          "tensor_parallel_size with everything else the same.")
+        return view
+    contexts = {key: {**dict(json.loads(key[0])), "workload": key[1]}
+                for key in scaled}
+    names = series_names(contexts)
+    rows = []
+    for key, members in scaled.items():
+        base_tp, base = min(members, key=lambda m: m[0])
+        base_output = base.metrics.get("output_throughput")
+        for tp, point in sorted(members, key=lambda m: m[0]):
+            output = point.metrics.get("output_throughput")
+            efficiency = (100.0 * (output / tp) / (base_output / base_tp)
+                          if output and base_output else None)
+            rows.append({"series": names[key], "tensor_parallel_size": tp,
+                         "output_throughput": output,
+                         "output_tok_per_s_per_gpu": round(output / tp, 2) if output else None,
+                         "efficiency_percent": round(efficiency, 1) if efficiency else None,
+                         "session": point.session, "run_id": point.run_id})
+    tp_field = charts.field("tensor_parallel_size", "ordinal", "tensor parallel size")
+    view.add("scaling-efficiency", charts.spec(
+        rows, title="Scaling efficiency: throughput per GPU against the smallest tp",
+        layers=[
+            {"mark": {"type": "rule", "strokeDash": [4, 4], "color": "#888"},
+             "encoding": {"y": {"datum": 100}}},
+            {"mark": {"type": "line", "point": {"size": 70}, "tooltip": True},
+             "encoding": {"x": tp_field,
+                          "y": charts.field("efficiency_percent", "quantitative",
+                                            "efficiency (%)"),
+                          "color": charts.field("series", "nominal", "configuration"),
+                          "tooltip": charts.tooltips("series", "tensor_parallel_size",
+                                                     "efficiency_percent",
+                                                     "output_tok_per_s_per_gpu", "run_id")}},
+        ]), "100 % is perfect scaling: each GPU added serves as much as the first.")
+    view.add("scaling-throughput", charts.spec(
+        rows, title="Output throughput against tensor parallel size",
+        mark={"type": "bar", "tooltip": True},
+        encoding={"x": tp_field,
+                  "xOffset": charts.field("series", "nominal", "configuration"),
+                  "y": charts.field("output_throughput", "quantitative", "output tok/s"),
+                  "color": charts.field("series", "nominal", "configuration")}),
+        "Total output throughput at each tensor parallel size.")
+    return view
+
+
+def _column(connection: sqlite3.Connection, column: str,
+            run_ids: Sequence[str]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for start in range(0, len(run_ids), 500):
+        chunk = list(run_ids[start:start + 500])
+        found.update(dict(connection.execute(
+            f"SELECT run_id, {quote(column)} FROM [{TABLE}] WHERE run_id IN "
+            f"({', '.join('?' for _ in chunk)})", chunk).fetchall()))
+    return found
+
+
+def _table_exists(connection: sqlite3.Connection, name: str) -> bool:
+    return connection.execute("SELECT 1 FROM sqlite_master WHERE name = ?",
+                              (name,)).fetchone() is not None
+
+
+def history_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Selection,
+                      args: Mapping[str, str]) -> View:
+    """One case over time: every valid run, coloured by its gate verdict, change points
+    marked. The filter panel's conditions apply; its session choice does not (history is
+    every session)."""
+    view = View()
+    metric = args.get("metric", "output_throughput")
+    if metric not in dict(HISTORY_METRICS) or metric not in schema.types:
+        metric = "output_throughput"
+    conditions, params = selection.conditions(schema)
+    case_id = args.get("case_id", "").strip()
+    if not case_id:
+        row = connection.execute(
+            f"SELECT case_id FROM [{TABLE}] WHERE {conditions} ORDER BY timestamp DESC LIMIT 1",
+            params).fetchone()
+        case_id = row[0] if row else ""
+    cases = [r[0] for r in connection.execute(
+        f"SELECT case_id FROM [{TABLE}] WHERE {conditions} GROUP BY case_id "
+        "ORDER BY max(timestamp) DESC LIMIT 300", params)]
+    view.inputs["case_id"] = ("case", case_id, cases)
+    view.inputs["metric"] = ("metric", metric, [m for m, _ in HISTORY_METRICS
+                                                if m in schema.types])
+    if not case_id:
+        view.notes.append("No run in this selection.")
+        return view
+    has_verdicts = _table_exists(connection, "regression_verdicts")
+    verdict = ("(SELECT verdict FROM regression_verdicts v WHERE v.run_id = r.run_id AND "
+               "v.metric = ?)" if has_verdicts else "NULL")
+    rows = [dict(zip(("timestamp", "session", "run_id", "value", "gate"), row, strict=True))
+            for row in connection.execute(
+                f"SELECT timestamp, session_id, run_id, {quote(metric)}, {verdict} "
+                f"FROM [{MEASURED_RUNS}] r WHERE case_id = ? AND {quote(metric)} IS NOT NULL "
+                f"AND {conditions} ORDER BY timestamp",
+                [*([metric] if has_verdicts else []), case_id, *params])]
+    for row in rows:
+        row["gate"] = row["gate"] or "no verdict"
+        row["value"] = _finite(row["value"])
+    changes: list[dict[str, Any]] = []
+    if _table_exists(connection, "change_points"):
+        changes = [dict(zip(("timestamp", "before", "after", "change"), row, strict=True))
+                   for row in connection.execute(
+                       "SELECT timestamp, before, after, change FROM change_points "
+                       "WHERE case_id = ? AND metric = ? ORDER BY timestamp",
+                       (case_id, metric))]
+    label = dict(HISTORY_METRICS)[metric]
+    time = charts.field("timestamp", "temporal", "time (UTC)",
+                        scale={"type": "utc"}, axis={"format": "%Y-%m-%d %H:%M"})
+    layers: list[dict[str, Any]] = [
+        {"mark": {"type": "line", "color": "#999"},
+         "encoding": {"x": time, "y": charts.field("value", "quantitative", label)}},
+        {"mark": {"type": "point", "filled": True, "size": 90, "tooltip": True},
+         "encoding": {
+             "x": time, "y": charts.field("value", "quantitative", label),
+             "color": charts.field("gate", "nominal", "gate verdict", scale=_VERDICT_COLOURS),
+             "tooltip": charts.tooltips("timestamp", "session", "value", "gate", "run_id")}},
+    ]
+    if changes:
+        layers.append({"data": {"values": charts.rows_as_values(changes)},
+                       "mark": {"type": "rule", "color": "#6a1b9a", "strokeWidth": 2,
+                                "tooltip": True},
+                       "encoding": {"x": time,
+                                    "tooltip": charts.tooltips("timestamp", "before", "after",
+                                                               "change")}})
+    view.add("history", charts.spec(rows, title=f"{case_id}: {label} over time",
+                                    layers=layers),
+             "Every valid run of the case; colour: the regression gate's verdict on this "
+             "metric; purple rules: change points found in its history.")
+    view.tables.append(Table("Change points", ["timestamp", "before", "after", "change"],
+                             changes, empty="No change point found for this case and metric."))
+    return view
+
+
+def _sessions_in_order(connection: sqlite3.Connection, schema: Schema,
+                       selection: Selection) -> tuple[str | None, str | None]:
+    """The session to show and the one before it that ran any of the same suites."""
+    chosen = [s for s in selection.sessions if s != "all"]
+    sessions = list(schema.sessions)
+    latest = next((s for s in sessions if s.session_id == chosen[0]), None) if chosen else (
+        sessions[0] if sessions else None)
+    if latest is None:
+        return None, None
+    if len(chosen) > 1:
+        return latest.session_id, chosen[1]
+    for older in sessions:
+        if older.last < latest.first and set(older.suites) & set(latest.suites):
+            return latest.session_id, older.session_id
+    return latest.session_id, None
+
+
+def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Selection,
+                     args: Mapping[str, str]) -> View:
+    """The latest session against the one before it: what changed, by how much, and what the
+    regression gate called regressed."""
+    view = View()
+    latest, previous = _sessions_in_order(connection, schema, selection)
+    if latest is None:
+        view.notes.append("No session in this database.")
+        return view
+    pinned = Selection(values=selection.values, low=selection.low, high=selection.high,
+                       text=selection.text, match_any=selection.match_any,
+                       sessions=[latest] + ([previous] if previous else []))
+    points = load_points(connection, schema, pinned)
+    by_case: dict[tuple[Any, ...], dict[str, Point]] = defaultdict(dict)
+    for point in points:
+        by_case[(point.configuration, point.workload, point.series_key[2],
+                 point.series_key[3])][point.session] = point
+    contexts = {}
+    for key, sessions in by_case.items():
+        point = sessions.get(latest) or next(iter(sessions.values()))
+        contexts[key] = {k: v for k, v in point.context.items() if k != "session"} | {
+            "workload": point.workload}
+    names = series_names(contexts)
+    gate = _gate_verdicts(connection, [p.run_id for p in points if p.session == latest])
+    rows: list[dict[str, Any]] = []
+    for key, sessions in by_case.items():
+        now, before = sessions.get(latest), sessions.get(previous or "")
+        for metric, label in POINT_METRICS:
+            value = now.metrics.get(metric) if now else None
+            old = before.metrics.get(metric) if before else None
+            change = 100.0 * (value - old) / old if value is not None and old else None
+            verdict = gate.get((now.run_id, metric)) if now else None
+            rows.append({"case": names[key], "metric": metric, "label": label,
+                         "previous": _rounded(old), "latest": _rounded(value),
+                         "change_percent": round(change, 1) if change is not None else None,
+                         "gate": verdict[0] if verdict else "no verdict",
+                         "gate_change_percent": (round(100 * verdict[1], 1)
+                                                 if verdict and verdict[1] is not None
+                                                 else None),
+                         "run_id": now.run_id if now else None})
+    gated = {metric for (_, metric) in gate}
+    shown = [m for m, _ in POINT_METRICS if m in gated or m == "output_throughput"]
+    for metric in shown:
+        of_metric = [r for r in rows if r["metric"] == metric]
+        label = dict(POINT_METRICS)[metric]
+        worse = "lower" if metric.endswith("throughput") else "higher"
+        view.add(f"latest-change-{metric}", charts.spec(
+            of_metric, title=f"{label}: change from the previous session",
+            height=max(160, 26 * len(of_metric)),
+            mark={"type": "bar", "tooltip": True},
+            encoding={
+                "y": charts.field("case", "nominal", "", sort="-x",
+                                  axis={"labelLimit": 520, "title": None}),
+                "x": charts.field("change_percent", "quantitative", f"change of {label} (%)"),
+                "color": charts.field("gate", "nominal", "gate verdict", scale=_VERDICT_COLOURS),
+                "tooltip": charts.tooltips("case", "previous", "latest", "change_percent",
+                                           "gate", "run_id")}),
+            f"One bar per case: the change of its median {label} from the previous session "
+            f"({worse} is worse). Red: the regression gate called it regressed.")
+    flagged = sorted((r for r in rows if r["gate"] == "regressed"),
+                     key=lambda r: -abs(r["gate_change_percent"] or r["change_percent"] or 0))
+    view.tables.append(Table(
+        "Regressed (the regression gate's verdicts in the latest session)",
+        ["case", "metric", "previous", "latest", "change_percent", "gate_change_percent",
+         "run_id"], flagged, empty="Nothing regressed by the gate's verdicts."))
+    changed = sorted((r for r in rows if r["change_percent"] is not None),
+                     key=lambda r: -abs(r["change_percent"]))
+    view.tables.append(Table(
+        f"Every change against session {previous or '-'}",
+        ["case", "metric", "previous", "latest", "change_percent", "gate", "run_id"],
+        changed[:200], empty="No case ran in both sessions."))
+    if previous is None:
+        view.notes.append(f"Session {latest} has no earlier session of the same suites.")
+    else:
+        view.notes.append(f"Session {latest} (the latest) against session {previous}, the "
+                          "one before it that ran the same suites; pick others in the filters "
+                          "(the first session chosen is compared with the second).")
+    return view
+
+
+def _rounded(value: float | None) -> float | None:
+    """A figure to four significant digits: what a table of changes needs."""
+    if value is None or value == 0:
+        return value
+    return round(value, max(0, 3 - math.floor(math.log10(abs(value)))))
+
+
+def _gate_verdicts(connection: sqlite3.Connection,
+                   run_ids: Sequence[str]) -> dict[tuple[str, str], tuple[str, float | None]]:
+    if not run_ids or not _table_exists(connection, "regression_verdicts"):
+        return {}
+    found = {}
+    for start in range(0, len(run_ids), 500):
+        chunk = list(run_ids[start:start + 500])
+        for run_id, metric, verdict, change in connection.execute(
+            "SELECT run_id, metric, verdict, change FROM regression_verdicts WHERE run_id IN "
+            f"({', '.join('?' for _ in chunk)})", chunk
+        ):
+            found[(run_id, metric)] = (verdict, _finite(change))
+    return found
+
+
+def capacity_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Selection,
+                       args: Mapping[str, str]) -> View:
+    """The highest load each configuration carried under its SLOs, with its bracket."""
+    view = View()
+    if "capacity" not in schema.types:
+        view.notes.append("No capacity case in this database (benchmark kind: capacity).")
+        return view
+    where, params = selection.where(schema)
+    columns = [c for c in ("capacity", "capacity_low", "capacity_high", "capacity_limit")
+               if c in schema.types]
+    cursor = connection.execute(
+        f"SELECT configuration, workload, engine, device, suite, session_id, run_id, "
+        f"{', '.join(quote(c) for c in columns)} FROM [{MEASURED_RUNS}] WHERE {where} "
+        "AND capacity IS NOT NULL ORDER BY timestamp", params)
+    names_ = [d[0] for d in cursor.description]
+    rows = [dict(zip(names_, row, strict=True)) for row in cursor]
+    latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        latest[(row["configuration"], row["workload"], row["engine"], row["device"],
+                row["session_id"])] = row
+    contexts = {key: {"suite": row["suite"], "engine": row["engine"], "device": row["device"],
+                      "configuration": row["configuration"], "workload": row["workload"],
+                      "session": row["session_id"]}
+                for key, row in latest.items()}
+    names = series_names(contexts)
+    values = [{**row, "series": names[key]} for key, row in latest.items()]
+    layers: list[dict[str, Any]] = [
+        {"mark": {"type": "bar", "tooltip": True},
+         "encoding": {"y": charts.field("series", "nominal", "configuration",
+                                        axis={"labelLimit": 520}),
+                      "x": charts.field("capacity", "quantitative",
+                                        "capacity (the highest load that met every SLO)"),
+                      "tooltip": charts.tooltips("series", *columns, "run_id")}},
+    ]
+    if {"capacity_low", "capacity_high"} <= set(columns):
+        layers.append({"mark": {"type": "rule", "color": "#222", "strokeWidth": 2},
+                       "encoding": {"y": {"field": "series", "type": "nominal"},
+                                    "x": {"field": "capacity_low", "type": "quantitative"},
+                                    "x2": {"field": "capacity_high"}}})
+    view.add("capacity", charts.spec(values, title="Capacity per configuration",
+                                     height=max(220, 36 * len(values)), layers=layers),
+             "Bars: the highest load that met every SLO; black rules: the bracket between "
+             "the last load that met them and the first that missed.")
+    if not values:
+        view.notes.append("No valid capacity measurement in this selection.")
+    return view
+
+
+DASHBOARDS: tuple[Dashboard, ...] = (
+    Dashboard("load", "Throughput and latency against load",
+              "How did throughput and latency scale with load, per configuration?",
+              load_dashboard),
+    Dashboard("pareto", "Pareto: per-user speed against throughput per GPU",
+              "Which configuration is best under a p99 TTFT bound?", pareto_dashboard),
+    Dashboard("latest", "Latest session against the one before",
+              "What regressed against the last session, and by how much?", latest_dashboard),
+    Dashboard("history", "One case over time",
+              "When did a case change, and did the gate see it?", history_dashboard),
+    Dashboard("scaling", "Tensor-parallel scaling",
+              "How well does a model scale across GPUs?", scaling_dashboard),
+    Dashboard("capacity", "Capacity per configuration",
+              "How much load does each configuration carry under its SLOs?",
+              capacity_dashboard),
+)
+BY_NAME = {dashboard.name: dashboard for dashboard in DASHBOARDS}
+

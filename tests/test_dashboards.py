@@ -1,0 +1,316 @@
+"""The dashboards (browse/dashboards.py) and their filter panel (browse/filters.py): the data
+each chart draws, on records of known values, and the pages Datasette serves."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import sqlite3
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from datasette.app import Datasette
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_datasette import make_record
+
+from pytest_profllm.browse import dashboards, filters, sql_functions
+from pytest_profllm.browse.dashboard_pages import WRITE_ACTION
+from pytest_profllm.browse.dashboards import BY_NAME, pareto_frontier
+from pytest_profllm.browse.filters import Selection
+from pytest_profllm.results.ingest import ingest
+
+SLOWDOWN = 0.6  # the second session's throughput, as a fraction of the first's
+
+
+def sweep(session: str, day: str, factor: float) -> list[dict[str, Any]]:
+    """One session of two suites: `rates` sweeps request rate (8, 16, inf) at two batch
+    limits; `tp` sweeps concurrency (4, 16) at tensor parallel 1 and 2. Throughput grows with
+    load and, in `tp`, with tensor parallelism."""
+    records = []
+    index = 0
+    rates: tuple[float | str, ...] = (8.0, 16.0, "inf")
+    for seqs, rate in itertools.product((8, 16), rates):
+        load = 32.0 if rate == "inf" else float(rate)
+        case = f"bench_rates.yaml::qwen-seqs{seqs}::random-rate{rate}"
+        record = make_record(
+            f"{session}-r{index:02d}", session, case, f"2026-01-{day}T10:{index:02d}:00+00:00",
+            throughput=factor * load * seqs / 8, max_num_seqs=seqs, request_rate=rate,
+            p99_ttft=load * 10 / factor)
+        record["suite"] = "rates"
+        records.append(record)
+        index += 1
+    for tp, concurrency in itertools.product((1, 2), (4, 16)):
+        case = f"bench_tp.yaml::llama-tp{tp}::random-conc{concurrency}"
+        record = make_record(
+            f"{session}-t{index:02d}", session, case, f"2026-01-{day}T11:{index:02d}:00+00:00",
+            throughput=factor * concurrency * tp * 0.9, request_rate="inf",
+            p99_ttft=concurrency * 5 / factor)
+        record["suite"] = "tp"
+        record["config"]["server"] = {"model": "meta-llama/Llama-3.1-8B-Instruct",
+                                      "tensor_parallel_size": tp}
+        record["config"]["benchmark"]["max_concurrency"] = concurrency
+        records.append(record)
+        index += 1
+    return records
+
+
+def gate(record: dict[str, Any], metric: str, verdict: str, change: float) -> None:
+    record["regression"] = [{"metric": metric, "verdict": verdict, "tolerance": 0.05,
+                             "higher_is_better": True, "baseline": 1.0, "value": 1 + change,
+                             "change": change, "confidence": 0.99,
+                             "baseline_session": "s1"}]
+
+
+@pytest.fixture(scope="module")
+def mixed_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two sessions; the second is slowed, and the gate called one case regressed."""
+    first, second = sweep("s1", "01", 1.0), sweep("s2", "02", SLOWDOWN)
+    gate(second[0], "output_throughput", "regressed", SLOWDOWN - 1)
+    folder = tmp_path_factory.mktemp("mixed")
+    return ingested(folder, [*first, *second])
+
+
+def ingested(folder: Path, records: list[dict[str, Any]]) -> Path:
+    """The records as files in `folder`, loaded as `profllm ingest` does (which fills the
+    gate's tables too)."""
+    for record in records:
+        (folder / f"{record['run_id']}.json").write_text(json.dumps(record))
+    path = folder / "results.db"
+    ingest(path, sorted(folder.glob("*.json")))
+    return path
+
+
+@pytest.fixture
+def connection(mixed_db: Path) -> Any:
+    connection = sqlite3.connect(mixed_db)
+    sql_functions.register(connection)
+    yield connection
+    connection.close()
+
+
+def view(connection: sqlite3.Connection, name: str, query: str = "",
+         **args: str) -> dashboards.View:
+    schema = filters.read_schema(connection)
+    selection = Selection.parse(urllib.parse.parse_qsl(query), schema)
+    return BY_NAME[name].build(connection, schema, selection, args)
+
+
+def values(chart: dict[str, Any]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = chart["data"]["values"]
+    return rows
+
+
+def test_load_charts_follow_the_axis_each_suite_sweeps(connection: sqlite3.Connection) -> None:
+    shown = view(connection, "load")
+    rate = values(shown.charts["load-request_rate-output_throughput"])
+    concurrency = values(shown.charts["load-max_concurrency-output_throughput"])
+    # The rate sweep has its infinite rate, at the end of the axis, not left out.
+    assert sorted({(r["load"], r["load_order"]) for r in rate}, key=lambda x: x[1]) == [
+        ("8", 8.0), ("16", 16.0), ("inf", dashboards._INF_ORDER)]
+    assert {r["load"] for r in concurrency} == {"4", "16"}
+    # Series are named by the axis that differs within the suite, not by a case id.
+    assert {r["series"] for r in rate} == {"max_num_seqs=8", "max_num_seqs=16"}
+    assert {r["series"] for r in concurrency} == {"tensor_parallel_size=1",
+                                                  "tensor_parallel_size=2"}
+    # The latest session only, by default: s2's (slowed) figures.
+    at_16 = {r["series"]: r["output_throughput"] for r in rate if r["load"] == "16"}
+    assert at_16 == {"max_num_seqs=8": pytest.approx(SLOWDOWN * 160),
+                     "max_num_seqs=16": pytest.approx(SLOWDOWN * 320)}
+    assert shown.charts["load-request_rate-output_throughput"]["title"].startswith("rates: ")
+
+
+def test_a_slowed_second_session_is_drawn_apart_from_the_first(
+    connection: sqlite3.Connection,
+) -> None:
+    both = values(view(connection, "load", "session=s1&session=s2").charts[
+        "load-request_rate-output_throughput"])
+    by_series = {(r["series"], r["load"]): r["output_throughput"] for r in both}
+    assert by_series[("session=s1 · max_num_seqs=8", "8")] == pytest.approx(80)
+    assert by_series[("session=s2 · max_num_seqs=8", "8")] == pytest.approx(SLOWDOWN * 80)
+    # Blended on request: one median over the two sessions per point, no session in names.
+    blended = values(view(connection, "load", "session=s1&session=s2&blend=1").charts[
+        "load-request_rate-output_throughput"])
+    point = {(r["series"], r["load"]): r for r in blended}[("max_num_seqs=8", "8")]
+    assert point["output_throughput"] == pytest.approx((80 + SLOWDOWN * 80) / 2)
+    assert point["runs"] == 2
+
+
+def test_filters_select_runs_and_combine_with_and_or(connection: sqlite3.Connection) -> None:
+    only_tp2 = view(connection, "load", "f.server_tensor_parallel_size=2")
+    assert set(only_tp2.charts) == {f"load-max_concurrency-{m}" for m in (
+        "output_throughput", "p99_ttft_ms", "median_tpot_ms", "request_throughput")}
+    assert {r["series"] for r in values(only_tp2.charts[
+        "load-max_concurrency-output_throughput"])} == {"llama-tp2"}
+    # A numeric range and a text search, ANDed: nothing is both; ORed: both kinds show.
+    query = "max.output_throughput=60&q=seqs16"
+    assert view(connection, "load", query).notes == ["No valid measurement in this selection."]
+    either = view(connection, "load", query + "&match=any")
+    shown = {r["series"] for chart in either.charts.values() for r in values(chart)}
+    assert "max_num_seqs=16" in shown and "max_num_seqs=8" in shown  # a low one at rate 8
+    # An unknown column is named and ignored, never put into SQL.
+    schema = filters.read_schema(connection)
+    refused = Selection.parse([("f.x) OR 1=1 --", "1"), ("min.p99_ttft_ms", "fast")], schema)
+    assert refused.values == {} and refused.low == {}
+    assert len(refused.problems) == 2
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(
+    st.sampled_from(["f.server_model", "f.suite", "f.bench_request_rate", "min.p99_ttft_ms",
+                     "max.output_throughput", "q", "match", "session", "blend", "f.nope",
+                     "f.server_max_num_seqs"]),
+    st.text(max_size=12)), max_size=8))
+def test_any_query_string_makes_valid_sql(connection: sqlite3.Connection,
+                                          pairs: list[tuple[str, str]]) -> None:
+    """Whatever the query string holds, the selection is valid SQL that selects a subset of
+    the runs, and it survives a round trip through its own query string."""
+    schema = filters.read_schema(connection)
+    selection = Selection.parse(pairs, schema)
+    where, params = selection.where(schema)
+    connection.execute(f"SELECT count(*) FROM benchmark_runs WHERE {where}", params).fetchone()
+    again = Selection.parse(urllib.parse.parse_qsl(selection.query_string(),
+                                                   keep_blank_values=True), schema)
+    assert again.where(schema) == (where, params)
+
+
+def test_pareto_frontier_and_the_best_under_a_bound(connection: sqlite3.Connection) -> None:
+    shown = view(connection, "pareto", max_p99_ttft_ms="100")
+    rows = values(shown.charts["pareto"])
+    # Throughput per GPU divides by tensor parallelism.
+    tp2 = [r for r in rows if r["series"] == "tp · tensor_parallel_size=2"]
+    assert {r["gpus"] for r in tp2} == {2}
+    ranked = shown.tables[0].rows
+    assert ranked and all(r["p99_ttft_ms"] <= 100 for r in ranked)
+    per_gpu = [r["output_tok_per_s_per_gpu"] for r in ranked]
+    assert per_gpu == sorted(per_gpu, reverse=True)
+    frontier = shown.charts["pareto"]["layer"][0]["data"]["values"]
+    assert frontier and all(r["on_frontier"] for r in frontier)
+
+
+@given(st.lists(st.tuples(st.floats(0, 1e4), st.floats(0, 1e4)), max_size=40),
+       st.booleans())
+def test_no_point_beats_the_frontier(points: list[tuple[float, float]], higher: bool) -> None:
+    rows = [{"x": x, "y": y} for x, y in points]
+    frontier = pareto_frontier(rows, "x", "y", y_higher_is_better=higher)
+
+    def beats(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+        better_y = a["y"] >= b["y"] if higher else a["y"] <= b["y"]
+        strictly = a["x"] > b["x"] or (a["y"] > b["y"] if higher else a["y"] < b["y"])
+        return bool(a["x"] >= b["x"] and better_y and strictly)
+
+    for point in frontier:
+        assert not any(beats(other, point) for other in rows)
+    for row in rows:
+        assert any(f is row for f in frontier) or any(beats(f, row) or f == row
+                                                       for f in frontier)
+
+
+def test_latest_session_shows_what_regressed_and_by_how_much(
+    connection: sqlite3.Connection,
+) -> None:
+    shown = view(connection, "latest")
+    regressed = shown.tables[0].rows
+    assert [(r["metric"], r["gate"], r["gate_change_percent"]) for r in regressed] == [
+        ("output_throughput", "regressed", pytest.approx(100 * (SLOWDOWN - 1)))]
+    assert regressed[0]["case"] == "rates · max_num_seqs=8 · workload=random-rate8.0"
+    changes = shown.tables[1].rows
+    throughput = [r for r in changes if r["metric"] == "output_throughput"]
+    assert len(throughput) == 10
+    assert all(r["change_percent"] == pytest.approx(100 * (SLOWDOWN - 1)) for r in throughput)
+    colours = {r["case"]: r["gate"] for r in values(
+        shown.charts["latest-change-output_throughput"])}
+    assert colours[regressed[0]["case"]] == "regressed"
+
+
+def test_history_marks_the_gate_verdicts(connection: sqlite3.Connection) -> None:
+    case = "bench_rates.yaml::qwen-seqs8::random-rate8.0"
+    shown = view(connection, "history", case_id=case)
+    points = values(shown.charts["history"])
+    assert [(p["session"], p["gate"]) for p in points] == [("s1", "no verdict"),
+                                                          ("s2", "regressed")]
+    time_axis = shown.charts["history"]["layer"][0]["encoding"]["x"]
+    assert time_axis["scale"] == {"type": "utc"}
+
+
+def test_scaling_efficiency_against_the_smallest_tp(connection: sqlite3.Connection) -> None:
+    rows = values(view(connection, "scaling").charts["scaling-efficiency"])
+    # Throughput doubles with tp 2: per GPU it is the same, 100 % efficient.
+    assert {(r["tensor_parallel_size"], r["efficiency_percent"]) for r in rows} == {
+        (1, 100.0), (2, 100.0)}
+
+
+def test_capacity_says_when_there_is_none(connection: sqlite3.Connection) -> None:
+    assert view(connection, "capacity").notes == [
+        "No capacity case in this database (benchmark kind: capacity)."]
+
+
+def pages(db: Path, *urls: str, actor: dict[str, str] | None = None,
+          post: dict[str, str] | None = None) -> list[httpx.Response]:
+    async def run() -> list[httpx.Response]:
+        datasette = Datasette([str(db)])
+        await datasette.invoke_startup()
+        cookies = {"ds_actor": datasette.sign({"a": actor}, "actor")} if actor else {}
+        responses = [await datasette.client.get(url, cookies=cookies) for url in urls]
+        if post is not None:
+            form = await datasette.client.get(urls[0], cookies=cookies)
+            token = form.cookies.get("ds_csrftoken") or ""
+            responses.append(await datasette.client.post(
+                f"/results/-/dashboards/{post.pop('dashboard')}/presets",
+                data={**post, "csrftoken": token}, cookies={**cookies, "ds_csrftoken": token}))
+            responses.append(await datasette.client.get("/results/-/dashboards",
+                                                        cookies=cookies))
+        return responses
+
+    return asyncio.run(run())
+
+
+def test_every_dashboard_page_renders_with_its_charts(mixed_db: Path) -> None:
+    responses = pages(mixed_db, "/results/-/dashboards",
+                      *(f"/results/-/dashboards/{d.name}" for d in dashboards.DASHBOARDS),
+                      "/results/-/dashboards/nope")
+    assert [r.status_code for r in responses] == [200] * (len(dashboards.DASHBOARDS) + 1) + [404]
+    for response, dashboard in zip(responses[1:], dashboards.DASHBOARDS, strict=False):
+        assert dashboard.question in response.text
+        if dashboard.name != "capacity":
+            assert 'class="profllm-chart"' in response.text
+    # The landing page links every dashboard: one click.
+    (landing,) = pages(mixed_db, "/results/runs")
+    for dashboard in dashboards.DASHBOARDS:
+        assert f'href="/results/-/dashboards/{dashboard.name}"' in landing.text
+
+
+def test_an_empty_or_older_database_gets_pages_not_errors(tmp_path: Path) -> None:
+    db = ingested(tmp_path, sweep("s1", "01", 1.0)[:1])
+    with sqlite3.connect(db) as connection:
+        connection.execute("DROP TABLE regression_verdicts")
+        connection.execute("DELETE FROM benchmark_runs")
+    responses = pages(db, *(f"/results/-/dashboards/{d.name}" for d in dashboards.DASHBOARDS))
+    assert [r.status_code for r in responses] == [200] * len(dashboards.DASHBOARDS)
+
+
+def test_presets_are_saved_by_a_writer_and_opened_by_anyone(mixed_db: Path,
+                                                            tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    db.write_bytes(mixed_db.read_bytes())
+    query = "f.suite=tp&session=all"
+    anonymous = pages(db, "/results/-/dashboards/load",
+                      post={"dashboard": "load", "name": "tp only", "query": query})
+    assert anonymous[1].status_code == 403
+    root = pages(db, "/results/-/dashboards/load", actor={"id": "root"},
+                 post={"dashboard": "load", "name": "tp only", "query": query})
+    assert root[1].status_code == 302
+    assert root[1].headers["location"].endswith("/results/-/dashboards/load?" + query)
+    assert 'href="/results/-/dashboards/load?f.suite=tp&amp;session=all">tp only</a>' in (
+        root[2].text)
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT name, dashboard, query, saved_by FROM "
+                                  "filter_presets").fetchall() == [
+            ("tp only", "load", query, "root")]
+    assert WRITE_ACTION == "profllm-upload"
