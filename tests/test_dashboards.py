@@ -108,8 +108,8 @@ def values(chart: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_load_charts_follow_the_axis_each_suite_sweeps(connection: sqlite3.Connection) -> None:
     shown = view(connection, "load")
-    rate = values(shown.charts["load-request_rate-output_throughput"])
-    concurrency = values(shown.charts["load-max_concurrency-output_throughput"])
+    rate = values(shown.charts["load-rates-request_rate-output_throughput"])
+    concurrency = values(shown.charts["load-tp-max_concurrency-output_throughput"])
     # The rate sweep has its infinite rate, at the end of the axis, not left out.
     assert sorted({(r["load"], r["load_order"]) for r in rate}, key=lambda x: x[1]) == [
         ("8", 8.0), ("16", 16.0), ("inf", dashboards._INF_ORDER)]
@@ -122,20 +122,20 @@ def test_load_charts_follow_the_axis_each_suite_sweeps(connection: sqlite3.Conne
     at_16 = {r["series"]: r["output_throughput"] for r in rate if r["load"] == "16"}
     assert at_16 == {"max_num_seqs=8": pytest.approx(SLOWDOWN * 160),
                      "max_num_seqs=16": pytest.approx(SLOWDOWN * 320)}
-    assert shown.charts["load-request_rate-output_throughput"]["title"].startswith("rates: ")
+    assert shown.charts["load-rates-request_rate-output_throughput"]["title"].startswith("rates: ")
 
 
 def test_a_slowed_second_session_is_drawn_apart_from_the_first(
     connection: sqlite3.Connection,
 ) -> None:
     both = values(view(connection, "load", "session=s1&session=s2").charts[
-        "load-request_rate-output_throughput"])
+        "load-rates-request_rate-output_throughput"])
     by_series = {(r["series"], r["load"]): r["output_throughput"] for r in both}
     assert by_series[("session=s1 · max_num_seqs=8", "8")] == pytest.approx(80)
     assert by_series[("session=s2 · max_num_seqs=8", "8")] == pytest.approx(SLOWDOWN * 80)
     # Blended on request: one median over the two sessions per point, no session in names.
     blended = values(view(connection, "load", "session=s1&session=s2&blend=1").charts[
-        "load-request_rate-output_throughput"])
+        "load-rates-request_rate-output_throughput"])
     point = {(r["series"], r["load"]): r for r in blended}[("max_num_seqs=8", "8")]
     assert point["output_throughput"] == pytest.approx((80 + SLOWDOWN * 80) / 2)
     assert point["runs"] == 2
@@ -143,10 +143,10 @@ def test_a_slowed_second_session_is_drawn_apart_from_the_first(
 
 def test_filters_select_runs_and_combine_with_and_or(connection: sqlite3.Connection) -> None:
     only_tp2 = view(connection, "load", "f.server_tensor_parallel_size=2")
-    assert set(only_tp2.charts) == {f"load-max_concurrency-{m}" for m in (
+    assert set(only_tp2.charts) == {f"load-tp-max_concurrency-{m}" for m in (
         "output_throughput", "p99_ttft_ms", "median_tpot_ms", "request_throughput")}
     assert {r["series"] for r in values(only_tp2.charts[
-        "load-max_concurrency-output_throughput"])} == {"llama-tp2"}
+        "load-tp-max_concurrency-output_throughput"])} == {"llama-tp2"}
     # A numeric range and a text search, ANDed: nothing is both; ORed: both kinds show.
     query = "max.output_throughput=60&q=seqs16"
     assert view(connection, "load", query).notes == ["No valid measurement in this selection."]

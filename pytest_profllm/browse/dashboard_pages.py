@@ -149,7 +149,8 @@ async def dashboard_page(datasette: Any, request: Any) -> Response:
         "landing_url": datasette.urls.table(name, LANDING),
         "selection": selection,
         "described": selection.describe(),
-        "panel_open": bool(selection.query_pairs()),
+        "panel_open": bool(selection.values or selection.low or selection.high
+                            or selection.text),
         "sessions": built["schema"].sessions[:200],
         "filters": built["filters"],
         "ranges": built["ranges"],

@@ -43,6 +43,8 @@ POINT_METRICS = (
 HISTORY_METRICS = (*POINT_METRICS, ("median_itl_ms", "median ITL (ms)"),
                    ("p99_e2el_ms", "p99 E2EL (ms)"))
 INF_LABEL = "inf"
+# The load dashboard draws the most recent suites of a selection, this many at most.
+MAX_SUITES = 6
 # The regression gate's verdicts (gates/verdict.py), each always the same colour.
 _VERDICT_COLOURS = {
     "domain": ["regressed", "improved", "unchanged", "no-baseline", "no verdict"],
@@ -288,25 +290,39 @@ def load_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Se
     view = View()
     points = load_points(connection, schema, selection)
     by_series = _series(points)
-    by_axis: dict[str, dict[tuple[Any, ...], list[Point]]] = defaultdict(dict)
+    # One set of charts per suite and load axis: suites sweep different things, and a chart
+    # of every suite's series at once has a legend nobody can read.
+    by_chart: dict[tuple[str, str], dict[tuple[Any, ...], list[Point]]] = defaultdict(dict)
+    newest: dict[str, str] = {}
     for key, members in by_series.items():
-        by_axis[load_axis(members)][key] = members
-    for axis, series in sorted(by_axis.items()):
+        suite = str(members[0].context.get("suite"))
+        by_chart[(suite, load_axis(members))][key] = members
+        newest[suite] = max(newest.get(suite, ""), max(p.run_id for p in members))
+    suites_shown = sorted(newest, key=lambda suite: newest[suite], reverse=True)
+    if len(suites_shown) > MAX_SUITES:
+        view.notes.append(
+            f"{len(suites_shown)} suites in this selection: the {MAX_SUITES} most recent are "
+            f"drawn ({', '.join(suites_shown[:MAX_SUITES])}); filter on suite for the others.")
+        suites_shown = suites_shown[:MAX_SUITES]
+    order = {suite: at for at, suite in enumerate(suites_shown)}
+    for (suite, axis), series in sorted(
+        ((k, v) for k, v in by_chart.items() if k[0] in order),
+        key=lambda item: (order[item[0][0]], item[0][1]),
+    ):
         names = series_names({key: members[0].context for key, members in series.items()})
         rows = [_point_row(p, names[key], axis) for key, members in series.items()
                 for p in members]
         x = charts.field("load", "ordinal", axis.replace("_", " ") + (
             " (req/s)" if axis == "request_rate" else " (requests in flight)"),
             sort={"field": "load_order"}, axis={"labelAngle": 0})
-        suites = {members[0].context.get("suite") for members in series.values()}
-        prefix = f"{suites.pop()}: " if len(suites) == 1 else ""
+        prefix = f"{suite}: "
         for metric, label in (("output_throughput", "output tok/s"),
                               ("p99_ttft_ms", "p99 TTFT (ms)"),
                               ("median_tpot_ms", "median TPOT (ms)"),
                               ("request_throughput", "req/s")):
             if metric not in schema.types:
                 continue
-            chart_id = f"load-{axis}-{metric}"
+            chart_id = f"load-{_slug(suite)}-{axis}-{metric}"
             view.add(chart_id, charts.spec(
                 rows, title=f"{prefix}{label} against {axis.replace('_', ' ')}",
                 mark={"type": "line", "point": {"size": 70}, "tooltip": True},
@@ -322,6 +338,10 @@ def load_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Se
     if not points:
         view.notes.append("No valid measurement in this selection.")
     return view
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text)
 
 
 def pareto_frontier(rows: Sequence[Mapping[str, Any]], x: str, y: str,
@@ -380,8 +400,9 @@ def pareto_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
             row["gpus"] = count
             row["output_tok_per_s_per_gpu"] = round(output / count, 2) if output else None
             row["per_user_tok_per_s"] = round(1000.0 / tpot, 2) if tpot else None
-            row["meets_bound"] = (bound is None or (
-                row.get("p99_ttft_ms") is not None and row["p99_ttft_ms"] <= bound))
+            row["meets_bound"] = bound is None or (
+                row.get("p99_ttft_ms") is not None and row["p99_ttft_ms"] <= bound)
+            row["bound"] = "meets the bound" if row["meets_bound"] else "misses the bound"
             rows.append(row)
     y_field = "per_user_tok_per_s" if y_choice == "per_user" else "p99_ttft_ms"
     y_title = ("per-user output tok/s (1000 / median TPOT)" if y_choice == "per_user"
@@ -400,7 +421,8 @@ def pareto_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
          "encoding": {
              "x": x, "y": y,
              "color": charts.field("series", "nominal", "configuration"),
-             "shape": charts.field("meets_bound", "nominal", "meets the TTFT bound"),
+             **({"shape": charts.field("bound", "nominal", f"p99 TTFT <= {bound_text} ms")}
+                if bound is not None else {}),
              "tooltip": charts.tooltips("series", "workload", "load", "output_tok_per_s_per_gpu",
                                         y_field, "p99_ttft_ms", "gpus", "session", "run_id")}},
     ]
@@ -424,7 +446,7 @@ def pareto_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
 
 def _ranked_table(title: str, rows: Sequence[Mapping[str, Any]]) -> Table:
     columns = ["rank", "series", "load", "output_tok_per_s_per_gpu", "output_throughput",
-               "p99_ttft_ms", "median_tpot_ms", "gpus", "session", "run_id"]
+               "p99_ttft_ms", "median_tpot_ms", "gpus", "run_id"]
     return Table(title, columns,
                  [{"rank": i + 1, **{c: r.get(c) for c in columns[1:]}}
                   for i, r in enumerate(rows)],
@@ -566,8 +588,8 @@ def history_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
                        "WHERE case_id = ? AND metric = ? ORDER BY timestamp",
                        (case_id, metric))]
     label = dict(HISTORY_METRICS)[metric]
-    time = charts.field("timestamp", "temporal", "time (UTC)",
-                        scale={"type": "utc"}, axis={"format": "%Y-%m-%d %H:%M"})
+    # In UTC, as the records' timestamps are, whatever the browser's time zone.
+    time = charts.field("timestamp", "temporal", "time (UTC)", scale={"type": "utc"})
     layers: list[dict[str, Any]] = [
         {"mark": {"type": "line", "color": "#999"},
          "encoding": {"x": time, "y": charts.field("value", "quantitative", label)}},

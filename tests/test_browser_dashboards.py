@@ -1,0 +1,270 @@
+"""The three questions people open the results with, answered from `/` in at most two clicks
+each, in a real browser (Debian's Chromium, headless), on three databases:
+- the README's example run (the example suites on the simulated engine, one session);
+- a mixed one: two suites run twice, the second session slowed, gated against the first;
+- a generated one of 100,000 records (tests/generated_results.py).
+
+The questions: which configuration is best under a p99 TTFT bound (the Pareto dashboard and
+its table), what regressed against the last session and by how much (the latest-session
+dashboard), and how throughput scaled with load per configuration (the load dashboard).
+Every page visited is screenshotted (PROFLLM_SCREENSHOT_DIR keeps them; README's come from
+here)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from generated_results import generate
+from helpers import pytest_argv
+from test_browser import CHROMIUM, Browser, browser, free_port, wait_for
+
+from pytest_profllm.browse import dashboards
+
+__all__ = ["browser"]  # the fixture, used by name
+
+REPO = Path(__file__).resolve().parent.parent
+MIXED_SUITES = Path(__file__).parent / "data" / "mixed_suites"
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="needs Chromium: apt-get install -y chromium (.ci/run installs it)",
+    ),
+]
+LARGE = 100_000
+
+
+def _ports(worker_id: str) -> str:
+    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
+    start = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + 6000 + worker * 200
+    return f"{start}-{start + 99}"
+
+
+def _run(ports: str, out: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    argv = pytest_argv(ports, *args, "-n", "2", "-q", out=str(out), cache=False)
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+    assert (out / "results.db").exists(), done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def databases(tmp_path_factory: pytest.TempPathFactory, worker_id: str,
+              test_pool_dir: Path) -> dict[str, Path]:
+    ports = _ports(worker_id)
+    root = tmp_path_factory.mktemp("databases")
+    example = root / "example"
+    _run(ports, example, "benchmarks/")
+    suites = root / "suites"
+    suites.mkdir()
+    for suite in MIXED_SUITES.glob("*.yaml"):
+        shutil.copy(suite, suites / f"bench_{suite.name}")
+    mixed, baseline = root / "mixed", root / "baseline"
+    _run(ports, mixed, str(suites), f"--profllm-baseline={baseline}",
+         "--profllm-baseline-update")
+    # The second session is slowed: the gate calls its latencies regressed (the run fails).
+    _run(ports, mixed, str(suites), f"--profllm-baseline={baseline}",
+         env={"PROFLLM_SIM_SLOWDOWN": "1.5"})
+    large = root / "large"
+    large.mkdir()
+    assert generate(large / "results.db", LARGE) == LARGE
+    return {"example": example / "results.db", "mixed": mixed / "results.db",
+            "large": large / "results.db"}
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[object]:
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(db: Path) -> str:
+        port = free_port()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "datasette", "serve", str(db), "--host", "127.0.0.1",
+             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        processes.append(process)
+        base = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            try:
+                urllib.request.urlopen(base + "/-/versions.json", timeout=2)
+                return True
+            except OSError:
+                return False
+
+        wait_for(up, "datasette to answer")
+        return base
+
+    yield start
+    for process in processes:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class Visit:
+    """Navigation from `/` by clicks on links and buttons only, counted."""
+
+    def __init__(self, browser: Browser, base: str, shots: Path, name: str) -> None:
+        self.browser, self.base, self.shots, self.name = browser, base, shots, name
+        self.clicks = 0
+
+    def home(self) -> None:
+        self.clicks = 0
+        self.browser.open(self.base + "/")
+
+    def click(self, selector_js: str, what: str) -> None:
+        before = self.browser.evaluate("location.href")
+        self.browser.evaluate(f"({selector_js}).click()")
+        self.clicks += 1
+        wait_for(lambda: self.browser.evaluate("location.href") != before
+                 and self.browser.evaluate("document.readyState") == "complete", what)
+
+    def charts_drawn(self) -> int:
+        """Waits until every chart of the page has drawn; returns how many there are."""
+        count = self.browser.evaluate("document.querySelectorAll('.profllm-chart').length")
+        wait_for(lambda: self.browser.evaluate(
+            "document.querySelectorAll('.profllm-chart[data-drawn]').length") == count
+            or self.browser.evaluate("document.querySelector('.profllm-chart[data-error]')"
+                                     " && document.querySelector('.profllm-chart[data-error]')"
+                                     ".dataset.error"),
+            "the charts to draw")
+        errors = self.browser.evaluate(
+            "[...document.querySelectorAll('.profllm-chart[data-error]')]"
+            ".map(e => e.dataset.error)")
+        assert errors == [], errors
+        return int(count)
+
+    def shoot(self, page: str) -> None:
+        height = self.browser.evaluate("document.documentElement.scrollHeight")
+        self.browser.call("Emulation.setDeviceMetricsOverride", width=1400,
+                          height=min(int(height), 4000), deviceScaleFactor=1, mobile=False)
+        self.browser.screenshot(self.shots / f"{self.name}-{page}.png")
+        self.browser.call("Emulation.clearDeviceMetricsOverride")
+
+    def dashboard(self, name: str) -> None:
+        """One click from the landing page: its dashboard links."""
+        self.home()
+        assert self.browser.evaluate("location.pathname").endswith("/runs")
+        self.click(f"document.querySelector('.profllm-dashboard-links "
+                   f"a[href$=\"/-/dashboards/{name}\"]')", f"the {name} dashboard")
+
+
+@pytest.mark.parametrize("which", ["example", "mixed", "large"])
+def test_three_questions_in_two_clicks(
+    which: str, databases: dict[str, Path], serve: object, browser: Browser, tmp_path: Path
+) -> None:
+    keep = os.environ.get("PROFLLM_SCREENSHOT_DIR")
+    shots = Path(keep) if keep else tmp_path
+    shots.mkdir(parents=True, exist_ok=True)
+    db = databases[which]
+    base = serve(db)  # type: ignore[operator]
+    visit = Visit(browser, base, shots, which)
+
+    visit.home()
+    wait_for(lambda: browser.evaluate(
+        "document.querySelectorAll('table.rows-and-columns tbody tr').length") > 0,
+        "the landing page's rows")
+    visit.shoot("landing")
+
+    # How did throughput scale with load, per configuration? One click.
+    visit.dashboard("load")
+    assert visit.clicks == 1
+    assert visit.charts_drawn() >= 4
+    legends = browser.evaluate(
+        "[...document.querySelectorAll('.profllm-chart .role-legend-label text')]"
+        ".map(t => t.textContent)")
+    assert legends, "the load charts have a legend of configurations"
+    assert not any(label.endswith(("…", "...")) for label in legends), legends
+    marks = browser.evaluate(
+        "document.querySelectorAll('.profllm-chart .mark-symbol path').length")
+    assert marks >= 4
+    visit.shoot("load")
+
+    # Which configuration is best under a p99 TTFT bound? Two clicks: the dashboard, then
+    # the bound, set and shown.
+    visit.dashboard("pareto")
+    assert visit.charts_drawn() == 1
+    with sqlite3.connect(db) as connection:
+        bound = _bound(connection)
+    browser.evaluate(
+        f"document.querySelector('.profllm-inputs input[name=max_p99_ttft_ms]').value = "
+        f"'{bound:.3f}'")
+    visit.click("document.querySelector('.profllm-inputs input[type=submit]')",
+                "the bound's page")
+    assert visit.clicks == 2
+    visit.charts_drawn()
+    table = browser.evaluate("""(() => {
+        const heading = [...document.querySelectorAll('h2')]
+            .find(h => h.textContent.startsWith('Best configurations under'));
+        const table = heading && heading.nextElementSibling.querySelector('table');
+        if (!table) return null;
+        const head = [...table.querySelectorAll('th')].map(th => th.textContent);
+        return [...table.querySelectorAll('tbody tr')].map(tr => Object.fromEntries(
+            [...tr.querySelectorAll('td')].map((td, i) => [head[i], td.textContent.trim()])));
+    })()""")
+    assert table, "a table of the configurations that meet the bound"
+    typed = round(bound, 3)  # the table rounds to 3 decimals too
+    assert all(float(row["p99_ttft_ms"]) <= typed + 0.0005 for row in table)
+    per_gpu = [float(row["output_tok_per_s_per_gpu"]) for row in table]
+    assert per_gpu == sorted(per_gpu, reverse=True)
+    visit.shoot("pareto")
+
+    # What regressed against the last session, and by how much? One click.
+    visit.dashboard("latest")
+    assert visit.clicks == 1
+    visit.charts_drawn()
+    regressed = browser.evaluate("""(() => {
+        const heading = [...document.querySelectorAll('h2')]
+            .find(h => h.textContent.startsWith('Regressed'));
+        return [...heading.nextElementSibling.querySelectorAll('tbody tr')]
+            .map(tr => tr.textContent);
+    })()""")
+    with sqlite3.connect(db) as connection:
+        latest = connection.execute(
+            "SELECT session_id FROM benchmark_runs ORDER BY timestamp DESC LIMIT 1").fetchone()[0]
+        expected = connection.execute(
+            "SELECT count(*) FROM regression_verdicts v JOIN measured_runs r USING (run_id) "
+            "WHERE r.session_id = ? AND v.verdict = 'regressed'", (latest,)).fetchone()[0] if (
+            connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'regression_verdicts'")
+            .fetchone()) else 0
+    assert len(regressed) == expected
+    if which != "example":
+        assert expected > 0, "the slowed session regressed"
+        red = browser.evaluate(
+            "[...document.querySelectorAll('.profllm-chart .mark-rect path')]"
+            ".filter(p => (p.getAttribute('fill') || '').toLowerCase() === '#c62828').length")
+        assert red > 0, "regressed bars are drawn in red"
+    visit.shoot("latest")
+
+    # The other dashboards draw too.
+    for other in dashboards.DASHBOARDS:
+        if other.name in ("load", "pareto", "latest"):
+            continue
+        visit.dashboard(other.name)
+        visit.charts_drawn()
+        visit.shoot(other.name)
+
+
+def _bound(connection: sqlite3.Connection) -> float:
+    """A p99 TTFT bound that some valid runs meet and others miss: their median."""
+    values = sorted(row[0] for row in connection.execute(
+        "SELECT p99_ttft_ms FROM measured_runs WHERE p99_ttft_ms IS NOT NULL"))
+    return float(values[len(values) // 2])
+
+
+def test_screenshots_are_kept_where_asked() -> None:
+    """README's pictures come from PROFLLM_SCREENSHOT_DIR runs of the test above."""
+    readme = (REPO / "README.md").read_text()
+    for picture in ("docs/dashboard-load.png", "docs/pareto.png"):
+        assert picture in readme and (REPO / picture).exists(), picture
+    assert shutil.which("chromium") or shutil.which("chromium-browser")
