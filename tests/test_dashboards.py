@@ -314,3 +314,18 @@ def test_presets_are_saved_by_a_writer_and_opened_by_anyone(mixed_db: Path,
                                   "filter_presets").fetchall() == [
             ("tp only", "load", query, "root")]
     assert WRITE_ACTION == "profllm-upload"
+
+
+def test_all_sessions_draw_the_newest_apart_and_say_so(
+    connection: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dashboards, "MAX_SESSIONS", 1)
+    shown = view(connection, "load", "session=all")
+    sessions = {r["session"] for chart in shown.charts.values() for r in values(chart)}
+    assert sessions == {"s2"}
+    assert shown.notes == [
+        "More than 1 sessions match: the 1 newest with valid measurements are drawn apart; "
+        "pick sessions, or blend them, for others."]
+    # A filter that only the older session meets finds it, however far back it is.
+    older = view(connection, "load", "session=all&min.output_throughput=500&f.suite=rates")
+    assert {r["session"] for chart in older.charts.values() for r in values(chart)} == {"s1"}

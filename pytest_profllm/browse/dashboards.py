@@ -45,6 +45,8 @@ HISTORY_METRICS = (*POINT_METRICS, ("median_itl_ms", "median ITL (ms)"),
 INF_LABEL = "inf"
 # The load dashboard draws the most recent suites of a selection, this many at most.
 MAX_SUITES = 6
+# Sessions drawn apart (each its own series) on one page, at most.
+MAX_SESSIONS = 12
 # The regression gate's verdicts (gates/verdict.py), each always the same colour.
 _VERDICT_COLOURS = {
     "domain": ["regressed", "improved", "unchanged", "no-baseline", "no verdict"],
@@ -120,10 +122,46 @@ def _rate(value: Any) -> float | None:
 
 
 def load_points(connection: sqlite3.Connection, schema: Schema, selection: Selection,
-                extra_where: str = "1", extra_params: Sequence[Any] = ()) -> list[Point]:
+                notes: list[str] | None = None) -> list[Point]:
     """The points of the selection: one per case (configuration, workload, engine, device)
-    and session (unless blended), medians over its repeats, valid measurements only."""
-    where, params = selection.where(schema)
+    and session (unless blended), medians over its repeats, valid measurements only.
+
+    Sessions drawn apart are at most MAX_SESSIONS, the newest that have points: "all
+    sessions" of a big database would otherwise be a page of a hundred megabytes. They are
+    looked for newest first, a growing chunk at a time, each chunk found by its index."""
+    conditions, params = selection.conditions(schema)
+    chosen = selection.session_ids(schema)
+    if selection.blend or (chosen is not None and not selection.sessions):
+        # Blended, or the default (the latest session of each suite): one query.
+        return _points(connection, schema, selection, *selection.where(schema))
+    sessions = chosen if chosen is not None else [s.session_id for s in schema.sessions]
+    points: list[Point] = []
+    found: list[str] = []
+    dropped = False
+    at, size = 0, 16
+    while at < len(sessions) and len(found) < MAX_SESSIONS:
+        chunk = sessions[at:at + size]
+        at, size = at + size, min(size * 2, 512)
+        marks = ", ".join("?" for _ in chunk)
+        rank = {session: index for index, session in enumerate(chunk)}
+        for point in sorted(_points(connection, schema, selection,
+                                    f"session_id IN ({marks}) AND {conditions}",
+                                    [*chunk, *params]), key=lambda p: rank[p.session]):
+            if point.session not in found:
+                if len(found) == MAX_SESSIONS:
+                    dropped = True
+                    continue
+                found.append(point.session)
+            points.append(point)
+    if (dropped or at < len(sessions)) and len(found) == MAX_SESSIONS and notes is not None:
+        notes.append(f"More than {MAX_SESSIONS} sessions match: the {MAX_SESSIONS} newest with "
+                     "valid measurements are drawn apart; pick sessions, or blend them, for "
+                     "others.")
+    return points
+
+
+def _points(connection: sqlite3.Connection, schema: Schema, selection: Selection,
+            where: str, params: Sequence[Any]) -> list[Point]:
     have = schema.types
     metrics = [name for name, _ in POINT_METRICS if name in have]
     session = "'(blended)'" if selection.blend else "session_id"
@@ -136,10 +174,10 @@ def load_points(connection: sqlite3.Connection, schema: Schema, selection: Selec
         f"session, server_model, "
         + ", ".join(f"median({quote(m)}) AS {quote(m)}" for m in metrics)
         + ", count(*) AS runs, max(run_id) AS run_id "
-        f"FROM [{MEASURED_RUNS}] WHERE {where} AND ({extra_where}) "
+        f"FROM [{MEASURED_RUNS}] WHERE {where} "
         f"AND output_throughput IS NOT NULL GROUP BY {', '.join(quote(c) for c in group)}"
     )
-    cursor = connection.execute(sql, [*params, *extra_params])
+    cursor = connection.execute(sql, list(params))
     names = [d[0] for d in cursor.description]
     rows = [dict(zip(names, row, strict=True)) for row in cursor]
     axes = server_axes(connection, schema, [row["run_id"] for row in rows])
@@ -288,7 +326,7 @@ def load_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Se
                    args: Mapping[str, str]) -> View:
     """Throughput and latency against load, one series per configuration."""
     view = View()
-    points = load_points(connection, schema, selection)
+    points = load_points(connection, schema, selection, view.notes)
     by_series = _series(points)
     # One set of charts per suite and load axis: suites sweep different things, and a chart
     # of every suite's series at once has a legend nobody can read.
@@ -386,7 +424,7 @@ def pareto_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
     bound = _finite(_number(bound_text))
     view.inputs["y"] = ("y axis", y_choice, ["per_user", "p99_ttft_ms"])
     view.inputs["max_p99_ttft_ms"] = ("p99 TTFT bound (ms)", bound_text, [])
-    points = load_points(connection, schema, selection)
+    points = load_points(connection, schema, selection, view.notes)
     gpus = _gpus(connection, schema, [p.run_id for p in points])
     series = _series(points)
     names = series_names({key: members[0].context for key, members in series.items()})
@@ -468,7 +506,7 @@ def scaling_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
     if "server_tensor_parallel_size" not in schema.types:
         view.notes.append("No tensor_parallel_size column in this database.")
         return view
-    points = load_points(connection, schema, selection)
+    points = load_points(connection, schema, selection, view.notes)
     tp_of = {run_id: tp for run_id, tp in _column(connection, "server_tensor_parallel_size",
                                                   [p.run_id for p in points]).items()}
     groups: dict[tuple[Any, ...], list[tuple[int, Point]]] = defaultdict(list)
@@ -559,9 +597,11 @@ def history_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
             f"SELECT case_id FROM [{TABLE}] WHERE {conditions} ORDER BY timestamp DESC LIMIT 1",
             params).fetchone()
         case_id = row[0] if row else ""
-    cases = [r[0] for r in connection.execute(
-        f"SELECT case_id FROM [{TABLE}] WHERE {conditions} GROUP BY case_id "
-        "ORDER BY max(timestamp) DESC LIMIT 300", params)]
+    # The cases of the newest runs (read through the timestamp index, not by grouping every
+    # run): the ones people look back on.
+    cases = list(dict.fromkeys(r[0] for r in connection.execute(
+        f"SELECT case_id FROM [{TABLE}] WHERE {conditions} ORDER BY timestamp DESC LIMIT 5000",
+        params)))[:300]
     view.inputs["case_id"] = ("case", case_id, cases)
     view.inputs["metric"] = ("metric", metric, [m for m, _ in HISTORY_METRICS
                                                 if m in schema.types])
