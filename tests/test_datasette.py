@@ -11,13 +11,15 @@ import re
 import sqlite3
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qsl
 
 import httpx
 import pytest
 from datasette.app import Datasette
 
-from pytest_profllm.browse.queries import CANNED_QUERIES, CHARTS
+from pytest_profllm.browse import filters, sql_functions
+from pytest_profllm.browse.dashboards import BY_NAME, DASHBOARDS
+from pytest_profllm.browse.queries import CANNED_QUERIES
 from pytest_profllm.plan import metric_names
 from pytest_profllm.results.landing import LANDING
 from pytest_profllm.results.record import BenchmarkRecord
@@ -111,8 +113,8 @@ def other_db(tmp_path: Path) -> Path:
     return db_path
 
 
-def chart_links(page: str) -> dict[str, str]:
-    links = re.findall(r'<a href="([^"]+)">(Chart:[^<]*)</a>', page)
+def dashboard_links(page: str) -> dict[str, str]:
+    links = re.findall(r'<a href="([^"]+)">Dashboard: ([^<]*)</a>', page)
     return {html.unescape(label): html.unescape(href) for href, label in links}
 
 
@@ -175,28 +177,22 @@ def test_table_has_the_default_facets(results_db: Path) -> None:
         assert f'id="facet-{column}"' in page.text
 
 
-def test_table_and_landing_pages_link_to_ready_made_charts(results_db: Path) -> None:
+def test_table_and_landing_pages_link_to_the_dashboards(results_db: Path) -> None:
     for page_url in (f"/results/{TABLE}", f"/results/{LANDING}", "/results"):
         (page,) = get([results_db], page_url)
-        links = chart_links(page.text)
-        assert set(links) == {chart.title for chart in CHARTS}, page_url
-    for chart in CHARTS:
-        href = links[chart.title]
-        assert href.startswith(f"/results/{chart.name}#g.mark=")
-        # Every column a chart plots is a column of its query.
-        (data,) = get([results_db], f"/results/{chart.name}.json")
-        assert data.status_code == 200, chart.name
-        state = parse_qs(urlsplit(href).fragment)
-        for key in ("g.x_column", "g.y_column", "g.color_column"):
-            assert state[key][0] in data.json()["columns"], (chart.name, key)
+        links = dashboard_links(page.text)
+        assert links == {d.title: f"/results/-/dashboards/{d.name}" for d in DASHBOARDS}, (
+            page_url)
+    responses = get([results_db], *links.values())
+    assert [response.status_code for response in responses] == [200] * len(DASHBOARDS)
 
 
-def test_chart_links_follow_the_database_name(tmp_path: Path) -> None:
+def test_dashboard_links_follow_the_database_name(tmp_path: Path) -> None:
     db_path = tmp_path / "nightly.db"
     load_records(db_path, RECORDS)
     (page,) = get([db_path], f"/nightly/{TABLE}")
-    links = chart_links(page.text)
-    assert links and all(href.startswith("/nightly/chart_") for href in links.values())
+    links = dashboard_links(page.text)
+    assert links and all(href.startswith("/nightly/-/dashboards/") for href in links.values())
 
 
 def rows_of(db_path: Path, url: str) -> list[dict[str, Any]]:
@@ -206,27 +202,35 @@ def rows_of(db_path: Path, url: str) -> list[dict[str, Any]]:
     return rows
 
 
+def points_of(db_path: Path, name: str, query: str = "", **args: str) -> list[dict[str, Any]]:
+    """The points a dashboard draws, in its output-throughput charts (or its one chart)."""
+    connection = sqlite3.connect(db_path)
+    sql_functions.register(connection)
+    try:
+        schema = filters.read_schema(connection)
+        selection = filters.Selection.parse(parse_qsl(query), schema)
+        view = BY_NAME[name].build(connection, schema, selection, args)
+    finally:
+        connection.close()
+    return [row for chart_id, chart in view.charts.items()
+            if len(view.charts) == 1 or chart_id.endswith("output_throughput")
+            for row in chart["data"]["values"]]
+
+
 def test_charts_over_two_sessions_of_a_case_show_per_run_values_not_their_sum(
     results_db: Path,
 ) -> None:
-    # Case A ran in session s1 at 11 req/s and in s2 at 21 req/s (output throughput: the
-    # same in this data): no chart may show 32.
-    history = rows_of(results_db, f"/results/chart_case_history.json?_shape=array&"
-                      f"{urlencode({'case_id': CASE_A})}")
-    assert [(row["session_id"], row["output_tok_per_s"]) for row in history] == [
-        ("s1", 110.0), ("s2", 210.0)]
+    # Case A ran in session s1 at 11 req/s and in s2 at 21 req/s: no chart may show 32.
+    history = points_of(results_db, "history", case_id=CASE_A)
+    assert [(row["session"], row["value"]) for row in history] == [("s1", 110.0), ("s2", 210.0)]
     # Case B's run of s2 is an `error`: its figures are no data point (issue 22).
-    latest = rows_of(results_db, "/results/chart_latest_session.json?_shape=array")
-    assert {row["case_label"]: row["output_tok_per_s"] for row in latest} == {
-        CASE_A.rsplit("::", 1)[0] + " :: random": 210.0,
-    }
-    # One point per configuration and load: the median of the measured runs (s2-b errored).
-    pareto = rows_of(results_db, "/results/chart_ttft_vs_throughput.json?_shape=array")
-    assert sorted((row["output_tok_per_s"], row["runs"]) for row in pareto) == [
-        (120.0, 1), (160.0, 2)]
-    rate = rows_of(results_db, "/results/chart_throughput_vs_rate.json?_shape=array")
-    assert sorted((row["request_rate"], row["output_tok_per_s"]) for row in rate) == [
-        (4.0, 120.0), (4.0, 160.0)]
+    latest = points_of(results_db, "load")
+    assert {(row["configuration"], row["output_throughput"]) for row in latest} == {
+        (CASE_A.rsplit("::", 1)[0], 210.0)}
+    # Both sessions, drawn apart: one point per configuration, load and session.
+    both = points_of(results_db, "load", "session=all")
+    assert sorted((row["session"], row["output_throughput"]) for row in both) == [
+        ("s1", 110.0), ("s1", 120.0), ("s2", 210.0)]
 
 
 def test_the_root_opens_on_the_landing_view(results_db: Path, other_db: Path) -> None:
@@ -235,7 +239,7 @@ def test_the_root_opens_on_the_landing_view(results_db: Path, other_db: Path) ->
     assert root.headers["location"] == f"/results/{LANDING}"
     data = landing.json()
     assert len(data["columns"]) <= 30
-    assert data["columns"][:3] == ["run_id", "timestamp", "status"]
+    assert data["columns"][:3] == ["run_id", "status", "gate"]
     # Newest first, rounded figures, units in the names.
     assert [row["run_id"] for row in data["rows"]] == ["s2-b", "s2-a", "s1-b", "s1-a"]
     assert data["rows"][0]["req_per_s"] == 22.0
@@ -257,7 +261,10 @@ def test_the_landing_view_shows_the_swept_axes_with_facets(tmp_path: Path) -> No
         [db_path], f"/results/{LANDING}.json", f"/results/{LANDING}",
         f"/results/{LANDING}.json?server_max_num_seqs=16")
     assert "server_max_num_seqs" in data.json()["columns"]
-    assert "server_max_num_seqs" not in data.json()["columns"][:11]
+    # The verdicts, then the axes, then the headline metrics: all on the first screen.
+    columns = data.json()["columns"]
+    assert columns[:4] == ["run_id", "status", "gate", "validity"]
+    assert columns.index("output_tok_per_s") < columns.index("server_max_num_seqs") < 20
     facets = data.json()["facet_results"]
     assert {"server_model", "engine", "device", "suite", "status", "server_max_num_seqs"} <= set(
         facets)
@@ -394,7 +401,7 @@ def test_database_without_our_table_gets_no_queries_or_charts(
     assert other.status_code == 200
     assert other.json()["queries"] == []
     assert table.status_code == 200 and "hello" in table.text
-    assert chart_links(table.text) == {}
+    assert dashboard_links(table.text) == {}
     assert query.status_code == 404
     # The results database served beside it keeps its queries.
     assert {q["name"] for q in ours.json()["queries"]} == set(CANNED_QUERIES)
@@ -423,9 +430,10 @@ def test_a_run_whose_requests_all_failed_is_no_data_point(tmp_path: Path) -> Non
     dead["validity"] = None  # as a record of before, read back: its validity is derived
     db_path = tmp_path / "results.db"
     load_records(db_path, [*RECORDS, dead])
-    rate = rows_of(db_path, "/results/chart_throughput_vs_rate.json?_shape=array")
-    assert sorted((row["request_rate"], row["output_tok_per_s"]) for row in rate) == [
-        (4.0, 120.0), (4.0, 160.0)]
+    points = points_of(db_path, "load", "session=all")
+    assert "s3" not in {row["session"] for row in points}
+    assert sorted((row["session"], row["output_throughput"]) for row in points) == [
+        ("s1", 110.0), ("s1", 120.0), ("s2", 210.0)]
     latest = rows_of(db_path, "/results/latest_per_configuration.json?_shape=array")
     assert "s3-a" not in {row["run_id"] for row in latest}
     best = rows_of(db_path, "/results/best_configuration.json?_shape=array")

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_profllm.plan import metric_names
 from pytest_profllm.plan.suite import BenchmarkConfig
 from pytest_profllm.results.ingest import read_record
-from pytest_profllm.results.landing import LANDING
+from pytest_profllm.results.landing import LANDING, SweptAxes, swept_axes
 from pytest_profllm.results.record import (
     json_schema,
     normalize,
@@ -312,7 +314,7 @@ def test_a_new_database_is_left_in_wal_mode(tmp_path: Path) -> None:
 def test_swept_axes_make_the_landing_view(tmp_path: Path) -> None:
     db_path = tmp_path / "results.db"
     load_records(db_path, [make_record("run-a")])
-    assert landing_columns(db_path)[:3] == ["run_id", "timestamp", "status"]
+    assert landing_columns(db_path)[:4] == ["run_id", "status", "gate", "validity"]
     assert "server_max_num_seqs" not in landing_columns(db_path)
     load_records(db_path, [make_record("run-b", server={"model": MODEL, "max_num_seqs": 64}),
                            rate_record("run-c", 4.0)])
@@ -465,3 +467,97 @@ def test_shipped_schema_file_matches_the_model() -> None:
     assert json.loads(shipped.read_text()) == json_schema()
 
 
+
+
+def suite_record(run_id: str, suite: str, server: dict[str, Any],
+                 axes: list[str] | None = None) -> dict[str, Any]:
+    record = make_record(run_id, server={"model": MODEL, **server})
+    record["suite"] = suite
+    if axes is not None:
+        record["config"]["axes"] = axes
+    return record
+
+
+def test_axes_are_what_a_suite_sweeps_not_what_differs_between_suites(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [
+        # One suite's single configuration sets arguments the others leave alone.
+        suite_record("a1", "args", {"block_size": 32, "api_key": "***",
+                                    "compilation_config": {"mode": 3}}),
+        # A suite file's declared axis.
+        suite_record("b1", "sweep", {"max_num_seqs": 8}, ["server.max_num_seqs"]),
+        suite_record("b2", "sweep", {"max_num_seqs": 16}, ["server.max_num_seqs"]),
+        # A value that changed within a suite (between sessions), never declared; and a
+        # JSON-valued one that changed too.
+        suite_record("c1", "nightly", {"gpu_memory_utilization": 0.8,
+                                       "compilation_config": {"mode": 1}}),
+        suite_record("c2", "nightly", {"gpu_memory_utilization": 0.9,
+                                       "compilation_config": {"mode": 3}}),
+    ])
+    with sqlite3.connect(db_path) as connection:
+        assert swept_axes(connection) == ["server_max_num_seqs",
+                                          "server_gpu_memory_utilization"]
+    columns = landing_columns(db_path)
+    assert {"server_max_num_seqs", "server_gpu_memory_utilization"} <= set(columns)
+    assert not {"server_block_size", "server_api_key", "server_compilation_config"} & set(columns)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.dictionaries(
+    st.sampled_from(["s1", "s2", "s3"]),
+    st.lists(st.fixed_dictionaries({"max_num_seqs": st.sampled_from([8, 16]),
+                                    "block_size": st.sampled_from([16, 32]),
+                                    "enforce_eager": st.booleans()}),
+             min_size=1, max_size=3),
+    min_size=1))
+def test_the_axes_are_exactly_the_keys_that_vary_within_a_suite(
+    suites: dict[str, list[dict[str, Any]]],
+) -> None:
+    expected = {f"server_{key}" for configs in suites.values()
+                for key in configs[0] if len({str(c[key]) for c in configs}) > 1}
+    axes = SweptAxes({}, set(), set())
+    columns = ["server_max_num_seqs", "server_block_size", "server_enforce_eager"]
+    axes.see(columns, [(suite, None, c["max_num_seqs"], c["block_size"], c["enforce_eager"])
+                       for suite, configs in suites.items() for c in configs])
+    assert set(axes.swept()) == expected
+
+
+def test_a_regression_shows_on_the_landing_table(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    regressed = make_record("r1")
+    regressed["regression"] = [
+        {"metric": "p99_ttft_ms", "verdict": "regressed", "tolerance": 0.1,
+         "higher_is_better": False, "baseline": 100.0, "value": 120.0, "change": 0.2,
+         "confidence": 0.99},
+        {"metric": "median_tpot_ms", "verdict": "unchanged", "tolerance": 0.1,
+         "higher_is_better": False, "baseline": 10.0, "value": 10.1, "change": 0.01,
+         "confidence": 0.99}]
+    fine = make_record("r2")
+    fine["regression"] = [{**regressed["regression"][1]}]
+    nothing = make_record("r3")
+    unknown = make_record("r4")
+    unknown["regression"] = [{**regressed["regression"][1], "verdict": "no-baseline"}]
+    load_records(db_path, [regressed, fine, nothing, unknown])
+    with sqlite3.connect(db_path) as connection:
+        rows = dict(connection.execute(
+            f"SELECT run_id, gate || ' | ' || coalesce(gate_changes, '') FROM {LANDING} "
+            "WHERE gate IS NOT NULL").fetchall())
+    assert rows == {"r1": "regressed | p99_ttft_ms +20.0%", "r2": "ok | ",
+                    "r4": "no baseline | "}
+
+
+def test_an_older_axes_table_is_read_again_per_suite(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [suite_record("b1", "sweep", {"max_num_seqs": 8}),
+                           suite_record("b2", "sweep", {"max_num_seqs": 16}),
+                           suite_record("a1", "other", {"block_size": 32})])
+    with sqlite3.connect(db_path) as connection:  # as an older store left it
+        connection.execute("DROP TABLE benchmark_axes")
+        connection.execute("CREATE TABLE benchmark_axes ([column] TEXT PRIMARY KEY, "
+                           "first_value, swept INTEGER NOT NULL)")
+        connection.executemany("INSERT INTO benchmark_axes VALUES (?, ?, 1)",
+                               [("server_max_num_seqs", 8), ("server_block_size", 16)])
+        assert swept_axes(connection) == []  # Datasette on it before the next load: no axes
+    load_records(db_path, [suite_record("b3", "sweep", {"max_num_seqs": 8})])
+    with sqlite3.connect(db_path) as connection:
+        assert swept_axes(connection) == ["server_max_num_seqs"]

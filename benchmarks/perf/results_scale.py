@@ -6,13 +6,15 @@ max_num_seqs, tensor_parallel_size, request rate or concurrency; nightly session
 cases), writes them as record files, times `profllm ingest` of the folder (wall time and peak
 memory of the process), then serves the database with `datasette serve` on 127.0.0.1 and times
 the landing page with its facets, a page filtered on three columns, every canned query, every
-chart link (the page and the JSON datasette-vega draws from) and a full CSV export.
+dashboard (as it opens and with common choices: all sessions, filters, a bound, a case), the
+run page, and a full CSV export (`pages_to_time` lists them).
 
     python benchmarks/perf/results_scale.py [--records 100000] [--repeat 15] [--keep DIR]
                                             [--pages-only | --ingest-only]
 
-Run on demand (not collected by pytest). Targets: ingest under 30 s on 2 cores; pages p95
-under 0.5 s; landing page under 300 KB; every row in the CSV.
+Run on demand (not collected by pytest). Targets: ingest under 30 s on 2 cores at 100,000
+records and under 5 minutes at 1,000,000, memory bounded; every page's p95 under 0.5 s at
+both; landing page under 300 KB; every row in the CSV.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -139,6 +142,10 @@ def generate(folder: Path, count: int) -> None:
         capacity = seqs * tp * (1.6 if "H100" in device else 1.0) / (4 if "32B" in model else 1)
         offered = value if kind == "rate" and value != float("inf") else capacity
         throughput = min(offered, capacity / 20) * random.uniform(0.9, 1.1)
+        # The last session is slowed, and its gate says so.
+        slowed = session == (count - 1) // per_session
+        if slowed:
+            throughput *= 0.8
         results: dict[str, Any] = {name: round(random.uniform(5, 500), 3)
                                    for name in STANDARD_METRICS}
         results.update(
@@ -171,6 +178,9 @@ def generate(folder: Path, count: int) -> None:
                            "tensor_parallel_size": tp},
                 "benchmark": benchmark,
                 "engine_args": registry.describe(),
+                "axes": ["server.model", "server.max_num_seqs", "server.tensor_parallel_size",
+                         "benchmark.request_rate" if kind == "rate"
+                         else "benchmark.max_concurrency"],
             },
             "results": results,
             "system": {
@@ -197,6 +207,11 @@ def generate(folder: Path, count: int) -> None:
                 "server_stopped_at": 1.7e9 + index + 90, "lease_wait_s": 0.0,
             },
             "thresholds": {"median_ttft_ms": {"min": None, "max": 200.0}},
+            "regression": [{"metric": "output_throughput", "verdict": "regressed",
+                            "tolerance": 0.05, "higher_is_better": True, "baseline": 1.0,
+                            "value": 0.8, "change": -0.2, "confidence": 0.99,
+                            "baseline_session": f"2026{session - 1:05d}-nightly"}]
+            if slowed else [],
             "verdicts": [{"metric": "median_ttft_ms", "bound": "max", "limit": 200.0,
                           "value": results["median_ttft_ms"],
                           "passed": status == "passed"}],
@@ -241,34 +256,57 @@ def fetch(url: str) -> tuple[float, bytes]:
     return time.perf_counter() - started, body
 
 
-def time_pages(base: str, repeat: int) -> None:
-    from pytest_profllm.browse.queries import CANNED_QUERIES, CHARTS
+def pages_to_time(db: str, row: dict[str, Any]) -> dict[str, str]:
+    """Every page a user opens, by label: the landing page, the full table, a filter, each
+    canned query, each dashboard (as it opens, and with the choices people make), the run
+    page. Extend this list with each new page."""
+    from pytest_profllm.browse.dashboards import DASHBOARDS
+    from pytest_profllm.browse.queries import CANNED_QUERIES
 
-    db = "results"
-    first = fetch(f"{base}/{db}/runs.json?_shape=objects&_size=1")[1]
-    import json
-
-    row = json.loads(first)["rows"][0]
+    case_id = f"{row['configuration']}::{row['workload']}"
     pages = {
         "landing page (/ -> runs, facets)": "/",
         "full table page (benchmark_runs, facets)": f"/{db}/benchmark_runs",
         "filtered on three columns": f"/{db}/runs?"
         + urlencode({"server_model": row["server_model"], "status": "passed",
                      "server_max_num_seqs": 128}),
+        "landing page, regressed only (gate facet)": f"/{db}/runs?gate=regressed",
     }
-    params = {"case_history": urlencode({"case_id": f"{row['configuration']}::{row['workload']}"}),
+    params = {"case_history": urlencode({"case_id": case_id}),
               "compare_runs": urlencode({"run_a": row["run_id"], "run_b": row["run_id"]}),
               "best_configuration": "max_p99_ttft_ms=400&max_p99_tpot_ms="}
     for name in CANNED_QUERIES:
-        if not name.startswith("chart_"):
-            pages[f"canned query {name}"] = f"/{db}/{name}?{params.get(name, '')}"
-    for chart in CHARTS:
-        pages[f"chart {chart.name} (page)"] = f"/{db}/{chart.name}#{chart.fragment()}"
-        pages[f"chart {chart.name} (its JSON)"] = f"/{db}/{chart.name}.json?_shape=array"
+        pages[f"canned query {name}"] = f"/{db}/{name}?{params.get(name, '')}"
+    pages["dashboards (list)"] = f"/{db}/-/dashboards"
+    for dashboard in DASHBOARDS:
+        pages[f"dashboard {dashboard.name}"] = f"/{db}/-/dashboards/{dashboard.name}"
+    pages["dashboard load, all sessions"] = f"/{db}/-/dashboards/load?session=all"
+    pages["dashboard load, filtered (model, tp 2, ttft < 300)"] = (
+        f"/{db}/-/dashboards/load?" + urlencode({
+            "f.server_model": row["server_model"], "f.server_tensor_parallel_size": 2,
+            "max.p99_ttft_ms": 300, "session": "all"}))
+    pages["dashboard pareto, p99 TTFT bound"] = f"/{db}/-/dashboards/pareto?max_p99_ttft_ms=300"
+    pages["dashboard history of a case"] = (
+        f"/{db}/-/dashboards/history?" + urlencode({"case_id": case_id}))
+    pages["run page"] = f"/{db}/-/run/{row['run_id']}"
+    return pages
+
+
+def time_pages(base: str, repeat: int) -> None:
+    import json
+
+    db = "results"
+    first = fetch(f"{base}/{db}/runs.json?_shape=objects&_size=1")[1]
+    row = json.loads(first)["rows"][0]
+    pages = pages_to_time(db, row)
     print(f"\n{'page':<58} {'median':>8} {'p95':>8} {'size':>9}")
     for label, path in pages.items():
         url = base + path.split("#")[0].replace(" ", "%20")
-        fetch(url)  # warm: schema, counts
+        try:
+            fetch(url)  # warm: schema, counts
+        except urllib.error.HTTPError as error:
+            print(f"{label:<58} not available (HTTP {error.code})")
+            continue
         times = []
         for _ in range(repeat):
             seconds, body = fetch(url)

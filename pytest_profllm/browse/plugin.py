@@ -1,8 +1,8 @@
-"""Datasette plugin: `datasette results.db` opens on the landing table `runs` (who ran what,
-the swept axes, the headline metrics, rounded, units in the names), with default facets,
-column descriptions, canned queries and prepared charts (datasette-vega over aggregating
-queries; it keeps a chart's state in the URL fragment, so a link opens a ready-made chart).
-The full table `benchmark_runs` is one click away. CSV exports of both stream every row.
+"""Datasette plugin: `datasette results.db` opens on the landing table `runs` (each run's
+verdicts, the headline metrics rounded with units in the names, the axes its suite sweeps),
+with default facets, column descriptions, canned queries, and links to the dashboards
+(browse/dashboard_pages.py). The full table `benchmark_runs` is one click away. CSV exports
+of both stream every row.
 
 Every hook returns early for databases without our table.
 """
@@ -23,7 +23,7 @@ from datasette.utils import tilde_encode
 
 from pytest_profllm.browse import dashboard_pages, sql_functions
 from pytest_profllm.browse.dashboards import DASHBOARDS
-from pytest_profllm.browse.queries import CANNED_QUERIES, CHARTS
+from pytest_profllm.browse.queries import CANNED_QUERIES
 from pytest_profllm.hosts.files import read_only_uri
 from pytest_profllm.results.landing import LANDING, landing_axes, swept_axes
 from pytest_profllm.results.table import TABLE
@@ -68,10 +68,10 @@ DESCRIPTION = (
     "over requests), e2el = end-to-end latency; each as mean_, median_, std_ and pNN_."
 )
 LANDING_DESCRIPTION = (
-    "Newest first: who ran what, its status, the engine arguments and workload parameters that "
-    "differ between runs here, and the headline metrics (req_per_s, output_tok_per_s; "
-    "latencies in ms). Every column is in benchmark_runs (a run_id opens its row); charts and "
-    "comparisons are in the actions menu (the cog) and under Queries."
+    "Newest first: each run's status, the regression gate's verdict (gate; what moved in "
+    "gate_changes), whether its figures are a valid measurement, the headline metrics "
+    "(req_per_s, output_tok_per_s; latencies in ms) and the axes its suite sweeps. A run_id "
+    "opens its page; every column is in benchmark_runs (the cog)."
 )
 # Where a run used --profllm-ray: the node each case ran on. Only for tables that have the
 # column (a database loaded before records named their node has not): a facet on a missing
@@ -142,7 +142,8 @@ def landing_metadata(swept: list[str], columns: frozenset[str] | None = None,
         "title": "vLLM serving benchmarks",
         "description_html": escape(LANDING_DESCRIPTION) + dashboard_links_html(database),
         "sort_desc": "timestamp",
-        "facets": _facets(DEFAULT_FACETS, columns)
+        # The gate's verdict first: a regression shows as a count before any row is read.
+        "facets": _facets(["gate", *DEFAULT_FACETS, "validity"], columns)
         + [c for c in landing_axes(swept) if c != "server_model"],
     }
 
@@ -301,12 +302,10 @@ def canned_queries(datasette: Any, database: str, actor: Any) -> Any:
     return queries
 
 
-def chart_links(datasette: Any, database: str) -> list[dict[str, str]]:
-    return [
-        {"href": f"{datasette.urls.table(database, chart.name)}#{chart.fragment()}",
-         "label": chart.title}
-        for chart in CHARTS
-    ]
+def dashboard_links(datasette: Any, database: str) -> list[dict[str, str]]:
+    base = datasette.urls.database(database) + "/-/dashboards/"
+    return [{"href": base + dashboard.name, "label": f"Dashboard: {dashboard.title}"}
+            for dashboard in DASHBOARDS]
 
 
 @hookimpl
@@ -319,7 +318,7 @@ def table_actions(datasette: Any, actor: Any, database: str, table: str, request
                  "label": "Every column (benchmark_runs)"}
     else:
         return None
-    return [other, *chart_links(datasette, database)]
+    return [other, *dashboard_links(datasette, database)]
 
 
 @hookimpl
@@ -327,7 +326,7 @@ def database_actions(datasette: Any, actor: Any, database: str, request: Any) ->
     async def links() -> list[dict[str, str]]:
         if not await datasette.get_database(database).table_exists(TABLE):
             return []
-        return chart_links(datasette, database)
+        return dashboard_links(datasette, database)
 
     return links
 

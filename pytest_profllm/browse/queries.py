@@ -1,18 +1,15 @@
-"""The canned queries and prepared charts of the Datasette plugin, as SQL over `benchmark_runs`.
+"""The canned queries of the Datasette plugin, as SQL over `benchmark_runs` (the charts are
+the dashboards', browse/dashboards.py).
 
-Charts run over queries that aggregate to one point per configuration and load: repeats and
-history are combined with a median (`median()`, which the plugin registers on every
-connection), or shown as separate points over time, never summed. Points come from measured
-cases only (`passed`, `failed`): an `error` has no measurement, an `invalid` one measures the
-client. The aggregating queries read the columns of one covering index (`table.SUMMARY_COLUMNS`),
-never the 400-column rows, so they answer in milliseconds at 100,000 runs.
+Queries that aggregate combine repeats and history with a median (`median()`, which the
+plugin registers on every connection), never a sum, over valid measurements only. They read
+the columns of one covering index (`table.SUMMARY_COLUMNS`), never the 400-column rows, so
+they answer in milliseconds at 100,000 runs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
 
 from pytest_profllm.results.landing import HEADLINE_METRICS
 from pytest_profllm.results.table import MEASURED_RUNS, TABLE
@@ -34,115 +31,6 @@ def _number(param: str, default: str = "1e308") -> str:
     # A canned query's parameters arrive as text, empty when the form was not filled in.
     return f"CAST(coalesce(nullif(:{param}, ''), '{default}') AS REAL)"
 
-
-@dataclass(frozen=True)
-class Chart:
-    """A canned query and how datasette-vega draws it (its state lives in the URL fragment)."""
-
-    name: str
-    title: str
-    description: str
-    sql: str
-    mark: str
-    x: tuple[str, str]  # column, vega-lite type
-    y: tuple[str, str]
-    color: str
-
-    def fragment(self) -> str:
-        return urlencode({
-            "g.mark": self.mark,
-            "g.x_column": self.x[0],
-            "g.x_type": self.x[1],
-            "g.y_column": self.y[0],
-            "g.y_type": self.y[1],
-            "g.color_column": self.color,
-        })
-
-    def canned_query(self) -> dict[str, Any]:
-        return {"title": self.title, "description": self.description, "sql": self.sql}
-
-
-def _throughput_against(column: str, name: str, where: str) -> str:
-    return (
-        f"SELECT {SERIES} AS series, {column} AS {name}, "
-        "round(median(output_throughput), 2) AS output_tok_per_s, "
-        "round(median(request_throughput), 3) AS req_per_s, count(*) AS runs "
-        f"FROM {MEASURED_RUNS} WHERE {where} AND output_throughput IS NOT NULL "
-        f"GROUP BY {SERIES_KEY}, workload, bench_request_rate, bench_max_concurrency "
-        f"ORDER BY series, {name}"
-    )
-
-
-CHARTS = (
-    Chart(
-        "chart_throughput_vs_rate",
-        "Chart: output throughput against request rate",
-        "Median output throughput (tokens/s) of each configuration at each finite request "
-        "rate (req/s), over repeats and history.",
-        _throughput_against("bench_request_rate", "request_rate",
-                            "bench_request_rate < 9e999 AND bench_max_concurrency IS NULL"),
-        "line",
-        ("request_rate", "quantitative"),
-        ("output_tok_per_s", "quantitative"),
-        "series",
-    ),
-    Chart(
-        "chart_throughput_vs_concurrency",
-        "Chart: output throughput against concurrency",
-        "Median output throughput (tokens/s) of each configuration at each max_concurrency, "
-        "over repeats and history.",
-        _throughput_against("bench_max_concurrency", "max_concurrency",
-                            "bench_max_concurrency IS NOT NULL"),
-        "line",
-        ("max_concurrency", "quantitative"),
-        ("output_tok_per_s", "quantitative"),
-        "series",
-    ),
-    Chart(
-        "chart_ttft_vs_throughput",
-        "Chart: p99 TTFT against output throughput (Pareto)",
-        "One point per configuration and load: median output throughput (tokens/s) and median "
-        "p99 TTFT (ms) over repeats and history. Down and right is better.",
-        f"SELECT {SERIES} AS series, workload, "
-        "round(median(output_throughput), 2) AS output_tok_per_s, "
-        "round(median(p99_ttft_ms), 2) AS p99_ttft_ms, count(*) AS runs "
-        f"FROM {MEASURED_RUNS} WHERE output_throughput IS NOT NULL "
-        f"AND p99_ttft_ms IS NOT NULL GROUP BY {SERIES_KEY}, workload "
-        "ORDER BY series, output_tok_per_s",
-        "circle",
-        ("output_tok_per_s", "quantitative"),
-        ("p99_ttft_ms", "quantitative"),
-        "series",
-    ),
-    Chart(
-        "chart_latest_session",
-        "Chart: output throughput of the latest session, by case",
-        "Each case of the most recent session: its output throughput (tokens/s), the median "
-        "of its repeats. One bar per case.",
-        f"SELECT configuration || ' :: ' || workload AS case_label, engine, "
-        "round(median(output_throughput), 2) AS output_tok_per_s, count(*) AS runs "
-        f"FROM {MEASURED_RUNS} WHERE session_id = {LATEST_SESSION} "
-        "AND output_throughput IS NOT NULL "
-        "GROUP BY configuration, workload, engine, device ORDER BY case_label",
-        "bar",
-        ("case_label", "nominal"),
-        ("output_tok_per_s", "quantitative"),
-        "engine",
-    ),
-    Chart(
-        "chart_case_history",
-        "Chart: one case's output throughput over time",
-        "Every run of one case (default: the case of the latest run), one point per run.",
-        "SELECT timestamp, session_id, status, round(output_throughput, 2) AS output_tok_per_s, "
-        f"round(p99_ttft_ms, 2) AS p99_ttft_ms FROM {MEASURED_RUNS} WHERE case_id = coalesce("
-        f"nullif(:case_id, ''), (SELECT case_id FROM {TABLE} ORDER BY timestamp DESC LIMIT 1)) "
-        "AND output_throughput IS NOT NULL ORDER BY timestamp",
-        "line",
-        ("timestamp", "temporal"),
-        ("output_tok_per_s", "quantitative"),
-        "status",
-    ),
-)
 
 # The headline metrics the comparisons take medians of (results/landing.py's, with their
 # rounding here): output throughput first, the others in the landing table's order.
@@ -272,5 +160,4 @@ CANNED_QUERIES: dict[str, dict[str, Any]] = {
         f"round(output_throughput, 2) AS output_tok_per_s, {_latency_columns()} FROM {TABLE} "
         "WHERE case_id = :case_id ORDER BY timestamp DESC",
     },
-    **{chart.name: chart.canned_query() for chart in CHARTS},
 }

@@ -9,6 +9,7 @@ so filters, counts and facets over it stay fast at 100,000 runs. How Datasette s
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +37,12 @@ class HeadlineMetric:
     compared_digits: int | None = None
 
 
-# The landing table's columns, in order: who and what, the swept axes, the headline metrics.
-LANDING_IDENTITY = ("run_id", "timestamp", "status", "validity", "suite", "configuration",
-                    "workload", "engine", "device", "server_model", "session_id", "system_host")
+# The landing table's columns, in order: the run and its verdicts, the headline metrics and
+# the axes (all on the first screen), then where and when it ran.
+LANDING_LEAD = ("run_id", "status", "gate", "validity", "suite", "workload")
+LANDING_TAIL = ("failed_verdicts", "gate_changes", "timestamp", "configuration", "engine",
+                "device", "server_model", "session_id", "system_host")
+LANDING_IDENTITY = (*LANDING_LEAD, *LANDING_TAIL)
 HEADLINE_METRICS = (
     HeadlineMetric("request_throughput", "req_per_s", 2, 3),
     HeadlineMetric("output_throughput", "output_tok_per_s", 1, 2),
@@ -51,21 +55,51 @@ HEADLINE_METRICS = (
 )
 # The landing columns Datasette facets on (browse/plugin.py's default facets that the landing
 # table has): indexed, as the swept axes are.
-LANDING_FACETS = ("server_model", "engine", "device", "suite", "status")
+LANDING_FACETS = ("server_model", "engine", "device", "suite", "status", "gate", "validity")
+# Derived from the regression gate's verdicts (the `regression` JSON of benchmark_runs):
+# `gate` is one word (regressed, improved, ok, no baseline; empty where nothing was gated),
+# `gate_changes` says which metrics moved and by how much.
+_VERDICTS = "json_each(CASE WHEN json_valid(regression) THEN regression ELSE '[]' END)"
+_GATE_SQL = (
+    "(SELECT CASE WHEN count(*) = 0 THEN NULL "
+    "WHEN sum(json_extract(value, '$.verdict') = 'regressed') > 0 THEN 'regressed' "
+    "WHEN sum(json_extract(value, '$.verdict') = 'improved') > 0 THEN 'improved' "
+    "WHEN sum(json_extract(value, '$.verdict') = 'no-baseline') = count(*) THEN 'no baseline' "
+    f"ELSE 'ok' END FROM {_VERDICTS})"
+)
+_GATE_CHANGES_SQL = (
+    "(SELECT group_concat(json_extract(value, '$.metric') || ' ' || "
+    "printf('%+.1f%%', 100.0 * json_extract(value, '$.change')), ', ') "
+    f"FROM {_VERDICTS} WHERE json_extract(value, '$.verdict') IN ('regressed', 'improved'))"
+)
+_DERIVED = {"gate": _GATE_SQL, "gate_changes": _GATE_CHANGES_SQL}
+_DERIVED_TYPES = {"gate": "TEXT", "gate_changes": "TEXT"}
 
 
 def landing_axes(swept: list[str]) -> list[str]:
     return [c for c in swept if c not in LANDING_IDENTITY][:MAX_LANDING_AXES]
 
 
+def landing_columns(swept: list[str]) -> list[str]:
+    # The headline metrics before the axes: at 1400 pixels they are on the first screen.
+    return [*LANDING_LEAD, *(metric.name for metric in HEADLINE_METRICS),
+            *landing_axes(swept), *LANDING_TAIL]
+
+
 def landing_sql(swept: list[str]) -> str:
-    columns = [quote(c) for c in LANDING_IDENTITY]
-    columns += [quote(c) for c in landing_axes(swept)]
-    for metric in HEADLINE_METRICS:
-        columns.append(f"{quote(metric.column)} AS {quote(metric.name)}" if metric.digits is None
-                       else f"round({quote(metric.column)}, {metric.digits}) AS "
-                       f"{quote(metric.name)}")
-    columns.append("[failed_verdicts]")
+    metrics = {metric.name: metric for metric in HEADLINE_METRICS}
+    columns = []
+    for name in landing_columns(swept):
+        if name in _DERIVED:
+            columns.append(f"{_DERIVED[name]} AS {quote(name)}")
+        elif name in metrics:
+            metric = metrics[name]
+            columns.append(f"{quote(metric.column)} AS {quote(metric.name)}"
+                           if metric.digits is None
+                           else f"round({quote(metric.column)}, {metric.digits}) AS "
+                           f"{quote(metric.name)}")
+        else:
+            columns.append(quote(name))
     return f"SELECT {', '.join(columns)} FROM [{TABLE}]"
 
 
@@ -73,8 +107,7 @@ def refresh_landing(db: Any, swept: list[str], fresh: list[str], rebuild: bool) 
     """Brings the landing table up to date in a load's transaction (`db`: a sqlite-utils
     Database): rebuilt where asked (`rebuild`: the swept axes changed) or where its columns are
     not the expected ones, else the rows of the `fresh` run ids replaced."""
-    expected = [*LANDING_IDENTITY, *landing_axes(swept),
-                *(metric.name for metric in HEADLINE_METRICS), "failed_verdicts"]
+    expected = landing_columns(swept)
     existing = [row[1] for row in db.conn.execute(f"PRAGMA table_info([{LANDING}])")]
     is_table = db.conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (LANDING,)
@@ -86,12 +119,10 @@ def refresh_landing(db: Any, swept: list[str], fresh: list[str], rebuild: bool) 
         if kind is not None:  # a view where an older store made one
             db.conn.execute(f"DROP {kind[0].upper()} [{LANDING}]")
         declared = {row[1]: row[2] for row in db.conn.execute(f"PRAGMA table_info([{TABLE}])")}
-        columns = [f"{quote(name)} {declared.get(name, '')}" for name in LANDING_IDENTITY]
+        metrics = {metric.name: metric.column for metric in HEADLINE_METRICS}
+        columns = [f"{quote(name)} " + (_DERIVED_TYPES.get(name) or declared.get(
+            metrics.get(name, name), "REAL" if name in metrics else "")) for name in expected]
         columns[0] += " PRIMARY KEY"
-        columns += [f"{quote(name)} {declared.get(name, '')}" for name in landing_axes(swept)]
-        columns += [f"{quote(metric.name)} {declared.get(metric.column, 'REAL')}"
-                    for metric in HEADLINE_METRICS]
-        columns.append("[failed_verdicts] TEXT")
         db.conn.execute(f"CREATE TABLE [{LANDING}] ({', '.join(columns)})")
         db.conn.execute(f"INSERT INTO [{LANDING}] {landing_sql(swept)}")
         for column in ("timestamp", *LANDING_FACETS, *landing_axes(swept)):
@@ -118,57 +149,127 @@ def refresh_landing(db: Any, swept: list[str], fresh: list[str], rebuild: bool) 
 
 
 class SweptAxes:
-    """Which `server_*` / `bench_*` columns took more than one value: the swept axes."""
+    """Which `server_*` / `bench_*` columns are a suite's axes: those the suite file declares
+    as axes (a list; the record's `axes`), and those that took more than one value within one
+    suite. An argument that merely differs between suites (one suite sets `block_size`,
+    another keeps the default) is no axis of either. Kept per suite in `benchmark_axes`."""
 
-    def __init__(self, first: dict[str, Any], swept: set[str]) -> None:
+    def __init__(self, first: dict[tuple[str, str], Any], swept: set[tuple[str, str]],
+                 declared: set[tuple[str, str]]) -> None:
         self.first = first
         self._swept = swept
+        self._declared = declared
         self._changed = False
 
     @classmethod
     def read(cls, db: Any) -> SweptAxes:
+        existing = [row[1] for row in db.conn.execute(f"PRAGMA table_info([{AXES_TABLE}])")]
+        if existing and "suite" not in existing:
+            # Tracked across all suites by an older store: read again, per suite, for the
+            # columns that varied at all (only they can vary within a suite).
+            older = [row[0] for row in db.conn.execute(
+                f"SELECT [column] FROM [{AXES_TABLE}] WHERE swept")]
+            db.conn.execute(f"DROP TABLE [{AXES_TABLE}]")
+            axes = cls._create(db)
+            columns = [c for c in older if c in _table_columns(db)]
+            if columns:
+                axes.see(columns, db.conn.execute(
+                    f"SELECT DISTINCT suite, NULL, {', '.join(quote(c) for c in columns)} "
+                    f"FROM [{TABLE}]").fetchall())
+            return axes
+        return cls._create(db)
+
+    @classmethod
+    def _create(cls, db: Any) -> SweptAxes:
         db.conn.execute(
-            f"CREATE TABLE IF NOT EXISTS [{AXES_TABLE}] "
-            "([column] TEXT PRIMARY KEY, first_value, swept INTEGER NOT NULL)"
+            f"CREATE TABLE IF NOT EXISTS [{AXES_TABLE}] (suite TEXT NOT NULL, [column] TEXT "
+            "NOT NULL, first_value, swept INTEGER NOT NULL, declared INTEGER NOT NULL, "
+            "PRIMARY KEY (suite, [column]))"
         )
-        first, swept = {}, set()
-        for column, value, is_swept in db.conn.execute(f"SELECT * FROM [{AXES_TABLE}]"):
-            first[column] = value
+        first, swept, declared = {}, set(), set()
+        for suite, column, value, is_swept, is_declared in db.conn.execute(
+            f"SELECT suite, [column], first_value, swept, declared FROM [{AXES_TABLE}]"
+        ):
+            first[(suite, column)] = value
             if is_swept:
-                swept.add(column)
-        return cls(first, swept)
+                swept.add((suite, column))
+            if is_declared:
+                declared.add((suite, column))
+        axes = cls(first, swept, declared)
+        axes._changed = False
+        return axes
 
     def watched(self, columns: list[str]) -> list[str]:
-        """The columns that may be swept axes and are not known to be yet."""
-        return [column for column in columns
-                if column.startswith(("server_", "bench_")) and column not in self._swept]
+        """The columns that may be axes."""
+        return [column for column in columns if column.startswith(("server_", "bench_"))]
 
-    def see(self, columns: list[str], distinct_rows: list[tuple[Any, ...]]) -> None:
-        """Takes note of the distinct values of `columns` in rows being loaded."""
-        for column, seen in zip(columns, zip(*distinct_rows, strict=True), strict=True):
-            if column not in self.first:
-                self.first[column] = seen[0]
-                self._changed = True
-            if len(set(seen) | {self.first[column]}) > 1:
-                self._swept.add(column)
-                self._changed = True
+    def see(self, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+        """Takes note of distinct rows being loaded: (suite, axes, *values of `columns`);
+        `axes` is the record's JSON list of its suite's declared axes (or NULL)."""
+        for suite_value, declared, *values in rows:
+            suite = "" if suite_value is None else str(suite_value)
+            for column in _declared(declared):
+                if (suite, column) not in self._declared:
+                    self._declared.add((suite, column))
+                    self._changed = True
+            for column, value in zip(columns, values, strict=True):
+                key = (suite, column)
+                if key not in self.first:
+                    self.first[key] = value
+                    self._changed = True
+                elif key not in self._swept and self.first[key] != value:
+                    self._swept.add(key)
+                    self._changed = True
 
     def swept(self) -> list[str]:
-        return sorted(self._swept)
+        """The axes, most telling first: declared by a suite file (by how many suites), then
+        varied within a suite; never a JSON-valued column (a mapping is not a position on an
+        axis, and as a facet it is a page of text)."""
+        json_valued = {column for (_, column), value in self.first.items()
+                       if isinstance(value, str) and value[:1] in ("{", "[")}
+        declared: dict[str, int] = {}
+        for _, column in self._declared:
+            declared[column] = declared.get(column, 0) + 1
+        varied = {column for _, column in self._swept}
+        order = sorted(declared, key=lambda c: (-declared[c], c))
+        order += sorted(varied - set(declared))
+        return [c for c in order if c not in json_valued]
 
     def write(self, db: Any) -> bool:
         if self._changed:
             db.conn.executemany(
-                f"INSERT OR REPLACE INTO [{AXES_TABLE}] VALUES (?, ?, ?)",
-                [(name, value, name in self._swept) for name, value in self.first.items()],
+                f"INSERT OR REPLACE INTO [{AXES_TABLE}] VALUES (?, ?, ?, ?, ?)",
+                [(suite, column, value, key in self._swept, key in self._declared)
+                 for key, value in self.first.items() for suite, column in (key,)]
+                + [(suite, column, None, False, True) for suite, column in self._declared
+                   if (suite, column) not in self.first],
             )
         return self._changed
 
 
-def swept_axes(connection: Any) -> list[str]:
-    """The swept axes recorded in a database (empty where there is no axes table)."""
-    try:
-        rows = connection.execute(f"SELECT [column] FROM [{AXES_TABLE}] WHERE swept ORDER BY 1")
-    except Exception:  # no such table: a database loaded before axes were tracked
+def _declared(value: Any) -> list[str]:
+    if not isinstance(value, str) or not value.startswith("["):
         return []
-    return [row[0] for row in rows]
+    try:
+        names = json.loads(value)
+    except ValueError:
+        return []
+    return [name for name in names if isinstance(name, str)]
+
+
+def _table_columns(db: Any) -> set[str]:
+    return {row[1] for row in db.conn.execute(f"PRAGMA table_info([{TABLE}])")}
+
+
+def swept_axes(connection: Any) -> list[str]:
+    """The axes recorded in a database (empty where there is no axes table), in the order
+    SweptAxes.swept gives them."""
+    try:
+        rows = connection.execute(
+            f"SELECT suite, [column], first_value, swept, declared FROM [{AXES_TABLE}]"
+        ).fetchall()
+    except Exception:  # no such table, or an older one: a database loaded before
+        return []
+    first = {(suite, column): value for suite, column, value, _, _ in rows}
+    return SweptAxes(first, {(r[0], r[1]) for r in rows if r[3]},
+                     {(r[0], r[1]) for r in rows if r[4]}).swept()

@@ -72,6 +72,9 @@ class RunConfig(BaseModel):
     benchmark: dict[str, Any]
     # Which registry `server` comes from: vLLM version, source (bundled, live) and option count.
     engine_args: dict[str, Any] | None = None
+    # The suite's axes this case is a point of (`server.max_num_seqs`, `benchmark.request_rate`):
+    # the landing table shows them first.
+    axes: list[str] | None = None
 
 
 class SystemInfo(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -169,8 +170,19 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         record.get("profiling"),
         record.get("regression"),
         failed or None,
+        _axes_columns((record.get("config") or {}).get("axes")),
         digest,
     )
+
+
+def _axes_columns(axes: Any) -> str | None:
+    """The record's declared axes (`server.max_num_seqs`) as the columns that hold them."""
+    if not isinstance(axes, list) or not axes:
+        return None
+    prefixes = {"server": "server_", "benchmark": "bench_"}
+    columns = [prefixes[block] + key for block, _, key in (str(a).partition(".") for a in axes)
+               if block in prefixes and key]
+    return json.dumps(columns) if columns else None
 
 
 @functools.cache

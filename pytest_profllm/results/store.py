@@ -153,8 +153,12 @@ class Load:
                            + staged.select(staged.columns, where))
         watched = self.axes.watched(staged.columns)
         if watched:
-            self.axes.see(watched, connection.execute(
-                staged.select(watched, where, distinct=True)).fetchall())
+            # Per suite, with the suite's declared axes (records before `axes` have none).
+            lead = ["suite", "axes"] if "axes" in staged.columns else ["suite"]
+            rows = connection.execute(
+                staged.select([*lead, *watched], where, distinct=True)).fetchall()
+            self.axes.see(watched, rows if len(lead) == 2 else [(r[0], None, *r[1:])
+                                                                for r in rows])
         self._fresh += [staged.run_ids[at] for at in keep]
 
     def add_gates(self, runs: list[GateRows]) -> None:

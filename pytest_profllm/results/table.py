@@ -64,6 +64,8 @@ FIXED_COLUMNS: dict[str, str] = {
     "profiling": "TEXT",
     "regression": "TEXT",
     "failed_verdicts": "TEXT",
+    # The suite's declared axes, as column names (JSON): the landing table shows them first.
+    "axes": "TEXT",
     # A digest of the record's file: loading the same file again is recognised as unchanged
     # (without reading it: ingest digests the bytes and skips a file whose digest is stored).
     "record_digest": "TEXT",

@@ -120,6 +120,7 @@ def _config(case: Case, engine: EngineChoice) -> dict[str, Any]:
         "server": redact(registry.complete(case.server)),
         "benchmark": case.benchmark.model_dump(mode="json"),
         "engine_args": registry.describe(),
+        "axes": [key for key, _ in case.axis_values],
     }
 
 
