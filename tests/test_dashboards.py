@@ -324,8 +324,9 @@ def test_all_sessions_draw_the_newest_apart_and_say_so(
     sessions = {r["session"] for chart in shown.charts.values() for r in values(chart)}
     assert sessions == {"s2"}
     assert shown.notes == [
-        "More than 1 sessions match: the 1 newest with valid measurements are drawn apart; "
-        "pick sessions, or blend them, for others."]
+        "More sessions match than a page draws apart: the 1 newest with valid measurements "
+        "are drawn (at most 1 sessions, 1500 points); pick sessions, or blend them, for "
+        "others."]
     # A filter that only the older session meets finds it, however far back it is.
     older = view(connection, "load", "session=all&min.output_throughput=500&f.suite=rates")
     assert {r["session"] for chart in older.charts.values() for r in values(chart)} == {"s1"}

@@ -225,8 +225,8 @@ def test_charts_over_two_sessions_of_a_case_show_per_run_values_not_their_sum(
     assert [(row["session"], row["value"]) for row in history] == [("s1", 110.0), ("s2", 210.0)]
     # Case B's run of s2 is an `error`: its figures are no data point (issue 22).
     latest = points_of(results_db, "load")
-    assert {(row["configuration"], row["output_throughput"]) for row in latest} == {
-        (CASE_A.rsplit("::", 1)[0], 210.0)}
+    assert {(row["session"], row["workload"], row["output_throughput"]) for row in latest} == {
+        ("s2", CASE_A.rsplit("::", 1)[1], 210.0)}
     # Both sessions, drawn apart: one point per configuration, load and session.
     both = points_of(results_db, "load", "session=all")
     assert sorted((row["session"], row["output_throughput"]) for row in both) == [

@@ -24,6 +24,7 @@ from pytest_profllm.results.landing import LANDING
 WRITE_ACTION = "profllm-upload"
 
 _memo = filters.DatabaseMemo()
+PANEL_SESSIONS = 50
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,13 @@ def schema_of(database: Any, connection: sqlite3.Connection) -> Schema:
 def _panel(connection: sqlite3.Connection, schema: Schema,
            selection: Selection) -> tuple[list[FilterWidget], list[RangeWidget]]:
     """The filter panel's widgets: a multi-select per categorical column and swept axis,
-    offering the values found in the selected sessions."""
+    offering the values found in the selected sessions (with all sessions selected, in the
+    newest PANEL_SESSIONS of them: counting values over every run of a big database takes
+    seconds)."""
     sessions = selection.session_ids(schema)
-    where, params = ("1", []) if sessions is None else (
-        f"session_id IN ({', '.join('?' for _ in sessions)})", list(sessions))
+    if sessions is None:
+        sessions = [s.session_id for s in schema.sessions[:PANEL_SESSIONS]]
+    where, params = f"session_id IN ({', '.join('?' for _ in sessions)})", list(sessions)
     columns = [*filters.FIXED_FILTERS]
     columns += [(axis, axis.removeprefix("server_").removeprefix("bench_"))
                 for axis in schema.axes if axis not in dict(filters.FIXED_FILTERS)]

@@ -45,8 +45,10 @@ HISTORY_METRICS = (*POINT_METRICS, ("median_itl_ms", "median ITL (ms)"),
 INF_LABEL = "inf"
 # The load dashboard draws the most recent suites of a selection, this many at most.
 MAX_SUITES = 6
-# Sessions drawn apart (each its own series) on one page, at most.
+# Sessions drawn apart (each its own series) on one page, at most, and the points they may
+# bring (whole sessions are drawn: the newest until this many points are reached).
 MAX_SESSIONS = 12
+MAX_POINTS = 1500
 # The regression gate's verdicts (gates/verdict.py), each always the same colour.
 _VERDICT_COLOURS = {
     "domain": ["regressed", "improved", "unchanged", "no-baseline", "no verdict"],
@@ -139,7 +141,7 @@ def load_points(connection: sqlite3.Connection, schema: Schema, selection: Selec
     found: list[str] = []
     dropped = False
     at, size = 0, 16
-    while at < len(sessions) and len(found) < MAX_SESSIONS:
+    while at < len(sessions) and len(found) < MAX_SESSIONS and len(points) < MAX_POINTS:
         chunk = sessions[at:at + size]
         at, size = at + size, min(size * 2, 512)
         marks = ", ".join("?" for _ in chunk)
@@ -148,15 +150,15 @@ def load_points(connection: sqlite3.Connection, schema: Schema, selection: Selec
                                     f"session_id IN ({marks}) AND {conditions}",
                                     [*chunk, *params]), key=lambda p: rank[p.session]):
             if point.session not in found:
-                if len(found) == MAX_SESSIONS:
+                if len(found) == MAX_SESSIONS or (found and len(points) >= MAX_POINTS):
                     dropped = True
                     continue
                 found.append(point.session)
             points.append(point)
-    if (dropped or at < len(sessions)) and len(found) == MAX_SESSIONS and notes is not None:
-        notes.append(f"More than {MAX_SESSIONS} sessions match: the {MAX_SESSIONS} newest with "
-                     "valid measurements are drawn apart; pick sessions, or blend them, for "
-                     "others.")
+    if dropped and notes is not None:
+        notes.append(f"More sessions match than a page draws apart: the {len(found)} newest "
+                     f"with valid measurements are drawn (at most {MAX_SESSIONS} sessions, "
+                     f"{MAX_POINTS} points); pick sessions, or blend them, for others.")
     return points
 
 
@@ -348,8 +350,8 @@ def load_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Se
         key=lambda item: (order[item[0][0]], item[0][1]),
     ):
         names = series_names({key: members[0].context for key, members in series.items()})
-        rows = [_point_row(p, names[key], axis) for key, members in series.items()
-                for p in members]
+        points_rows = [_point_row(p, names[key], axis) for key, members in series.items()
+                       for p in members]
         x = charts.field("load", "ordinal", axis.replace("_", " ") + (
             " (req/s)" if axis == "request_rate" else " (requests in flight)"),
             sort={"field": "load_order"}, axis={"labelAngle": 0})
@@ -361,6 +363,11 @@ def load_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Se
             if metric not in schema.types:
                 continue
             chart_id = f"load-{_slug(suite)}-{axis}-{metric}"
+            # Each chart carries the fields it draws and shows, no more: a page of many
+            # sessions is megabytes otherwise.
+            keep = ("series", "workload", "load", "load_order", metric, "runs", "session",
+                    "run_id")
+            rows = [{k: row.get(k) for k in keep} for row in points_rows]
             view.add(chart_id, charts.spec(
                 rows, title=f"{prefix}{label} against {axis.replace('_', ' ')}",
                 mark={"type": "line", "point": {"size": 70}, "tooltip": True},

@@ -21,7 +21,7 @@ from urllib.parse import quote
 from datasette import hookimpl
 from datasette.utils import tilde_encode
 
-from pytest_profllm.browse import dashboard_pages, sql_functions
+from pytest_profllm.browse import dashboard_pages, run_views, sql_functions
 from pytest_profllm.browse.dashboards import DASHBOARDS
 from pytest_profllm.browse.queries import CANNED_QUERIES
 from pytest_profllm.hosts.files import read_only_uri
@@ -341,7 +341,7 @@ def extra_css_urls(database: str | None, table: str | None) -> list[str]:
 @hookimpl
 def register_routes() -> list[tuple[str, Any]]:
     # Our prepared pages, each module's own routes.
-    return [*dashboard_pages.ROUTES]
+    return [*dashboard_pages.ROUTES, *run_views.ROUTES]
 
 
 @hookimpl

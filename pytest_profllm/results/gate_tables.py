@@ -17,10 +17,11 @@ Loading is an upsert keyed by run_id, in one `BEGIN IMMEDIATE` transaction, as t
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,14 @@ SAMPLES = "request_samples"
 VERDICTS = "regression_verdicts"
 CHANGE_POINTS = "change_points"
 FINGERPRINTS = "gate_fingerprints"
+# Not the gate's, but kept the same way (every run's rows, by session and by ingest alike):
+# the run over time, from its record's `series`, for the run page.
+SERIES = "run_series"
+SERIES_COLUMNS = (
+    "t_s", "request_throughput", "output_throughput", "running", "waiting", "kv_cache_usage",
+    "gpu_utilization", "gpu_memory_mib", "gpu_power_w", "server_cpu_percent",
+    "server_rss_mib", "client_cpu_percent",
+)
 _BUSY_TIMEOUT_MS = 30_000
 
 _SCHEMA = f"""
@@ -55,6 +64,10 @@ CREATE TABLE IF NOT EXISTS [{VERDICTS}] (
     higher_is_better INTEGER, baseline REAL, value REAL, change REAL, ci_low REAL, ci_high REAL,
     confidence REAL, samples INTEGER, baseline_samples INTEGER, baseline_session TEXT,
     PRIMARY KEY (run_id, metric)
+);
+CREATE TABLE IF NOT EXISTS [{SERIES}] (
+    run_id TEXT, point INTEGER, {", ".join(f"{name} REAL" for name in SERIES_COLUMNS)},
+    PRIMARY KEY (run_id, point)
 );
 CREATE TABLE IF NOT EXISTS [{CHANGE_POINTS}] (
     fingerprint TEXT, case_id TEXT, metric TEXT, run_id TEXT, session_id TEXT, timestamp TEXT,
@@ -152,6 +165,7 @@ class GateRows:
     samples: list[tuple[Any, ...]] | None
     verdicts: list[tuple[Any, ...]]
     parts: tuple[str, str]  # (fingerprint, its parts as canonical JSON)
+    series: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 def gate_rows(
@@ -198,7 +212,16 @@ def gate_rows(
         for v in record.get("regression") or []
     ]
     samples = None if requests is None else sample_rows(record["run_id"], requests)
-    return GateRows(record["run_id"], run, samples, verdicts, (with_version, parts))
+    series = [(record["run_id"], point, *(_finite(values.get(name)) for name in SERIES_COLUMNS))
+              for point, values in enumerate(record.get("series") or [])
+              if isinstance(values, dict)]
+    return GateRows(record["run_id"], run, samples, verdicts, (with_version, parts), series)
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def create(db: sqlite3.Connection) -> None:
@@ -236,6 +259,11 @@ def write(db: sqlite3.Connection, runs: Iterable[GateRows]) -> int:
     db.executemany(
         f"INSERT INTO [{SAMPLES}] VALUES (?,?,?,?,?,?,?,?)",
         [sample for rows in sampled for sample in rows.samples or ()],
+    )
+    db.executemany(f"DELETE FROM [{SERIES}] WHERE run_id = ?", [(r.run_id,) for r in runs])
+    db.executemany(
+        f"INSERT INTO [{SERIES}] VALUES ({', '.join('?' * (len(SERIES_COLUMNS) + 2))})",
+        [point for rows in runs for point in rows.series],
     )
     return len(runs)
 

@@ -196,6 +196,10 @@ class BenchmarkRecord(BaseModel):
     # before it existed get it from their status and results (`normalize`).
     validity: Validity | None = None
     validity_reasons: list[str] = Field(default_factory=list)
+    # The run over time, from the telemetry sampled during its load (run/telemetry.py
+    # `series`: seconds from the start, throughput, queues, KV cache, GPU or CPU and memory),
+    # at most 300 points: the run page's time series (table `run_series`).
+    series: list[dict[str, float | None]] = Field(default_factory=list)
 
 
 def measurement_validity(

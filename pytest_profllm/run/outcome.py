@@ -49,6 +49,7 @@ class CaseOutcome:
     server: ServerProcess | None = None
     error: str | None = None
     telemetry: dict[str, float | int | None] = field(default_factory=dict)
+    series: list[dict[str, float | None]] = field(default_factory=list)
     profiling: dict[str, Any] | None = None
     # Set when the figures do not measure the server: token counts that cannot be believed,
     # or a client that set the pace.
@@ -93,6 +94,7 @@ class CaseOutcome:
             regression=self.regression,
             validity="invalid" if (reasons := self._invalid_because(message)) else "valid",
             validity_reasons=reasons,
+            series=self.series,
         )
         return record.model_dump(mode="json")
 

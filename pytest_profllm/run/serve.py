@@ -92,6 +92,7 @@ def _load(
     ):
         load = asyncio.run(_load_while_alive(server, run_load(settings, prompts)))
     outcome.telemetry = sampler.summary()
+    outcome.series = sampler.series()
     outcome.requests = [
         request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
     ]

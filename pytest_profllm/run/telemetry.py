@@ -37,6 +37,12 @@ class Sample:
     server: ProcessReading | None
     client: ProcessReading | None
     kv_cache_usage: float | None  # vLLM's vllm:kv_cache_usage_perc, a fraction (1 = full)
+    # vLLM's gauges of the scheduler's queues, and its counters of finished requests and
+    # generated tokens (rates between samples are the throughput over the run).
+    running: float | None = None
+    waiting: float | None = None
+    requests_done: float | None = None
+    tokens_generated: float | None = None
 
 
 class _TreeMeter:
@@ -104,6 +110,18 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+REQUESTS_DONE = "vllm:request_success_total"
+TOKENS_GENERATED = "vllm:generation_tokens_total"
+# The record keeps the series over the run at most this many points (a long run's samples
+# are averaged in equal stretches): a run page's charts, not a trace.
+MAX_SERIES_POINTS = 300
+SERIES_FIELDS = (
+    "t_s", "request_throughput", "output_throughput", "running", "waiting", "kv_cache_usage",
+    "gpu_utilization", "gpu_memory_mib", "gpu_power_w", "server_cpu_percent",
+    "server_rss_mib", "client_cpu_percent",
+)
 
 
 def server_metric_deltas(
@@ -181,6 +199,69 @@ def summarize(samples: Sequence[Sample], interval_s: float) -> dict[str, float |
     }
 
 
+def series(samples: Sequence[Sample], max_points: int = MAX_SERIES_POINTS
+           ) -> list[dict[str, float | None]]:
+    """The run over time, for its page: one point per sample (seconds from the first), the
+    throughput as the counters' rate since the sample before; averaged down to `max_points`.
+    GPU figures follow summarize's rules (utilisation a mean, memory the fullest GPU, power
+    the total); they are null without NVML."""
+    if not samples:
+        return []
+    start = samples[0].at
+    points: list[dict[str, float | None]] = []
+    for before, sample in zip([None, *samples[:-1]], samples, strict=True):
+        elapsed = sample.at - before.at if before is not None else 0.0
+        gpus = sample.gpus
+
+        def gpu(pick: Callable[[GpuReading], float | None], combine: str,
+                readings: Sequence[GpuReading] = gpus) -> float | None:
+            known = [v for v in (pick(g) for g in readings) if v is not None]
+            if not known:
+                return None
+            return max(known) if combine == "max" else sum(known) if combine == "sum" else (
+                statistics.fmean(known))
+
+        points.append({
+            "t_s": sample.at - start,
+            "request_throughput": _rate(before.requests_done if before else None,
+                                        sample.requests_done, elapsed),
+            "output_throughput": _rate(before.tokens_generated if before else None,
+                                       sample.tokens_generated, elapsed),
+            "running": sample.running,
+            "waiting": sample.waiting,
+            "kv_cache_usage": sample.kv_cache_usage,
+            "gpu_utilization": gpu(lambda g: g.utilization, "mean"),
+            "gpu_memory_mib": gpu(lambda g: g.memory_used_mib, "max"),
+            "gpu_power_w": gpu(lambda g: g.power_w, "sum"),
+            "server_cpu_percent": sample.server.cpu_percent if sample.server else None,
+            "server_rss_mib": sample.server.rss_mib if sample.server else None,
+            "client_cpu_percent": sample.client.cpu_percent if sample.client else None,
+        })
+    return _downsample(points, max_points)
+
+
+def _rate(before: float | None, after: float | None, elapsed: float) -> float | None:
+    if before is None or after is None or elapsed <= 0:
+        return None
+    return max(0.0, (after - before) / elapsed)
+
+
+def _downsample(points: list[dict[str, float | None]], max_points: int
+                ) -> list[dict[str, float | None]]:
+    if len(points) <= max_points:
+        return points
+    out = []
+    for index in range(max_points):
+        stretch = points[index * len(points) // max_points:
+                         (index + 1) * len(points) // max_points]
+        averaged: dict[str, float | None] = {}
+        for name in SERIES_FIELDS:
+            known = [p[name] for p in stretch if p[name] is not None]
+            averaged[name] = statistics.fmean(v for v in known if v is not None) if known else None
+        out.append(averaged)
+    return out
+
+
 def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
@@ -254,25 +335,31 @@ class Sampler:
             **server_metric_deltas(self.metrics_before, self.metrics_after),
         }
 
+    def series(self) -> list[dict[str, float | None]]:
+        return series(self.samples)
+
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._take()
 
     def _take(self) -> None:
         began = time.perf_counter()
-        kv = None
+        scraped: dict[str, float] = {}
         if self.metrics_url:
             scraped = scrape_metrics(
                 self.metrics_url, timeout=min(self.interval_s, 1.0), session=self._http
-            )
-            kv = scraped.get(KV_CACHE_USAGE) if scraped else None
+            ) or {}
         self.samples.append(
             Sample(
                 at=time.monotonic(),
                 gpus=self.gpus.read() if self.gpus is not None else (),
                 server=self._server.read() if self._server is not None else None,
                 client=self._client.read() if self._client is not None else None,
-                kv_cache_usage=kv,
+                kv_cache_usage=scraped.get(KV_CACHE_USAGE),
+                running=scraped.get(RUNNING),
+                waiting=scraped.get(WAITING),
+                requests_done=scraped.get(REQUESTS_DONE),
+                tokens_generated=scraped.get(TOKENS_GENERATED),
             )
         )
         self.sample_seconds += time.perf_counter() - began

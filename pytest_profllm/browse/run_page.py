@@ -1,0 +1,343 @@
+"""A run's page, `/{database}/-/run/{run_id}`: its verdicts and why, its configuration (the
+arguments that differ from vLLM's defaults first), its workload and headline metrics, the
+distributions of its per-request latencies, its telemetry over time, and its files.
+
+`run_page` reads it all from a sqlite3 connection (tested without a browser); `run_files`
+finds the run's files in the results folder and nowhere else (browse/downloads.py serves
+them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pytest_profllm.browse import charts
+from pytest_profllm.engine.registry import RegistryError, bundled
+from pytest_profllm.results.gate_tables import RUNS, SAMPLES, SERIES, SERIES_COLUMNS, VERDICTS
+from pytest_profllm.results.table import TABLE
+
+# The headline figures, with their units, in the order a reader wants them.
+HEADLINES = (
+    ("request_throughput", "request throughput", "req/s"),
+    ("output_throughput", "output throughput", "tok/s"),
+    ("total_token_throughput", "total token throughput", "tok/s"),
+    ("median_ttft_ms", "median TTFT", "ms"),
+    ("p99_ttft_ms", "p99 TTFT", "ms"),
+    ("median_tpot_ms", "median TPOT", "ms"),
+    ("p99_tpot_ms", "p99 TPOT", "ms"),
+    ("median_itl_ms", "median ITL", "ms"),
+    ("p99_itl_ms", "p99 ITL", "ms"),
+    ("median_e2el_ms", "median E2EL", "ms"),
+    ("p99_e2el_ms", "p99 E2EL", "ms"),
+    ("completed", "requests completed", ""),
+    ("failed", "requests failed", ""),
+    ("duration", "benchmark duration", "s"),
+    ("tokens_per_second", "offline throughput", "tok/s"),
+    ("avg_latency_ms", "offline batch latency", "ms"),
+)
+DISTRIBUTIONS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"),
+                 ("e2el_ms", "E2EL"))
+PERCENTILES = (50, 90, 99)
+BINS = 40
+# Values of these arguments say nothing about the configuration (and some are secrets,
+# already redacted in the record): never listed as a difference from the defaults.
+_NOT_CONFIGURATION = {"api_key", "port", "host"}
+
+
+@dataclass
+class RunPage:
+    run_id: str
+    row: dict[str, Any]
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    gate: list[dict[str, Any]] = field(default_factory=list)
+    baseline_runs: list[str] = field(default_factory=list)
+    validity_reasons: list[str] = field(default_factory=list)
+    changed: list[tuple[str, Any, Any]] = field(default_factory=list)  # name, value, default
+    configuration: list[tuple[str, Any]] = field(default_factory=list)
+    workload: list[tuple[str, Any]] = field(default_factory=list)
+    headlines: list[tuple[str, str, str]] = field(default_factory=list)  # label, value, unit
+    system: list[tuple[str, Any]] = field(default_factory=list)
+    charts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    captions: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, chart_id: str, spec: dict[str, Any], caption: str) -> None:
+        self.charts[chart_id] = spec
+        self.captions[chart_id] = caption
+
+    def section(self, prefix: str) -> list[tuple[str, str]]:
+        """The charts (id, caption) of one section of the page."""
+        return [(key, caption) for key, caption in self.captions.items()
+                if key.startswith(prefix)]
+
+
+def _exists(connection: sqlite3.Connection, table: str) -> bool:
+    return connection.execute("SELECT 1 FROM sqlite_master WHERE name = ?",
+                              (table,)).fetchone() is not None
+
+
+def _json(value: Any, default: Any) -> Any:
+    if not isinstance(value, str):
+        return default
+    try:
+        return json.loads(value)
+    except ValueError:
+        return default
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf"
+        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    if value is None:
+        return "-"
+    return str(value)
+
+
+def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
+    """Everything the page shows, or None where there is no such run."""
+    cursor = connection.execute(f"SELECT * FROM [{TABLE}] WHERE run_id = ?", (run_id,))
+    found = cursor.fetchone()
+    if found is None:
+        return None
+    row = dict(zip((d[0] for d in cursor.description), found, strict=True))
+    page = RunPage(run_id, row)
+    page.verdicts = _json(row.get("verdicts"), [])
+    page.validity_reasons = _json(row.get("validity_reasons"), [])
+    _gate(connection, page)
+    _configuration(page)
+    page.workload = [(name.removeprefix("bench_"), _shown(value)) for name, value in row.items()
+                     if name.startswith("bench_") and value not in (None, "", "[]", "{}")]
+    page.headlines = [(label, _shown(row[name]), unit) for name, label, unit in HEADLINES
+                      if row.get(name) is not None]
+    page.system = [(name, _shown(value)) for name, value in row.items()
+                   if name.startswith(("system_", "runtime_")) and value not in (None, "", "[]")]
+    _distributions(connection, page)
+    _series(connection, page)
+    return page
+
+
+def _gate(connection: sqlite3.Connection, page: RunPage) -> None:
+    if _exists(connection, VERDICTS):
+        cursor = connection.execute(f"SELECT * FROM [{VERDICTS}] WHERE run_id = ? "
+                                    "ORDER BY metric", (page.run_id,))
+        names = [d[0] for d in cursor.description]
+        page.gate = [dict(zip(names, r, strict=True)) for r in cursor]
+    else:
+        page.gate = _json(page.row.get("regression"), [])
+    sessions = {str(v["baseline_session"]) for v in page.gate if v.get("baseline_session")}
+    if sessions and _exists(connection, RUNS):
+        fingerprint = connection.execute(f"SELECT fingerprint FROM [{RUNS}] WHERE run_id = ?",
+                                         (page.run_id,)).fetchone()
+        if fingerprint is not None:
+            marks = ", ".join("?" for _ in sessions)
+            page.baseline_runs = [r[0] for r in connection.execute(
+                f"SELECT run_id FROM [{RUNS}] WHERE fingerprint = ? AND session_id IN ({marks}) "
+                "ORDER BY timestamp", (fingerprint[0], *sorted(sessions)))]
+
+
+def _configuration(page: RunPage) -> None:
+    try:
+        defaults = bundled().defaults()
+    except RegistryError:
+        defaults = {}
+    for name, value in page.row.items():
+        if not name.startswith("server_"):
+            continue
+        argument = name.removeprefix("server_")
+        page.configuration.append((argument, _shown(value)))
+        if argument in _NOT_CONFIGURATION or argument not in defaults:
+            continue
+        default = defaults[argument]
+        if not _same(value, default):
+            page.changed.append((argument, _shown(value), _shown(_stored(default))))
+
+
+def _stored(value: Any) -> Any:
+    """A default as the table stores it: containers as JSON, booleans as 0/1."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, list | dict):
+        return json.dumps(value, separators=(",", ":"), sort_keys=True) if value else None
+    return value
+
+
+def _same(value: Any, default: Any) -> bool:
+    stored = _stored(default)
+    if value == stored:
+        return True
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        return bool(_json(value, object()) == default)
+    if isinstance(value, int | float) and isinstance(stored, int | float):
+        return float(value) == float(stored)
+    if value in (None, "") and stored in (None, ""):
+        return True
+    # A column typed by its values holds a number as text, or text a number.
+    return str(value) == str(stored)
+
+
+def _distributions(connection: sqlite3.Connection, page: RunPage) -> None:
+    if not _exists(connection, SAMPLES):
+        page.notes.append("No per-request samples in this database (loaded before they were "
+                          "kept, or from a record without its request file).")
+        return
+    rows = connection.execute(
+        f"SELECT ttft_ms, tpot_ms, e2el_ms, itl_ms FROM [{SAMPLES}] WHERE run_id = ? AND "
+        "success", (page.run_id,)).fetchall()
+    if not rows:
+        page.notes.append("No per-request samples for this run.")
+        return
+    values: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2el_ms": [],
+                                      "itl_ms": []}
+    for ttft, tpot, e2el, itl in rows:
+        for name, value in (("ttft_ms", ttft), ("tpot_ms", tpot), ("e2el_ms", e2el)):
+            if isinstance(value, int | float) and math.isfinite(value):
+                values[name].append(float(value))
+        values["itl_ms"] += [float(v) for v in _json(itl, []) if isinstance(v, int | float)
+                             and math.isfinite(v)]
+    for name, label in DISTRIBUTIONS:
+        spec = histogram(values[name], f"{label} (ms)")
+        if spec is not None:
+            count = len(values[name])
+            what = "inter-token gaps" if name == "itl_ms" else "successful requests"
+            page.add(f"dist-{name}", spec, f"{label} of {count} {what}: how many fell in each "
+                     "bin; the rules mark p50, p90 and p99.")
+
+
+def histogram(values: Sequence[float], title: str) -> dict[str, Any] | None:
+    """A histogram of `values` (binned here: a run may have millions of inter-token gaps)
+    with its percentiles as labelled rules."""
+    if not values:
+        return None
+    data = np.asarray(values, dtype=float)
+    counts, edges = np.histogram(data, bins=BINS if data.min() < data.max() else 1)
+    bins = [{"from": float(edges[i]), "to": float(edges[i + 1]), "count": int(counts[i])}
+            for i in range(len(counts))]
+    marks = [{"percentile": f"p{p}", "value": float(np.percentile(data, p))}
+             for p in PERCENTILES]
+    x = charts.field("from", "quantitative", title, bin={"binned": True})
+    return charts.spec(bins, title=title, height=charts.SMALL_HEIGHT, layers=[
+        {"mark": {"type": "bar", "tooltip": True, "color": "#4c78a8"},
+         "encoding": {"x": x, "x2": {"field": "to"},
+                      "y": charts.field("count", "quantitative", "requests")}},
+        {"data": {"values": marks},
+         "mark": {"type": "rule", "color": "#c62828", "strokeWidth": 2},
+         "encoding": {"x": charts.field("value", "quantitative", title),
+                      "tooltip": charts.tooltips("percentile", "value")}},
+        {"data": {"values": marks},
+         "mark": {"type": "text", "align": "left", "dx": 3, "dy": -6, "color": "#c62828"},
+         "encoding": {"x": charts.field("value", "quantitative", title),
+                      "y": {"value": 8}, "text": {"field": "percentile"}}},
+    ])
+
+
+_SERIES_CHARTS = (
+    ("throughput", "Throughput over the run",
+     (("request_throughput", "req/s"),), "requests finished per second (vLLM's counter)"),
+    ("tokens", "Output tokens per second over the run",
+     (("output_throughput", "tok/s"),), "tokens generated per second (vLLM's counter)"),
+    ("queues", "Running and waiting requests",
+     (("running", "running"), ("waiting", "waiting")), "the scheduler's queues (vLLM's gauges)"),
+    ("kv", "KV-cache usage", (("kv_cache_usage", "KV cache used (fraction)"),),
+     "the fraction of KV-cache blocks in use"),
+    ("gpu_util", "GPU utilisation", (("gpu_utilization", "GPU utilisation (%)"),),
+     "mean over the leased GPUs (NVML)"),
+    ("gpu_memory", "GPU memory", (("gpu_memory_mib", "GPU memory (MiB)"),),
+     "the fullest leased GPU (NVML)"),
+    ("gpu_power", "GPU power", (("gpu_power_w", "GPU power (W)"),),
+     "total over the leased GPUs (NVML)"),
+    ("cpu", "Server and client CPU",
+     (("server_cpu_percent", "server CPU (%)"), ("client_cpu_percent", "client CPU (%)")),
+     "100 % = one core busy"),
+    ("memory", "Server memory", (("server_rss_mib", "server RSS (MiB)"),),
+     "resident memory of the server's process tree"),
+)
+
+
+def _series(connection: sqlite3.Connection, page: RunPage) -> None:
+    if not _exists(connection, SERIES):
+        page.notes.append("No telemetry over time in this database (loaded before it was "
+                          "kept).")
+        return
+    cursor = connection.execute(
+        f"SELECT {', '.join(SERIES_COLUMNS)} FROM [{SERIES}] WHERE run_id = ? ORDER BY point",
+        (page.run_id,))
+    points = [dict(zip(SERIES_COLUMNS, r, strict=True)) for r in cursor]
+    if not points:
+        page.notes.append("No telemetry over time for this run (a record written before it "
+                          "was kept, or an offline benchmark).")
+        return
+    has_gpu = any(p["gpu_utilization"] is not None for p in points)
+    for chart_id, title, fields, caption in _SERIES_CHARTS:
+        if chart_id.startswith("gpu") and not has_gpu:
+            continue
+        if not any(p[name] is not None for p in points for name, _ in fields):
+            continue
+        rows = [{"t_s": round(p["t_s"] or 0.0, 3), "series": label, "value": p[name]}
+                for p in points for name, label in fields if p[name] is not None]
+        page.add(f"series-{chart_id}", charts.spec(
+            rows, title=title, height=charts.SMALL_HEIGHT,
+            mark={"type": "line", "point": len(points) < 60, "tooltip": True},
+            encoding={"x": charts.field("t_s", "quantitative", "seconds into the run"),
+                      "y": charts.field("value", "quantitative", fields[0][1] if len(fields) == 1
+                                        else title),
+                      "color": charts.field("series", "nominal", "")}),
+            caption)
+    if not has_gpu:
+        page.notes.append("No GPU figures: this run's engine used no GPU NVML could read "
+                          "(the simulator, or vLLM's CPU build); its CPU and memory are shown.")
+
+
+@dataclass(frozen=True)
+class RunFile:
+    """A file of a run, found in the results folder: what it is and where."""
+
+    kind: str  # record, requests, log, trace
+    name: str  # as the download URL names it
+    path: Path
+    size: int
+
+
+def run_files(results_dir: Path, row: Mapping[str, Any]) -> list[RunFile]:
+    """The run's files that lie in `results_dir` (the folder of its database): its record,
+    its request file, its server's log and its profiler traces. A path that leads outside the
+    folder (`..`, an absolute path elsewhere, a symbolic link out) is not one of them."""
+    root = results_dir.resolve()
+    run_id = str(row["run_id"])
+    candidates: list[tuple[str, Path]] = [
+        ("record", results_dir / f"{run_id}.json"),
+        ("requests", results_dir / f"{run_id}.requests.jsonl.gz"),
+    ]
+    server_key = row.get("runtime_server_key")
+    if isinstance(server_key, str) and server_key.isalnum():
+        candidates += [("log", path) for path in sorted((results_dir / "logs").glob(
+            f"*-{server_key}.log"))]
+    for trace in (_json(row.get("profiling"), {}) or {}).get("traces") or []:
+        if isinstance(trace, dict) and isinstance(trace.get("path"), str):
+            path = Path(trace["path"])
+            candidates.append(("trace", path if path.is_absolute() else results_dir / path))
+    files = []
+    for kind, path in candidates:
+        inside = within(root, path)
+        if inside is not None and inside.is_file():
+            files.append(RunFile(kind, inside.relative_to(root).as_posix(), inside,
+                                 inside.stat().st_size))
+    return files
+
+
+def within(root: Path, path: Path) -> Path | None:
+    """`path` resolved (links followed), where it lies inside `root`; else None."""
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):
+        return None
+    return resolved if resolved.is_relative_to(root) and resolved != root else None

@@ -1,0 +1,187 @@
+"""The run page (browse/run_page.py, browse/run_views.py): what it shows of a real run on the
+simulator, of a run the gate called regressed and of one that errored; databases that predate
+its tables; and its downloads, which never leave the results folder."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from datasette.app import Datasette
+from datasette.utils import tilde_encode
+from helpers import pytest_argv, records, write_suite
+from test_datasette import make_record
+
+from pytest_profllm.browse import run_page
+from pytest_profllm.results.ingest import ingest
+from pytest_profllm.results.store import load_records
+
+
+def get(db: Path, *urls: str) -> list[httpx.Response]:
+    async def run() -> list[httpx.Response]:
+        datasette = Datasette([str(db)])
+        await datasette.invoke_startup()
+        return [await datasette.client.get(url) for url in urls]
+
+    return asyncio.run(run())
+
+
+def page_of(db: Path, run_id: str) -> run_page.RunPage:
+    with sqlite3.connect(db) as connection:
+        page = run_page.run_page(connection, run_id)
+    assert page is not None
+    return page
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str,
+             test_pool_dir: Path) -> Path:
+    """A small suite run on the simulator: its results folder."""
+    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
+    start = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + 7000 + worker * 200
+    folder = tmp_path_factory.mktemp("run")
+    write_suite(folder, """\
+        server: {model: Qwen/Qwen3-8B, max_num_seqs: 8}
+        benchmark: {num_prompts: 24, random_input_len: 128, random_output_len: 32,
+                    request_rate: 16}
+        thresholds: {completed: {min: 24}}
+        """)
+    argv = pytest_argv(f"{start}-{start + 99}", "-p", "no:cacheprovider", out="results")
+    done = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+    return folder / "results"
+
+
+def test_the_page_of_a_real_run(real_run: Path) -> None:
+    (record,) = records(real_run)
+    page = page_of(real_run / "results.db", record["run_id"])
+    results = record["results"]
+    shown = {label: value for label, value, _ in page.headlines}
+    assert shown["requests completed"] == "24"
+    assert shown["output throughput"] == f"{results['output_throughput']:.4g}"
+    # The distributions come from the run's own requests: 24 of them per latency, and every
+    # inter-token gap.
+    for name in ("ttft_ms", "tpot_ms", "e2el_ms", "itl_ms"):
+        bins = page.charts[f"dist-{name}"]["layer"][0]
+        counted = sum(b["count"] for b in page.charts[f"dist-{name}"]["data"]["values"])
+        assert bins["mark"]["type"] == "bar"
+        assert counted == (24 if name != "itl_ms" else 24 * 31), name
+    # Telemetry over the run: the server's queues and CPU at least (the simulator has no GPU).
+    assert {"series-queues", "series-cpu"} <= set(page.charts)
+    assert not any(chart_id.startswith("series-gpu") for chart_id in page.charts)
+    # What differs from vLLM's defaults comes first, and only that.
+    assert ("max_num_seqs", "8") in [(name, value) for name, value, _ in page.changed]
+    assert all(name != "api_key" for name, _, _ in page.changed)
+    # The run's files, from the results folder.
+    files = {f.kind: f.name for f in run_page.run_files(real_run, page.row)}
+    assert files["record"] == f"{record['run_id']}.json"
+    assert files["requests"] == f"{record['run_id']}.requests.jsonl.gz"
+    assert files["log"].startswith("logs/")
+    (html, download) = get(real_run / "results.db", f"/results/-/run/{record['run_id']}",
+                           f"/results/-/run/{record['run_id']}/files/"
+                           + tilde_encode(files["record"]))
+    assert html.status_code == 200 and "Latency distributions" in html.text
+    assert download.status_code == 200
+    assert json.loads(download.content)["run_id"] == record["run_id"]
+
+
+def ingested(folder: Path, *records_: dict[str, Any]) -> Path:
+    for record in records_:
+        (folder / f"{record['run_id']}.json").write_text(json.dumps(record))
+    db = folder / "results.db"
+    ingest(db, sorted(folder.glob("*.json")))
+    return db
+
+
+CASE = "bench_smoke.yaml::qwen3-8b::random"
+
+
+def test_a_regressed_run_links_its_baseline_and_an_errored_run_has_a_page(
+    tmp_path: Path,
+) -> None:
+    baseline = make_record("base", "s1", CASE, "2026-01-01T10:00:00+00:00")
+    regressed = make_record("now", "s2", CASE, "2026-01-02T10:00:00+00:00", "failed")
+    regressed["regression"] = [{
+        "metric": "p99_ttft_ms", "verdict": "regressed", "tolerance": 0.1,
+        "higher_is_better": False, "baseline": 1.0, "value": 1.5, "change": 0.5,
+        "ci_low": 0.4, "ci_high": 0.6, "confidence": 0.99, "baseline_session": "s1"}]
+    errored = make_record("err", "s2", "bench_smoke.yaml::qwen3-8b::other",
+                          "2026-01-02T10:05:00+00:00", "error")
+    errored["results"] = {}
+    db = ingested(tmp_path, baseline, regressed, errored)
+    page = page_of(db, "now")
+    assert [(g["metric"], g["verdict"]) for g in page.gate] == [("p99_ttft_ms", "regressed")]
+    assert page.baseline_runs == ["base"]
+    now, err, missing = get(db, "/results/-/run/now", "/results/-/run/err",
+                            "/results/-/run/nope")
+    assert now.status_code == 200
+    assert "regressed" in now.text and 'href="/results/-/run/base"' in now.text
+    assert err.status_code == 200 and "error" in err.text
+    assert missing.status_code == 404
+
+
+def test_a_database_from_before_the_page_still_opens_it(tmp_path: Path) -> None:
+    db = ingested(tmp_path, make_record("old", "s1", CASE, "2026-01-01T10:00:00+00:00"))
+    with sqlite3.connect(db) as connection:
+        connection.execute("DROP TABLE run_series")
+        connection.execute("DROP TABLE request_samples")
+        connection.execute("DROP TABLE regression_verdicts")
+    page = page_of(db, "old")
+    assert not page.charts
+    assert any("telemetry" in note for note in page.notes)
+    (response,) = get(db, "/results/-/run/old")
+    assert response.status_code == 200
+
+
+def test_downloads_never_leave_the_results_folder(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not yours")
+    folder = tmp_path / "results"
+    folder.mkdir()
+    record = make_record("r1", "s1", CASE, "2026-01-01T10:00:00+00:00")
+    record["runtime"]["server_key"] = "0123456789ab"
+    trace_inside = folder / "profiles" / "trace-1.json"
+    trace_inside.parent.mkdir()
+    trace_inside.write_text("{}")
+    record["profiling"] = {
+        "profiler": "torch", "trace_dir": str(folder / "profiles"), "num_prompts": 1,
+        "duration_s": 1.0, "trace_bytes": 2,
+        "traces": [{"path": str(trace_inside), "size_bytes": 2},
+                   {"path": str(outside / "secret.txt"), "size_bytes": 9},
+                   {"path": "../outside/secret.txt", "size_bytes": 9}],
+    }
+    (folder / "logs").mkdir()
+    # A symbolic link named like the server's log, pointing out of the folder.
+    (folder / "logs" / "smoke-x-0123456789ab.log").symlink_to(outside / "secret.txt")
+    db = ingested(folder, record)
+    page = page_of(db, "r1")
+    files = run_page.run_files(folder, page.row)
+    assert {(f.kind, f.name) for f in files} == {
+        ("record", "r1.json"), ("trace", "profiles/trace-1.json")}
+    base = "/results/-/run/r1/files/"
+    attempts = ["..~2Foutside~2Fsecret.txt", tilde_encode(str(outside / "secret.txt")),
+                "logs~2Fsmoke-x-0123456789ab.log", "~2Fetc~2Fpasswd", "results.db",
+                "~2E~2E", "r1.json~2F..~2F..~2Foutside~2Fsecret.txt"]
+    responses = get(db, *(base + attempt for attempt in attempts),
+                    base + "profiles~2Ftrace-1.json", "/api/export/traces/r1")
+    assert [r.status_code for r in responses[:-2]] == [404] * len(attempts)
+    assert all(b"not yours" not in r.content for r in responses)
+    assert responses[-2].status_code == 200 and responses[-2].content == b"{}"
+    assert responses[-1].status_code == 200 and responses[-1].content == b"{}"
+
+
+def test_run_ids_with_odd_characters_have_pages(tmp_path: Path) -> None:
+    odd = "2026 run/with~odd.chars"
+    db = ingested(tmp_path, make_record("plain", "s1", CASE, "2026-01-01T10:00:00+00:00"))
+    load_records(db, [make_record(odd, "s1", CASE, "2026-01-01T10:01:00+00:00")])
+    (response,) = get(db, "/results/-/run/" + tilde_encode(odd))
+    assert response.status_code == 200
+    assert "run/with~odd.chars" in response.text
