@@ -55,9 +55,9 @@ def test_no_redirect_leaves_the_host(tmp_path: Path) -> None:
     # Before: a traceback (a line break in a header).
     assert crlf.status_code == 302
     assert "\r" not in crlf.headers["location"] and "\n" not in crlf.headers["location"]
-    assert crlf.headers["location"].startswith("/results/benchmark_runs/")
+    assert crlf.headers["location"].startswith("/results/-/run/")
     assert (ours.status_code, ours.headers["location"]) == (
-        302, "/results/benchmark_runs/run-00001"
+        302, "/results/-/run/run-00001"
     )
 
 

@@ -271,10 +271,10 @@ def test_the_landing_view_shows_the_swept_axes_with_facets(tmp_path: Path) -> No
     counts = {item["value"]: item["count"] for item in facets["server_max_num_seqs"]["results"]}
     assert counts == {8: 1, 16: 2}
     assert faceted.json()["filtered_table_rows_count"] == 2
-    # The run id opens the full row, every column of it.
+    # The run id opens the run's page.
     assert f'<a href="/results/{LANDING}/r0">r0</a>' in page.text
     (row,) = get([db_path], f"/results/{LANDING}/r0")
-    assert (row.status_code, row.headers["location"]) == (302, f"/results/{TABLE}/r0")
+    assert (row.status_code, row.headers["location"]) == (302, "/results/-/run/r0")
 
 
 def test_csv_exports_every_row(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 from urllib.parse import quote
 
 from datasette import hookimpl
-from datasette.utils import tilde_encode
+from datasette.utils import tilde_decode, tilde_encode
+from markupsafe import Markup
 
 from pytest_profllm.browse import dashboard_pages, run_views, sql_functions
 from pytest_profllm.browse.dashboards import DASHBOARDS
@@ -225,9 +226,9 @@ def asgi_wrapper(datasette: Any) -> Any:
                 database = datasette.databases.get(parts[0]) if parts[0] else None
                 if database is not None and await database.table_exists(TABLE):
                     if len(parts) == 3 and parts[1] == LANDING and "." not in parts[2]:
-                        # A run id on the landing table opens its row with every column.
-                        run_id = tilde_encode(parts[2])
-                        await _redirect(send, datasette.urls.row(parts[0], TABLE, run_id))
+                        # A run id on the landing table opens the run's page.
+                        run_id = tilde_decode(parts[2])
+                        await _redirect(send, run_views.run_url(datasette, parts[0], run_id))
                         return
                     if len(parts) == 2 and parts[1].split(".", 1)[0] in (TABLE, LANDING):
                         scope = {**scope, "query_string": _our_query(
@@ -352,3 +353,23 @@ def permission_allowed(actor: Any, action: str) -> bool | None:
     if action == dashboard_pages.WRITE_ACTION and actor and actor.get("id") == "root":
         return True
     return None
+
+
+@hookimpl
+def render_cell(value: Any, column: str, table: str | None, database: str, datasette: Any
+                ) -> Any:
+    """A run id in a canned query's result or a table of ours opens the run's page."""
+    if column != "run_id" or not isinstance(value, str) or not value:
+        return None
+    if table not in (None, TABLE, LANDING, "gate_runs", "regression_verdicts",
+                     "request_samples", "run_series"):
+        return None
+
+    async def link() -> Markup | None:
+        served = datasette.databases.get(database)
+        if served is None or not await served.table_exists(TABLE):
+            return None
+        href = run_views.run_url(datasette, database, value)
+        return Markup(f'<a href="{escape(href)}">{escape(value)}</a>')
+
+    return link
