@@ -12,6 +12,7 @@ here)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -81,15 +82,22 @@ def databases(tmp_path_factory: pytest.TempPathFactory, worker_id: str,
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[object]:
-    processes: list[subprocess.Popen[bytes]] = []
+    """Starts `datasette serve DB` (with `--root`: returns also the URL that logs in as root)."""
+    processes: list[subprocess.Popen[str]] = []
 
-    def start(db: Path) -> str:
+    def start(db: Path, root: bool = False) -> str | tuple[str, str]:
         port = free_port()
         process = subprocess.Popen(
             [sys.executable, "-m", "datasette", "serve", str(db), "--host", "127.0.0.1",
-             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--port", str(port), *(["--root"] if root else [])],
+            stdout=subprocess.PIPE if root else subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, text=True)
         processes.append(process)
         base = f"http://127.0.0.1:{port}"
+        login = ""
+        if root:
+            assert process.stdout is not None
+            login = next(line.strip() for line in process.stdout if "/-/auth-token" in line)
 
         def up() -> bool:
             try:
@@ -99,7 +107,7 @@ def serve(tmp_path: Path) -> Iterator[object]:
                 return False
 
         wait_for(up, "datasette to answer")
-        return base
+        return (base, login) if root else base
 
     yield start
     for process in processes:
@@ -175,6 +183,13 @@ def test_three_questions_in_two_clicks(
         "document.querySelectorAll('table.rows-and-columns tbody tr').length") > 0,
         "the landing page's rows")
     visit.shoot("landing")
+
+    # A run's page: one click on a run id of the landing table.
+    visit.click("document.querySelector('table.rows-and-columns tbody td.col-run_id a')",
+                "a run's page")
+    assert "/-/run/" in browser.evaluate("location.pathname")
+    assert visit.charts_drawn() >= 1 or which == "large"
+    visit.shoot("run")
 
     # How did throughput scale with load, per configuration? One click.
     visit.dashboard("load")
@@ -268,3 +283,39 @@ def test_screenshots_are_kept_where_asked() -> None:
     for picture in ("docs/dashboard-load.png", "docs/pareto.png"):
         assert picture in readme and (REPO / picture).exists(), picture
     assert shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_upload_a_batch_as_root(databases: dict[str, Path], serve: object, browser: Browser,
+                                tmp_path: Path) -> None:
+    """Logged in as root, three files dropped on the upload page: a new record, a malformed
+    file and the same record again, each with its outcome and the batch's count."""
+    keep = os.environ.get("PROFLLM_SCREENSHOT_DIR")
+    shots = Path(keep) if keep else tmp_path
+    db = tmp_path / "served" / "results.db"
+    db.parent.mkdir()
+    shutil.copy(databases["mixed"], db)
+    new = next(p for p in databases["example"].parent.glob("*.json"))
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"run_id": "half a record"')
+    again = tmp_path / "again.json"
+    again.write_bytes(new.read_bytes())
+    base, login = serve(db, root=True)  # type: ignore[operator]
+    browser.open(login)
+    browser.open(base + "/results/-/upload")
+    assert browser.evaluate("document.getElementById('profllm-drop') !== null")
+    document = browser.call("DOM.getDocument")["root"]["nodeId"]
+    node = browser.call("DOM.querySelector", nodeId=document, selector="#profllm-files")
+    browser.call("DOM.setFileInputFiles", nodeId=node["nodeId"],
+                 files=[str(new), str(bad), str(again)])
+    wait_for(lambda: browser.evaluate(
+        "document.getElementById('profllm-batch').dataset.done") == "true", "the batch")
+    outcomes = browser.evaluate(
+        "[...document.querySelectorAll('#profllm-results tbody tr')]"
+        ".map(tr => [tr.children[0].textContent, tr.children[2].textContent])")
+    assert outcomes == [[new.name, "loaded"], ["broken.json", "refused"],
+                        ["again.json", "duplicate"]]
+    browser.screenshot(shots / "upload.png")
+    with sqlite3.connect(db) as connection:
+        run_id = json.loads(new.read_text())["run_id"]
+        assert connection.execute("SELECT count(*) FROM runs WHERE run_id = ?",
+                                  (run_id,)).fetchone() == (1,)

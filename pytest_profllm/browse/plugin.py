@@ -19,10 +19,10 @@ from typing import Any
 from urllib.parse import quote
 
 from datasette import hookimpl
-from datasette.utils import tilde_decode, tilde_encode
+from datasette.utils import actor_matches_allow, tilde_decode, tilde_encode
 from markupsafe import Markup
 
-from pytest_profllm.browse import dashboard_pages, run_views, sql_functions
+from pytest_profllm.browse import dashboard_pages, run_views, sql_functions, upload_views
 from pytest_profllm.browse.dashboards import DASHBOARDS
 from pytest_profllm.browse.queries import CANNED_QUERIES
 from pytest_profllm.hosts.files import read_only_uri
@@ -327,7 +327,10 @@ def database_actions(datasette: Any, actor: Any, database: str, request: Any) ->
     async def links() -> list[dict[str, str]]:
         if not await datasette.get_database(database).table_exists(TABLE):
             return []
-        return dashboard_links(datasette, database)
+        upload = ([{"href": datasette.urls.database(database) + "/-/upload",
+                    "label": "Upload record files"}]
+                  if await upload_views.may_upload(datasette, actor, database) else [])
+        return [*dashboard_links(datasette, database), *upload]
 
     return links
 
@@ -342,17 +345,22 @@ def extra_css_urls(database: str | None, table: str | None) -> list[str]:
 @hookimpl
 def register_routes() -> list[tuple[str, Any]]:
     # Our prepared pages, each module's own routes.
-    return [*dashboard_pages.ROUTES, *run_views.ROUTES]
+    return [*dashboard_pages.ROUTES, *run_views.ROUTES, *upload_views.ROUTES]
 
 
 @hookimpl
-def permission_allowed(actor: Any, action: str) -> bool | None:
-    """Writing to a results database from the web (saved filters, uploads) is the root
-    actor's (`datasette --root`) unless the configuration's allow blocks say more; everyone
-    else reads only. None: this hook has no opinion on Datasette's own actions."""
-    if action == dashboard_pages.WRITE_ACTION and actor and actor.get("id") == "root":
+def permission_allowed(datasette: Any, actor: Any, action: str) -> bool | None:
+    """Writing to a results database from the web (uploads, saved filters) is the root
+    actor's (`datasette --root`) and that of actors an allow block of the plugin's
+    configuration matches (`plugins: {pytest-profllm: {upload: {allow: {id: [alice]}}}}`);
+    everyone else reads only. None: no opinion on Datasette's own actions."""
+    if action != dashboard_pages.WRITE_ACTION:
+        return None
+    if actor and actor.get("id") == "root":
         return True
-    return None
+    config = datasette.plugin_config("pytest-profllm") or {}
+    allow = (config.get("upload") or {}).get("allow")
+    return bool(allow is not None and actor_matches_allow(actor, allow))
 
 
 @hookimpl

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pytest_profllm.browse import charts
+from pytest_profllm.browse.upload import UPLOADS, stored_name
 from pytest_profllm.engine.registry import RegistryError, bundled
 from pytest_profllm.results.gate_tables import RUNS, SAMPLES, SERIES, SERIES_COLUMNS, VERDICTS
 from pytest_profllm.results.table import TABLE
@@ -315,6 +316,7 @@ def run_files(results_dir: Path, row: Mapping[str, Any]) -> list[RunFile]:
     run_id = str(row["run_id"])
     candidates: list[tuple[str, Path]] = [
         ("record", results_dir / f"{run_id}.json"),
+        ("record", results_dir / UPLOADS / stored_name(run_id)),
         ("requests", results_dir / f"{run_id}.requests.jsonl.gz"),
     ]
     server_key = row.get("runtime_server_key")

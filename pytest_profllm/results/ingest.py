@@ -87,7 +87,7 @@ def record_files(paths: Iterable[Path]) -> list[Path]:
 
 def read_record(path: Path) -> dict[str, Any]:
     """One file as a record (JSON data of the current schema); ValueError with the reason."""
-    return _parse(_read(path), path)
+    return parse_record(_read(path), path)
 
 
 def _read(path: Path) -> bytes:
@@ -97,7 +97,9 @@ def _read(path: Path) -> bytes:
         raise ValueError(f"cannot read: {error.strerror or error}") from None
 
 
-def _parse(content: bytes, path: Path) -> dict[str, Any]:
+def parse_record(content: bytes, path: Path) -> dict[str, Any]:
+    """A record file's bytes as a checked record (or a `profllm bench` result as one); a
+    ValueError says why not."""
     strict = True
     try:
         data = orjson.loads(content)
@@ -343,7 +345,7 @@ def _read_batch(paths: list[Path], stored: frozenset[str]) -> _Batch:
             if digest in stored:
                 known.append(digest)
             else:
-                record = _parse(content, path)
+                record = parse_record(content, path)
                 requests = _requests_beside(path, record["run_id"])
                 try:
                     gate = gate_rows(record, requests, fingerprints)
