@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from test_datasette import make_record
 
 from pytest_profllm.browse import dashboards, filters, sql_functions
-from pytest_profllm.browse.dashboard_pages import WRITE_ACTION
+from pytest_profllm.browse.dashboard_pages import WRITE_ACTION, data_quality
 from pytest_profllm.browse.dashboards import BY_NAME, pareto_frontier
 from pytest_profllm.browse.filters import Selection
 from pytest_profllm.results.ingest import ingest
@@ -330,3 +330,16 @@ def test_all_sessions_draw_the_newest_apart_and_say_so(
     # A filter that only the older session meets finds it, however far back it is.
     older = view(connection, "load", "session=all&min.output_throughput=500&f.suite=rates")
     assert {r["session"] for chart in older.charts.values() for r in values(chart)} == {"s1"}
+
+
+def test_runs_left_out_are_counted(tmp_path: Path) -> None:
+    records = sweep("s1", "01", 1.0)
+    records[0]["status"] = "error"
+    records[0]["results"] = {}
+    db = ingested(tmp_path, records)
+    with sqlite3.connect(db) as connection:
+        schema = filters.read_schema(connection)
+        notes = data_quality(connection, schema, Selection.parse([], schema))
+    assert notes == [f"1 of the {len(records)} runs in this selection are not a valid "
+                     "measurement and are left out of every chart (the landing table's "
+                     "validity facet lists them)."]

@@ -18,6 +18,7 @@ from pytest_profllm.browse import dashboards, filters
 from pytest_profllm.browse.filters import Schema, Selection
 from pytest_profllm.browse.pages import render_page, results_database
 from pytest_profllm.results.landing import LANDING
+from pytest_profllm.results.table import TABLE
 
 # Who may write to a results database from the web (upload, saved filters): a permission
 # Datasette's `permission_allowed` hooks answer (browse/plugin.py's allows the root actor).
@@ -86,6 +87,25 @@ def _panel(connection: sqlite3.Connection, schema: Schema,
     return widgets, ranges
 
 
+def data_quality(connection: sqlite3.Connection, schema: Schema,
+                 selection: Selection) -> list[str]:
+    """What the selection holds that no chart draws: runs that are not a valid measurement
+    (errors, failed requests, a client that fell behind), counted, with a link's worth of
+    words. Only for chosen sessions: counting over every session of a big database is a
+    scan."""
+    if selection.session_ids(schema) is None:
+        return []
+    where, params = selection.where(schema)
+    row = connection.execute(
+        f"SELECT count(*), sum(validity != 'valid') FROM [{TABLE}] WHERE {where}", params
+    ).fetchone()
+    total, invalid = row[0] or 0, row[1] or 0
+    if not invalid:
+        return []
+    return [f"{invalid} of the {total} runs in this selection are not a valid measurement "
+            "and are left out of every chart (the landing table's validity facet lists them)."]
+
+
 def _text(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
@@ -135,6 +155,7 @@ async def dashboard_page(datasette: Any, request: Any) -> Response:
         schema = schema_of(database, connection)
         selection = Selection.parse(pairs, schema)
         view = dashboard.build(connection, schema, selection, args)
+        view.notes += data_quality(connection, schema, selection)
         widgets, ranges = _panel(connection, schema, selection)
         return {"schema": schema, "selection": selection, "view": view, "filters": widgets,
                 "ranges": ranges, "presets": filters.presets(connection)}
