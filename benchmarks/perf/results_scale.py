@@ -52,21 +52,25 @@ def main() -> int:
     parser.add_argument("--pages-only", action="store_true",
                         help="time the pages of the database already in --keep")
     parser.add_argument("--ingest-only", action="store_true", help="time the ingest alone")
+    parser.add_argument("--no-csv", action="store_true",
+                        help="leave out the full CSV exports (minutes at a million rows)")
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="profllm-scale-"))
     try:
         if args.pages_only:
             with served(root / "results.db") as base:
-                time_pages(base, args.repeat)
+                time_pages(base, args.repeat, csv_exports=not args.no_csv)
         else:
-            run(root, args.records, args.repeat, pages=not args.ingest_only)
+            run(root, args.records, args.repeat, pages=not args.ingest_only,
+                csv_exports=not args.no_csv)
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
-def run(root: Path, count: int, repeat: int, pages: bool = True) -> None:
+def run(root: Path, count: int, repeat: int, pages: bool = True,
+        csv_exports: bool = True) -> None:
     records = root / "records"
     db_path = root / "results.db"
     for stale in (db_path, db_path.with_name(db_path.name + "-wal"),
@@ -85,7 +89,7 @@ def run(root: Path, count: int, repeat: int, pages: bool = True) -> None:
     if not pages:
         return
     with served(db_path) as base:
-        time_pages(base, repeat)
+        time_pages(base, repeat, csv_exports)
 
 
 def timed_ingest(db_path: Path, records: Path) -> tuple[float, float, str]:
@@ -292,7 +296,7 @@ def pages_to_time(db: str, row: dict[str, Any]) -> dict[str, str]:
     return pages
 
 
-def time_pages(base: str, repeat: int) -> None:
+def time_pages(base: str, repeat: int, csv_exports: bool = True) -> None:
     import json
 
     db = "results"
@@ -315,8 +319,9 @@ def time_pages(base: str, repeat: int) -> None:
         p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
         print(f"{label:<58} {statistics.median(times):>7.3f}s {p95:>7.3f}s "
               f"{len(body) / 1024:>7.0f}KB")
-    for label, path in (("full CSV export, benchmark_runs", f"/{db}/benchmark_runs.csv"),
-                        ("full CSV export, landing table runs", f"/{db}/runs.csv")):
+    exports = (("full CSV export, benchmark_runs", f"/{db}/benchmark_runs.csv"),
+               ("full CSV export, landing table runs", f"/{db}/runs.csv"))
+    for label, path in exports if csv_exports else ():
         started = time.perf_counter()
         with urllib.request.urlopen(base + path, timeout=1800) as response:
             counted = _Counted(response)

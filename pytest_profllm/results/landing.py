@@ -206,18 +206,29 @@ class SweptAxes:
     def see(self, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
         """Takes note of distinct rows being loaded: (suite, axes, *values of `columns`);
         `axes` is the record's JSON list of its suite's declared axes (or NULL)."""
+        by_suite: dict[str, list[tuple[Any, ...]]] = {}
+        declared_texts: dict[str, set[Any]] = {}
         for suite_value, declared, *values in rows:
             suite = "" if suite_value is None else str(suite_value)
-            for column in _declared(declared):
-                if (suite, column) not in self._declared:
-                    self._declared.add((suite, column))
-                    self._changed = True
-            for column, value in zip(columns, values, strict=True):
+            by_suite.setdefault(suite, []).append(tuple(values))
+            declared_texts.setdefault(suite, set()).add(declared)
+        for suite, texts in declared_texts.items():
+            for text in texts:
+                for column in _declared(text):
+                    if (suite, column) not in self._declared:
+                        self._declared.add((suite, column))
+                        self._changed = True
+        for suite, suite_rows in by_suite.items():
+            # A column at a time, over the distinct rows: a load sees hundreds of columns.
+            for column, seen in zip(columns, zip(*suite_rows, strict=True), strict=True):
                 key = (suite, column)
+                if key in self._swept:
+                    continue
                 if key not in self.first:
-                    self.first[key] = value
+                    self.first[key] = seen[0]
                     self._changed = True
-                elif key not in self._swept and self.first[key] != value:
+                first = self.first[key]
+                if any(value != first for value in seen):
                     self._swept.add(key)
                     self._changed = True
 

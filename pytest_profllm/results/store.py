@@ -24,7 +24,8 @@ from pytest_profllm.results.staging import STAGE, StagedRows, column_list, stage
 from pytest_profllm.results.table import PAGE_SIZE, TABLE, prepare_table, refresh_indexes
 
 BUSY_TIMEOUT_MS = 30_000
-CACHE_KIB = 65_536
+# Pages kept in memory by a load (a bound, not a need: index pages of a million runs fit).
+CACHE_KIB = 262_144
 
 
 @dataclass
@@ -107,7 +108,10 @@ class Load:
             self.db.conn.execute(f"ATTACH ':memory:' AS {STAGE}")
             self.db.conn.execute("BEGIN IMMEDIATE")
             prepare_table(self.db)
-            refresh_indexes(self.db)
+            if not self._new:
+                # A new database gets its indexes after its rows: built once, sorted, they
+                # cost a fraction of keeping them up to date row by row.
+                refresh_indexes(self.db)
             self.digests: dict[str, str] = dict(
                 self.db.conn.execute(f"SELECT run_id, record_digest FROM [{TABLE}]")
             )
@@ -198,6 +202,8 @@ class Load:
         db = self.db
         try:
             if commit:
+                if self._new:
+                    refresh_indexes(db)
                 changed = self.axes.write(db)
                 self.report.swept_axes = self.axes.swept()
                 refresh_landing(db, self.report.swept_axes, self._fresh, rebuild=changed)
