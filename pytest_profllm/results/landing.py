@@ -144,8 +144,28 @@ def refresh_landing(db: Any, swept: list[str], fresh: list[str], rebuild: bool) 
     # The landing table is narrow: all of it is analysed; the wide table by samples.
     db.conn.execute("PRAGMA analysis_limit = 0")
     db.conn.execute(f"ANALYZE [{LANDING}]")
+    skewed_statistics(db.conn)
     db.conn.execute("PRAGMA analysis_limit = 1000")
     db.conn.execute(f"ANALYZE [{TABLE}]")
+
+
+# Columns whose rare values are the ones people filter on: almost every run is ungated or
+# `ok`, and valid; `regressed` and `invalid` are a handful.
+SKEWED = ("gate", "validity")
+# Rows per value the planner is told to expect of them (ANALYZE's average says half the
+# table: with it, at a million runs, `gate = 'regressed'` under a facet scanned every row
+# through the facet column's index, 1.9 s, instead of reading the few regressed ones).
+SKEWED_ROWS_PER_VALUE = 100
+
+
+def skewed_statistics(connection: Any) -> None:
+    """Tells SQLite's planner that a filter on a skewed column is selective, by the row of
+    `sqlite_stat1` SQLite documents as editable for this."""
+    for column in SKEWED:
+        connection.execute(
+            "UPDATE sqlite_stat1 SET stat = (CAST(stat AS INTEGER) || ' ' || ?) "
+            "WHERE tbl = ? AND idx = ?",
+            (SKEWED_ROWS_PER_VALUE, LANDING, f"idx_{LANDING}_{column}"))
 
 
 class SweptAxes:
