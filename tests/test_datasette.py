@@ -7,6 +7,7 @@ import asyncio
 import csv
 import html
 import io
+import json
 import re
 import sqlite3
 from pathlib import Path
@@ -21,6 +22,7 @@ from pytest_profllm.browse import filters, sql_functions
 from pytest_profllm.browse.dashboards import BY_NAME, DASHBOARDS
 from pytest_profllm.browse.queries import CANNED_QUERIES
 from pytest_profllm.plan import metric_names
+from pytest_profllm.results.ingest import ingest
 from pytest_profllm.results.landing import LANDING
 from pytest_profllm.results.record import BenchmarkRecord
 from pytest_profllm.results.store import load_records
@@ -439,3 +441,15 @@ def test_a_run_whose_requests_all_failed_is_no_data_point(tmp_path: Path) -> Non
     assert "s3-a" not in {row["run_id"] for row in latest}
     best = rows_of(db_path, "/results/best_configuration.json?_shape=array")
     assert all(row["output_tok_per_s"] > 0 for row in best)
+
+
+def test_change_points_open_without_a_metric(tmp_path: Path) -> None:
+    # It opened on a red "JSON path error": an empty metric made the path '$.'.
+    db_path = tmp_path / "results.db"
+    for record in RECORDS:
+        (tmp_path / f"{record['run_id']}.json").write_text(json.dumps(record))
+    ingest(db_path, sorted(tmp_path.glob("*.json")))
+    bare, named = get([db_path], "/results/metric_change_points.json",
+                      "/results/metric_change_points.json?metric=p99_ttft_ms")
+    assert (bare.status_code, named.status_code) == (200, 200)
+    assert bare.json()["ok"] and bare.json()["rows"]

@@ -15,8 +15,9 @@ from pytest_profllm.results import gate_tables as tables
 
 _QUERY = f"""
 select case_id, fingerprint, count(distinct session_id) as sessions,
-  profllm_change_points(session_id, json_extract(results, '$.' || :metric)) as change_points
-from [{tables.RUNS}] where status in ('passed', 'failed')
+  profllm_change_points(session_id, json_extract(results,
+    '$.' || coalesce(nullif(:metric, ''), 'output_throughput'))) as change_points
+from [{tables.RUNS}] where validity = 'valid'
 group by fingerprint order by case_id
 """
 
@@ -62,6 +63,7 @@ def canned_queries(datasette: Any, database: str) -> Any:
                 "sql": _QUERY,
                 "title": "Change points of a metric",
                 "description": "Per fingerprint, the sessions after which the metric's mean "
+                "(?metric=, default output_throughput) "
                 "shifted by 5 % or more (ruptures' PELT over per-session means); "
                 "`profllm history` fills the change_points table with the same analysis.",
                 "params": ["metric"],
