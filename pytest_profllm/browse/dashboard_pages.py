@@ -25,7 +25,7 @@ from pytest_profllm.results.table import TABLE
 WRITE_ACTION = "profllm-upload"
 
 _memo = filters.DatabaseMemo()
-PANEL_SESSIONS = 50
+PANEL_SESSIONS = 20
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,11 @@ def _panel(connection: sqlite3.Connection, schema: Schema,
     columns += [(axis, axis.removeprefix("server_").removeprefix("bench_"))
                 for axis in schema.axes if axis not in dict(filters.FIXED_FILTERS)]
     widgets = []
+    found = filters.option_values(connection, [column for column, _ in columns], where, params)
     for column, label in columns:
         chosen = set(selection.values.get(column, []))
         options = []
-        for value, count in filters.option_values(connection, column, where, params):
+        for value, count in found[column]:
             text = filters.NONE_VALUE if value is None else _text(value)
             if len(text) > 80:  # a JSON value: not something to pick from a list
                 continue
