@@ -42,8 +42,8 @@ def test_the_next_session_ends_what_a_killed_one_left(
     pytester: pytest.Pytester, port_range: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     pytester.makefile(".yaml", bench_long=SUITE)
-    # A pool of its own: its turn folders are swept by the next session here alone (any
-    # session on the host may end the orphaned processes, as it should).
+    # A pool of its own: its turn folders and orphaned processes are swept by the next
+    # session of this pool alone (the test suite's other sessions use another pool).
     pool = tmp_path_factory.mktemp("pool")
     env = {**os.environ, "PROFLLM_POOL_DIR": str(pool),
            "PROFLLM_SIM_FAULTS": "orphan_child"}

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import filelock
 
-from pytest_profllm.hosts.processes import OWNER_ENV, owner_alive
+from pytest_profllm.hosts.processes import OWNER_ENV, POOL_SETTING_ENV, owner_alive
 
-POOL_DIR_ENV = "PROFLLM_POOL_DIR"
+POOL_DIR_ENV = POOL_SETTING_ENV
 # One API port, then vLLM's internal ports (VLLM_PORT and up), per lease.
 PORT_BLOCK = 10
 _POLL_S = 0.2

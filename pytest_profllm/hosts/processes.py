@@ -83,6 +83,11 @@ def alive(process: psutil.Process) -> bool:
 OWNER_ENV = "PROFLLM_SESSION_OWNER"
 
 
+# The environment variable that names a lease pool's folder (hosts/pool.py's POOL_DIR_ENV;
+# named here too, as pool.py builds on this module).
+POOL_SETTING_ENV = "PROFLLM_POOL_DIR"
+
+
 def owner_token(pid: int) -> str:
     """A process's identity that a reused pid does not share: its pid and start time."""
     return f"{pid}:{psutil.Process(pid).create_time():.2f}"
@@ -96,18 +101,23 @@ def owner_alive(token: str) -> bool:
         return False
 
 
-def orphans_of_dead_sessions() -> list[psutil.Process]:
+def orphans_of_dead_sessions(pool_setting: str = "") -> list[psutil.Process]:
     """Live processes of this user started by a session whose controller is gone (killed
-    with SIGKILL, or a crashed node): nothing of that session will ever stop them."""
+    with SIGKILL, or a crashed node): nothing of that session will ever stop them. Only those
+    of sessions of the same lease pool (their PROFLLM_POOL_DIR, inherited, equals
+    `pool_setting`; empty: the default pool): a pool's sessions clean up after each other,
+    as they sweep each other's turn folders, and leave other pools' processes to theirs."""
     found = []
     me = os.getpid()
     for process in psutil.process_iter():
         if process.pid == me:
             continue
         try:
-            token = process.environ().get(OWNER_ENV)
+            environment = process.environ()
         except (OSError, psutil.Error):
             continue  # another user's, or gone
-        if token and not owner_alive(token) and alive(process):
+        token = environment.get(OWNER_ENV)
+        if (token and environment.get(POOL_SETTING_ENV, "") == pool_setting
+                and not owner_alive(token) and alive(process)):
             found.append(process)
     return found

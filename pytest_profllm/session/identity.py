@@ -16,6 +16,7 @@ from pytest_profllm.engine.choice import EngineChoice
 from pytest_profllm.engine.install import VllmInstall
 from pytest_profllm.hosts.devices import cpu_pool, real_gpus
 from pytest_profllm.hosts.pool import (
+    POOL_DIR_ENV,
     HostPool,
     SessionTurns,
     default_pool_dir,
@@ -81,7 +82,7 @@ def claim_session(settings: Settings) -> list[str]:
     crashed node) left behind is ended and removed, then this process becomes the owner of
     everything the session starts (OWNER_ENV, inherited). Returns one line per leftover."""
     said = []
-    for process in orphans_of_dead_sessions():
+    for process in orphans_of_dead_sessions(os.environ.get(POOL_DIR_ENV, "")):
         try:
             command = " ".join(process.cmdline())[:80]
             process.kill()
