@@ -225,6 +225,14 @@ def _wait_for(what: str, check: Any, process: subprocess.Popen[bytes], timeout: 
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _ctrl_c_as_from_a_terminal() -> None:
+    # A shell that runs us in the background (`.ci/run &`, nohup) starts us with SIGINT
+    # ignored, and the session under test would inherit that: Python then never raises
+    # KeyboardInterrupt, and the Ctrl-C below would be lost. A terminal's Ctrl-C reaches a
+    # foreground process whose SIGINT is the default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_killed_api_process_then_ctrl_c(
     pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
 ) -> None:
@@ -243,7 +251,8 @@ def test_killed_api_process_then_ctrl_c(
     log = pytester.path / "pytest.log"
     argv = [sys.executable, "-m", "pytest", *plugin_args(ports, "-p", "no:xdist", "-v")]
     with log.open("wb") as out:
-        run = subprocess.Popen(argv, cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT)
+        run = subprocess.Popen(argv, cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT,
+                               preexec_fn=_ctrl_c_as_from_a_terminal)
     try:
         first = _wait_for("the first server", lambda: _api_servers(workdir), run, 600)[0]
         _wait_for("the first case's requests", lambda: _serving(_port(first)), run, 300)
