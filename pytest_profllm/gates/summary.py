@@ -46,12 +46,26 @@ def offline_figures(record: dict[str, Any]) -> str | None:
             f"latency: avg {results['avg_latency_ms']:.1f} ms, "
             f"p99 {results['p99_latency_ms']:.1f} ms"
         )
+    if kind == "capacity":
+        return capacity_figures(record)
     return None if kind == "serve" else f"{kind}: -"
+
+
+def capacity_figures(record: dict[str, Any]) -> str:
+    """`capacity 24.3 req/s [24.3, 25.5] p99_ttft_ms`: the capacity, its bracket, its limit."""
+    search = record.get("capacity") or {}
+    unit = "req/s" if search.get("over", "request_rate") == "request_rate" else "concurrent"
+    low, high = [*(search.get("bracket") or []), None, None][:2]
+    if search.get("capacity") is None:
+        return f"capacity: none from {high:.4g} {unit}" if high is not None else "capacity: -"
+    if high is None:
+        return f"capacity >= {low:.4g} {unit}"
+    return f"capacity {low:.4g} {unit} [{low:.4g}, {high:.4g}] {search.get('limit') or ''}".strip()
 
 
 def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Header and cells; the gate columns only where some case was gated, the offline column
-    only where some case was offline."""
+    (an offline or capacity case's own figures) only where some case has them."""
     gated = any(record.get("regression") for record in records)
     offline = [offline_figures(record) for record in records]
     header = ["case", "status"] + [name for name, _, _ in KEY_METRICS]

@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 
 from pytest_profllm.gates.samples import FloatArray, RunSamples
-from pytest_profllm.plan.regression import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, GatedMetric
+from pytest_profllm.plan.regression import (
+    BRACKETED_METRICS,
+    DEFAULT_CONFIDENCE,
+    DEFAULT_RESAMPLES,
+    GatedMetric,
+)
 from pytest_profllm.results.record import GateVerdict, RegressionVerdict
 
 # Resampled values held at once (resamples x samples): bounds memory on long ITL samples.
@@ -81,7 +86,10 @@ def judge(
         verdict.verdict = "unchanged"  # no relative change from zero
         return verdict
     verdict.change = verdict.value / verdict.baseline - 1
-    interval = change_interval(stat, new, base, settings)
+    if metric.name in BRACKETED_METRICS:
+        interval = bracket_interval(metric.name, new_runs, baseline_runs)
+    else:
+        interval = change_interval(stat, new, base, settings)
     if interval is None:
         # One value (a repeat lost to an invalid measurement) has no spread to judge noise by.
         verdict.verdict = "unchanged"
@@ -128,6 +136,30 @@ def change_interval(
     if not (math.isfinite(low) and math.isfinite(high)):
         return None
     return float(low), float(high)
+
+
+def bracket_interval(
+    name: str, new_runs: list[RunSamples], baseline_runs: list[RunSamples]
+) -> tuple[float, float] | None:
+    """The change's interval from the searches' brackets: each side's true value lies in
+    [its highest load that met, its lowest that missed], so the change lies between the
+    lowest new over the highest baseline and the highest new over the lowest baseline. Over
+    repeats, the widest: the lowest low and the highest high. A side whose search met at its
+    highest load (no upper end) has no interval."""
+    new = _bracket(name, new_runs)
+    base = _bracket(name, baseline_runs)
+    if new is None or base is None or base[0] <= 0:
+        return None
+    return new[0] / base[1] - 1, new[1] / base[0] - 1
+
+
+def _bracket(name: str, runs: list[RunSamples]) -> tuple[float, float] | None:
+    lows = [run.results.get(f"{name}_low") for run in runs]
+    highs = [run.results.get(f"{name}_high") for run in runs]
+    numbers = [v for v in (*lows, *highs) if isinstance(v, int | float)]
+    if not lows or len(numbers) != 2 * len(lows):
+        return None
+    return min(numbers[: len(lows)]), max(numbers[len(lows) :])
 
 
 def classify(metric: GatedMetric, low: float, high: float) -> GateVerdict:

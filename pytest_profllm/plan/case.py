@@ -20,6 +20,7 @@ from pytest_profllm.engine.secrets import RedactedDict, is_secret
 from pytest_profllm.plan.suite import (
     BENCHMARK_KINDS,
     BenchmarkConfig,
+    CapacityConfig,
     Exclusion,
     Suite,
     SuiteError,
@@ -87,7 +88,8 @@ class Case:
         # A profiling server is started differently (vLLM's profiler on): it is another server.
         # An offline case starts its own engine, never a server that a serve case could share.
         extra: dict[str, Any] = {"<profile>": True} if self.profile else {}
-        if self.kind != "serve":
+        # A capacity case probes a running server as a serve case does: they may share it.
+        if self.kind not in ("serve", "capacity"):
             extra["<kind>"] = self.kind
         return server_key({**self.server, **extra})
 
@@ -225,6 +227,8 @@ def _combinations(block: dict[str, Any]) -> list[dict[str, Any]]:
 def _workload_head(workload: WorkloadConfig) -> str:
     # A serve workload is named by its dataset; an offline one by its kind first.
     if isinstance(workload, BenchmarkConfig):
+        if isinstance(workload, CapacityConfig):
+            return f"capacity-{workload.dataset_name}"
         return workload.dataset_name
     dataset = getattr(workload, "dataset_name", "")
     return f"{workload.kind}-{dataset}" if dataset else workload.kind

@@ -48,6 +48,10 @@ def percentiles_for(metric: str, percentiles: Sequence[float]) -> list[float]:
     return sorted(wanted)
 
 
+# A capacity case's result (load/capacity.py): the highest load that met every SLO, and its
+# bracket [the highest load that met, the lowest that missed].
+CAPACITY_RESULTS = ("capacity", "capacity_low", "capacity_high")
+
 CLIENT_HEALTH_KEYS = (
     "mean_schedule_lag_ms",
     "median_schedule_lag_ms",

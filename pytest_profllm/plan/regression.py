@@ -24,7 +24,10 @@ PER_REPEAT_METRICS = {
     "total_token_throughput": True,
     "request_goodput": True,
     "duration": False,
+    # A capacity search's result: its interval comes from the brackets, not from repeats.
+    "capacity": True,
 }
+BRACKETED_METRICS = frozenset({"capacity"})
 _LATENCY = re.compile(
     r"^(mean|median|std|p(\d+(?:\.\d+)?))_(" + "|".join(metric_names.LATENCY_METRICS) + r")_ms$"
 )

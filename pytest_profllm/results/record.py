@@ -200,6 +200,11 @@ class BenchmarkRecord(BaseModel):
     # `series`: seconds from the start, throughput, queues, KV cache, GPU or CPU and memory),
     # at most 300 points: the run page's time series (table `run_series`).
     series: list[dict[str, float | None]] = Field(default_factory=list)
+    # A capacity case's search (load/capacity.py): `over`, `capacity`, `bracket` [the highest
+    # load that met every SLO, the lowest that missed], `limit` (the SLO that missed), why it
+    # `stopped`, the `slo` and every probe (load, requests, achieved rate, each SLO's value
+    # with its interval, decision). Its figures are also `results.capacity[_low|_high]`.
+    capacity: dict[str, Any] | None = None
 
 
 def measurement_validity(

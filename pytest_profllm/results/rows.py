@@ -138,6 +138,7 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
     case_id = str(record.get("case_id") or "")
     configuration, _, workload = case_id.rpartition("::")
     verdicts = record.get("verdicts")
+    capacity = record.get("capacity") or {}
     failed = ",".join(verdict["metric"] for verdict in verdicts or () if not verdict["passed"])
     return (
         record.get("run_id"),
@@ -171,6 +172,8 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         record.get("regression"),
         failed or None,
         _axes_columns((record.get("config") or {}).get("axes")),
+        capacity.get("limit"),
+        capacity or None,
         digest,
     )
 

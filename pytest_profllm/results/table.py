@@ -23,9 +23,7 @@ TABLE = "benchmark_runs"
 # Metric columns every table has, so that queries over them work whatever a suite measured.
 STANDARD_METRICS = metric_names.result_names(
     metric_names.LATENCY_METRICS, (50.0, 90.0, 95.0, 99.0)
-) + list(
-    metric_names.CLIENT_HEALTH_KEYS
-)
+) + list(metric_names.CLIENT_HEALTH_KEYS) + list(metric_names.CAPACITY_RESULTS)
 # A row is 5-10 KB (400+ columns, JSON of config classes): with SQLite's 4 KB pages each row
 # spills into overflow pages, which made loading twice as slow.
 PAGE_SIZE = 32_768
@@ -66,6 +64,9 @@ FIXED_COLUMNS: dict[str, str] = {
     "failed_verdicts": "TEXT",
     # The suite's declared axes, as column names (JSON): the landing table shows them first.
     "axes": "TEXT",
+    # A capacity case's search (record `capacity`): the SLO that limits it, and all of it.
+    "capacity_limit": "TEXT",
+    "capacity_search": "TEXT",
     # A digest of the record's file: loading the same file again is recognised as unchanged
     # (without reading it: ingest digests the bytes and skips a file whose digest is stored).
     "record_digest": "TEXT",

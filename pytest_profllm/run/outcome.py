@@ -59,6 +59,8 @@ class CaseOutcome:
     # The regression gate's verdicts (gates/worker.py), set after the case's call.
     regression: list[RegressionVerdict] = field(default_factory=list)
     sim_device: str | None = None  # the simulator's device profile (None: its default)
+    # A capacity case's search: the capacity, its bracket, the limiting SLO and every probe.
+    capacity: dict[str, Any] | None = None
 
     @property
     def run_id(self) -> str:
@@ -95,6 +97,7 @@ class CaseOutcome:
             validity="invalid" if (reasons := self._invalid_because(message)) else "valid",
             validity_reasons=reasons,
             series=self.series,
+            capacity=self.capacity,
         )
         return record.model_dump(mode="json")
 

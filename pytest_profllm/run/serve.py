@@ -52,10 +52,10 @@ def run_case(
     assert isinstance(bench, BenchmarkConfig), "offline kinds run in offline.runner"
     with servers.serving(case) as server:
         outcome.server = server
-        codec = _codec(case, servers.engine, server.base_url)
+        codec = codec_for(case, servers.engine, server.base_url)
         prompts = make_prompts(bench, codec)
         settings = load_settings(
-            bench, server.base_url, _served_name(case.server), api_key=_api_key(case.server)
+            bench, server.base_url, served_name(case.server), api_key=api_key_of(case.server)
         )
         load = _load(server, settings, prompts, outcome)
     # The server lived through the load on its own port (serving checked): the figures count.
@@ -71,12 +71,12 @@ def run_case(
     return outcome
 
 
-def _codec(case: Case, engine: str, base_url: str) -> Codec:
+def codec_for(case: Case, engine: str, base_url: str) -> Codec:
     """The tokenizer that sizes the prompts: a local one, else the server's own."""
     tokenizer = _tokenizer_for(case, engine)
     if tokenizer is not None:
         return TokenizerCodec.load(tokenizer)
-    return ServerCodec(base_url, _served_name(case.server), _api_key(case.server))
+    return ServerCodec(base_url, served_name(case.server), api_key_of(case.server))
 
 
 def _load(
@@ -90,7 +90,7 @@ def _load(
         client_off(leased_cores(server.device, server.lease)),
         Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler,
     ):
-        load = asyncio.run(_load_while_alive(server, run_load(settings, prompts)))
+        load = asyncio.run(load_while_alive(server, run_load(settings, prompts)))
     outcome.telemetry = sampler.summary()
     outcome.series = sampler.series()
     outcome.requests = [
@@ -121,7 +121,7 @@ def _profile(
 _ALIVE_POLL_S = 0.5
 
 
-async def _load_while_alive(
+async def load_while_alive(
     server: ServerProcess, load: Coroutine[Any, Any, LoadResult]
 ) -> LoadResult:
     """The load's result; ServerExited when the server exits first: the rest of the schedule is
@@ -168,7 +168,7 @@ def _tokenizer_for(case: Case, engine: str) -> str | None:
     return local if os.path.isfile(os.path.join(local, "tokenizer.json")) else None
 
 
-def _api_key(server: dict[str, Any]) -> str | None:
+def api_key_of(server: dict[str, Any]) -> str | None:
     # vLLM takes one key or several (any of them is accepted): the client sends the first.
     key = server.get("api_key")
     if isinstance(key, list):
@@ -176,7 +176,7 @@ def _api_key(server: dict[str, Any]) -> str | None:
     return None if key is None else str(key)
 
 
-def _served_name(server: dict[str, Any]) -> str:
+def served_name(server: dict[str, Any]) -> str:
     names = server.get("served_model_name")
     if isinstance(names, list) and names:
         return str(names[0])

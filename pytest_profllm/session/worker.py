@@ -20,6 +20,7 @@ from pytest_profllm.offline.runner import run_offline
 from pytest_profllm.options import Settings
 from pytest_profllm.plan.case import Case
 from pytest_profllm.results.record import Status
+from pytest_profllm.run.capacity import run_capacity
 from pytest_profllm.run.outcome import CaseFailed, CaseOutcome
 from pytest_profllm.run.serve import run_case
 from pytest_profllm.server.process import ServerLost, ServerStartError
@@ -115,6 +116,8 @@ class WorkerSession:
     def run(self, case: Case, nodeid: str, stash: pytest.Stash) -> CaseOutcome:
         outcome = stash[OUTCOME_KEY] = self._outcome(case, nodeid)
         try:
+            if case.kind == "capacity":
+                return run_capacity(case, self.servers, outcome, self.settings.max_schedule_lag_ms)
             if case.kind != "serve":
                 return run_offline(case, self.servers, outcome)
             return run_case(case, self.servers, outcome, self.settings.max_schedule_lag_ms)

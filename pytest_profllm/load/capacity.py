@@ -1,0 +1,541 @@
+"""SLO capacity search: the highest load a server carries while every SLO holds, as a
+measurement with a bracket.
+
+A probe runs the workload at one load (a request rate or a concurrency) and decides, for each
+SLO, from a bootstrap interval of its statistic (scipy.stats.bootstrap, as the regression gate):
+"meets" when the whole interval lies within the bound, "misses" when it lies wholly beyond,
+"unsure" otherwise. An unsure probe is extended with more requests (pooled with the first) up
+to `max_extension` times its first count; one still unsure counts as a miss, so the reported
+capacity is a load shown to meet, never one that merely may. A probe whose requests failed or
+whose client fell behind its schedule never meets.
+
+The search bisects the bracket [meets, misses] on a log scale (a load's effect on latency is
+multiplicative) from the middle of [low, high] until misses / meets <= 1 + precision, or the
+probe or time budget is spent; an end of the range is probed only when the bisection reaches
+it. A load meets only when it met on `confirm` independent runs. The probe itself is a
+callable, so the same search drives a live server (run/capacity.py, `profllm bench`) and the
+simulator's virtual clock (benchmarks/perf/capacity_search.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import warnings
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from pytest_profllm.load import metrics
+from pytest_profllm.load.bench import load_settings, measure, run_load
+from pytest_profllm.load.dataset import Codec, PromptRequest
+from pytest_profllm.load.metrics import RequestOutcome
+from pytest_profllm.load.schedule import LoadResult
+from pytest_profllm.plan.suite import GOODPUT_SLO, CapacityConfig, CapacitySearch
+
+FloatArray = npt.NDArray[np.float64]
+Decision = Literal["meets", "misses", "unsure"]
+
+# A percentile is estimated from at least this many samples beyond it (p99: 2,000 requests).
+TAIL_SAMPLES = 20
+_RESAMPLES = 1000
+_BLOCKS = 20
+
+
+@dataclass(frozen=True)
+class Slo:
+    """One bound: a latency statistic (ms) at most `target`, or the goodput ratio at least."""
+
+    name: str
+    target: float
+
+    @property
+    def latency(self) -> str | None:
+        """ttft/tpot/itl/e2el, or None for the goodput ratio."""
+        if self.name == GOODPUT_SLO:
+            return None
+        return self.name.rsplit("_", 2)[-2]
+
+    @property
+    def statistic(self) -> str:
+        """mean, median, or a percentile as text ("99")."""
+        head = self.name.split("_", 1)[0]
+        return head[1:] if head.startswith("p") else head
+
+    def value(self, samples: FloatArray, axis: int = -1) -> Any:
+        if self.statistic == "mean":
+            return np.mean(samples, axis=axis)
+        if self.statistic == "median":
+            return np.median(samples, axis=axis)
+        return np.percentile(samples, float(self.statistic), axis=axis)
+
+    @property
+    def tail_fraction(self) -> float:
+        """The fraction of samples beyond the statistic (a median's: half)."""
+        if self.statistic in ("mean", "median") or self.latency is None:
+            return 0.5
+        return 1 - float(self.statistic) / 100
+
+
+def slos_of(block: Mapping[str, float]) -> list[Slo]:
+    return [Slo(str(name), float(target)) for name, target in block.items()]
+
+
+def requests_per_probe(slos: list[Slo], num_prompts: int) -> int:
+    """Enough requests to estimate every SLO's statistic: TAIL_SAMPLES beyond the highest
+    percentile, and never fewer than the workload's own `num_prompts`."""
+    # Rounded first: 20 / (1 - 0.9) is 200.00000000000003 in floating point.
+    needed = max(math.ceil(round(TAIL_SAMPLES / slo.tail_fraction, 6)) for slo in slos)
+    return max(num_prompts, needed)
+
+
+@dataclass
+class ProbeSamples:
+    """What one run at one load measured: per-request latencies in ms (successful requests),
+    whether each request met the goodput bounds, and why the run cannot count as meeting."""
+
+    latencies: dict[str, FloatArray]
+    good: npt.NDArray[np.bool_] | None = None
+    failed: int = 0
+    completed: int = 0
+    fell_behind: str | None = None
+    achieved_rate: float | None = None
+    duration_s: float = 0.0
+
+    def pooled(self, more: ProbeSamples) -> ProbeSamples:
+        good = None
+        if self.good is not None and more.good is not None:
+            good = np.concatenate([self.good, more.good])
+        return ProbeSamples(
+            latencies={
+                name: np.concatenate([values, more.latencies.get(name, np.empty(0))])
+                for name, values in self.latencies.items()
+            },
+            good=good,
+            failed=self.failed + more.failed,
+            completed=self.completed + more.completed,
+            fell_behind=self.fell_behind or more.fell_behind,
+            achieved_rate=_mean_rate(self, more),
+            duration_s=self.duration_s + more.duration_s,
+        )
+
+
+def _mean_rate(first: ProbeSamples, second: ProbeSamples) -> float | None:
+    if first.achieved_rate is None or second.achieved_rate is None:
+        return first.achieved_rate or second.achieved_rate
+    total = first.duration_s + second.duration_s
+    if total <= 0:
+        return first.achieved_rate
+    return (first.achieved_rate * first.duration_s + second.achieved_rate * second.duration_s) / (
+        total
+    )
+
+
+@dataclass
+class SloReading:
+    slo: str
+    target: float
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    decision: Decision
+
+
+@dataclass
+class Probe:
+    """One load, as the record keeps it."""
+
+    load: float
+    requests: int
+    completed: int
+    failed: int
+    achieved_rate: float | None
+    duration_s: float
+    decision: Decision
+    reason: str | None
+    readings: list[SloReading] = field(default_factory=list)
+
+    def as_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CapacityResult:
+    over: str
+    capacity: float | None  # the highest load shown to meet every SLO
+    low: float | None  # the bracket: the highest load that met ...
+    high: float | None  # ... and the lowest that missed (None: none missed)
+    limit: str | None  # the SLO that missed at `high` (or the reason it could not meet)
+    stopped: str  # why the search ended
+    probes: list[Probe]
+    slos: dict[str, float]
+    elapsed_s: float
+
+    def results(self) -> dict[str, float | None]:
+        return {"capacity": self.capacity, "capacity_low": self.low, "capacity_high": self.high}
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "over": self.over,
+            "capacity": self.capacity,
+            "bracket": [self.low, self.high],
+            "limit": self.limit,
+            "stopped": self.stopped,
+            "slo": self.slos,
+            "elapsed_s": self.elapsed_s,
+            "probes": [probe.as_record() for probe in self.probes],
+        }
+
+    def describe(self) -> str:
+        """One line for the terminal: the capacity, its bracket, what limits it."""
+        unit = "req/s" if self.over == "request_rate" else "concurrent requests"
+        if self.capacity is None:
+            return (
+                f"capacity: none in the search range (the lowest load, {_load(self.high)} "
+                f"{unit}, missed: {self.limit})"
+            )
+        if self.high is None:
+            return (
+                f"capacity >= {_load(self.capacity)} {unit} (the highest load searched met "
+                f"every SLO; {len(self.probes)} probes)"
+            )
+        return (
+            f"capacity {_load(self.capacity)} {unit} (bracket {_load(self.low)} .. "
+            f"{_load(self.high)}, limited by {self.limit}; {len(self.probes)} probes, "
+            f"{self.stopped})"
+        )
+
+
+def _load(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def decide(
+    samples: ProbeSamples, slos: list[Slo], confidence: float, seed: int = 0
+) -> tuple[Decision, str | None, list[SloReading]]:
+    """The probe's decision, the reason when it is not "meets", and each SLO's reading."""
+    readings = [_reading(slo, samples, confidence, seed) for slo in slos]
+    if samples.failed:
+        return "misses", f"{samples.failed} of {samples.failed + samples.completed} requests " \
+            "failed", readings
+    missed = [reading.slo for reading in readings if reading.decision == "misses"]
+    if missed:
+        return "misses", ", ".join(missed), readings
+    unsure = [reading.slo for reading in readings if reading.decision == "unsure"]
+    if unsure:
+        return "unsure", ", ".join(unsure), readings
+    if samples.fell_behind:
+        # The server may carry it, but the client did not send it: not shown to meet.
+        return "unsure", f"client fell behind: {samples.fell_behind}", readings
+    return "meets", None, readings
+
+
+def _reading(slo: Slo, samples: ProbeSamples, confidence: float, seed: int) -> SloReading:
+    if slo.latency is None:
+        return _goodput_reading(slo, samples, confidence)
+    values = samples.latencies.get(slo.latency, np.empty(0))
+    if values.size < 2:
+        return SloReading(slo.name, slo.target, None, None, None, "misses")
+    value = float(slo.value(values))
+    low, high = _interval(slo, values, confidence, seed)
+    decision: Decision = "unsure"
+    if high <= slo.target:
+        decision = "meets"
+    elif low > slo.target:
+        decision = "misses"
+    return SloReading(slo.name, slo.target, value, low, high, decision)
+
+
+def _interval(
+    slo: Slo, values: FloatArray, confidence: float, seed: int
+) -> tuple[float, float]:
+    """The bootstrap interval of the statistic, resampling runs of consecutive requests.
+
+    Requests of one run are not independent: a burst of arrivals queues many of them at
+    once. Resampling single requests then makes the interval too narrow (a run's p99 varies
+    from seed to seed more than it says), so `_BLOCKS` contiguous blocks in sending order are
+    resampled whole (a moving-block bootstrap).
+    """
+    # Deferred: scipy.stats takes about 0.9 s to import.
+    from scipy import stats
+
+    if np.ptp(values) == 0:
+        return float(values[0]), float(values[0])
+    blocks = min(_BLOCKS, values.size // 2)
+    size = values.size // blocks
+    grid = values[: blocks * size].reshape(blocks, size)
+
+    def statistic(chosen: Any, axis: int = -1) -> Any:
+        # chosen: block indices, (..., blocks): the resampled run is their blocks end to end.
+        picked = grid[np.asarray(chosen, dtype=np.intp)]
+        return slo.value(picked.reshape(*picked.shape[:-2], -1), axis=-1)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a lumpy resample distribution is what it is
+        result = stats.bootstrap(
+            (np.arange(blocks),),
+            statistic,
+            vectorized=True,
+            n_resamples=_RESAMPLES,
+            confidence_level=confidence,
+            method="percentile",
+            batch=max(1, 2_000_000 // values.size),
+            rng=np.random.default_rng(seed),
+        )
+    low, high = result.confidence_interval
+    return float(low), float(high)
+
+
+def _goodput_reading(slo: Slo, samples: ProbeSamples, confidence: float) -> SloReading:
+    from scipy import stats  # deferred: about 0.9 s to import
+
+    good = samples.good
+    total = samples.completed + samples.failed
+    if good is None or total == 0:
+        return SloReading(slo.name, slo.target, None, None, None, "misses")
+    hits = int(np.count_nonzero(good))  # a failed request is not good
+    interval = stats.binomtest(hits, total).proportion_ci(confidence, method="wilson")
+    low, high = float(interval.low), float(interval.high)
+    decision: Decision = "unsure"
+    if low >= slo.target:
+        decision = "meets"
+    elif high < slo.target:
+        decision = "misses"
+    return SloReading(slo.name, slo.target, hits / total, low, high, decision)
+
+
+ProbeRun = Callable[[float, int, int], ProbeSamples]  # (load, requests, seed) -> samples
+
+
+def search(
+    run: ProbeRun,
+    slos: list[Slo],
+    settings: CapacitySearch,
+    num_prompts: int,
+    *,
+    seed: int = 0,
+    clock: Callable[[], float] = time.monotonic,
+    on_probe: Callable[[Probe], None] | None = None,
+) -> CapacityResult:
+    """Narrow the bracket [low, high] around the highest load at which every SLO holds.
+
+    Bisection on a log scale starts in the middle: the ends are probed only when the search
+    reaches them (a probe at a low rate takes longest: its requests arrive slowly, and a probe
+    far above the capacity only queues). A load is "meets" only when it met on
+    `settings.confirm` independent runs: near the capacity, one run's tail latency varies
+    more from run to run than within the run (a burst of arrivals either happens or not), so
+    a single lucky run must not raise the capacity.
+    """
+    started = clock()
+    base = requests_per_probe(slos, num_prompts)
+    probes: list[Probe] = []
+    whole = settings.over == "max_concurrency"
+    runs = 0
+
+    def measure_at(load: float) -> tuple[ProbeSamples, Decision, str | None, list[SloReading],
+                                          int]:
+        nonlocal runs
+        samples = run(load, base, seed + runs)
+        runs += 1
+        sent = base
+        decision, reason, readings = decide(samples, slos, settings.confidence, seed)
+        while (
+            decision == "unsure"
+            and sent + base <= base * settings.max_extension
+            and clock() - started < settings.max_time_s
+        ):
+            samples = samples.pooled(run(load, base, seed + runs))
+            runs += 1
+            sent += base
+            decision, reason, readings = decide(samples, slos, settings.confidence, seed)
+        if decision == "unsure":
+            reason = f"unsure after {sent} requests ({reason})"
+        return samples, decision, reason, readings, sent
+
+    def probe(load: float) -> Probe:
+        samples, decision, reason, readings, sent = measure_at(load)
+        confirmed = 1
+        while decision == "meets" and confirmed < settings.confirm:
+            again, said, why, again_readings, more = measure_at(load)
+            samples, sent, confirmed = samples.pooled(again), sent + more, confirmed + 1
+            if said != "meets":
+                decision, readings = "unsure", again_readings
+                reason = f"met on {confirmed - 1} run(s), not on the next ({why})"
+        done = Probe(
+            load=load,
+            requests=sent,
+            completed=samples.completed,
+            failed=samples.failed,
+            achieved_rate=samples.achieved_rate,
+            duration_s=samples.duration_s,
+            decision=decision,
+            reason=reason,
+            readings=readings,
+        )
+        probes.append(done)
+        if on_probe is not None:
+            on_probe(done)
+        return done
+
+    def result(
+        low: float | None, high: float | None, limit: str | None, stopped: str
+    ) -> CapacityResult:
+        return CapacityResult(
+            over=settings.over,
+            capacity=low,
+            low=low,
+            high=high,
+            limit=limit,
+            stopped=stopped,
+            probes=probes,
+            slos={slo.name: slo.target for slo in slos},
+            elapsed_s=clock() - started,
+        )
+
+    low, high = settings.low, settings.high
+    met = missed = False  # whether `low` and `high` were probed (or are probed loads)
+    limit: str | None = None
+    stopped = "precision"
+    while high / low > 1 + settings.precision:
+        # Keep probes for the ends the bisection has not reached.
+        reserved = (not met) + (not missed)
+        if len(probes) + reserved >= settings.max_probes:
+            stopped = "max_probes"
+            break
+        if clock() - started >= settings.max_time_s:
+            stopped = "max_time_s"
+            break
+        middle = math.sqrt(low * high)
+        if whole:
+            middle = float(round(middle))
+            if not low < middle < high:
+                break  # neighbouring whole numbers: nothing lies between
+        tried = probe(middle)
+        if tried.decision == "meets":
+            low, met = middle, True
+        else:
+            high, missed, limit = middle, True, _limit(tried)
+    if not met:
+        first = probe(settings.low) if low == settings.low else None
+        if first is None or first.decision != "meets":
+            why = _limit(first) if first is not None else limit
+            return result(None, low, why, "below the search range")
+    if not missed and high == settings.high:
+        last = probe(settings.high)
+        if last.decision == "meets":
+            return result(settings.high, None, None, "above the search range")
+        limit = _limit(last)
+    return result(low, high, limit, stopped)
+
+
+def _limit(probe: Probe) -> str | None:
+    """What kept a probe from meeting: the SLOs not shown to hold, else its reason."""
+    names = [reading.slo for reading in probe.readings if reading.decision != "meets"]
+    return ", ".join(names) if names else probe.reason
+
+
+def probe_samples(
+    outcomes: list[RequestOutcome],
+    summary: Mapping[str, float | int | None],
+    health: Mapping[str, float | int | None],
+    goodput_ms: Mapping[Any, float] | None,
+    fell_behind: str | None,
+) -> ProbeSamples:
+    """A finished load as a probe's samples: latencies in ms in sending order (vLLM's
+    definitions: TPOT over requests of more than one output token), each request's goodput."""
+    done = [outcome for outcome in outcomes if outcome.success]
+    tpots = []
+    for outcome in done:
+        if (outcome.output_tokens or 0) > 1:
+            tpots.append(_request_value(outcome, "tpot"))
+    good = None
+    if goodput_ms:
+        bounds = {name: limit / 1000 for name, limit in goodput_ms.items()}
+        good = np.asarray(
+            [
+                outcome.success and all(_request_value(outcome, name) <= limit
+                                        for name, limit in bounds.items())
+                for outcome in outcomes
+            ],
+            dtype=np.bool_,
+        )
+    return ProbeSamples(
+        latencies={
+            "ttft": np.asarray([o.ttft for o in done], dtype=np.float64) * 1000,
+            "tpot": np.asarray(tpots, dtype=np.float64) * 1000,
+            "itl": np.asarray([gap for o in done for gap in o.itl], dtype=np.float64) * 1000,
+            "e2el": np.asarray([o.latency for o in done], dtype=np.float64) * 1000,
+        },
+        good=good,
+        failed=int(summary.get("failed") or 0),
+        completed=int(summary.get("completed") or 0),
+        fell_behind=fell_behind,
+        achieved_rate=_float(health.get("achieved_request_rate")),
+        duration_s=float(summary.get("duration") or 0.0),
+    )
+
+
+def _request_value(outcome: RequestOutcome, name: str) -> float:
+    if name == "ttft":
+        return outcome.ttft
+    if name == "e2el":
+        return outcome.latency
+    tokens = outcome.output_tokens or 0
+    return (outcome.latency - outcome.ttft) / (tokens - 1) if tokens > 1 else 0.0
+
+
+def _float(value: float | int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+class ServerProbes:
+    """Probes against one running server, each a load of the workload's prompts (used in turn,
+    so an extension sends new ones); keeps what each load measured last. `drive` runs a load
+    to its end (the case's also watches that the server lives)."""
+
+    def __init__(
+        self,
+        bench: CapacityConfig,
+        base_url: str,
+        codec: Codec,
+        prompts: list[PromptRequest],
+        model: str,
+        api_key: str | None,
+        max_schedule_lag_ms: float | None,
+        drive: Callable[[Coroutine[Any, Any, LoadResult]], LoadResult] = asyncio.run,
+        endpoint: str | None = None,
+    ) -> None:
+        self.bench = bench
+        self.base_url = base_url
+        self.drive = drive
+        self.endpoint = endpoint
+        self.codec = codec
+        self.prompts = prompts
+        self.model = model
+        self.api_key = api_key
+        self.max_schedule_lag_ms = max_schedule_lag_ms
+        # load -> (config, load result, summary with health) of its last run
+        self.measured: dict[float, tuple[CapacityConfig, LoadResult, dict[str, Any]]] = {}
+        self._next = 0  # prompts are used in turn, so an extension sends new ones
+
+    def __call__(self, load: float, count: int, seed: int) -> ProbeSamples:
+        over = self.bench.search.over
+        value: float | int = int(load) if over == "max_concurrency" else load
+        config = self.bench.model_copy(update={over: value, "num_prompts": count, "seed": seed})
+        chosen = [self.prompts[(self._next + i) % len(self.prompts)] for i in range(count)]
+        self._next += count
+        settings = load_settings(
+            config, self.base_url, self.model, api_key=self.api_key, endpoint=self.endpoint
+        )
+        result = self.drive(run_load(settings, chosen))
+        summary, health = measure(result, config, self.codec)
+        summary.update(health)
+        self.measured[load] = (config, result, summary)
+        behind = metrics.client_fell_behind(health, self.max_schedule_lag_ms)
+        return probe_samples(
+            result.outcomes, summary, health, self.bench.goodput, behind
+        )

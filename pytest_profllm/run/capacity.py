@@ -1,0 +1,87 @@
+"""Running one capacity case: one server, the workload probed at loads the search chooses
+(load/capacity.py), and a record whose result is the capacity with its bracket and whose
+figures are those of the probe at the capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pytest_profllm.hosts.devices import client_off, leased_cores
+from pytest_profllm.load import metrics
+from pytest_profllm.load.bench import invalid_reason
+from pytest_profllm.load.capacity import (
+    CapacityResult,
+    ServerProbes,
+    requests_per_probe,
+    search,
+    slos_of,
+)
+from pytest_profllm.load.dataset import make_prompts
+from pytest_profllm.plan.case import Case
+from pytest_profllm.plan.metric_names import CLIENT_HEALTH_KEYS
+from pytest_profllm.plan.suite import CapacityConfig
+from pytest_profllm.run.outcome import CaseFailed, CaseOutcome, evaluate, request_row
+from pytest_profllm.run.serve import api_key_of, codec_for, load_while_alive, served_name
+from pytest_profllm.run.telemetry import Sampler
+from pytest_profllm.server.workers import WorkerServers
+
+
+def run_capacity(
+    case: Case,
+    servers: WorkerServers,
+    outcome: CaseOutcome,
+    max_schedule_lag_ms: float | None = None,
+) -> CaseOutcome:
+    """Start or reuse the server, search its capacity, and keep the probe at the capacity."""
+    bench = case.benchmark
+    assert isinstance(bench, CapacityConfig)
+    slos = slos_of(bench.slo)
+    with servers.serving(case) as server:
+        outcome.server = server
+        codec = codec_for(case, servers.engine, server.base_url)
+        per_probe = requests_per_probe(slos, bench.num_prompts)
+        prompts = make_prompts(bench.model_copy(update={"num_prompts": per_probe}), codec)
+        probes = ServerProbes(
+            bench, server.base_url, codec, prompts, served_name(case.server),
+            api_key_of(case.server), max_schedule_lag_ms,
+            drive=lambda load: asyncio.run(load_while_alive(server, load)),
+        )
+        gpu_ids = server.lease.gpus if server.device == "gpu" else ()
+        with (
+            client_off(leased_cores(server.device, server.lease)),
+            Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler,
+        ):
+            found = search(probes, slos, bench.search, bench.num_prompts, seed=bench.seed)
+        outcome.telemetry = sampler.summary()
+        outcome.series = sampler.series()
+    _keep_probe_at_capacity(outcome, found, probes, max_schedule_lag_ms)
+    outcome.capacity = found.as_record()
+    outcome.results.update(found.results())
+    outcome.verdicts = evaluate(case, outcome.results)
+    outcome.finished_at = time.time()
+    return outcome
+
+
+def _keep_probe_at_capacity(
+    outcome: CaseOutcome,
+    found: CapacityResult,
+    probes: ServerProbes,
+    max_schedule_lag_ms: float | None,
+) -> None:
+    """The figures, requests and validity of the probe at the capacity (else the first, which
+    says why no load met). A search whose every request failed measured nothing."""
+    at = found.capacity if found.capacity is not None else found.probes[0].load
+    config, load, summary = probes.measured[at]
+    if not summary.get("completed"):
+        problem = metrics.served_problem(load.outcomes, summary, 0)
+        raise CaseFailed(problem or "no request of the capacity search completed")
+    outcome.results = dict(summary)
+    outcome.requests = [
+        request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
+    ]
+    if found.capacity is not None:
+        health = {k: v for k, v in summary.items() if k in CLIENT_HEALTH_KEYS}
+        outcome.invalid_reason = invalid_reason(load, config, health, max_schedule_lag_ms)
+        outcome.request_failures = metrics.request_failures(load.outcomes)

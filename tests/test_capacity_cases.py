@@ -1,0 +1,89 @@
+"""Capacity cases through real pytest runs on the simulated engine: two configurations searched
+in parallel under -n 2, each record's capacity with its bracket and probes, the threshold on
+it, and a slowed simulator (PROFLLM_SIM_SLOWDOWN) whose lower capacity the gate calls
+regressed."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime
+from typing import Any
+
+import pytest
+from helpers import run_records, run_suites
+
+# Short requests at modest rates: a probe of 40 requests takes a second or two. The batch
+# limit sets the capacity: 2 sequences carry far fewer requests per second than 8.
+SUITE = """
+server:
+  model: sim-8b
+  max_num_seqs: [2, 8]
+  enable_prefix_caching: false
+benchmark:
+  kind: capacity
+  num_prompts: 40
+  random_input_len: 128
+  random_output_len: 16
+  slo: {median_ttft_ms: 120}
+  # One run per load (no confirming run): these tests are about the path, not the noise.
+  search: {low: 8, high: 200, precision: 25%, confirm: 1, max_time_s: 60}
+thresholds:
+  capacity: {min: 8}
+regression:
+  capacity: 10%
+"""
+
+
+def _interval(record: dict[str, Any]) -> tuple[float, float]:
+    start = datetime.fromisoformat(record["timestamp"]).timestamp()
+    return start, start + record["duration"]
+
+
+def test_two_configurations_search_in_parallel(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(".yaml", bench_cap=SUITE)
+    result = run_suites(pytester, ports, "-n", "2", "-rA", cache=False)
+    result.assert_outcomes(passed=2)
+    records = {r["config"]["server"]["max_num_seqs"]: r for r in run_records(pytester)}
+    small, large = records[2], records[8]
+    for record in (small, large):
+        search = record["capacity"]
+        assert record["validity"] == "valid"
+        assert record["results"]["capacity"] == search["capacity"] == search["bracket"][0]
+        assert search["bracket"][1] is None or search["bracket"][1] > search["bracket"][0]
+        assert search["limit"] == "median_ttft_ms"
+        assert {p["decision"] for p in search["probes"]} <= {"meets", "misses", "unsure"}
+        assert any(p["decision"] == "meets" and p["load"] == search["capacity"]
+                   for p in search["probes"])
+        assert all(p["readings"][0]["slo"] == "median_ttft_ms" for p in search["probes"])
+    # More sequences carry more load; both searches ran at once, on their own workers.
+    assert large["results"]["capacity"] > small["results"]["capacity"]
+    (start_a, end_a), (start_b, end_b) = _interval(small), _interval(large)
+    assert start_a < end_b and start_b < end_a
+    assert small["runtime"]["worker"] != large["runtime"]["worker"]
+    # The terminal summary and the database carry the capacity and what limits it.
+    result.stdout.fnmatch_lines(["*capacity*req/s*"])
+    with sqlite3.connect(pytester.path / "results" / "results.db") as db:
+        rows = db.execute(
+            "SELECT capacity, capacity_low, capacity_high, capacity_limit FROM benchmark_runs"
+        ).fetchall()
+    assert len(rows) == 2 and all(row[3] == "median_ttft_ms" for row in rows)
+
+
+def test_a_slowed_simulator_lowers_the_capacity_and_the_gate_says_regressed(
+    pytester: pytest.Pytester, ports: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makefile(".yaml", bench_cap=SUITE.replace("[2, 8]", "4"))
+    base = run_suites(pytester, ports, "--profllm-baseline=base/results.db",
+                      "--profllm-baseline-update", out="base", cache=False)
+    base.assert_outcomes(passed=1)
+    monkeypatch.setenv("PROFLLM_SIM_SLOWDOWN", "2.0")
+    slow = run_suites(pytester, ports, "--profllm-baseline=base/results.db", out="slow",
+                      cache=False)
+    slow.assert_outcomes(failed=1)
+    (before,) = run_records(pytester, "base")
+    (after,) = run_records(pytester, "slow")
+    assert after["results"]["capacity"] < before["results"]["capacity"]
+    (verdict,) = after["regression"]
+    assert verdict["metric"] == "capacity" and verdict["verdict"] == "regressed"
+    assert verdict["ci_high"] < -0.10
+    slow.stdout.fnmatch_lines(["*capacity regressed*"])
