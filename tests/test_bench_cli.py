@@ -174,3 +174,40 @@ def test_sim_routes_the_client_relies_on(sim_url: str) -> None:
     assert body["choices"][0]["message"]["role"] == "assistant"
     bad = requests.post(f"{sim_url}/v1/chat/completions", json={"messages": []}, timeout=10)
     assert bad.status_code == 400
+
+
+def test_slos_turn_the_benchmark_into_a_capacity_search(
+    sim_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, result = bench(
+        sim_url, tmp_path, "--tokenizer", str(MODEL_DIR), "--num-prompts", "40",
+        "--slo", "median_ttft_ms=2000", "--slo", "p90_tpot_ms=1000", "--search-low", "2",
+        "--search-high", "16", "--search-precision", "50%", "--search-confirm", "1",
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and result is not None
+    probes = [line for line in out.splitlines() if line.startswith("probe ")]
+    assert probes and all("median_ttft_ms" in line and "p90_tpot_ms" in line for line in probes)
+    search = result["capacity_search"]
+    assert len(search["probes"]) == len(probes)
+    assert result["capacity"] == search["capacity"] == search["bracket"][0]
+    assert result["completed"] >= 200  # a p90 is estimated from at least 200 requests
+    assert "capacity" in out.splitlines()[-2] or "capacity" in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--search-low", "50", "--search-high", "10"],
+         "search.low (50) must lie below search.high (10)"),
+        (["--slo", "p99_ttfx_ms=5"], "slo.p99_ttfx_ms: unknown SLO metric"),
+        (["--slo", "p99_ttft_ms=fast"], "--slo: 'p99_ttft_ms=fast' is not NAME=VALUE"),
+    ],
+)
+def test_bad_search_settings_are_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    code, _ = bench("http://127.0.0.1:9", tmp_path, "--slo", "p99_ttft_ms=500", *flags)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert message in err

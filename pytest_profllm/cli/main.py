@@ -25,10 +25,11 @@ from pytest_profllm.load.bench import (
     run_bench,
     summary_lines,
 )
+from pytest_profllm.load.capacity import Probe, describe_probe, search_server
 from pytest_profllm.load.dataset import DatasetError
 from pytest_profllm.options import DEFAULT_SUITE_GLOB
 from pytest_profllm.plan.regression import parse_tolerance
-from pytest_profllm.plan.suite import BenchmarkConfig
+from pytest_profllm.plan.suite import BenchmarkConfig, CapacityConfig, CapacitySearch
 from pytest_profllm.results import store
 from pytest_profllm.results.ingest import IngestError, ingest, record_files
 from pytest_profllm.results.record import json_schema, write_requests
@@ -254,6 +255,23 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--save-detailed", action="store_true", help="keep the per-request lists in the JSON")
     add("--result-dir")
     add("--result-filename")
+    search = parser.add_argument_group(
+        "capacity search", "with --slo, search the highest load that meets every SLO (not "
+        "vLLM flags): one line per probe, then the capacity and its bracket")
+    search.add_argument("--slo", action="append", metavar="NAME=VALUE",
+                        help="an SLO, repeatable: p99_ttft_ms=500, median_tpot_ms=50, "
+                        "goodput_ratio=0.9 (of requests within --goodput)")
+    defaults = CapacitySearch()
+    search.add_argument("--search-over", choices=("request_rate", "max_concurrency"),
+                        default=defaults.over)
+    search.add_argument("--search-low", type=float, default=defaults.low)
+    search.add_argument("--search-high", type=float, default=defaults.high)
+    search.add_argument("--search-precision", default="5%",
+                        help="stop when the bracket is this narrow (default: 5%%)")
+    search.add_argument("--search-max-probes", type=int, default=defaults.max_probes)
+    search.add_argument("--search-max-time-s", type=float, default=defaults.max_time_s)
+    search.add_argument("--search-confirm", type=int, default=defaults.confirm,
+                        help="independent runs a load must meet on (default: %(default)s)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -418,8 +436,13 @@ def _bench(args: argparse.Namespace) -> int:
     }
     if args.goodput:
         values["goodput"] = _goodput(args.goodput)
+    if args.slo:
+        values.update(kind="capacity", slo=_slos(args.slo), search={
+            key.removeprefix("search_"): value for key, value in vars(args).items()
+            if key.startswith("search_")})
+    model = CapacityConfig if args.slo else BenchmarkConfig
     try:
-        config = BenchmarkConfig.model_validate(values)
+        config = model.model_validate(values)
     except ValidationError as error:
         first = error.errors()[0]
         message = first["msg"].removeprefix("Value error, ")
@@ -428,6 +451,8 @@ def _bench(args: argparse.Namespace) -> int:
             message = f"{flag}: {message} (got {first.get('input')!r})"
         raise CliError(message) from None
     base_url = args.base_url or f"http://{args.host}:{args.port}"
+    if isinstance(config, CapacityConfig):
+        return _bench_capacity(config, base_url, args)
     try:
         done = run_bench(
             config,
@@ -460,6 +485,45 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"profllm bench: invalid measurement: {done.invalid_reason}", file=sys.stderr)
         return EXIT_INVALID
     return EXIT_OK
+
+
+def _bench_capacity(config: CapacityConfig, base_url: str, args: argparse.Namespace) -> int:
+    def show(probe: Probe) -> None:
+        print(describe_probe(probe, config.search.over), flush=True)
+
+    try:
+        done = search_server(
+            config,
+            base_url,
+            args.model,
+            served_model_name=args.served_model_name,
+            tokenizer=args.tokenizer,
+            api_key=os.environ.get("OPENAI_API_KEY"),
+            endpoint=args.endpoint,
+            label=args.label,
+            on_probe=show,
+        )
+    except ServerUnreachable as error:
+        raise CliError(str(error), EXIT_UNREACHABLE) from None
+    except DatasetError as error:
+        raise CliError(str(error)) from None
+    print(done.found.describe())
+    if args.save_result:
+        path = result_path(config, args.model, args.label, args.result_dir, args.result_filename)
+        write_atomic(path, json.dumps(done.result).encode())
+        print(f"result: {path}")
+    return EXIT_OK if done.found.capacity is not None else EXIT_NOTHING_MEASURED
+
+
+def _slos(pairs: list[str]) -> dict[str, float]:
+    slos = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            slos[key.strip()] = float(value)
+        except ValueError:
+            raise CliError(f"--slo: {pair!r} is not NAME=VALUE (e.g. p99_ttft_ms=500)") from None
+    return slos
 
 
 def _goodput(pairs: list[str]) -> dict[str, float]:

@@ -31,10 +31,25 @@ import numpy as np
 import numpy.typing as npt
 
 from pytest_profllm.load import metrics
-from pytest_profllm.load.bench import load_settings, measure, run_load
-from pytest_profllm.load.dataset import Codec, PromptRequest
+from pytest_profllm.load.bench import (
+    DETAILED_KEYS,
+    check_reachable,
+    load_settings,
+    measure,
+    result_json,
+    run_load,
+    server_engine,
+)
+from pytest_profllm.load.dataset import (
+    Codec,
+    PromptRequest,
+    ServerCodec,
+    TokenizerCodec,
+    make_prompts,
+)
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.schedule import LoadResult
+from pytest_profllm.plan.metric_names import CLIENT_HEALTH_KEYS
 from pytest_profllm.plan.suite import GOODPUT_SLO, CapacityConfig, CapacitySearch
 
 FloatArray = npt.NDArray[np.float64]
@@ -539,3 +554,66 @@ class ServerProbes:
         return probe_samples(
             result.outcomes, summary, health, self.bench.goodput, behind
         )
+
+
+@dataclass
+class ServerSearch:
+    """A capacity search against a running server: its result, and the figures (vLLM's result
+    keys) and load of the probe at the capacity (else of the first probe)."""
+
+    found: CapacityResult
+    result: dict[str, Any]
+    load: LoadResult
+
+
+def search_server(
+    config: CapacityConfig,
+    base_url: str,
+    model: str,
+    *,
+    served_model_name: str | None = None,
+    tokenizer: str | None = None,
+    api_key: str | None = None,
+    endpoint: str | None = None,
+    label: str | None = None,
+    on_probe: Callable[[Probe], None] | None = None,
+) -> ServerSearch:
+    """`profllm bench` with SLOs: the search against the server at `base_url`."""
+    check_reachable(base_url)
+    name = served_model_name or model
+    codec: Codec = (
+        TokenizerCodec.load(tokenizer) if tokenizer else ServerCodec(base_url, name, api_key)
+    )
+    slos = slos_of(config.slo)
+    per_probe = requests_per_probe(slos, config.num_prompts)
+    prompts = make_prompts(config.model_copy(update={"num_prompts": per_probe}), codec)
+    probes = ServerProbes(config, base_url, codec, prompts, name, api_key, None,
+                          endpoint=endpoint)
+    found = search(probes, slos, config.search, config.num_prompts, seed=config.seed,
+                   on_probe=on_probe)
+    at = found.capacity if found.capacity is not None else found.probes[0].load
+    probe_config, load, summary = probes.measured[at]
+    health = {key: value for key, value in summary.items() if key in CLIENT_HEALTH_KEYS}
+    result = result_json(probe_config, model, tokenizer, label, load, summary, health, codec)
+    result["engine"] = server_engine(base_url, api_key)
+    result.update(found.results())
+    result["capacity_search"] = found.as_record()
+    for key in DETAILED_KEYS:
+        result.pop(key, None)
+    return ServerSearch(found, result, load)
+
+
+def describe_probe(probe: Probe, over: str) -> str:
+    """One line per probe as the search goes: load, decision, and each SLO's reading."""
+    unit = "req/s" if over == "request_rate" else "concurrent"
+    readings = ", ".join(
+        f"{r.slo} {r.value:.4g} [{r.ci_low:.4g}, {r.ci_high:.4g}]"
+        if r.value is not None and r.ci_low is not None and r.ci_high is not None
+        else f"{r.slo} -"
+        for r in probe.readings
+    )
+    line = f"probe {probe.load:.4g} {unit}: {probe.decision} ({probe.requests} requests"
+    if probe.achieved_rate is not None:
+        line += f", achieved {probe.achieved_rate:.4g} req/s"
+    line += f"); {readings}"
+    return line + (f"; {probe.reason}" if probe.reason and probe.decision != "meets" else "")
