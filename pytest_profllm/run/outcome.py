@@ -59,6 +59,8 @@ class CaseOutcome:
     # The regression gate's verdicts (gates/worker.py), set after the case's call.
     regression: list[RegressionVerdict] = field(default_factory=list)
     sim_device: str | None = None  # the simulator's device profile (None: its default)
+    # Set when the case was not run: why (its record is `skipped`, with this message).
+    skip_reason: str | None = None
 
     @property
     def run_id(self) -> str:
