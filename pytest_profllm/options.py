@@ -26,6 +26,8 @@ DEFAULT_STARTUP_TIMEOUT = 900.0  # vLLM loads weights and compiles graphs: minut
 DEFAULT_LEASE_TIMEOUT = 3600.0
 BUSY_GPU_CHOICES = ("wait", "fail")
 DEFAULT_MAX_SCHEDULE_LAG_MS = 10.0  # issue 4: over this p99, the client set the pace
+# A rate sweep's load whose achieved rate is more than this under the requested one saturated.
+DEFAULT_SATURATION_MARGIN = 0.10
 
 
 def parse_gpus(text: str) -> int | tuple[str, ...]:
@@ -138,6 +140,22 @@ def parse_sim_device(text: str) -> str:
         return device_profile(text).name
     except UnknownDevice as error:
         raise argparse.ArgumentTypeError(f"--profllm-sim-device: {error}") from None
+
+
+def parse_saturation_margin(text: str) -> float:
+    """The saturation stop's margin: a fraction (`0.1`) or a percentage (`10%`) under 1; `off`
+    is 0, which turns the stop off."""
+    cleaned = text.strip().lower()
+    if cleaned in ("off", "none", "no"):
+        return 0.0
+    percent = cleaned.endswith("%")
+    value = _number(
+        cleaned.removesuffix("%"),
+        "a fraction like 0.1, a percentage like 10% or off",
+        lambda v: 0 <= v < (100 if percent else 1),
+        "a margin lies in [0, 1) (or [0%, 100%))",
+    )
+    return value / 100 if percent else value
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -259,6 +277,31 @@ def add_options(parser: pytest.Parser) -> None:
         help="with --profllm-ray: the cases a lost node had not finished run once more on "
         "another node, instead of failing with the node's name (ini: profllm_ray_retry)",
     )
+    group.addoption(
+        "--profllm-saturation-margin",
+        metavar="FRACTION",
+        type=parse_saturation_margin,
+        default=None,
+        help="in a rate sweep, a load whose achieved request rate is under the requested one "
+        "by more than this (or whose server's waiting queue grew through the run) is "
+        "saturated, and the sweep's higher rates are skipped; off turns the stop off (ini: "
+        f"profllm_saturation_margin; default: {DEFAULT_SATURATION_MARGIN:g})",
+    )
+    group.addoption(
+        "--profllm-no-saturation-stop",
+        action="store_true",
+        default=False,
+        help="run every rate of a sweep, also above a saturated one (the same as "
+        "--profllm-saturation-margin=off)",
+    )
+    group.addoption(
+        "--profllm-resume",
+        action="store_true",
+        default=None,
+        help="skip every case that already has a valid measured record in --profllm-out (same "
+        "fingerprint, workload and repeat); its record joins this session's database and "
+        "summary (ini: profllm_resume)",
+    )
     parser.addini("profllm_out", "directory for records, results.db and logs", default=None)
     parser.addini("profllm_db", "SQLite file for the records", default=None)
     parser.addini("profllm_engine", "auto, vllm or sim", default="auto")
@@ -287,6 +330,14 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("profllm_ray", "Ray cluster address, auto or local", default=None)
     parser.addini(
         "profllm_ray_retry", "retry a lost node's cases elsewhere, once", type="bool", default=False
+    )
+    parser.addini(
+        "profllm_saturation_margin",
+        "saturation stop's margin: a fraction, a percentage or off",
+        default=f"{DEFAULT_SATURATION_MARGIN:g}",
+    )
+    parser.addini(
+        "profllm_resume", "skip cases already measured in profllm_out", type="bool", default=False
     )
     parser.addini(
         "profllm_suite_glob", "file names collected as benchmark suites", default=DEFAULT_SUITE_GLOB
@@ -374,6 +425,9 @@ class Settings:
     ray: str | None = None  # a Ray cluster's address, auto or local: server groups run there
     ray_retry: bool = False
     max_cases: int = MAX_CASES
+    # A rate sweep's saturation stop (session/saturation.py); None: off.
+    saturation_margin: float | None = DEFAULT_SATURATION_MARGIN
+    resume: bool = False  # skip cases whose valid record is already in out_dir
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -425,7 +479,31 @@ class Settings:
             )
             or MAX_CASES,
             ray_retry=bool(pick("profllm_ray_retry", "profllm_ray_retry")),
+            saturation_margin=_saturation_margin(config),
+            resume=_resume(config, out_dir),
         )
+
+
+def _saturation_margin(config: pytest.Config) -> float | None:
+    if config.getoption("profllm_no_saturation_stop"):
+        return None
+    margin = _parsed(
+        config, "profllm_saturation_margin", "profllm_saturation_margin", parse_saturation_margin
+    )
+    if margin is None:
+        return DEFAULT_SATURATION_MARGIN
+    return float(margin) or None  # type: ignore[arg-type]  # 0 (or off): the stop is off
+
+
+def _resume(config: pytest.Config, out_dir: Path | None) -> bool:
+    option = config.getoption("profllm_resume")
+    resume = bool(option if option is not None else config.getini("profllm_resume"))
+    if resume and out_dir is None:
+        raise pytest.UsageError(
+            "--profllm-resume reads the records of earlier sessions from --profllm-out: "
+            "give the same --profllm-out as the session to resume"
+        )
+    return resume
 
 
 def _busy_gpus(value: str) -> bool:

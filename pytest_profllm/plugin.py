@@ -28,7 +28,7 @@ from pytest_profllm.gates.worker import (
 from pytest_profllm.hosts import nvml
 from pytest_profllm.plan.case import Case
 from pytest_profllm.run.outcome import describe_missed
-from pytest_profllm.session import collect, identity, interrupt, worker
+from pytest_profllm.session import collect, identity, interrupt, resume, saturation, worker
 from pytest_profllm.session import xdist_scheduling as scheduler
 from pytest_profllm.session.collect import CASE_FIXTURE, PROFLLM_MARKER, case_of
 from pytest_profllm.session.controller import (
@@ -64,6 +64,9 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
         run_identity = RunIdentity.from_workerinput(workerinput["profllm"])
+        if resume.WORKERINPUT in workerinput:
+            index = resume.ResumeIndex.from_input(workerinput[resume.WORKERINPUT])
+            config.stash[resume.RESUME_INDEX_KEY] = index
     else:
         try:
             gpu_count = len(nvml.discover().gpus)
@@ -83,7 +86,14 @@ def pytest_configure(config: pytest.Config) -> None:
             check_usage(config)
         config.stash[_LEFTOVERS] = identity.claim_session(settings)
         run_identity = RunIdentity(identity.new_session_id(), engine)
-        config.stash[CONTROLLER_KEY] = ControllerSession(settings, run_identity)
+        earlier = None
+        if settings.resume and settings.out_dir is not None:
+            earlier = resume.read_index(
+                settings.out_dir,
+                lambda record: saturation.record_saturated(record, settings.saturation_margin),
+            )
+            config.stash[resume.RESUME_INDEX_KEY] = earlier
+        config.stash[CONTROLLER_KEY] = ControllerSession(settings, run_identity, resume=earlier)
         # Only here: on an xdist worker it would take records out before they are sent.
         config.pluginmanager.register(ControllerReports(config), "profllm-reports")
         gates = GateController(config, gate, settings.db_path, engine.name)
@@ -135,6 +145,9 @@ def pytest_configure_node(node: Any) -> None:
     if scheduler.SCOPE_DIR_KEY not in config.stash:
         config.stash[scheduler.SCOPE_DIR_KEY] = scheduler.make_scope_dir()
     node.workerinput[scheduler.SCOPE_DIR_INPUT] = str(config.stash[scheduler.SCOPE_DIR_KEY])
+    index = config.stash.get(resume.RESUME_INDEX_KEY, None)
+    if index is not None:
+        node.workerinput[resume.WORKERINPUT] = index.to_input()
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -147,6 +160,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     scheduler.group_by_server(items, case_of)
+    saturation.order_rates(items, case_of)  # a sweep's lower rates first: see saturation.py
+    worker.resume_cases(config, items, case_of)  # before the skipped cases are counted
     scope_dir = getattr(config, "workerinput", {}).get(scheduler.SCOPE_DIR_INPUT)
     if scope_dir is not None:
         scopes = {

@@ -18,8 +18,9 @@ from pytest_profllm.hosts.files import write_atomic
 
 SCHEMA_VERSION: Literal[1] = 1
 # `invalid`: measured, but the client fell behind its schedule, so the figures measure the
-# client; neither a pass nor a threshold miss (`failed`).
-Status = Literal["passed", "failed", "error", "invalid"]
+# client; neither a pass nor a threshold miss (`failed`). `skipped`: not run, for the reason in
+# its message (a lower rate of its sweep saturated the server).
+Status = Literal["passed", "failed", "error", "invalid", "skipped"]
 Validity = Literal["valid", "invalid"]
 
 
@@ -213,7 +214,8 @@ def measurement_validity(
     """What a record's status and results say of its validity, where it does not say itself."""
     # Offline benchmarks have no request counts: their results are the measurement.
     counted = "completed" in results
-    if status in ("error", "invalid") or not results or (counted and not results["completed"]):
+    unmeasured = status in ("error", "invalid", "skipped") or not results
+    if unmeasured or (counted and not results["completed"]):
         return "invalid", [message or "nothing was measured"]
     failed = results.get("failed") or 0
     if failed:

@@ -61,6 +61,8 @@ class CaseOutcome:
     sim_device: str | None = None  # the simulator's device profile (None: its default)
     # A capacity case's search: the capacity, its bracket, the limiting SLO and every probe.
     capacity: dict[str, Any] | None = None
+    # Set when the case was not run: why (its record is `skipped`, with this message).
+    skip_reason: str | None = None
 
     @property
     def run_id(self) -> str:

@@ -21,6 +21,7 @@ from pytest_profllm.options import Settings
 from pytest_profllm.results.record import write_record, write_requests
 from pytest_profllm.results.store import load_records
 from pytest_profllm.session.identity import RunIdentity, host_pool, session_turns
+from pytest_profllm.session.resume import RESUMED_PROPERTY, ResumeIndex
 from pytest_profllm.session.worker import RECORD_PROPERTY, REQUESTS_PROPERTY, STARTED_PROPERTY
 
 # How long the load at the end waits for another process's lock on the database.
@@ -62,6 +63,9 @@ class ControllerSession:
     _running: dict[tuple[Any, ...], list[dict[str, Any]]] = field(default_factory=dict)
     # Cases started and not yet ended, by node id: the record each gets if it never ends.
     _started: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # With --profllm-resume: the earlier records, and how many stand for cases of this session.
+    resume: ResumeIndex | None = None
+    resumed: int = 0
 
     def started(self, nodeid: str, record: dict[str, Any]) -> None:
         self._started[nodeid] = record
@@ -77,6 +81,15 @@ class ControllerSession:
         record["message"] = reason
         record["duration"] = max(0.0, time.time() - _started_at(record))
         self.receive(record, None)
+
+    def add_resumed(self, run_id: str) -> dict[str, Any] | None:
+        """An earlier session's record that stands for a case skipped here: it joins this
+        session's records (and database load) as it is, its file already written."""
+        record = self.resume.records.get(run_id) if self.resume is not None else None
+        if record is not None:
+            self.records.append(record)
+            self.resumed += 1
+        return record
 
     def receive(self, record: dict[str, Any], requests: list[dict[str, Any]] | None) -> str | None:
         """Keep a record and write it; returns why it could not be written, or None. A failed
@@ -205,7 +218,7 @@ class ControllerReports:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # Take the records out of the report, so they are written once (here) and not copied
         # into JUnit XML by the plugins that read user_properties after us.
-        ours = (RECORD_PROPERTY, REQUESTS_PROPERTY, STARTED_PROPERTY)
+        ours = (RECORD_PROPERTY, REQUESTS_PROPERTY, STARTED_PROPERTY, RESUMED_PROPERTY)
         properties = dict(report.user_properties)
         if not any(name in properties for name in ours):
             if report.when == "teardown":
@@ -222,6 +235,11 @@ class ControllerReports:
         if report.when != "teardown":
             return
         controller.ended(report.nodeid)
+        resumed = properties.get(RESUMED_PROPERTY)
+        if resumed is not None:
+            earlier = controller.add_resumed(str(resumed))
+            if earlier is not None:
+                self.config.stash[GATE_CONTROLLER_KEY].receive(earlier, None)
         if record is None:
             return
         requests = properties.get(REQUESTS_PROPERTY)

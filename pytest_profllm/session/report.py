@@ -16,12 +16,20 @@ def summary_lines(controller: ControllerSession) -> list[str]:
     lines = terminal_lines(records)
     engine = controller.identity.engine
     lines.append(f"engine: {engine.name} ({engine.reason})")
-    lines += _server_lines(records)
+    # Servers of this session: a resumed case's record tells of an earlier session's server.
+    session = controller.identity.session_id
+    lines += _server_lines([r for r in records if r.get("session_id", session) == session])
     settings = controller.settings
     if settings.out_dir is not None:
-        unwritten = controller.unwritten
+        unwritten, resumed = controller.unwritten, controller.resumed
         missing = f" ({unwritten} could not be written)" if unwritten else ""
-        lines.append(f"{len(records) - unwritten} record(s) in {settings.out_dir}{missing}")
+        written = len(records) - unwritten - resumed
+        lines.append(f"{written} record(s) in {settings.out_dir}{missing}")
+        if resumed:
+            lines.append(
+                f"{resumed} case(s) resumed: already measured by an earlier session, their "
+                "records are in this summary and the database"
+            )
     if controller.interrupted_by is not None:
         lines.append(
             f"interrupted by {controller.interrupted_by}: every case that finished has its "

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_profllm.engine.choice import EngineChoice
+from pytest_profllm.hosts import nvml
 from pytest_profllm.hosts.nvml import GpuBusy
 from pytest_profllm.hosts.pool import HostPool, LeaseTimeout
 from pytest_profllm.offline.runner import run_offline
@@ -33,6 +34,8 @@ from pytest_profllm.session.identity import (
     session_turns,
     worker_name,
 )
+from pytest_profllm.session.resume import RESUME_INDEX_KEY, Earlier, skip_resumed
+from pytest_profllm.session.saturation import SaturationStop, request_rate
 from pytest_profllm.session.xdist_scheduling import RANKS_KEY
 
 RECORD_PROPERTY = "profllm_record"
@@ -70,6 +73,43 @@ def skip_reason(case: Case, settings: Settings, engine: EngineChoice) -> str | N
     return None
 
 
+def planned_record(
+    case: Case, nodeid: str, settings: Settings, identity: RunIdentity
+) -> dict[str, Any]:
+    """The record a case would get before it runs (what resume compares with earlier ones),
+    with as many devices as its server will lease (CPU core sets are not counted as GPUs)."""
+    record = _outcome(case, nodeid, settings, identity, worker_name()).record("error", "planned")
+    if identity.engine.device_kind != "cpu":
+        record["runtime"]["gpus"] = ["?"] * case.gpus_needed
+    return record
+
+
+def host_gpu_names(settings: Settings, engine: EngineChoice) -> set[str] | None:
+    """The device models this pool's GPUs are: an earlier record that ran on another cannot
+    stand for a case here. Virtual and CPU devices have none; None: any (a Ray cluster's
+    nodes hold the GPUs, unknown from here)."""
+    if settings.ray is not None:
+        return None
+    if engine.device_kind != "gpu":
+        return set()
+    leased = set(host_pool(settings, engine).gpu_ids)
+    return {gpu.name for gpu in nvml.discover().gpus if str(gpu.index) in leased}
+
+
+def _outcome(
+    case: Case, nodeid: str, settings: Settings, identity: RunIdentity, worker: str
+) -> CaseOutcome:
+    return CaseOutcome(
+        case=case,
+        nodeid=nodeid,
+        session_id=identity.session_id,
+        engine=identity.engine,
+        worker=worker,
+        started_at=time.time(),
+        sim_device=settings.sim_device,
+    )
+
+
 @dataclass
 class WorkerSession:
     """The case-running side: leases, one server at a time, and the outcome of each case."""
@@ -78,6 +118,8 @@ class WorkerSession:
     identity: RunIdentity
     worker: str
     ranks: dict[str, int] = field(default_factory=dict)  # under xdist: the scheduler's order
+    # The rate sweeps that saturated on this worker: their higher rates are skipped.
+    saturation: SaturationStop = field(default_factory=lambda: SaturationStop(None))
 
     @functools.cached_property
     def pool(self) -> HostPool:
@@ -103,18 +145,16 @@ class WorkerSession:
         )
 
     def _outcome(self, case: Case, nodeid: str) -> CaseOutcome:
-        return CaseOutcome(
-            case=case,
-            nodeid=nodeid,
-            session_id=self.identity.session_id,
-            engine=self.identity.engine,
-            worker=self.worker,
-            started_at=time.time(),
-            sim_device=self.settings.sim_device,
-        )
+        return _outcome(case, nodeid, self.settings, self.identity, self.worker)
 
     def run(self, case: Case, nodeid: str, stash: pytest.Stash) -> CaseOutcome:
         outcome = stash[OUTCOME_KEY] = self._outcome(case, nodeid)
+        # Known before its server is asked for: a skipped case starts nothing.
+        reason = self.saturation.skip_reason(case)
+        if reason is not None:
+            outcome.skip_reason = reason
+            outcome.finished_at = time.time()
+            pytest.skip(reason)
         try:
             if case.kind == "capacity":
                 return run_capacity(case, self.servers, outcome, self.settings.max_schedule_lag_ms)
@@ -125,6 +165,9 @@ class WorkerSession:
             outcome.error = str(error).splitlines()[0] if str(error) else type(error).__name__
             outcome.finished_at = time.time()
             raise
+        finally:
+            # Also a case that failed after its load was measured says whether it saturated.
+            self.saturation.note(case, outcome.results, outcome.series)
 
     def started_record(self, case: Case, nodeid: str) -> dict[str, Any]:
         """The record of this case if it never finishes: `error`, its reason filled in later."""
@@ -142,8 +185,11 @@ class WorkerSession:
 def status_of(reports: dict[str, Any], outcome: CaseOutcome) -> tuple[Status, str | None]:
     """The record's status: `error` when the case produced no measurement (its server did not
     start, a fixture failed), `invalid` when the client fell behind (the figures measure it,
-    not the server), `failed` when it was measured and missed a threshold or an assert.
+    not the server), `failed` when it was measured and missed a threshold or an assert,
+    `skipped` when it was not run (a lower rate of its sweep saturated).
     """
+    if outcome.skip_reason is not None:
+        return "skipped", outcome.skip_reason
     for when in ("setup", "call"):
         report = reports.get(when)
         if report is not None and report.failed:
@@ -161,15 +207,39 @@ def _short(report: Any) -> str:
 
 
 WORKER_KEY = pytest.StashKey[WorkerSession]()
+# The cases this process skips as measured by an earlier session, and their earlier records.
+RESUMED_KEY = pytest.StashKey[list[tuple[Case, Earlier]]]()
+
+
+def resume_cases(config: pytest.Config, items: list[Any], case_of: Any) -> None:
+    """With --profllm-resume: skip the collected cases an earlier session measured."""
+    index = config.stash.get(RESUME_INDEX_KEY, None)
+    if index is None:
+        return
+    settings, identity = config.stash[SETTINGS_KEY], config.stash[IDENTITY_KEY]
+    config.stash[RESUMED_KEY] = skip_resumed(
+        items,
+        case_of,
+        index,
+        lambda case, nodeid: planned_record(case, nodeid, settings, identity),
+        host_gpu_names(settings, identity.engine),
+    )
 
 
 def worker_session(config: pytest.Config) -> WorkerSession:
     """This process's case runner, made on the first case it runs."""
     if WORKER_KEY not in config.stash:
+        saturation = SaturationStop(config.stash[SETTINGS_KEY].saturation_margin)
+        # A sweep resumed past a saturated rate still stops above it.
+        for case, earlier in config.stash.get(RESUMED_KEY, []):
+            rate = request_rate(case)
+            if earlier.saturated is not None and rate is not None:
+                saturation.mark(case, rate, earlier.saturated)
         config.stash[WORKER_KEY] = WorkerSession(
             config.stash[SETTINGS_KEY],
             config.stash[IDENTITY_KEY],
             worker_name(),
             ranks=config.stash.get(RANKS_KEY, {}),
+            saturation=saturation,
         )
     return config.stash[WORKER_KEY]

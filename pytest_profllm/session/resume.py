@@ -1,0 +1,148 @@
+"""`--profllm-resume`: the cases an earlier session already measured are not run again.
+
+The controller reads the records in `--profllm-out` once; a record counts when it is a valid
+measurement that ran to its end (`passed`, or `failed` on a threshold): an `error`, `invalid`
+or `skipped` record, or none at all (a case cut short by SIGKILL), runs again. A case matches
+a record by the regression gate's fingerprint (results/fingerprint.py: the effective server
+configuration, the workload, the engine and its version, the device count), by its whole
+workload (the seed included) and by its repeat; the device model, known only once a server
+holds its GPUs, must be one this host has. Each worker marks its matching cases skipped; the
+controller adds their earlier records to this session's, so its database and summary hold
+the whole campaign.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_profllm.plan.case import Case
+from pytest_profllm.results.fingerprint import digest, fingerprint
+from pytest_profllm.results.record import normalize
+
+# A skipped case's user property: the run id whose record stands for it.
+RESUMED_PROPERTY = "profllm_resumed"
+WORKERINPUT = "profllm_resume"
+# In every process, with --profllm-resume: the earlier records (the controller's has them all).
+RESUME_INDEX_KEY = pytest.StashKey["ResumeIndex"]()
+_MEASURED = ("passed", "failed")
+
+
+def resume_key(record: dict[str, Any]) -> str:
+    """What a case and its earlier record share: the fingerprint less the device model, the
+    whole workload and the repeat."""
+    parts = fingerprint(record)
+    parts.pop("device_model", None)
+    workload = (record.get("config") or {}).get("benchmark") or {}
+    repeat = record.get("repeat_index")
+    return digest({"fingerprint": parts, "workload": workload, "repeat": repeat})
+
+
+def device_model(record: dict[str, Any]) -> list[str]:
+    return sorted(set((record.get("system") or {}).get("gpu_names") or []))
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """A measured record a case may resume from: what a worker needs to decide."""
+
+    run_id: str
+    timestamp: str
+    gpu_names: tuple[str, ...]  # the device model it ran on (none: virtual or CPU)
+    # The achieved rate where its load saturated (session/saturation.py), else None: a resumed
+    # sweep still stops above it.
+    saturated: float | None = None
+
+    def as_input(self) -> list[Any]:
+        return [self.run_id, self.timestamp, list(self.gpu_names), self.saturated]
+
+    @classmethod
+    def from_input(cls, value: list[Any]) -> Earlier:
+        run_id, timestamp, names, saturated = value
+        return cls(str(run_id), str(timestamp), tuple(names), saturated)
+
+
+@dataclass
+class ResumeIndex:
+    """Earlier measured records by resume key (on the controller, also the records)."""
+
+    by_key: dict[str, list[Earlier]] = field(default_factory=dict)
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)  # run id -> record
+
+    def match(self, planned: dict[str, Any], host_gpu_names: set[str] | None) -> Earlier | None:
+        """The newest earlier record of this planned case, on a device model this host has
+        (`host_gpu_names` None: any)."""
+        found = [
+            earlier
+            for earlier in self.by_key.get(resume_key(planned), [])
+            if host_gpu_names is None or set(earlier.gpu_names) <= host_gpu_names
+        ]
+        return max(found, key=lambda earlier: earlier.timestamp) if found else None
+
+    def to_input(self) -> dict[str, list[list[Any]]]:
+        """What a worker gets (xdist's workerinput): the index without the records."""
+        return {
+            key: [earlier.as_input() for earlier in found] for key, found in self.by_key.items()
+        }
+
+    @classmethod
+    def from_input(cls, value: dict[str, list[list[Any]]]) -> ResumeIndex:
+        by_key = {key: [Earlier.from_input(item) for item in found] for key, found in value.items()}
+        return cls(by_key)
+
+
+def read_index(
+    out_dir: Path, saturated_at: Callable[[dict[str, Any]], float | None] | None = None
+) -> ResumeIndex:
+    """The measured records in `out_dir` (its top level, where sessions write them).
+    `saturated_at(record)` gives a record's achieved rate if its load saturated."""
+    index = ResumeIndex()
+    for path in sorted(out_dir.glob("*.json")):
+        try:
+            raw = json.loads(path.read_text())
+            record = normalize(raw)
+        except (OSError, ValueError):
+            continue  # not a record (a summary), or a damaged one: its case runs again
+        if record.status not in _MEASURED or record.validity != "valid":
+            continue
+        earlier = Earlier(
+            record.run_id,
+            record.timestamp,
+            tuple(device_model(raw)),
+            saturated_at(raw) if saturated_at is not None else None,
+        )
+        index.by_key.setdefault(resume_key(raw), []).append(earlier)
+        index.records[record.run_id] = raw
+    return index
+
+
+def describe(earlier: Earlier) -> str:
+    return f"already measured in {earlier.run_id}"
+
+
+def skip_resumed(
+    items: list[Any],
+    case_of: Callable[[Any], Case | None],
+    index: ResumeIndex,
+    planned_record: Callable[[Case, str], dict[str, Any]],
+    host_gpu_names: set[str] | None,
+) -> list[tuple[Case, Earlier]]:
+    """Mark each case with an earlier measured record skipped, its run id in a user property
+    for the controller; returns those cases. Cases skipped already keep their reason."""
+    resumed = []
+    for item in items:
+        case = case_of(item)
+        if case is None or item.get_closest_marker("skip") is not None:
+            continue
+        earlier = index.match(planned_record(case, item.nodeid), host_gpu_names)
+        if earlier is None:
+            continue
+        item.add_marker(pytest.mark.skip(reason=describe(earlier)))
+        item.user_properties.append((RESUMED_PROPERTY, earlier.run_id))
+        resumed.append((case, earlier))
+    return resumed
