@@ -183,6 +183,7 @@ def test_slos_turn_the_benchmark_into_a_capacity_search(
         sim_url, tmp_path, "--tokenizer", str(MODEL_DIR), "--num-prompts", "40",
         "--slo", "median_ttft_ms=2000", "--slo", "p90_tpot_ms=1000", "--search-low", "2",
         "--search-high", "16", "--search-precision", "50%", "--search-confirm", "1",
+        "--search-min-duration-s", "1",
     )  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and result is not None

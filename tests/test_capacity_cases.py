@@ -12,6 +12,11 @@ from typing import Any
 import pytest
 from helpers import run_records, run_suites
 
+from pytest_profllm.browse import filters
+from pytest_profllm.browse.dashboards import BY_NAME
+from pytest_profllm.browse.filters import Selection
+from pytest_profllm.browse.run_page import run_page
+
 # Short requests at modest rates: a probe of 40 requests takes a second or two. The batch
 # limit sets the capacity: 2 sequences carry far fewer requests per second than 8.
 SUITE = """
@@ -26,7 +31,7 @@ benchmark:
   random_output_len: 16
   slo: {median_ttft_ms: 120}
   # One run per load (no confirming run): these tests are about the path, not the noise.
-  search: {low: 8, high: 200, precision: 25%, confirm: 1, max_time_s: 60}
+  search: {low: 8, high: 200, precision: 25%, confirm: 1, min_duration_s: 0.5, max_time_s: 60}
 thresholds:
   capacity: {min: 8}
 regression:
@@ -67,6 +72,20 @@ def test_two_configurations_search_in_parallel(pytester: pytest.Pytester, ports:
             "SELECT capacity, capacity_low, capacity_high, capacity_limit FROM benchmark_runs"
         ).fetchall()
     assert len(rows) == 2 and all(row[3] == "median_ttft_ms" for row in rows)
+    # The capacity dashboard draws one bar per configuration with its bracket; the run page
+    # shows the probes.
+    db = sqlite3.connect(pytester.path / "results" / "results.db")
+    schema = filters.read_schema(db)
+    shown = BY_NAME["capacity"].build(db, schema, Selection.parse([], schema), {})
+    bars = shown.charts["capacity"]["data"]["values"]
+    assert sorted(bar["capacity"] for bar in bars) == sorted(
+        r["results"]["capacity"] for r in (small, large))
+    assert len({bar["series"] for bar in bars}) == 2
+    page = run_page(db, small["run_id"])
+    assert page is not None and page.capacity is not None
+    assert page.capacity.startswith(f"Capacity {small['results']['capacity']:.4g} req/s")
+    assert len(page.probes) == len(small["capacity"]["probes"])
+    assert "capacity-median_ttft_ms" in page.charts
 
 
 def test_a_slowed_simulator_lowers_the_capacity_and_the_gate_says_regressed(

@@ -27,6 +27,7 @@ from pytest_profllm.results.table import TABLE
 
 # The headline figures, with their units, in the order a reader wants them.
 HEADLINES = (
+    ("capacity", "capacity (the highest load that met every SLO)", ""),
     ("request_throughput", "request throughput", "req/s"),
     ("output_throughput", "output throughput", "tok/s"),
     ("total_token_throughput", "total token throughput", "tok/s"),
@@ -69,6 +70,9 @@ class RunPage:
     charts: dict[str, dict[str, Any]] = field(default_factory=dict)
     captions: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # A capacity case's search (record `capacity`): its summary line and one row per probe.
+    capacity: str | None = None
+    probes: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, chart_id: str, spec: dict[str, Any], caption: str) -> None:
         self.charts[chart_id] = spec
@@ -122,9 +126,70 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
                       if row.get(name) is not None]
     page.system = [(name, _shown(value)) for name, value in row.items()
                    if name.startswith(("system_", "runtime_")) and value not in (None, "", "[]")]
+    _capacity(page)
     _distributions(connection, page)
     _series(connection, page)
     return page
+
+
+def _capacity(page: RunPage) -> None:
+    """The search's result and its probes: each load's decision, with every SLO's value and
+    interval; a chart of the first SLO's value against the load."""
+    search = _json(page.row.get("capacity_search"), None)
+    if not isinstance(search, dict):
+        return
+    unit = "req/s" if search.get("over", "request_rate") == "request_rate" else "concurrent"
+    low, high = [*(search.get("bracket") or []), None, None][:2]
+    if search.get("capacity") is None:
+        page.capacity = f"No load in the search range met every SLO ({search.get('limit')})."
+    elif high is None:
+        page.capacity = f"Capacity at least {_shown(low)} {unit}: the highest load searched met."
+    else:
+        page.capacity = (f"Capacity {_shown(low)} {unit}: bracket {_shown(low)} .. "
+                         f"{_shown(high)}, limited by {search.get('limit')}; stopped on "
+                         f"{search.get('stopped')}.")
+    points = []
+    for number, probe in enumerate(search.get("probes") or [], start=1):
+        readings = probe.get("readings") or []
+        page.probes.append({
+            "number": number, "load": _shown(probe.get("load")),
+            "requests": probe.get("requests"), "achieved": _shown(probe.get("achieved_rate")),
+            "decision": probe.get("decision"), "reason": probe.get("reason") or "",
+            "readings": "; ".join(
+                f"{r.get('slo')} {_shown(r.get('value'))} [{_shown(r.get('ci_low'))}, "
+                f"{_shown(r.get('ci_high'))}] / {_shown(r.get('target'))}" for r in readings),
+        })
+        for reading in readings:
+            if isinstance(reading.get("value"), int | float):
+                points.append({"load": probe.get("load"), "slo": reading.get("slo"),
+                               "value": reading["value"], "low": reading.get("ci_low"),
+                               "high": reading.get("ci_high"), "target": reading.get("target"),
+                               "decision": probe.get("decision"), "probe": number})
+    for slo in dict.fromkeys(point["slo"] for point in points):
+        mine = [point for point in points if point["slo"] == slo]
+        page.add(f"capacity-{slo}", charts.spec(mine, title=f"Probes: {slo}",
+                                                 layers=_probe_layers(unit)),
+                 f"{slo} at each probe with its interval, coloured by the probe's decision; "
+                 "dashed: the SLO.")
+
+
+def _probe_layers(unit: str) -> list[dict[str, Any]]:
+    x = charts.field("load", "quantitative", f"load ({unit})", scale={"type": "log"})
+    return [
+        {"mark": {"type": "rule"},
+         "encoding": {"x": x, "y": {"field": "low", "type": "quantitative"},
+                      "y2": {"field": "high"}}},
+        {"mark": {"type": "point", "filled": True, "size": 70, "tooltip": True},
+         "encoding": {"x": x,
+                      "y": charts.field("value", "quantitative", "value (ms, or a ratio)"),
+                      "color": charts.field("decision", "nominal", "decision",
+                                            scale={"domain": ["meets", "unsure", "misses"],
+                                                   "range": ["#2a7", "#d90", "#c33"]}),
+                      "tooltip": charts.tooltips("probe", "load", "slo", "value", "low",
+                                                 "high", "target", "decision")}},
+        {"mark": {"type": "rule", "strokeDash": [4, 3], "color": "#555"},
+         "encoding": {"y": {"field": "target", "type": "quantitative"}}},
+    ]
 
 
 def _gate(connection: sqlite3.Connection, page: RunPage) -> None:

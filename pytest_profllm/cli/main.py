@@ -270,6 +270,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop when the bracket is this narrow (default: 5%%)")
     search.add_argument("--search-max-probes", type=int, default=defaults.max_probes)
     search.add_argument("--search-max-time-s", type=float, default=defaults.max_time_s)
+    search.add_argument("--search-min-duration-s", type=float, default=defaults.min_duration_s,
+                        help="a rate probe sends for at least this long (default: %(default)s)")
     search.add_argument("--search-confirm", type=int, default=defaults.confirm,
                         help="independent runs a load must meet on (default: %(default)s)")
 

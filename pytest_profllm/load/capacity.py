@@ -108,6 +108,15 @@ def requests_per_probe(slos: list[Slo], num_prompts: int) -> int:
     return max(num_prompts, needed)
 
 
+def steady_requests(load: float, settings: CapacitySearch) -> int:
+    """Requests that keep the server at `load` for `min_duration_s` (a rate), or that pass
+    through each of `load` concurrent slots ten times: a short burst at a high rate ends
+    before a queue can build, and would meet SLOs the server cannot hold."""
+    if settings.over == "max_concurrency":
+        return math.ceil(10 * load)
+    return math.ceil(load * settings.min_duration_s)
+
+
 @dataclass
 class ProbeSamples:
     """What one run at one load measured: per-request latencies in ms (successful requests),
@@ -245,7 +254,7 @@ def decide(
         return "unsure", ", ".join(unsure), readings
     if samples.fell_behind:
         # The server may carry it, but the client did not send it: not shown to meet.
-        return "unsure", f"client fell behind: {samples.fell_behind}", readings
+        return "unsure", samples.fell_behind, readings
     return "meets", None, readings
 
 
@@ -354,20 +363,22 @@ def search(
     def measure_at(load: float) -> tuple[ProbeSamples, Decision, str | None, list[SloReading],
                                           int]:
         nonlocal runs
-        samples = run(load, base, seed + runs)
+        count = max(base, steady_requests(load, settings))
+        samples = run(load, count, seed + runs)
         runs += 1
-        sent = base
+        sent = count
         decision, reason, readings = decide(samples, slos, settings.confidence, seed)
         while (
             decision == "unsure"
-            and sent + base <= base * settings.max_extension
+            and samples.fell_behind is None  # more requests would not make the client keep up
+            and sent + count <= count * settings.max_extension
             and clock() - started < settings.max_time_s
         ):
-            samples = samples.pooled(run(load, base, seed + runs))
+            samples = samples.pooled(run(load, count, seed + runs))
             runs += 1
-            sent += base
+            sent += count
             decision, reason, readings = decide(samples, slos, settings.confidence, seed)
-        if decision == "unsure":
+        if decision == "unsure" and samples.fell_behind is None:
             reason = f"unsure after {sent} requests ({reason})"
         return samples, decision, reason, readings, sent
 

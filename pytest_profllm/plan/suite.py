@@ -238,6 +238,9 @@ class CapacitySearch(BaseModel):
     precision: float = 0.05
     max_probes: int = Field(12, ge=2)
     max_time_s: FiniteFloat = Field(1800.0, gt=0)
+    # A rate probe sends at least this long (a burst shorter than the queue's build-up meets
+    # SLOs the server cannot hold); a concurrency probe passes through each slot ten times.
+    min_duration_s: FiniteFloat = Field(10.0, gt=0)
     # Two-sided confidence of each SLO's interval: "meets" only when the whole interval of
     # the percentile lies under its bound. 0.99, as the regression gate's default.
     confidence: float = Field(0.99, gt=0.5, lt=1.0)
