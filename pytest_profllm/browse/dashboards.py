@@ -814,7 +814,8 @@ def capacity_dashboard(connection: sqlite3.Connection, schema: Schema, selection
          "encoding": {"y": charts.field("series", "nominal", "configuration",
                                         axis={"labelLimit": 520}),
                       "x": charts.field("capacity", "quantitative",
-                                        "capacity (the highest load that met every SLO)"),
+                                        "capacity: the highest load that met every SLO "
+                                        "(req/s, or concurrent requests)"),
                       "tooltip": charts.tooltips("series", *columns, "run_id")}},
     ]
     if {"capacity_low", "capacity_high"} <= set(columns):

@@ -139,6 +139,8 @@ def _capacity(page: RunPage) -> None:
     if not isinstance(search, dict):
         return
     unit = "req/s" if search.get("over", "request_rate") == "request_rate" else "concurrent"
+    page.headlines = [(label, value, unit if label.startswith("capacity") else shown_unit)
+                      for label, value, shown_unit in page.headlines]
     low, high = [*(search.get("bracket") or []), None, None][:2]
     if search.get("capacity") is None:
         page.capacity = f"No load in the search range met every SLO ({search.get('limit')})."
