@@ -217,3 +217,16 @@ def test_a_capacity_case_takes_thresholds_and_a_gate_on_capacity(tmp_path: Path)
     assert case.name.endswith("::capacity-random")
     assert case.regression == {"capacity": 0.10}
     assert case.benchmark.search.precision == 0.05
+
+
+def test_the_plan_lists_a_capacity_case_under_its_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_profllm.cli.main import main
+
+    path = write_suite(tmp_path, SUITE.format(slo="{p99_ttft_ms: 500}", search="{}"),
+                       "bench_cap.yaml")
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "case bench_cap.yaml::sim-8b::capacity-random" in out
+    assert "1 server(s), 1 case(s)" in out

@@ -39,7 +39,7 @@ def plan_document(
     servers: dict[str, dict[str, Any]] = {}
     listed: list[dict[str, Any]] = []
     for nodeid, case in cases:
-        if case.kind != "serve":
+        if case.kind not in SERVED_KINDS:
             listed.append(_offline_entry(engine, case, nodeid, pool, registry))
             continue
         if case.server_key not in servers:
@@ -86,6 +86,10 @@ def plan_document(
         "servers": list(servers.values()),
         "cases": listed,
     }
+
+
+# Kinds whose cases are measured against a server (the rest run a command of their own).
+SERVED_KINDS = ("serve", "capacity")
 
 
 def _shown_axes(case: Case, prefix: str) -> dict[str, Any]:
@@ -144,7 +148,7 @@ def plan_lines(document: dict[str, Any]) -> list[str]:
                 axes = _axes_text(case["axes"])
                 lines.append(f"  case {case['case_id']}" + (f" (axes: {axes})" if axes else ""))
     for case in document["cases"]:
-        if case.get("kind", "serve") != "serve":
+        if case.get("kind", "serve") not in SERVED_KINDS:
             env = [f"{key}={shlex.quote(value)}" for key, value in case["env"].items()]
             lines.append(
                 f"offline {case['kind']} {case['case_id']} ({case['gpus_needed']} GPU(s)): "

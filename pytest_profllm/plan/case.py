@@ -159,6 +159,11 @@ def expand(
     ]
     for workload in workloads:
         _check_thresholds(suite, workload, source, lines)
+        if suite.profile and workload.kind == "capacity":
+            raise SuiteError(
+                f"{at_line(source, lines.get(('profile',)))}: profile: true profiles one load; "
+                "a capacity case runs many (profile a serve case at the capacity instead)"
+            )
         if suite.profile and workload.kind != "serve":
             raise SuiteError(
                 f"{at_line(source, lines.get(('profile',)))}: profile: true profiles a server; "
