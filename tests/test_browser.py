@@ -41,6 +41,7 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--window-size=1400,1000")
 WAIT_S = 60.0
+NAVIGATION_RETRIES = 20
 
 
 def sweep_records() -> list[dict[str, Any]]:
@@ -140,8 +141,17 @@ class Browser:
                 return result
 
     def evaluate(self, expression: str) -> Any:
-        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True,
-                           awaitPromise=True)
+        # A page that navigates while the expression runs drops its execution context and
+        # Chromium answers "Inspected target navigated or closed": ask the new page again.
+        for attempt in range(NAVIGATION_RETRIES):
+            try:
+                result = self.call("Runtime.evaluate", expression=expression,
+                                   returnByValue=True, awaitPromise=True)
+                break
+            except AssertionError as error:
+                if "navigated or closed" not in str(error) or attempt == NAVIGATION_RETRIES - 1:
+                    raise
+                time.sleep(0.2)
         if "exceptionDetails" in result:
             raise AssertionError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")

@@ -12,7 +12,7 @@ whose client fell behind its schedule never meets.
 The search bisects the bracket [meets, misses] on a log scale (a load's effect on latency is
 multiplicative) from the middle of [low, high] until misses / meets <= 1 + precision, or the
 probe or time budget is spent; an end of the range is probed only when the bisection reaches
-it. A load meets only when it met on `confirm` independent runs. The probe itself is a
+it. A load meets only on the pooled samples of `confirm` independent runs. The probe is a
 callable, so the same search drives a live server (run/capacity.py, `profllm bench`) and the
 simulator's virtual clock (benchmarks/perf/capacity_search.py).
 """
@@ -349,10 +349,10 @@ def search(
 
     Bisection on a log scale starts in the middle: the ends are probed only when the search
     reaches them (a probe at a low rate takes longest: its requests arrive slowly, and a probe
-    far above the capacity only queues). A load is "meets" only when it met on
-    `settings.confirm` independent runs: near the capacity, one run's tail latency varies
-    more from run to run than within the run (a burst of arrivals either happens or not), so
-    a single lucky run must not raise the capacity.
+    far above the capacity only queues). A load is "meets" only on the pooled samples of at
+    least `settings.confirm` independent runs: near the capacity, one run's tail latency
+    varies more from run to run than within the run (a burst of arrivals either happens or
+    not), so a single lucky run must not raise the capacity.
     """
     started = clock()
     base = requests_per_probe(slos, num_prompts)
@@ -360,40 +360,30 @@ def search(
     whole = settings.over == "max_concurrency"
     runs = 0
 
-    def measure_at(load: float) -> tuple[ProbeSamples, Decision, str | None, list[SloReading],
-                                          int]:
+    def probe(load: float) -> Probe:
+        """Runs at `load` until decided: a miss after any run; a meet only on the pooled
+        samples of at least `confirm` independent runs; unsure extended up to
+        `max_extension` runs (not when the client fell behind: more requests would not make
+        it keep up)."""
         nonlocal runs
         count = max(base, steady_requests(load, settings))
         samples = run(load, count, seed + runs)
-        runs += 1
-        sent = count
+        runs, done_runs = runs + 1, 1
         decision, reason, readings = decide(samples, slos, settings.confidence, seed)
-        while (
-            decision == "unsure"
-            and samples.fell_behind is None  # more requests would not make the client keep up
-            and sent + count <= count * settings.max_extension
-            and clock() - started < settings.max_time_s
-        ):
+        while done_runs < max(settings.max_extension, settings.confirm) and (
+            (decision == "meets" and done_runs < settings.confirm)
+            or (decision == "unsure" and samples.fell_behind is None)
+        ) and clock() - started < settings.max_time_s:
             samples = samples.pooled(run(load, count, seed + runs))
-            runs += 1
-            sent += count
+            runs, done_runs = runs + 1, done_runs + 1
             decision, reason, readings = decide(samples, slos, settings.confidence, seed)
-        if decision == "unsure" and samples.fell_behind is None:
-            reason = f"unsure after {sent} requests ({reason})"
-        return samples, decision, reason, readings, sent
-
-    def probe(load: float) -> Probe:
-        samples, decision, reason, readings, sent = measure_at(load)
-        confirmed = 1
-        while decision == "meets" and confirmed < settings.confirm:
-            again, said, why, again_readings, more = measure_at(load)
-            samples, sent, confirmed = samples.pooled(again), sent + more, confirmed + 1
-            if said != "meets":
-                decision, readings = "unsure", again_readings
-                reason = f"met on {confirmed - 1} run(s), not on the next ({why})"
+        if decision == "meets" and done_runs < settings.confirm:
+            decision, reason = "unsure", f"met on {done_runs} run(s), {settings.confirm} needed"
+        elif decision == "unsure" and samples.fell_behind is None:
+            reason = f"unsure after {done_runs * count} requests ({reason})"
         done = Probe(
             load=load,
-            requests=sent,
+            requests=done_runs * count,
             completed=samples.completed,
             failed=samples.failed,
             achieved_rate=samples.achieved_rate,
