@@ -52,3 +52,50 @@ def test_vllm_bench_serve_completes_every_request(
     assert result["failed"] == 0, tail
     assert result["total_output_tokens"] == NUM_PROMPTS * 16
     assert result["median_ttft_ms"] > 0 and result["median_tpot_ms"] > 0
+
+
+def test_vllm_replays_a_timed_trace_as_we_do(sim_url: str, tmp_path: Path) -> None:
+    """vLLM's parser takes our rendered timed_trace options, and its client sends what ours
+    sends for the same trace: as many requests, of the same lengths, sharing as much."""
+    from test_trace import _prefix_counters
+
+    from pytest_profllm.load.bench import run_bench
+    from pytest_profllm.load.vllm_command import vllm_bench_serve_argv
+    from pytest_profllm.plan.suite import BenchmarkConfig
+
+    # Spaced so each request ends before the next starts: sharing, not timing, sets the hits.
+    lines = [
+        {"ts": 250 * i, "in": 16 * (2 + i % 3) - i % 5, "out": 2 + i % 3,
+         "ids": [100 + i % 2, 200 + i % 3, 300 + i, 400 + i][: 2 + i % 3]}
+        for i in range(12)
+    ]  # fmt: skip
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    config = BenchmarkConfig(
+        dataset_name="timed_trace", dataset_path=str(trace), num_prompts=len(lines),
+        timed_trace_sec_multiplier=0.001, timed_trace_label_timestamp="ts",
+        timed_trace_label_input_length="in", timed_trace_label_output_length="out",
+        timed_trace_label_hash_ids="ids",
+    )  # fmt: skip
+    argv = [
+        VLLM_PYTHON, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+        *vllm_bench_serve_argv(config, base_url=sim_url, model="sim", tokenizer=str(MODEL_DIR)),
+        "--save-result", "--save-detailed", "--result-dir", str(tmp_path),
+        "--result-filename", "vllm.json",
+    ]  # fmt: skip
+    before = _prefix_counters(sim_url)
+    done = subprocess.run(
+        argv, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+    assert done.returncode == 0, tail
+    theirs = json.loads((tmp_path / "vllm.json").read_text())
+    middle = _prefix_counters(sim_url)
+    ours = run_bench(config, sim_url, "sim", tokenizer=str(MODEL_DIR), save_detailed=True).result
+    after = _prefix_counters(sim_url)
+    assert theirs["completed"] == ours["completed"] == len(lines), tail
+    assert theirs["input_lens"] == ours["input_lens"] == [line["in"] for line in lines]
+    assert theirs["output_lens"] == ours["output_lens"] == [line["out"] for line in lines]
+    # The same sharing: the prefix cache found as many tokens for each client's requests.
+    assert middle[1] - before[1] == after[1] - middle[1] > 0

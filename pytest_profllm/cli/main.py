@@ -219,9 +219,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--model", required=True, help="the model the server serves")
     add("--served-model-name", help="the name to send (default: --model)")
     add("--tokenizer", help="local tokenizer folder (default: the server's /tokenize)")
-    add("--dataset-name", choices=("random", "prefix_repetition", "sharegpt", "custom"),
+    add("--dataset-name",
+        choices=("random", "prefix_repetition", "sharegpt", "custom", "timed_trace"),
         default="random")
-    add("--dataset-path", help="local file for sharegpt (JSON) and custom (JSON lines)")
+    add("--dataset-path", help="local file for sharegpt (JSON), custom (JSON lines) and "
+        "timed_trace (JSON lines, or a CSV of timestamp,input_len,output_len)")
     add("--num-prompts", type=int, default=1000)
     add("--seed", type=int, default=0)
     add("--random-input-len", type=int, default=1024)
@@ -234,6 +236,23 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--prefix-repetition-output-len", type=int, default=128)
     add("--sharegpt-output-len", type=int)
     add("--custom-output-len", type=int, default=256)
+    add("--timed-trace-chunk-hash-size", type=int, help="tokens per hash id (default: 16)")
+    add("--timed-trace-sec-multiplier", type=float,
+        help="timestamp x this = seconds (default: 1; 0.001 for milliseconds)")
+    add("--timed-trace-label-timestamp", help="the timestamp's field (default: timestamp)")
+    add("--timed-trace-label-input-length", help="default: input_length")
+    add("--timed-trace-label-output-length", help="default: output_length")
+    add("--timed-trace-label-hash-ids", help="default: hash_ids")
+    add("--self-timed", action=argparse.BooleanOptionalAction, default=None,
+        help="send a trace's requests at their recorded times (default: on for timed_trace)")
+    add("--trace-speedup", type=float, help="replay a self-timed trace this many times as "
+        "fast (not a vLLM flag; default: 1)")
+    add("--trace-target-rate", type=float, help="replay a self-timed trace at this mean "
+        "rate, req/s (not a vLLM flag)")
+    add("--trace-start-s", type=float, help="start this many seconds into the trace (not a "
+        "vLLM flag)")
+    add("--trace-duration-s", type=float, help="replay this many seconds of the trace (not "
+        "a vLLM flag)")
     add("--request-rate", type=float, default=float("inf"))
     add("--burstiness", type=float, default=1.0)
     add("--max-concurrency", type=int)

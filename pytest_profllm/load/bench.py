@@ -63,14 +63,18 @@ async def run_load(settings: LoadSettings, requests: Sequence[PromptRequest]) ->
     which share the schedule's clock (the host's monotonic clock) and each own a share of
     `max_concurrency`: for servers faster than one event loop can read.
     """
-    offsets = arrival_offsets(
-        len(requests),
-        settings.request_rate,
-        settings.burstiness,
-        settings.seed,
-        settings.ramp_up_strategy,
-        settings.ramp_up_start_rps,
-        settings.ramp_up_end_rps,
+    offsets = (
+        [request.timestamp or 0.0 for request in requests]
+        if settings.self_timed
+        else arrival_offsets(
+            len(requests),
+            settings.request_rate,
+            settings.burstiness,
+            settings.seed,
+            settings.ramp_up_strategy,
+            settings.ramp_up_start_rps,
+            settings.ramp_up_end_rps,
+        )
     )
     if settings.client_processes > 1 and len(requests) > 1:
         loop = asyncio.get_running_loop()
@@ -244,6 +248,7 @@ def load_settings(
         api_key=api_key,
         endpoint=endpoint,
         client_processes=config.client_processes,
+        self_timed=config.is_self_timed,
     )
 
 

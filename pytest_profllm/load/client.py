@@ -39,7 +39,7 @@ def request_payload(settings: LoadSettings, request: PromptRequest) -> dict[str,
         payload["messages"] = [{"role": "user", "content": request.prompt}]
         payload["max_completion_tokens"] = request.output_len
     else:
-        payload["prompt"] = request.prompt
+        payload["prompt"] = list(request.prompt_ids) if request.prompt_ids else request.prompt
         payload["max_tokens"] = request.output_len
     payload["stream"] = True
     payload["stream_options"] = {"include_usage": True}

@@ -15,12 +15,17 @@ from __future__ import annotations
 import json
 import random
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tokenizers import Tokenizer
+
+# Re-exported: the prompt types are this module's public face; trace.py builds on them too.
+from pytest_profllm.load.prompt import Codec as Codec
+from pytest_profllm.load.prompt import DatasetError as DatasetError
+from pytest_profllm.load.prompt import PromptRequest as PromptRequest
+from pytest_profllm.load.trace import trace_prompts
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -28,27 +33,6 @@ if TYPE_CHECKING:
     from pytest_profllm.plan.suite import BenchmarkConfig
 
 _MAX_ADJUST_ROUNDS = 10
-
-
-@dataclass(frozen=True)
-class PromptRequest:
-    prompt: str
-    prompt_len: int
-    output_len: int
-
-
-class Codec(Protocol):
-    special_ids: set[int]
-    vocab_size: int
-    num_special_tokens_to_add: int
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
-
-
-class DatasetError(ValueError):
-    """A dataset that cannot give prompts; the message says which file or setting and why."""
 
 
 class TokenizerCodec:
@@ -239,6 +223,7 @@ DATASETS = {
     "prefix_repetition": prefix_repetition_prompts,
     "sharegpt": sharegpt_prompts,
     "custom": custom_prompts,
+    "timed_trace": trace_prompts,
 }
 
 

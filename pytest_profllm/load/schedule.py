@@ -42,6 +42,8 @@ class LoadSettings:
     # can be matched to requests.
     request_id_prefix: str = "profllm-"
     client_processes: int = 1  # more than one: the load is spread over that many processes
+    # Each request goes at its own `timestamp` (a timed trace's), not on a drawn schedule.
+    self_timed: bool = False
 
 
 @dataclass

@@ -103,8 +103,11 @@ class BenchmarkConfig(BaseModel):
 
     kind: Literal["serve"] = "serve"
     backend: Literal["openai", "openai-chat"] = "openai"
-    dataset_name: Literal["random", "prefix_repetition", "sharegpt", "custom"] = "random"
-    # sharegpt: a ShareGPT JSON file; custom: JSON lines with a "prompt" (and "output_tokens").
+    dataset_name: Literal["random", "prefix_repetition", "sharegpt", "custom", "timed_trace"] = (
+        "random"
+    )
+    # sharegpt: a ShareGPT JSON file; custom: JSON lines with a "prompt" (and "output_tokens");
+    # timed_trace: JSON lines with a timestamp, lengths and hash_ids, or a CSV (load/trace.py).
     dataset_path: str | None = None
     num_prompts: int = Field(100, gt=0)
     random_input_len: int = Field(1024, gt=0)
@@ -117,6 +120,19 @@ class BenchmarkConfig(BaseModel):
     prefix_repetition_output_len: int = Field(128, gt=0)
     sharegpt_output_len: int | None = Field(None, gt=0)
     custom_output_len: int = 256  # -1: each line's own "output_tokens"
+    timed_trace_chunk_hash_size: int = Field(16, gt=0)  # tokens per hash id (Mooncake: 512)
+    timed_trace_sec_multiplier: FiniteFloat = Field(1.0, gt=0)  # timestamp x this = seconds
+    timed_trace_label_timestamp: str = "timestamp"
+    timed_trace_label_input_length: str = "input_length"
+    timed_trace_label_output_length: str = "output_length"
+    timed_trace_label_hash_ids: str = "hash_ids"
+    # Send a trace's requests at their recorded times (None: on for timed_trace, as vLLM).
+    self_timed: bool | None = None
+    # Ours, not vLLM's: which part of a trace to replay, and how fast.
+    trace_speedup: FiniteFloat = Field(1.0, gt=0)  # 10: ten times the trace's rate
+    trace_target_rate: FiniteFloat | None = Field(None, gt=0)  # a mean rate instead, req/s
+    trace_start_s: FiniteFloat = Field(0.0, ge=0)  # from the trace's first request
+    trace_duration_s: FiniteFloat | None = Field(None, gt=0)
     request_rate: float = Field(math.inf, gt=0)
     burstiness: float = Field(1.0, gt=0)
     max_concurrency: int | None = Field(None, gt=0)
@@ -172,11 +188,54 @@ class BenchmarkConfig(BaseModel):
                 raise ValueError("ramp_up_start_rps must not exceed ramp_up_end_rps")
             if self.ramp_up_strategy == "exponential" and self.ramp_up_start_rps == 0:
                 raise ValueError("an exponential ramp-up cannot start at 0 requests/s")
-        if self.dataset_name in ("sharegpt", "custom") and not self.dataset_path:
+        if self.dataset_name in ("sharegpt", "custom", "timed_trace") and not self.dataset_path:
             raise ValueError(
                 f"dataset_name {self.dataset_name!r} needs dataset_path (a local file)"
             )
+        self._check_trace()
         return self
+
+    def _check_trace(self) -> None:
+        trace_only = [
+            name
+            for name in BenchmarkConfig.model_fields
+            if name.startswith(("timed_trace_", "trace_", "self_timed"))
+            and name in self.model_fields_set
+        ]
+        if self.dataset_name != "timed_trace":
+            if trace_only:
+                raise ValueError(
+                    f"{', '.join(trace_only)} only apply to dataset_name 'timed_trace'"
+                )
+            return
+        if self.backend != "openai":
+            raise ValueError(
+                "a timed_trace sends token ids as prompts: it needs backend 'openai' (the "
+                "completions endpoint), as vLLM's"
+            )
+        if self.trace_target_rate is not None and "trace_speedup" in self.model_fields_set:
+            raise ValueError("give trace_speedup or trace_target_rate, not both")
+        if self.is_self_timed and (
+            not math.isinf(self.request_rate) or self.ramp_up_strategy is not None
+        ):
+            raise ValueError(
+                "a self-timed trace sends its requests at their recorded times: leave "
+                "request_rate and ramp_up_* out, or set self_timed: false to use them"
+            )
+        if not self.is_self_timed and (
+            "trace_speedup" in self.model_fields_set or self.trace_target_rate is not None
+        ):
+            raise ValueError(
+                "trace_speedup and trace_target_rate pace a self-timed trace; with "
+                "self_timed: false, request_rate sets the pace"
+            )
+
+    @property
+    def is_self_timed(self) -> bool:
+        """Whether requests go at the times the workload recorded (a timed trace's)."""
+        if self.dataset_name != "timed_trace":
+            return False
+        return self.self_timed is not False
 
     @field_serializer("request_rate")
     def _rate_json(self, rate: float) -> float | str:
@@ -302,6 +361,11 @@ class CapacityConfig(BenchmarkConfig):
             raise ValueError(
                 f"slo.{GOODPUT_SLO} counts the requests within `goodput` "
                 "(e.g. goodput: {ttft: 500, tpot: 50}): set it"
+            )
+        if self.is_self_timed:
+            raise ValueError(
+                "a capacity search sets the load itself: a timed_trace case needs "
+                "self_timed: false (the trace's requests, sent at the searched load)"
             )
         return self
 

@@ -1,0 +1,59 @@
+"""A workload as `vllm bench serve`'s command line: to check a case against vLLM's own client,
+or to run it there by hand.
+
+Options that are ours alone (`trace_speedup`, `trace_target_rate`, the trace window,
+`client_processes`, `request_timeout_s`) have no vLLM flag and are left out, so a workload
+that sets them replays differently under vLLM; `unrendered` names those a workload sets.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pytest_profllm.plan.suite import BenchmarkConfig
+
+OURS = (
+    "kind",
+    "client_processes",
+    "request_timeout_s",
+    "trace_speedup",
+    "trace_target_rate",
+    "trace_start_s",
+    "trace_duration_s",
+)
+
+
+def unrendered(config: BenchmarkConfig) -> list[str]:
+    """The options the workload sets that `vllm bench serve` has no flag for."""
+    return [name for name in OURS if name in config.model_fields_set and name != "kind"]
+
+
+def vllm_bench_serve_argv(
+    config: BenchmarkConfig, *, base_url: str, model: str, tokenizer: str | None = None
+) -> list[str]:
+    """The arguments after `vllm bench serve` for this workload against `base_url`."""
+    argv = ["--base-url", base_url, "--model", model]
+    if tokenizer or config.tokenizer:
+        argv += ["--tokenizer", str(tokenizer or config.tokenizer)]
+    values = config.model_dump(exclude={*OURS, "tokenizer"})
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        argv += _rendered(name, flag, value)
+    return argv
+
+
+def _rendered(name: str, flag: str, value: Any) -> list[str]:
+    if value is None:
+        return []
+    if name == "self_timed":
+        return [flag if value else "--no-self-timed"]
+    if isinstance(value, bool):
+        return [flag] if value else []
+    if name == "goodput":
+        return [flag, *(f"{key}:{limit:g}" for key, limit in value.items())]
+    if isinstance(value, float) and math.isinf(value):
+        return [flag, "inf"]
+    if name == "request_rate" and value == "inf":
+        return [flag, "inf"]
+    return [flag, str(value)]
