@@ -160,7 +160,9 @@ _LINE = st.one_of(
 )  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(lines=st.lists(_LINE, max_size=6))
 def test_any_trace_file_is_either_refused_by_line_or_replayable(
     tmp_path: Path, lines: list[str]
