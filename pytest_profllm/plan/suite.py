@@ -528,6 +528,12 @@ def load_suite_file(
     return validate_suite(data, str(path), lines, registry), lines
 
 
+# `dataset_path: profllm:trace_example.jsonl` names a file the package ships (load/data/),
+# so an example suite works wherever it is copied.
+SHIPPED_PREFIX = "profllm:"
+SHIPPED_DATA = Path(__file__).resolve().parents[1] / "load" / "data"
+
+
 def _paths_from(folder: Path, benchmark: object) -> None:
     """A relative `dataset_path` names a file beside the suite, wherever pytest runs from."""
     if not isinstance(benchmark, dict) or "dataset_path" not in benchmark:
@@ -535,6 +541,8 @@ def _paths_from(folder: Path, benchmark: object) -> None:
     value = benchmark["dataset_path"]
 
     def resolved(item: object) -> object:
+        if isinstance(item, str) and item.startswith(SHIPPED_PREFIX):
+            return str(SHIPPED_DATA / item.removeprefix(SHIPPED_PREFIX))
         if isinstance(item, str) and item and not Path(item).expanduser().is_absolute():
             return str(folder / item)
         return item
