@@ -219,9 +219,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--model", required=True, help="the model the server serves")
     add("--served-model-name", help="the name to send (default: --model)")
     add("--tokenizer", help="local tokenizer folder (default: the server's /tokenize)")
-    add("--dataset-name", choices=("random", "prefix_repetition", "sharegpt", "custom"),
-        default="random")
-    add("--dataset-path", help="local file for sharegpt (JSON) and custom (JSON lines)")
+    add("--dataset-name",
+        choices=("random", "prefix_repetition", "sharegpt", "custom", "conversation"),
+        default="random", help="conversation (not a vLLM dataset): multi-turn sessions on "
+        "--backend openai-chat, --num-prompts of them")
+    add("--dataset-path", help="local file for sharegpt (JSON) and custom (JSON lines); "
+        "conversation: a ShareGPT JSON file (default: synthetic turns)")
     add("--num-prompts", type=int, default=1000)
     add("--seed", type=int, default=0)
     add("--random-input-len", type=int, default=1024)
@@ -234,6 +237,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--prefix-repetition-output-len", type=int, default=128)
     add("--sharegpt-output-len", type=int)
     add("--custom-output-len", type=int, default=256)
+    add("--conversation-turns", type=int, help="synthetic conversations' turns (default: 4)")
+    add("--conversation-input-len", type=int,
+        help="a synthetic turn's user message in tokens (default: 128)")
+    add("--conversation-output-len", type=int,
+        help="a synthetic turn's answer in tokens (default: 64)")
+    add("--conversation-range-ratio", type=float,
+        help="synthetic lengths drawn within +-this fraction (default: 0)")
+    add("--conversation-think-time-s", type=float,
+        help="mean pause between an answer and the next turn (default: 0)")
+    add("--conversation-think-time-distribution", choices=("fixed", "exponential", "uniform"),
+        help="of the pause; uniform is on [0, 2 x mean] (default: exponential)")
     add("--request-rate", type=float, default=float("inf"))
     add("--burstiness", type=float, default=1.0)
     add("--max-concurrency", type=int)

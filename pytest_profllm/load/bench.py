@@ -404,6 +404,12 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     for title, value in rows:
         shown = f"{value:.2f}" if isinstance(value, float) else str(value)
         lines.append(f"{title:<40} {shown}")
+    for turn in result.get("by_turn") or []:
+        ttft, rate = turn["median_ttft_ms"], turn["prefix_cache_hit_rate"]
+        shown = "-" if ttft is None else f"{ttft:.2f}"
+        hits = "not reported" if rate is None else f"{rate:.1%}"
+        title = f"Turn {turn['turn']} median TTFT (ms), cache hits:"
+        lines.append(f"{title:<40} {shown}, {hits} ({turn['completed']}/{turn['requests']})")
     if result.get("invalid_reason"):
         lines.append(f"invalid: {result['invalid_reason']}")
     lines.append("=" * 50)
