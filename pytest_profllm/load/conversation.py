@@ -368,8 +368,11 @@ def by_turn(outcomes: list[RequestOutcome]) -> list[dict[str, Any]] | None:
     return summary
 
 
-# The shipped file: made here, never copied from anyone's conversations.
-_SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pa", "do", "fi", "gu", "he")
+# The shipped file: made here, never copied from anyone's conversations. Its made-up words
+# (one or two consonant-vowel syllables, lower case, no punctuation) are all words of the
+# simulator's tokenizer (sim/model_files.py), so every conversation is its own token sequence
+# to the simulator's prefix cache, not a run of unknown tokens.
+_SYLLABLES = tuple(c + v for c in "bdfgklmnprstv" for v in "aeiou")
 
 
 def shipped_conversations(count: int = 20, seed: int = 7) -> list[dict[str, Any]]:
@@ -379,8 +382,7 @@ def shipped_conversations(count: int = 20, seed: int = 7) -> list[dict[str, Any]
     vocabulary = sorted({_word(picker) for _ in range(400)})
 
     def sentence(low: int, high: int) -> str:
-        words = [picker.choice(vocabulary) for _ in range(picker.randint(low, high))]
-        return " ".join(words).capitalize() + "."
+        return " ".join(picker.choice(vocabulary) for _ in range(picker.randint(low, high)))
 
     data = []
     for number in range(count):
@@ -393,7 +395,7 @@ def shipped_conversations(count: int = 20, seed: int = 7) -> list[dict[str, Any]
 
 
 def _word(picker: random.Random) -> str:
-    return "".join(picker.choice(_SYLLABLES) for _ in range(picker.randint(1, 3)))
+    return "".join(picker.choice(_SYLLABLES) for _ in range(picker.randint(1, 2)))
 
 
 def shipped_text() -> str:
