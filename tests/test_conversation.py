@@ -127,10 +127,10 @@ def test_each_turn_sends_the_history_and_the_answers_before_it() -> None:
         (c, t) for c in range(3) for t in range(1, 5)
     ]
     # A later turn was due when the turn before it ended (no think time).
-    for before, after in itertools.pairwise(result.outcomes):
-        if after.conversation == before.conversation:
-            assert after.intended_start == pytest.approx(before.end_time)
-            assert after.schedule_lag < 0.5
+    for earlier, later in itertools.pairwise(result.outcomes):
+        if later.conversation == earlier.conversation:
+            assert later.intended_start == pytest.approx(earlier.end_time)
+            assert later.schedule_lag < 0.5
     summary = by_turn(result.outcomes)
     assert summary is not None
     assert [row["turn"] for row in summary] == [1, 2, 3, 4]
