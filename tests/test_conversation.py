@@ -44,6 +44,7 @@ from pytest_profllm.load.dataset import DatasetError, TokenizerCodec, make_promp
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
 from pytest_profllm.plan.suite import BenchmarkConfig
 from pytest_profllm.results import gate_tables
+from pytest_profllm.results.fingerprint import digest, fingerprint
 from pytest_profllm.results.record import normalize
 from pytest_profllm.sim.model_files import MODEL_DIR
 
@@ -505,3 +506,17 @@ def test_a_conversation_suite_records_its_turns(pytester: pytest.Pytester, ports
             "GROUP BY turn ORDER BY turn"
         ).fetchall()
     assert by_turn_sql == [(1, 8, 0), (2, 8, 1), (3, 8, 1), (4, 8, 1)]
+
+
+def test_the_conversation_keys_leave_other_workloads_fingerprints_as_they_were() -> None:
+    """Baselines recorded before the conversation keys existed still match a random workload;
+    under dataset_name conversation the keys count."""
+    now = BenchmarkConfig().model_dump(mode="json")
+    before = {k: v for k, v in now.items() if not k.startswith("conversation_")}
+
+    def of(benchmark: dict[str, Any]) -> str:
+        return digest(fingerprint({"config": {"server": {"model": "m"}, "benchmark": benchmark}}))
+
+    assert of(now) == of(before)
+    talk = _config().model_dump(mode="json")
+    assert of(talk) != of({**talk, "conversation_turns": 9})
