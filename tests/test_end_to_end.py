@@ -35,17 +35,17 @@ def test_example_suites_with_two_workers(pytester: pytest.Pytester, ports: str) 
         if suite.suffix in (".yaml", ".py"):
             shutil.copy(suite, pytester.path)
     result = run_suites(pytester, ports, "-n", "2")
-    result.assert_outcomes(passed=14)
+    result.assert_outcomes(passed=15)
     result.stdout.fnmatch_lines(
         [
             "profllm: engine sim (auto: *",
             "*profllm benchmark results*",
-            "14 row(s) loaded into *results.db (table benchmark_runs)*",
+            "15 row(s) loaded into *results.db (table benchmark_runs)*",
         ]
     )
     written = run_records(pytester)
-    assert len(written) == 14
-    assert db_rows(pytester, "select count(*) from benchmark_runs") == [(14,)]
+    assert len(written) == 15
+    assert db_rows(pytester, "select count(*) from benchmark_runs") == [(15,)]
     assert {r["engine"]["name"] for r in written} == {"sim"}
     assert {r["status"] for r in written} == {"passed"}
     assert {r["runtime"]["worker"] for r in written} <= {"gw0", "gw1"}
@@ -55,12 +55,13 @@ def test_example_suites_with_two_workers(pytester: pytest.Pytester, ports: str) 
         starts.setdefault(record["runtime"]["server_key"], set()).add(
             record["runtime"]["server_started_at"]
         )
-    # The capacity suite's servers are the smoke suite's (the same arguments): shared. The
-    # trace suite's two name enable_prefix_caching, so they are servers of their own.
+    # The capacity and conversation suites' servers are the smoke suite's (the same
+    # arguments): shared. The trace suite's two name enable_prefix_caching, so they are
+    # servers of their own.
     assert len(starts) == 8
     assert all(len(times) == 1 for times in starts.values())
     # Per-request records beside each case record.
-    assert len(list((pytester.path / "results").glob("*.requests.jsonl.gz"))) == 14
+    assert len(list((pytester.path / "results").glob("*.requests.jsonl.gz"))) == 15
     assert len(list((pytester.path / "results" / "logs").glob("*.log"))) == 8
     # Every record holds every engine argument of the registry, defaults included.
     for record in written:

@@ -220,10 +220,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--served-model-name", help="the name to send (default: --model)")
     add("--tokenizer", help="local tokenizer folder (default: the server's /tokenize)")
     add("--dataset-name",
-        choices=("random", "prefix_repetition", "sharegpt", "custom", "timed_trace"),
-        default="random")
-    add("--dataset-path", help="local file for sharegpt (JSON), custom (JSON lines) and "
-        "timed_trace (JSON lines, or a CSV of timestamp,input_len,output_len)")
+        choices=("random", "prefix_repetition", "sharegpt", "custom", "timed_trace",
+                 "conversation"),
+        default="random", help="conversation (not a vLLM dataset): multi-turn sessions on "
+        "--backend openai-chat, --num-prompts of them")
+    add("--dataset-path", help="local file for sharegpt (JSON), custom (JSON lines), "
+        "timed_trace (JSON lines, or a CSV of timestamp,input_len,output_len) and conversation "
+        "(a ShareGPT JSON file; default: synthetic turns)")
     add("--num-prompts", type=int, default=1000)
     add("--seed", type=int, default=0)
     add("--random-input-len", type=int, default=1024)
@@ -253,6 +256,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "vLLM flag)")
     add("--trace-duration-s", type=float, help="replay this many seconds of the trace (not "
         "a vLLM flag)")
+    add("--conversation-turns", type=int, help="synthetic conversations' turns (default: 4)")
+    add("--conversation-input-len", type=int,
+        help="a synthetic turn's user message in tokens (default: 128)")
+    add("--conversation-output-len", type=int,
+        help="a synthetic turn's answer in tokens (default: 64)")
+    add("--conversation-range-ratio", type=float,
+        help="synthetic lengths drawn within +-this fraction (default: 0)")
+    add("--conversation-think-time-s", type=float,
+        help="mean pause between an answer and the next turn (default: 0)")
+    add("--conversation-think-time-distribution", choices=("fixed", "exponential", "uniform"),
+        help="of the pause; uniform is on [0, 2 x mean] (default: exponential)")
     add("--request-rate", type=float, default=float("inf"))
     add("--burstiness", type=float, default=1.0)
     add("--max-concurrency", type=int)

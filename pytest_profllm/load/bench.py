@@ -24,12 +24,18 @@ import numpy as np
 
 from pytest_profllm.load import metrics
 from pytest_profllm.load.client import run_share, run_warmups
+from pytest_profllm.load.conversation import (
+    Conversations,
+    Workload,
+    by_turn,
+    make_workload,
+    run_conversations,
+)
 from pytest_profllm.load.dataset import (
     Codec,
     PromptRequest,
     ServerCodec,
     TokenizerCodec,
-    make_prompts,
 )
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.processes import run_in_processes
@@ -56,13 +62,18 @@ class ServerUnreachable(Exception):
     """Nothing accepts connections at the server's address; the message is one line."""
 
 
-async def run_load(settings: LoadSettings, requests: Sequence[PromptRequest]) -> LoadResult:
-    """Send `requests` on vLLM's arrival schedule and time every response.
+async def run_load(
+    settings: LoadSettings, requests: Sequence[PromptRequest] | Conversations
+) -> LoadResult:
+    """Send `requests` on vLLM's arrival schedule and time every response (conversations:
+    each conversation's turns in turn, load/conversation.py).
 
     With `client_processes` > 1 the requests are dealt round-robin to that many processes,
     which share the schedule's clock (the host's monotonic clock) and each own a share of
     `max_concurrency`: for servers faster than one event loop can read.
     """
+    if isinstance(requests, Conversations):
+        return await run_conversations(settings, requests)
     offsets = (
         [request.timestamp or 0.0 for request in requests]
         if settings.self_timed
@@ -205,9 +216,9 @@ def run_bench(
     codec: Codec = (
         TokenizerCodec.load(tokenizer) if tokenizer else ServerCodec(base_url, name, api_key)
     )
-    prompts = make_prompts(config, codec)
+    workload: Workload = make_workload(config, codec)
     settings = load_settings(config, base_url, name, api_key=api_key, endpoint=endpoint)
-    load = asyncio.run(run_load(settings, prompts))
+    load = asyncio.run(run_load(settings, workload))
     summary, health = measure(load, config, codec)
     if (problem := metrics.served_problem(load.outcomes, summary, max_failed)) is not None:
         raise BenchFailed(problem)
@@ -314,6 +325,8 @@ def result_json(
         if key.endswith("_ms"):
             result[key] = value
     result.update(health)
+    if (turns := by_turn(outcomes)) is not None:
+        result["by_turn"] = turns
     return result
 
 
@@ -396,6 +409,12 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     for title, value in rows:
         shown = f"{value:.2f}" if isinstance(value, float) else str(value)
         lines.append(f"{title:<40} {shown}")
+    for turn in result.get("by_turn") or []:
+        ttft, rate = turn["median_ttft_ms"], turn["prefix_cache_hit_rate"]
+        shown = "-" if ttft is None else f"{ttft:.2f}"
+        hits = "not reported" if rate is None else f"{rate:.1%}"
+        title = f"Turn {turn['turn']} median TTFT (ms), cache hits:"
+        lines.append(f"{title:<40} {shown}, {hits} ({turn['completed']}/{turn['requests']})")
     if result.get("invalid_reason"):
         lines.append(f"invalid: {result['invalid_reason']}")
     lines.append("=" * 50)

@@ -239,6 +239,10 @@ class SseTimer:
         prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
         if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt >= 0:
             outcome.prompt_len = prompt
+        details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
+            outcome.cached_tokens = cached
 
     def finish(self) -> None:
         if self._buffer.strip():

@@ -228,6 +228,9 @@ DATASETS = {
 
 
 def make_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    if config.dataset_name not in DATASETS:
+        # Conversations are sessions, not single prompts: load/conversation.py makes them.
+        raise DatasetError(f"dataset_name {config.dataset_name!r} makes conversations, not prompts")
     return DATASETS[config.dataset_name](config, codec)
 
 

@@ -43,6 +43,16 @@ class RequestOutcome:
     output_len: int | None = None  # the output tokens asked for (max_tokens)
     # The server's usage count where it is not a count (a string, negative): never believed.
     usage_problem: str | None = None
+    # A conversation's requests (load/conversation.py): which conversation and which of its
+    # turns (both from 0); None for a workload of single requests.
+    conversation: int | None = None
+    turn: int | None = None
+    # Prompt tokens the server found in its prefix cache (usage.prompt_tokens_details
+    # .cached_tokens; vLLM sends it with --enable-prompt-tokens-details), None where not sent.
+    cached_tokens: int | None = None
+    # False for a conversation's turn never sent because an earlier turn failed: it counts as
+    # a failed request, so completed + failed is every request planned.
+    sent: bool = True
 
     @property
     def schedule_lag(self) -> float:
@@ -211,7 +221,8 @@ def served_problem(
         return f"all {len(outcomes)} requests failed; first errors: {_first_errors(failed)}"
     # No HTTP response at all (connection refused, reset, closed): the server went away or
     # was not there; a figure over the requests that got through would hide it.
-    unanswered = [o for o in failed if o.status is None]
+    unanswered = [o for o in failed if o.status is None and o.sent]
+    unsent = [o for o in failed if not o.sent]
     rejected = [o for o in failed if o.status is not None and o.status != 200]
     cut = [o for o in failed if o.status == 200]
     if len(failed) > allowed_failures:
@@ -221,6 +232,7 @@ def served_problem(
                 (unanswered, "got no response (connection refused, reset or closed)"),
                 (rejected, "got a non-200 status"),
                 (cut, "failed in the middle of their stream"),
+                (unsent, "were not sent (an earlier turn of their conversation failed)"),
             )
             if group
         ]

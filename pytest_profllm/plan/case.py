@@ -159,7 +159,7 @@ def expand(
     ]
     for workload in workloads:
         _check_thresholds(suite, workload, source, lines)
-        if suite.profile and workload.kind == "capacity":
+        if suite.profile and isinstance(workload, CapacityConfig):
             raise SuiteError(
                 f"{at_line(source, lines.get(('profile',)))}: profile: true profiles one load; "
                 "a capacity case runs many (profile a serve case at the capacity instead)"

@@ -103,11 +103,12 @@ class BenchmarkConfig(BaseModel):
 
     kind: Literal["serve"] = "serve"
     backend: Literal["openai", "openai-chat"] = "openai"
-    dataset_name: Literal["random", "prefix_repetition", "sharegpt", "custom", "timed_trace"] = (
-        "random"
-    )
+    dataset_name: Literal[
+        "random", "prefix_repetition", "sharegpt", "custom", "timed_trace", "conversation"
+    ] = "random"
     # sharegpt: a ShareGPT JSON file; custom: JSON lines with a "prompt" (and "output_tokens");
-    # timed_trace: JSON lines with a timestamp, lengths and hash_ids, or a CSV (load/trace.py).
+    # timed_trace: JSON lines with a timestamp, lengths and hash_ids, or a CSV (load/trace.py);
+    # conversation: a ShareGPT JSON file of whole conversations (none: synthetic ones).
     dataset_path: str | None = None
     num_prompts: int = Field(100, gt=0)
     random_input_len: int = Field(1024, gt=0)
@@ -133,6 +134,20 @@ class BenchmarkConfig(BaseModel):
     trace_target_rate: FiniteFloat | None = Field(None, gt=0)  # a mean rate instead, req/s
     trace_start_s: FiniteFloat = Field(0.0, ge=0)  # from the trace's first request
     trace_duration_s: FiniteFloat | None = Field(None, gt=0)
+    # Ours, not vLLM's: multi-turn conversations (load/conversation.py). `num_prompts` is the
+    # number of conversations, `request_rate` conversations started per second and
+    # `max_concurrency` conversations in flight. Synthetic turns (no dataset_path): so many
+    # turns, user-message and answer lengths in tokens, each drawn within +-range_ratio.
+    conversation_turns: int = Field(4, gt=0)
+    conversation_input_len: int = Field(128, gt=0)
+    conversation_output_len: int = Field(64, gt=0)
+    conversation_range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    # The user's pause between an answer's end and the next turn: its mean, and its
+    # distribution (fixed: always the mean; exponential; uniform: on [0, 2 x mean]).
+    conversation_think_time_s: FiniteFloat = Field(0.0, ge=0.0)
+    conversation_think_time_distribution: Literal["fixed", "exponential", "uniform"] = (
+        "exponential"
+    )
     request_rate: float = Field(math.inf, gt=0)
     burstiness: float = Field(1.0, gt=0)
     max_concurrency: int | None = Field(None, gt=0)
@@ -192,6 +207,14 @@ class BenchmarkConfig(BaseModel):
             raise ValueError(
                 f"dataset_name {self.dataset_name!r} needs dataset_path (a local file)"
             )
+        if self.dataset_name == "conversation":
+            if self.backend != "openai-chat":
+                raise ValueError(
+                    "dataset_name 'conversation' sends each turn's history as chat messages: "
+                    "it needs backend: openai-chat"
+                )
+            if self.client_processes > 1:
+                raise ValueError("dataset_name 'conversation' runs in one client process")
         self._check_trace()
         return self
 
@@ -357,6 +380,8 @@ class CapacityConfig(BenchmarkConfig):
 
     @model_validator(mode="after")
     def _goodput_bounds(self) -> CapacityConfig:
+        if self.dataset_name == "conversation":
+            raise ValueError("a capacity case cannot run dataset_name 'conversation' yet")
         if GOODPUT_SLO in self.slo and not self.goodput:
             raise ValueError(
                 f"slo.{GOODPUT_SLO} counts the requests within `goodput` "

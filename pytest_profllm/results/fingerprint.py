@@ -14,6 +14,19 @@ from typing import Any
 import orjson
 
 _NOT_THE_WORKLOAD = ("seed",)
+# Keys that shape one dataset's workload only (by prefix: the dataset they belong to). Under
+# another dataset they change nothing, and records written before they existed lack them:
+# left out there, a run's fingerprint stays what it was, and its baselines still match.
+_ONE_DATASET_KEYS = {"conversation_": "conversation"}
+
+
+def _of_the_workload(key: str, benchmark: dict[str, Any]) -> bool:
+    if key in _NOT_THE_WORKLOAD:
+        return False
+    dataset = benchmark.get("dataset_name")
+    return not any(
+        key.startswith(prefix) and dataset != name for prefix, name in _ONE_DATASET_KEYS.items()
+    )
 
 
 def fingerprint(record: dict[str, Any], with_version: bool = True) -> dict[str, Any]:
@@ -21,10 +34,9 @@ def fingerprint(record: dict[str, Any], with_version: bool = True) -> dict[str, 
     engine = record.get("engine") or {}
     system = record.get("system") or {}
     runtime = record.get("runtime") or {}
+    workload = config.get("benchmark") or {}
     benchmark = {
-        key: value
-        for key, value in (config.get("benchmark") or {}).items()
-        if key not in _NOT_THE_WORKLOAD
+        key: value for key, value in workload.items() if _of_the_workload(key, workload)
     }
     parts: dict[str, Any] = {
         "server": config.get("server") or {},

@@ -6,7 +6,8 @@ and `profllm ingest` both fill them, so any results database is a baseline and a
   filled only by older versions: the parts are in `gate_fingerprints`, once per fingerprint);
 - `gate_fingerprints`: what each fingerprint is made of, as JSON;
 - `request_samples`: one row per request of a run (TTFT, TPOT, E2EL, ITL list, in ms), the
-  per-request samples a later run's latency verdicts resample;
+  per-request samples a later run's latency verdicts resample; for a conversation workload
+  also its conversation, turn and the prompt tokens found in the prefix cache (else null);
 - `regression_verdicts`: one row per gated metric of a run: verdict, baseline and new value,
   change and its confidence interval;
 - `change_points`: what `profllm history` found.
@@ -57,6 +58,7 @@ CREATE TABLE IF NOT EXISTS [{FINGERPRINTS}] (fingerprint TEXT PRIMARY KEY, parts
 CREATE TABLE IF NOT EXISTS [{SAMPLES}] (
     run_id TEXT, request_index INTEGER, success INTEGER, output_tokens INTEGER,
     ttft_ms REAL, tpot_ms REAL, e2el_ms REAL, itl_ms TEXT,
+    conversation INTEGER, turn INTEGER, cached_tokens INTEGER,
     PRIMARY KEY (run_id, request_index)
 );
 CREATE TABLE IF NOT EXISTS [{VERDICTS}] (
@@ -122,6 +124,21 @@ def _add_validity(db: sqlite3.Connection) -> None:
         db.execute(f"UPDATE [{RUNS}] SET validity = {_DERIVED_VALIDITY}")
 
 
+# Columns `request_samples` gained after its first version: an older database gets them.
+_LATER_SAMPLE_COLUMNS = ("conversation", "turn", "cached_tokens")
+_SAMPLE_COLUMNS = (
+    "run_id", "request_index", "success", "output_tokens", "ttft_ms", "tpot_ms", "e2el_ms",
+    "itl_ms", *_LATER_SAMPLE_COLUMNS,
+)
+
+
+def _add_sample_columns(db: sqlite3.Connection) -> None:
+    columns = {row[1] for row in db.execute(f"PRAGMA table_info([{SAMPLES}])")}
+    for name in _LATER_SAMPLE_COLUMNS:
+        if name not in columns:
+            db.execute(f"ALTER TABLE [{SAMPLES}] ADD COLUMN {name} INTEGER")
+
+
 def gate_of(record: dict[str, Any]) -> str | None:
     """The run's overall verdict: the worst of its metrics', None where nothing was gated."""
     verdicts = {v["verdict"] for v in record.get("regression") or []}
@@ -150,6 +167,9 @@ def sample_rows(run_id: str, requests: list[dict[str, Any]]) -> list[tuple[Any, 
                 tpot,
                 e2el,
                 json.dumps([gap * 1000 for gap in row.get("itl_s") or []]),
+                row.get("conversation"),
+                row.get("turn"),
+                row.get("cached_tokens"),
             )
         )
     return rows
@@ -226,12 +246,13 @@ def _finite(value: Any) -> float | None:
 
 def create(db: sqlite3.Connection) -> None:
     """The tables, in the connection's open transaction (an older `gate_runs` gets its
-    validity column)."""
+    validity column, an older `request_samples` its conversation columns)."""
     # One statement at a time: executescript would commit the open transaction.
     for statement in _SCHEMA.split(";"):
         if statement.strip():
             db.execute(statement)
     _add_validity(db)
+    _add_sample_columns(db)
 
 
 def write(db: sqlite3.Connection, runs: Iterable[GateRows]) -> int:
@@ -257,7 +278,8 @@ def write(db: sqlite3.Connection, runs: Iterable[GateRows]) -> int:
     sampled = [rows for rows in runs if rows.samples is not None]
     db.executemany(f"DELETE FROM [{SAMPLES}] WHERE run_id = ?", [(r.run_id,) for r in sampled])
     db.executemany(
-        f"INSERT INTO [{SAMPLES}] VALUES (?,?,?,?,?,?,?,?)",
+        f"INSERT INTO [{SAMPLES}] ({', '.join(_SAMPLE_COLUMNS)}) "
+        f"VALUES ({', '.join('?' * len(_SAMPLE_COLUMNS))})",
         [sample for rows in sampled for sample in rows.samples or ()],
     )
     db.executemany(f"DELETE FROM [{SERIES}] WHERE run_id = ?", [(r.run_id,) for r in runs])

@@ -165,6 +165,23 @@ class ProfilingInfo(BaseModel):
     duration_s: float
 
 
+class TurnSummary(BaseModel):
+    """One turn of a conversation workload (load/conversation.py `by_turn`): turn 1 is each
+    conversation's first request. The hit rate is the prompt tokens the server found in its
+    prefix cache over all prompt tokens of the turn's completed requests; None where the
+    server did not say (vLLM says with --enable-prompt-tokens-details)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turn: int = Field(ge=1)
+    requests: int = Field(ge=0)  # planned: completed, failed and not sent
+    completed: int = Field(ge=0)
+    median_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    mean_prompt_tokens: float | None = None
+    prefix_cache_hit_rate: float | None = Field(None, ge=0.0, le=1.0)
+
+
 class BenchmarkRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -206,6 +223,9 @@ class BenchmarkRecord(BaseModel):
     # `stopped`, the `slo` and every probe (load, requests, achieved rate, each SLO's value
     # with its interval, decision). Its figures are also `results.capacity[_low|_high]`.
     capacity: dict[str, Any] | None = None
+    # A conversation workload (`dataset_name: conversation`): its figures by turn. The
+    # per-request rows say each request's conversation, turn and cached tokens.
+    by_turn: list[TurnSummary] | None = None
 
 
 def measurement_validity(

@@ -63,6 +63,8 @@ class CaseOutcome:
     capacity: dict[str, Any] | None = None
     # Set when the case was not run: why (its record is `skipped`, with this message).
     skip_reason: str | None = None
+    # A conversation workload's figures per turn (load/conversation.py `by_turn`).
+    by_turn: list[dict[str, Any]] | None = None
 
     @property
     def run_id(self) -> str:
@@ -100,6 +102,7 @@ class CaseOutcome:
             validity_reasons=reasons,
             series=self.series,
             capacity=self.capacity,
+            by_turn=self.by_turn,
         )
         return record.model_dump(mode="json")
 
@@ -189,6 +192,9 @@ def request_row(index: int, outcome: metrics.RequestOutcome, clock_start: float)
         "message_s": [t - clock_start for t in outcome.message_times],
         "end_s": outcome.end_time - clock_start if outcome.end_time else None,
         "error": outcome.error or None,
+        "conversation": outcome.conversation,
+        "turn": outcome.turn,
+        "cached_tokens": outcome.cached_tokens,
     }
 
 

@@ -18,12 +18,11 @@ from typing import Any
 from pytest_profllm.hosts.devices import client_off, leased_cores
 from pytest_profllm.load import metrics
 from pytest_profllm.load.bench import invalid_reason, load_settings, measure, run_load
+from pytest_profllm.load.conversation import Conversations, Workload, by_turn, make_workload
 from pytest_profllm.load.dataset import (
     Codec,
-    PromptRequest,
     ServerCodec,
     TokenizerCodec,
-    make_prompts,
 )
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
 from pytest_profllm.plan.case import Case
@@ -53,7 +52,7 @@ def run_case(
     with servers.serving(case) as server:
         outcome.server = server
         codec = codec_for(case, servers.engine, server.base_url)
-        prompts = make_prompts(bench, codec)
+        prompts = make_workload(bench, codec)
         settings = load_settings(
             bench, server.base_url, served_name(case.server), api_key=api_key_of(case.server)
         )
@@ -64,6 +63,7 @@ def run_case(
     outcome.verdicts = evaluate(case, outcome.results)
     outcome.invalid_reason = invalid_reason(load, bench, health, max_schedule_lag_ms)
     outcome.request_failures = metrics.request_failures(load.outcomes)
+    outcome.by_turn = by_turn(load.outcomes)
     check_served(load.outcomes, outcome.results, allowed_failures(case))
     if case.profile and server.profile_dir is not None:
         outcome.profiling = _profile(server, settings, prompts, outcome.run_id)
@@ -80,8 +80,7 @@ def codec_for(case: Case, engine: str, base_url: str) -> Codec:
 
 
 def _load(
-    server: ServerProcess, settings: LoadSettings, prompts: list[PromptRequest],
-    outcome: CaseOutcome,
+    server: ServerProcess, settings: LoadSettings, prompts: Workload, outcome: CaseOutcome,
 ) -> LoadResult:
     """The workload sent with telemetry sampled; the per-request rows and the telemetry go into
     the outcome, also when the server turns out lost afterwards."""
@@ -100,11 +99,15 @@ def _load(
 
 
 def _profile(
-    server: ServerProcess, settings: LoadSettings, prompts: list[PromptRequest], run_id: str
+    server: ServerProcess, settings: LoadSettings, prompts: Workload, run_id: str
 ) -> dict[str, Any]:
     """A short run of the workload under vLLM's profiler, after the measured one."""
     assert server.profile_dir is not None
-    short = prompts[:PROFILE_PROMPTS]
+    short: Workload = (
+        prompts.first(PROFILE_PROMPTS)
+        if isinstance(prompts, Conversations)
+        else prompts[:PROFILE_PROMPTS]
+    )
     profiled = dataclasses.replace(settings, num_warmups=0)
     try:
         return run_profiled(

@@ -351,7 +351,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
                 ],
                 "service_tier": None,
                 "system_fingerprint": _SYSTEM_FINGERPRINT,
-                "usage": _usage(prompt_len, len(text), details=True),
+                "usage": _usage(prompt_len, len(text), sequence.cached_tokens, details=True),
                 **_COMPLETION_FIELDS,
             }
         )
@@ -412,7 +412,8 @@ async def _stream(
                 await _fault_in_stream(request, response, sequence)
         if include_usage:
             usage = event("", None)
-            usage.update(choices=[], usage=_claimed_usage(state.faults, prompt_len, generated))
+            claimed = _claimed_usage(state.faults, prompt_len, generated, sequence.cached_tokens)
+            usage.update(choices=[], usage=claimed)
             usage.pop("prompt_token_ids", None)  # chat's opening fields stay in the opening
             usage.pop("prompt_text", None)
             usage["system_fingerprint"] = _SYSTEM_FINGERPRINT
@@ -474,9 +475,11 @@ class _StreamEnded(Exception):
     """The stream was ended by a fault: nothing more is written to it."""
 
 
-def _claimed_usage(faults: Faults, prompt_len: int, generated: int) -> dict[str, object]:
+def _claimed_usage(
+    faults: Faults, prompt_len: int, generated: int, cached: int
+) -> dict[str, object]:
     """The usage chunk, as the faults would have it lie."""
-    usage: dict[str, object] = dict(_usage(prompt_len, generated))
+    usage: dict[str, object] = dict(_usage(prompt_len, generated, cached))
     if faults.usage_claims is not None:
         usage["completion_tokens"] = faults.usage_claims
     if faults.usage_text:
@@ -500,8 +503,8 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return _error("'messages' must be a non-empty list", 400)
-    prompt = "".join(_message_text(m) for m in messages)
-    prompt_len = len(state.tokenizer.encode(prompt, add_special_tokens=False).ids)
+    prompt_ids = _render_chat(state, messages)
+    prompt_len = len(prompt_ids)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
     if not isinstance(max_tokens, int) or max_tokens < 1:
         return _error(f"max_completion_tokens must be at least 1, got {max_tokens}.", 400)
@@ -510,7 +513,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     model = body.get("model") or state.served_names[0]
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    sequence = await _submit(state, scheduler, prompt_len, max_tokens, None)
+    sequence = await _submit(state, scheduler, prompt_len, max_tokens, prompt_ids)
 
     def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
         # As vLLM: the opening (role) delta carries the prompt fields, a content delta its
@@ -564,7 +567,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
                 "choices": [choice],
                 "service_tier": None,
                 "system_fingerprint": _SYSTEM_FINGERPRINT,
-                "usage": _usage(prompt_len, len(text), details=True),
+                "usage": _usage(prompt_len, len(text), sequence.cached_tokens, details=True),
                 "prompt_logprobs": None,
                 "prompt_token_ids": None,
                 "prompt_text": None,
@@ -582,6 +585,20 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     )
 
 
+def _render_chat(state: SimState, messages: list[Any]) -> list[int]:
+    """The prompt's token ids under the simulator's fixed chat template: per message, its role
+    line then its text, each tokenized on its own and joined. So a conversation's next turn
+    (its history, the answer, a new user message) starts with exactly the ids of the turn
+    before, and the prefix cache finds that history, as it does behind a real chat template."""
+    ids: list[int] = []
+    encode = state.tokenizer.encode
+    for message in messages:
+        role = message.get("role") if isinstance(message, dict) else None
+        ids += encode(f"{role or 'user'}:\n", add_special_tokens=False).ids
+        ids += encode(_message_text(message), add_special_tokens=False).ids
+    return ids
+
+
 def _message_text(message: object) -> str:
     if not isinstance(message, dict):
         return ""
@@ -596,13 +613,15 @@ def _word(state: SimState, token: int) -> str:
 
 
 def _usage(
-    prompt_tokens: int, completion_tokens: int, details: bool = False
-) -> dict[str, int | None]:
-    usage: dict[str, int | None] = {
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int, details: bool = False
+) -> dict[str, Any]:
+    # As vLLM with --enable-prompt-tokens-details: the prompt tokens found in the prefix cache.
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
     if details:  # a whole response has them (null); a stream's usage chunk does not
-        usage.update(prompt_tokens_details=None, completion_tokens_details=None)
+        usage.update(completion_tokens_details=None)
     return usage

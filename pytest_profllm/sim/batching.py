@@ -76,6 +76,9 @@ class Sequence:
     finished_at: float | None = None
     preemptions: int = 0
     computed_tokens: int = 0  # prompt tokens computed, not found in the prefix cache
+    # Prompt tokens found in the prefix cache when it was first scheduled (the usage chunk's
+    # prompt_tokens_details.cached_tokens, as vLLM reports it).
+    cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.context_len = self.context_len or self.prompt_len
@@ -390,6 +393,8 @@ class Scheduler:
             hits += self.block_size
         self.prefix_cache_hits += hits
         sequence.prefilled = hits
+        if not sequence.preemptions:
+            sequence.cached_tokens = hits
 
     def _remember(self, sequence: Sequence) -> None:
         if sequence.context_len == sequence.prompt_len:
