@@ -256,3 +256,23 @@ def test_the_workload_renders_to_vllm_bench_serve_flags(tmp_path: Path) -> None:
     assert pairs["--timed-trace-label-timestamp"] == "ts"
     assert "--self-timed" in argv and "--trace-speedup" not in argv
     assert unrendered(config) == ["trace_speedup"]
+
+
+def test_the_trace_keys_leave_other_workloads_fingerprints_as_they_were(tmp_path: Path) -> None:
+    """Baselines recorded before the trace keys existed still match a random workload; under
+    dataset_name timed_trace they count."""
+    from pytest_profllm.results.fingerprint import digest, fingerprint
+
+    now = BenchmarkConfig().model_dump(mode="json")
+    before = {
+        k: v for k, v in now.items() if not k.startswith(("timed_trace_", "trace_", "self_timed"))
+    }
+    assert len(before) < len(now)
+
+    def of(benchmark: dict[str, Any]) -> str:
+        return digest(fingerprint({"config": {"server": {"model": "m"}, "benchmark": benchmark}}))
+
+    assert of(now) == of(before)
+    trace = trace_config(tmp_path / "t.jsonl").model_dump(mode="json")
+    assert of(trace) != of({**trace, "trace_speedup": 2.0})
+    assert of(trace) != of({**trace, "timed_trace_chunk_hash_size": 512})

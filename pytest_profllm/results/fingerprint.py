@@ -17,7 +17,12 @@ _NOT_THE_WORKLOAD = ("seed",)
 # Keys that shape one dataset's workload only (by prefix: the dataset they belong to). Under
 # another dataset they change nothing, and records written before they existed lack them:
 # left out there, a run's fingerprint stays what it was, and its baselines still match.
-_ONE_DATASET_KEYS = {"conversation_": "conversation"}
+_ONE_DATASET_KEYS = {
+    "conversation_": "conversation",
+    "timed_trace_": "timed_trace",
+    "trace_": "timed_trace",
+    "self_timed": "timed_trace",
+}
 
 
 def _of_the_workload(key: str, benchmark: dict[str, Any]) -> bool:
