@@ -255,7 +255,14 @@ def test_the_workload_renders_to_vllm_bench_serve_flags(tmp_path: Path) -> None:
     assert pairs["--timed-trace-sec-multiplier"] == "0.001"
     assert pairs["--timed-trace-label-timestamp"] == "ts"
     assert "--self-timed" in argv and "--trace-speedup" not in argv
+    assert not [flag for flag in argv if flag.startswith("--conversation")]
     assert unrendered(config) == ["trace_speedup"]
+
+
+def test_a_conversation_workload_has_no_vllm_bench_serve_form() -> None:
+    config = BenchmarkConfig(dataset_name="conversation", backend="openai-chat")
+    with pytest.raises(ValueError, match="vllm bench serve"):
+        vllm_bench_serve_argv(config, base_url="http://127.0.0.1:1", model="m")
 
 
 def test_the_trace_keys_leave_other_workloads_fingerprints_as_they_were(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 or to run it there by hand.
 
 Options that are ours alone (`trace_speedup`, `trace_target_rate`, the trace window,
-`client_processes`, `request_timeout_s`) have no vLLM flag and are left out, so a workload
-that sets them replays differently under vLLM; `unrendered` names those a workload sets.
+`client_processes`, `request_timeout_s`, the `conversation_*` keys) have no vLLM flag and are
+left out, so a workload that sets them replays differently under vLLM; `unrendered` names those
+a workload sets. A conversation workload has no `vllm bench serve` form at all.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ OURS = (
     "trace_target_rate",
     "trace_start_s",
     "trace_duration_s",
+    "conversation_turns",
+    "conversation_input_len",
+    "conversation_output_len",
+    "conversation_range_ratio",
+    "conversation_think_time_s",
+    "conversation_think_time_distribution",
 )
 
 
@@ -33,6 +40,10 @@ def vllm_bench_serve_argv(
     config: BenchmarkConfig, *, base_url: str, model: str, tokenizer: str | None = None
 ) -> list[str]:
     """The arguments after `vllm bench serve` for this workload against `base_url`."""
+    if config.dataset_name == "conversation":
+        raise ValueError(
+            "dataset_name 'conversation' is ours: `vllm bench serve` has no such dataset"
+        )
     argv = ["--base-url", base_url, "--model", model]
     if tokenizer or config.tokenizer:
         argv += ["--tokenizer", str(tokenizer or config.tokenizer)]
