@@ -1,10 +1,15 @@
-"""The simulated engine's shape where a benchmark can see vLLM's: four curves, printed.
+"""The simulated engine's shape where a benchmark can see vLLM's: five curves, printed.
 
     python benchmarks/perf/sim_curves.py [--model Qwen/Qwen3-8B] [--device H100-SXM]
+    python benchmarks/perf/sim_curves.py --concurrency   # curve 0 alone, for four configurations
 
 Each point is a whole benchmark run through the simulator's own scheduler and engine model on
 a virtual clock (`pytest_profllm/sim/virtual.py`: no sleeping, seconds of CPU in all):
 
+0. concurrency 1 to 1,024 (256 in / 128 out, 4 x concurrency requests): output throughput rises
+   and flattens at the KV-cache or compute bound, TPOT rises slowly with the batch, TTFT jumps
+   past saturation; beside it the roofline bound on the profile's own figures
+   (`virtual.roofline_throughput`). For an 8B, a 70B at tp 4 and 8, and an MoE model.
 1. max_num_seqs: output throughput rises until the KV cache is full, then preemptions rise.
 2. request rate: median TTFT stays flat, then climbs steeply past the saturation rate.
 3. prefix caching on a prefix_repetition workload: TTFT with and without it.
@@ -21,7 +26,14 @@ import random
 from pytest_profllm.sim.cost import EngineModel
 from pytest_profllm.sim.hardware import device_profile
 from pytest_profllm.sim.models import resolve_model
-from pytest_profllm.sim.virtual import Request, ServerSettings, simulate
+from pytest_profllm.sim.virtual import Request, ServerSettings, roofline_throughput, simulate
+
+CONCURRENCY_CONFIGS = (
+    ("Qwen/Qwen3-8B", "H100-SXM", 1),
+    ("meta-llama/Llama-3.1-70B-Instruct", "H100-SXM", 4),
+    ("meta-llama/Llama-3.1-70B-Instruct", "H100-SXM", 8),
+    ("Qwen/Qwen3-30B-A3B", "H100-SXM", 1),
+)
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -29,6 +41,27 @@ def _quantile(values: list[float], q: float) -> float:
     if not ordered:
         return math.nan
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def concurrency_curve(engine: EngineModel) -> None:
+    print(
+        f"\n0. concurrency: {engine.model.name} on {engine.device.name} x "
+        f"{engine.tensor_parallel_size} (256 in / 128 out)"
+    )
+    print(
+        f"{'concurrency':>11} {'out tok/s':>10} {'roofline':>9} {'of bound':>9} "
+        f"{'median TPOT ms':>15} {'median TTFT ms':>15} {'preemptions':>12}"
+    )
+    for concurrency in (1, 4, 16, 64, 128, 256, 512, 1024):
+        count = max(4 * concurrency, 32)
+        requests = [Request(256, 128) for _ in range(count)]
+        s = simulate(engine, requests, max_concurrency=concurrency).summary()
+        bound = roofline_throughput(engine, concurrency, 256, 128)
+        print(
+            f"{concurrency:11d} {s['output_throughput']:10.0f} {bound:9.0f} "
+            f"{s['output_throughput'] / bound:9.2f} {s['median_tpot_ms']:15.1f} "
+            f"{s['median_ttft_ms']:15.1f} {s['num_preemptions']:12.0f}"
+        )
 
 
 def max_num_seqs_curve(engine: EngineModel) -> None:
@@ -113,7 +146,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="Qwen/Qwen3-8B")
     parser.add_argument("--device", default="H100-SXM")
+    parser.add_argument("--concurrency", action="store_true", help="curve 0 alone")
     args = parser.parse_args()
+    for model, device, tp in CONCURRENCY_CONFIGS:
+        concurrency_curve(EngineModel(resolve_model(model), device_profile(device), tp))
+    if args.concurrency:
+        return
     engine = EngineModel(resolve_model(args.model), device_profile(args.device))
     print(f"{args.model} on {engine.device.name}, engine model of pytest_profllm.sim")
     max_num_seqs_curve(engine)

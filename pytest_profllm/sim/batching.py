@@ -238,6 +238,7 @@ class Scheduler:
             prefill_context=prefill_context,
             prefill_attended=attended,
             emitted=len(decoding) + finishing,
+            prefill_seqs=len(prefill),
         )
         return Step(decoding, prefill, work)
 

@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block-size", type=_positive)
     parser.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
+        default="auto",
+        help="as vLLM's: an FP8 cache holds twice the tokens and reads half the bytes",
+    )
+    parser.add_argument(
         "--num-gpu-blocks-override",
         type=_positive,
         help="KV-cache blocks (default: what the device's memory holds after the weights)",
@@ -243,6 +249,7 @@ def setup_for(args: argparse.Namespace, model: str) -> SimSetup:
         max_model_len=args.max_model_len,
         api_server_count=args.api_server_count,
         enable_chunked_prefill=args.enable_chunked_prefill,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
 
 

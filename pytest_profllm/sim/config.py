@@ -80,6 +80,7 @@ def build_setup(
     max_model_len: int | None = None,
     api_server_count: int = 1,
     enable_chunked_prefill: bool = True,
+    kv_cache_dtype: str = "auto",
 ) -> SimSetup:
     """Raises UnknownModel, UnknownDevice or NoCacheMemory with a one-line message."""
     facts = model_facts(model)
@@ -91,6 +92,7 @@ def build_setup(
         pipeline_parallel_size,
         api_server_count,
         slowdown_from_env(),
+        kv_cache_dtype,
     )
     seqs = max_num_seqs or profile.default_max_num_seqs
     model_len = max_model_len or facts.max_position_embeddings

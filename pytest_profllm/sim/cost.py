@@ -2,16 +2,24 @@
 
 A pure function of the model's facts, the device profile, the parallel layout and the batch,
 so the server's scheduler, the virtual-clock runs of `sim.virtual` and offline estimates all
-use the same figures. A step is a roofline:
+use the same figures. A step runs its kernels one after another, each on its own roofline:
 
-- memory: every weight the step touches (per GPU: 1/tp of them) and the KV cache of every
-  token attended, over the achieved memory bandwidth;
-- compute: 2 FLOPs per active parameter per token plus attention (4 x layers x heads x
-  head_dim per attended token), split over tp GPUs, over the achieved dense FLOPs;
+- the linear layers: every weight the step touches read once (per GPU: 1/tp of them; for a
+  mixture of experts, the shared part and the experts its tokens are routed to), or 2 FLOPs
+  per active parameter per token, whichever takes longer; the LM head only for the tokens
+  that are sampled;
+- attention: the KV cache of every token attended read once, or 4 x layers x heads x head_dim
+  FLOPs per attended position (a prefill chunk's quadratic part), whichever takes longer;
 - tensor parallelism adds two all-reduces per layer (latency + ring transfer of the step's
-  activations over the interconnect);
-- a fixed step overhead, and the API server's per-token CPU as a floor on a step that streams
-  tokens to clients (one frontend process emits a few thousand tokens/s).
+  activations over the device's interconnect: NVLink, Infinity Fabric or PCIe);
+- the host's CPU: a fixed cost per step (scheduling, sampling, launches), and a cost per
+  running sequence (its bookkeeping, inputs and outputs) that overlaps the GPU's work and
+  shows only when it outlasts it; both fitted on published runs;
+- the API server's CPU per streamed token as a floor on a step: it works beside the engine,
+  so it caps the token rate rather than adding to each step.
+
+Bandwidth and FLOPs are the datasheet's times achieved fractions (`Overheads`), so a roofline
+over the profile's own figures bounds what the model can reach.
 
 `PROFLLM_SIM_SLOWDOWN` (a factor, default 1.0) multiplies every step: a slower machine on demand.
 """
@@ -51,7 +59,8 @@ class StepWork:
     prefill_tokens: int = 0  # prompt tokens computed this step (chunks)
     prefill_context: int = 0  # tokens already in the KV cache that the prefill chunks read
     prefill_attended: float = 0.0  # sum over prefill tokens of the positions each attends to
-    emitted: int = 0  # tokens streamed to clients after this step
+    emitted: int = 0  # tokens sampled and streamed to clients after this step
+    prefill_seqs: int = 0  # sequences with a prefill chunk in this step
 
 
 @dataclass(frozen=True)
@@ -62,10 +71,28 @@ class EngineModel:
     pipeline_parallel_size: int = 1
     api_server_count: int = 1
     slowdown: float = 1.0
+    kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype: "auto" (the model's) or fp8*
 
     @property
     def _fp8(self) -> bool:
         return self.model.quantization == "fp8"
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV-cache bytes per token over all layers: half the model's bf16 figure in FP8."""
+        fp8 = self.kv_cache_dtype.startswith("fp8")
+        return self.model.kv_bytes_per_token * (0.5 if fp8 else 1.0)
+
+    @property
+    def _lm_head_params(self) -> int:
+        return self.model.vocab_size * self.model.hidden_size
+
+    @property
+    def _body_params(self) -> int:
+        """Active parameters a token's forward pass multiplies by, but for the embeddings
+        (a lookup) and the LM head (computed for sampled tokens only)."""
+        embeddings = self._lm_head_params * (1 if self.model.tie_word_embeddings else 2)
+        return max(self.model.active_params - embeddings, 0)
 
     def _weight_bytes_read(self, tokens: int) -> float:
         """Weights one GPU reads in a step of `tokens` tokens: all of a dense model; for a
@@ -87,33 +114,80 @@ class EngineModel:
         """The duration of one engine step: the one place every step's time is computed."""
         model, device, over = self.model, self.device, self.device.overheads
         tp = self.tensor_parallel_size
+        host = device.host_cpu_factor
         tokens = work.decode_seqs + work.prefill_tokens
         if tokens == 0:
-            return over.step_ms / 1000 * self.slowdown
-        attended = work.decode_context + work.prefill_attended
-        kv_read = work.decode_context + work.prefill_context
-        memory_bytes = self._weight_bytes_read(tokens) + kv_read * model.kv_bytes_per_token / tp
-        moe = over.moe_efficiency if model.num_experts else 1.0
+            return host * over.step_ms / 1000 * self.slowdown
+        # Grouped expert GEMMs, and FP8 weights dequantised on the fly where the GPU has no
+        # FP8 tensor cores (A100: Marlin), reach a fraction of a dense GEMM's FLOPs; the bytes
+        # they read stream at the same bandwidth.
+        gemm_efficiency = over.moe_efficiency if model.num_experts else 1.0
         if self._fp8 and not device.fp8_tflops:
-            moe *= over.weight_only_fp8_efficiency
-        memory_s = memory_bytes / (
-            device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency * moe
+            gemm_efficiency *= over.weight_only_fp8_efficiency
+        bandwidth = device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency
+        flops_per_s = device.peak_flops(self._fp8) * over.compute_efficiency
+        # Linear layers: weights once, or their FLOPs (the LM head for sampled tokens only).
+        sampled = work.emitted or work.decode_seqs
+        linear_flops = 2.0 * (self._body_params * tokens + self._lm_head_params * sampled)
+        # Expert weights stream through the fused-MoE kernels at a fitted fraction of the
+        # dense kernels' bandwidth (small per-expert GEMMs, routing, MLA).
+        weight_bandwidth = bandwidth * (over.moe_bandwidth_efficiency if model.num_experts else 1)
+        linear_s = max(
+            self._weight_bytes_read(tokens) / weight_bandwidth,
+            linear_flops / tp / (flops_per_s * gemm_efficiency),
         )
+        # Attention: the KV cache read once, or its FLOPs (bf16 attention).
+        kv_read = work.decode_context + work.prefill_context
         attention_width = model.num_attention_heads * (model.v_head_dim or model.head_dim)
-        flops = 2.0 * model.active_params * tokens
-        flops += 4 * model.num_hidden_layers * attention_width * attended
-        compute_s = flops / tp / (device.peak_flops(self._fp8) * over.compute_efficiency * moe)
-        seconds = max(memory_s, compute_s) + over.step_ms / 1000
+        attention_flops = 4.0 * model.num_hidden_layers * attention_width
+        attention_flops *= work.decode_context + work.prefill_attended
+        attention_s = max(
+            kv_read * self.kv_bytes_per_token / tp / bandwidth,
+            attention_flops / tp / (device.peak_flops(False) * over.compute_efficiency),
+        )
+        # The host: a fixed cost per step the GPU waits for (scheduling, launches, sampling),
+        # and per running sequence a cost (inputs, bookkeeping, outputs) prepared while the
+        # GPU runs the step before, so it shows only once it outlasts the GPU's share.
+        seqs = work.decode_seqs + work.prefill_seqs
+        sequences_s = host * over.seq_us * seqs / 1e6
+        seconds = max(linear_s + attention_s, sequences_s) + host * over.step_ms / 1000
         if tp > 1:
             payload = tokens * model.hidden_size * 2 * 2 * (tp - 1) / tp  # bf16, ring
             one = over.allreduce_latency_us / 1e6 + payload / (device.interconnect_gbs * 1e9)
             seconds += 2 * model.num_hidden_layers * one
-        frontend_s = work.emitted * over.frontend_token_us / 1e6 / self.api_server_count
+        frontend_s = host * work.emitted * over.frontend_token_us / 1e6 / self.api_server_count
         return max(seconds, frontend_s) * self.slowdown
+
+    def roofline_seconds(self, work: StepWork) -> float:
+        """A lower bound on the step from the profile's achieved bandwidth and FLOPs alone:
+        the linear layers and attention each on their roofline (bytes over the bandwidth or
+        FLOPs over the compute, whichever is larger), one after the other as their kernels
+        run, with no host, frontend or communication cost and dense-GEMM efficiency for every
+        kernel. (One roofline over the step's bytes and FLOPs together would assume attention
+        overlaps the GEMMs, which vLLM's kernels do not.)"""
+        model, device, over = self.model, self.device, self.device.overheads
+        tp = self.tensor_parallel_size
+        tokens = work.decode_seqs + work.prefill_tokens
+        bandwidth = device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency
+        sampled = work.emitted or work.decode_seqs
+        linear_flops = 2.0 * (self._body_params * tokens + self._lm_head_params * sampled)
+        linear_s = max(
+            self._weight_bytes_read(tokens) / bandwidth,
+            linear_flops / tp / (device.peak_flops(self._fp8) * over.compute_efficiency),
+        )
+        kv_read = work.decode_context + work.prefill_context
+        attention_width = model.num_attention_heads * (model.v_head_dim or model.head_dim)
+        attention_flops = 4.0 * model.num_hidden_layers * attention_width
+        attention_flops *= work.decode_context + work.prefill_attended
+        attention_s = max(
+            kv_read * self.kv_bytes_per_token / tp / bandwidth,
+            attention_flops / tp / (device.peak_flops(False) * over.compute_efficiency),
+        )
+        return linear_s + attention_s
 
     def request_seconds(self) -> float:
         """Frontend latency before a request reaches the scheduler (HTTP, template, tokens)."""
-        return self.device.overheads.request_ms / 1000
+        return self.device.host_cpu_factor * self.device.overheads.request_ms / 1000
 
     def kv_cache_tokens(
         self, gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192
@@ -137,7 +211,7 @@ class EngineModel:
         share = (
             1.0 if model.kv_lora_rank else max(kv_heads / self.tensor_parallel_size, 1) / kv_heads
         )
-        per_token = model.kv_bytes_per_token * share / self.pipeline_parallel_size
+        per_token = self.kv_bytes_per_token * share / self.pipeline_parallel_size
         return int(free // per_token)
 
     def num_gpu_blocks(
@@ -155,4 +229,5 @@ class EngineModel:
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
             "slowdown": self.slowdown,
+            "kv_cache_dtype": self.kv_cache_dtype,
         }

@@ -24,26 +24,30 @@ class UnknownDevice(ValueError):
 
 @dataclass(frozen=True)
 class Overheads:
-    """What a roofline leaves out, fitted on published runs (sim_calibration.py).
+    """What a roofline leaves out, fitted on published runs (sim_calibration.py --fit).
 
-    Defaults are the fit over every calibration row; a profile's `[overheads]` table overrides
-    what its own rows pinned down.
+    Defaults are the fit over every trusted calibration row (both files, 12 sources); a
+    profile's `[overheads]` table overrides a figure for its device (PCIe all-reduce latency).
     """
 
     step_ms: float = 1.6  # per engine step: scheduling, sampling, launches
+    # Per running sequence per step (bookkeeping, inputs, outputs), beside the GPU's work.
+    seq_us: float = 40.0
     bandwidth_efficiency: float = 0.80  # achieved fraction of the datasheet bandwidth
     compute_efficiency: float = 0.40  # achieved fraction of dense FLOPs (prefill, big batches)
     # CPU of vLLM's API server per streamed token (detokenise, build and send the SSE
-    # message): one process caps a server's token rate whatever the GPU does.
-    frontend_token_us: float = 200.0
+    # message): it works beside the engine, so it caps a server's token rate.
+    frontend_token_us: float = 60.0
     request_ms: float = 40.0  # arrival to scheduler: HTTP, chat template, tokenisation
     allreduce_latency_us: float = 15.0  # one all-reduce of a tensor-parallel layer, small message
     # Mixture-of-experts kernels (routing, grouped GEMMs, MLA) reach this fraction of a dense
     # model's efficiencies.
-    moe_efficiency: float = 0.3
+    moe_efficiency: float = 0.4
+    # ... and stream their expert weights at this fraction of a dense model's bandwidth.
+    moe_bandwidth_efficiency: float = 0.5
     # FP8 weights on a GPU without FP8 tensor cores (A100) run through weight-only kernels
-    # (Marlin) that dequantise on the fly: this fraction of the efficiencies.
-    weight_only_fp8_efficiency: float = 0.6
+    # (Marlin) that dequantise on the fly: this fraction of a dense GEMM's FLOPs.
+    weight_only_fp8_efficiency: float = 0.8
     reserved_gib: float = 2.5  # memory neither weights nor KV cache: CUDA graphs, NCCL, context
 
 
@@ -59,6 +63,9 @@ class DeviceProfile:
     default_max_num_batched_tokens: int
     aliases: tuple[str, ...] = ()
     source: str = ""
+    # The host's CPU against the hosts the overheads were fitted on (1.0): CPU-side costs
+    # (per step, per sequence, per token, per request) are multiplied by it.
+    host_cpu_factor: float = 1.0
     overheads: Overheads = field(default_factory=Overheads)
 
     @property
@@ -82,6 +89,7 @@ class DeviceProfile:
             "bf16_tflops": self.bf16_tflops,
             "fp8_tflops": self.fp8_tflops,
             "interconnect_gbs": self.interconnect_gbs,
+            "host_cpu_factor": self.host_cpu_factor,
             "overheads": {f.name: getattr(self.overheads, f.name) for f in fields(Overheads)},
         }
 

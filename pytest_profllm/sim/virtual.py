@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_profllm.sim.batching import BLOCK_SIZE, Scheduler, Sequence
-from pytest_profllm.sim.cost import EngineModel
+from pytest_profllm.sim.cost import EngineModel, StepWork
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,34 @@ def simulate(
     if scheduler.prefix_cache_queries:
         outcome.prefix_cache_hit_rate = scheduler.prefix_cache_hits / scheduler.prefix_cache_queries
     return outcome
+
+
+def roofline_throughput(
+    engine: EngineModel,
+    count: int,
+    input_len: int,
+    output_len: int,
+    settings: ServerSettings | None = None,
+) -> float:
+    """Output tokens/s that `count` requests of fixed lengths, all sent at once, cannot beat on
+    the profile's own figures: all prompt tokens' prefill and every decode step on their
+    rooflines (`EngineModel.roofline_seconds`), with no host, frontend or communication cost.
+    Decode runs in rounds of as many sequences as max_num_seqs and the KV cache hold."""
+    scheduler = build_scheduler(engine, settings or ServerSettings())
+    held = scheduler.num_gpu_blocks * scheduler.block_size // (input_len + output_len)
+    batch = max(1, min(count, scheduler.max_num_seqs, held))
+    # Every prompt token once, as one step: the weights read once, all FLOPs on the roofline.
+    tokens = count * input_len
+    prefill = StepWork(prefill_tokens=tokens, prefill_attended=tokens * input_len / 2)
+    seconds = engine.roofline_seconds(prefill)
+    rounds, last = divmod(count, batch)
+    for seqs, times in ((batch, rounds), (last, 1 if last else 0)):
+        for step in range(output_len - 1 if times else 0):
+            work = StepWork(
+                decode_seqs=seqs, decode_context=seqs * (input_len + step + 1), emitted=seqs
+            )
+            seconds += engine.roofline_seconds(work) * times
+    return count * output_len / seconds
 
 
 def describe(engine: EngineModel, settings: ServerSettings) -> dict[str, Any]:
