@@ -211,10 +211,12 @@ def roofline_throughput(
     output_len: int,
     settings: ServerSettings | None = None,
 ) -> float:
-    """Output tokens/s that `count` requests of fixed lengths, all sent at once, cannot beat on
-    the profile's own figures: all prompt tokens' prefill and every decode step on their
-    rooflines (`EngineModel.roofline_seconds`), with no host, frontend or communication cost.
-    Decode runs in rounds of as many sequences as max_num_seqs and the KV cache hold."""
+    """A roofline estimate of the output tokens/s of `count` requests of fixed lengths, all
+    sent at once, on the profile's own figures: all prompt tokens' prefill and every decode step
+    on their rooflines (`EngineModel.roofline_seconds`), with no host, frontend or
+    communication cost. Decode runs in rounds of as many sequences as max_num_seqs and the KV
+    cache hold, one round after another (where the last round is small, a scheduler that
+    overlaps rounds can edge past it)."""
     scheduler = build_scheduler(engine, settings or ServerSettings())
     held = scheduler.num_gpu_blocks * scheduler.block_size // (input_len + output_len)
     batch = max(1, min(count, scheduler.max_num_seqs, held))
