@@ -251,8 +251,9 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="NAME",
         type=parse_sim_device,
         default=None,
-        help="the GPU the simulated engine models: H100-SXM, H200, A100-80GB, A100-40GB, "
-        "L40S, H100-PCIe (ini: profllm_sim_device; default: H100-SXM)",
+        help="the GPU the simulated engine models: H100-SXM, H100-PCIe, H200, H200-DGX, "
+        "H200-Nebius, A100-80GB, A100-40GB, L40S, L40, MI300X (ini: profllm_sim_device; "
+        "default: H100-SXM)",
     )
     group.addoption(
         "--profllm-max-cases",
