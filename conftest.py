@@ -76,7 +76,10 @@ def sim_url(port_range: str, tmp_path: Path) -> Iterator[str]:
     log = tmp_path / "sim.log"
     first = int(port_range.split("-")[0]) + 50
     for port in range(first, first + 5):  # a port still held by someone else: the next one
-        argv = [sys.executable, "-m", "pytest_profllm.sim", "sim", "--port", str(port)]
+        argv = [
+            sys.executable, "-m", "pytest_profllm.sim", "sim", "--port", str(port),
+            "--enable-prompt-tokens-details",
+        ]
         with log.open("wb") as handle:
             process = subprocess.Popen(argv, env=env, stdout=handle, stderr=subprocess.STDOUT)
         try:

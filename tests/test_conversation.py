@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from aiohttp import web
 from helpers import run_records, run_suites, serve_handler, suite_error, write_suite
 from hypothesis import given, settings
@@ -236,7 +237,8 @@ def test_ttft_falls_on_later_turns_only_with_prefix_caching(
     caching: bool, port_range: str, tmp_path: Path
 ) -> None:
     codec = TokenizerCodec.load(str(MODEL_DIR))
-    flags = () if caching else ("--no-enable-prefix-caching",)
+    details = "--enable-prompt-tokens-details"  # so usage says what the cache found
+    flags = (details,) if caching else (details, "--no-enable-prefix-caching")
     with _simulator(port_range, tmp_path, *flags) as url:
         load = LoadSettings(base_url=url, model="sim", backend="openai-chat", max_concurrency=1)
         result = asyncio.run(run_load(load, _long_history(codec, 3, seed=int(caching))))
@@ -268,6 +270,27 @@ def test_the_simulator_renders_a_conversation_so_its_history_is_a_prefix(
     # cached): all of its prompt that the cache can hold.
     for before, after in itertools.pairwise(outcomes):
         assert after.cached_tokens == before.prompt_len // 16 * 16
+
+
+def test_the_simulator_says_what_it_cached_only_when_asked_as_vllm_does(
+    port_range: str, tmp_path: Path
+) -> None:
+    """Without --enable-prompt-tokens-details vLLM's usage has no prompt_tokens_details:
+    the simulator's neither, so no hit rate is reported that vLLM would not report."""
+    workload = Conversations([Conversation(tuple(Turn("ba " * 40, 40, 4) for _ in range(2)))])
+    with _simulator(port_range, tmp_path) as url:
+        load = LoadSettings(base_url=url, model="sim", backend="openai-chat")
+        outcomes = asyncio.run(run_load(load, workload)).outcomes
+        whole = requests.post(
+            url + "/v1/completions", json={"model": "sim", "prompt": "ba ba", "max_tokens": 2},
+            timeout=30,
+        ).json()
+    assert [o.success for o in outcomes] == [True, True]
+    assert [o.cached_tokens for o in outcomes] == [None, None]
+    summary = by_turn(outcomes)
+    assert summary is not None
+    assert [row["prefix_cache_hit_rate"] for row in summary] == [None, None]
+    assert whole["usage"]["prompt_tokens_details"] is None
 
 
 def _config(**values: Any) -> BenchmarkConfig:

@@ -55,14 +55,14 @@ def test_example_suites_with_two_workers(pytester: pytest.Pytester, ports: str) 
         starts.setdefault(record["runtime"]["server_key"], set()).add(
             record["runtime"]["server_started_at"]
         )
-    # The capacity and conversation suites' servers are the smoke suite's (the same
-    # arguments): shared. The trace suite's two name enable_prefix_caching, so they are
-    # servers of their own.
-    assert len(starts) == 8
+    # The capacity suite's server is the smoke suite's (the same arguments): shared. The
+    # conversation suite's sets enable_prompt_tokens_details and the trace suite's two name
+    # enable_prefix_caching, so they are servers of their own.
+    assert len(starts) == 9
     assert all(len(times) == 1 for times in starts.values())
     # Per-request records beside each case record.
     assert len(list((pytester.path / "results").glob("*.requests.jsonl.gz"))) == 15
-    assert len(list((pytester.path / "results" / "logs").glob("*.log"))) == 8
+    assert len(list((pytester.path / "results" / "logs").glob("*.log"))) == 9
     # Every record holds every engine argument of the registry, defaults included.
     for record in written:
         assert len(record["config"]["server"]) == 320

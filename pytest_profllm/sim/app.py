@@ -41,6 +41,8 @@ class SimState:
     faults: Faults = field(default_factory=Faults)
     requests_seen: int = 0
     fault_rng: random.Random = field(default_factory=lambda: random.Random(0))
+    # vLLM's --enable-prompt-tokens-details: usage says how many prompt tokens were cached.
+    prompt_tokens_details: bool = False
 
 
 class EmissionLog:
@@ -351,7 +353,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
                 ],
                 "service_tier": None,
                 "system_fingerprint": _SYSTEM_FINGERPRINT,
-                "usage": _usage(prompt_len, len(text), sequence.cached_tokens, details=True),
+                "usage": _usage(prompt_len, len(text), _cached(state, sequence), details=True),
                 **_COMPLETION_FIELDS,
             }
         )
@@ -412,7 +414,9 @@ async def _stream(
                 await _fault_in_stream(request, response, sequence)
         if include_usage:
             usage = event("", None)
-            claimed = _claimed_usage(state.faults, prompt_len, generated, sequence.cached_tokens)
+            claimed = _claimed_usage(
+                state.faults, prompt_len, generated, _cached(state, sequence)
+            )
             usage.update(choices=[], usage=claimed)
             usage.pop("prompt_token_ids", None)  # chat's opening fields stay in the opening
             usage.pop("prompt_text", None)
@@ -476,7 +480,7 @@ class _StreamEnded(Exception):
 
 
 def _claimed_usage(
-    faults: Faults, prompt_len: int, generated: int, cached: int
+    faults: Faults, prompt_len: int, generated: int, cached: int | None
 ) -> dict[str, object]:
     """The usage chunk, as the faults would have it lie."""
     usage: dict[str, object] = dict(_usage(prompt_len, generated, cached))
@@ -567,7 +571,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
                 "choices": [choice],
                 "service_tier": None,
                 "system_fingerprint": _SYSTEM_FINGERPRINT,
-                "usage": _usage(prompt_len, len(text), sequence.cached_tokens, details=True),
+                "usage": _usage(prompt_len, len(text), _cached(state, sequence), details=True),
                 "prompt_logprobs": None,
                 "prompt_token_ids": None,
                 "prompt_text": None,
@@ -612,16 +616,25 @@ def _word(state: SimState, token: int) -> str:
     return " " + state.words[token % len(state.words)]
 
 
+def _cached(state: SimState, sequence: Sequence) -> int | None:
+    """The prompt tokens found in the prefix cache, where the server is asked to say."""
+    return sequence.cached_tokens if state.prompt_tokens_details else None
+
+
 def _usage(
-    prompt_tokens: int, completion_tokens: int, cached_tokens: int, details: bool = False
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None, details: bool = False
 ) -> dict[str, Any]:
-    # As vLLM with --enable-prompt-tokens-details: the prompt tokens found in the prefix cache.
+    # As vLLM: prompt_tokens_details only with --enable-prompt-tokens-details (cached_tokens
+    # given); otherwise null in a whole response and absent from a stream's usage chunk.
     usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    elif details:
+        usage["prompt_tokens_details"] = None
     if details:  # a whole response has them (null); a stream's usage chunk does not
         usage.update(completion_tokens_details=None)
     return usage

@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
     )
     parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="as vLLM's: usage.prompt_tokens_details.cached_tokens says how many prompt "
+        "tokens the prefix cache held",
+    )
+    parser.add_argument(
         "--profiler-config",
         help='JSON, as vLLM\'s: {"profiler": "torch", "torch_profiler_dir": DIR} enables '
         "/start_profile and /stop_profile, which write Chrome traces of the scheduler steps",
@@ -312,6 +319,7 @@ async def _serve(
         api_key=api_key,
         request_delay_s=setup.engine.request_seconds(),
         faults=faults,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
     )
     scheduler = make_scheduler(args, setup)
     if profiler.profiler:
