@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -19,9 +21,17 @@ from typing import Any
 from aiohttp import web
 
 import pytest_profllm
+from pytest_profllm.sim.audio import AudioError, AudioFacts, wav_seconds
 from pytest_profllm.sim.batching import Scheduler, Sequence
 from pytest_profllm.sim.faults import Faults
 from pytest_profllm.sim.instruments import ProfilerSettings, add_routes
+from pytest_profllm.sim.vision import (
+    ImageError,
+    VisionFacts,
+    image_ids,
+    image_size,
+    video_frames,
+)
 
 log = logging.getLogger("profllm.sim")
 
@@ -43,6 +53,13 @@ class SimState:
     fault_rng: random.Random = field(default_factory=lambda: random.Random(0))
     # vLLM's --enable-prompt-tokens-details: usage says how many prompt tokens were cached.
     prompt_tokens_details: bool = False
+    # A vision-language model's image rule (sim/vision.py); None: images are refused.
+    vision: VisionFacts | None = None
+    # An audio-language model's clip rule (sim/audio.py); None: audio is refused.
+    audio: AudioFacts | None = None
+    # vLLM's --runner: "generate" serves completions and chat, "pooling" embeddings and rerank.
+    runner: str = "generate"
+    hidden_size: int = 64  # a pooling model's embedding width
 
 
 class EmissionLog:
@@ -78,7 +95,9 @@ _STATE = web.AppKey("state", SimState)
 def build_app(
     state: SimState, scheduler: Scheduler, profiler: ProfilerSettings | None = None
 ) -> web.Application:
-    app = web.Application(middlewares=[_auth, _faults])
+    # No body limit (aiohttp's default is 1 MiB), as vLLM's server has none: a request with
+    # a few large images or a video's frames inline runs to megabytes.
+    app = web.Application(middlewares=[_auth, _faults], client_max_size=1 << 40)
     # Every answer says which engine gave it, so a client (`profllm bench`) records the
     # simulator as the simulator, never as vLLM.
     app.on_response_prepare.append(_identify)
@@ -87,8 +106,15 @@ def build_app(
     app.router.add_get("/health", _health)
     app.router.add_get("/version", _version)
     app.router.add_get("/v1/models", _models)
-    app.router.add_post("/v1/completions", _completions)
-    app.router.add_post("/v1/chat/completions", _chat_completions)
+    # As vLLM: a generating runner serves completions and chat, a pooling runner embeddings
+    # and rerank; the other routes are not there (404).
+    if state.runner == "pooling":
+        app.router.add_post("/v1/embeddings", _embeddings)
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+            app.router.add_post(path, _rerank)
+    else:
+        app.router.add_post("/v1/completions", _completions)
+        app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/detokenize", _detokenize)
     add_routes(app, scheduler, state.served_names[0], profiler or ProfilerSettings())
@@ -439,13 +465,16 @@ async def _submit(
     prompt_len: int,
     max_tokens: int,
     prompt_ids: list[int] | None,
+    encoder_flops: float = 0.0,
 ) -> Sequence:
     """Hand the request to the engine after the API server's own latency (template, tokens);
     its arrival, for vLLM's queue and TTFT histograms, is when it came in."""
     arrived = scheduler.clock()
     if state.request_delay_s:
         await asyncio.sleep(state.request_delay_s)
-    return scheduler.submit(prompt_len, max_tokens, prompt_ids, arrived=arrived)
+    return scheduler.submit(
+        prompt_len, max_tokens, prompt_ids, arrived=arrived, encoder_flops=encoder_flops
+    )
 
 
 async def _fault_in_stream(
@@ -507,7 +536,10 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return _error("'messages' must be a non-empty list", 400)
-    prompt_ids = _render_chat(state, messages)
+    try:
+        prompt_ids, encoder_flops = _render_chat(state, messages)
+    except ImageError as error:
+        return _error(str(error), 400)
     prompt_len = len(prompt_ids)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
     if not isinstance(max_tokens, int) or max_tokens < 1:
@@ -517,7 +549,9 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     model = body.get("model") or state.served_names[0]
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    sequence = await _submit(state, scheduler, prompt_len, max_tokens, prompt_ids)
+    sequence = await _submit(
+        state, scheduler, prompt_len, max_tokens, prompt_ids, encoder_flops
+    )
 
     def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
         # As vLLM: the opening (role) delta carries the prompt fields, a content delta its
@@ -589,27 +623,153 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     )
 
 
-def _render_chat(state: SimState, messages: list[Any]) -> list[int]:
-    """The prompt's token ids under the simulator's fixed chat template: per message, its role
-    line then its text, each tokenized on its own and joined. So a conversation's next turn
-    (its history, the answer, a new user message) starts with exactly the ids of the turn
-    before, and the prefix cache finds that history, as it does behind a real chat template."""
+async def _pooled(state: SimState, scheduler: Scheduler, texts: list[Any]) -> list[int]:
+    """Each input priced as a prefill (a pooling model runs its prompt once and emits
+    nothing): submitted together, answered when the last prefill is done; their token counts.
+    A long input is cut to max_model_len, as vLLM's `truncate_prompt_tokens: -1` asks."""
+    lengths = []
+    for text in texts:
+        if isinstance(text, list):  # token ids
+            count = len(text)
+        else:
+            count = len(state.tokenizer.encode(str(text), add_special_tokens=True).ids)
+        lengths.append(max(1, min(count, state.max_model_len)))
+    sequences = [await _submit(state, scheduler, n, 1, None) for n in lengths]
+    for sequence in sequences:
+        while await sequence.tokens.get() is not None:
+            pass
+    return lengths
+
+
+def _vector(text: object, width: int) -> list[float]:
+    """A unit vector that depends only on the input: the same text, the same embedding."""
+    rng = random.Random(hashlib.sha256(repr(text).encode()).digest())
+    values = [rng.gauss(0.0, 1.0) for _ in range(width)]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return [round(v / norm, 6) for v in values]
+
+
+async def _embeddings(request: web.Request) -> web.Response:
+    """vLLM's /v1/embeddings: one vector per input (a string, token ids, or a list of them)."""
+    state = request.app[_STATE]
+    body = await _read_json(request)
+    if (problem := _check_model(state, body)) is not None:
+        return problem
+    given = body.get("input")
+    single = isinstance(given, str) or (
+        isinstance(given, list) and bool(given) and all(isinstance(t, int) for t in given)
+    )
+    inputs = [given] if single else given
+    if not isinstance(inputs, list) or not inputs:
+        return _error("'input' must be a string, token ids or a non-empty list of them", 400)
+    lengths = await _pooled(state, request.app[_SCHEDULER], inputs)
+    data = [
+        {"index": i, "object": "embedding", "embedding": _vector(text, state.hidden_size)}
+        for i, text in enumerate(inputs)
+    ]
+    tokens = sum(lengths)
+    return web.json_response(
+        {
+            "id": f"embd-{uuid.uuid4().hex}",
+            "object": "list",
+            "created": int(time.time()),
+            "model": body.get("model") or state.served_names[0],
+            "data": data,
+            "usage": {
+                "prompt_tokens": tokens,
+                "total_tokens": tokens,
+                "completion_tokens": 0,
+                "prompt_tokens_details": None,
+            },
+        }
+    )
+
+
+async def _rerank(request: web.Request) -> web.Response:
+    """vLLM's rerank: each document scored against the query, best first."""
+    state = request.app[_STATE]
+    body = await _read_json(request)
+    if (problem := _check_model(state, body)) is not None:
+        return problem
+    query, documents = body.get("query"), body.get("documents")
+    if not isinstance(query, str) or not isinstance(documents, list) or not documents:
+        return _error("rerank needs a string 'query' and a non-empty list 'documents'", 400)
+    pairs = [f"{query}\n{document}" for document in documents]
+    lengths = await _pooled(state, request.app[_SCHEDULER], pairs)
+    scores = [(i, (_vector(pair, 1)[0] + 1) / 2) for i, pair in enumerate(pairs)]
+    results = [
+        {"index": i, "document": {"text": documents[i]}, "relevance_score": score}
+        for i, score in sorted(scores, key=lambda item: -item[1])
+    ]
+    return web.json_response(
+        {
+            "id": f"rerank-{uuid.uuid4().hex}",
+            "model": body.get("model") or state.served_names[0],
+            "usage": {"total_tokens": sum(lengths)},
+            "results": results,
+        }
+    )
+
+
+def _render_chat(state: SimState, messages: list[Any]) -> tuple[list[int], float]:
+    """The prompt's token ids under the simulator's fixed chat template, and its images'
+    encoder FLOPs: per message, its role line then its parts in order, text tokenized on its
+    own and each image as its placeholder tokens (between its markers). So a conversation's
+    next turn (its history, the answer, a new user message) starts with exactly the ids of the
+    turn before, and the prefix cache finds that history, as it does behind a real template."""
     ids: list[int] = []
+    flops = 0.0
     encode = state.tokenizer.encode
     for message in messages:
         role = message.get("role") if isinstance(message, dict) else None
         ids += encode(f"{role or 'user'}:\n", add_special_tokens=False).ids
-        ids += encode(_message_text(message), add_special_tokens=False).ids
-    return ids
+        content = message.get("content") if isinstance(message, dict) else None
+        parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        for part in parts:
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type")
+            if kind == "text" or kind is None:
+                ids += encode(str(part.get("text") or ""), add_special_tokens=False).ids
+                continue
+            image_ids, image_flops = _media_part(state, part)
+            ids += image_ids
+            flops += image_flops
+    return ids, flops
 
 
-def _message_text(message: object) -> str:
-    if not isinstance(message, dict):
-        return ""
-    content = message.get("content")
-    if isinstance(content, list):  # content parts: only text counts here
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return str(content or "")
+def _media_part(state: SimState, part: dict[str, Any]) -> tuple[list[int], float]:
+    """An image, video or audio part's placeholder ids and encoder FLOPs; ImageError (a 400)
+    for what the model cannot take, with vLLM's message for a text-only model."""
+    vision, audio = state.vision, state.audio
+    if vision is None and audio is None:
+        raise ImageError(f"{state.served_names[0]} is not a multimodal model")
+    kind = part.get("type")
+    vocab = state.tokenizer.get_vocab_size()
+    if kind in ("image_url", "video_url") and vision is not None:
+        media = part.get(kind)
+        url = str((media.get("url") if isinstance(media, dict) else media) or "")
+        if kind == "image_url":
+            (width, height), data = image_size(url)
+            count = vision.image_tokens(width, height) + vision.marker_tokens
+            return image_ids(data, count, vocab), vision.encoder_flops(width, height)
+        if vision.takes_video:
+            (width, height), frames, data = video_frames(url)
+            count = vision.video_tokens(width, height, frames) + vision.marker_tokens
+            flops = vision.video_encoder_flops(width, height, frames)
+            return image_ids(data, count, vocab), flops
+    if kind == "input_audio" and audio is not None:
+        clip = part.get("input_audio")
+        try:
+            seconds, data = wav_seconds(str(clip.get("data") if isinstance(clip, dict) else ""))
+        except AudioError as error:
+            raise ImageError(str(error)) from None
+        count = audio.audio_tokens(seconds) + audio.marker_tokens
+        return image_ids(data, count, vocab), audio.encoder_flops(seconds)
+    modality = {"image_url": "image", "video_url": "video", "input_audio": "audio"}.get(
+        str(kind), repr(kind)
+    )
+    raise ImageError(f"{state.served_names[0]} does not take {modality} input")
 
 
 def _word(state: SimState, token: int) -> str:

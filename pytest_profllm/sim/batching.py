@@ -79,6 +79,8 @@ class Sequence:
     # Prompt tokens found in the prefix cache when it was first scheduled (the usage chunk's
     # prompt_tokens_details.cached_tokens, as vLLM reports it).
     cached_tokens: int = 0
+    # Its images' vision-encoder FLOPs, spent in the step that first schedules it.
+    encoder_flops: float = 0.0
 
     def __post_init__(self) -> None:
         self.context_len = self.context_len or self.prompt_len
@@ -142,8 +144,10 @@ class Scheduler:
         max_tokens: int,
         prompt_ids: list[int] | None = None,
         arrived: float | None = None,
+        encoder_flops: float = 0.0,
     ) -> Sequence:
         sequence = Sequence(
+            encoder_flops=encoder_flops,
             prompt_len=max(prompt_len, 1),
             max_tokens=max_tokens,
             prompt_ids=tuple(prompt_ids) if prompt_ids is not None else None,
@@ -226,7 +230,10 @@ class Scheduler:
         prefill_tokens = prefill_context = 0
         attended = 0.0
         finishing = 0
+        encoder = 0.0
         for sequence, chunk in prefill:
+            if not sequence.prefilled and not sequence.preemptions:
+                encoder += sequence.encoder_flops  # vLLM's encoder cache keeps it after
             prefill_tokens += chunk
             prefill_context += sequence.prefilled
             attended += chunk * (sequence.prefilled + chunk / 2)
@@ -239,6 +246,7 @@ class Scheduler:
             prefill_attended=attended,
             emitted=len(decoding) + finishing,
             prefill_seqs=len(prefill),
+            encoder_flops=encoder,
         )
         return Step(decoding, prefill, work)
 

@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
     )
     parser.add_argument(
+        "--runner",
+        choices=["auto", "draft", "generate", "pooling"],
+        default="auto",
+        help="as vLLM's: pooling serves /v1/embeddings and rerank instead of completions and "
+        "chat (auto: generate)",
+    )
+    parser.add_argument(
         "--enable-prompt-tokens-details",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -320,6 +327,10 @@ async def _serve(
         request_delay_s=setup.engine.request_seconds(),
         faults=faults,
         prompt_tokens_details=args.enable_prompt_tokens_details,
+        vision=setup.engine.model.vision,
+        audio=setup.engine.model.audio,
+        runner="pooling" if args.runner == "pooling" else "generate",
+        hidden_size=setup.engine.model.hidden_size,
     )
     scheduler = make_scheduler(args, setup)
     if profiler.profiler:

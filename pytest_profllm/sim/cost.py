@@ -61,6 +61,7 @@ class StepWork:
     prefill_attended: float = 0.0  # sum over prefill tokens of the positions each attends to
     emitted: int = 0  # tokens sampled and streamed to clients after this step
     prefill_seqs: int = 0  # sequences with a prefill chunk in this step
+    encoder_flops: float = 0.0  # vision encoders run for images first scheduled this step
 
 
 @dataclass(frozen=True)
@@ -145,12 +146,14 @@ class EngineModel:
             kv_read * self.kv_bytes_per_token / tp / bandwidth,
             attention_flops / tp / (device.peak_flops(False) * over.compute_efficiency),
         )
+        # Images' vision encoders: dense bf16 GEMMs over their patches, before the chunk.
+        encoder_s = work.encoder_flops / tp / (device.peak_flops(False) * over.compute_efficiency)
         # The host: a fixed cost per step the GPU waits for (scheduling, launches, sampling),
         # and per running sequence a cost (inputs, bookkeeping, outputs) prepared while the
         # GPU runs the step before, so it shows only once it outlasts the GPU's share.
         seqs = work.decode_seqs + work.prefill_seqs
         sequences_s = host * over.seq_us * seqs / 1e6
-        seconds = max(linear_s + attention_s, sequences_s) + host * over.step_ms / 1000
+        seconds = max(linear_s + attention_s + encoder_s, sequences_s) + host * over.step_ms / 1000
         if tp > 1:
             payload = tokens * model.hidden_size * 2 * 2 * (tp - 1) / tp  # bf16, ring
             one = over.allreduce_latency_us / 1e6 + payload / (device.interconnect_gbs * 1e9)
@@ -183,7 +186,8 @@ class EngineModel:
             kv_read * self.kv_bytes_per_token / tp / bandwidth,
             attention_flops / tp / (device.peak_flops(False) * over.compute_efficiency),
         )
-        return linear_s + attention_s
+        encoder_s = work.encoder_flops / tp / (device.peak_flops(False) * over.compute_efficiency)
+        return linear_s + attention_s + encoder_s
 
     def request_seconds(self) -> float:
         """Frontend latency before a request reaches the scheduler (HTTP, template, tokens)."""

@@ -15,6 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_profllm.sim.audio import AudioFacts
+from pytest_profllm.sim.vision import VisionFacts
+
 CATALOG_PATH = Path(__file__).with_name("data") / "models.json"
 _DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "fp8": 1.0, "float8": 1.0}
 _FP8_METHODS = ("fp8", "compressed-tensors", "modelopt", "fbgemm_fp8")
@@ -49,9 +52,15 @@ class ModelFacts:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # A vision-language model's image rule and encoder (sim/vision.py); None: text only.
+    vision: VisionFacts | None = None
+    # An audio-language model's clip rule and encoder (sim/audio.py); None: no audio.
+    audio: AudioFacts | None = None
 
     @classmethod
     def from_config(cls, name: str, config: dict[str, Any], source: str) -> ModelFacts:
+        vision = VisionFacts.from_config(config)
+        audio = AudioFacts.from_config(config)
         text = config.get("text_config")
         if isinstance(text, dict):  # multimodal wrappers keep the language model's shape here
             config = {**config, **text}
@@ -96,6 +105,8 @@ class ModelFacts:
             qk_rope_head_dim=int(config.get("qk_rope_head_dim") or 0),
             qk_nope_head_dim=int(config.get("qk_nope_head_dim") or 0),
             v_head_dim=int(config.get("v_head_dim") or 0),
+            vision=vision,
+            audio=audio,
         )
 
     @property
