@@ -32,10 +32,12 @@ def latencies_from_requests(requests: list[dict[str, Any]]) -> dict[str, FloatAr
         if not row.get("success"):
             continue
         first, latency = row.get("ttft_s"), row.get("latency_s")
-        if first is None or latency is None:
+        if latency is None:
+            continue
+        e2el.append(latency * 1000)
+        if first is None:  # a pooling request: its E2EL only
             continue
         ttft.append(first * 1000)
-        e2el.append(latency * 1000)
         tokens = row.get("output_tokens") or 0
         if tokens > 1:
             tpot.append((latency - first) / (tokens - 1) * 1000)

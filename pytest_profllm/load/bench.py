@@ -143,7 +143,9 @@ def measure(
         percentiles=config.percentiles,
         goodput_ms={str(k): v for k, v in (config.goodput or {}).items()},
         count_tokens=lambda text: len(codec.encode(text)),
+        pooling=config.is_pooling,
     )
+    summary.update(metrics.multimodal_summary(load.outcomes))
     health = metrics.client_health(
         load.outcomes,
         load.intended_offsets,

@@ -26,17 +26,31 @@ import orjson
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.http import StreamingClient
 from pytest_profllm.load.metrics import RequestOutcome
+from pytest_profllm.load.pooling import vector_check
 from pytest_profllm.load.schedule import LoadSettings
 
 _NO_CONTENT = "Never received a valid chunk to calculate TTFT."
-ENDPOINTS: dict[str, str] = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+ENDPOINTS: dict[str, str] = {
+    "openai": "/v1/completions",
+    "openai-chat": "/v1/chat/completions",
+    "openai-embeddings": "/v1/embeddings",
+    "vllm-rerank": "/v1/rerank",
+}
+POOLING_BACKENDS = ("openai-embeddings", "vllm-rerank")
 
 
 def request_payload(settings: LoadSettings, request: PromptRequest) -> dict[str, Any]:
     """The JSON body vLLM's client sends for this backend."""
     payload: dict[str, Any] = {"model": settings.model}
+    if settings.backend in POOLING_BACKENDS:
+        return _pooling_payload(settings, request, payload)
     if settings.backend == "openai-chat":
-        payload["messages"] = [{"role": "user", "content": request.prompt}]
+        content: str | list[dict[str, Any]] = request.prompt
+        if request.chat_content is not None:
+            content = list(request.chat_content)
+        elif request.mm_content:  # the text first, then the media, as vLLM's client
+            content = [{"type": "text", "text": request.prompt}, *request.mm_content]
+        payload["messages"] = [{"role": "user", "content": content}]
         payload["max_completion_tokens"] = request.output_len
     else:
         payload["prompt"] = list(request.prompt_ids) if request.prompt_ids else request.prompt
@@ -47,6 +61,19 @@ def request_payload(settings: LoadSettings, request: PromptRequest) -> dict[str,
         payload["temperature"] = settings.temperature
     if settings.ignore_eos:
         payload["ignore_eos"] = True
+    return payload
+
+
+def _pooling_payload(
+    settings: LoadSettings, request: PromptRequest, payload: dict[str, Any]
+) -> dict[str, Any]:
+    texts = list(request.inputs or (request.prompt,))
+    if settings.backend == "vllm-rerank":
+        payload.update(query=texts[0], documents=texts[1:])
+    else:
+        payload["input"] = texts if len(texts) > 1 else texts[0]
+    # As vLLM's client: a long input is cut to the model's length rather than refused.
+    payload["truncate_prompt_tokens"] = -1
     return payload
 
 
@@ -91,12 +118,13 @@ async def run_share(
     path = settings.endpoint or ENDPOINTS[settings.backend]
     bodies = [_encode(request_payload(settings, request)) for request in requests]
     client = _client(settings, limit)
+    send = pooling_request if settings.backend in POOLING_BACKENDS else stream_request
 
     async def one(outcome: RequestOutcome, body: bytes, index: int) -> RequestOutcome:
         outcome.dispatch_time = time.perf_counter()
         async with semaphore:
             request_id = f"{settings.request_id_prefix}{index}"
-            return await stream_request(client, path, body, outcome, settings, request_id)
+            return await send(client, path, body, outcome, settings, request_id)
 
     try:
         tasks = []
@@ -109,6 +137,12 @@ async def run_share(
                 prompt_len=request.prompt_len,
                 intended_start=start + offset,
                 output_len=request.output_len,
+                text_prompt_len=request.prompt_len,
+                mm_items=len(request.mm_items) + len(request.mm_audio_s),
+                mm_bytes=request.mm_bytes,
+                mm_audio_clips=len(request.mm_audio_s),
+                mm_audio_s=sum(request.mm_audio_s),
+                mm_pixels=sum(h * w * t for h, w, t in request.mm_items),
             )
             tasks.append(asyncio.create_task(one(outcome, body, index)))
         return list(await asyncio.gather(*tasks))
@@ -151,6 +185,67 @@ async def stream_request(
     outcome.end_time = time.perf_counter()
     parser.close()
     return outcome
+
+
+async def pooling_request(
+    client: StreamingClient,
+    path: str,
+    body: bytes,
+    outcome: RequestOutcome,
+    settings: LoadSettings,
+    request_id: str | None = None,
+) -> RequestOutcome:
+    """Send one pooling request (embeddings, rerank) and time its whole response: its E2EL,
+    and its TTFT, as vLLM's client sets it, is the same. It completes with a JSON body that
+    holds what was asked (a finite vector per input; a score per document)."""
+    chunks: list[bytes] = []
+    outcome.pooled = True
+    start = time.perf_counter()
+    outcome.start_time = start
+    if not outcome.dispatch_time:
+        outcome.dispatch_time = start
+    headers = {"x-request-id": request_id} if request_id else None
+    try:
+        async with asyncio.timeout(settings.request_timeout_s):
+            response = await client.post(path, body, lambda data, _: chunks.append(data), headers)
+        outcome.status = response.status
+        if response.status != 200:
+            text = response.body.decode(errors="replace")[:300]
+            outcome.error = f"HTTP {response.status} {response.reason}: {text}"
+        else:
+            outcome.error = _pooled(orjson.loads(b"".join(chunks)), outcome) or ""
+    except TimeoutError:
+        outcome.error = f"TimeoutError: no end within {settings.request_timeout_s:g} s"
+    except orjson.JSONDecodeError:
+        outcome.error = "the response is not JSON"
+    except Exception as error:  # as in vLLM's client: any error fails this request only
+        outcome.error = f"{type(error).__name__}: {error}"
+    outcome.end_time = time.perf_counter()
+    outcome.success = not outcome.error
+    if outcome.success:
+        outcome.latency = outcome.ttft = outcome.end_time - start
+        outcome.output_tokens = 0
+    return outcome
+
+
+def _pooled(answer: object, outcome: RequestOutcome) -> str | None:
+    """Why a pooling response does not hold what was asked, or None; sets the prompt tokens
+    from its usage, as vLLM's client does."""
+    if not isinstance(answer, dict):
+        return "the response is not a JSON object"
+    if "results" in answer:  # rerank
+        results = answer["results"]
+        if not isinstance(results, list) or not results:
+            return "the rerank response has no results"
+    else:
+        problem = vector_check(answer.get("data"))
+        if problem:
+            return problem
+    usage = answer.get("usage")
+    prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt >= 0:
+        outcome.prompt_len = prompt
+    return None
 
 
 class SseTimer:

@@ -4,7 +4,9 @@
 seeded numpy generator, decoded to text, and adjusted by re-encoding until the prompt has
 exactly the asked-for number of tokens. `prefix_repetition` builds `num_prefixes` shared
 prefixes, each followed by random suffixes; `sharegpt` takes the first two turns of local
-ShareGPT conversations; `custom` reads JSON lines with a `prompt` (and `output_tokens`).
+ShareGPT conversations; `custom` reads JSON lines with a `prompt` (and `output_tokens`);
+`spec_bench` and `speed_bench` take the first turn of their local question files, as custom
+prompts; `burstgpt` takes the lengths of a BurstGPT CSV's GPT-4 rows and makes prompts of them.
 
 Tokens come from a local Hugging Face tokenizer folder (`TokenizerCodec`) or, with no model on
 this machine, from the server's own `/tokenize` and `/detokenize` routes (`ServerCodec`).
@@ -12,6 +14,7 @@ this machine, from the server's own `/tokenize` and `/detokenize` routes (`Serve
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import re
@@ -20,6 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tokenizers import Tokenizer
+
+from pytest_profllm.load.dataset_files import custom_output_len, fill, read_json_lines
+from pytest_profllm.load.multimodal import (
+    custom_audio_prompts,
+    custom_image_prompts,
+    random_mm_prompts,
+)
+from pytest_profllm.load.pooling import embedding_prompts, rerank_prompts
 
 # Re-exported: the prompt types are this module's public face; trace.py builds on them too.
 from pytest_profllm.load.prompt import Codec as Codec
@@ -167,63 +178,166 @@ def sharegpt_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptReques
         if too_short or prompt_len > 1024 or prompt_len + output_len > 2048:
             continue
         requests.append(PromptRequest(prompt, prompt_len, output_len))
-    return _fill(requests, config, path)
+    return fill(requests, config, path)
 
 
 def custom_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
     """JSON lines with a `prompt` and, when `custom_output_len` is -1, `output_tokens`. The
     prompt is sent as it is (vLLM applies the model's chat template unless told to skip it)."""
     path = Path(str(config.dataset_path))
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as error:
-        raise DatasetError(f"{path}: cannot read: {error}") from None
     items = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except ValueError as error:
-            raise DatasetError(f"{path}:{number}: not JSON: {error}") from None
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+    for number, item in read_json_lines(path):
+        if not isinstance(item.get("prompt"), str):
             raise DatasetError(f"{path}:{number}: each line needs a string 'prompt'")
         items.append((number, item))
     random.Random(config.seed).shuffle(items)
     requests = []
     for number, item in items[: config.num_prompts]:
-        if config.custom_output_len == -1:
-            output_len = item.get("output_tokens")
-            if not isinstance(output_len, int) or output_len < 1:
-                raise DatasetError(
-                    f"{path}:{number}: with custom_output_len -1 each line needs a positive "
-                    "integer 'output_tokens'"
-                )
-        else:
-            output_len = config.custom_output_len
+        output_len = custom_output_len(config, item, f"{path}:{number}")
         prompt = item["prompt"]
         requests.append(PromptRequest(prompt, len(codec.encode(prompt)), output_len))
-    return _fill(requests, config, path)
+    return fill(requests, config, path)
 
 
-def _fill(
-    requests: list[PromptRequest], config: BenchmarkConfig, path: Path
+def spec_bench_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    """Spec-Bench's question.jsonl: each question's first turn, of `spec_bench_category`
+    where set, with `spec_bench_output_len` tokens out. vLLM shuffles these with seed 0
+    whatever the workload's seed, and so do we."""
+    path = Path(str(config.dataset_path))
+    prompts = _first_turns(
+        path, config.spec_bench_category, "turns", lambda turns: turns[0], seed=0
+    )
+    return _turn_requests(prompts, config, codec, config.spec_bench_output_len, path)
+
+
+def speed_bench_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    """SPEED-Bench's `<subset>.jsonl` in the dataset folder: each row's first message, of
+    `speed_bench_category` where set, with `speed_bench_output_len` tokens out."""
+    folder = Path(str(config.dataset_path))
+    if not folder.is_dir():
+        raise DatasetError(
+            f"{folder}: dataset_name 'speed_bench' reads a folder (SPEED-Bench's prepare "
+            "script writes one), not a file"
+        )
+    path = folder / f"{config.speed_bench_dataset_subset}.jsonl"
+    prompts = _first_turns(
+        path,
+        config.speed_bench_category,
+        "messages",
+        lambda messages: messages[0]["content"],
+        seed=0,
+    )
+    return _turn_requests(prompts, config, codec, config.speed_bench_output_len, path)
+
+
+def _first_turns(
+    path: Path, category: str | None, column: str, first: Any, seed: int
+) -> list[str]:
+    prompts = []
+    for number, item in read_json_lines(path):
+        if category and item.get("category") != category:
+            continue
+        try:
+            prompt = first(item[column])
+        except (KeyError, IndexError, TypeError):
+            raise DatasetError(
+                f"{path}:{number}: each line needs a non-empty '{column}' list"
+                + (" of messages with a 'content'" if column == "messages" else "")
+            ) from None
+        if not isinstance(prompt, str):
+            raise DatasetError(f"{path}:{number}: the first of '{column}' is not text")
+        prompts.append(prompt)
+    if not prompts:
+        raise DatasetError(
+            f"{path}: no questions" + (f" in category {category!r}" if category else "")
+        )
+    random.Random(seed).shuffle(prompts)
+    return prompts
+
+
+def _turn_requests(
+    prompts: list[str], config: BenchmarkConfig, codec: Codec, output_len: int, path: Path
 ) -> list[PromptRequest]:
-    # vLLM oversamples a short dataset to num_prompts by drawing again from what it has.
-    if not requests:
-        raise DatasetError(f"{path}: no usable prompts in the file")
+    requests = [
+        PromptRequest(prompt, len(codec.encode(prompt)), output_len)
+        for prompt in prompts[: config.num_prompts]
+    ]
+    return fill(requests, config, path)
+
+
+_BURSTGPT_COLUMNS = ("Model", "Request tokens", "Response tokens")
+
+
+def burstgpt_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    """A BurstGPT CSV's GPT-4 rows with a response, drawn `num_prompts` times (without
+    replacement while rows last), as vLLM's: each gives its request and response token
+    counts, and the prompt is the ids (i + j) mod the vocabulary, decoded. vLLM draws with
+    pandas; we draw the same way with Python's seeded generator (other rows, same spread)."""
+    path = Path(str(config.dataset_path))
+    try:
+        with path.open(encoding="utf-8", newline="") as file:
+            reader = csv.DictReader(file)
+            missing = [c for c in _BURSTGPT_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise DatasetError(
+                    f"{path}: a BurstGPT CSV needs the columns {', '.join(_BURSTGPT_COLUMNS)}; "
+                    f"missing {', '.join(missing)}"
+                )
+            rows = []
+            for number, row in enumerate(reader, 2):
+                if row["Model"] != "GPT-4":
+                    continue
+                try:
+                    lengths = int(row["Request tokens"]), int(row["Response tokens"])
+                except (TypeError, ValueError):
+                    raise DatasetError(
+                        f"{path}:{number}: 'Request tokens' and 'Response tokens' are integers"
+                    ) from None
+                if lengths[1] > 0:
+                    rows.append(lengths)
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise DatasetError(f"{path}: cannot read a CSV: {error}") from None
+    if not rows:
+        raise DatasetError(f"{path}: no GPT-4 rows with response tokens (what vLLM keeps)")
     picker = random.Random(config.seed)
-    while len(requests) < config.num_prompts:
-        requests.append(picker.choice(requests))
+    n = config.num_prompts
+    drawn = picker.sample(rows, n) if n <= len(rows) else picker.choices(rows, k=n)
+    requests = []
+    for i, (input_len, output_len) in enumerate(drawn):
+        ids = [(i + j) % codec.vocab_size for j in range(input_len)]
+        requests.append(PromptRequest(codec.decode(ids), input_len, output_len))
     return requests
 
 
+def _random_or_embeddings(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    prompts = random_prompts(config, codec)
+    return embedding_prompts(config, prompts) if config.is_pooling else prompts
+
+
+def _random_mm(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    try:
+        return random_mm_prompts(config, random_prompts(config, codec))
+    except ValueError as error:
+        raise DatasetError(str(error)) from None
+
+
+def _random_rerank(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    return rerank_prompts(config, codec, random_prompts)
+
+
 DATASETS = {
-    "random": random_prompts,
+    "random": _random_or_embeddings,
     "prefix_repetition": prefix_repetition_prompts,
     "sharegpt": sharegpt_prompts,
     "custom": custom_prompts,
     "timed_trace": trace_prompts,
+    "random-mm": _random_mm,
+    "random-rerank": _random_rerank,
+    "burstgpt": burstgpt_prompts,
+    "spec_bench": spec_bench_prompts,
+    "speed_bench": speed_bench_prompts,
+    "custom_image": custom_image_prompts,
+    "custom_audio": custom_audio_prompts,
 }
 
 

@@ -53,6 +53,25 @@ class RequestOutcome:
     # False for a conversation's turn never sent because an earlier turn failed: it counts as
     # a failed request, so completed + failed is every request planned.
     sent: bool = True
+    # The prompt's text tokens as the client counted them (prompt_len becomes the server's
+    # count, images included), and a multimodal request's items, their bytes and pixels.
+    text_prompt_len: int | None = None
+    mm_items: int = 0
+    mm_bytes: int = 0
+    mm_pixels: int = 0
+    mm_audio_clips: int = 0  # of mm_items, the audio clips (no pixels)
+    mm_audio_s: float = 0.0
+    # A pooling request: one JSON response, no token stream, so no first token of its own.
+    pooled: bool = False
+
+    @property
+    def mm_tokens(self) -> int | None:
+        """The prompt tokens the server counted beyond the text: its images', videos' and
+        audio clips' placeholders (on vLLM, plus the chat template's few tokens). None
+        without media."""
+        if not self.mm_items or self.text_prompt_len is None or not self.success:
+            return None
+        return max(0, self.prompt_len - self.text_prompt_len)
 
     @property
     def schedule_lag(self) -> float:
@@ -68,6 +87,7 @@ def compute(
     percentiles: Sequence[float] = (50.0, 90.0, 95.0, 99.0),
     goodput_ms: dict[str, float] | None = None,
     count_tokens: Callable[[str], int] | None = None,
+    pooling: bool = False,
 ) -> dict[str, float | int | None]:
     """The summary vLLM's client prints and saves, plus ProfLLM's names, from per-request outcomes.
 
@@ -108,6 +128,8 @@ def compute(
         "total_token_throughput": (total_input + total_output) / duration if duration > 0 else 0.0,
         "duration": duration,
     }
+    if pooling:  # a pooling model makes no tokens: vLLM reports no output figures for it
+        results.update(total_output_tokens=None, output_throughput=None)
     for alias, name in PROFLLM_ALIASES.items():
         results[alias] = results[name]
     for metric in latency_metrics:
@@ -119,6 +141,33 @@ def compute(
             key = f"{percentile_key(percentile)}_{metric}_ms"
             results[key] = float(np.percentile(values, percentile)) * 1000
     return results
+
+
+def multimodal_summary(outcomes: Sequence[RequestOutcome]) -> dict[str, float | int | None]:
+    """A multimodal workload's items over its completed requests: how many, how large, and
+    how many prompt tokens the server counted for them; empty for a text workload."""
+    if not any(outcome.mm_items for outcome in outcomes):
+        return {}
+    done = [outcome for outcome in outcomes if outcome.success]
+    items = sum(outcome.mm_items for outcome in done)
+    visual = items - sum(outcome.mm_audio_clips for outcome in done)  # images and videos
+    vision = [v for outcome in done if (v := outcome.mm_tokens) is not None]
+    return {
+        "total_mm_items": items,
+        "mean_mm_items_per_request": items / len(done) if done else None,
+        "mean_mm_bytes_per_request": (
+            sum(outcome.mm_bytes for outcome in done) / len(done) if done else None
+        ),
+        "mean_mm_pixels_per_item": (
+            sum(outcome.mm_pixels for outcome in done) / visual if visual else None
+        ),
+        "mean_mm_tokens_per_request": float(np.mean(vision)) if vision else None,
+        "mean_mm_audio_s_per_request": (
+            sum(outcome.mm_audio_s for outcome in done) / len(done)
+            if done and any(outcome.mm_audio_s for outcome in done)
+            else None
+        ),
+    }
 
 
 def _good_count(
@@ -242,7 +291,7 @@ def served_problem(
             f"{allowed}: thresholds: {{failed: {{max: N}}}}); first errors: "
             f"{_first_errors(failed)}"
         )
-    if not results.get("total_output_tokens"):
+    if results.get("total_output_tokens") == 0:  # None: a pooling model's, which makes none
         return "the server returned no output tokens for any request"
     return None
 

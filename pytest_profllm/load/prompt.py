@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -15,6 +15,19 @@ class PromptRequest:
     prompt_ids: tuple[int, ...] | None = None
     # When to send it, in seconds from the start, where the workload says (a timed trace).
     timestamp: float | None = None
+    # A pooling request's texts (embeddings: its inputs; rerank: the query, then documents);
+    # `prompt_len` counts them all.
+    inputs: tuple[str, ...] | None = None
+    # Media (random-mm, custom_image, custom_audio): chat content parts sent after the text,
+    # each image's or video's (height, width, frames), each audio clip's seconds, and their
+    # encoded bytes.
+    mm_content: tuple[dict[str, Any], ...] = ()
+    mm_items: tuple[tuple[int, int, int], ...] = ()
+    mm_audio_s: tuple[float, ...] = ()
+    mm_bytes: int = 0
+    # A chat message's whole content where the dataset interleaves text and media (a
+    # custom_image line's "content"): sent as it is, in its order.
+    chat_content: tuple[dict[str, Any], ...] | None = None
 
 
 class Codec(Protocol):

@@ -16,7 +16,7 @@ import numpy as np
 
 from pytest_profllm.load.metrics import RequestOutcome
 
-Backend = Literal["openai", "openai-chat"]
+Backend = Literal["openai", "openai-chat", "openai-embeddings", "vllm-rerank"]
 RampUp = Literal["linear", "exponential"]
 
 

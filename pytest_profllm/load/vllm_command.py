@@ -9,10 +9,11 @@ a workload sets. A conversation workload has no `vllm bench serve` form at all.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
-from pytest_profllm.plan.suite import BenchmarkConfig
+from pytest_profllm.plan.suite import BenchmarkConfig, bucket_shape
 
 OURS = (
     "kind",
@@ -49,9 +50,30 @@ def vllm_bench_serve_argv(
         argv += ["--tokenizer", str(tokenizer or config.tokenizer)]
     values = config.model_dump(exclude={*OURS, "tokenizer"})
     for name, value in values.items():
+        if _other_datasets(name, config.dataset_name):
+            continue  # another dataset's defaults: noise on the command line
         flag = "--" + name.replace("_", "-")
         argv += _rendered(name, flag, value)
+    # profllm sends local images inline and audio as a chat part; these make vLLM's do so.
+    if config.dataset_name == "custom_image":
+        argv.append("--custom-ensure-client-side-data")
+    if config.dataset_name == "custom_audio":
+        argv.append("--enable-multimodal-chat")
     return argv
+
+
+_DATASET_PREFIXES = {
+    "random_mm_": "random-mm",
+    "spec_bench_": "spec_bench",
+    "speed_bench_": "speed_bench",
+}
+
+
+def _other_datasets(name: str, dataset_name: str) -> bool:
+    return any(
+        name.startswith(prefix) and dataset_name != owner
+        for prefix, owner in _DATASET_PREFIXES.items()
+    )
 
 
 def _rendered(name: str, flag: str, value: Any) -> list[str]:
@@ -61,6 +83,14 @@ def _rendered(name: str, flag: str, value: Any) -> list[str]:
         return [flag if value else "--no-self-timed"]
     if isinstance(value, bool):
         return [flag] if value else []
+    if name == "random_mm_bucket_config":  # vLLM reads a Python literal with tuple keys
+        buckets = ", ".join(
+            f"({', '.join(map(str, bucket_shape(key)))}): {chance!r}"
+            for key, chance in value.items()
+        )
+        return [flag, "{" + buckets + "}"]
+    if name == "random_mm_limit_mm_per_prompt":  # vLLM reads JSON
+        return [flag, json.dumps(value)]
     if name == "goodput":
         return [flag, *(f"{key}:{limit:g}" for key, limit in value.items())]
     if isinstance(value, float) and math.isinf(value):

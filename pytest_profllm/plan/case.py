@@ -51,6 +51,8 @@ _ABBREVIATIONS = {
     "random_prefix_len": "prefix",
     "random_range_ratio": "range",
     "dataset_name": "",
+    "random_mm_bucket_config": "image",
+    "random_mm_base_items_per_request": "items",
 }
 
 
@@ -318,6 +320,11 @@ def _format_value(value: Any) -> str:
         for item in value
     ):
         return "-" + "_".join(str(item) for item in value)  # a list value: [1, 2, 4] -> 1_2_4
+    if isinstance(value, dict) and value and all(
+        isinstance(k, str) and re.fullmatch(r"\(\d+, ?\d+, ?\d+\)", k) for k in value
+    ):  # random-mm buckets with a chance: {"(720, 1280, 1)": 1.0} -> 720x1280
+        shapes = [re.findall(r"\d+", k) for k, p in value.items() if p]
+        return "-" + "_".join("x".join(n if n[2] != "1" else n[:2]) for n in shapes)
     if isinstance(value, dict | list):
         return "-" + hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:6]
     text = str(value)

@@ -52,6 +52,16 @@ def percentiles_for(metric: str, percentiles: Sequence[float]) -> list[float]:
 # bracket [the highest load that met, the lowest that missed].
 CAPACITY_RESULTS = ("capacity", "capacity_low", "capacity_high")
 
+# A multimodal workload's items (load/metrics.py `multimodal_summary`).
+MULTIMODAL_RESULTS = (
+    "total_mm_items",
+    "mean_mm_items_per_request",
+    "mean_mm_bytes_per_request",
+    "mean_mm_pixels_per_item",
+    "mean_mm_tokens_per_request",
+    "mean_mm_audio_s_per_request",
+)
+
 CLIENT_HEALTH_KEYS = (
     "mean_schedule_lag_ms",
     "median_schedule_lag_ms",

@@ -96,31 +96,98 @@ class Exclusion(BaseModel):
     benchmark: dict[str, Any] = Field(default_factory=dict)
 
 
+POOLING_BACKENDS = ("openai-embeddings", "vllm-rerank")
+# The datasets that read a local file (speed_bench: a folder of them).
+_FILE_DATASETS = (
+    "sharegpt", "custom", "timed_trace", "burstgpt", "spec_bench", "speed_bench",
+    "custom_image", "custom_audio",
+)
+# Datasets whose requests carry media: they go to the chat endpoint, as vLLM's do.
+MEDIA_DATASETS = ("random-mm", "custom_image", "custom_audio")
+
+
+def bucket_shape(key: str) -> tuple[int, int, int]:
+    """A random-mm bucket key, "(height, width, frames)" as vLLM writes it, as numbers."""
+    numbers = re.fullmatch(r"\s*\(?\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\)?\s*", key)
+    if numbers is None:
+        raise ValueError(f"bucket key {key!r} is not \"(height, width, frames)\"")
+    height, width, frames = (int(n) for n in numbers.groups())
+    if min(height, width, frames) < 1:
+        raise ValueError(f"bucket key {key!r}: height, width and frames are at least 1")
+    return height, width, frames
+
+
 class BenchmarkConfig(BaseModel):
     """One workload, with the names of `vllm bench serve`'s flags in snake_case."""
 
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["serve"] = "serve"
-    backend: Literal["openai", "openai-chat"] = "openai"
+    # openai-embeddings and vllm-rerank are pooling backends (/v1/embeddings, /v1/rerank), as
+    # vLLM's: a request is one response, with E2EL only.
+    backend: Literal["openai", "openai-chat", "openai-embeddings", "vllm-rerank"] = "openai"
     dataset_name: Literal[
-        "random", "prefix_repetition", "sharegpt", "custom", "timed_trace", "conversation"
+        "random",
+        "prefix_repetition",
+        "sharegpt",
+        "custom",
+        "timed_trace",
+        "conversation",
+        "random-mm",
+        "random-rerank",
+        "burstgpt",
+        "spec_bench",
+        "speed_bench",
+        "custom_image",
+        "custom_audio",
     ] = "random"
     # sharegpt: a ShareGPT JSON file; custom: JSON lines with a "prompt" (and "output_tokens");
     # timed_trace: JSON lines with a timestamp, lengths and hash_ids, or a CSV (load/trace.py);
-    # conversation: a ShareGPT JSON file of whole conversations (none: synthetic ones).
+    # conversation: a ShareGPT JSON file of whole conversations (none: synthetic ones);
+    # burstgpt: a BurstGPT CSV; spec_bench: Spec-Bench's question.jsonl; speed_bench: the
+    # folder SPEED-Bench's prepare script writes; custom_image: JSON lines with a "prompt" and
+    # "image_files", or interleaved "content"; custom_audio: JSON lines with a "prompt" and
+    # an "audio" WAV file. Relative media paths are from the dataset file's folder.
     dataset_path: str | None = None
     num_prompts: int = Field(100, gt=0)
     random_input_len: int = Field(1024, gt=0)
     random_output_len: int = Field(128, gt=0)
     random_range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
     random_prefix_len: int = Field(0, ge=0)
+    # Pooling backends: prompts per request (openai-embeddings: a list input; random-rerank:
+    # documents per query). vLLM's --random-batch-size.
+    random_batch_size: int = Field(1, gt=0)
+    # random-mm (load/multimodal.py): images per request drawn on [floor(n(1-r)), ceil(n(1+r))]
+    # within the per-modality limits, each of a (height, width, frames) bucket drawn with its
+    # probability. Keys as vLLM writes them: "(720, 1280, 1)".
+    random_mm_base_items_per_request: int = Field(1, ge=0)
+    random_mm_num_mm_items_range_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    random_mm_limit_mm_per_prompt: dict[str, int] = Field(
+        default_factory=lambda: {"image": 255, "video": 1}
+    )
+    random_mm_bucket_config: dict[str, FiniteFloat] = Field(
+        default_factory=lambda: {
+            "(256, 256, 1)": 0.5, "(720, 1280, 1)": 0.5, "(720, 1280, 16)": 0.0
+        }
+    )
     prefix_repetition_prefix_len: int = Field(256, gt=0)
     prefix_repetition_suffix_len: int = Field(256, gt=0)
     prefix_repetition_num_prefixes: int = Field(10, gt=0)
     prefix_repetition_output_len: int = Field(128, gt=0)
     sharegpt_output_len: int | None = Field(None, gt=0)
     custom_output_len: int = 256  # -1: each line's own "output_tokens"
+    spec_bench_output_len: int = Field(256, gt=0)
+    spec_bench_category: str | None = None  # None: every category
+    speed_bench_dataset_subset: Literal[
+        "qualitative",
+        "throughput_1k",
+        "throughput_2k",
+        "throughput_8k",
+        "throughput_16k",
+        "throughput_32k",
+    ] = "qualitative"
+    speed_bench_output_len: int = Field(4096, gt=0)
+    speed_bench_category: str | None = None  # None: every category
     timed_trace_chunk_hash_size: int = Field(16, gt=0)  # tokens per hash id (Mooncake: 512)
     timed_trace_sec_multiplier: FiniteFloat = Field(1.0, gt=0)  # timestamp x this = seconds
     timed_trace_label_timestamp: str = "timestamp"
@@ -191,6 +258,28 @@ class BenchmarkConfig(BaseModel):
             raise ValueError("metric_percentiles must lie strictly between 0 and 100")
         return value
 
+    @field_validator("dataset_name", mode="before")
+    @classmethod
+    def _dataset_we_lack(cls, value: object) -> object:
+        if value == "hf":
+            raise ValueError(
+                "dataset_name 'hf' downloads from the Hugging Face hub, which profllm never "
+                "uses: save the dataset locally and use custom or sharegpt with dataset_path"
+            )
+        return value
+
+    @field_validator("random_mm_bucket_config")
+    @classmethod
+    def _buckets(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, probability in value.items():
+            bucket_shape(key)  # raises with the key's problem
+            if probability < 0:
+                raise ValueError(f"bucket {key!r} has a negative probability {probability:g}")
+        total = sum(value.values())
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            raise ValueError(f"the bucket probabilities sum to {total:g}, not 1")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> BenchmarkConfig:
         # The same checks as vllm bench serve, before any server starts.
@@ -203,10 +292,18 @@ class BenchmarkConfig(BaseModel):
                 raise ValueError("ramp_up_start_rps must not exceed ramp_up_end_rps")
             if self.ramp_up_strategy == "exponential" and self.ramp_up_start_rps == 0:
                 raise ValueError("an exponential ramp-up cannot start at 0 requests/s")
-        if self.dataset_name in ("sharegpt", "custom", "timed_trace") and not self.dataset_path:
+        if self.dataset_name in _FILE_DATASETS and not self.dataset_path:
+            place = "folder" if self.dataset_name == "speed_bench" else "file"
             raise ValueError(
-                f"dataset_name {self.dataset_name!r} needs dataset_path (a local file)"
+                f"dataset_name {self.dataset_name!r} needs dataset_path (a local {place})"
             )
+        for prefix in ("spec_bench_", "speed_bench_"):
+            named = [n for n in self.model_fields_set if n.startswith(prefix)]
+            if named and self.dataset_name != prefix.rstrip("_"):
+                raise ValueError(
+                    f"{', '.join(sorted(named))} only apply to dataset_name "
+                    f"{prefix.rstrip('_')!r}"
+                )
         if self.dataset_name == "conversation":
             if self.backend != "openai-chat":
                 raise ValueError(
@@ -216,7 +313,70 @@ class BenchmarkConfig(BaseModel):
             if self.client_processes > 1:
                 raise ValueError("dataset_name 'conversation' runs in one client process")
         self._check_trace()
+        self._check_multimodal()
+        self._check_pooling()
         return self
+
+    def _check_multimodal(self) -> None:
+        mm_only = [
+            name
+            for name in BenchmarkConfig.model_fields
+            if name.startswith("random_mm_") and name in self.model_fields_set
+        ]
+        if self.dataset_name in MEDIA_DATASETS and self.backend != "openai-chat":
+            raise ValueError(
+                f"dataset_name {self.dataset_name!r} sends images, video or audio in chat "
+                "messages: it needs backend: openai-chat"
+            )
+        if self.dataset_name != "random-mm":
+            if mm_only:
+                raise ValueError(f"{', '.join(mm_only)} only apply to dataset_name 'random-mm'")
+            return
+        unknown = sorted(set(self.random_mm_limit_mm_per_prompt) - {"image", "video"})
+        if unknown:
+            raise ValueError(
+                f"random_mm_limit_mm_per_prompt: unknown modality {unknown[0]!r}; allowed: "
+                "image, video"
+            )
+        for key in self.random_mm_bucket_config:
+            frames = bucket_shape(key)[2]
+            if self.random_mm_limit_mm_per_prompt.get("image" if frames == 1 else "video") is None:
+                raise ValueError(
+                    f"random_mm_bucket_config: {key}'s modality has no limit in "
+                    "random_mm_limit_mm_per_prompt"
+                )
+
+    @property
+    def is_pooling(self) -> bool:
+        """Whether the backend is a pooling model's (embeddings, rerank): no tokens stream."""
+        return self.backend in POOLING_BACKENDS
+
+    def _check_pooling(self) -> None:
+        if self.dataset_name == "random-rerank" and self.backend != "vllm-rerank":
+            raise ValueError("dataset_name 'random-rerank' needs backend: vllm-rerank")
+        if self.backend == "vllm-rerank" and self.dataset_name != "random-rerank":
+            raise ValueError("backend 'vllm-rerank' takes dataset_name: random-rerank")
+        if "random_batch_size" in self.model_fields_set and not self.is_pooling:
+            raise ValueError(
+                "random_batch_size batches prompts for a pooling backend (openai-embeddings, "
+                "vllm-rerank)"
+            )
+        if not self.is_pooling:
+            return
+        if self.dataset_name not in ("random", "random-rerank"):
+            raise ValueError(
+                f"backend {self.backend!r} takes dataset_name random or random-rerank, "
+                f"not {self.dataset_name!r}"
+            )
+        if "percentile_metrics" not in self.model_fields_set:
+            self.percentile_metrics = "e2el"  # as vLLM's client for pooling models
+        elif self.percentile_metrics != "e2el":
+            raise ValueError(
+                "a pooling backend's requests have no first token or decode: "
+                "percentile_metrics is e2el"
+            )
+        if self.goodput and set(self.goodput) != {"e2el"}:
+            raise ValueError("a pooling backend's goodput may bound e2el only")
 
     def _check_trace(self) -> None:
         trace_only = [
@@ -276,6 +436,10 @@ class BenchmarkConfig(BaseModel):
     def result_names(self) -> list[str]:
         # The client's health figures can be gated on too (say, p99_schedule_lag_ms).
         names = metric_names.result_names(self.latency_metrics, self.percentiles)
+        if self.is_pooling:  # no output tokens, so no output figures to hold it to
+            names = [n for n in names if n not in ("total_output_tokens", "output_throughput")]
+        if self.dataset_name in MEDIA_DATASETS:
+            names += metric_names.MULTIMODAL_RESULTS
         return names + list(metric_names.CLIENT_HEALTH_KEYS)
 
 
@@ -382,6 +546,10 @@ class CapacityConfig(BenchmarkConfig):
     def _goodput_bounds(self) -> CapacityConfig:
         if self.dataset_name == "conversation":
             raise ValueError("a capacity case cannot run dataset_name 'conversation' yet")
+        if self.is_pooling:
+            raise ValueError(
+                f"a capacity case cannot search a pooling backend yet ({self.backend})"
+            )
         if GOODPUT_SLO in self.slo and not self.goodput:
             raise ValueError(
                 f"slo.{GOODPUT_SLO} counts the requests within `goodput` "

@@ -22,13 +22,21 @@ _ONE_DATASET_KEYS = {
     "timed_trace_": "timed_trace",
     "trace_": "timed_trace",
     "self_timed": "timed_trace",
+    "random_mm_": "random-mm",
+    "spec_bench_": "spec_bench",
+    "speed_bench_": "speed_bench",
 }
+# Keys that shape a pooling backend's workload only (prompts to a request).
+_POOLING_KEYS = ("random_batch_size",)
+_POOLING_BACKENDS = ("openai-embeddings", "vllm-rerank")
 
 
 def _of_the_workload(key: str, benchmark: dict[str, Any]) -> bool:
     if key in _NOT_THE_WORKLOAD:
         return False
     dataset = benchmark.get("dataset_name")
+    if key in _POOLING_KEYS:
+        return benchmark.get("backend") in _POOLING_BACKENDS
     return not any(
         key.startswith(prefix) and dataset != name for prefix, name in _ONE_DATASET_KEYS.items()
     )

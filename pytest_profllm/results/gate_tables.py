@@ -153,10 +153,13 @@ def sample_rows(run_id: str, requests: list[dict[str, Any]]) -> list[tuple[Any, 
     for row in requests:
         first, latency, tokens = row.get("ttft_s"), row.get("latency_s"), row.get("output_tokens")
         ttft = e2el = tpot = None
-        if row.get("success") and first is not None and latency is not None:
-            ttft, e2el = first * 1000, latency * 1000
-            if tokens and tokens > 1:
-                tpot = (latency - first) / (tokens - 1) * 1000
+        # A pooling request has an E2EL and no first token (its ttft_s is null).
+        if row.get("success") and latency is not None:
+            e2el = latency * 1000
+            if first is not None:
+                ttft = first * 1000
+                if tokens and tokens > 1:
+                    tpot = (latency - first) / (tokens - 1) * 1000
         rows.append(
             (
                 run_id,

@@ -186,7 +186,7 @@ def request_row(index: int, outcome: metrics.RequestOutcome, clock_start: float)
         "dispatch_s": outcome.dispatch_time - clock_start,
         "start_s": outcome.start_time - clock_start,
         "schedule_lag_s": outcome.schedule_lag,
-        "ttft_s": outcome.ttft,
+        "ttft_s": None if outcome.pooled else outcome.ttft,
         "itl_s": outcome.itl,
         "latency_s": outcome.latency,
         "message_s": [t - clock_start for t in outcome.message_times],
@@ -195,6 +195,8 @@ def request_row(index: int, outcome: metrics.RequestOutcome, clock_start: float)
         "conversation": outcome.conversation,
         "turn": outcome.turn,
         "cached_tokens": outcome.cached_tokens,
+        "mm_items": outcome.mm_items or None,
+        "mm_tokens": outcome.mm_tokens,
     }
 
 

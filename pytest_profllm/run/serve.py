@@ -26,7 +26,7 @@ from pytest_profllm.load.dataset import (
 )
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
 from pytest_profllm.plan.case import Case
-from pytest_profllm.plan.suite import BenchmarkConfig
+from pytest_profllm.plan.suite import MEDIA_DATASETS, BenchmarkConfig
 from pytest_profllm.run.outcome import CaseFailed, CaseOutcome, evaluate, request_row
 from pytest_profllm.run.profiling import (
     PROFILE_PROMPTS,
@@ -64,6 +64,7 @@ def run_case(
     outcome.invalid_reason = invalid_reason(load, bench, health, max_schedule_lag_ms)
     outcome.request_failures = metrics.request_failures(load.outcomes)
     outcome.by_turn = by_turn(load.outcomes)
+    check_modality(case, load.outcomes)
     check_served(load.outcomes, outcome.results, allowed_failures(case))
     if case.profile and server.profile_dir is not None:
         outcome.profiling = _profile(server, settings, prompts, outcome.run_id)
@@ -146,6 +147,35 @@ def check_served(
 ) -> None:
     if (problem := metrics.served_problem(outcomes, results, allowed)) is not None:
         raise CaseFailed(problem)
+
+
+def check_modality(case: Case, outcomes: list[metrics.RequestOutcome]) -> None:
+    """A server that refused every request of a kind its model does not take (images to a
+    text-only model; a pooling request to a generating one, or the reverse) is the suite's
+    mistake: one line naming the suite, the key and the server's own reason."""
+    bench = case.benchmark
+    assert isinstance(bench, BenchmarkConfig)
+    if not outcomes or any(o.status != 400 and o.status != 404 for o in outcomes):
+        return
+    reason = outcomes[0].error.split(": ", 1)[-1][:200]
+    model = served_name(case.server)
+    if bench.dataset_name in MEDIA_DATASETS:
+        media = {"custom_audio": "audio"}.get(bench.dataset_name, "images")
+        raise CaseFailed(
+            f"{case.source}: benchmark.dataset_name {bench.dataset_name!r} sends {media} and "
+            f"{model} refused every request: {reason}"
+        )
+    if bench.is_pooling:
+        raise CaseFailed(
+            f"{case.source}: benchmark.backend {bench.backend!r} needs a pooling model "
+            f"(server.runner: pooling); {model} refused every request: {reason}"
+        )
+    if case.server.get("runner") == "pooling":
+        raise CaseFailed(
+            f"{case.source}: server.runner is pooling, so {model} makes no tokens for "
+            f"benchmark.backend {bench.backend!r}: use openai-embeddings or vllm-rerank "
+            f"({reason})"
+        )
 
 
 def allowed_failures(case: Case) -> int:

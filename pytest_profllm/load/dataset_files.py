@@ -1,0 +1,59 @@
+"""Reading a dataset's local files: JSON lines with their line numbers, a custom line's
+output length, and vLLM's oversampling of a short file."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_profllm.load.prompt import DatasetError, PromptRequest
+
+if TYPE_CHECKING:
+    from pytest_profllm.plan.suite import BenchmarkConfig
+
+
+def read_json_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """A JSON-lines file's objects with their line numbers; blank lines skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise DatasetError(f"{path}: cannot read: {error}") from None
+    items = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as error:
+            raise DatasetError(f"{path}:{number}: not JSON: {error}") from None
+        if not isinstance(item, dict):
+            raise DatasetError(f"{path}:{number}: each line is a JSON object")
+        items.append((number, item))
+    return items
+
+
+def custom_output_len(config: BenchmarkConfig, item: dict[str, Any], where: str) -> int:
+    """`custom_output_len`, or with -1 the line's own positive `output_tokens`."""
+    if config.custom_output_len != -1:
+        return config.custom_output_len
+    output_len = item.get("output_tokens")
+    if not isinstance(output_len, int) or isinstance(output_len, bool) or output_len < 1:
+        raise DatasetError(
+            f"{where}: with custom_output_len -1 each line needs a positive integer "
+            "'output_tokens'"
+        )
+    return output_len
+
+
+def fill(
+    requests: list[PromptRequest], config: BenchmarkConfig, path: Path
+) -> list[PromptRequest]:
+    # vLLM oversamples a short dataset to num_prompts by drawing again from what it has.
+    if not requests:
+        raise DatasetError(f"{path}: no usable prompts in the file")
+    picker = random.Random(config.seed)
+    while len(requests) < config.num_prompts:
+        requests.append(picker.choice(requests))
+    return requests
