@@ -35,17 +35,17 @@ def test_example_suites_with_two_workers(pytester: pytest.Pytester, ports: str) 
         if suite.suffix in (".yaml", ".py"):
             shutil.copy(suite, pytester.path)
     result = run_suites(pytester, ports, "-n", "2")
-    result.assert_outcomes(passed=15)
+    result.assert_outcomes(passed=18)
     result.stdout.fnmatch_lines(
         [
             "profllm: engine sim (auto: *",
             "*profllm benchmark results*",
-            "15 row(s) loaded into *results.db (table benchmark_runs)*",
+            "18 row(s) loaded into *results.db (table benchmark_runs)*",
         ]
     )
     written = run_records(pytester)
-    assert len(written) == 15
-    assert db_rows(pytester, "select count(*) from benchmark_runs") == [(15,)]
+    assert len(written) == 18
+    assert db_rows(pytester, "select count(*) from benchmark_runs") == [(18,)]
     assert {r["engine"]["name"] for r in written} == {"sim"}
     assert {r["status"] for r in written} == {"passed"}
     assert {r["runtime"]["worker"] for r in written} <= {"gw0", "gw1"}
@@ -57,12 +57,13 @@ def test_example_suites_with_two_workers(pytester: pytest.Pytester, ports: str) 
         )
     # The capacity suite's server is the smoke suite's (the same arguments): shared. The
     # conversation suite's sets enable_prompt_tokens_details and the trace suite's two name
-    # enable_prefix_caching, so they are servers of their own.
-    assert len(starts) == 9
+    # enable_prefix_caching, so they are servers of their own; the multimodal and pooling
+    # suites' models are their own.
+    assert len(starts) == 11
     assert all(len(times) == 1 for times in starts.values())
     # Per-request records beside each case record.
-    assert len(list((pytester.path / "results").glob("*.requests.jsonl.gz"))) == 15
-    assert len(list((pytester.path / "results" / "logs").glob("*.log"))) == 9
+    assert len(list((pytester.path / "results").glob("*.requests.jsonl.gz"))) == 18
+    assert len(list((pytester.path / "results" / "logs").glob("*.log"))) == 11
     # Every record holds every engine argument of the registry, defaults included.
     for record in written:
         assert len(record["config"]["server"]) == 320

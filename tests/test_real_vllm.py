@@ -293,3 +293,40 @@ def test_killed_api_process_then_ctrl_c(
     assert interrupted["status"] == "error"
     assert interrupted["message"] == "the session stopped before the case finished"
     assert os.path.exists(pytester.path / "results" / "logs")
+
+
+def test_a_pooling_case_and_images_to_a_text_model(
+    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
+) -> None:
+    """`runner: pooling` turns the tiny Llama into an embedding model that vLLM serves on
+    /v1/embeddings: the pooling case's record has vLLM's pooling figures (E2EL, no TTFT).
+    Images sent to the text-only Llama get vLLM's own refusal, in the case's one line."""
+    pytester.makefile(
+        ".yaml",
+        bench_embed=suite(
+            tiny_model,
+            "  runner: pooling\n",
+            "  backend: openai-embeddings\n  num_prompts: 8\n  random_batch_size: 2\n",
+        ).replace("  random_output_len: 8\n  ignore_eos: true\n", "", 1),
+        bench_images=suite(
+            tiny_model,
+            "  max_num_seqs: 4\n",
+            "  backend: openai-chat\n  dataset_name: random-mm\n  num_prompts: 2\n"
+            "  random_mm_bucket_config: {'(32, 32, 1)': 1.0}\n",
+        ),
+    )
+    result = pytester.runpytest_subprocess(
+        *plugin_args(ports, "-n", "2", "--profllm-cpus=2"), timeout=900
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*bench_images.yaml: benchmark.dataset_name 'random-mm' sends images and "
+         "*refused every request: *"]
+    )  # fmt: skip
+    (pooled,) = [r for r in run_records(pytester) if r["suite"] == "embed"]
+    results = pooled["results"]
+    assert pooled["status"] == "passed" and pooled["validity"] == "valid"
+    assert results["completed"] == 4 and results["failed"] == 0
+    assert results["total_input_tokens"] >= 8 * 32  # vLLM's count (special tokens added)
+    assert results["median_e2el_ms"] > 0 and results["output_throughput"] is None
+    assert "median_ttft_ms" not in results
