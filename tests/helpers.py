@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +120,36 @@ def vllm_parse(script: str, argvs: list[Any], *, refusals: bool = False) -> list
         for argv, namespace in zip(argvs, parsed, strict=True):
             assert "error" not in namespace, f"vLLM refused {argv}: {namespace}"
     return parsed
+
+
+@contextlib.contextmanager
+def simulator(first_port: int, log: Path, *args: str) -> Iterator[str]:
+    """A simulated engine on 127.0.0.1 (`python -m pytest_profllm.sim ARGS --port P`, on the
+    first of five ports from `first_port` that it can take); yields its URL, and stops and
+    reaps it whatever the test does."""
+    for port in range(first_port, first_port + 5):
+        argv = [sys.executable, "-m", "pytest_profllm.sim", *args, "--port", str(port)]
+        with log.open("wb") as handle:
+            process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 30
+            while process.poll() is None and time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            if process.poll() is None and time.monotonic() < deadline:
+                yield f"http://127.0.0.1:{port}"
+                return
+        finally:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    raise RuntimeError(f"the simulator did not start: {log.read_text(errors='replace')[-300:]}")
 
 
 @contextlib.asynccontextmanager

@@ -12,20 +12,16 @@ import gzip
 import itertools
 import json
 import random
-import socket
 import sqlite3
-import subprocess
-import sys
 import time
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 from aiohttp import web
-from helpers import run_records, run_suites, serve_handler, suite_error, write_suite
+from helpers import run_records, run_suites, serve_handler, simulator, suite_error, write_suite
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -186,34 +182,12 @@ def test_a_failed_turn_ends_its_conversation_and_every_turn_is_accounted_for() -
     ]
 
 
-@contextlib.contextmanager
-def _simulator(port_range: str, tmp_path: Path, *args: str) -> Iterator[str]:
+def _simulator(
+    port_range: str, tmp_path: Path, *args: str
+) -> contextlib.AbstractContextManager[str]:
     """A simulated engine on 127.0.0.1 with `args`; stopped and reaped whatever happens."""
-    log = tmp_path / f"sim{len(args)}.log"
     first = int(port_range.split("-")[0]) + 60 + 10 * len(args)
-    for port in range(first, first + 5):
-        argv = [sys.executable, "-m", "pytest_profllm.sim", "sim", "--port", str(port), *args]
-        with log.open("wb") as handle:
-            process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 30
-            while process.poll() is None and time.monotonic() < deadline:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(0.05)
-            if process.poll() is None and time.monotonic() < deadline:
-                yield f"http://127.0.0.1:{port}"
-                return
-        finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-    raise RuntimeError(f"the simulator did not start: {log.read_text(errors='replace')[-300:]}")
+    return simulator(first, tmp_path / f"sim{len(args)}.log", "sim", *args)
 
 
 def _long_history(codec: TokenizerCodec, count: int, seed: int) -> Conversations:

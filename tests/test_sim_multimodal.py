@@ -8,16 +8,12 @@ import asyncio
 import base64
 import contextlib
 import io
-import socket
-import subprocess
-import sys
-import time
 import wave
-from collections.abc import Iterator
 from pathlib import Path
 from statistics import median
 from typing import Any
 
+import helpers
 import numpy as np
 import pytest
 import requests
@@ -38,34 +34,13 @@ from pytest_profllm.sim.vision import smart_resize
 VL = "Qwen/Qwen2.5-VL-7B-Instruct"
 
 
-@contextlib.contextmanager
-def simulator(port_range: str, tmp_path: Path, model: str, *args: str) -> Iterator[str]:
+def simulator(
+    port_range: str, tmp_path: Path, model: str, *args: str
+) -> contextlib.AbstractContextManager[str]:
     """A simulated engine serving `model` on 127.0.0.1; stopped and reaped whatever happens."""
-    log = tmp_path / f"sim-{abs(hash((model, args))) % 10_000}.log"
-    first = int(port_range.split("-")[0]) + 100 + abs(hash((model, args))) % 50
-    for port in range(first, first + 5):
-        argv = [sys.executable, "-m", "pytest_profllm.sim", model, "--port", str(port), *args]
-        with log.open("wb") as handle:
-            process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 30
-            while process.poll() is None and time.monotonic() < deadline:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(0.05)
-            if process.poll() is None and time.monotonic() < deadline:
-                yield f"http://127.0.0.1:{port}"
-                return
-        finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-    raise RuntimeError(f"the simulator did not start: {log.read_text(errors='replace')[-300:]}")
+    key = abs(hash((model, args)))
+    first = int(port_range.split("-")[0]) + 100 + key % 50
+    return helpers.simulator(first, tmp_path / f"sim-{key % 10_000}.log", model, *args)
 
 
 def jpeg_part(width: int, height: int, seed: int = 0) -> dict[str, Any]:
