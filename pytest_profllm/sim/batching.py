@@ -193,23 +193,38 @@ class Scheduler:
         """Admit and chunk as vLLM's V1 scheduler would; None when there is nothing to run."""
         if not self.running and not self.waiting:
             return None
-        self._grow_decoders()
+        # As vLLM V1's scheduler: a step that had to preempt admits no waiting request (the
+        # one just preempted would come straight back and be preempted again: a thrash).
+        preempted = self._grow_decoders()
         decoding = [s for s in self.running if not s.in_prefill]
         budget = self.max_num_batched_tokens - len(decoding)
         prefill: list[tuple[Sequence, int]] = []
-        for sequence in self.running:
-            if sequence.in_prefill and budget > 0:
-                chunk = self._fit(sequence, self._chunk(sequence, budget))
-                if chunk:
-                    prefill.append((sequence, chunk))
-                    budget -= chunk
+        # A running prefill's next chunk gets its blocks, or the newest running sequences give
+        # way (itself last), as a decode's next token does.
+        for sequence in list(self.running):
+            if not (sequence.in_prefill and budget > 0 and sequence in self.running):
+                continue
+            chunk = self._chunk(sequence, budget)
+            while chunk and not self._allocate(sequence, chunk):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is sequence:
+                    chunk = 0
+            if chunk:
+                prefill.append((sequence, chunk))
+                budget -= chunk
+        if preempted:  # a decoder may have given way to a prefill chunk
+            decoding = [s for s in decoding if s.blocks]
         now = None
-        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+        while (
+            not preempted and self.waiting and len(self.running) < self.max_num_seqs and budget > 0
+        ):
             sequence = self.waiting[0]
             self._look_up(sequence)
-            chunk = self._fit(sequence, self._chunk(sequence, budget))
-            if not chunk:
-                break  # no room in the KV cache: it waits
+            chunk = self._chunk(sequence, budget)
+            if not (chunk and self._allocate(sequence, chunk)):
+                break  # no room in the KV cache for its whole chunk: it waits, as in vLLM V1
             self.running.append(self.waiting.popleft())
             if sequence.scheduled_at is None:
                 now = self.clock() if now is None else now
@@ -328,9 +343,10 @@ class Scheduler:
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    def _grow_decoders(self) -> None:
+    def _grow_decoders(self) -> bool:
         """Give each decoding sequence room for its next token, preempting the newest running
-        sequences (itself last) when the cache is full."""
+        sequences (itself last) when the cache is full; whether any was preempted."""
+        preempted = False
         for sequence in list(self.running):
             if sequence.in_prefill:  # also a sequence preempted in this loop (prefilled = 0)
                 continue
@@ -338,11 +354,13 @@ class Scheduler:
             while need > self.num_gpu_blocks - self.used_blocks:
                 victim = self.running[-1]
                 self._preempt(victim)
+                preempted = True
                 if victim is sequence:
                     break
             else:
                 sequence.blocks += need
                 self.used_blocks += need
+        return preempted
 
     def _preempt(self, sequence: Sequence) -> None:
         self.running.remove(sequence)
@@ -356,15 +374,16 @@ class Scheduler:
         self.waiting.appendleft(sequence)
         self.num_preemptions += 1
 
-    def _fit(self, sequence: Sequence, chunk: int) -> int:
-        """The part of `chunk` the free blocks can hold, allocated."""
-        room = (sequence.blocks + self.num_gpu_blocks - self.used_blocks) * self.block_size
-        chunk = max(min(chunk, room - sequence.prefilled), 0)
+    def _allocate(self, sequence: Sequence, chunk: int) -> bool:
+        """The blocks for the sequence's next `chunk` tokens, if the free ones can hold them all
+        (vLLM V1's allocate_slots: a chunk is scheduled whole or not at all)."""
         need = self._blocks_for(sequence.prefilled + chunk) - sequence.blocks
-        if chunk and need > 0:
+        if need > self.num_gpu_blocks - self.used_blocks:
+            return False
+        if need > 0:
             sequence.blocks += need
             self.used_blocks += need
-        return chunk
+        return True
 
     def _free(self, sequence: Sequence) -> None:
         self.used_blocks -= sequence.blocks
