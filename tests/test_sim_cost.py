@@ -4,6 +4,7 @@ cache size, and how the plugin hands the device to the simulator and the facts t
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -300,3 +301,39 @@ benchmark:
     result.stdout.fnmatch_lines(
         ["*exited with code 1 during start-up*", "*model 'acme/Giant-9000B' is not in the*"]
     )
+
+
+def test_an_mla_latent_is_read_whole_on_every_gpu_and_few_kv_heads_are_replicated() -> None:
+    # DeepSeek's MLA cache is one latent per token that every tensor-parallel rank keeps and
+    # reads whole; GQA heads split over the GPUs until there are fewer heads than GPUs.
+    work = StepWork(decode_seqs=256, decode_context=256 * 4000)
+    deepseek = [_engine("deepseek-ai/DeepSeek-R1", "H200", tp) for tp in (4, 8)]
+    attention = [e._attention_seconds(work, 4.8e12, 1e20) for e in deepseek]
+    assert attention[0] == pytest.approx(attention[1])
+    assert attention[0] == pytest.approx(256 * 4000 * deepseek[0].kv_bytes_per_token / 4.8e12)
+    # Qwen3-235B has 4 KV heads: at tp 8 each GPU still holds (and reads) a whole head.
+    qwen = [_engine("Qwen/Qwen3-235B-A22B", "H100-SXM", tp) for tp in (2, 4, 8)]
+    reads = [e._attention_seconds(work, 3.35e12, 1e20) for e in qwen]
+    assert reads[0] == pytest.approx(2 * reads[1]) and reads[1] == pytest.approx(reads[2])
+    assert [e.kv_cache_tokens() for e in qwen][2] > 0
+
+
+def test_routed_experts_compute_each_experts_tokens_padded_to_the_kernel_block() -> None:
+    # DeepSeek-R1 (256 experts, top 8) at tp 8, bandwidth made huge so compute alone counts:
+    # 1,000 decoding tokens give each expert about 31, and fused_moe's 64-row block computes
+    # about twice their FLOPs; a prefill chunk of 8,192 (256 an expert) pays half a block more.
+    engine = _engine("deepseek-ai/DeepSeek-R1", "H200", 8)
+    kernels = replace(engine.device.overheads, moe_efficiency=1.0)
+    facts = engine.model
+    expert = 3 * facts.hidden_size * facts.moe_intermediate_size
+    expert *= facts.num_hidden_layers - facts.first_dense_layers
+
+    def padding(tokens: int) -> float:
+        """The seconds the blocks add, over the seconds of the tokens' own routed FLOPs."""
+        blocks = engine._linear_seconds(tokens, 0, 1e18, 1e15, kernels)
+        tokens_only = engine._linear_seconds(tokens, 0, 1e18, 1e15, None)
+        own = 2.0 * tokens * facts.num_experts_per_tok * expert / 8 / 1e15
+        return (blocks - tokens_only) / own
+
+    assert padding(1000) == pytest.approx(64 / 31.25 - 1, rel=0.02)
+    assert padding(8192) == pytest.approx(32 / 256, rel=0.02)

@@ -8,8 +8,9 @@ use the same figures. A step runs its kernels one after another, each on its own
   mixture of experts, the shared part and the experts its tokens are routed to), or 2 FLOPs
   per active parameter per token, whichever takes longer; the LM head only for the tokens
   that are sampled;
-- attention: the KV cache of every token attended read once, or 4 x layers x heads x head_dim
-  FLOPs per attended position (a prefill chunk's quadratic part), whichever takes longer;
+- attention: each GPU's share of the KV cache of every token attended read once (an MLA
+  latent whole on every GPU), or 4 x layers x heads x head_dim FLOPs per attended position
+  (MLA: its absorbed width; a prefill chunk's quadratic part), whichever takes longer;
 - tensor parallelism adds two all-reduces per layer (latency + ring transfer of the step's
   activations over the device's interconnect: NVLink, Infinity Fabric or PCIe);
 - the host's CPU: a fixed cost per step (scheduling, sampling, launches), and a cost per
@@ -31,7 +32,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_profllm.sim.hardware import GIB, DeviceProfile
+from pytest_profllm.sim.hardware import GIB, DeviceProfile, Overheads
 from pytest_profllm.sim.models import ModelFacts
 
 SLOWDOWN_ENV = "PROFLLM_SIM_SLOWDOWN"
@@ -95,21 +96,95 @@ class EngineModel:
         embeddings = self._lm_head_params * (1 if self.model.tie_word_embeddings else 2)
         return max(self.model.active_params - embeddings, 0)
 
-    def _weight_bytes_read(self, tokens: int) -> float:
-        """Weights one GPU reads in a step of `tokens` tokens: all of a dense model; for a
-        mixture of experts, the shared part and the experts the step's tokens are routed to."""
+    @property
+    def _kv_share(self) -> float:
+        """The share of a token's KV cache each GPU holds and reads: 1/tp of the KV heads, but
+        a whole head where there are fewer heads than GPUs (vLLM replicates them), and all of
+        an MLA latent, which every GPU keeps whole for its share of the query heads."""
         model = self.model
-        if not model.num_experts or not tokens:
-            touched = model.params if model.num_experts == 0 else model.active_params
+        if model.kv_lora_rank:
+            return 1.0
+        kv_heads = model.num_key_value_heads
+        return max(kv_heads / self.tensor_parallel_size, 1) / kv_heads
+
+    def _attention_flops(self, decode_positions: int, prefill_positions: float) -> float:
+        """Attention FLOPs over all layers and heads (all GPUs): per position attended, the
+        scores and the weighted values (QK^T and PV, a multiply-add each per dimension). MLA
+        in vLLM decodes absorbed (each head scores against the latent and its rope part, then
+        sums the latent: kv_lora_rank + rope, then kv_lora_rank wide) and prefills with the
+        latent expanded into the heads' keys (nope + rope) and values."""
+        model = self.model
+        per_head = 2.0 * model.num_hidden_layers * model.num_attention_heads
+        if model.kv_lora_rank:
+            decode_width = 2 * model.kv_lora_rank + model.qk_rope_head_dim
+            prefill_width = model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim
         else:
-            # Expected distinct experts hit per layer when each token picks k of E at random.
-            e, k = model.num_experts, model.num_experts_per_tok
-            hit = e * (1 - (1 - k / e) ** tokens)
-            expert = model.active_params + (hit - k) * (
-                3 * model.hidden_size * model.moe_intermediate_size
-            ) * (model.num_hidden_layers - model.first_dense_layers)
-            touched = min(model.params, int(expert))
-        return touched * model.bytes_per_param / self.tensor_parallel_size
+            decode_width = prefill_width = 2 * (model.v_head_dim or model.head_dim)
+        return per_head * (decode_width * decode_positions + prefill_width * prefill_positions)
+
+    def _attention_seconds(self, work: StepWork, bandwidth: float, flops_per_s: float) -> float:
+        """Attention: each GPU reads its share of the KV cache of every attended token once,
+        or computes its heads' share of the FLOPs (bf16), whichever takes longer."""
+        tp = self.tensor_parallel_size
+        kv_read = work.decode_context + work.prefill_context
+        flops = self._attention_flops(work.decode_context, work.prefill_attended)
+        return max(
+            kv_read * self.kv_bytes_per_token * self._kv_share / bandwidth,
+            flops / tp / flops_per_s,
+        )
+
+    def _linear_seconds(
+        self,
+        tokens: int,
+        sampled: int,
+        bandwidth: float,
+        flops_per_s: float,
+        kernels: Overheads | None,
+    ) -> float:
+        """The linear layers of a step of `tokens` tokens, `sampled` of them through the LM
+        head, on one GPU (1/tp of every weight): each kernel reads its weights once or computes
+        its FLOPs, whichever takes longer. A mixture of experts runs two kinds one after the
+        other: the dense part (attention projections, shared experts, dense layers, LM head)
+        and the routed experts, which read only the experts the step's tokens hit and compute
+        each expert's tokens padded to the fused-MoE kernel's block of rows. `kernels` (the
+        fitted overheads, or None for a roofline) says how far below a dense GEMM the routed
+        experts' kernels and A100's weight-only FP8 GEMMs run."""
+        model, tp = self.model, self.tensor_parallel_size
+        weight_only = 1.0
+        if kernels is not None and self._fp8 and not self.device.fp8_tflops:
+            weight_only = kernels.weight_only_fp8_efficiency  # dequantised on the fly (Marlin)
+        bytes_per_param = model.bytes_per_param / tp
+        head_flops = 2.0 * self._lm_head_params * sampled
+        if not model.num_experts:
+            flops = 2.0 * self._body_params * tokens + head_flops
+            return max(
+                model.params * bytes_per_param / bandwidth,
+                flops / tp / (flops_per_s * weight_only),
+            )
+        experts, k = model.num_experts, model.num_experts_per_tok
+        expert = 3 * model.hidden_size * model.moe_intermediate_size  # one expert, one layer
+        moe_layers = model.num_hidden_layers - model.first_dense_layers
+        dense_flops = 2.0 * (self._body_params - k * expert * moe_layers) * tokens + head_flops
+        dense_s = max(
+            (model.params - experts * expert * moe_layers) * bytes_per_param / bandwidth,
+            dense_flops / tp / (flops_per_s * weight_only),
+        )
+        # Expected distinct experts hit per layer when each token picks k of E at random.
+        hit = experts * (1 - (1 - k / experts) ** tokens)
+        # vLLM's fused_moe pads each expert's tokens to BLOCK_SIZE_M rows (its default config:
+        # 64 once the step's tokens outnumber the experts, else 16); with a spread of tokens
+        # across experts, about half a block is padding on average, and an expert with fewer
+        # tokens than a block computes a whole block. A roofline counts the tokens alone.
+        block = 0 if kernels is None else 64 if tokens > experts else 16
+        rows = hit * max(block, tokens * k / hit + block / 2)
+        routed_flops = 2.0 * rows * expert * moe_layers
+        moe_bandwidth = kernels.moe_bandwidth_efficiency if kernels is not None else 1.0
+        moe_compute = kernels.moe_efficiency if kernels is not None else 1.0
+        routed_s = max(
+            hit * expert * moe_layers * bytes_per_param / (bandwidth * moe_bandwidth),
+            routed_flops / tp / (flops_per_s * moe_compute * weight_only),
+        )
+        return dense_s + routed_s
 
     def step_seconds(self, work: StepWork) -> float:
         """The duration of one engine step: the one place every step's time is computed."""
@@ -119,32 +194,12 @@ class EngineModel:
         tokens = work.decode_seqs + work.prefill_tokens
         if tokens == 0:
             return host * over.step_ms / 1000 * self.slowdown
-        # Grouped expert GEMMs, and FP8 weights dequantised on the fly where the GPU has no
-        # FP8 tensor cores (A100: Marlin), reach a fraction of a dense GEMM's FLOPs; the bytes
-        # they read stream at the same bandwidth.
-        gemm_efficiency = over.moe_efficiency if model.num_experts else 1.0
-        if self._fp8 and not device.fp8_tflops:
-            gemm_efficiency *= over.weight_only_fp8_efficiency
         bandwidth = device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency
         flops_per_s = device.peak_flops(self._fp8) * over.compute_efficiency
-        # Linear layers: weights once, or their FLOPs (the LM head for sampled tokens only).
         sampled = work.emitted or work.decode_seqs
-        linear_flops = 2.0 * (self._body_params * tokens + self._lm_head_params * sampled)
-        # Expert weights stream through the fused-MoE kernels at a fitted fraction of the
-        # dense kernels' bandwidth (small per-expert GEMMs, routing, MLA).
-        weight_bandwidth = bandwidth * (over.moe_bandwidth_efficiency if model.num_experts else 1)
-        linear_s = max(
-            self._weight_bytes_read(tokens) / weight_bandwidth,
-            linear_flops / tp / (flops_per_s * gemm_efficiency),
-        )
-        # Attention: the KV cache read once, or its FLOPs (bf16 attention).
-        kv_read = work.decode_context + work.prefill_context
-        attention_width = model.num_attention_heads * (model.v_head_dim or model.head_dim)
-        attention_flops = 4.0 * model.num_hidden_layers * attention_width
-        attention_flops *= work.decode_context + work.prefill_attended
-        attention_s = max(
-            kv_read * self.kv_bytes_per_token / tp / bandwidth,
-            attention_flops / tp / (device.peak_flops(False) * over.compute_efficiency),
+        linear_s = self._linear_seconds(tokens, sampled, bandwidth, flops_per_s, over)
+        attention_s = self._attention_seconds(
+            work, bandwidth, device.peak_flops(False) * over.compute_efficiency
         )
         # Images' vision encoders: dense bf16 GEMMs over their patches, before the chunk.
         encoder_s = work.encoder_flops / tp / (device.peak_flops(False) * over.compute_efficiency)
@@ -168,23 +223,15 @@ class EngineModel:
         run, with no host, frontend or communication cost and dense-GEMM efficiency for every
         kernel. (One roofline over the step's bytes and FLOPs together would assume attention
         overlaps the GEMMs, which vLLM's kernels do not.)"""
-        model, device, over = self.model, self.device, self.device.overheads
+        device, over = self.device, self.device.overheads
         tp = self.tensor_parallel_size
         tokens = work.decode_seqs + work.prefill_tokens
         bandwidth = device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency
         sampled = work.emitted or work.decode_seqs
-        linear_flops = 2.0 * (self._body_params * tokens + self._lm_head_params * sampled)
-        linear_s = max(
-            self._weight_bytes_read(tokens) / bandwidth,
-            linear_flops / tp / (device.peak_flops(self._fp8) * over.compute_efficiency),
-        )
-        kv_read = work.decode_context + work.prefill_context
-        attention_width = model.num_attention_heads * (model.v_head_dim or model.head_dim)
-        attention_flops = 4.0 * model.num_hidden_layers * attention_width
-        attention_flops *= work.decode_context + work.prefill_attended
-        attention_s = max(
-            kv_read * self.kv_bytes_per_token / tp / bandwidth,
-            attention_flops / tp / (device.peak_flops(False) * over.compute_efficiency),
+        flops_per_s = device.peak_flops(self._fp8) * over.compute_efficiency
+        linear_s = self._linear_seconds(tokens, sampled, bandwidth, flops_per_s, None)
+        attention_s = self._attention_seconds(
+            work, bandwidth, device.peak_flops(False) * over.compute_efficiency
         )
         encoder_s = work.encoder_flops / tp / (device.peak_flops(False) * over.compute_efficiency)
         return linear_s + attention_s + encoder_s
@@ -211,11 +258,7 @@ class EngineModel:
         if free <= 0:
             return 0
         # KV heads split over tp (replicated when fewer heads than GPUs), layers over pp.
-        kv_heads = model.num_key_value_heads
-        share = (
-            1.0 if model.kv_lora_rank else max(kv_heads / self.tensor_parallel_size, 1) / kv_heads
-        )
-        per_token = self.kv_bytes_per_token * share / self.pipeline_parallel_size
+        per_token = self.kv_bytes_per_token * self._kv_share / self.pipeline_parallel_size
         return int(free // per_token)
 
     def num_gpu_blocks(

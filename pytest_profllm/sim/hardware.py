@@ -40,10 +40,11 @@ class Overheads:
     frontend_token_us: float = 60.0
     request_ms: float = 40.0  # arrival to scheduler: HTTP, chat template, tokenisation
     allreduce_latency_us: float = 15.0  # one all-reduce of a tensor-parallel layer, small message
-    # Mixture-of-experts kernels (routing, grouped GEMMs, MLA) reach this fraction of a dense
-    # model's efficiencies.
+    # A mixture of experts' routed-expert kernels (vLLM's fused_moe: routing, grouped GEMMs)
+    # reach this fraction of a dense GEMM's FLOPs, beyond the padding of each expert's tokens
+    # to the kernel's block (cost.py counts that) ...
     moe_efficiency: float = 0.4
-    # ... and stream their expert weights at this fraction of a dense model's bandwidth.
+    # ... and stream the experts' weights at this fraction of the dense kernels' bandwidth.
     moe_bandwidth_efficiency: float = 0.5
     # FP8 weights on a GPU without FP8 tensor cores (A100) run through weight-only kernels
     # (Marlin) that dequantise on the fly: this fraction of a dense GEMM's FLOPs.
