@@ -346,9 +346,14 @@ def test_text_image_and_audio_datasets_run_on_the_simulator(
     for name, text in suites.items():
         write_suite(root, text, f"bench_{name}.yaml")
     result = run_suites(pytester, ports, "-n", "2")
+    # The suite, the key, then the loader's file, line and key: one line, no traceback.
     result.stdout.fnmatch_lines(
-        ["*broken.jsonl:1: image_files[[]0[]]: 'broken.png' is not an image*"]
+        [
+            "bench_image.yaml: benchmark.dataset_path: *broken.jsonl:1: image_files[[]0[]]: "
+            "'broken.png' is not an image Pillow can read"
+        ]
     )
+    assert "Traceback" not in result.stdout.str() and "DatasetError" not in result.stdout.str()
     result.assert_outcomes(passed=4, failed=1)
     written = {r["case_id"]: r for r in run_records(pytester) if r["status"] == "passed"}
     by_dataset = {r["config"]["benchmark"]["dataset_name"]: r["results"] for r in written.values()}

@@ -22,7 +22,13 @@ from pytest_profllm.load.dataset import make_prompts
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.metric_names import CLIENT_HEALTH_KEYS
 from pytest_profllm.plan.suite import CapacityConfig
-from pytest_profllm.run.outcome import CaseFailed, CaseOutcome, evaluate, request_row
+from pytest_profllm.run.outcome import (
+    CaseFailed,
+    CaseOutcome,
+    dataset_refusals,
+    evaluate,
+    request_row,
+)
 from pytest_profllm.run.serve import api_key_of, codec_for, load_while_alive, served_name
 from pytest_profllm.run.telemetry import Sampler
 from pytest_profllm.server.workers import WorkerServers
@@ -42,7 +48,8 @@ def run_capacity(
         outcome.server = server
         codec = codec_for(case, servers.engine, server.base_url)
         per_probe = requests_per_probe(slos, bench.num_prompts)
-        prompts = make_prompts(bench.model_copy(update={"num_prompts": per_probe}), codec)
+        with dataset_refusals(case):
+            prompts = make_prompts(bench.model_copy(update={"num_prompts": per_probe}), codec)
         probes = ServerProbes(
             bench, server.base_url, codec, prompts, served_name(case.server),
             api_key_of(case.server), max_schedule_lag_ms,

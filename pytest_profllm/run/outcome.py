@@ -4,6 +4,7 @@ the runtime of its server and lease. Serve and offline cases alike end here."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -11,6 +12,7 @@ import platform
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -21,6 +23,7 @@ from pytest_profllm.engine.secrets import redact
 from pytest_profllm.hosts import nvml
 from pytest_profllm.hosts.devices import cpu_model
 from pytest_profllm.load import metrics
+from pytest_profllm.load.prompt import DatasetError
 from pytest_profllm.plan.case import Case
 from pytest_profllm.results.record import BenchmarkRecord, RegressionVerdict, Status, Verdict
 from pytest_profllm.server.process import ServerProcess
@@ -30,6 +33,16 @@ from pytest_profllm.sim.config import describe_server
 class CaseFailed(Exception):
     """The case must not pass, for a reason its message states in full: every request failed,
     a request got a non-200 status, no output came back (or its Ray node was lost)."""
+
+
+@contextlib.contextmanager
+def dataset_refusals(case: Case) -> Iterator[None]:
+    """A dataset file the loader refuses (an image that is not one, a line that is not JSON)
+    fails the case in one line: the suite, then the loader's own file, line and key."""
+    try:
+        yield
+    except DatasetError as error:
+        raise CaseFailed(f"{case.source}: benchmark.dataset_path: {error}") from None
 
 
 @dataclass

@@ -27,7 +27,13 @@ from pytest_profllm.load.dataset import (
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.suite import MEDIA_DATASETS, BenchmarkConfig
-from pytest_profllm.run.outcome import CaseFailed, CaseOutcome, evaluate, request_row
+from pytest_profllm.run.outcome import (
+    CaseFailed,
+    CaseOutcome,
+    dataset_refusals,
+    evaluate,
+    request_row,
+)
 from pytest_profllm.run.profiling import (
     PROFILE_PROMPTS,
     ProfilingFailed,
@@ -52,7 +58,8 @@ def run_case(
     with servers.serving(case) as server:
         outcome.server = server
         codec = codec_for(case, servers.engine, server.base_url)
-        prompts = make_workload(bench, codec)
+        with dataset_refusals(case):
+            prompts = make_workload(bench, codec)
         settings = load_settings(
             bench, server.base_url, served_name(case.server), api_key=api_key_of(case.server)
         )
