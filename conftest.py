@@ -67,38 +67,13 @@ def ports(port_range: str) -> Iterator[str]:
 def sim_url(port_range: str, tmp_path: Path) -> Iterator[str]:
     """A running simulated engine (served name `sim`), its emission log at
     `tmp_path/emissions.jsonl`; stopped and reaped whatever the test does."""
-    import socket
-    import subprocess
-    import sys
-    import time
+    # tests/helpers.py is importable once pytest has imported a test module from tests/ (its
+    # folder goes on sys.path), as it has by the time a fixture runs; not when this file loads.
+    from helpers import simulator
 
     env = {**os.environ, "PROFLLM_SIM_EMISSION_LOG": str(tmp_path / "emissions.jsonl")}
-    log = tmp_path / "sim.log"
     first = int(port_range.split("-")[0]) + 50
-    for port in range(first, first + 5):  # a port still held by someone else: the next one
-        argv = [
-            sys.executable, "-m", "pytest_profllm.sim", "sim", "--port", str(port),
-            "--enable-prompt-tokens-details",
-        ]
-        with log.open("wb") as handle:
-            process = subprocess.Popen(argv, env=env, stdout=handle, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 30
-            while process.poll() is None and time.monotonic() < deadline:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(0.05)
-            if process.poll() is None and time.monotonic() < deadline:
-                yield f"http://127.0.0.1:{port}"
-                return
-        finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-    raise RuntimeError(f"the simulator did not start on ports {first}-{first + 4}: {tail}")
+    with simulator(
+        first, tmp_path / "sim.log", "sim", "--enable-prompt-tokens-details", env=env
+    ) as url:
+        yield url

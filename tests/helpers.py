@@ -123,14 +123,16 @@ def vllm_parse(script: str, argvs: list[Any], *, refusals: bool = False) -> list
 
 
 @contextlib.contextmanager
-def simulator(first_port: int, log: Path, *args: str) -> Iterator[str]:
+def simulator(
+    first_port: int, log: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[str]:
     """A simulated engine on 127.0.0.1 (`python -m pytest_profllm.sim ARGS --port P`, on the
-    first of five ports from `first_port` that it can take); yields its URL, and stops and
-    reaps it whatever the test does."""
-    for port in range(first_port, first_port + 5):
+    first of five ports from `first_port` that it can take, with `env` where given); yields
+    its URL, and stops and reaps it whatever the test does."""
+    for port in range(first_port, first_port + 5):  # a port someone else holds: the next one
         argv = [sys.executable, "-m", "pytest_profllm.sim", *args, "--port", str(port)]
         with log.open("wb") as handle:
-            process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(argv, env=env, stdout=handle, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 30
             while process.poll() is None and time.monotonic() < deadline:
