@@ -32,18 +32,18 @@ class Overheads:
 
     step_ms: float = 1.6  # per engine step: scheduling, sampling, launches
     # Per running sequence per step (bookkeeping, inputs, outputs), beside the GPU's work.
-    seq_us: float = 40.0
+    seq_us: float = 20.0
     bandwidth_efficiency: float = 0.80  # achieved fraction of the datasheet bandwidth
     compute_efficiency: float = 0.40  # achieved fraction of dense FLOPs (prefill, big batches)
     # CPU of vLLM's API server per streamed token (detokenise, build and send the SSE
     # message): it works beside the engine, so it caps a server's token rate.
-    frontend_token_us: float = 60.0
+    frontend_token_us: float = 30.0
     request_ms: float = 40.0  # arrival to scheduler: HTTP, chat template, tokenisation
     allreduce_latency_us: float = 15.0  # one all-reduce of a tensor-parallel layer, small message
     # A mixture of experts' routed-expert kernels (vLLM's fused_moe: routing, grouped GEMMs)
     # reach this fraction of a dense GEMM's FLOPs, beyond the padding of each expert's tokens
     # to the kernel's block (cost.py counts that) ...
-    moe_efficiency: float = 0.4
+    moe_efficiency: float = 0.15
     # ... and stream the experts' weights at this fraction of the dense kernels' bandwidth.
     moe_bandwidth_efficiency: float = 0.5
     # FP8 weights on a GPU without FP8 tensor cores (A100) run through weight-only kernels
