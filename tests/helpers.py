@@ -102,6 +102,32 @@ def suite_error(path: Path) -> str:
     return message
 
 
+# `vllm bench serve`'s own parser over each argv given on stdin: every option as it parsed, by
+# its dest name (a dict's non-string keys, random-mm's bucket tuples, as their repr).
+BENCH_SERVE_PARSE = """
+import json, sys
+from vllm.benchmarks.serve import add_cli_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+def plain(value):
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else repr(k): plain(v) for k, v in value.items()}
+    return value
+
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+results = []
+for argv in json.load(sys.stdin):
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit:
+        results.append({"error": f"exit {exit.code}"})
+        continue
+    results.append({name: plain(value) for name, value in vars(args).items()})
+print(json.dumps(results, default=repr))
+"""
+
+
 def vllm_parse(script: str, argvs: list[Any], *, refusals: bool = False) -> list[dict[str, Any]]:
     """What `script`, run in vLLM's Python with the argvs as JSON on its standard input, says
     of each (its last line, a JSON list). Unless `refusals`, vLLM must accept every argv."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from helpers import (
+    BENCH_SERVE_PARSE,
     needs_vllm_python,
     run_records,
     run_suites,
@@ -265,29 +266,6 @@ def test_dataset_mistakes_are_one_line_naming_the_key(
     assert message in error and "bench_x.yaml" in error
 
 
-_PARSE = """
-import json, sys
-from vllm.benchmarks.serve import add_cli_args
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-parser = FlexibleArgumentParser()
-add_cli_args(parser)
-results = []
-for argv in json.load(sys.stdin):
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit:
-        results.append({"error": f"exit {exit.code}"})
-        continue
-    results.append({name: getattr(args, name) for name in (
-        "dataset_name", "dataset_path", "spec_bench_category", "spec_bench_output_len",
-        "speed_bench_dataset_subset", "speed_bench_output_len", "custom_output_len",
-        "custom_ensure_client_side_data", "enable_multimodal_chat")}
-        | {"buckets": {repr(k): v for k, v in args.random_mm_bucket_config.items()}})
-print(json.dumps(results))
-"""
-
-
 @needs_vllm_python
 def test_vllm_bench_serve_parses_every_new_datasets_rendered_options(tmp_path: Path) -> None:
     configs = [
@@ -303,7 +281,7 @@ def test_vllm_bench_serve_parses_every_new_datasets_rendered_options(tmp_path: P
                         random_mm_limit_mm_per_prompt={"image": 2, "video": 1}),
     ]  # fmt: skip
     argvs = [vllm_bench_serve_argv(c, base_url="http://127.0.0.1:1", model="m") for c in configs]
-    burst, spec, speed, image, audio, video = vllm_parse(_PARSE, argvs)
+    burst, spec, speed, image, audio, video = vllm_parse(BENCH_SERVE_PARSE, argvs)
     assert (burst["dataset_name"], burst["dataset_path"]) == ("burstgpt", str(tmp_path / "b.csv"))
     assert (spec["spec_bench_category"], spec["spec_bench_output_len"]) == ("qa", 64)
     assert (speed["speed_bench_dataset_subset"], speed["speed_bench_output_len"]) == (
@@ -311,7 +289,7 @@ def test_vllm_bench_serve_parses_every_new_datasets_rendered_options(tmp_path: P
     )
     assert image["custom_ensure_client_side_data"] and image["custom_output_len"] == 32
     assert audio["enable_multimodal_chat"] and not burst["enable_multimodal_chat"]
-    assert video["buckets"] == {"(256, 256, 1)": 0.5, "(64, 64, 8)": 0.5}
+    assert video["random_mm_bucket_config"] == {"(256, 256, 1)": 0.5, "(64, 64, 8)": 0.5}
     # Another dataset's options stay off the command line.
     assert "--spec-bench-output-len" not in argvs[0] and "--random-mm-bucket-config" not in argvs[1]
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from helpers import (
+    BENCH_SERVE_PARSE,
     needs_vllm_python,
     run_records,
     run_suites,
@@ -282,33 +283,6 @@ def test_the_new_keys_leave_other_workloads_fingerprints_as_they_were() -> None:
     assert of(spec_json) != of({**spec_json, "spec_bench_category": "qa"})
 
 
-# Parses each argv given on stdin with `vllm bench serve`'s own parser and prints what the
-# dataset options became.
-_PARSE_BENCH = """
-import json, sys
-from vllm.benchmarks.serve import add_cli_args
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-parser = FlexibleArgumentParser()
-add_cli_args(parser)
-results = []
-for argv in json.load(sys.stdin):
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit:
-        results.append({"error": f"exit {exit.code}"})
-        continue
-    results.append({
-        "dataset_name": args.dataset_name, "backend": args.backend,
-        "buckets": {repr(k): v for k, v in args.random_mm_bucket_config.items()},
-        "limits": args.random_mm_limit_mm_per_prompt,
-        "base_items": args.random_mm_base_items_per_request,
-        "batch": args.random_batch_size, "metrics": args.percentile_metrics,
-    })
-print(json.dumps(results))
-"""
-
-
 @needs_vllm_python
 def test_vllm_bench_serve_parses_the_rendered_multimodal_and_pooling_options() -> None:
     configs = [
@@ -320,14 +294,14 @@ def test_vllm_bench_serve_parses_the_rendered_multimodal_and_pooling_options() -
         BenchmarkConfig(backend="vllm-rerank", dataset_name="random-rerank", random_batch_size=3),
     ]  # fmt: skip
     argvs = [vllm_bench_serve_argv(c, base_url="http://127.0.0.1:1", model="m") for c in configs]
-    mm, embeddings, rerank = vllm_parse(_PARSE_BENCH, argvs)
+    mm, embeddings, rerank = vllm_parse(BENCH_SERVE_PARSE, argvs)
     assert mm["dataset_name"] == "random-mm" and mm["backend"] == "openai-chat"
-    assert mm["buckets"] == {"(256, 256, 1)": 0.25, "(720, 1280, 1)": 0.75}
-    assert mm["limits"] == {"image": 3} and mm["base_items"] == 2
-    assert (embeddings["backend"], embeddings["batch"], embeddings["metrics"]) == (
-        "openai-embeddings", 4, "e2el"
-    )
-    assert (rerank["dataset_name"], rerank["backend"], rerank["batch"]) == (
+    assert mm["random_mm_bucket_config"] == {"(256, 256, 1)": 0.25, "(720, 1280, 1)": 0.75}
+    assert mm["random_mm_limit_mm_per_prompt"] == {"image": 3}
+    assert mm["random_mm_base_items_per_request"] == 2
+    assert embeddings["backend"] == "openai-embeddings"
+    assert embeddings["random_batch_size"] == 4 and embeddings["percentile_metrics"] == "e2el"
+    assert (rerank["dataset_name"], rerank["backend"], rerank["random_batch_size"]) == (
         "random-rerank", "vllm-rerank", 3
     )
 
