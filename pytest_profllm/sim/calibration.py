@@ -114,19 +114,28 @@ class Row:
         if self.v0:
             device = device.with_overheads(frontend_token_us=V0_FRONTEND_TOKEN_US)
         return EngineModel(
-            resolve_model(self.model), device, self.tp, kv_cache_dtype=self.kv_cache_dtype
+            resolve_model(self.model),
+            device,
+            self.tp,
+            kv_cache_dtype=self.kv_cache_dtype,
+            serial_output_processing=self.source in SERIAL_OUTPUT_SOURCES,
         )
 
 
 INF = math.inf
 V0_SOURCES = frozenset({"S1", "S6", "N8"})  # vLLM 0.6.0, 0.5.4 and 0.3.3
-V0_FRONTEND_TOKEN_US = 250.0  # fitted with the rest (sim_calibration.py --fit); V1: Overheads'
+# Before 0.6.0 (0.5.4, 0.3.3): outputs processed after each step, in the engine's process.
+SERIAL_OUTPUT_SOURCES = frozenset({"S6", "N8"})
+V0_FRONTEND_TOKEN_US = 150.0  # fitted with the rest (sim_calibration.py --fit); V1: Overheads'
 # vLLM 0.6.0 had chunked prefill off by default (below 32k context): prefills ran alone, and
 # its (V0) default max_num_seqs was 256 on every GPU.
 _S1 = ServerSettings(
     gpu_memory_utilization=0.9, enable_chunked_prefill=False, max_model_len=4096, max_num_seqs=256
 )
-_S6 = ServerSettings(gpu_memory_utilization=0.95, max_num_seqs=256, max_model_len=2000)
+# vLLM 0.5.4 likewise turned chunked prefill on by itself only past 32k of context.
+_S6 = ServerSettings(
+    gpu_memory_utilization=0.95, enable_chunked_prefill=False, max_num_seqs=256, max_model_len=2000
+)
 _N1 = ServerSettings(enable_prefix_caching=False)  # --no-enable-prefix-caching
 _N6 = ServerSettings(
     max_model_len=65536, max_num_seqs=1024, max_num_batched_tokens=32768, block_size=1
@@ -136,6 +145,12 @@ _N8 = ServerSettings(gpu_memory_utilization=0.95, enable_chunked_prefill=False, 
 _DSR1 = "deepseek-ai/DeepSeek-R1"
 _L8 = "meta-llama/Llama-3.1-8B-Instruct"
 _QWEN235 = "Qwen/Qwen3-235B-A22B-Instruct-2507"
+# Rows 121-122: the file infers the load (inf*), the GPU count (1*) and the figure's unit (total
+# tokens/s*) from a page that prints a bare "Throughput". Row 122's printed mean TTFT (3.4 s for
+# 1000 prompts, 217,393 tokens, all sent at once) would need 2 x 6.95e9 x 217,393 FLOPs done in
+# about twice that: some 440 TFLOP/s, above the A100's 312 peak; so the inferred load is not
+# the run's, and its sibling row shares the inferences.
+_N4_QUANT_PAGE = "load, GPU count and unit inferred by the file; row 122's TTFT beats A100's peak"
 _MLPERF = (294.0, 293.4)  # OpenOrca in MLPerf's llama2-70b set: mean input*; output (row 125)
 # AMD's MLPerf harness batches requests itself (--enable-batcher) and paces the server to
 # MLPerf's TPOT bound: its "time per output token" is that harness's, not vLLM's decode step.
@@ -223,9 +238,10 @@ ROWS: tuple[Row, ...] = (
         output_throughput=1798.14, median_tpot_ms=103.68, sharegpt_means=(217.393, 196.004)),
     Row(120, "N4", "H100-SXM", "zai-org/GLM-4.5-Air", 4, "sharegpt", 1000,
         output_throughput=3815.71, median_tpot_ms=105.53, sharegpt_means=(214.465, 199.895)),
-    Row(121, "N4", "H100-SXM", "Qwen/Qwen3-8B", 1, "sharegpt", 1000, total_throughput=13305.38),
+    Row(121, "N4", "H100-SXM", "Qwen/Qwen3-8B", 1, "sharegpt", 1000, total_throughput=13305.38,
+        low_trust=_N4_QUANT_PAGE),
     Row(122, "N4", "A100-80GB", "Qwen/Qwen3-8B", 1, "sharegpt", 1000,
-        total_throughput=10338.25),
+        total_throughput=10338.25, low_trust=_N4_QUANT_PAGE),
     Row(124, "N6", "MI300X", _DSR1, 8, "random 3200/800", 500, max_concurrency=256,
         output_throughput=1709.39, median_tpot_ms=140.70, settings=_N6),
     Row(125, "N7", "MI300X", "amd/Llama-2-70b-chat-hf-FP8", 1, "sharegpt", 2000, 8.6,
@@ -300,7 +316,9 @@ GRID: dict[str, tuple[float, ...]] = {
     "moe_bandwidth_efficiency": (0.5, 0.75, 1.0),
     "frontend_token_us": (0.0, 15.0, 30.0, 60.0),
     "frontend_token_us_v0": (50.0, 100.0, 150.0, 250.0),
+    # Against the device's measured matmul rate (`DeviceProfile.matmul_flops`).
     "compute_efficiency": (0.4, 0.5, 0.65, 0.8),
+    "roofline_sharpness": (1.5, 2.0, 3.0, math.inf),
     # At most 40 us: beyond it 1,000 streams of an 8B model on one H100 turn CPU-bound below
     # 80 % of their roofline (issue 26's case); the medians are the same at 40 and 80.
     "seq_us": (0.0, 20.0, 40.0),
@@ -315,6 +333,7 @@ START: Params = {
     "step_ms": 1.6, "seq_us": 20.0, "bandwidth_efficiency": 0.8, "compute_efficiency": 0.65,
     "frontend_token_us": 30.0, "frontend_token_us_v0": 100.0, "moe_efficiency": 0.7,
     "moe_bandwidth_efficiency": 0.5, "weight_only_fp8_efficiency": 0.5, "host:H200-DGX": 1.0,
+    "roofline_sharpness": math.inf,
 }  # fmt: skip
 
 
@@ -396,7 +415,11 @@ def fit(
 
 # Searched together in each pass: a mixture of experts' compute is both (its dense part and
 # its routed experts), so moving one at a time stalls where both must move.
-JOINT: tuple[tuple[str, ...], ...] = (("compute_efficiency", "moe_efficiency"),)
+# The compute efficiency and the roofline's sharpness trade off likewise near the ridge.
+JOINT: tuple[tuple[str, ...], ...] = (
+    ("compute_efficiency", "moe_efficiency"),
+    ("compute_efficiency", "roofline_sharpness"),
+)
 
 
 def _coordinates() -> list[tuple[str, ...]]:

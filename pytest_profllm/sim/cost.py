@@ -17,10 +17,13 @@ use the same figures. A step runs its kernels one after another, each on its own
   running sequence (its bookkeeping, inputs and outputs) that overlaps the GPU's work and
   shows only when it outlasts it; both fitted on published runs;
 - the API server's CPU per streamed token as a floor on a step: it works beside the engine,
-  so it caps the token rate rather than adding to each step.
+  so it caps the token rate rather than adding to each step (vLLM before 0.6.0 processed
+  outputs after each step in the engine's process: `serial_output_processing` adds it).
 
-Bandwidth and FLOPs are the datasheet's times achieved fractions (`Overheads`), so a roofline
-over the profile's own figures bounds what the model can reach.
+Bandwidth is the datasheet's times an achieved fraction, FLOPs the device's measured matmul rate
+times one (`Overheads`), so a roofline over the profile's own figures bounds what the model can
+reach. Near its ridge a GEMM reaches neither bound: its time is the p-norm of the two
+(`Overheads.roofline_sharpness`).
 
 `PROFLLM_SIM_SLOWDOWN` (a factor, default 1.0) multiplies every step: a slower machine on demand.
 """
@@ -51,6 +54,14 @@ def slowdown_from_env() -> float:
     return value
 
 
+def _gemm_seconds(read_s: float, compute_s: float, sharpness: float) -> float:
+    """A GEMM's time from its two bounds: the larger (a roofline, sharpness inf), or their
+    p-norm, which is longer near the ridge where both take about as long."""
+    if math.isinf(sharpness):
+        return max(read_s, compute_s)
+    return float((read_s**sharpness + compute_s**sharpness) ** (1 / sharpness))
+
+
 @dataclass(frozen=True)
 class StepWork:
     """What one engine step computes."""
@@ -74,6 +85,10 @@ class EngineModel:
     api_server_count: int = 1
     slowdown: float = 1.0
     kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype: "auto" (the model's) or fp8*
+    # vLLM before 0.6.0 processed a step's outputs (detokenise, stream) in the engine's own
+    # process after the step, so their CPU added to every step; since 0.6.0 the API server is
+    # a process of its own and the engine's output processing overlaps the next step.
+    serial_output_processing: bool = False
 
     @property
     def _fp8(self) -> bool:
@@ -155,19 +170,22 @@ class EngineModel:
             weight_only = kernels.weight_only_fp8_efficiency  # dequantised on the fly (Marlin)
         bytes_per_param = model.bytes_per_param / tp
         head_flops = 2.0 * self._lm_head_params * sampled
+        sharpness = math.inf if kernels is None else kernels.roofline_sharpness
         if not model.num_experts:
             flops = 2.0 * self._body_params * tokens + head_flops
-            return max(
+            return _gemm_seconds(
                 model.params * bytes_per_param / bandwidth,
                 flops / tp / (flops_per_s * weight_only),
+                sharpness,
             )
         experts, k = model.num_experts, model.num_experts_per_tok
         expert = 3 * model.hidden_size * model.moe_intermediate_size  # one expert, one layer
         moe_layers = model.num_hidden_layers - model.first_dense_layers
         dense_flops = 2.0 * (self._body_params - k * expert * moe_layers) * tokens + head_flops
-        dense_s = max(
+        dense_s = _gemm_seconds(
             (model.params - experts * expert * moe_layers) * bytes_per_param / bandwidth,
             dense_flops / tp / (flops_per_s * weight_only),
+            sharpness,
         )
         # Expected distinct experts hit per layer when each token picks k of E at random.
         hit = experts * (1 - (1 - k / experts) ** tokens)
@@ -180,9 +198,10 @@ class EngineModel:
         routed_flops = 2.0 * rows * expert * moe_layers
         moe_bandwidth = kernels.moe_bandwidth_efficiency if kernels is not None else 1.0
         moe_compute = kernels.moe_efficiency if kernels is not None else 1.0
-        routed_s = max(
+        routed_s = _gemm_seconds(
             hit * expert * moe_layers * bytes_per_param / (bandwidth * moe_bandwidth),
             routed_flops / tp / (flops_per_s * moe_compute * weight_only),
+            sharpness,
         )
         return dense_s + routed_s
 
@@ -195,14 +214,14 @@ class EngineModel:
         if tokens == 0:
             return host * over.step_ms / 1000 * self.slowdown
         bandwidth = device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency
-        flops_per_s = device.peak_flops(self._fp8) * over.compute_efficiency
+        flops_per_s = device.matmul_flops(self._fp8) * over.compute_efficiency
         sampled = work.emitted or work.decode_seqs
         linear_s = self._linear_seconds(tokens, sampled, bandwidth, flops_per_s, over)
         attention_s = self._attention_seconds(
-            work, bandwidth, device.peak_flops(False) * over.compute_efficiency
+            work, bandwidth, device.matmul_flops(False) * over.compute_efficiency
         )
         # Images' vision encoders: dense bf16 GEMMs over their patches, before the chunk.
-        encoder_s = work.encoder_flops / tp / (device.peak_flops(False) * over.compute_efficiency)
+        encoder_s = work.encoder_flops / tp / (device.matmul_flops(False) * over.compute_efficiency)
         # The host: a fixed cost per step the GPU waits for (scheduling, launches, sampling),
         # and per running sequence a cost (inputs, bookkeeping, outputs) prepared while the
         # GPU runs the step before, so it shows only once it outlasts the GPU's share.
@@ -214,6 +233,8 @@ class EngineModel:
             one = over.allreduce_latency_us / 1e6 + payload / (device.interconnect_gbs * 1e9)
             seconds += 2 * model.num_hidden_layers * one
         frontend_s = host * work.emitted * over.frontend_token_us / 1e6 / self.api_server_count
+        if self.serial_output_processing:
+            return (seconds + frontend_s) * self.slowdown
         return max(seconds, frontend_s) * self.slowdown
 
     def roofline_seconds(self, work: StepWork) -> float:
@@ -228,12 +249,12 @@ class EngineModel:
         tokens = work.decode_seqs + work.prefill_tokens
         bandwidth = device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency
         sampled = work.emitted or work.decode_seqs
-        flops_per_s = device.peak_flops(self._fp8) * over.compute_efficiency
+        flops_per_s = device.matmul_flops(self._fp8) * over.compute_efficiency
         linear_s = self._linear_seconds(tokens, sampled, bandwidth, flops_per_s, None)
         attention_s = self._attention_seconds(
-            work, bandwidth, device.peak_flops(False) * over.compute_efficiency
+            work, bandwidth, device.matmul_flops(False) * over.compute_efficiency
         )
-        encoder_s = work.encoder_flops / tp / (device.peak_flops(False) * over.compute_efficiency)
+        encoder_s = work.encoder_flops / tp / (device.matmul_flops(False) * over.compute_efficiency)
         return linear_s + attention_s + encoder_s
 
     def request_seconds(self) -> float:

@@ -8,6 +8,7 @@ README's calibration section). `--sim-device NAME` picks one by name or alias.
 from __future__ import annotations
 
 import functools
+import math
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -16,6 +17,10 @@ from typing import Any
 PROFILE_DIR = Path(__file__).with_name("device_profiles")
 DEFAULT_DEVICE = "H100-SXM"
 GIB = 1024**3
+# A large bf16 matmul's share of the datasheet peak where a profile gives no measurement: the
+# H100 SXM's measured 792.1 of 989 TFLOP/s (stas00/ml-engineering, "Maximum Achievable Matmul
+# FLOPS comparison table", CUDA 12.1).
+MATMUL_FRACTION = 0.80
 
 
 class UnknownDevice(ValueError):
@@ -34,7 +39,13 @@ class Overheads:
     # Per running sequence per step (bookkeeping, inputs, outputs), beside the GPU's work.
     seq_us: float = 20.0
     bandwidth_efficiency: float = 0.80  # achieved fraction of the datasheet bandwidth
-    compute_efficiency: float = 0.40  # achieved fraction of dense FLOPs (prefill, big batches)
+    # Fraction of the device's achievable matmul rate (`DeviceProfile.matmul_flops`) a whole
+    # forward pass's GEMMs reach (prefill, big batches): launch gaps, norms, shapes.
+    compute_efficiency: float = 0.50
+    # How sharply a GEMM turns from bandwidth- to compute-bound: its time is the p-norm of the
+    # two (inf: the larger alone, a plain roofline). Near the ridge a kernel reaches neither
+    # bound, since loading a tile and multiplying it overlap only in part.
+    roofline_sharpness: float = 1.5
     # CPU of vLLM's API server per streamed token (detokenise, build and send the SSE
     # message): it works beside the engine, so it caps a server's token rate.
     frontend_token_us: float = 30.0
@@ -43,7 +54,7 @@ class Overheads:
     # A mixture of experts' routed-expert kernels (vLLM's fused_moe: routing, grouped GEMMs)
     # reach this fraction of a dense GEMM's FLOPs, beyond the padding of each expert's tokens
     # to the kernel's block (cost.py counts that) ...
-    moe_efficiency: float = 0.15
+    moe_efficiency: float = 0.20
     # ... and stream the experts' weights at this fraction of the dense kernels' bandwidth.
     moe_bandwidth_efficiency: float = 0.5
     # FP8 weights on a GPU without FP8 tensor cores (A100) run through weight-only kernels
@@ -62,6 +73,9 @@ class DeviceProfile:
     interconnect_gbs: float  # one direction, per GPU
     default_max_num_seqs: int
     default_max_num_batched_tokens: int
+    # The largest bf16 matmul rate measured on the device (TFLOP/s), as against the datasheet's
+    # peak: where it is 0, no measurement is known and MATMUL_FRACTION of the peak is assumed.
+    achieved_bf16_tflops: float = 0.0
     aliases: tuple[str, ...] = ()
     source: str = ""
     # The host's CPU against the hosts the overheads were fitted on (1.0): CPU-side costs
@@ -77,6 +91,18 @@ class DeviceProfile:
         tflops = self.fp8_tflops if fp8 and self.fp8_tflops else self.bf16_tflops
         return tflops * 1e12
 
+    @property
+    def matmul_fraction(self) -> float:
+        """The measured share of the datasheet's peak a large matmul reaches."""
+        if self.achieved_bf16_tflops:
+            return self.achieved_bf16_tflops / self.bf16_tflops
+        return MATMUL_FRACTION
+
+    def matmul_flops(self, fp8: bool) -> float:
+        """The achievable matmul rate: the peak times the measured fraction (FP8 GEMMs are
+        taken to reach the same share of their peak as bf16 ones)."""
+        return self.peak_flops(fp8) * self.matmul_fraction
+
     def with_overheads(self, **changes: float) -> DeviceProfile:
         return replace(self, overheads=replace(self.overheads, **changes))
 
@@ -89,6 +115,7 @@ class DeviceProfile:
             "memory_bandwidth_gbs": self.memory_bandwidth_gbs,
             "bf16_tflops": self.bf16_tflops,
             "fp8_tflops": self.fp8_tflops,
+            "achieved_bf16_tflops": self.achieved_bf16_tflops,
             "interconnect_gbs": self.interconnect_gbs,
             "host_cpu_factor": self.host_cpu_factor,
             "overheads": {f.name: getattr(self.overheads, f.name) for f in fields(Overheads)},
