@@ -31,7 +31,7 @@ class UnknownDevice(ValueError):
 class Overheads:
     """What a roofline leaves out, fitted on published runs (sim_calibration.py --fit).
 
-    Defaults are the fit over every trusted calibration row (both files, 12 sources); a
+    Defaults are the fit over every trusted calibration row (both files, 9 sources); a
     profile's `[overheads]` table overrides a figure for its device (PCIe all-reduce latency).
     """
 
