@@ -8,7 +8,6 @@ README's calibration section). `--sim-device NAME` picks one by name or alias.
 from __future__ import annotations
 
 import functools
-import math
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
