@@ -102,9 +102,24 @@ def suite_error(path: Path) -> str:
     return message
 
 
+# The end of a script for `vllm_parse` that has built `parser` and a `plain` for its values:
+# each argv on stdin (a JSON list of lists) parsed, and every namespace printed as JSON.
+PARSE_EACH_ARGV = """
+results = []
+for argv in json.load(sys.stdin):
+    try:
+        namespace = parser.parse_args(argv)
+    except SystemExit as exit:
+        results.append({"error": f"exit {exit.code}"})
+        continue
+    results.append({name: plain(value) for name, value in vars(namespace).items()})
+print(json.dumps(results, default=repr))
+"""
+
 # `vllm bench serve`'s own parser over each argv given on stdin: every option as it parsed, by
 # its dest name (a dict's non-string keys, random-mm's bucket tuples, as their repr).
-BENCH_SERVE_PARSE = """
+BENCH_SERVE_PARSE = (
+    """
 import json, sys
 from vllm.benchmarks.serve import add_cli_args
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -116,16 +131,9 @@ def plain(value):
 
 parser = FlexibleArgumentParser()
 add_cli_args(parser)
-results = []
-for argv in json.load(sys.stdin):
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit:
-        results.append({"error": f"exit {exit.code}"})
-        continue
-    results.append({name: plain(value) for name, value in vars(args).items()})
-print(json.dumps(results, default=repr))
 """
+    + PARSE_EACH_ARGV
+)
 
 
 def vllm_parse(script: str, argvs: list[Any], *, refusals: bool = False) -> list[dict[str, Any]]:

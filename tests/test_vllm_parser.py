@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from helpers import needs_vllm_python, vllm_parse
+from helpers import PARSE_EACH_ARGV, needs_vllm_python, vllm_parse
 
 from pytest_profllm.engine.command import serve_command, serve_env
 from pytest_profllm.engine.registry import Option, Registry, bundled, human_int
@@ -20,8 +20,9 @@ from pytest_profllm.plan.suite import load_suite_file
 
 ROOT = Path(__file__).parent.parent
 SUITE = ROOT / "benchmarks" / "bench_engine_args.yaml"
-# Parses each argv given on stdin (a JSON list of lists) and prints each namespace as JSON.
-_PARSE = """
+# `vllm serve`'s own parser over each argv given on stdin, every value made plain JSON.
+_PARSE = (
+    """
 import argparse, dataclasses, enum, json, sys
 from vllm.entrypoints.common.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -40,17 +41,10 @@ def plain(value):
     dump = getattr(value, "model_dump", None)
     return plain(dump()) if callable(dump) else repr(value)
 
-results = []
 parser = make_arg_parser(FlexibleArgumentParser())
-for argv in json.load(sys.stdin):
-    try:
-        namespace = parser.parse_args(argv)
-    except SystemExit as exit:
-        results.append({"error": f"exit {exit.code}"})
-        continue
-    results.append({k: plain(v) for k, v in vars(namespace).items()})
-print(json.dumps(results))
 """
+    + PARSE_EACH_ARGV
+)
 
 pytestmark = needs_vllm_python
 

@@ -213,21 +213,13 @@ class EngineModel:
         tokens = work.decode_seqs + work.prefill_tokens
         if tokens == 0:
             return host * over.step_ms / 1000 * self.slowdown
-        bandwidth = device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency
-        flops_per_s = device.matmul_flops(self._fp8) * over.compute_efficiency
-        sampled = work.emitted or work.decode_seqs
-        linear_s = self._linear_seconds(tokens, sampled, bandwidth, flops_per_s, over)
-        attention_s = self._attention_seconds(
-            work, bandwidth, device.matmul_flops(False) * over.compute_efficiency
-        )
-        # Images' vision encoders: dense bf16 GEMMs over their patches, before the chunk.
-        encoder_s = work.encoder_flops / tp / (device.matmul_flops(False) * over.compute_efficiency)
+        gpu_s = self._gpu_seconds(work, over)
         # The host: a fixed cost per step the GPU waits for (scheduling, launches, sampling),
         # and per running sequence a cost (inputs, bookkeeping, outputs) prepared while the
         # GPU runs the step before, so it shows only once it outlasts the GPU's share.
         seqs = work.decode_seqs + work.prefill_seqs
         sequences_s = host * over.seq_us * seqs / 1e6
-        seconds = max(linear_s + attention_s + encoder_s, sequences_s) + host * over.step_ms / 1000
+        seconds = max(gpu_s, sequences_s) + host * over.step_ms / 1000
         if tp > 1:
             payload = tokens * model.hidden_size * 2 * 2 * (tp - 1) / tp  # bf16, ring
             one = over.allreduce_latency_us / 1e6 + payload / (device.interconnect_gbs * 1e9)
@@ -244,17 +236,22 @@ class EngineModel:
         run, with no host, frontend or communication cost and dense-GEMM efficiency for every
         kernel. (One roofline over the step's bytes and FLOPs together would assume attention
         overlaps the GEMMs, which vLLM's kernels do not.)"""
+        return self._gpu_seconds(work, None)
+
+    def _gpu_seconds(self, work: StepWork, kernels: Overheads | None) -> float:
+        """The step's kernels one after another: the linear layers, attention and the vision
+        encoders, at the profile's achieved bandwidth and matmul rate. `kernels` as for
+        `_linear_seconds` (None: every GEMM on a plain roofline at dense efficiency)."""
         device, over = self.device, self.device.overheads
-        tp = self.tensor_parallel_size
         tokens = work.decode_seqs + work.prefill_tokens
         bandwidth = device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency
-        sampled = work.emitted or work.decode_seqs
+        bf16_flops = device.matmul_flops(False) * over.compute_efficiency
         flops_per_s = device.matmul_flops(self._fp8) * over.compute_efficiency
-        linear_s = self._linear_seconds(tokens, sampled, bandwidth, flops_per_s, None)
-        attention_s = self._attention_seconds(
-            work, bandwidth, device.matmul_flops(False) * over.compute_efficiency
-        )
-        encoder_s = work.encoder_flops / tp / (device.matmul_flops(False) * over.compute_efficiency)
+        sampled = work.emitted or work.decode_seqs
+        linear_s = self._linear_seconds(tokens, sampled, bandwidth, flops_per_s, kernels)
+        attention_s = self._attention_seconds(work, bandwidth, bf16_flops)
+        # Images' vision encoders: dense bf16 GEMMs over their patches, before the chunk.
+        encoder_s = work.encoder_flops / self.tensor_parallel_size / bf16_flops
         return linear_s + attention_s + encoder_s
 
     def request_seconds(self) -> float:
