@@ -397,3 +397,27 @@ def test_routed_experts_compute_each_experts_tokens_padded_to_the_kernel_block()
 
     assert padding(1000) == pytest.approx(64 / 31.25 - 1, rel=0.02)
     assert padding(8192) == pytest.approx(32 / 256, rel=0.02)
+
+
+# vLLM's own kernel benchmark of its Triton fused_moe with DeepSeek-V3's block-FP8 experts on
+# one H100 (benchmarks/kernels/benchmark_moe.py, vLLM PR #13932, 2025-02-26): microseconds per
+# MoE layer by tensor-parallel size and tokens. DeepSeek-R1 has the same expert shapes.
+FUSED_MOE_H100_US = {
+    (8, 128): 1732.33, (8, 1024): 1892.75, (8, 2048): 2818.65,
+    (1, 128): 12480.49, (1, 1536): 13777.98, (1, 2048): 19839.38,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("tp", "tokens"), FUSED_MOE_H100_US)
+def test_routed_experts_take_about_what_vllms_kernel_benchmark_measured(
+    tp: int, tokens: int
+) -> None:
+    """The routed-expert term, fitted on whole serving runs only, against a kernel timing it
+    never saw, at decode batches (bandwidth-bound) and prefill chunks alike: 0.65 to 1.15 of
+    the measured times with the shipped overheads."""
+    engine = _engine("deepseek-ai/DeepSeek-R1", "H100-SXM", tp)
+    over = engine.device.overheads
+    bandwidth = engine.device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency
+    flops = engine.device.matmul_flops(True) * over.compute_efficiency
+    modelled = engine._expert_layer_seconds(tokens, bandwidth, flops, over)
+    assert modelled * 1e6 == pytest.approx(FUSED_MOE_H100_US[(tp, tokens)], rel=0.4)

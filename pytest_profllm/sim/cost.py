@@ -178,16 +178,29 @@ class EngineModel:
                 flops / tp / (flops_per_s * weight_only),
                 sharpness,
             )
-        experts, k = model.num_experts, model.num_experts_per_tok
         expert = 3 * model.hidden_size * model.moe_intermediate_size  # one expert, one layer
         moe_layers = model.num_hidden_layers - model.first_dense_layers
-        dense_flops = 2.0 * (self._body_params - k * expert * moe_layers) * tokens + head_flops
+        routed_params = model.num_experts_per_tok * expert * moe_layers
+        dense_flops = 2.0 * (self._body_params - routed_params) * tokens + head_flops
         dense_s = _gemm_seconds(
-            (model.params - experts * expert * moe_layers) * bytes_per_param / bandwidth,
+            (model.params - model.num_experts * expert * moe_layers) * bytes_per_param / bandwidth,
             dense_flops / tp / (flops_per_s * weight_only),
             sharpness,
         )
-        # Expected distinct experts hit per layer when each token picks k of E at random.
+        expert_s = self._expert_layer_seconds(tokens, bandwidth, flops_per_s * weight_only, kernels)
+        return dense_s + moe_layers * expert_s
+
+    def _expert_layer_seconds(
+        self, tokens: int, bandwidth: float, flops_per_s: float, kernels: Overheads | None
+    ) -> float:
+        """One MoE layer's routed experts (vLLM's fused_moe) for a step of `tokens` tokens on
+        one GPU: the experts the tokens hit, each read once, and each expert's tokens padded to
+        the kernel's block of rows, at the fitted fractions of a dense GEMM's bandwidth and
+        FLOPs (`kernels`; None: a roofline, the tokens alone at dense rates)."""
+        model, tp = self.model, self.tensor_parallel_size
+        experts, k = model.num_experts, model.num_experts_per_tok
+        expert = 3 * model.hidden_size * model.moe_intermediate_size
+        # Expected distinct experts hit when each token picks k of E at random.
         hit = experts * (1 - (1 - k / experts) ** tokens)
         # vLLM's fused_moe pads each expert's tokens to BLOCK_SIZE_M rows (its default config:
         # 64 once the step's tokens outnumber the experts, else 16); with a spread of tokens
@@ -195,15 +208,14 @@ class EngineModel:
         # tokens than a block computes a whole block. A roofline counts the tokens alone.
         block = 0 if kernels is None else 64 if tokens > experts else 16
         rows = hit * max(block, tokens * k / hit + block / 2)
-        routed_flops = 2.0 * rows * expert * moe_layers
-        moe_bandwidth = kernels.moe_bandwidth_efficiency if kernels is not None else 1.0
-        moe_compute = kernels.moe_efficiency if kernels is not None else 1.0
-        routed_s = _gemm_seconds(
-            hit * expert * moe_layers * bytes_per_param / (bandwidth * moe_bandwidth),
-            routed_flops / tp / (flops_per_s * moe_compute * weight_only),
-            sharpness,
+        read, flops = hit * expert * model.bytes_per_param / tp, 2.0 * rows * expert / tp
+        if kernels is None:
+            return max(read / bandwidth, flops / flops_per_s)
+        return _gemm_seconds(
+            read / (bandwidth * kernels.moe_bandwidth_efficiency),
+            flops / (flops_per_s * kernels.moe_efficiency),
+            kernels.roofline_sharpness,
         )
-        return dense_s + routed_s
 
     def step_seconds(self, work: StepWork) -> float:
         """The duration of one engine step: the one place every step's time is computed."""

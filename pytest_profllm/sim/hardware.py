@@ -55,6 +55,8 @@ class Overheads:
     # to the kernel's block (cost.py counts that) ...
     moe_efficiency: float = 0.20
     # ... and stream the experts' weights at this fraction of the dense kernels' bandwidth.
+    # (Together they give vLLM's own fused_moe kernel benchmark of DeepSeek-V3's experts on an
+    # H100 within 35 %, which the fit never saw: tests/test_sim_cost.py.)
     moe_bandwidth_efficiency: float = 0.5
     # FP8 weights on a GPU without FP8 tensor cores (A100) run through weight-only kernels
     # (Marlin) that dequantise on the fly: this fraction of a dense GEMM's FLOPs.
