@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import statistics
 import time
 
 from pytest_profllm.sim.calibration import (
@@ -76,6 +77,22 @@ def report(title: str, results: list[RowResult]) -> None:
         f"{median_abs(tpot_errors) * 100:.1f} % ({sum(e is not None for e in tpot_errors)} rows); "
         f"rows over 30 %: {far}"
     )
+    # Where a source sits as a whole: a source the model over- or under-predicts on every row
+    # is a difference between sources (their hardware, harness, settings), not noise.
+    print("median signed error by source, throughput / TPOT (simulated / published - 1):")
+    for source in sorted({r.row.source for r in trusted_rows}):
+        rows = [r for r in trusted_rows if r.row.source == source]
+        figures = [
+            _signed([r.throughput_error for r in rows]),
+            _signed([r.tpot_error for r in rows]),
+        ]
+        count = f"{len(rows)} row{'s' if len(rows) > 1 else ''}"
+        print(f"  {source:3} {count:>7}: {figures[0]:>6} / {figures[1]:>6}")
+
+
+def _signed(errors: list[float | None]) -> str:
+    values = [e for e in errors if e is not None]
+    return f"{statistics.median(values) * 100:+.0f} %" if values else "-"
 
 
 def main() -> None:
