@@ -233,10 +233,8 @@ def test_a_gemm_near_its_ridge_reaches_neither_bound() -> None:
     )
 
     def linear(engine: EngineModel, tokens: int) -> float:
-        over = engine.device.overheads
-        bandwidth = engine.device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency
-        flops = engine.device.matmul_flops(False) * over.compute_efficiency
-        return engine._linear_seconds(tokens, tokens, bandwidth, flops, over)
+        bandwidth, flops = engine._achieved_rates(False)
+        return engine._linear_seconds(tokens, tokens, bandwidth, flops, engine.device.overheads)
 
     # Where reading the weights and computing take about as long: sqrt(2) of either.
     ridge = next(t for t in range(16, 4096, 8) if linear(sharp, t) > 1.01 * linear(sharp, 1))
@@ -416,8 +414,6 @@ def test_routed_experts_take_about_what_vllms_kernel_benchmark_measured(
     never saw, at decode batches (bandwidth-bound) and prefill chunks alike: 0.65 to 1.15 of
     the measured times with the shipped overheads."""
     engine = _engine("deepseek-ai/DeepSeek-R1", "H100-SXM", tp)
-    over = engine.device.overheads
-    bandwidth = engine.device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency
-    flops = engine.device.matmul_flops(True) * over.compute_efficiency
-    modelled = engine._expert_layer_seconds(tokens, bandwidth, flops, over)
+    bandwidth, flops = engine._achieved_rates(True)
+    modelled = engine._expert_layer_seconds(tokens, bandwidth, flops, engine.device.overheads)
     assert modelled * 1e6 == pytest.approx(FUSED_MOE_H100_US[(tp, tokens)], rel=0.4)

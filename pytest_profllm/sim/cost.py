@@ -112,6 +112,19 @@ class EngineModel:
         return max(self.model.active_params - embeddings, 0)
 
     @property
+    def _expert_params(self) -> int:
+        """One routed expert of one layer: its gate, up and down projections."""
+        return 3 * self.model.hidden_size * self.model.moe_intermediate_size
+
+    def _achieved_rates(self, fp8: bool) -> tuple[float, float]:
+        """The bandwidth (bytes/s) and matmul rate (FLOP/s, FP8 or bf16) a step's kernels
+        reach: the datasheet's bandwidth and the measured matmul rate, times their fitted
+        shares."""
+        over = self.device.overheads
+        bandwidth = self.device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency
+        return bandwidth, self.device.matmul_flops(fp8) * over.compute_efficiency
+
+    @property
     def _kv_share(self) -> float:
         """The share of a token's KV cache each GPU holds and reads: 1/tp of the KV heads, but
         a whole head where there are fewer heads than GPUs (vLLM replicates them), and all of
@@ -178,7 +191,7 @@ class EngineModel:
                 flops / tp / (flops_per_s * weight_only),
                 sharpness,
             )
-        expert = 3 * model.hidden_size * model.moe_intermediate_size  # one expert, one layer
+        expert = self._expert_params
         moe_layers = model.num_hidden_layers - model.first_dense_layers
         routed_params = model.num_experts_per_tok * expert * moe_layers
         dense_flops = 2.0 * (self._body_params - routed_params) * tokens + head_flops
@@ -198,8 +211,7 @@ class EngineModel:
         the kernel's block of rows, at the fitted fractions of a dense GEMM's bandwidth and
         FLOPs (`kernels`; None: a roofline, the tokens alone at dense rates)."""
         model, tp = self.model, self.tensor_parallel_size
-        experts, k = model.num_experts, model.num_experts_per_tok
-        expert = 3 * model.hidden_size * model.moe_intermediate_size
+        experts, k, expert = model.num_experts, model.num_experts_per_tok, self._expert_params
         # Expected distinct experts hit when each token picks k of E at random.
         hit = experts * (1 - (1 - k / experts) ** tokens)
         # vLLM's fused_moe pads each expert's tokens to BLOCK_SIZE_M rows (its default config:
@@ -254,11 +266,9 @@ class EngineModel:
         """The step's kernels one after another: the linear layers, attention and the vision
         encoders, at the profile's achieved bandwidth and matmul rate. `kernels` as for
         `_linear_seconds` (None: every GEMM on a plain roofline at dense efficiency)."""
-        device, over = self.device, self.device.overheads
         tokens = work.decode_seqs + work.prefill_tokens
-        bandwidth = device.memory_bandwidth_gbs * 1e9 * over.bandwidth_efficiency
-        bf16_flops = device.matmul_flops(False) * over.compute_efficiency
-        flops_per_s = device.matmul_flops(self._fp8) * over.compute_efficiency
+        bandwidth, bf16_flops = self._achieved_rates(False)
+        flops_per_s = self._achieved_rates(self._fp8)[1]
         sampled = work.emitted or work.decode_seqs
         linear_s = self._linear_seconds(tokens, sampled, bandwidth, flops_per_s, kernels)
         attention_s = self._attention_seconds(work, bandwidth, bf16_flops)
