@@ -268,7 +268,7 @@ class EngineModel:
         `_linear_seconds` (None: every GEMM on a plain roofline at dense efficiency)."""
         tokens = work.decode_seqs + work.prefill_tokens
         bandwidth, bf16_flops = self._achieved_rates(False)
-        flops_per_s = self._achieved_rates(self._fp8)[1]
+        flops_per_s = self._achieved_rates(True)[1] if self._fp8 else bf16_flops
         sampled = work.emitted or work.decode_seqs
         linear_s = self._linear_seconds(tokens, sampled, bandwidth, flops_per_s, kernels)
         attention_s = self._attention_seconds(work, bandwidth, bf16_flops)
