@@ -24,7 +24,7 @@ import pytest_profllm
 from pytest_profllm.sim.audio import AudioError, AudioFacts, wav_seconds
 from pytest_profllm.sim.batching import Scheduler, Sequence
 from pytest_profllm.sim.faults import Faults
-from pytest_profllm.sim.instruments import ProfilerSettings, add_routes
+from pytest_profllm.sim.instruments import ProfilerSettings, add_dev_routes, add_routes
 from pytest_profllm.sim.vision import (
     ImageError,
     VisionFacts,
@@ -60,6 +60,8 @@ class SimState:
     # vLLM's --runner: "generate" serves completions and chat, "pooling" embeddings and rerank.
     runner: str = "generate"
     hidden_size: int = 64  # a pooling model's embedding width
+    # VLLM_SERVER_DEV_MODE: vLLM's development routes (/reset_prefix_cache, ...) are served.
+    dev_mode: bool = False
 
 
 class EmissionLog:
@@ -118,6 +120,8 @@ def build_app(
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/detokenize", _detokenize)
     add_routes(app, scheduler, state.served_names[0], profiler or ProfilerSettings())
+    if state.dev_mode:  # as vLLM: without it, 404
+        add_dev_routes(app, scheduler)
     app.cleanup_ctx.append(_step_loop)
     if state.emissions is None:
         state.emissions = emission_log_from_env()

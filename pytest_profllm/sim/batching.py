@@ -17,12 +17,19 @@ per sequence.
 
 The loop is three calls, `plan_step`, `step_duration` and `finish_step(now)`: the server
 sleeps the duration on the event loop (`run`), `virtual.py` advances a virtual clock instead.
+On the event loop a step can end late (a busy host wakes the loop late): `run` measures each
+step's lateness into `lateness` (`StepLateness`), which `/metrics` reports; virtual runs have
+none.
+
+`reset_prefix_cache` forgets the cached blocks, as vLLM's scheduler does for the dev-mode route
+`POST /reset_prefix_cache`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import time
 from collections import OrderedDict, deque
@@ -31,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_profllm.sim.cost import StepWork
-from pytest_profllm.sim.stats import EngineStats
+from pytest_profllm.sim.stats import EngineStats, Histogram
 
 BLOCK_SIZE = 16  # vLLM's default block size on CUDA
 # About what vLLM 0.33 finds for an 8B model (Qwen3-8B: 144 KiB of KV per token) on one 80 GB
@@ -39,6 +46,12 @@ BLOCK_SIZE = 16  # vLLM's default block size on CUDA
 DEFAULT_GPU_BLOCKS = 24_000
 # How late a step may end before the lateness is forgotten rather than caught up.
 _MAX_CATCH_UP_S = 0.05
+# Step lateness: the histogram's bounds, and the first ten as the thresholds of the plain
+# "late by more than" counters (in milliseconds, which name them).
+LATENESS_BOUNDS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+LATE_STEP_THRESHOLDS_MS = LATENESS_BOUNDS_MS[:10]
+
+log = logging.getLogger("profllm.sim")
 
 
 class StepCost(Protocol):
@@ -53,6 +66,35 @@ class ConstantStepCost:
 
     def step_seconds(self, work: StepWork) -> float:
         return self.seconds
+
+
+@dataclass
+class StepLateness:
+    """How late the real-time loop's steps ended: each step's end as it happened minus the end
+    it was due at, never below 0. A late step stands for a busy host (the event loop woke late),
+    not for the simulated GPU, so a measurement on such a host is suspect."""
+
+    histogram: Histogram = field(
+        default_factory=lambda: Histogram(tuple(ms / 1000 for ms in LATENESS_BOUNDS_MS))
+    )
+    max_seconds: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.histogram.observe(seconds)
+        self.max_seconds = max(self.max_seconds, seconds)
+
+    @property
+    def steps(self) -> int:
+        return sum(self.histogram.counts)
+
+    @property
+    def total_seconds(self) -> float:
+        return self.histogram.total
+
+    def over(self, threshold_ms: int) -> int:
+        """Steps late by more than `threshold_ms`, one of `LATENESS_BOUNDS_MS`."""
+        # A bucket holds the values up to its bound, so those above it are in the later ones.
+        return sum(self.histogram.counts[LATENESS_BOUNDS_MS.index(threshold_ms) + 1 :])
 
 
 @dataclass(eq=False)  # identity: two requests alike are still two
@@ -127,6 +169,7 @@ class Scheduler:
     itl_log: list[float] | None = None  # every inter-token gap, when a virtual run wants them
     # Chrome-trace events of each step while the profiler runs; None when it does not.
     trace_events: list[dict[str, Any]] | None = None
+    lateness: StepLateness = field(default_factory=StepLateness)  # of `run`'s steps
     _cached: OrderedDict[int, None] = field(default_factory=OrderedDict)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _step_end: float = 0.0  # when the last step was due to end (perf_counter)
@@ -186,8 +229,36 @@ class Scheduler:
             # on a busy host a late wake-up is caught up by the next step (up to a bound).
             self._step_end = max(self._step_end, began - _MAX_CATCH_UP_S) + self.step_duration(step)
             await asyncio.sleep(max(0.0, self._step_end - time.perf_counter()))
+            # Measured before the step is applied: the lateness is the host's, not our work's.
+            self.lateness.observe(max(0.0, time.perf_counter() - self._step_end))
             self.finish_step(step, self.clock())
             self._trace(began, step)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached prefix block, so that no prompt finds one until computed again;
+        whether it was done. As vLLM's block pool, it refuses (False, and a warning) while
+        running sequences hold blocks, unless `reset_running_requests`: then they are all
+        preempted first, back to the front of the queue in their order, to be recomputed (their
+        tokens of a step in flight are dropped, as vLLM drops stale output). The prefix-cache
+        counters are counters: they keep counting, as vLLM's do."""
+        if reset_running_requests:
+            while self.running:
+                self._preempt(self.running[-1])  # the newest first: the oldest ends up in front
+        if self.used_blocks:
+            log.warning(
+                "Failed to reset prefix cache because some blocks (%d) are not freed yet",
+                self.used_blocks,
+            )
+            return False
+        self._cached.clear()
+        # A waiting sequence already looked up (its chunk did not fit) holds hits that are gone:
+        # it looks up again, as vLLM looks a waiting request up at every attempt.
+        for sequence in self.waiting:
+            if sequence.looked_up:
+                sequence.looked_up = False
+                sequence.prefilled = 0
+        log.info("Successfully reset prefix cache")
+        return True
 
     def plan_step(self) -> Step | None:
         """Admit and chunk as vLLM's V1 scheduler would; None when there is nothing to run."""

@@ -6,6 +6,10 @@ sizes, memory utilisation, served names, API key) and accepts every other engine
 without effect, listing them at start-up, as a stand-in must: a suite runs unchanged on vLLM
 and on the simulator. Its own flags: `--sim-device NAME` (the GPU it models, `sim/hardware.py`)
 and `--sim-fault SPEC` (faults on demand, `sim/faults.py`).
+
+It serves below the client's priority: its niceness goes up by 10 (`PROFLLM_SIM_NICE=N`: by N,
+0 leaves it), as the GPU it stands for would take none of the load generator's CPU. With
+`VLLM_SERVER_DEV_MODE=1` it serves vLLM's development routes (`sim/instruments.py`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,11 @@ from pytest_profllm.sim.batching import Scheduler
 from pytest_profllm.sim.config import SimSetup, build_setup
 from pytest_profllm.sim.faults import FAULTS_ENV, Faults, FaultSpecError, parse_faults
 from pytest_profllm.sim.hardware import DEFAULT_DEVICE, GIB, profiles
-from pytest_profllm.sim.instruments import ProfilerConfigError, ProfilerSettings
+from pytest_profllm.sim.instruments import (
+    ProfilerConfigError,
+    ProfilerSettings,
+    dev_mode_from_env,
+)
 from pytest_profllm.sim.model_files import MODEL_DIR, SPECIAL_TOKENS
 from pytest_profllm.sim.stats import EngineStats
 
@@ -37,6 +45,8 @@ if TYPE_CHECKING:
     from pytest_profllm.sim.batching import Scheduler
 
 log = logging.getLogger("profllm.sim")
+NICE_ENV = "PROFLLM_SIM_NICE"
+DEFAULT_NICE = 10
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,7 +182,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         setup = setup_for(args, model)
-    except ValueError as error:  # unknown model or device, no memory left for the KV cache
+        dev_mode = dev_mode_from_env()
+        nice = nice_from_env()
+    # An unknown model or device, no memory left for the KV cache, or an environment variable
+    # that is no integer (vLLM does not start on an unreadable VLLM_SERVER_DEV_MODE either).
+    except ValueError as error:
         log.error("%s", error)
         return 1
     api_key = args.api_key[0] if args.api_key else os.environ.get("VLLM_API_KEY")
@@ -188,8 +202,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _exit_at_start(setup)
         if faults.orphan_child:
             _leave_orphan()
-    asyncio.run(_serve(args, model, model_dir, api_key, profiler, setup, faults))
+    lower_priority(nice)
+    asyncio.run(_serve(args, model, model_dir, api_key, profiler, setup, faults, dev_mode))
     return 0
+
+
+def nice_from_env() -> int:
+    """The niceness increment of `PROFLLM_SIM_NICE` (default 10); ValueError if not an integer."""
+    text = os.environ.get(NICE_ENV, "").strip()
+    if not text:
+        return DEFAULT_NICE
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{NICE_ENV}={text!r}: expected an integer (0: leave it)") from None
+
+
+def lower_priority(increment: int) -> None:
+    """Raise this process's niceness by `increment`: the simulator stands in for a GPU, which
+    takes none of the load generator's CPU, so on a shared host the client goes first."""
+    if not increment:
+        return
+    try:
+        niceness = os.nice(increment)
+    except OSError as error:  # a negative increment without the privilege: run as it is
+        log.info("niceness left as it is (%s=%d): %s", NICE_ENV, increment, error)
+        return
+    log.info("niceness %d (%s=%d)", niceness, NICE_ENV, increment)
 
 
 def _log_setup(setup: SimSetup) -> None:
@@ -302,6 +341,7 @@ async def _serve(
     profiler: ProfilerSettings,
     setup: SimSetup,
     faults: Faults,
+    dev_mode: bool = False,
 ) -> None:
     # Deferred: aiohttp (about 0.17 s) only when the simulator serves; `profllm plan`
     # and the offline benchmarks import this module for its parser.
@@ -331,6 +371,7 @@ async def _serve(
         audio=setup.engine.model.audio,
         runner="pooling" if args.runner == "pooling" else "generate",
         hidden_size=setup.engine.model.hidden_size,
+        dev_mode=dev_mode,
     )
     scheduler = make_scheduler(args, setup)
     if profiler.profiler:

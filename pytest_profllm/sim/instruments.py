@@ -1,32 +1,64 @@
-"""The simulator's `/metrics`, `/start_profile` and `/stop_profile`, as vLLM 0.33.0 has them.
+"""The simulator's `/metrics`, its profile routes and its development routes, as vLLM 0.33.0
+has them.
 
 `/metrics` is Prometheus text with vLLM's metric names and labels (`model_name`, `engine`),
 counting what the scheduler really did. The profile routes exist only when the server starts
 with `--profiler-config` naming a profiler (vLLM attaches them then, else 404); a start while
 one runs is 409; a stop without a start is 200 and writes nothing; a stop writes a Chrome
 trace (`*.pt.trace.json.gz`, as vLLM's torch profiler) of the scheduler steps it saw.
+
+`/metrics` also says how late the simulator's real-time steps ended (`StepLateness`): a step
+that ends late is the host's delay, not the simulated GPU's. Names of our own, with the labels
+of vLLM's families:
+
+- `profllm:sim_step_lateness_seconds`: a histogram (`_bucket` by `le`, `_sum`, `_count`),
+  bounds 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5 s and +Inf;
+- `profllm:sim_steps_late_over_{1,2,5,10,20,50,100,200,500,1000}ms_total`: counters of the
+  steps late by more than that many milliseconds, one name per threshold, so that a reader
+  that sums samples over their labels (`run/telemetry.py:scrape_metrics`) can tell them apart;
+- `profllm:sim_steps_total`: a counter of the steps the real-time loop ran;
+- `profllm:sim_step_lateness_seconds_total`: a counter of the lateness summed over them (the
+  histogram's `_sum`, under a name of its own);
+- `profllm:sim_step_lateness_max_seconds`: a gauge, the largest lateness since the start.
+
+The share of a window's steps late by more than X ms is the difference of
+`..._over_Xms_total` between two scrapes over that of `profllm:sim_steps_total`.
+
+The development routes exist only when `VLLM_SERVER_DEV_MODE` is a non-zero integer, as vLLM's
+(`vllm/entrypoints/serve/dev/cache/api_router.py`, attached by `register_vllm_dev_api_routers`):
+`POST /reset_prefix_cache` (query `reset_running_requests`, `reset_external`) answers 200 and
+`{"success": bool}`: false while running requests hold KV blocks, unless they are reset
+(preempted) too; `/reset_mm_cache` and `/reset_encoder_cache` answer 200 and do nothing, the
+simulator keeping no multimodal or encoder output across requests.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from pytest_profllm.sim.batching import Scheduler
+from pytest_profllm.sim.batching import LATE_STEP_THRESHOLDS_MS, Scheduler
 from pytest_profllm.sim.stats import HISTOGRAMS
 
 # The rank suffix vLLM's workers put in their trace names (single GPU, no parallelism).
 _WORKER_TRACE_NAME = "dp0_pp0_tp0_dcp0_ep0_rank0"
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+# What vLLM's FastAPI (pydantic, lax mode) takes for a boolean query parameter.
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+log = logging.getLogger("profllm.sim")
 
 
 class ProfilerConfigError(ValueError):
@@ -76,6 +108,51 @@ def add_routes(
         session = _ProfileSession(scheduler, profiler)
         app.router.add_post("/start_profile", session.start)
         app.router.add_post("/stop_profile", session.stop)
+
+
+def dev_mode_from_env(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the development routes are served: `VLLM_SERVER_DEV_MODE` read as vLLM reads it
+    (an integer, 0 when unset). ValueError for what vLLM could not read either (it would not
+    start)."""
+    text = environ.get(DEV_MODE_ENV, "0")
+    try:
+        return bool(int(text))
+    except ValueError:
+        raise ValueError(f"{DEV_MODE_ENV}={text!r}: expected an integer (0 or 1)") from None
+
+
+def add_dev_routes(app: web.Application, scheduler: Scheduler) -> None:
+    """vLLM's development cache routes; the caller attaches them only in development mode."""
+    log.warning("development routes are enabled (%s): not for production", DEV_MODE_ENV)
+
+    async def reset_prefix_cache(request: web.Request) -> web.Response:
+        flags = {}
+        for name in ("reset_running_requests", "reset_external"):
+            text = request.query.get(name, "false").lower()
+            if text not in _TRUE | _FALSE:
+                return _error(
+                    f"1 validation error: query.{name}: Input should be a valid boolean, "
+                    f"unable to interpret input {request.query[name]!r}",
+                    400,
+                    "Bad Request",
+                    param=f"query.{name}",
+                )
+            flags[name] = text in _TRUE
+        log.info("Resetting prefix cache...")
+        # reset_external resets a KV connector's cache; the simulator has none, which vLLM
+        # counts as a success.
+        success = scheduler.reset_prefix_cache(flags["reset_running_requests"])
+        return web.json_response({"success": success})
+
+    async def no_cache(request: web.Request) -> web.Response:
+        # Nothing to forget: images and audio are encoded again for every request that does
+        # not find them in the prefix cache.
+        log.info("Resetting %s...", request.path.removeprefix("/reset_").replace("_", " "))
+        return web.Response(status=200)
+
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    app.router.add_post("/reset_mm_cache", no_cache)
+    app.router.add_post("/reset_encoder_cache", no_cache)
 
 
 def render_metrics(scheduler: Scheduler, model_name: str) -> bytes:
@@ -195,6 +272,7 @@ class _SchedulerCollector:
             family = HistogramMetricFamily(name, documentation, labels=names)
             family.add_metric(values, histogram.buckets(), histogram.total)
             yield family
+        yield from self._lateness(names, values)
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -204,6 +282,49 @@ class _SchedulerCollector:
             [str(s.block_size), str(s.enable_prefix_caching), str(s.num_gpu_blocks), "0"], 1.0
         )
         yield info
+
+    def _lateness(self, names: list[str], values: list[str]) -> Iterator[Any]:
+        """The real-time loop's step lateness (the module's docstring has the names)."""
+        # Deferred: prometheus_client is needed only once the simulator serves /metrics.
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        lateness = self.scheduler.lateness
+        family = HistogramMetricFamily(
+            "profllm:sim_step_lateness_seconds",
+            "How late the simulator's steps ended, in seconds (a busy host's delay).",
+            labels=names,
+        )
+        family.add_metric(values, lateness.histogram.buckets(), lateness.total_seconds)
+        yield family
+        counters: list[tuple[str, str, float]] = [
+            (
+                f"profllm:sim_steps_late_over_{ms}ms",
+                f"Simulator steps that ended more than {ms} ms late.",
+                lateness.over(ms),
+            )
+            for ms in LATE_STEP_THRESHOLDS_MS
+        ]
+        counters += [
+            ("profllm:sim_steps", "Simulator steps run on the real-time clock.", lateness.steps),
+            # The histogram's sum: a counter of its own for readers that take no histograms.
+            ("profllm:sim_step_lateness_seconds",
+             "Lateness of the simulator's steps, summed, in seconds.", lateness.total_seconds),
+        ]  # fmt: skip
+        for name, documentation, value in counters:
+            counter = CounterMetricFamily(name, documentation, labels=names)
+            counter.add_metric(values, float(value))
+            yield counter
+        largest = GaugeMetricFamily(
+            "profllm:sim_step_lateness_max_seconds",
+            "The largest lateness of a simulator step since the start, in seconds.",
+            labels=names,
+        )
+        largest.add_metric(values, lateness.max_seconds)
+        yield largest
 
 
 class _ProfileSession:
@@ -269,6 +390,6 @@ class _ProfileSession:
         return path
 
 
-def _error(message: str, status: int, kind: str) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+def _error(message: str, status: int, kind: str, param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     return web.json_response(body, status=status)
