@@ -28,6 +28,8 @@ BUSY_GPU_CHOICES = ("wait", "fail")
 DEFAULT_MAX_SCHEDULE_LAG_MS = 10.0  # issue 4: over this p99, the client set the pace
 # A rate sweep's load whose achieved rate is more than this under the requested one saturated.
 DEFAULT_SATURATION_MARGIN = 0.10
+# How many times a load the host made invalid (client or simulated engine behind) runs again.
+DEFAULT_REMEASURE = 2
 
 
 def parse_gpus(text: str) -> int | tuple[str, ...]:
@@ -115,6 +117,15 @@ def parse_max_cases(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(
             f"--profllm-max-cases: expected a count of cases, got {text!r}"
+        )
+    return int(text)
+
+
+def parse_remeasure(text: str) -> int:
+    """How many more times a load the host made invalid runs: a whole number, 0 or more."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(
+            f"--profllm-remeasure: expected a count of runs (0 or more), got {text!r}"
         )
     return int(text)
 
@@ -247,6 +258,16 @@ def add_options(parser: pytest.Parser) -> None:
         f"{DEFAULT_MAX_SCHEDULE_LAG_MS:g}); raise it on shared, oversubscribed runners",
     )
     group.addoption(
+        "--profllm-remeasure",
+        metavar="N",
+        type=parse_remeasure,
+        default=None,
+        help="run a case's load again, up to N more times, when the host made it invalid (the "
+        "client or the simulated engine fell behind); every attempt stays in the record and "
+        "the first valid one counts (ini: profllm_remeasure; default: "
+        f"{DEFAULT_REMEASURE}; 0: never)",
+    )
+    group.addoption(
         "--profllm-sim-device",
         metavar="NAME",
         type=parse_sim_device,
@@ -289,6 +310,14 @@ def add_options(parser: pytest.Parser) -> None:
         f"profllm_saturation_margin; default: {DEFAULT_SATURATION_MARGIN:g})",
     )
     group.addoption(
+        "--profllm-no-load-cores",
+        action="store_true",
+        default=False,
+        help="loads take no host cores from the pool: they run at once, side by side, "
+        "whatever else the host runs (by default each load holds its client's cores and a "
+        "simulated server's, and loads that do not fit wait)",
+    )
+    group.addoption(
         "--profllm-no-saturation-stop",
         action="store_true",
         default=False,
@@ -324,6 +353,10 @@ def add_options(parser: pytest.Parser) -> None:
         "profllm_max_schedule_lag",
         "p99 schedule lag limit, milliseconds",
         default=f"{DEFAULT_MAX_SCHEDULE_LAG_MS:g}",
+    )
+    parser.addini(
+        "profllm_remeasure", "extra runs of a load the host made invalid",
+        default=str(DEFAULT_REMEASURE),
     )
     parser.addini("profllm_busy_gpus", "wait or fail on GPUs in use by others", default="wait")
     parser.addini("profllm_sim_device", "the GPU the simulated engine models", default=None)
@@ -420,6 +453,8 @@ class Settings:
     suite_glob: str
     wait_for_busy_gpus: bool = True
     max_schedule_lag_ms: float = DEFAULT_MAX_SCHEDULE_LAG_MS
+    remeasure: int = DEFAULT_REMEASURE
+    load_cores: bool = True  # loads hold host cores from the pool (hosts/cores.py)
     vllm_python: str | None = None
     cpus: int | tuple[str, ...] | None = None
     sim_device: str | None = None  # None: the simulator's default profile
@@ -467,6 +502,10 @@ class Settings:
             max_schedule_lag_ms=parsed(  # type: ignore[arg-type]
                 "profllm_max_schedule_lag", "profllm_max_schedule_lag", parse_milliseconds
             ),
+            remeasure=parsed(  # type: ignore[arg-type]
+                "profllm_remeasure", "profllm_remeasure", parse_remeasure
+            ),
+            load_cores=not config.getoption("profllm_no_load_cores"),
             vllm_python=parsed(  # type: ignore[arg-type]
                 "profllm_vllm_python", "profllm_vllm_python", parse_python
             ),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -31,15 +33,22 @@ needs_vllm_python = pytest.mark.skipif(
 
 
 def suite_args(
-    ports: str, *, out: str | None = "results", gpus: int | None = 4, cache: bool = True
+    ports: str,
+    *,
+    out: str | None = "results",
+    gpus: int | None = 4,
+    cache: bool = True,
+    load_cores: bool = False,
 ) -> list[str]:
     """The options of a pytest run of suites on this test's ports. The schedule-lag verdict is
-    off: these runs test the path, in a session that oversubscribes the host."""
+    off, and so are the loads' host cores (unless asked for): these runs test the path, side
+    by side, in a session that oversubscribes the host."""
     return [
         f"--profllm-ports={ports}",
         *([f"--profllm-out={out}"] if out else []),
         *([f"--profllm-gpus={gpus}"] if gpus else []),
         "--profllm-max-schedule-lag=1000",
+        *([] if load_cores else ["--profllm-no-load-cores"]),
         *([] if cache else ["-p", "no:cacheprovider"]),
     ]
 
@@ -64,9 +73,10 @@ def run_suites(
     gpus: int | None = 4,
     cache: bool = True,
     timeout: float = 300,
+    load_cores: bool = False,
 ) -> pytest.RunResult:
     """pytest in a subprocess over pytester's folder, with `suite_args` and then `args`."""
-    options = suite_args(ports, out=out, gpus=gpus, cache=cache)
+    options = suite_args(ports, out=out, gpus=gpus, cache=cache, load_cores=load_cores)
     return pytester.runpytest_subprocess(*options, *args, timeout=timeout)
 
 
@@ -208,3 +218,39 @@ async def serve_handler(
         yield f"http://{host}:{port}"
     finally:
         await runner.cleanup()
+
+
+class Holder:
+    """A process running `script` (lease holders of the pool tests) in its own process group,
+    read line by line with a deadline; `release` writes a line to its standard input."""
+
+    def __init__(self, script: str, args: list[str], stderr_path: Path) -> None:
+        self.stderr_path = stderr_path
+        with stderr_path.open("wb") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", script, *args],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                start_new_session=True,
+            )
+
+    def read_line(self, timeout: float = 15.0) -> str:
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        line = self.process.stdout.readline().decode().strip() if ready else ""
+        assert line, f"holder said nothing; stderr: {self.stderr_path.read_text()}"
+        return line
+
+    def release(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"\n")
+        self.process.stdin.flush()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()

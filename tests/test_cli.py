@@ -85,6 +85,8 @@ def test_plan_json_lists_servers_and_cases(
         assert server["env"] == {
             "CUDA_VISIBLE_DEVICES": "0,1",
             "VLLM_PORT": "20001",
+            # vLLM's development routes: each case empties the prefix cache before its load.
+            "VLLM_SERVER_DEV_MODE": "1",
             "VLLM_API_KEY": "***",
         }
         argv = server["argv"]
@@ -145,7 +147,7 @@ def test_plan_listing_redacts_secrets(
     # `***` is quoted: the line is a shell command, where it would be a glob.
     assert (
         "(2 GPU(s); axes: max_num_seqs=16): CUDA_VISIBLE_DEVICES=0,1 VLLM_PORT=20001 "
-        "VLLM_API_KEY='***' "
+        "VLLM_SERVER_DEV_MODE=1 VLLM_API_KEY='***' "
     ) in lines[1]
     assert lines[2] == (
         "  case bench_smoke.yaml::qwen3-8b-seqs16::random-rate8-r1 (axes: request_rate=8)"

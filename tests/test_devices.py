@@ -1,23 +1,20 @@
-"""CPU core sets as devices: the pool of sets, the server's binding, the client kept off."""
+"""CPU core sets as devices: the pool of sets, the server's binding, the client's core."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from pytest_profllm.hosts.devices import (
-    client_off,
     core_sets,
     cores_of,
     cpu_model,
     cpu_pool,
     device_env,
-    leased_cores,
     usable_cores,
 )
-from pytest_profllm.hosts.pool import Lease
+from pytest_profllm.hosts.pool import Lease, LeaseTimeout
 from pytest_profllm.server.launch import launch
 
 
@@ -27,9 +24,11 @@ from pytest_profllm.server.launch import launch
         (None, [0, 1], ("1",)),  # the first core stays with the client
         (None, [0], ("0",)),
         (None, list(range(8)), ("1-7",)),
-        (2, [0, 1], ("0", "1")),
-        (2, list(range(7)), ("0-2", "3-5")),  # core 6 left to the client
+        (1, [0, 1], ("1",)),
+        (1, [0], ("0",)),  # one core: its one set shares it with the client
+        (2, list(range(8)), ("1-3", "4-6")),  # cores 0 and 7 left to the client
         (("0,2", "4-5"), list(range(8)), ("0,2", "4-5")),
+        (("0",), [0], ("0",)),
     ],
 )
 def test_core_sets(spec: int | tuple[str, ...] | None, cores: list[int], expected: object) -> None:
@@ -37,39 +36,52 @@ def test_core_sets(spec: int | tuple[str, ...] | None, cores: list[int], expecte
 
 
 def test_core_sets_refuse_what_the_host_lacks() -> None:
-    with pytest.raises(ValueError, match="only 2 usable core"):
-        core_sets(3, [0, 1])
     with pytest.raises(ValueError, match=r"core\(s\) 7 are not usable here \(usable: 0-1\)"):
         core_sets(("0", "7"), [0, 1])
+
+
+@pytest.mark.parametrize(
+    ("spec", "cores", "message"),
+    [
+        # On two cores, two sets would leave the load client none of its own.
+        (2, [0, 1], "--profllm-cpus 2: room for 1 core set(s) here (2 usable core(s), core 0 "
+                    "stays with the load client): use --profllm-cpus 1"),
+        (2, [0], "--profllm-cpus 2: room for 1 core set(s) here (1 usable core(s), core 0 "
+                 "stays with the load client): use --profllm-cpus 1"),
+        (("0", "1"), [0, 1], "--profllm-cpus: the sets take every usable core (0-1): leave "
+                             "core 0 out of them for the load client"),
+        (("1-3", "0"), [0, 1, 2, 3], "--profllm-cpus: the sets take every usable core (0-3): "
+                                     "leave core 0 out of them for the load client"),
+    ],
+)
+def test_core_sets_leave_the_client_a_core(
+    spec: int | tuple[str, ...], cores: list[int], message: str
+) -> None:
+    with pytest.raises(ValueError) as error:
+        core_sets(spec, cores)
+    assert str(error.value) == message
 
 
 def test_cores_of_reads_vllm_lists() -> None:
     assert cores_of("5,2-4") == [5, 2, 3, 4]
 
 
-def test_a_cpu_lease_binds_the_server_and_keeps_the_client_off(
-    tmp_path: Path, port_range: str
-) -> None:
+def test_a_cpu_lease_binds_the_server(tmp_path: Path, port_range: str) -> None:
     cores = usable_cores()
-    if len(cores) < 2:
-        pytest.skip("needs 2 usable cores")
     low, high = (int(port) for port in port_range.split("-"))
-    pool = cpu_pool(tmp_path, 2, range(low, high + 1))
+    pool = cpu_pool(tmp_path, 1, range(low, high + 1))
     first = pool.acquire(1, timeout=1)
-    second = pool.acquire(1, timeout=1)
     try:
-        assert {first.gpus, second.gpus} == {(core_sets(2, cores)[0],), (core_sets(2, cores)[1],)}
+        assert first.gpus == core_sets(None, cores)
         assert first.gpu_uuids == ()  # no NVML device to check for foreign processes
         _, env = launch("vllm", {"model": "/m"}, first, device="cpu")
         assert env["VLLM_CPU_OMP_THREADS_BIND"] == first.gpus[0]
         assert "CUDA_VISIBLE_DEVICES" not in env
-        taken = leased_cores("cpu", first)
-        with client_off(taken):
-            assert not os.sched_getaffinity(0) & set(taken)
-        assert os.sched_getaffinity(0) == set(cores)
+        # One set only: a second server waits for it.
+        with pytest.raises(LeaseTimeout):
+            pool.acquire(1, timeout=0.3)
     finally:
         first.release()
-        second.release()
 
 
 def test_a_server_of_two_workers_binds_one_set_each() -> None:
@@ -78,12 +90,6 @@ def test_a_server_of_two_workers_binds_one_set_each() -> None:
     assert device_env("gpu", Lease(("0", "1"), (), 40000, 40001, 0.0)) == {
         "CUDA_VISIBLE_DEVICES": "0,1"
     }
-
-
-def test_client_off_leaves_the_client_alone_when_no_core_would_be_left() -> None:
-    before = os.sched_getaffinity(0)
-    with client_off(sorted(before)):
-        assert os.sched_getaffinity(0) == before
 
 
 def test_cpu_model_names_the_cpu() -> None:

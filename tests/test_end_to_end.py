@@ -120,7 +120,8 @@ def test_client_that_fell_behind_is_invalid_not_passed(
         ".yaml",
         bench_slow="server:\n  model: Qwen/Qwen3-8B\n" + SMALL_WORKLOAD,
     )
-    result = run_suites(pytester, ports)
+    # One attempt: the rule itself (tests/test_cold_cache.py measures again).
+    result = run_suites(pytester, ports, "--profllm-remeasure=0")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
@@ -411,7 +412,9 @@ def test_a_client_later_than_the_lag_limit_makes_its_case_invalid(
         "  request_rate: 50\n",
     )
     # No client sends within a microsecond of its schedule: the limit is the option's.
-    result = run_suites(pytester, ports, "--profllm-max-schedule-lag=0.001")
+    result = run_suites(
+        pytester, ports, "--profllm-max-schedule-lag=0.001", "--profllm-remeasure=0"
+    )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         ["*invalid measurement: client fell behind: p99 schedule lag * ms is over 0.001 ms*"]

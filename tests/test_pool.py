@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import select
-import signal
 import socket
 import stat
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +11,7 @@ from pathlib import Path
 import filelock
 import psutil
 import pytest
+from helpers import Holder
 
 from pytest_profllm.hosts.pool import (
     POOL_DIR_ENV,
@@ -59,35 +54,6 @@ def virtual_pool(directory: Path, gpu_count: int, port_range: range) -> HostPool
     return make_pool(directory, gpu_count, port_range, [])
 
 
-class Holder:
-    """A holder process in its own process group, read line by line with a deadline."""
-
-    def __init__(self, args: list[str], stderr_path: Path) -> None:
-        self.stderr_path = stderr_path
-        with stderr_path.open("wb") as stderr:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", HOLDER, *args],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                start_new_session=True,
-            )
-
-    def read_line(self, timeout: float = 15.0) -> str:
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        line = self.process.stdout.readline().decode().strip() if ready else ""
-        assert line, f"holder said nothing; stderr: {self.stderr_path.read_text()}"
-        return line
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=10)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-
-
 @pytest.fixture
 def holders(tmp_path: Path) -> Iterator[Callable[..., Holder]]:
     started: list[Holder] = []
@@ -95,7 +61,7 @@ def holders(tmp_path: Path) -> Iterator[Callable[..., Holder]]:
     def start(directory: Path, gpus: int, port_range: range, mode: str, count: int = 0) -> Holder:
         args = [str(directory), str(gpus), str(port_range.start), str(port_range.stop), mode,
                 str(count)]
-        holder = Holder(args, tmp_path / f"holder-{len(started)}.err")
+        holder = Holder(HOLDER, args, tmp_path / f"holder-{len(started)}.err")
         started.append(holder)
         return holder
 

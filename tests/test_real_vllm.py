@@ -31,6 +31,8 @@ from real_vllm import (
     tiny_llama,
 )
 
+from pytest_profllm.hosts.devices import core_sets, usable_cores
+
 pytestmark = pytest.mark.real_vllm
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
@@ -88,8 +90,9 @@ def suite(model: Path, server: str, benchmark: str) -> str:
 def test_two_servers_two_workloads_on_cpu_cores(
     pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
 ) -> None:
-    # Two servers side by side, one core set each; a third suite shares the first server and
-    # sends a prompt longer than max_model_len, which vLLM refuses with a 400.
+    # Two servers on two workers, taking turns on one core set (every core but the load
+    # client's: on a 2-core host there is room for no second one); a third suite shares the
+    # first server and sends a prompt longer than max_model_len, which vLLM refuses with a 400.
     pytester.makefile(
         ".yaml",
         bench_pair=suite(
@@ -97,6 +100,13 @@ def test_two_servers_two_workloads_on_cpu_cores(
             "  max_num_seqs: [4, 8]\n",
             "  num_prompts: 6\n  max_concurrency: [2, 3]\n",
         ),
+        # The same prompts twice on the first server (a set seed, two repeats): the second
+        # repeat would be answered from vLLM's prefix cache, were it not emptied before each.
+        bench_same=suite(
+            tiny_model,
+            "  max_num_seqs: 4\n",
+            "  num_prompts: 6\n  seed: 5\n  max_concurrency: 2\n",
+        ).replace("  random_input_len: 32\n", "  random_input_len: 300\n", 1) + "repeat: 2\n",
         bench_too_long=suite(
             tiny_model,
             "  max_num_seqs: 4\n",
@@ -105,10 +115,10 @@ def test_two_servers_two_workloads_on_cpu_cores(
     )
     started = time.monotonic()
     result = pytester.runpytest_subprocess(
-        *plugin_args(ports, "-n", "2", "--profllm-cpus=2"), timeout=900
+        *plugin_args(ports, "-n", "2", "--profllm-cpus=1"), timeout=900
     )
     print(f"two servers, five cases: {time.monotonic() - started:.0f} s")
-    result.assert_outcomes(passed=4, failed=1)
+    result.assert_outcomes(passed=6, failed=1)
     result.stdout.fnmatch_lines(
         [
             "profllm: engine vllm (--profllm-engine vllm)*",
@@ -118,7 +128,7 @@ def test_two_servers_two_workloads_on_cpu_cores(
         ]
     )
     written = run_records(pytester)
-    assert len(written) == 5
+    assert len(written) == 7
     for record in written:
         engine = record["engine"]
         assert (engine["name"], engine["version"], engine["distribution"], engine["device"]) == (
@@ -132,9 +142,11 @@ def test_two_servers_two_workloads_on_cpu_cores(
         assert record["config"]["engine_args"]["source"] == "live"
     measured = [r for r in written if r["suite"] == "pair"]
     assert {r["status"] for r in measured} == {"passed"}
-    # The two servers ran at once, each on its own core set.
-    cpus = {r["config"]["server"]["max_num_seqs"]: r["runtime"]["cpus"] for r in measured}
-    assert sorted(map(tuple, cpus.values())) == [("0",), ("1",)]
+    # Each server held the core set, and each load the core the sets leave.
+    cores = usable_cores()
+    for record in measured:
+        assert record["runtime"]["cpus"] == list(core_sets(1, cores))
+        assert record["runtime"]["load_cores"] == {"client": [cores[0]], "server": []}
     for record in measured:
         system = record["system"]
         assert record["results"]["completed"] == 6
@@ -144,6 +156,14 @@ def test_two_servers_two_workloads_on_cpu_cores(
         assert system["server_prefix_cache_queries"] > 0
         assert system["server_prefix_cache_hits"] is not None
         assert system["server_num_preemptions"] is not None
+    # vLLM's POST /reset_prefix_cache (development mode, which the plugin sets) emptied the
+    # cache before each case: the repeat of the same prompts found none of them there.
+    same = sorted((r for r in written if r["suite"] == "same"), key=lambda r: r["repeat_index"])
+    assert [r["status"] for r in same] == ["passed", "passed"]
+    for record in [*measured, *same]:
+        assert record["runtime"]["prefix_cache"] == "emptied before the load"
+        assert record["system"]["server_prefix_cache_hit_rate"] <= 0.05, record["case_id"]
+    assert same[1]["system"]["server_prefix_cache_queries"] >= 6 * 300
     too_long = next(r for r in written if r["suite"] == "too_long")
     assert too_long["status"] == "failed"
     assert "400" in too_long["message"]
@@ -316,7 +336,7 @@ def test_a_pooling_case_and_images_to_a_text_model(
         ),
     )
     result = pytester.runpytest_subprocess(
-        *plugin_args(ports, "-n", "2", "--profllm-cpus=2"), timeout=900
+        *plugin_args(ports, "-n", "2", "--profllm-cpus=1"), timeout=900
     )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import cases_of, suite_error, write_suite
 
-from pytest_profllm.plan.case import Case, expand, gpus_needed, server_key
+from pytest_profllm.plan.case import Case, derived_seed, expand, gpus_needed, server_key
 from pytest_profllm.plan.suite import BenchmarkConfig, SuiteError, load_suite_file
 
 SMOKE = """\
@@ -81,7 +81,30 @@ def test_suite_name_defaults_to_file_stem(tmp_path: Path) -> None:
 def test_no_axes_gives_one_default_labelled_case(tmp_path: Path) -> None:
     cases = cases_of(write_suite(tmp_path, "server: {model: /models/Llama-3/}\n"))
     assert [case.name for case in cases] == ["llama-3::random"]
-    assert cases[0].benchmark == BenchmarkConfig()
+    # Every default, but the seed: derived from the case id where the suite sets none.
+    assert cases[0].benchmark == BenchmarkConfig(seed=derived_seed(cases[0].case_id))
+    assert cases[0].seed_derived
+
+
+def test_derived_seeds_differ_by_case_and_repeat_and_hold_across_sessions(
+    tmp_path: Path,
+) -> None:
+    suite = write_suite(
+        tmp_path,
+        "server: {model: m}\nbenchmark: {random_input_len: [64, 128]}\nrepeat: 3\n",
+    )
+    first, again = cases_of(suite), cases_of(suite)
+    seeds = [getattr(case.benchmark, "seed", None) for case in first]
+    assert len(set(seeds)) == 6  # two workloads x three repeats, each its own prompts
+    assert seeds == [getattr(c.benchmark, "seed", None) for c in again]  # in every session
+    assert all(case.seed_derived for case in first)
+
+
+def test_a_set_seed_is_honoured_as_written(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path, "server: {model: m}\nbenchmark: {seed: 7}\nrepeat: 2\n")
+    cases = cases_of(suite)
+    assert [getattr(case.benchmark, "seed", None) for case in cases] == [7, 7]
+    assert not any(case.seed_derived for case in cases)
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,11 @@ import pytest
 from fake_nvml import FakeGpu, FakeNvml
 
 from pytest_profllm.hosts.nvml import GpuReading, NvmlGpus, wait_gpu_memory_released
+from pytest_profllm.load.server_state import scrape_metrics
 from pytest_profllm.run.telemetry import (
     ProcessReading,
     Sample,
     Sampler,
-    scrape_metrics,
     server_metric_deltas,
     summarize,
 )
@@ -236,6 +236,10 @@ def test_scrape_sums_labels_and_deltas_cover_the_run(metrics_server: str) -> Non
         "server_prefix_cache_queries": 600.0,
         "server_prefix_cache_hits": 300.0,
         "server_prefix_cache_hit_rate": 0.5,
+        # Not the simulated engine: no step counters, no lateness.
+        "sim_steps": None,
+        "sim_step_lateness_mean_ms": None,
+        "sim_step_lateness_p99_ms": None,
     }
 
 

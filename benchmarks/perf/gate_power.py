@@ -17,20 +17,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
-import requests
+from sim_server import simulator  # this folder's
 
 from pytest_profllm.gates.samples import RunSamples, latencies_from_requests
 from pytest_profllm.gates.verdict import GateSettings, judge
 from pytest_profllm.load.bench import load_settings, measure, run_load
 from pytest_profllm.load.dataset import TokenizerCodec, make_prompts
+from pytest_profllm.load.server_state import empty_caches
 from pytest_profllm.plan.regression import (
     DEFAULT_CONFIDENCE,
     DEFAULT_LATENCY_TOLERANCE,
@@ -47,53 +43,23 @@ from pytest_profllm.sim.model_files import MODEL_DIR
 GATED = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "p99_e2el_ms", "mean_e2el_ms")
 # Prefill-heavy, as an 8B model's batch of 512-token prompts is: the simulator's step times
 # (what PROFLLM_SIM_SLOWDOWN multiplies) then outweigh its own per-step CPU overhead, which a
-# shared host makes noisy. Prefix caching off: every repeat sends the same prompts.
+# shared host makes noisy. Prefix caching on (vLLM's default), as a suite measures it: each
+# run draws prompts of its own and starts from an emptied cache (--no-prefix-caching: off).
 WORKLOAD = {"random_input_len": 512, "random_output_len": 16, "request_rate": "inf"}
-SERVER_ARGS = ["--max-num-batched-tokens", "1024", "--no-enable-prefix-caching"]
+SERVER_ARGS = ["--max-num-batched-tokens", "1024"]
+REPEAT_SEEDS = 1000  # repeat r of seed s draws from seed s + r * REPEAT_SEEDS
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@contextmanager
-def simulator(slowdown: float) -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "PROFLLM_SIM_SLOWDOWN": str(slowdown)}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "pytest_profllm.sim", "sim-8b", "--port", str(port), *SERVER_ARGS],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(f"{url}/health", timeout=1).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the simulator did not start")
-            time.sleep(0.1)
-        yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+def fresh_simulator(slowdown: float) -> AbstractContextManager[str]:
+    return simulator("sim-8b", *SERVER_ARGS, env={"PROFLLM_SIM_SLOWDOWN": str(slowdown)})
 
 
 def one_run(url: str, codec: TokenizerCodec, num_prompts: int, seed: int) -> RunSamples:
     config = BenchmarkConfig.model_validate({**WORKLOAD, "num_prompts": num_prompts, "seed": seed})
     prompts = make_prompts(config, codec)
+    state = empty_caches(url, config)
+    if state.state != "emptied":
+        raise SystemExit(f"the simulator's prefix cache: {state.describe()}")
     load = asyncio.run(run_load(load_settings(config, url, "sim-8b"), prompts))
     results, _ = measure(load, config, codec)
     rows = [request_row(i, o, load.clock_start) for i, o in enumerate(load.outcomes)]
@@ -105,12 +71,13 @@ def runs_for(
 ) -> dict[tuple[int, int], list[RunSamples]]:
     codec = TokenizerCodec.load(str(MODEL_DIR))
     out: dict[tuple[int, int], list[RunSamples]] = {}
-    with simulator(slowdown) as url:
+    with fresh_simulator(slowdown) as url:
         one_run(url, codec, prompts[0], 999_999)  # warm-up, discarded
         for seed in seeds:
             for n in prompts:
                 out[(seed, n)] = [
-                    one_run(url, codec, n, seed_offset + seed) for _ in range(repeats)
+                    one_run(url, codec, n, seed_offset + seed + r * REPEAT_SEEDS)
+                    for r in range(repeats)
                 ]
     return out
 
@@ -130,7 +97,11 @@ def main() -> None:
     parser.add_argument("--num-prompts", default="10,20")
     parser.add_argument("--repeats", default="2,3")
     parser.add_argument("--slowdowns", default="1.05,1.1,1.15")
+    parser.add_argument("--no-prefix-caching", action="store_true",
+                        help="serve with prefix caching off (vLLM's default is on)")
     args = parser.parse_args()
+    if args.no_prefix_caching:
+        SERVER_ARGS.append("--no-enable-prefix-caching")
     seeds = list(range(args.seeds))
     prompts = [int(p) for p in args.num_prompts.split(",")]
     repeat_counts = [int(r) for r in args.repeats.split(",")]

@@ -228,7 +228,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "timed_trace (JSON lines, or a CSV of timestamp,input_len,output_len) and conversation "
         "(a ShareGPT JSON file; default: synthetic turns)")
     add("--num-prompts", type=int, default=1000)
-    add("--seed", type=int, default=0)
+    add(
+        "--seed", type=int, default=None,
+        help="the prompts' seed (default: 0 where the server's prefix cache can be emptied, "
+        "else a fresh one each run, printed)",
+    )
     add("--random-input-len", type=int, default=1024)
     add("--random-output-len", type=int, default=128)
     add("--random-range-ratio", type=float, default=0.0)

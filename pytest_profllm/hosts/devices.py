@@ -1,10 +1,11 @@
 """The devices a server leases, by kind: GPUs (NVML, or virtual ones for the simulator), or CPU
 core sets where vLLM runs on CPU (its platform says so). What a server's environment says
-about its devices, where the client may run, and what the record calls the device.
+about its devices, and what the record calls the device.
 
 A core set is to a CPU server what a GPU is to a GPU server: a server takes tensor x pipeline
 x data parallel size of them, one per vLLM worker (`VLLM_CPU_OMP_THREADS_BIND`, ranks joined
-by `|`), and no two servers share one. The client is kept off its server's cores.
+by `|`), and no two servers share one. No set takes the first usable core: the load client
+runs there (hosts/cores.py leases it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import functools
 import os
 import platform
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -26,8 +27,9 @@ _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 
 
 def parse_cpu_sets(text: str) -> int | tuple[str, ...]:
-    """`2` splits the usable cores into 2 equal sets; `0-3/4-7` names the sets (each a list of
-    cores like `0-3` or `0,2,4`, sets separated by `/`). ValueError says what is wrong."""
+    """`2` splits the usable cores but the first (the client's) into 2 equal sets; `0-3/4-7`
+    names the sets (each a list of cores like `0-3` or `0,2,4`, sets separated by `/`).
+    ValueError says what is wrong."""
     text = text.strip()
     if text.isdigit():
         count = int(text)
@@ -69,25 +71,34 @@ def usable_cores() -> list[int]:
 
 
 def core_sets(spec: int | Sequence[str] | None, cores: Sequence[int]) -> tuple[str, ...]:
-    """The pool's core sets. None: one set of every usable core but the first, which stays
-    with the client and vLLM's API process (all of them on a one-core host). A count splits
-    the usable cores into that many equal sets (left-over cores go to the client). ValueError
-    for sets naming cores this process may not use."""
+    """The pool's core sets, which never take the first usable core: it stays with the load
+    client and vLLM's API process (on a one-core host one set shares it). None: one set of
+    every other usable core. A count splits the other cores into that many equal sets
+    (left-over cores go to the client too). ValueError, with the fix, for more sets than that
+    or sets that leave the client no core or name cores this process may not use."""
+    servers = list(cores[1:]) if len(cores) > 1 else list(cores)
     if spec is None:
-        chosen = list(cores[1:]) if len(cores) > 1 else list(cores)
-        return (_text(chosen),)
+        return (_text(servers),)
     if isinstance(spec, int):
-        if spec > len(cores):
+        if spec > len(servers):
             raise ValueError(
-                f"--profllm-cpus {spec}: only {len(cores)} usable core(s) on this host"
+                f"--profllm-cpus {spec}: room for {len(servers)} core set(s) here "
+                f"({len(cores)} usable core(s), core {cores[0]} stays with the load client): "
+                f"use --profllm-cpus {len(servers)}"
             )
-        size = len(cores) // spec
-        return tuple(_text(cores[i * size : (i + 1) * size]) for i in range(spec))
-    missing = sorted({c for s in spec for c in cores_of(s)} - set(cores))
+        size = len(servers) // spec
+        return tuple(_text(servers[i * size : (i + 1) * size]) for i in range(spec))
+    named = {c for s in spec for c in cores_of(s)}
+    missing = sorted(named - set(cores))
     if missing:
         raise ValueError(
             f"--profllm-cpus: core(s) {', '.join(map(str, missing))} are not usable here "
             f"(usable: {_text(list(cores))})"
+        )
+    if len(cores) > 1 and named >= set(cores):
+        raise ValueError(
+            f"--profllm-cpus: the sets take every usable core ({_text(list(cores))}): leave "
+            f"core {cores[0]} out of them for the load client"
         )
     return tuple(spec)
 
@@ -123,28 +134,6 @@ def device_env(kind: DeviceKind, lease: Lease) -> dict[str, str]:
     if kind == "cpu":
         return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(lease.gpus)}
     return {"CUDA_VISIBLE_DEVICES": ",".join(lease.gpus)}
-
-
-def leased_cores(kind: DeviceKind, lease: Lease | None) -> list[int]:
-    if kind != "cpu" or lease is None:
-        return []
-    return [core for core_set in lease.gpus for core in cores_of(core_set)]
-
-
-@contextlib.contextmanager
-def client_off(cores: Sequence[int]) -> Iterator[None]:
-    """Run the block (and the processes it starts) off these cores, where others are left:
-    a client sharing its CPU server's cores slows the server it measures."""
-    before = os.sched_getaffinity(0)
-    others = before - set(cores)
-    if not cores or not others:
-        yield
-        return
-    os.sched_setaffinity(0, others)  # this thread, and what it starts from now on
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 @functools.cache

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import filelock
 
@@ -35,6 +36,7 @@ _TURN_POLL_S = 0.05
 VIRTUAL_PREFIX = "virtual-"
 CPU_PREFIX = "cpu-"  # lock names of CPU core sets (devices.py); neither is an NVML UUID
 _NOT_NVML = (VIRTUAL_PREFIX, CPU_PREFIX)
+_Taken = TypeVar("_Taken")
 
 
 class LeaseTimeout(Exception):
@@ -100,26 +102,15 @@ class HostPool:
         """
         if gpu_count > len(self.gpu_ids):
             raise LeaseTimeout(f"needs {gpu_count} GPU(s) but the pool has {len(self.gpu_ids)}")
-        shared_dir(self.directory)
         started = time.monotonic()
-        deadline = started + timeout
-        queue = self._lock("lease-queue")
-        try:
-            queue.acquire(timeout=timeout)
-        except filelock.Timeout:
-            raise self._timeout(gpu_count, timeout, "waiting in the lease queue") from None
-        try:
-            if queued is not None:
-                queued()
-            while True:
-                lease = self._try_lease(gpu_count, started)
-                if lease is not None:
-                    return lease
-                if time.monotonic() >= deadline:
-                    raise self._timeout(gpu_count, timeout, "waiting for them to come free")
-                time.sleep(_POLL_S)
-        finally:
-            queue.release(force=True)
+        return in_turn(
+            self.directory,
+            "lease-queue",
+            timeout,
+            lambda: self._try_lease(gpu_count, started),
+            lambda doing: self._timeout(gpu_count, timeout, doing),
+            queued,
+        )
 
     def _try_lease(self, gpu_count: int, started: float) -> Lease | None:
         gpu_locks = self._try_gpus(gpu_count)
@@ -178,7 +169,7 @@ class HostPool:
             if len(taken) == count:
                 break
             lock = self._lock(f"gpu-{name}")
-            if _try(lock):
+            if try_lock(lock):
                 taken.append((index, lock))
         if len(taken) == count:
             return taken
@@ -189,7 +180,7 @@ class HostPool:
     def _try_port_block(self) -> tuple[int, filelock.BaseFileLock] | None:
         for block in self.port_blocks:
             lock = self._lock(f"port-{block}")
-            if not _try(lock):
+            if not try_lock(lock):
                 continue
             # A port outside our control (another program) may be bound already.
             if all(_port_free(port) for port in range(block, block + PORT_BLOCK)):
@@ -198,9 +189,7 @@ class HostPool:
         return None
 
     def _lock(self, name: str) -> filelock.BaseFileLock:
-        return filelock.FileLock(
-            self.directory / f"{name}.lock", mode=_LOCK_FILE_MODE, thread_local=False
-        )
+        return lock_file(self.directory, name)
 
 
 @dataclass(frozen=True)
@@ -262,11 +251,52 @@ def sweep_stale_turns(pool_dir: Path) -> list[Path]:
     return removed
 
 
+def in_turn(
+    directory: Path,
+    queue: str,
+    timeout: float,
+    attempt: Callable[[], _Taken | None],
+    timed_out: Callable[[str], LeaseTimeout],
+    queued: Callable[[], None] | None = None,
+) -> _Taken:
+    """The first answer of `attempt` that is not None, tried until `timeout` seconds are up.
+
+    Waiters queue host-wide on the lock `queue`: only its holder tries, so a large request is
+    not starved by small ones taking each thing as it frees. `queued` is called once this
+    request heads the queue; `timed_out(doing)` is the error when time runs out.
+    """
+    shared_dir(directory)
+    deadline = time.monotonic() + timeout
+    lock = lock_file(directory, queue)
+    try:
+        lock.acquire(timeout=timeout)
+    except filelock.Timeout:
+        raise timed_out("waiting in the lease queue") from None
+    try:
+        if queued is not None:
+            queued()
+        while True:
+            taken = attempt()
+            if taken is not None:
+                return taken
+            if time.monotonic() >= deadline:
+                raise timed_out("waiting for them to come free")
+            time.sleep(_POLL_S)
+    finally:
+        lock.release(force=True)
+
+
 def _internal_port(block: int) -> int:
     return block + 1
 
 
-def _try(lock: filelock.BaseFileLock) -> bool:
+def lock_file(directory: Path, name: str) -> filelock.BaseFileLock:
+    """The host-wide lock `name` in the pool folder (`name`.lock), which any user may take."""
+    return filelock.FileLock(directory / f"{name}.lock", mode=_LOCK_FILE_MODE, thread_local=False)
+
+
+def try_lock(lock: filelock.BaseFileLock) -> bool:
+    """Takes the lock if it is free; never waits."""
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:

@@ -12,14 +12,15 @@ import contextlib
 import gc
 import json
 import math
+import secrets
 import socket
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -42,6 +43,13 @@ from pytest_profllm.load.dataset import (
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.processes import run_in_processes
 from pytest_profllm.load.schedule import LoadResult, LoadSettings, arrival_offsets
+from pytest_profllm.load.server_state import (
+    CacheState,
+    cache_problem,
+    empty_caches,
+    scrape_metrics,
+    sim_fell_behind,
+)
 from pytest_profllm.plan.suite import BenchmarkConfig
 
 # Lists vLLM keeps only with --save-detailed (one entry per request).
@@ -54,6 +62,11 @@ DETAILED_KEYS = (
     "generated_texts",
     "errors",
 )
+
+
+C = TypeVar("C", bound=BenchmarkConfig)
+# A server's /metrics just before and just after a load (None where it did not answer).
+ServerWindow = tuple[dict[str, float] | None, dict[str, float] | None]
 
 
 class BenchFailed(Exception):
@@ -205,19 +218,37 @@ def server_engine(base_url: str, api_key: str | None = None) -> dict[str, str | 
     return {"name": "unknown", "version": None}
 
 
-def invalid_reason(
+def invalid_reasons(
     load: LoadResult,
     config: BenchmarkConfig,
-    health: dict[str, Any],
+    health: Mapping[str, Any],
     max_p99_lag_ms: float | None = None,
-) -> str | None:
-    """Why a finished load's figures are not a valid measurement, or None: token counts that
-    cannot be believed, or a client that set the pace instead of the server."""
+    window: ServerWindow = (None, None),
+) -> list[str]:
+    """Why a finished load's figures are not a valid measurement (none: they are): token
+    counts that cannot be believed, a client that set the pace instead of the server, a
+    simulated engine that fell behind its own clock, or a prompt cache that an earlier load
+    filled. `window` is the server's /metrics just before and after the load."""
+    lag_limit_ms = metrics.MAX_P99_SCHEDULE_LAG_S * 1000 if max_p99_lag_ms is None else (
+        max_p99_lag_ms)
     reasons = (
         metrics.inconsistent_counts(load.outcomes, config.ignore_eos),
         metrics.client_fell_behind(health, max_p99_lag_ms),
+        sim_fell_behind(*window, lag_limit_ms),
+        cache_problem(*window, config),
     )
-    return "; ".join(reason for reason in reasons if reason) or None
+    return [reason for reason in reasons if reason]
+
+
+def invalid_reason(
+    load: LoadResult,
+    config: BenchmarkConfig,
+    health: Mapping[str, Any],
+    max_p99_lag_ms: float | None = None,
+    window: ServerWindow = (None, None),
+) -> str | None:
+    """`invalid_reasons` as one line, or None."""
+    return "; ".join(invalid_reasons(load, config, health, max_p99_lag_ms, window)) or None
 
 
 def run_bench(
@@ -241,21 +272,37 @@ def run_bench(
     codec: Codec = (
         TokenizerCodec.load(tokenizer) if tokenizer else ServerCodec(base_url, name, api_key)
     )
+    cache = empty_caches(base_url, config, api_key)
+    config = prompts_of_its_own(config, cache)
     workload: Workload = make_workload(config, codec)
     settings = load_settings(config, base_url, name, api_key=api_key, endpoint=endpoint)
+    metrics_url = f"{base_url.rstrip('/')}/metrics"
+    before = scrape_metrics(metrics_url)
     load = asyncio.run(run_load(settings, workload))
+    window = (before, scrape_metrics(metrics_url))
     summary, health = measure(load, config, codec)
     if (problem := metrics.served_problem(load.outcomes, summary, max_failed)) is not None:
         raise BenchFailed(problem)
-    invalid = invalid_reason(load, config, health)
+    invalid = invalid_reason(load, config, health, window=window)
     result = result_json(config, model, tokenizer, label, load, summary, health, codec)
     result["engine"] = server_engine(base_url, api_key)
+    result["prefix_cache"] = cache.describe()
+    result["prompt_seed"] = config.seed
     result["verdict"] = "invalid" if invalid else "valid"
     result["invalid_reason"] = invalid
     if not save_detailed:
         for key in DETAILED_KEYS:
             result.pop(key, None)
     return BenchResult(result, load, invalid)
+
+
+def prompts_of_its_own(config: C, cache: CacheState) -> C:
+    """Where the server's cache could not be emptied (a server the tool did not start) and
+    no seed was given, the workload with a fresh seed: its prompts are then its own, not an
+    earlier run's that the server may still hold."""
+    if cache.state != "not emptied" or "seed" in config.model_fields_set:
+        return config
+    return config.model_copy(update={"seed": secrets.randbits(31)})
 
 
 def load_settings(
@@ -430,6 +477,10 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         ("Client CPU (% of a core):", result["client_cpu_percent"]),
         ("Verdict:", result["verdict"]),
     ]
+    if result.get("prefix_cache"):
+        rows.append(("Prefix cache:", result["prefix_cache"]))
+    if result.get("prompt_seed") is not None:
+        rows.append(("Prompt seed:", result["prompt_seed"]))
     lines = ["{:=^50}".format(" Serving Benchmark Result ")]
     for title, value in rows:
         shown = f"{value:.2f}" if isinstance(value, float) else str(value)

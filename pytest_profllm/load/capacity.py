@@ -20,22 +20,26 @@ simulator's virtual clock (benchmarks/perf/capacity_search.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 import warnings
 from collections.abc import Callable, Coroutine, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from pytest_profllm.load import metrics
 from pytest_profllm.load.bench import (
     DETAILED_KEYS,
+    ServerWindow,
     check_reachable,
+    invalid_reasons,
     load_settings,
     measure,
+    prompts_of_its_own,
     result_json,
     run_load,
     server_engine,
@@ -49,6 +53,7 @@ from pytest_profllm.load.dataset import (
 )
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.schedule import LoadResult
+from pytest_profllm.load.server_state import empty_caches, host_caused, scrape_metrics
 from pytest_profllm.plan.metric_names import CLIENT_HEALTH_KEYS
 from pytest_profllm.plan.suite import GOODPUT_SLO, CapacityConfig, CapacitySearch
 
@@ -509,9 +514,12 @@ def _float(value: float | int | None) -> float | None:
 
 
 class ServerProbes:
-    """Probes against one running server, each a load of the workload's prompts (used in turn,
-    so an extension sends new ones); keeps what each load measured last. `drive` runs a load
-    to its end (the case's also watches that the server lives)."""
+    """Probes against one running server. Every run of every probe is independent: it starts
+    from an emptied prefix cache, with prompts no earlier run sent (drawn from the run's own
+    seed), so no probe is answered from what the one before it left. A run the host made
+    invalid (the client or the simulated engine fell behind) runs again, up to `remeasure`
+    more times. Keeps what each load measured last; `drive` runs a load to its end (the
+    case's also watches that the server lives)."""
 
     def __init__(
         self,
@@ -524,36 +532,63 @@ class ServerProbes:
         max_schedule_lag_ms: float | None,
         drive: Callable[[Coroutine[Any, Any, LoadResult]], LoadResult] = asyncio.run,
         endpoint: str | None = None,
+        remeasure: int = 0,
+        holding: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
     ) -> None:
         self.bench = bench
         self.base_url = base_url
         self.drive = drive
         self.endpoint = endpoint
         self.codec = codec
-        self.prompts = prompts
+        self.first_prompts = prompts  # drawn from the workload's own seed: the first run's
         self.model = model
         self.api_key = api_key
         self.max_schedule_lag_ms = max_schedule_lag_ms
-        # load -> (config, load result, summary with health) of its last run
-        self.measured: dict[float, tuple[CapacityConfig, LoadResult, dict[str, Any]]] = {}
-        self._next = 0  # prompts are used in turn, so an extension sends new ones
+        self.remeasure = remeasure
+        self.holding = holding  # held from drawing a probe's prompts to its last run
+        # load -> (config, load result, summary with health, /metrics around it) of its last run
+        self.measured: dict[
+            float, tuple[CapacityConfig, LoadResult, dict[str, Any], ServerWindow]
+        ] = {}
+        # load -> why each of its runs that the host made invalid was run again
+        self.remeasured: dict[float, list[str]] = {}
+        self.cache_states: set[str] = set()  # how the runs found the prefix cache
+
+    def prompts_for(self, count: int, seed: int) -> list[PromptRequest]:
+        if seed == self.bench.seed and count <= len(self.first_prompts):
+            return self.first_prompts[:count]
+        return make_prompts(
+            self.bench.model_copy(update={"num_prompts": count, "seed": seed}), self.codec
+        )
 
     def __call__(self, load: float, count: int, seed: int) -> ProbeSamples:
+        with self.holding():
+            return self._run(load, count, seed)
+
+    def _run(self, load: float, count: int, seed: int) -> ProbeSamples:
         over = self.bench.search.over
         value: float | int = int(load) if over == "max_concurrency" else load
         config = self.bench.model_copy(update={over: value, "num_prompts": count, "seed": seed})
-        chosen = [self.prompts[(self._next + i) % len(self.prompts)] for i in range(count)]
-        self._next += count
+        chosen = self.prompts_for(count, seed)
         settings = load_settings(
             config, self.base_url, self.model, api_key=self.api_key, endpoint=self.endpoint
         )
-        result = self.drive(run_load(settings, chosen))
-        summary, health = measure(result, config, self.codec)
-        summary.update(health)
-        self.measured[load] = (config, result, summary)
-        behind = metrics.client_fell_behind(health, self.max_schedule_lag_ms)
+        metrics_url = f"{self.base_url.rstrip('/')}/metrics"
+        for attempt in range(self.remeasure + 1):
+            self.cache_states.add(empty_caches(self.base_url, config, self.api_key).describe())
+            before = scrape_metrics(metrics_url)
+            result = self.drive(run_load(settings, chosen))
+            window = (before, scrape_metrics(metrics_url))
+            summary, health = measure(result, config, self.codec)
+            summary.update(health)
+            reasons = invalid_reasons(result, config, health, self.max_schedule_lag_ms, window)
+            host = [reason for reason in reasons if host_caused(reason)]
+            if not host or attempt == self.remeasure:
+                break
+            self.remeasured.setdefault(load, []).append("; ".join(host))
+        self.measured[load] = (config, result, summary, window)
         return probe_samples(
-            result.outcomes, summary, health, self.bench.goodput, behind
+            result.outcomes, summary, health, self.bench.goodput, "; ".join(host) or None
         )
 
 
@@ -587,18 +622,21 @@ def search_server(
     )
     slos = slos_of(config.slo)
     per_probe = requests_per_probe(slos, config.num_prompts)
+    config = prompts_of_its_own(config, empty_caches(base_url, config, api_key))
     prompts = make_prompts(config.model_copy(update={"num_prompts": per_probe}), codec)
     probes = ServerProbes(config, base_url, codec, prompts, name, api_key, None,
                           endpoint=endpoint)
     found = search(probes, slos, config.search, config.num_prompts, seed=config.seed,
                    on_probe=on_probe)
     at = found.capacity if found.capacity is not None else found.probes[0].load
-    probe_config, load, summary = probes.measured[at]
+    probe_config, load, summary, _ = probes.measured[at]
     health = {key: value for key, value in summary.items() if key in CLIENT_HEALTH_KEYS}
     result = result_json(probe_config, model, tokenizer, label, load, summary, health, codec)
     result["engine"] = server_engine(base_url, api_key)
     result.update(found.results())
     result["capacity_search"] = found.as_record()
+    result["prefix_cache"] = "; ".join(sorted(probes.cache_states))
+    result["prompt_seed"] = config.seed
     for key in DETAILED_KEYS:
         result.pop(key, None)
     return ServerSearch(found, result, load)

@@ -69,6 +69,8 @@ class Case:
     thresholds: dict[str, Threshold]
     repeat_index: int = 0
     repeat_count: int = 1
+    # Whether the workload's seed was derived from the case id (the suite sets none).
+    seed_derived: bool = False
     profile: bool = False  # a short profiled run after the measured one
     regression: dict[str, float] = field(default_factory=dict)  # metric -> tolerance
     # The values this case takes on its suite's axes, as ("server.key", value) pairs: what
@@ -99,6 +101,11 @@ class Case:
     def name(self) -> str:
         """The case's part of the node id, after the file: `server::workload`."""
         return f"{self.server_label}::{self.workload_label}"
+
+    @property
+    def case_id(self) -> str:
+        """The record's case id: the suite file's name (not its folder), then `name`."""
+        return f"{_case_file(self.source)}::{self.name}"
 
     @property
     def gpus_needed(self) -> int:
@@ -200,16 +207,41 @@ def expand(
                         server_label=server_label,
                         workload_label=label,
                         server=fold_dotted_keys(server),
-                        benchmark=workload,
+                        benchmark=with_prompt_seed(
+                            workload, f"{_case_file(source)}::{server_label}::{label}"
+                        ),
                         thresholds=suite.thresholds,
                         repeat_index=index,
                         repeat_count=suite.repeat,
+                        seed_derived=isinstance(workload, BenchmarkConfig)
+                        and "seed" not in workload.model_fields_set,
                         profile=suite.profile,
                         axis_values=axis_values,
                         regression=suite.regression,
                     )
                 )
     return cases
+
+
+def with_prompt_seed(workload: WorkloadConfig, case_id: str) -> WorkloadConfig:
+    """The workload with the seed its prompts are drawn from: the suite's `seed` where it sets
+    one, else one derived from the case id (which names the repeat). Two cases on one server,
+    and two repeats of a case, then send different prompts, so none is answered from what an
+    earlier one left in the prefix cache; the same case draws the same prompts in every
+    session, so the gate compares like with like."""
+    if "seed" in workload.model_fields_set or not isinstance(workload, BenchmarkConfig):
+        return workload
+    return workload.model_copy(update={"seed": derived_seed(case_id)})
+
+
+def derived_seed(case_id: str) -> int:
+    # 31 bits: numpy's and Python's generators take any non-negative int, vLLM's --seed an int.
+    return int.from_bytes(hashlib.sha256(f"profllm-prompts:{case_id}".encode()).digest()[:4]) >> 1
+
+
+def _case_file(source: str) -> str:
+    # The record's case id starts with the suite file's name (not its folder).
+    return source.split("/")[-1]
 
 
 def _suite_name(source: str) -> str:

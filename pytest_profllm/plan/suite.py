@@ -234,6 +234,9 @@ class BenchmarkConfig(BaseModel):
     request_timeout_s: FiniteFloat = Field(600.0, gt=0)
     # Ours, not vLLM's: spread the client over processes when one event loop cannot keep up.
     client_processes: int = Field(1, ge=1)
+    # Ours: keep what earlier cases left in the server's prefix cache (default: each case,
+    # repeat and capacity probe starts from an emptied cache, run/cache.py).
+    warm_cache: bool = False
 
     @field_validator("percentile_metrics")
     @classmethod

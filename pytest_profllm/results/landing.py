@@ -220,8 +220,10 @@ class SweptAxes:
         return axes
 
     def watched(self, columns: list[str]) -> list[str]:
-        """The columns that may be axes."""
-        return [column for column in columns if column.startswith(("server_", "bench_"))]
+        """The columns that may be axes. Never the workload's seed: unless a suite sets it,
+        each case draws its prompts from a seed of its own (plan/case.py), by design."""
+        return [column for column in columns
+                if column.startswith(("server_", "bench_")) and column != "bench_seed"]
 
     def see(self, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
         """Takes note of distinct rows being loaded: (suite, axes, *values of `columns`);

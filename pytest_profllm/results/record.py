@@ -122,6 +122,11 @@ class SystemInfo(BaseModel):
     server_prefix_cache_queries: float | None = None  # tokens looked up
     server_prefix_cache_hits: float | None = None  # tokens found
     server_prefix_cache_hit_rate: float | None = None
+    # The simulated engine's steps over the measured run, and how late they ended on this
+    # host: the mean, and the lateness at most 1 % of them exceeded (load/server_state.py).
+    sim_steps: float | None = None
+    sim_step_lateness_mean_ms: float | None = None
+    sim_step_lateness_p99_ms: float | None = None
     telemetry_samples: int | None = None
     telemetry_interval_s: float | None = None
 
@@ -139,6 +144,10 @@ class RuntimeInfo(BaseModel):
     server_ready_at: float | None = None
     server_stopped_at: float | None = None
     lease_wait_s: float | None = None
+    # The host cores the measured load held (hosts/cores.py): the client's, and a simulated
+    # server's ({"client": [0], "server": [1]}); and the wait for them, in no measurement.
+    load_cores: dict[str, list[int]] | None = None
+    load_core_wait_s: float | None = None
     # What the checks after stop found: processes that outlived the group, GPU memory held;
     # and a server that died or lost its port while in use.
     server_stop_problems: list[str] = Field(default_factory=list)
@@ -147,6 +156,16 @@ class RuntimeInfo(BaseModel):
     # With --profllm-ray: the Ray node the case ran on (the host name is system.host).
     node_id: str | None = None
     node_ip: str | None = None
+    # The seed the workload's prompts were drawn from, and whether it was derived from the
+    # case id (the suite sets none) so that no two cases or repeats send the same prompts.
+    prompt_seed: int | None = None
+    prompt_seed_derived: bool | None = None
+    # What the server's prefix cache held when the measured load began: `emptied`, `warm`
+    # (warm_cache: true) or `not emptied: why` (load/server_state.py).
+    prefix_cache: str | None = None
+    # How many times the load ran: more than one where the host made an attempt invalid
+    # (`attempts` keeps each); the figures are those of the first valid attempt.
+    attempts: int | None = None
 
 
 class TraceFile(BaseModel):
@@ -180,6 +199,22 @@ class TurnSummary(BaseModel):
     p99_ttft_ms: float | None = None
     mean_prompt_tokens: float | None = None
     prefix_cache_hit_rate: float | None = Field(None, ge=0.0, le=1.0)
+
+
+class Attempt(BaseModel):
+    """One run of a case's load: when, whether its figures are valid, and the headline ones."""
+
+    attempt: int = Field(ge=1)
+    started_at: float  # Unix seconds
+    duration_s: float | None = None
+    validity: Validity
+    reasons: list[str] = Field(default_factory=list)
+    prefix_cache: str | None = None
+    request_throughput: float | None = None
+    output_throughput: float | None = None
+    median_ttft_ms: float | None = None
+    p99_schedule_lag_ms: float | None = None
+    sim_step_lateness_p99_ms: float | None = None
 
 
 class BenchmarkRecord(BaseModel):
@@ -226,6 +261,10 @@ class BenchmarkRecord(BaseModel):
     # A conversation workload (`dataset_name: conversation`): its figures by turn. The
     # per-request rows say each request's conversation, turn and cached tokens.
     by_turn: list[TurnSummary] | None = None
+    # Every run of the load (run/remeasure.py): a measurement the host made invalid (the
+    # client or the simulated engine fell behind) is run again; each attempt keeps its
+    # validity, reasons and headline figures. The results are the first valid attempt's.
+    attempts: list[Attempt] = Field(default_factory=list)
 
 
 def measurement_validity(

@@ -174,6 +174,7 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         _axes_columns((record.get("config") or {}).get("axes")),
         capacity.get("limit"),
         capacity or None,
+        record.get("attempts") or None,
         digest,
     )
 

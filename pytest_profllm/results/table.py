@@ -69,6 +69,8 @@ FIXED_COLUMNS: dict[str, str] = {
     # A capacity case's search (record `capacity`): the SLO that limits it, and all of it.
     "capacity_limit": "TEXT",
     "capacity_search": "TEXT",
+    # Every run of the case's load, where the host made one invalid (record `attempts`).
+    "attempts": "TEXT",
     # A digest of the record's file: loading the same file again is recognised as unchanged
     # (without reading it: ingest digests the bytes and skips a file whose digest is stored).
     "record_digest": "TEXT",

@@ -6,9 +6,10 @@ figures are those of the probe at the capacity.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 
-from pytest_profllm.hosts.devices import client_off, leased_cores
 from pytest_profllm.load import metrics
 from pytest_profllm.load.bench import invalid_reason
 from pytest_profllm.load.capacity import (
@@ -39,8 +40,11 @@ def run_capacity(
     servers: WorkerServers,
     outcome: CaseOutcome,
     max_schedule_lag_ms: float | None = None,
+    remeasure: int = 0,
 ) -> CaseOutcome:
-    """Start or reuse the server, search its capacity, and keep the probe at the capacity."""
+    """Start or reuse the server, search its capacity (every probe run from an emptied cache
+    with prompts of its own, load/capacity.py `ServerProbes`), and keep the probe at the
+    capacity."""
     bench = case.benchmark
     assert isinstance(bench, CapacityConfig)
     slos = slos_of(bench.slo)
@@ -50,21 +54,32 @@ def run_capacity(
         per_probe = requests_per_probe(slos, bench.num_prompts)
         with dataset_refusals(case):
             prompts = make_prompts(bench.model_copy(update={"num_prompts": per_probe}), codec)
+
+        @contextlib.contextmanager
+        def holding_cores() -> Iterator[None]:
+            # Each probe holds the host's load cores from drawing its prompts to its last run,
+            # and only then: waiting comes before its loads, and other cases' loads run
+            # between probes.
+            with servers.load_cores(server, bench.client_processes) as outcome.load_cores:
+                yield
+
         probes = ServerProbes(
             bench, server.base_url, codec, prompts, served_name(case.server),
             api_key_of(case.server), max_schedule_lag_ms,
             drive=lambda load: asyncio.run(load_while_alive(server, load)),
+            remeasure=remeasure, holding=holding_cores,
         )
         gpu_ids = server.lease.gpus if server.device == "gpu" else ()
-        with (
-            client_off(leased_cores(server.device, server.lease)),
-            Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler,
-        ):
+        with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:
             found = search(probes, slos, bench.search, bench.num_prompts, seed=bench.seed)
         outcome.telemetry = sampler.summary()
         outcome.series = sampler.series()
     _keep_probe_at_capacity(outcome, found, probes, max_schedule_lag_ms)
     outcome.capacity = found.as_record()
+    for probe in outcome.capacity["probes"]:
+        # Why runs of this probe were measured again (the host made them invalid).
+        probe["remeasured"] = probes.remeasured.get(probe["load"], [])
+    outcome.prefix_cache = "; ".join(sorted(probes.cache_states)) or None
     outcome.results.update(found.results())
     outcome.verdicts = evaluate(case, outcome.results)
     outcome.finished_at = time.time()
@@ -80,7 +95,7 @@ def _keep_probe_at_capacity(
     """The figures, requests and validity of the probe at the capacity (else the first, which
     says why no load met). A search whose every request failed measured nothing."""
     at = found.capacity if found.capacity is not None else found.probes[0].load
-    config, load, summary = probes.measured[at]
+    config, load, summary, window = probes.measured[at]
     if not summary.get("completed"):
         problem = metrics.served_problem(load.outcomes, summary, 0)
         raise CaseFailed(problem or "no request of the capacity search completed")
@@ -90,5 +105,7 @@ def _keep_probe_at_capacity(
     ]
     if found.capacity is not None:
         health = {k: v for k, v in summary.items() if k in CLIENT_HEALTH_KEYS}
-        outcome.invalid_reason = invalid_reason(load, config, health, max_schedule_lag_ms)
+        outcome.invalid_reason = invalid_reason(
+            load, config, health, max_schedule_lag_ms, window
+        )
         outcome.request_failures = metrics.request_failures(load.outcomes)

@@ -21,6 +21,7 @@ from pytest_profllm.engine.choice import EngineChoice
 from pytest_profllm.engine.registry import registry_for
 from pytest_profllm.engine.secrets import redact
 from pytest_profllm.hosts import nvml
+from pytest_profllm.hosts.cores import CoreLease
 from pytest_profllm.hosts.devices import cpu_model
 from pytest_profllm.load import metrics
 from pytest_profllm.load.prompt import DatasetError
@@ -78,6 +79,14 @@ class CaseOutcome:
     skip_reason: str | None = None
     # A conversation workload's figures per turn (load/conversation.py `by_turn`).
     by_turn: list[dict[str, Any]] | None = None
+    # The host cores the load held while it was measured, and how long it waited for them.
+    load_cores: CoreLease | None = None
+    # The server's /metrics just before and just after the measured load (None: no answer).
+    server_window: tuple[dict[str, float] | None, dict[str, float] | None] = (None, None)
+    # What the prefix cache held when the measured load began (load/server_state.py).
+    prefix_cache: str | None = None
+    # Every run of the load (run/attempts.py); empty for kinds that do not re-measure.
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def run_id(self) -> str:
@@ -95,7 +104,7 @@ class CaseOutcome:
             session_id=self.session_id,
             suite=case.suite,
             source=case.source,
-            case_id=f"{case.source.split('/')[-1]}::{case.name}",
+            case_id=case.case_id,
             nodeid=self.nodeid,
             repeat_index=case.repeat_index,
             timestamp=datetime.fromtimestamp(self.started_at, UTC).isoformat(),
@@ -106,7 +115,10 @@ class CaseOutcome:
             config=_config(case, self.engine),
             results={k: v for k, v in self.results.items() if not _bad_float(v)},
             system={**system_info(self.engine, self.server), **self.telemetry},
-            runtime=describe_runtime(self.server, self.worker, case),
+            runtime={
+                **describe_runtime(self.server, self.worker, case, self.load_cores),
+                **self._measured_how(),
+            },
             profiling=self.profiling,
             thresholds={name: t.model_dump() for name, t in case.thresholds.items()},
             verdicts=self.verdicts,
@@ -116,8 +128,21 @@ class CaseOutcome:
             series=self.series,
             capacity=self.capacity,
             by_turn=self.by_turn,
+            attempts=self.attempts,
         )
         return record.model_dump(mode="json")
+
+    def _measured_how(self) -> dict[str, Any]:
+        """The runtime facts of how the load was measured: its prompts' seed, the prefix cache
+        it began with, and how many attempts it took."""
+        bench = self.case.benchmark
+        seed = getattr(bench, "seed", None)
+        return {
+            "prompt_seed": seed if isinstance(seed, int) else None,
+            "prompt_seed_derived": self.case.seed_derived if isinstance(seed, int) else None,
+            "prefix_cache": self.prefix_cache,
+            "attempts": len(self.attempts) or None,
+        }
 
     def _invalid_because(self, message: str | None) -> list[str]:
         """Why this case's results are not a valid measurement (none: they are)."""
@@ -236,7 +261,9 @@ def system_info(engine: EngineChoice, server: ServerProcess | None) -> dict[str,
     }
 
 
-def describe_runtime(server: ServerProcess | None, worker: str, case: Case) -> dict[str, Any]:
+def describe_runtime(
+    server: ServerProcess | None, worker: str, case: Case, cores: CoreLease | None = None
+) -> dict[str, Any]:
     lease = server.lease if server else None
     on_cpu = server is not None and server.device == "cpu"
     return {
@@ -253,4 +280,6 @@ def describe_runtime(server: ServerProcess | None, worker: str, case: Case) -> d
         "lease_wait_s": lease.wait_s if lease else None,
         "server_stop_problems": list(server.stop_problems) if server else [],
         "server_restart_reason": server.restart_reason if server else None,
+        "load_cores": cores.as_record() if cores else None,
+        "load_core_wait_s": cores.wait_s if cores else None,
     }

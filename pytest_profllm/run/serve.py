@@ -15,9 +15,8 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from pytest_profllm.hosts.devices import client_off, leased_cores
 from pytest_profllm.load import metrics
-from pytest_profllm.load.bench import invalid_reason, load_settings, measure, run_load
+from pytest_profllm.load.bench import invalid_reasons, load_settings, measure, run_load
 from pytest_profllm.load.conversation import Conversations, Workload, by_turn, make_workload
 from pytest_profllm.load.dataset import (
     Codec,
@@ -25,8 +24,10 @@ from pytest_profllm.load.dataset import (
     TokenizerCodec,
 )
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
+from pytest_profllm.load.server_state import empty_caches
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.suite import MEDIA_DATASETS, BenchmarkConfig
+from pytest_profllm.run.attempts import Attempts
 from pytest_profllm.run.outcome import (
     CaseFailed,
     CaseOutcome,
@@ -51,24 +52,47 @@ def run_case(
     servers: WorkerServers,
     outcome: CaseOutcome,
     max_schedule_lag_ms: float | None = None,
+    remeasure: int = 0,
 ) -> CaseOutcome:
-    """Start or reuse the server, send the workload, compute metrics and verdicts."""
+    """Start or reuse the server, send the workload from an emptied prefix cache (again, up to
+    `remeasure` times, while the host makes the measurement invalid), compute metrics and
+    verdicts."""
     bench = case.benchmark
     assert isinstance(bench, BenchmarkConfig), "offline kinds run in offline.runner"
+    attempts = Attempts(remeasure)
     with servers.serving(case) as server:
         outcome.server = server
         codec = codec_for(case, servers.engine, server.base_url)
-        with dataset_refusals(case):
-            prompts = make_workload(bench, codec)
-        settings = load_settings(
-            bench, server.base_url, served_name(case.server), api_key=api_key_of(case.server)
-        )
-        load = _load(server, settings, prompts, outcome)
+        # The host's load cores are held from drawing the prompts (the client's own work, kept
+        # off another case's load) to the last attempt; waiting for them comes first, outside
+        # every measurement.
+        with servers.load_cores(server, bench.client_processes) as outcome.load_cores:
+            with dataset_refusals(case):
+                prompts = make_workload(bench, codec)
+            settings = load_settings(
+                bench, server.base_url, served_name(case.server), api_key=api_key_of(case.server)
+            )
+            while True:
+                started_at = time.time()
+                outcome.prefix_cache = empty_caches(
+                    server.base_url, bench, api_key_of(case.server)
+                ).describe()
+                load = _load(server, settings, prompts, outcome)
+                results, health = measure(load, bench, codec)
+                results.update(health)
+                reasons = invalid_reasons(
+                    load, bench, health, max_schedule_lag_ms, outcome.server_window
+                )
+                attempts.add(
+                    started_at, reasons, results, outcome.telemetry, outcome.prefix_cache
+                )
+                if not attempts.again(reasons):
+                    break
     # The server lived through the load on its own port (serving checked): the figures count.
-    outcome.results, health = measure(load, bench, codec)
-    outcome.results.update(health)
+    outcome.results = results
+    outcome.attempts = attempts.kept
     outcome.verdicts = evaluate(case, outcome.results)
-    outcome.invalid_reason = invalid_reason(load, bench, health, max_schedule_lag_ms)
+    outcome.invalid_reason = attempts.invalid_reason(reasons)
     outcome.request_failures = metrics.request_failures(load.outcomes)
     outcome.by_turn = by_turn(load.outcomes)
     check_modality(case, load.outcomes)
@@ -93,13 +117,11 @@ def _load(
     """The workload sent with telemetry sampled; the per-request rows and the telemetry go into
     the outcome, also when the server turns out lost afterwards."""
     gpu_ids = server.lease.gpus if server.device == "gpu" else ()
-    with (
-        client_off(leased_cores(server.device, server.lease)),
-        Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler,
-    ):
+    with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:
         load = asyncio.run(load_while_alive(server, run_load(settings, prompts)))
     outcome.telemetry = sampler.summary()
     outcome.series = sampler.series()
+    outcome.server_window = (sampler.metrics_before, sampler.metrics_after)
     outcome.requests = [
         request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
     ]

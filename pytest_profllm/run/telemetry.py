@@ -17,9 +17,14 @@ import psutil
 
 from pytest_profllm.hosts.nvml import GpuReading, NvmlGpus
 from pytest_profllm.hosts.processes import process_tree
+from pytest_profllm.load.server_state import (
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    scrape_metrics,
+    sim_lateness,
+)
 
 DEFAULT_INTERVAL_S = 0.5
-_SCRAPE_TIMEOUT_S = 2.0
 _MIB = 2**20
 
 
@@ -79,36 +84,8 @@ class _TreeMeter:
         return ProcessReading(cpu_percent=cpu, rss_mib=rss / _MIB, processes=counted)
 
 
-def scrape_metrics(
-    url: str, timeout: float = _SCRAPE_TIMEOUT_S, session: Any = None
-) -> dict[str, float] | None:
-    """A Prometheus text endpoint as {sample name: value summed over its labels}; None where
-    it does not answer (an engine without /metrics is no error). A `requests.Session` keeps
-    the connection between scrapes."""
-    # Deferred: requests takes about 0.1 s to import, on every pytest run otherwise.
-    import requests
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        response = (session or requests).get(url, timeout=timeout)
-    except requests.RequestException:
-        return None
-    if response.status_code != 200:
-        return None
-    values: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(response.text):
-            for sample in family.samples:
-                values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
-    except ValueError:
-        return None
-    return values
-
-
 # vLLM 0.33.0's names (vllm/v1/metrics/loggers.py); counters carry prometheus_client's `_total`.
 PREEMPTIONS = "vllm:num_preemptions_total"
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -127,7 +104,8 @@ SERIES_FIELDS = (
 def server_metric_deltas(
     before: dict[str, float] | None, after: dict[str, float] | None
 ) -> dict[str, float | None]:
-    """Preemptions and prefix-cache figures of the case: the counters' change over it."""
+    """Preemptions and prefix-cache figures of the case: the counters' change over it; and
+    the simulated engine's lateness over it (load/server_state.py)."""
 
     def delta(name: str) -> float | None:
         if before is None or after is None or name not in after:
@@ -140,6 +118,7 @@ def server_metric_deltas(
         "server_prefix_cache_queries": queries,
         "server_prefix_cache_hits": hits,
         "server_prefix_cache_hit_rate": (hits / queries if queries and hits is not None else None),
+        **sim_lateness(before, after),
     }
 
 

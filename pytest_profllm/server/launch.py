@@ -17,6 +17,7 @@ from pytest_profllm.hosts.pool import Lease
 from pytest_profllm.plan.case import Case
 
 HOST = "127.0.0.1"
+SIM_NICE_ENV = "PROFLLM_SIM_NICE"  # the simulator's niceness increment (sim/cli.py)
 
 
 def launch(
@@ -35,7 +36,14 @@ def launch(
     argv = serve_command(engine, server, HOST, lease.port, registry, vllm, sim_device)
     # A key in the user's own environment would be enforced by the server on requests that
     # do not send it: a suite's key is passed on, no other.
-    return argv, {**server_env(lease, device), "VLLM_API_KEY": "", **serve_env(server)}
+    env = {**server_env(lease, device), "VLLM_API_KEY": "", **serve_env(server)}
+    if engine == "sim":
+        # The simulator lowers its own priority by default, below a load client beside it;
+        # the plugin gives it a load core of its own instead (hosts/cores.py), where a lower
+        # priority would only make it give way to the host's other work, and lowers it there
+        # only where it shares the client's core (server/workers.py).
+        env[SIM_NICE_ENV] = "0"
+    return argv, env
 
 
 def server_name(case: Case) -> str:
@@ -59,6 +67,11 @@ def server_env(lease: Lease, device: DeviceKind = "gpu") -> dict[str, str]:
         **device_env(device, lease),
         # A private base for vLLM's internal ports: without it, servers on one host collide.
         "VLLM_PORT": str(lease.internal_port),
+        # vLLM serves POST /reset_prefix_cache (and /reset_mm_cache) only in its development
+        # mode: each case empties the cache that the cases before it filled
+        # (load/server_state.py). The server listens on 127.0.0.1 alone, and its other
+        # development routes are never called.
+        "VLLM_SERVER_DEV_MODE": "1",
     }
 
 

@@ -14,6 +14,7 @@ from pytest_profllm.engine.choice import EngineName
 from pytest_profllm.engine.install import VllmInstall
 from pytest_profllm.engine.registry import registry_for
 from pytest_profllm.hosts import nvml
+from pytest_profllm.hosts.cores import CoreLease, LoadCores, below_the_client, thread_on, tree_on
 from pytest_profllm.hosts.devices import DeviceKind
 from pytest_profllm.hosts.pool import HostPool, Lease, SessionTurns
 from pytest_profllm.plan.case import Case
@@ -54,6 +55,8 @@ class WorkerServers:
     starts: int = 0
     vllm: VllmInstall | None = None  # where the engine is vLLM: its Python and launcher
     device: DeviceKind = "gpu"
+    # The host's cores that loads hold while they are measured; None: a load holds none.
+    cores: LoadCores | None = None
 
     def server_for(self, case: Case) -> ServerProcess:
         """The running server for this case's key, started (once) if need be."""
@@ -101,6 +104,27 @@ class WorkerServers:
             raise self.lost(server, problem) from None
         if (problem := server.lost_problem()) is not None:
             raise self.lost(server, problem)
+
+    @contextlib.contextmanager
+    def load_cores(self, server: ServerProcess, client: int) -> Iterator[CoreLease]:
+        """Cores for a case's load, held for the block (its measured part), once free: the
+        client's (this thread and the processes it starts run there) and a simulated
+        server's (its processes run there; vLLM's hold their devices for life). The wait is
+        the block's, before anything in it is measured."""
+        simulated = server.engine == "sim"
+        if self.cores is None:
+            if simulated:
+                below_the_client(server.pid)  # no core of its own: it shares the client's
+            yield CoreLease((), (), 0.0)
+            return
+        with (
+            self.cores.hold(client, 1 if simulated else 0, self.lease_timeout) as lease,
+            thread_on(lease.client),
+            tree_on(server.pid, lease.server),
+        ):
+            if simulated and set(lease.server) & set(lease.client):
+                below_the_client(server.pid)  # one core for both (a one-core host)
+            yield lease
 
     def lost(self, server: ServerProcess, problem: str) -> ServerLost:
         """The server died or lost its port during a case: the case fails with this error, its

@@ -18,7 +18,8 @@ def summary_lines(controller: ControllerSession) -> list[str]:
     lines.append(f"engine: {engine.name} ({engine.reason})")
     # Servers of this session: a resumed case's record tells of an earlier session's server.
     session = controller.identity.session_id
-    lines += _server_lines([r for r in records if r.get("session_id", session) == session])
+    ours = [r for r in records if r.get("session_id", session) == session]
+    lines += _server_lines(ours) + _load_core_lines(ours)
     settings = controller.settings
     if settings.out_dir is not None:
         unwritten, resumed = controller.unwritten, controller.resumed
@@ -64,3 +65,15 @@ def _server_lines(records: list[dict[str, Any]]) -> list[str]:
             f"(longest {max(waited):.1f} s), not counted in any measurement"
         )
     return [line]
+
+
+def _load_core_lines(records: list[dict[str, Any]]) -> list[str]:
+    # Each case's load waited for its host cores (hosts/cores.py) before it was measured.
+    waits = [(r.get("runtime") or {}).get("load_core_wait_s") or 0.0 for r in records]
+    waited = [wait for wait in waits if wait >= _WAIT_WORTH_SAYING_S]
+    if not waited:
+        return []
+    return [
+        f"{len(waited)} load(s) waited for host cores, {sum(waited):.1f} s in all "
+        f"(longest {max(waited):.1f} s), not counted in any measurement"
+    ]

@@ -35,6 +35,8 @@ def sweep_key(case: Case) -> str | None:
         return None
     workload = case.benchmark.model_dump(mode="json")
     workload.pop("request_rate", None)
+    if case.seed_derived:
+        workload.pop("seed")  # derived per case, so each rate draws prompts of its own
     return json.dumps([case.server_key, workload], sort_keys=True, default=str)
 
 

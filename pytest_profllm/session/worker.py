@@ -15,6 +15,7 @@ import pytest
 
 from pytest_profllm.engine.choice import EngineChoice
 from pytest_profllm.hosts import nvml
+from pytest_profllm.hosts.cores import LoadCores
 from pytest_profllm.hosts.nvml import GpuBusy
 from pytest_profllm.hosts.pool import HostPool, LeaseTimeout
 from pytest_profllm.offline.runner import run_offline
@@ -142,6 +143,10 @@ class WorkerSession:
             turns=session_turns(self.pool, self.identity) if self.ranks else None,
             profile_root=out / "profiles" if out else None,
             sim_device=self.settings.sim_device,
+            cores=(
+                LoadCores.of(self.pool, self.identity.engine.device_kind)
+                if self.settings.load_cores else None
+            ),
         )
 
     def _outcome(self, case: Case, nodeid: str) -> CaseOutcome:
@@ -157,10 +162,16 @@ class WorkerSession:
             pytest.skip(reason)
         try:
             if case.kind == "capacity":
-                return run_capacity(case, self.servers, outcome, self.settings.max_schedule_lag_ms)
+                return run_capacity(
+                    case, self.servers, outcome, self.settings.max_schedule_lag_ms,
+                    self.settings.remeasure,
+                )
             if case.kind != "serve":
                 return run_offline(case, self.servers, outcome)
-            return run_case(case, self.servers, outcome, self.settings.max_schedule_lag_ms)
+            return run_case(
+                case, self.servers, outcome, self.settings.max_schedule_lag_ms,
+                self.settings.remeasure,
+            )
         except BaseException as error:
             outcome.error = str(error).splitlines()[0] if str(error) else type(error).__name__
             outcome.finished_at = time.time()

@@ -1,0 +1,246 @@
+"""What a server carries from one load to the next, and what it says of itself over one load.
+
+A server answers a prompt it has seen from its prefix cache: a case that follows another on
+the same server, a repeat or a capacity probe would measure the cache left by the one before.
+`empty_caches` empties it (vLLM's `POST /reset_prefix_cache`, served where the server runs with
+`VLLM_SERVER_DEV_MODE=1`, which the plugin sets for the servers it starts; the simulated
+engine serves the same route). Two scrapes of `/metrics` around a load then say what the cache
+did within it (`cache_problem`), and whether the simulated engine kept its own clock
+(`sim_lateness`, `sim_fell_behind`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_profllm.plan.suite import BenchmarkConfig
+
+# vLLM 0.33.0's names (vllm/v1/metrics/loggers.py); counters carry prometheus_client's `_total`.
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+# The simulated engine's own (sim/instruments.py): steps run, and steps that ended more than
+# so many milliseconds after they were due, by the real-time step loop.
+SIM_STEPS = "profllm:sim_steps_total"
+SIM_LATENESS_SUM = "profllm:sim_step_lateness_seconds_total"
+SIM_LATE_BOUNDS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+
+def sim_late_name(bound_ms: int) -> str:
+    return f"profllm:sim_steps_late_over_{bound_ms}ms_total"
+
+
+# A workload that shares no prefix on purpose may still find a little of itself in the cache
+# (a chat template's opening tokens, two prompts that happen to start alike); more than this
+# share of its prompt tokens means it measured what an earlier load left behind.
+MAX_UNINTENDED_HIT_RATE = 0.05
+# The share of the simulated engine's steps allowed to end later than the lateness limit.
+SIM_LATE_STEP_SHARE = 0.01
+_RESET_TIMEOUT_S = 30.0
+_SCRAPE_TIMEOUT_S = 2.0
+
+
+def scrape_metrics(
+    url: str, timeout: float = _SCRAPE_TIMEOUT_S, session: Any = None
+) -> dict[str, float] | None:
+    """A Prometheus text endpoint as {sample name: value summed over its labels}; None where
+    it does not answer (an engine without /metrics is no error). A `requests.Session` keeps
+    the connection between scrapes."""
+    # Deferred: requests takes about 0.1 s to import, on every pytest run otherwise.
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        response = (session or requests).get(url, timeout=timeout)
+    except requests.RequestException:
+        return None
+    if response.status_code != 200:
+        return None
+    values: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(response.text):
+            for sample in family.samples:
+                values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+    except ValueError:
+        return None
+    return values
+
+
+@dataclass(frozen=True)
+class CacheState:
+    """How a load found the server's caches: `emptied` before it, kept warm on purpose, or not
+    emptied (`problem` says why)."""
+
+    state: str  # "emptied", "warm" or "not emptied"
+    problem: str | None = None
+
+    def describe(self) -> str:
+        if self.state == "emptied":
+            return "emptied before the load"
+        if self.state == "warm":
+            return "kept warm (warm_cache: true)"
+        return f"not emptied: {self.problem}"
+
+
+def empty_caches(
+    base_url: str, config: BenchmarkConfig, api_key: str | None = None
+) -> CacheState:
+    """Empties the server's prefix cache (and its multimodal cache, where the workload sends
+    media) unless the workload keeps it warm; what was done, never an exception."""
+    if config.warm_cache:
+        return CacheState("warm")
+    problem = _post(base_url, "/reset_prefix_cache", api_key)
+    if problem is None and config.dataset_name in _MEDIA:
+        # A server without a multimodal cache route (a text model's) has nothing to empty.
+        mm_problem = _post(base_url, "/reset_mm_cache", api_key)
+        if mm_problem is not None and "404" not in mm_problem:
+            problem = mm_problem
+    return CacheState("emptied") if problem is None else CacheState("not emptied", problem)
+
+
+_MEDIA = ("random-mm", "custom_image", "custom_audio")
+
+
+def _post(base_url: str, path: str, api_key: str | None) -> str | None:
+    request = urllib.request.Request(
+        f"{base_url.rstrip('/')}{path}",
+        data=b"",
+        method="POST",
+        headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=_RESET_TIMEOUT_S) as response:
+            body = response.read()
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return (
+                f"POST {path} answered 404 (vLLM serves it only with VLLM_SERVER_DEV_MODE=1)"
+            )
+        return f"POST {path} answered {error.code}: {_short(error.read())}"
+    except (OSError, ValueError) as error:
+        return f"POST {path} failed: {error}"
+    # vLLM answers 200 either way; `{"success": false}` when blocks were still in use (older
+    # versions answer an empty body on success).
+    with contextlib.suppress(ValueError):
+        said = json.loads(body or b"{}")
+        if isinstance(said, dict) and said.get("success") is False:
+            return f"POST {path}: the server could not empty it (requests still running)"
+    return None
+
+
+def _short(body: bytes) -> str:
+    text = body.decode(errors="replace").strip()
+    try:
+        said = json.loads(text)
+    except ValueError:
+        return text[:200]
+    if isinstance(said, dict):
+        message = said.get("message") or said.get("detail") or (said.get("error") or {})
+        if isinstance(message, dict):
+            message = message.get("message")
+        if message:
+            return str(message)[:200]
+    return text[:200]
+
+
+# The datasets whose prompts the tool draws itself, sharing nothing unless a key says so. A
+# file's prompts (sharegpt, custom, images, traces) may share a system prompt or an image on
+# purpose: their cache figures are reported, never judged.
+_DRAWN_APART = ("random", "random-mm", "burstgpt")
+
+
+def shared_on_purpose(config: BenchmarkConfig) -> str | None:
+    """Why the workload's own prompts may share prefixes (what a cold cache still finds
+    within the load), or None where they share none by construction."""
+    if config.warm_cache:
+        return "warm_cache: true"
+    if config.dataset_name == "prefix_repetition":
+        return "prefix_repetition prompts share prefixes"
+    if config.dataset_name == "conversation":
+        return "a conversation's turns re-send its history"
+    if config.dataset_name == "timed_trace":
+        return "a trace's hash_ids name shared blocks"
+    if config.random_prefix_len and config.dataset_name in ("random", "random-mm"):
+        return "random_prefix_len is a shared prefix"
+    if config.dataset_name not in _DRAWN_APART:
+        return f"{config.dataset_name} prompts come from a file, which may share them"
+    return None
+
+
+def cache_problem(
+    before: dict[str, float] | None, after: dict[str, float] | None, config: BenchmarkConfig
+) -> str | None:
+    """Why a load's figures measure an earlier load's prefix cache, or None: a workload that
+    shares nothing on purpose found more than 5 % of its prompt tokens in the cache."""
+    if shared_on_purpose(config) is not None or before is None or after is None:
+        return None
+    queries = after.get(PREFIX_QUERIES, 0.0) - before.get(PREFIX_QUERIES, 0.0)
+    hits = after.get(PREFIX_HITS, 0.0) - before.get(PREFIX_HITS, 0.0)
+    if queries <= 0 or hits / queries <= MAX_UNINTENDED_HIT_RATE:
+        return None
+    return (
+        f"prefix cache: {hits / queries:.1%} of the prompt tokens were found in the server's "
+        f"cache ({hits:.0f} of {queries:.0f}), over {MAX_UNINTENDED_HIT_RATE:.0%}, though the "
+        "workload shares no prefix on purpose: the figures measure what an earlier load left"
+    )
+
+
+def sim_lateness(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, float | None]:
+    """The simulated engine's steps over a load and how late they ended: the mean, and the
+    lateness that at most 1 % of the steps exceeded (to the next of its bounds; None beyond
+    the last). Empty figures where the server is not the simulated engine."""
+    if before is None or after is None or SIM_STEPS not in after:
+        return {"sim_steps": None, "sim_step_lateness_mean_ms": None,
+                "sim_step_lateness_p99_ms": None}
+    steps = after[SIM_STEPS] - before.get(SIM_STEPS, 0.0)
+    lateness = after.get(SIM_LATENESS_SUM, 0.0) - before.get(SIM_LATENESS_SUM, 0.0)
+    p99: float | None = None
+    for bound in SIM_LATE_BOUNDS_MS:
+        late = after.get(sim_late_name(bound), 0.0) - before.get(sim_late_name(bound), 0.0)
+        if steps <= 0 or late / steps <= SIM_LATE_STEP_SHARE:
+            p99 = float(bound)
+            break
+    return {
+        "sim_steps": steps,
+        "sim_step_lateness_mean_ms": lateness / steps * 1000 if steps > 0 else None,
+        "sim_step_lateness_p99_ms": p99,
+    }
+
+
+def sim_fell_behind(
+    before: dict[str, float] | None, after: dict[str, float] | None, limit_ms: float
+) -> str | None:
+    """Why the simulated engine's figures measure a busy host, or None: over 1 % of its steps
+    ended more than `limit_ms` after they were due (its tokens came that much late)."""
+    if before is None or after is None or SIM_STEPS not in after:
+        return None
+    steps = after[SIM_STEPS] - before.get(SIM_STEPS, 0.0)
+    if steps <= 0:
+        return None
+    worst: tuple[int, float] | None = None
+    for bound in SIM_LATE_BOUNDS_MS:
+        late = after.get(sim_late_name(bound), 0.0) - before.get(sim_late_name(bound), 0.0)
+        if bound >= limit_ms and late / steps > SIM_LATE_STEP_SHARE:
+            worst = (bound, late / steps)
+    if worst is None:
+        return None
+    bound, share = worst
+    return (
+        f"the simulated engine fell behind by {bound} ms or more on {share:.1%} of its "
+        f"{steps:.0f} steps (host busy)"
+    )
+
+
+# The reasons a measurement is invalid because of the host rather than the server: measured
+# again (run/remeasure.py), since another attempt may find the host quieter.
+HOST_REASON_PREFIXES = ("client fell behind", "the simulated engine fell behind")
+
+
+def host_caused(reason: str) -> bool:
+    return reason.startswith(HOST_REASON_PREFIXES)

@@ -1,0 +1,62 @@
+"""Measuring again instead of giving up: a load that the host made invalid (the client fell
+behind its schedule, or the simulated engine behind its own clock) runs again, up to
+`--profllm-remeasure` more times. Every attempt is kept for the record; the figures and the
+verdicts are those of the first valid one, and where none is valid the case is invalid with
+every attempt's reasons.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_profllm.load.server_state import host_caused
+
+
+@dataclass
+class Attempts:
+    remeasure: int  # how many more runs the host's faults may cost
+    kept: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(
+        self,
+        started_at: float,
+        reasons: list[str],
+        results: dict[str, Any],
+        telemetry: dict[str, Any],
+        prefix_cache: str | None,
+    ) -> None:
+        self.kept.append({
+            "attempt": len(self.kept) + 1,
+            "started_at": started_at,
+            "duration_s": time.time() - started_at,
+            "validity": "invalid" if reasons else "valid",
+            "reasons": reasons,
+            "prefix_cache": prefix_cache,
+            "request_throughput": results.get("request_throughput"),
+            "output_throughput": results.get("output_throughput"),
+            "median_ttft_ms": results.get("median_ttft_ms"),
+            "p99_schedule_lag_ms": results.get("p99_schedule_lag_ms"),
+            "sim_step_lateness_p99_ms": telemetry.get("sim_step_lateness_p99_ms"),
+        })
+
+    def again(self, reasons: list[str]) -> bool:
+        """Whether to run the load once more: the last attempt is invalid for the host's sake
+        alone (a server that miscounted tokens would do it again), and runs are left."""
+        return (
+            bool(reasons)
+            and all(host_caused(reason) for reason in reasons)
+            and len(self.kept) <= self.remeasure
+        )
+
+    def invalid_reason(self, reasons: list[str]) -> str | None:
+        """The case's reason to be invalid: the last attempt's, and where there were several,
+        every attempt's, each named."""
+        if not reasons:
+            return None
+        if len(self.kept) <= 1:
+            return "; ".join(reasons)
+        return "; ".join(
+            f"attempt {kept['attempt']}: {'; '.join(kept['reasons'])}" for kept in self.kept
+        )

@@ -1,0 +1,313 @@
+"""Every case measures a cold server: the prefix cache emptied before each case, repeat and
+capacity probe; prompts of its own per case and repeat; the cache's share over the case's
+window, and the rule that makes a case invalid when it measured an earlier load's cache."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import run_records, run_suites, simulator
+
+from pytest_profllm.load.capacity import ServerProbes
+from pytest_profllm.load.dataset import TokenizerCodec, make_prompts
+from pytest_profllm.load.server_state import (
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    SIM_LATE_BOUNDS_MS,
+    SIM_LATENESS_SUM,
+    SIM_STEPS,
+    cache_problem,
+    empty_caches,
+    shared_on_purpose,
+    sim_fell_behind,
+    sim_late_name,
+    sim_lateness,
+)
+from pytest_profllm.plan.suite import BenchmarkConfig, CapacityConfig
+from pytest_profllm.run.attempts import Attempts
+from pytest_profllm.sim.model_files import MODEL_DIR
+
+
+def window(queries: float, hits: float) -> tuple[dict[str, float], dict[str, float]]:
+    before = {PREFIX_QUERIES: 1000.0, PREFIX_HITS: 900.0}
+    return before, {PREFIX_QUERIES: 1000.0 + queries, PREFIX_HITS: 900.0 + hits}
+
+
+def test_a_workload_that_shares_nothing_may_find_five_percent_in_the_cache() -> None:
+    config = BenchmarkConfig()
+    # The counters before the window (an earlier case's hits) do not count against it.
+    assert cache_problem(*window(1000, 50), config) is None
+    problem = cache_problem(*window(1000, 60), config)
+    assert problem is not None
+    assert problem.startswith("prefix cache: 6.0% of the prompt tokens were found")
+    assert "60 of 1000" in problem
+    # Nothing to judge: no scrape, no query.
+    assert cache_problem(None, None, config) is None
+    assert cache_problem(*window(0, 0), config) is None
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        BenchmarkConfig(dataset_name="prefix_repetition"),
+        BenchmarkConfig(random_prefix_len=64),
+        BenchmarkConfig(warm_cache=True),
+        BenchmarkConfig(dataset_name="conversation", backend="openai-chat"),
+        BenchmarkConfig(dataset_name="sharegpt", dataset_path="x.json"),
+    ],
+)
+def test_workloads_that_share_prefixes_on_purpose_are_not_judged(
+    config: BenchmarkConfig,
+) -> None:
+    assert shared_on_purpose(config) is not None
+    assert cache_problem(*window(1000, 990), config) is None
+
+
+class _Routes(http.server.BaseHTTPRequestHandler):
+    status = 404
+    body = b""
+    posted: list[str] = []  # noqa: RUF012 (one test server at a time)
+
+    def do_POST(self) -> None:
+        type(self).posted.append(self.path)
+        self.send_response(self.status)
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def routes() -> Iterator[tuple[str, type[_Routes]]]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Routes)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _Routes.posted = []
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", _Routes
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_emptying_says_what_it_did(routes: tuple[str, type[_Routes]]) -> None:
+    url, handler = routes
+    handler.status = 200
+    assert empty_caches(url, BenchmarkConfig()).describe() == "emptied before the load"
+    assert handler.posted == ["/reset_prefix_cache"]
+    # Media workloads empty the multimodal cache too.
+    handler.posted = []
+    empty_caches(url, BenchmarkConfig(dataset_name="random-mm", backend="openai-chat"))
+    assert handler.posted == ["/reset_prefix_cache", "/reset_mm_cache"]
+    # warm_cache keeps it: nothing is sent.
+    handler.posted = []
+    assert empty_caches(url, BenchmarkConfig(warm_cache=True)).describe() == (
+        "kept warm (warm_cache: true)"
+    )
+    assert handler.posted == []
+    # vLLM answers 200 with {"success": false} when running requests hold blocks.
+    handler.body = b'{"success": false}'
+    state = empty_caches(url, BenchmarkConfig())
+    assert state.describe() == (
+        "not emptied: POST /reset_prefix_cache: the server could not empty it "
+        "(requests still running)"
+    )
+    handler.body = b'{"success": true}'
+    assert empty_caches(url, BenchmarkConfig()).state == "emptied"
+    # A server without the route (vLLM outside its development mode) says why, in one line.
+    handler.status = 404
+    state = empty_caches(url, BenchmarkConfig())
+    assert state.state == "not emptied"
+    assert "VLLM_SERVER_DEV_MODE=1" in state.describe()
+
+
+SHARED_SERVER_SUITE = """
+server:
+  model: Qwen/Qwen3-8B
+  max_num_seqs: 16
+benchmark:
+  num_prompts: 24
+  random_input_len: [256, 192]
+  random_output_len: 4
+  request_rate: 40
+repeat: 3
+"""
+
+
+def test_cases_on_one_server_measure_a_cold_cache(pytester: pytest.Pytester, ports: str) -> None:
+    """Two random workloads x three repeats on one server with prefix caching on (the
+    default): the 192-token prompts would be prefixes of the 256-token ones and every repeat
+    would re-send its prompts, were the seed and the cache not each case's own."""
+    pytester.makefile(".yaml", bench_shared=SHARED_SERVER_SUITE)
+    result = run_suites(pytester, ports, "-n", "0")
+    result.assert_outcomes(passed=6)
+    written = run_records(pytester)
+    assert len({r["runtime"]["server_started_at"] for r in written}) == 1  # one server
+    seeds = {r["runtime"]["prompt_seed"] for r in written}
+    assert len(seeds) == 6
+    for record in written:
+        system = record["system"]
+        assert system["server_prefix_cache_queries"] > 0
+        assert system["server_prefix_cache_hit_rate"] <= 0.05, record["case_id"]
+        assert record["runtime"]["prefix_cache"] == "emptied before the load"
+        assert record["runtime"]["prompt_seed_derived"] is True
+        assert record["validity"] == "valid"
+        assert [a["attempt"] for a in record["attempts"]] == [1]
+
+
+def test_warm_cache_keeps_what_earlier_cases_left(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(
+        ".yaml",
+        bench_warm="""
+server:
+  model: Qwen/Qwen3-8B
+benchmark:
+  num_prompts: 8
+  random_input_len: 128
+  random_output_len: 4
+  seed: 3
+  warm_cache: true
+repeat: 2
+""",
+    )
+    result = run_suites(pytester, ports, "-n", "0")
+    result.assert_outcomes(passed=2)
+    by_repeat = sorted(run_records(pytester), key=lambda r: r["repeat_index"])
+    assert [r["runtime"]["prefix_cache"] for r in by_repeat] == [
+        "kept warm (warm_cache: true)"
+    ] * 2
+    # The second repeat sends the first's prompts (a set seed) and finds them cached.
+    assert by_repeat[1]["system"]["server_prefix_cache_hit_rate"] > 0.5
+    assert by_repeat[1]["validity"] == "valid"  # warm on purpose: not judged
+
+
+PACED_SUITE = """
+server:
+  model: Qwen/Qwen3-8B
+benchmark:
+  num_prompts: 6
+  random_input_len: 32
+  random_output_len: 4
+  request_rate: 50
+"""
+
+
+def test_a_load_the_host_made_invalid_is_measured_again(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    """A schedule-lag limit no client can keep: every attempt is invalid for the host's
+    sake, so the load runs 1 + 2 times, each attempt is kept, and the case says why."""
+    pytester.makefile(
+        ".yaml",
+        bench_lag=PACED_SUITE,
+    )
+    result = run_suites(pytester, ports, "-n", "0", "--profllm-max-schedule-lag", "0.0001")
+    result.assert_outcomes(failed=1)
+    (record,) = run_records(pytester)
+    assert record["status"] == "invalid"
+    assert [a["attempt"] for a in record["attempts"]] == [1, 2, 3]
+    assert all(a["validity"] == "invalid" for a in record["attempts"])
+    assert record["runtime"]["attempts"] == 3
+    reason = record["validity_reasons"][0]
+    assert reason.startswith("attempt 1: client fell behind")
+    assert "attempt 3: client fell behind" in reason
+
+
+def test_remeasure_zero_gives_one_attempt(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(
+        ".yaml",
+        bench_lag=PACED_SUITE,
+    )
+    result = run_suites(
+        pytester, ports, "-n", "0", "--profllm-max-schedule-lag", "0.0001",
+        "--profllm-remeasure", "0",
+    )
+    result.assert_outcomes(failed=1)
+    (record,) = run_records(pytester)
+    assert len(record["attempts"]) == 1
+    assert record["validity_reasons"][0].startswith("client fell behind")
+
+
+def test_attempts_measure_again_only_for_the_host_and_keep_each() -> None:
+    attempts = Attempts(remeasure=2)
+    behind = ["client fell behind: p99 schedule lag 31 ms is over 10 ms"]
+    attempts.add(0.0, behind, {"request_throughput": 5.0}, {}, "emptied before the load")
+    assert attempts.again(behind)
+    attempts.add(1.0, [], {"request_throughput": 6.0}, {}, "emptied before the load")
+    assert not attempts.again([])  # the first valid attempt ends it
+    assert attempts.invalid_reason([]) is None
+    assert [a["validity"] for a in attempts.kept] == ["invalid", "valid"]
+    assert attempts.kept[1]["request_throughput"] == 6.0
+    # A server's miscount is not the host's: another run would miscount again.
+    assert not Attempts(2).again(["token counts disagree: ..."])
+    assert not Attempts(2).again([*behind, "token counts disagree: ..."])
+    # Runs out after 1 + remeasure attempts, and then names every attempt's reasons.
+    spent = Attempts(remeasure=1)
+    late = ["the simulated engine fell behind by 20 ms or more on 3.0% of its 100 steps"]
+    spent.add(0.0, behind, {}, {}, None)
+    assert spent.again(behind)
+    spent.add(1.0, late, {}, {}, None)
+    assert not spent.again(late)
+    assert spent.invalid_reason(late) == f"attempt 1: {behind[0]}; attempt 2: {late[0]}"
+
+
+def late_counters(steps: float, late_over: dict[int, float]) -> dict[str, float]:
+    counters = {SIM_STEPS: steps, SIM_LATENESS_SUM: 0.001 * steps}
+    for bound in SIM_LATE_BOUNDS_MS:
+        counters[sim_late_name(bound)] = late_over.get(bound, 0.0)
+    return counters
+
+
+def test_the_simulated_engines_lateness_over_a_load() -> None:
+    before = late_counters(1000, {1: 500, 2: 100, 5: 50, 10: 40, 20: 30})  # an earlier load's
+    after = late_counters(2000, {1: 900, 2: 150, 5: 80, 10: 70, 20: 55, 50: 5})
+    figures = sim_lateness(before, after)
+    assert figures["sim_steps"] == 1000
+    # Over this load's 1,000 steps: 30 over 10 ms, 25 over 20 ms, 5 over 50 ms (0.5 %).
+    assert figures["sim_step_lateness_p99_ms"] == 50
+    assert sim_fell_behind(before, after, 10) == (
+        "the simulated engine fell behind by 20 ms or more on 2.5% of its 1000 steps "
+        "(host busy)"
+    )
+    assert sim_fell_behind(before, after, 50) is None  # 0.5 % of steps over 50 ms: within
+    # Not the simulated engine (no step counters), or no answer: nothing to judge.
+    assert sim_fell_behind({}, {"vllm:num_requests_running": 0.0}, 10) is None
+    assert sim_fell_behind(None, after, 10) is None
+    assert sim_lateness(None, None)["sim_steps"] is None
+
+
+def test_capacity_probe_runs_start_cold_with_prompts_of_their_own(
+    port_range: str, tmp_path: Path
+) -> None:
+    """Two runs of one probe load against one server: different prompts, each from an
+    emptied cache, so neither finds the other's prompts."""
+    config = CapacityConfig.model_validate({
+        "kind": "capacity", "num_prompts": 12, "random_input_len": 128,
+        "random_output_len": 4, "slo": {"median_ttft_ms": 10_000}, "seed": 11,
+    })
+    codec = TokenizerCodec.load(str(MODEL_DIR))
+    first_port = int(port_range.split("-")[0]) + 60
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    with simulator(first_port, tmp_path / "sim.log", "sim", env=env) as url:
+        first = make_prompts(config, codec)
+        probes = ServerProbes(config, url, codec, first, "sim", None, 1000.0)
+        assert probes.prompts_for(12, config.seed) == first
+        assert probes.prompts_for(12, config.seed + 1) != first
+        for seed in (config.seed, config.seed + 1, config.seed):
+            probes(8.0, 12, seed)
+            _, _, _, (before, after) = probes.measured[8.0]
+            assert cache_problem(before, after, config) is None
+            assert before is not None and after is not None
+            assert after[PREFIX_QUERIES] > before[PREFIX_QUERIES]
+            # The third run re-sends the first's prompts: only the emptied cache keeps it cold.
+            assert after[PREFIX_HITS] - before[PREFIX_HITS] <= 0.05 * (
+                after[PREFIX_QUERIES] - before[PREFIX_QUERIES]
+            )
+    assert probes.cache_states == {"emptied before the load"}
