@@ -277,6 +277,11 @@ def test_the_simulated_engines_lateness_over_a_load() -> None:
         "(host busy)"
     )
     assert sim_fell_behind(before, after, 50) is None  # 0.5 % of steps over 50 ms: within
+    # Two late steps are over 1 % of a short load's 40, but one hiccup makes two: not enough.
+    short = late_counters(40, {1: 10, 2: 5, 5: 3, 10: 2, 20: 2})
+    assert sim_fell_behind({}, short, 10) is None
+    short[sim_late_name(10)] = 3.0
+    assert sim_fell_behind({}, short, 10) is not None
     # Not the simulated engine (no step counters), or no answer: nothing to judge.
     assert sim_fell_behind({}, {"vllm:num_requests_running": 0.0}, 10) is None
     assert sim_fell_behind(None, after, 10) is None

@@ -38,8 +38,11 @@ def sim_late_name(bound_ms: int) -> str:
 # (a chat template's opening tokens, two prompts that happen to start alike); more than this
 # share of its prompt tokens means it measured what an earlier load left behind.
 MAX_UNINTENDED_HIT_RATE = 0.05
-# The share of the simulated engine's steps allowed to end later than the lateness limit.
+# The share of the simulated engine's steps allowed to end later than the lateness limit; and
+# how many late steps it takes at least to decide it: one hiccup of the host makes the step
+# after it late too (it catches up), and in a short load two steps are over 1 % of them.
 SIM_LATE_STEP_SHARE = 0.01
+SIM_MIN_LATE_STEPS = 3
 _RESET_TIMEOUT_S = 30.0
 _SCRAPE_TIMEOUT_S = 2.0
 
@@ -216,8 +219,9 @@ def sim_lateness(
 def sim_fell_behind(
     before: dict[str, float] | None, after: dict[str, float] | None, limit_ms: float
 ) -> str | None:
-    """Why the simulated engine's figures measure a busy host, or None: over 1 % of its steps
-    ended more than `limit_ms` after they were due (its tokens came that much late)."""
+    """Why the simulated engine's figures measure a busy host, or None: over 1 % of its steps,
+    and three or more, ended more than `limit_ms` after they were due (its tokens came that
+    much late)."""
     if before is None or after is None or SIM_STEPS not in after:
         return None
     steps = after[SIM_STEPS] - before.get(SIM_STEPS, 0.0)
@@ -226,7 +230,9 @@ def sim_fell_behind(
     worst: tuple[int, float] | None = None
     for bound in SIM_LATE_BOUNDS_MS:
         late = after.get(sim_late_name(bound), 0.0) - before.get(sim_late_name(bound), 0.0)
-        if bound >= limit_ms and late / steps > SIM_LATE_STEP_SHARE:
+        if bound >= limit_ms and late / steps > SIM_LATE_STEP_SHARE and (
+            late >= SIM_MIN_LATE_STEPS
+        ):
             worst = (bound, late / steps)
     if worst is None:
         return None

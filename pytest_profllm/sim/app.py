@@ -9,7 +9,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import os
 import random
 import time
@@ -18,6 +17,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import orjson
 from aiohttp import web
 
 import pytest_profllm
@@ -646,11 +647,15 @@ async def _pooled(state: SimState, scheduler: Scheduler, texts: list[Any]) -> li
 
 
 def _vector(text: object, width: int) -> list[float]:
-    """A unit vector that depends only on the input: the same text, the same embedding."""
-    rng = random.Random(hashlib.sha256(repr(text).encode()).digest())
-    values = [rng.gauss(0.0, 1.0) for _ in range(width)]
-    norm = math.sqrt(sum(v * v for v in values)) or 1.0
-    return [round(v / norm, 6) for v in values]
+    """A unit vector that depends only on the input: the same text, the same embedding. Drawn
+    with numpy: the handler runs on the step loop's thread, and a vector of a thousand Python
+    draws per input made the loop's steps end late (vLLM's API server builds its responses in
+    another process than its engine)."""
+    seed = int.from_bytes(hashlib.sha256(repr(text).encode()).digest()[:8])
+    values = np.random.default_rng(seed).standard_normal(width)
+    norm = float(np.linalg.norm(values)) or 1.0
+    rounded: list[float] = np.round(values / norm, 6).tolist()
+    return rounded
 
 
 async def _embeddings(request: web.Request) -> web.Response:
@@ -672,8 +677,11 @@ async def _embeddings(request: web.Request) -> web.Response:
         for i, text in enumerate(inputs)
     ]
     tokens = sum(lengths)
+    # orjson: a response of thousands of floats takes json.dumps milliseconds on the thread
+    # the steps run on.
     return web.json_response(
-        {
+        dumps=_fast_dumps,
+        data={
             "id": f"embd-{uuid.uuid4().hex}",
             "object": "list",
             "created": int(time.time()),
@@ -685,8 +693,12 @@ async def _embeddings(request: web.Request) -> web.Response:
                 "completion_tokens": 0,
                 "prompt_tokens_details": None,
             },
-        }
+        },
     )
+
+
+def _fast_dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
 
 
 async def _rerank(request: web.Request) -> web.Response:
