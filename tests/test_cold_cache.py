@@ -23,6 +23,7 @@ from pytest_profllm.load.server_state import (
     SIM_STEPS,
     cache_problem,
     empty_caches,
+    own_prefix_hits,
     shared_on_purpose,
     sim_fell_behind,
     sim_late_name,
@@ -316,3 +317,18 @@ def test_capacity_probe_runs_start_cold_with_prompts_of_their_own(
                 after[PREFIX_QUERIES] - before[PREFIX_QUERIES]
             )
     assert probes.cache_states == {"emptied before the load"}
+
+
+def test_what_a_workloads_prompts_share_with_each_other_is_allowed_for() -> None:
+    block = list(range(16))
+    prompts = [
+        [*block, *block, 99],  # two full blocks, the last token apart: none to find yet
+        [*block, *block, 98],  # finds both of the first's blocks
+        [*block, 7] + [0] * 15,  # finds the first block only
+        [5] * 40,  # shares nothing
+    ]
+    assert own_prefix_hits(prompts) == 32 + 16
+    # 6 % found in all, 5 % of it the prompts' own: 1 % beyond them, within the 5 %.
+    assert cache_problem(*window(1000, 60), BenchmarkConfig(), own_hits=50) is None
+    problem = cache_problem(*window(1000, 120), BenchmarkConfig(), own_hits=50)
+    assert problem is not None and "50 of them its prompts share with each other" in problem

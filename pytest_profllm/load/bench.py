@@ -47,7 +47,9 @@ from pytest_profllm.load.server_state import (
     CacheState,
     cache_problem,
     empty_caches,
+    own_prefix_hits,
     scrape_metrics,
+    shared_on_purpose,
     sim_fell_behind,
 )
 from pytest_profllm.plan.suite import BenchmarkConfig
@@ -224,6 +226,7 @@ def invalid_reasons(
     health: Mapping[str, Any],
     max_p99_lag_ms: float | None = None,
     window: ServerWindow = (None, None),
+    own_hits: float = 0.0,
 ) -> list[str]:
     """Why a finished load's figures are not a valid measurement (none: they are): token
     counts that cannot be believed, a client that set the pace instead of the server, a
@@ -235,9 +238,21 @@ def invalid_reasons(
         metrics.inconsistent_counts(load.outcomes, config.ignore_eos),
         metrics.client_fell_behind(health, max_p99_lag_ms),
         sim_fell_behind(*window, lag_limit_ms),
-        cache_problem(*window, config),
+        cache_problem(*window, config, own_hits),
     )
     return [reason for reason in reasons if reason]
+
+
+def workload_own_hits(workload: Workload, config: BenchmarkConfig, codec: Codec) -> int:
+    """What a cold cache could find of the workload's prompts in each other (none counted for
+    a workload that shares prefixes on purpose: its cache figures are not judged)."""
+    if shared_on_purpose(config) is not None or isinstance(workload, Conversations):
+        return 0
+    return own_prefix_hits(
+        list(request.prompt_ids) if request.prompt_ids is not None
+        else codec.encode(request.prompt)
+        for request in workload
+    )
 
 
 def invalid_reason(
@@ -246,9 +261,12 @@ def invalid_reason(
     health: Mapping[str, Any],
     max_p99_lag_ms: float | None = None,
     window: ServerWindow = (None, None),
+    own_hits: float = 0.0,
 ) -> str | None:
     """`invalid_reasons` as one line, or None."""
-    return "; ".join(invalid_reasons(load, config, health, max_p99_lag_ms, window)) or None
+    return "; ".join(
+        invalid_reasons(load, config, health, max_p99_lag_ms, window, own_hits)
+    ) or None
 
 
 def run_bench(
@@ -283,7 +301,8 @@ def run_bench(
     summary, health = measure(load, config, codec)
     if (problem := metrics.served_problem(load.outcomes, summary, max_failed)) is not None:
         raise BenchFailed(problem)
-    invalid = invalid_reason(load, config, health, window=window)
+    own = workload_own_hits(workload, config, codec)
+    invalid = invalid_reason(load, config, health, window=window, own_hits=own)
     result = result_json(config, model, tokenizer, label, load, summary, health, codec)
     result["engine"] = server_engine(base_url, api_key)
     result["prefix_cache"] = cache.describe()

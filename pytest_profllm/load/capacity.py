@@ -43,6 +43,7 @@ from pytest_profllm.load.bench import (
     result_json,
     run_load,
     server_engine,
+    workload_own_hits,
 )
 from pytest_profllm.load.dataset import (
     Codec,
@@ -553,6 +554,8 @@ class ServerProbes:
         # load -> why each of its runs that the host made invalid was run again
         self.remeasured: dict[float, list[str]] = {}
         self.cache_states: set[str] = set()  # how the runs found the prefix cache
+        # load -> what its last run's prompts could find of each other in a cold cache
+        self.own_hits: dict[float, int] = {}
 
     def prompts_for(self, count: int, seed: int) -> list[PromptRequest]:
         if seed == self.bench.seed and count <= len(self.first_prompts):
@@ -574,6 +577,8 @@ class ServerProbes:
             config, self.base_url, self.model, api_key=self.api_key, endpoint=self.endpoint
         )
         metrics_url = f"{self.base_url.rstrip('/')}/metrics"
+        own_hits = workload_own_hits(chosen, config, self.codec)
+        self.own_hits[load] = own_hits
         for attempt in range(self.remeasure + 1):
             self.cache_states.add(empty_caches(self.base_url, config, self.api_key).describe())
             before = scrape_metrics(metrics_url)
@@ -581,7 +586,9 @@ class ServerProbes:
             window = (before, scrape_metrics(metrics_url))
             summary, health = measure(result, config, self.codec)
             summary.update(health)
-            reasons = invalid_reasons(result, config, health, self.max_schedule_lag_ms, window)
+            reasons = invalid_reasons(
+                result, config, health, self.max_schedule_lag_ms, window, own_hits
+            )
             host = [reason for reason in reasons if host_caused(reason)]
             if not host or attempt == self.remeasure:
                 break

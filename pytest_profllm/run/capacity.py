@@ -106,6 +106,6 @@ def _keep_probe_at_capacity(
     if found.capacity is not None:
         health = {k: v for k, v in summary.items() if k in CLIENT_HEALTH_KEYS}
         outcome.invalid_reason = invalid_reason(
-            load, config, health, max_schedule_lag_ms, window
+            load, config, health, max_schedule_lag_ms, window, probes.own_hits.get(at, 0)
         )
         outcome.request_failures = metrics.request_failures(load.outcomes)

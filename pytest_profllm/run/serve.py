@@ -16,7 +16,13 @@ from collections.abc import Coroutine
 from typing import Any
 
 from pytest_profllm.load import metrics
-from pytest_profllm.load.bench import invalid_reasons, load_settings, measure, run_load
+from pytest_profllm.load.bench import (
+    invalid_reasons,
+    load_settings,
+    measure,
+    run_load,
+    workload_own_hits,
+)
 from pytest_profllm.load.conversation import Conversations, Workload, by_turn, make_workload
 from pytest_profllm.load.dataset import (
     Codec,
@@ -72,6 +78,7 @@ def run_case(
             settings = load_settings(
                 bench, server.base_url, served_name(case.server), api_key=api_key_of(case.server)
             )
+            own_hits = workload_own_hits(prompts, bench, codec)
             while True:
                 started_at = time.time()
                 outcome.prefix_cache = empty_caches(
@@ -81,7 +88,7 @@ def run_case(
                 results, health = measure(load, bench, codec)
                 results.update(health)
                 reasons = invalid_reasons(
-                    load, bench, health, max_schedule_lag_ms, outcome.server_window
+                    load, bench, health, max_schedule_lag_ms, outcome.server_window, own_hits
                 )
                 attempts.add(
                     started_at, reasons, results, outcome.telemetry, outcome.prefix_cache
