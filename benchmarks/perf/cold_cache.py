@@ -48,11 +48,16 @@ def main() -> None:
     extra = ["--profllm-engine", args.engine]
     if args.engine == "vllm":
         sys.path.insert(0, str(REPO / "tests"))
-        from real_vllm import tiny_llama  # the tests' tiny random-weight model
+        import os
+
+        from real_vllm import server_env, tiny_llama  # the tests' tiny model and environment
 
         if not args.vllm_python:
             raise SystemExit("--engine vllm needs --vllm-python (.ci/vllm-env.sh serve builds one)")
-        model = tiny_llama(Path(tempfile.mkdtemp(prefix="tiny-llama-")))
+        os.environ.setdefault("PROFLLM_VLLM_CPU_PYTHON", args.vllm_python)
+        work = Path(tempfile.mkdtemp(prefix="tiny-llama-"))
+        os.environ.update(server_env(work / "vllm-cache"))  # KV cache space, cache root
+        model = tiny_llama(work / "model")
         server = f"  model: {model}\n  enforce_eager: true\n  max_model_len: 1024\n"
         lengths, rate, prompts = "[384, 288]", 2, 16
         extra += [f"--profllm-vllm-python={args.vllm_python}", "--profllm-startup-timeout=600"]
