@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import requests
 
+from pytest_profllm.server.process import die_with_parent
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -30,6 +32,8 @@ def simulator(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
         env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # A script stopped by a signal runs no `finally`: the kernel then stops the server.
+        preexec_fn=die_with_parent if sys.platform == "linux" else None,
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -141,7 +141,7 @@ class ServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, so stop() reaches every child
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
 
     def wait_ready(self, timeout: float) -> None:
@@ -348,7 +348,7 @@ def engine_message(tail: str) -> str | None:
     return None
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # If the worker is killed outright, the kernel sends the server SIGTERM: no orphans that
     # hold GPUs and ports after a crash.
     PR_SET_PDEATHSIG = 1
