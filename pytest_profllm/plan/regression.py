@@ -84,22 +84,41 @@ def parse_tolerance(value: object, default: float = DEFAULT_TOLERANCE) -> float:
     return percent / 100
 
 
+def _entries(block: object) -> list[tuple[str, object]] | None:
+    """(metric, tolerance as written) of a `regression:` mapping, or of a list of metrics
+    (each at its default); None where it is neither."""
+    if isinstance(block, list):
+        return [(str(name), None) for name in block]
+    if isinstance(block, dict):
+        return [(str(name), value) for name, value in block.items()]
+    return None
+
+
+def regression_problems(block: object) -> list[tuple[str | None, str]]:
+    """Every problem of a suite's `regression:` value, as (the metric it is about, or None
+    for the block, and what is wrong): a bad suite lists them all, not the first alone."""
+    if block is None:
+        return []
+    entries = _entries(block)
+    if entries is None:
+        return [(None, "'regression' maps metrics to tolerances, e.g. {output_throughput: 5%}")]
+    problems: list[tuple[str | None, str]] = []
+    for name, value in entries:
+        try:
+            gated_metric(name, parse_tolerance(value, default_tolerance(name)))
+        except ValueError as error:
+            problems.append((name, f"{name}: {error}"))
+    return problems
+
+
 def parse_regression(block: object) -> dict[str, float]:
     """A suite's `regression:` value: a mapping metric -> tolerance, or a list of metrics
     (default tolerances: 5 % per repeat, 10 % per request). Returns metric -> tolerance (a
-    fraction)."""
-    if block is None:
-        return {}
-    if isinstance(block, list):
-        block = {name: None for name in block}
-    if not isinstance(block, dict):
-        raise ValueError("'regression' maps metrics to tolerances, e.g. {output_throughput: 5%}")
-    gated: dict[str, float] = {}
-    for name, value in block.items():
-        try:
-            tolerance = parse_tolerance(value, default_tolerance(str(name)))
-        except ValueError as error:
-            raise ValueError(f"{name}: {error}") from None
-        gated_metric(str(name), tolerance)
-        gated[str(name)] = tolerance
-    return gated
+    fraction); raises ValueError naming every problem."""
+    problems = regression_problems(block)
+    if problems:
+        raise ValueError("; ".join(text for _, text in problems))
+    return {
+        name: parse_tolerance(value, default_tolerance(name))
+        for name, value in _entries(block) or []
+    }
