@@ -153,3 +153,125 @@ def test_a_generated_suite_is_collected_or_refused_in_one_line(
         message = str(error)
         assert message.startswith(str(path)), message
         assert "Traceback" not in message
+
+
+CAPACITY = (
+    "server:\n  model: sim-8b\nbenchmark:\n  kind: capacity\n  num_prompts: 4\n"
+    "  slo: {p99_ttft_ms: 500}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("search", "message"),
+    [
+        # Before: the search ran, and died with a ZeroDivisionError traceback (or hung).
+        ("{low: 1e-300}", "bench_x.yaml:7: benchmark.search: search.low: a request_rate "
+         "search starts at 0.001 req/s or more (one request every 1000 s), got 1e-300"),
+        ("{low: 0.0001, high: 0.0002}", "search.low: a request_rate search starts at 0.001"),
+        ("{high: 1e300}", "bench_x.yaml:7: benchmark.search: a probe at search.high would "
+         "send 1e+301 requests (search.high x search.min_duration_s), over the limit of "
+         "1,000,000"),
+        ("{min_duration_s: 1e300}", "(search.high x search.min_duration_s), over the limit"),
+        ("{over: max_concurrency, high: 1e200}", "(10 x search.high), over the limit"),
+        ("{low: 0}", "benchmark.search.low: Input should be greater than 0"),
+        ("{precision: 1e-300%}", None),  # a tiny precision stops at max_probes: allowed
+    ],
+)
+def test_a_search_that_divides_by_almost_nothing_is_one_line(
+    tmp_path: Path, search: str, message: str | None
+) -> None:
+    path = write_suite(tmp_path, CAPACITY + f"  search: {search}\n")
+    if message is None:
+        assert len(cases_of(path)) == 1
+        return
+    with pytest.raises(SuiteError) as error:
+        cases_of(path)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_search_problems_are_reported_together(tmp_path: Path) -> None:
+    path = write_suite(tmp_path, CAPACITY + "  search: {low: 1e-9, high: 1e-10}\n")
+    with pytest.raises(SuiteError) as error:
+        cases_of(path)
+    assert "must lie below search.high" in str(error.value)
+    assert "starts at 0.001 req/s" in str(error.value)
+
+
+def test_every_bad_tolerance_of_the_gate_is_reported(tmp_path: Path) -> None:
+    text = BASE + "regression:\n  p99_ttft_ms: 150%\n  mean_tpot_ms: abc\n  capacity: 5%\n"
+    with pytest.raises(SuiteError) as error:
+        cases_of(write_suite(tmp_path, text))
+    assert error.value.problems == [
+        f"{tmp_path / 'bench_x.yaml'}:6: regression: p99_ttft_ms: a tolerance is a percentage "
+        "from 0% to under 100%, got '150%'",
+        f"{tmp_path / 'bench_x.yaml'}:7: regression: mean_tpot_ms: a tolerance is a percentage "
+        "like '5%', got 'abc'",
+    ]
+
+
+# Generated `regression:` and `search:` sections: tolerances and search numbers of every
+# size and sign (tiny, huge, zero, negative, NaN), as numbers, percentages or other types.
+numbers = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 1e-300, 5e-324, 1e300, -1.0, 1.0, 0.5, 200.0, 1e6]),
+    st.integers(-10, 10**7),
+)
+tolerance_values = st.one_of(
+    numbers, numbers.map(lambda n: f"{n}%"), st.none(), st.booleans(), st.text(max_size=4),
+    st.lists(st.integers(), max_size=2),
+)
+GATED = ["p99_ttft_ms", "mean_tpot_ms", "output_throughput", "capacity", "p0_itl_ms",
+         "p100.5_e2el_ms", "bogus", "1"]
+SEARCH_KEYS = ["over", "low", "high", "precision", "max_probes", "max_time_s",
+               "min_duration_s", "confidence", "max_extension", "confirm", "bogus"]
+search_values = st.one_of(
+    numbers, numbers.map(lambda n: f"{n}%"), st.sampled_from(["request_rate", "max_concurrency"]),
+    st.none(), st.booleans(),
+)
+
+
+@st.composite
+def gated_suite_texts(draw: st.DrawFn) -> str:
+    text = CAPACITY if draw(st.booleans()) else BASE
+    if text is CAPACITY and draw(st.booleans()):
+        search = draw(st.dictionaries(st.sampled_from(SEARCH_KEYS), search_values, max_size=5))
+        text += f"  search: {{{', '.join(f'{k}: {_yaml_value(v)}' for k, v in search.items())}}}\n"
+    if draw(st.booleans()):
+        text += f"repeat: {draw(st.integers(-1, 3))}\n"
+    block = draw(st.one_of(
+        st.dictionaries(st.sampled_from(GATED), tolerance_values, max_size=4),
+        st.lists(st.sampled_from(GATED) | st.integers() | st.lists(st.text(max_size=2)),
+                 max_size=3),
+        numbers, st.none(),
+    ))
+    if isinstance(block, dict):
+        rows = [f"  {key}: {_yaml_value(value)}" for key, value in block.items()]
+        text += "regression:\n" + ("\n".join(rows) if rows else "  {}") + "\n"
+    else:
+        text += f"regression: {_yaml_value(block)}\n"
+    return text
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=gated_suite_texts())
+def test_a_generated_gate_or_search_is_collected_or_refused_in_one_line(
+    tmp_path_factory: pytest.TempPathFactory, text: str
+) -> None:
+    path = tmp_path_factory.mktemp("suite") / "bench_gen.yaml"
+    path.write_text(text)
+    try:
+        suite, lines = load_suite_file(path)
+        cases = expand(suite, str(path), lines)
+    except SuiteError as error:
+        for problem in error.problems:
+            assert problem.startswith(str(path)) and "\n" not in problem, problem
+            assert "Traceback" not in problem
+        return
+    for case in cases:
+        for tolerance in case.regression.values():
+            assert 0 <= tolerance < 1
+        search = getattr(case.benchmark, "search", None)
+        if search is not None:
+            assert search.low < search.high
+            assert math.isfinite(search.low) and math.isfinite(search.high)

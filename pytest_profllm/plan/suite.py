@@ -31,12 +31,14 @@ from pydantic import (
 
 from pytest_profllm.engine.registry import bundled, human_int
 from pytest_profllm.engine.secrets import ENV_SECRETS, REDACTED, is_secret
+from pytest_profllm.limits import MAX_PROBE_REQUESTS, MIN_SEARCH_RATE
 from pytest_profllm.plan import metric_names
 from pytest_profllm.plan.metric_names import LATENCY_RESULTS, THROUGHPUT_RESULTS
 from pytest_profllm.plan.regression import (
     BRACKETED_METRICS,
     PER_REPEAT_METRICS,
     parse_regression,
+    regression_problems,
 )
 
 if TYPE_CHECKING:
@@ -516,14 +518,29 @@ class CapacitySearch(BaseModel):
 
     @model_validator(mode="after")
     def _bounds(self) -> CapacitySearch:
+        # Every problem at once, in one line (pydantic reports one per validator).
+        problems = []
         if self.low >= self.high:
-            raise ValueError(
+            problems.append(
                 f"search.low ({self.low:g}) must lie below search.high ({self.high:g})"
             )
-        if self.over == "max_concurrency" and (
-            self.low != int(self.low) or self.high != int(self.high)
-        ):
-            raise ValueError("a max_concurrency search takes whole numbers for low and high")
+        whole = self.over == "max_concurrency"
+        if whole and (self.low != int(self.low) or self.high != int(self.high)):
+            problems.append("a max_concurrency search takes whole numbers for low and high")
+        if not whole and self.low < MIN_SEARCH_RATE:
+            problems.append(
+                f"search.low: a request_rate search starts at {MIN_SEARCH_RATE:g} req/s or "
+                f"more (one request every {1 / MIN_SEARCH_RATE:g} s), got {self.low:g}"
+            )
+        requests = 10 * self.high if whole else self.high * self.min_duration_s
+        if requests > MAX_PROBE_REQUESTS:
+            how = "10 x search.high" if whole else "search.high x search.min_duration_s"
+            problems.append(
+                f"a probe at search.high would send {requests:.3g} requests ({how}), over the "
+                f"limit of {MAX_PROBE_REQUESTS:,}"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 
@@ -843,6 +860,14 @@ def validate_suite(
     problems = _Problems(where)
     server = data.get("server")
     checked = _check_server(server, registry, lines, problems) if isinstance(server, dict) else None
+    # Every bad tolerance or metric of the gate, each at its line (pydantic would stop at the
+    # first); the block is then left out of the model, so none is reported twice.
+    gate_problems = regression_problems(data.get("regression"))
+    for name, text in gate_problems:
+        path = ("regression",) if name is None else ("regression", name)
+        problems.add(_nearest_line(lines, path), f"regression: {text}")
+    if gate_problems:
+        data = {key: value for key, value in data.items() if key != "regression"}
     try:
         suite: Suite | None = Suite.model_validate(data)
     except ValidationError as error:
