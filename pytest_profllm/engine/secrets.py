@@ -24,6 +24,23 @@ def is_secret(name: str) -> bool:
         return False
 
 
+class Secret(str):
+    """A secret string (an API key, a bearer header): its value wherever it is used (an
+    f-string, a header), `***` in its repr. pytest prints the reprs of locals (`-l`) and of
+    the arguments in a traceback, to the terminal and into JUnit XML."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(REDACTED)
+
+
+def bearer(api_key: str | None) -> dict[str, str]:
+    """The `Authorization` header that carries `api_key` (none without one), its value a
+    Secret."""
+    return {"Authorization": Secret(f"Bearer {api_key}")} if api_key else {}
+
+
 class RedactedDict(dict[str, Any]):
     """A dict that shows secret values as `***` in its repr: pytest prints the reprs of
     locals (`-l`) and fixture values, to the terminal and into JUnit XML."""

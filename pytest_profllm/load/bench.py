@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from pytest_profllm.engine.secrets import bearer
 from pytest_profllm.load import metrics
 from pytest_profllm.load.client import run_share, run_warmups
 from pytest_profllm.load.conversation import (
@@ -204,7 +205,7 @@ def server_engine(base_url: str, api_key: str | None = None) -> dict[str, str | 
     header, vLLM by its /version; `unknown` where it says neither (never a guess)."""
     request = urllib.request.Request(
         f"{base_url.rstrip('/')}/version",
-        headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+        headers=bearer(api_key),
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from pytest_profllm.engine.secrets import bearer
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.http import StreamingClient
 from pytest_profllm.load.metrics import RequestOutcome
@@ -78,9 +79,7 @@ def _pooling_payload(
 
 
 def _client(settings: LoadSettings, limit: int | None) -> StreamingClient:
-    headers = {"Content-Type": "application/json"}
-    if settings.api_key:
-        headers["Authorization"] = f"Bearer {settings.api_key}"
+    headers = {"Content-Type": "application/json", **bearer(settings.api_key)}
     # One pool of keep-alive connections serves every request, never a connection per request.
     return StreamingClient(settings.base_url, headers, limit)
 

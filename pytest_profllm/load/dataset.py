@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from pytest_profllm.engine.secrets import bearer
 from pytest_profllm.load.dataset_files import custom_output_len, fill, read_json_lines
 from pytest_profllm.load.multimodal import (
     custom_audio_prompts,
@@ -366,8 +367,7 @@ class ServerCodec:
         self._url = base_url.rstrip("/")
         self._model = model
         self._session = requests.Session()
-        if api_key:
-            self._session.headers["Authorization"] = f"Bearer {api_key}"
+        self._session.headers.update(bearer(api_key))
         self.num_special_tokens_to_add = len(self._tokenize("", add_special=True))
         self.vocab_size = self._find_vocab_size()
         self.special_ids = self._find_special_ids()

@@ -188,9 +188,12 @@ class StreamingClient:
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or (443 if self._tls else 80)
         self._prefix = parts.path.rstrip("/")
-        host_header = parts.netloc
-        common = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-        self._head = f"Host: {host_header}\r\n{common}".encode("latin-1")
+        # No local holds the joined headers: an Authorization value would show in plain text
+        # in a traceback's locals (pytest -l); `headers` shows it as a Secret, ***.
+        self._head = (
+            f"Host: {parts.netloc}\r\n"
+            + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        ).encode("latin-1")
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(limit) if limit else None
 

@@ -36,7 +36,7 @@ class LoadSettings:
     temperature: float | None = 0.0  # None: not sent, the server's default applies (as vLLM)
     num_warmups: int = 0
     request_timeout_s: float = 600.0
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # a secret: never in a traceback
     endpoint: str | None = None  # default: the backend's
     # Each request sends `x-request-id: <prefix><index>`, as vLLM's client does, so server logs
     # can be matched to requests.

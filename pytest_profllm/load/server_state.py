@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_profllm.engine.secrets import bearer
 from pytest_profllm.plan.suite import BenchmarkConfig
 
 # vLLM 0.33.0's names (vllm/v1/metrics/loggers.py); counters carry prometheus_client's `_total`.
@@ -114,7 +115,7 @@ def _post(base_url: str, path: str, api_key: str | None) -> str | None:
         f"{base_url.rstrip('/')}{path}",
         data=b"",
         method="POST",
-        headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+        headers=bearer(api_key),
     )
     try:
         with urllib.request.urlopen(request, timeout=_RESET_TIMEOUT_S) as response:

@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from pytest_profllm.engine.registry import bundled, human_int
-from pytest_profllm.engine.secrets import ENV_SECRETS, REDACTED, is_secret
+from pytest_profllm.engine.secrets import ENV_SECRETS, REDACTED, RedactedDict, is_secret
 from pytest_profllm.limits import MAX_PROBE_REQUESTS, MIN_SEARCH_RATE
 from pytest_profllm.plan import metric_names
 from pytest_profllm.plan.metric_names import LATENCY_RESULTS, THROUGHPUT_RESULTS
@@ -681,6 +681,12 @@ class Suite(BaseModel):
     @classmethod
     def _regression(cls, value: object) -> dict[str, float]:
         return parse_regression(value)
+
+    def __repr_args__(self) -> Any:
+        # pytest prints reprs (-l, JUnit XML): `server:` shows a secret (api_key) as ***.
+        for name, value in super().__repr_args__():
+            server = name == "server" and isinstance(value, dict)
+            yield name, RedactedDict(value) if server else value
 
     @model_validator(mode="after")
     def _repeats_for_throughputs(self) -> Suite:

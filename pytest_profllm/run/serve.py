@@ -15,6 +15,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from pytest_profllm.engine.secrets import Secret
 from pytest_profllm.load import metrics
 from pytest_profllm.load.bench import (
     invalid_reasons,
@@ -242,7 +243,8 @@ def api_key_of(server: dict[str, Any]) -> str | None:
     key = server.get("api_key")
     if isinstance(key, list):
         key = key[0] if key else None
-    return None if key is None else str(key)
+    # A Secret: the frames it passes through show it as *** (pytest -l, JUnit XML).
+    return None if key is None else Secret(str(key))
 
 
 def served_name(server: dict[str, Any]) -> str:

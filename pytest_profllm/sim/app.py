@@ -44,7 +44,7 @@ class SimState:
     max_model_len: int
     tokenizer: Any  # tokenizers.Tokenizer
     words: list[str]  # vocabulary of ordinary (non-special) tokens, for generated text
-    api_key: str | None
+    api_key: str | None = field(repr=False)  # a secret: never in a traceback
     # Opt-in (PROFLLM_SIM_EMISSION_LOG): when each content message left, to check clients' timing.
     emissions: EmissionLog | None = None
     # The API server's own latency before a request reaches the engine (cost model's figure).
