@@ -136,3 +136,62 @@ def test_only_valid_measured_records_count(tmp_path: Path) -> None:
         write_record(tmp_path, {**base, "run_id": run_id, "status": status, "results": results})
     (tmp_path / "summary.json").write_text("{}")  # not a record: passed over
     assert set(read_index(tmp_path).records) == {"ok", "missed"}
+
+
+ONE_CASE = """
+server:
+  model: sim-8b
+benchmark:
+  num_prompts: 4
+  random_input_len: 16
+  random_output_len: 4
+  request_rate: 20
+thresholds:
+  completed: {min: MIN}
+"""
+
+
+def test_a_resumed_case_is_judged_by_the_suite_as_it_is_now(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makefile(".yaml", bench_rs=ONE_CASE.replace("MIN", "1"))
+    argv = pytest_argv(ports, "-rA", cache=False)
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*argv, *extra], cwd=pytester.path, capture_output=True,
+                              text=True, timeout=120, check=False)
+
+    first = run()
+    assert first.returncode == 0, first.stdout[-3000:]
+    (measured,) = records(pytester.path / "results")
+
+    # A threshold raised out of reach: the earlier figures now fail it, without a new run.
+    pytester.makefile(".yaml", bench_rs=ONE_CASE.replace("MIN", "1000000"))
+    raised = run("--profllm-resume")
+    assert raised.returncode == 1, raised.stdout[-3000:]
+    assert (
+        f"already measured in {measured['run_id']}: completed = 4 < min 1e+06 (threshold "
+        "missed), judged by the suite's current thresholds" in raised.stdout
+    ), raised.stdout[-3000:]
+    assert "server start(s)" not in raised.stdout
+    (record,) = records(pytester.path / "results")
+    assert record["run_id"] == measured["run_id"] and record["status"] == "failed"
+    assert record["thresholds"] == {"completed": {"min": 1000000.0, "max": None}}
+    assert [v["passed"] for v in record["verdicts"]] == [False]
+    with sqlite3.connect(pytester.path / "results" / "results.db") as db:
+        assert db.execute("select status from benchmark_runs").fetchall() == [("failed",)]
+
+    # Back within reach: resumed, skipped, passing.
+    pytester.makefile(".yaml", bench_rs=ONE_CASE.replace("MIN", "1"))
+    lowered = run("--profllm-resume")
+    assert lowered.returncode == 0 and "1 skipped" in lowered.stdout, lowered.stdout[-3000:]
+
+    # Another suite of the same server and workload has records of its own.
+    pytester.makefile(".yaml", bench_other=ONE_CASE.replace("MIN", "1"))
+    other = run("--profllm-resume")
+    assert other.returncode == 0, other.stdout[-3000:]
+    assert "1 passed" in other.stdout and "1 skipped" in other.stdout, other.stdout[-3000:]
+    assert {r["suite"] for r in records(pytester.path / "results")} == {"rs", "other"}
+    with sqlite3.connect(pytester.path / "results" / "results.db") as db:
+        suites = {row[0] for row in db.execute("select suite from benchmark_runs")}
+    assert suites == {"rs", "other"}

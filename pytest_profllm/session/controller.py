@@ -21,7 +21,7 @@ from pytest_profllm.options import Settings
 from pytest_profllm.results.record import write_record, write_requests
 from pytest_profllm.results.store import load_records
 from pytest_profllm.session.identity import RunIdentity, host_pool, session_turns
-from pytest_profllm.session.resume import RESUMED_PROPERTY, ResumeIndex
+from pytest_profllm.session.resume import REJUDGED_PROPERTY, RESUMED_PROPERTY, ResumeIndex
 from pytest_profllm.session.worker import RECORD_PROPERTY, REQUESTS_PROPERTY, STARTED_PROPERTY
 
 # How long the load at the end waits for another process's lock on the database.
@@ -82,13 +82,25 @@ class ControllerSession:
         record["duration"] = max(0.0, time.time() - _started_at(record))
         self.receive(record, None)
 
-    def add_resumed(self, run_id: str) -> dict[str, Any] | None:
-        """An earlier session's record that stands for a case skipped here: it joins this
-        session's records (and database load) as it is, its file already written."""
+    def add_resumed(
+        self, run_id: str, rejudged: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """An earlier session's record that stands for a case resumed here: it joins this
+        session's records (and database load) as it is, its file already written; or, where
+        the current thresholds fail it (`rejudged`), as they judge it, its file rewritten."""
         record = self.resume.records.get(run_id) if self.resume is not None else None
-        if record is not None:
-            self.records.append(record)
-            self.resumed += 1
+        if record is None:
+            return None
+        if rejudged:
+            record = {**record, **rejudged}
+            out = self.settings.out_dir
+            if out is not None:
+                try:
+                    write_record(out, record)
+                except OSError as error:
+                    record["message"] += f" (not written to {out}: {error.strerror or error})"
+        self.records.append(record)
+        self.resumed += 1
         return record
 
     def receive(self, record: dict[str, Any], requests: list[dict[str, Any]] | None) -> str | None:
@@ -218,7 +230,10 @@ class ControllerReports:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # Take the records out of the report, so they are written once (here) and not copied
         # into JUnit XML by the plugins that read user_properties after us.
-        ours = (RECORD_PROPERTY, REQUESTS_PROPERTY, STARTED_PROPERTY, RESUMED_PROPERTY)
+        ours = (
+            RECORD_PROPERTY, REQUESTS_PROPERTY, STARTED_PROPERTY, RESUMED_PROPERTY,
+            REJUDGED_PROPERTY,
+        )
         properties = dict(report.user_properties)
         if not any(name in properties for name in ours):
             if report.when == "teardown":
@@ -237,7 +252,8 @@ class ControllerReports:
         controller.ended(report.nodeid)
         resumed = properties.get(RESUMED_PROPERTY)
         if resumed is not None:
-            earlier = controller.add_resumed(str(resumed))
+            rejudged = properties.get(REJUDGED_PROPERTY)
+            earlier = controller.add_resumed(str(resumed), rejudged)  # type: ignore[arg-type]
             if earlier is not None:
                 self.config.stash[GATE_CONTROLLER_KEY].receive(earlier, None)
         if record is None:

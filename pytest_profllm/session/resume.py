@@ -3,12 +3,16 @@
 The controller reads the records in `--profllm-out` once; a record counts when it is a valid
 measurement that ran to its end (`passed`, or `failed` on a threshold): an `error`, `invalid`
 or `skipped` record, or none at all (a case cut short by SIGKILL), runs again. A case matches
-a record by the regression gate's fingerprint (results/fingerprint.py: the effective server
-configuration, the workload, the engine and its version, the device count), by its whole
-workload (the seed included) and by its repeat; the device model, known only once a server
-holds its GPUs, must be one this host has. Each worker marks its matching cases skipped; the
-controller adds their earlier records to this session's, so its database and summary hold
-the whole campaign.
+a record by its suite (name and file: another suite's record of the same workload stands for
+none of its cases), the regression gate's fingerprint (results/fingerprint.py: the effective
+server configuration, the workload, the engine and its version, the device count), its whole
+workload (the seed included) and its repeat; the device model, known only once a server
+holds its GPUs, must be one this host has. A matching case is judged again by the suite as
+it is now: its earlier figures against the current thresholds (a case whose figures now miss
+one fails, its record `failed` with the reason), and a case the regression gate judges
+against a baseline runs again (the gate compares per-request samples of every repeat). Each
+worker marks the other matching cases skipped; the controller adds their earlier records to
+this session's, so its database and summary hold the whole campaign.
 """
 
 from __future__ import annotations
@@ -24,9 +28,15 @@ import pytest
 from pytest_profllm.plan.case import Case
 from pytest_profllm.results.fingerprint import digest, fingerprint
 from pytest_profllm.results.record import normalize
+from pytest_profllm.run.outcome import describe_missed, evaluate
 
 # A skipped case's user property: the run id whose record stands for it.
 RESUMED_PROPERTY = "profllm_resumed"
+# ... and, where the current thresholds fail it, what its record says now (status, message,
+# thresholds and verdicts).
+REJUDGED_PROPERTY = "profllm_rejudged"
+# A resumed case whose earlier figures miss a current threshold: why it fails.
+RESUMED_FAILURE_KEY = pytest.StashKey[str]()
 WORKERINPUT = "profllm_resume"
 # In every process, with --profllm-resume: the earlier records (the controller's has them all).
 RESUME_INDEX_KEY = pytest.StashKey["ResumeIndex"]()
@@ -34,13 +44,14 @@ _MEASURED = ("passed", "failed")
 
 
 def resume_key(record: dict[str, Any]) -> str:
-    """What a case and its earlier record share: the fingerprint less the device model, the
-    whole workload and the repeat."""
+    """What a case and its earlier record share: the suite (its name and file), the
+    fingerprint less the device model, the whole workload and the repeat."""
     parts = fingerprint(record)
     parts.pop("device_model", None)
     workload = (record.get("config") or {}).get("benchmark") or {}
     repeat = record.get("repeat_index")
-    return digest({"fingerprint": parts, "workload": workload, "repeat": repeat})
+    suite = [record.get("suite"), record.get("source")]
+    return digest({"suite": suite, "fingerprint": parts, "workload": workload, "repeat": repeat})
 
 
 def device_model(record: dict[str, Any]) -> list[str]:
@@ -57,14 +68,16 @@ class Earlier:
     # The achieved rate where its load saturated (session/saturation.py), else None: a resumed
     # sweep still stops above it.
     saturated: float | None = None
+    # Its figures (the record's `results`): judged again by the suite's current thresholds.
+    results: dict[str, Any] = field(default_factory=dict)
 
     def as_input(self) -> list[Any]:
-        return [self.run_id, self.timestamp, list(self.gpu_names), self.saturated]
+        return [self.run_id, self.timestamp, list(self.gpu_names), self.saturated, self.results]
 
     @classmethod
     def from_input(cls, value: list[Any]) -> Earlier:
-        run_id, timestamp, names, saturated = value
-        return cls(str(run_id), str(timestamp), tuple(names), saturated)
+        run_id, timestamp, names, saturated, results = value
+        return cls(str(run_id), str(timestamp), tuple(names), saturated, dict(results))
 
 
 @dataclass
@@ -115,6 +128,7 @@ def read_index(
             record.timestamp,
             tuple(device_model(raw)),
             saturated_at(raw) if saturated_at is not None else None,
+            dict(record.results),
         )
         index.by_key.setdefault(resume_key(raw), []).append(earlier)
         index.records[record.run_id] = raw
@@ -125,24 +139,48 @@ def describe(earlier: Earlier) -> str:
     return f"already measured in {earlier.run_id}"
 
 
+def rejudged(case: Case, earlier: Earlier) -> dict[str, Any] | None:
+    """What the earlier record of `case` says when judged by the case's current thresholds,
+    where they now fail it (None: they pass)."""
+    verdicts = evaluate(case, earlier.results)
+    missed = [verdict for verdict in verdicts if not verdict.passed]
+    if not missed:
+        return None
+    return {
+        "status": "failed",
+        "message": f"{describe_missed(missed)}, judged by the suite's current thresholds",
+        "thresholds": {name: t.model_dump() for name, t in case.thresholds.items()},
+        "verdicts": [verdict.model_dump(mode="json") for verdict in verdicts],
+    }
+
+
 def skip_resumed(
     items: list[Any],
     case_of: Callable[[Any], Case | None],
     index: ResumeIndex,
     planned_record: Callable[[Case, str], dict[str, Any]],
     host_gpu_names: set[str] | None,
+    runs_again: Callable[[Case], bool] = lambda case: False,
 ) -> list[tuple[Case, Earlier]]:
     """Mark each case with an earlier measured record skipped, its run id in a user property
-    for the controller; returns those cases. Cases skipped already keep their reason."""
+    for the controller; returns those cases. A case whose earlier figures now miss a threshold
+    is not skipped: it fails without running (RESUMED_FAILURE_KEY), its record re-judged. A
+    case `runs_again` says must be measured anew is left to run. Cases skipped already keep
+    their reason."""
     resumed = []
     for item in items:
         case = case_of(item)
-        if case is None or item.get_closest_marker("skip") is not None:
+        if case is None or item.get_closest_marker("skip") is not None or runs_again(case):
             continue
         earlier = index.match(planned_record(case, item.nodeid), host_gpu_names)
         if earlier is None:
             continue
-        item.add_marker(pytest.mark.skip(reason=describe(earlier)))
         item.user_properties.append((RESUMED_PROPERTY, earlier.run_id))
+        verdict = rejudged(case, earlier)
+        if verdict is None:
+            item.add_marker(pytest.mark.skip(reason=describe(earlier)))
+        else:
+            item.stash[RESUMED_FAILURE_KEY] = f"{describe(earlier)}: {verdict['message']}"
+            item.user_properties.append((REJUDGED_PROPERTY, verdict))
         resumed.append((case, earlier))
     return resumed

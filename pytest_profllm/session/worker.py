@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_profllm.engine.choice import EngineChoice
+from pytest_profllm.gates.config import GATE_CONFIG_KEY
 from pytest_profllm.hosts import nvml
 from pytest_profllm.hosts.cores import LoadCores
 from pytest_profllm.hosts.nvml import GpuBusy
@@ -35,7 +36,12 @@ from pytest_profllm.session.identity import (
     session_turns,
     worker_name,
 )
-from pytest_profllm.session.resume import RESUME_INDEX_KEY, Earlier, skip_resumed
+from pytest_profllm.session.resume import (
+    RESUME_INDEX_KEY,
+    RESUMED_FAILURE_KEY,
+    Earlier,
+    skip_resumed,
+)
 from pytest_profllm.session.saturation import SaturationStop, request_rate
 from pytest_profllm.session.xdist_scheduling import RANKS_KEY
 
@@ -153,6 +159,11 @@ class WorkerSession:
         return _outcome(case, nodeid, self.settings, self.identity, self.worker)
 
     def run(self, case: Case, nodeid: str, stash: pytest.Stash) -> CaseOutcome:
+        resumed_failure = stash.get(RESUMED_FAILURE_KEY, None)
+        if resumed_failure is not None:
+            # Measured by an earlier session, failed by the current thresholds: nothing runs,
+            # and its record is the earlier one, judged again (session/resume.py).
+            pytest.fail(resumed_failure, pytrace=False)
         outcome = stash[OUTCOME_KEY] = self._outcome(case, nodeid)
         # Known before its server is asked for: a skipped case starts nothing.
         reason = self.saturation.skip_reason(case)
@@ -228,12 +239,16 @@ def resume_cases(config: pytest.Config, items: list[Any], case_of: Any) -> None:
     if index is None:
         return
     settings, identity = config.stash[SETTINGS_KEY], config.stash[IDENTITY_KEY]
+    # The gate compares per-request samples pooled over a case's repeats with its baseline:
+    # a gated case runs again where there is a baseline, so the current gate judges it.
+    baseline = config.stash[GATE_CONFIG_KEY].baseline
     config.stash[RESUMED_KEY] = skip_resumed(
         items,
         case_of,
         index,
         lambda case, nodeid: planned_record(case, nodeid, settings, identity),
         host_gpu_names(settings, identity.engine),
+        runs_again=lambda case: bool(case.regression) and baseline is not None,
     )
 
 
