@@ -18,3 +18,15 @@ MAX_JSON_DEPTH = 64
 # concurrency), which are all drawn before the probe starts.
 MIN_SEARCH_RATE = 0.001
 MAX_PROBE_REQUESTS = 1_000_000
+
+# A prepared page's query string (bytes, as sent): uvicorn refuses request heads over 16 KiB
+# anyway, and this keeps a search text, escaped, far below SQLite's 50,000-byte LIKE pattern.
+MAX_QUERY_STRING_BYTES = 16_384
+
+# An uploaded file (browse/upload.py): a record is tens of kilobytes, a bench result with
+# every request's figures a few MB; the body is held in memory while it is checked.
+MAX_UPLOAD_BYTES = 64 * 2**20
+
+# Profiler traces a run page lists from its record: one per GPU worker is a handful; each is
+# checked on disk, and a hostile record may name millions.
+MAX_TRACE_FILES = 1_024

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from datasette.utils import tilde_encode
-from datasette.utils.asgi import NotFound, Response
+from datasette.utils.asgi import Response
 
 from pytest_profllm.browse import dashboards, filters
 from pytest_profllm.browse.filters import Schema, Selection
-from pytest_profllm.browse.pages import render_page, results_database
+from pytest_profllm.browse.pages import PageError, guarded, render_page, results_database
+from pytest_profllm.limits import MAX_QUERY_STRING_BYTES
 from pytest_profllm.results.landing import LANDING
 from pytest_profllm.results.table import TABLE
 
@@ -119,7 +120,7 @@ def _pairs(request: Any) -> list[tuple[str, str]]:
 
 async def dashboard_list(datasette: Any, request: Any) -> Response:
     name = request.url_vars["database"]
-    database = await results_database(datasette, name)
+    database = await results_database(datasette, request, name)
     saved = await database.execute_fn(filters.presets)
     return await render_page(datasette, request, "profllm_dashboards.html", {
         "database": name,
@@ -147,8 +148,8 @@ async def dashboard_page(datasette: Any, request: Any) -> Response:
     name = request.url_vars["database"]
     dashboard = dashboards.BY_NAME.get(request.url_vars["dashboard"])
     if dashboard is None:
-        raise NotFound("No dashboard named " + repr(request.url_vars["dashboard"]))
-    database = await results_database(datasette, name)
+        raise PageError(404, "No dashboard named " + repr(request.url_vars["dashboard"]))
+    database = await results_database(datasette, request, name)
     pairs = _pairs(request)
     args: Mapping[str, str] = dict(pairs)
 
@@ -198,8 +199,8 @@ async def save_preset(datasette: Any, request: Any) -> Response:
     name = request.url_vars["database"]
     dashboard = dashboards.BY_NAME.get(request.url_vars["dashboard"])
     if dashboard is None:
-        raise NotFound("No dashboard named " + repr(request.url_vars["dashboard"]))
-    database = await results_database(datasette, name)
+        raise PageError(404, "No dashboard named " + repr(request.url_vars["dashboard"]))
+    database = await results_database(datasette, request, name)
     if request.method != "POST":
         return Response.text("POST a preset's name and query", status=405)
     if not await datasette.permission_allowed(request.actor, WRITE_ACTION, resource=name,
@@ -207,6 +208,10 @@ async def save_preset(datasette: Any, request: Any) -> Response:
         return Response.text("Saving a preset needs an actor allowed to write to "
                              f"{name} (for example: datasette --root)", status=403)
     form = await request.post_vars()
+    if len(form.get("query", "").encode()) > MAX_QUERY_STRING_BYTES:
+        # The preset becomes a link's query string: one a page would refuse.
+        return Response.text(f"A preset's query is at most {MAX_QUERY_STRING_BYTES:,} bytes",
+                             status=400)
     pairs = urllib.parse.parse_qsl(form.get("query", ""), keep_blank_values=True)
     actor = (request.actor or {}).get("id")
     try:
@@ -223,7 +228,8 @@ async def save_preset(datasette: Any, request: Any) -> Response:
 
 
 ROUTES: list[tuple[str, Any]] = [
-    (r"^/(?P<database>[^/]+)/-/dashboards$", dashboard_list),
-    (r"^/(?P<database>[^/]+)/-/dashboards/(?P<dashboard>[a-z_]+)$", dashboard_page),
-    (r"^/(?P<database>[^/]+)/-/dashboards/(?P<dashboard>[a-z_]+)/presets$", save_preset),
+    (r"^/(?P<database>[^/]+)/-/dashboards$", guarded(dashboard_list)),
+    (r"^/(?P<database>[^/]+)/-/dashboards/(?P<dashboard>[a-z_]+)$", guarded(dashboard_page)),
+    (r"^/(?P<database>[^/]+)/-/dashboards/(?P<dashboard>[a-z_]+)/presets$",
+     guarded(save_preset)),
 ]

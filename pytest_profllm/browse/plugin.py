@@ -22,7 +22,13 @@ from datasette import hookimpl
 from datasette.utils import actor_matches_allow, tilde_decode, tilde_encode
 from markupsafe import Markup
 
-from pytest_profllm.browse import dashboard_pages, run_views, sql_functions, upload_views
+from pytest_profllm.browse import (
+    dashboard_pages,
+    pages,
+    run_views,
+    sql_functions,
+    upload_views,
+)
 from pytest_profllm.browse.dashboards import DASHBOARDS
 from pytest_profllm.browse.queries import CANNED_QUERIES
 from pytest_profllm.hosts.files import read_only_uri
@@ -371,8 +377,9 @@ def extra_css_urls(database: str | None, table: str | None) -> list[str]:
 
 @hookimpl
 def register_routes() -> list[tuple[str, Any]]:
-    # Our prepared pages, each module's own routes.
-    return [*dashboard_pages.ROUTES, *run_views.ROUTES, *upload_views.ROUTES]
+    # Our prepared pages, each module's own routes; then our 404 for the rest of our paths.
+    return [*dashboard_pages.ROUTES, *run_views.ROUTES, *upload_views.ROUTES,
+            *pages.CATCH_ALL]
 
 
 @hookimpl

@@ -14,10 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from datasette.utils import tilde_decode, tilde_encode
-from datasette.utils.asgi import NotFound, Response
+from datasette.utils.asgi import Response
 
 from pytest_profllm.browse import run_page
-from pytest_profllm.browse.pages import render_page, results_database
+from pytest_profllm.browse.pages import (
+    PageError,
+    guarded,
+    not_ours,
+    render_page,
+    results_database,
+)
 from pytest_profllm.results.landing import LANDING
 from pytest_profllm.results.table import TABLE
 
@@ -36,13 +42,13 @@ def run_url(datasette: Any, database: str, run_id: str) -> str:
     return f"{datasette.urls.database(database)}/-/run/{tilde_encode(run_id)}"
 
 
-async def _page_and_files(datasette: Any, name: str, encoded: str
+async def _page_and_files(datasette: Any, request: Any, name: str, encoded: str
                           ) -> tuple[Any, run_page.RunPage, list[run_page.RunFile]]:
-    database = await results_database(datasette, name)
+    database = await results_database(datasette, request, name)
     run_id = tilde_decode(encoded)
     page = await database.execute_fn(lambda connection: run_page.run_page(connection, run_id))
     if page is None:
-        raise NotFound(f"No run {run_id!r} in {name}")
+        raise PageError(404, f"No run {run_id!r} in {name}")
     folder = _results_dir(database)
     files = run_page.run_files(folder, page.row) if folder is not None else []
     return database, page, files
@@ -50,7 +56,7 @@ async def _page_and_files(datasette: Any, name: str, encoded: str
 
 async def run_view(datasette: Any, request: Any) -> Response:
     name = request.url_vars["database"]
-    _, page, files = await _page_and_files(datasette, name, request.url_vars["run_id"])
+    _, page, files = await _page_and_files(datasette, request, name, request.url_vars["run_id"])
     base = run_url(datasette, name, page.run_id)
     return await render_page(datasette, request, "profllm_run.html", {
         "database": name,
@@ -71,11 +77,11 @@ async def run_view(datasette: Any, request: Any) -> Response:
 
 async def file_view(datasette: Any, request: Any) -> Response:
     name = request.url_vars["database"]
-    _, page, files = await _page_and_files(datasette, name, request.url_vars["run_id"])
+    _, page, files = await _page_and_files(datasette, request, name, request.url_vars["run_id"])
     wanted = tilde_decode(request.url_vars["file"])
     found = next((f for f in files if f.name == wanted), None)
     if found is None:
-        raise NotFound(f"No file {wanted!r} of run {page.run_id} in the results folder")
+        raise PageError(404, f"No file {wanted!r} of run {page.run_id} in the results folder")
     return _file_response(found.path, found.path.name)
 
 
@@ -94,14 +100,14 @@ async def traces_export(datasette: Any, request: Any) -> Response:
     """The seed's `/api/export/traces/{id}`: the run's profiler traces, the one file as it
     is or several zipped, from the one results database served."""
     ours = [n for n, db in datasette.databases.items()
-            if n != "_internal" and await db.table_exists(TABLE)]
+            if n != "_internal" and await not_ours(db) is None]
     if len(ours) != 1:
-        raise NotFound("/api/export/traces needs exactly one results database served; use "
+        raise PageError(404, "/api/export/traces needs exactly one results database served; use "
                        "/{database}/-/run/{run_id} for one of several")
-    _, page, files = await _page_and_files(datasette, ours[0], request.url_vars["run_id"])
+    _, page, files = await _page_and_files(datasette, request, ours[0], request.url_vars["run_id"])
     traces = [f for f in files if f.kind == "trace"]
     if not traces:
-        raise NotFound(f"Run {page.run_id} has no profiler trace in the results folder")
+        raise PageError(404, f"Run {page.run_id} has no profiler trace in the results folder")
     if len(traces) == 1:
         return _file_response(traces[0].path, traces[0].path.name)
     if sum(f.size for f in traces) > MAX_ZIP_BYTES:
@@ -116,7 +122,8 @@ async def traces_export(datasette: Any, request: Any) -> Response:
 
 
 ROUTES: list[tuple[str, Any]] = [
-    (r"^/(?P<database>[^/]+)/-/run/(?P<run_id>[^/]+)$", run_view),
-    (r"^/(?P<database>[^/]+)/-/run/(?P<run_id>[^/]+)/files/(?P<file>[^/]+)$", file_view),
-    (r"^/api/export/traces/(?P<run_id>[^/]+)$", traces_export),
+    (r"^/(?P<database>[^/]+)/-/run/(?P<run_id>[^/]+)$", guarded(run_view)),
+    (r"^/(?P<database>[^/]+)/-/run/(?P<run_id>[^/]+)/files/(?P<file>[^/]+)$",
+     guarded(file_view)),
+    (r"^/api/export/traces/(?P<run_id>[^/]+)$", guarded(traces_export)),
 ]

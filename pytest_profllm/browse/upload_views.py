@@ -13,7 +13,8 @@ from datasette.utils.asgi import Response
 
 from pytest_profllm.browse import upload
 from pytest_profllm.browse.dashboard_pages import WRITE_ACTION
-from pytest_profllm.browse.pages import render_page, results_database
+from pytest_profllm.browse.pages import guarded, render_page, results_database
+from pytest_profllm.limits import MAX_UPLOAD_BYTES
 from pytest_profllm.results.landing import LANDING
 
 
@@ -25,7 +26,7 @@ async def may_upload(datasette: Any, actor: Any, database: str) -> bool:
 
 async def upload_view(datasette: Any, request: Any) -> Response:
     name = request.url_vars["database"]
-    database = await results_database(datasette, name)
+    database = await results_database(datasette, request, name)
     allowed = await may_upload(datasette, request.actor, name)
     if request.method == "POST":
         if not allowed:
@@ -45,10 +46,10 @@ async def upload_view(datasette: Any, request: Any) -> Response:
         "allowed": allowed,
         "landing_url": datasette.urls.table(name, LANDING),
         "upload_url": datasette.urls.database(name) + "/-/upload",
-        "max_mib": upload.MAX_UPLOAD_BYTES >> 20,
+        "max_mib": MAX_UPLOAD_BYTES >> 20,
     }, status=200 if allowed else 403)
 
 
 ROUTES: list[tuple[str, Any]] = [
-    (r"^/(?P<database>[^/]+)/-/upload$", upload_view),
+    (r"^/(?P<database>[^/]+)/-/upload$", guarded(upload_view, json_posts=True)),
 ]
