@@ -185,3 +185,32 @@ def test_run_ids_with_odd_characters_have_pages(tmp_path: Path) -> None:
     (response,) = get(db, "/results/-/run/" + tilde_encode(odd))
     assert response.status_code == 200
     assert "run/with~odd.chars" in response.text
+
+
+def test_a_record_cannot_name_the_database_as_its_file(tmp_path: Path) -> None:
+    # Issue 38: a record naming results.db (or a link to it, or another folder's file) as
+    # its trace made the whole database downloadable from the run's page.
+    folder = tmp_path / "results"
+    (folder / "profiles").mkdir(parents=True)
+    (folder / "other").mkdir()
+    (folder / "other" / "notes.json").write_text("{}")
+    (folder / "profiles" / "db-link.json").symlink_to(folder / "results.db")
+    (folder / "profiles" / "trace-1.json").write_text("{}")
+    record = make_record("r1", "s1", CASE, "2026-01-01T10:00:00+00:00")
+    record["profiling"] = {
+        "profiler": "torch", "trace_dir": str(folder), "num_prompts": 1, "duration_s": 1.0,
+        "trace_bytes": 2, "traces": [{"path": path, "size_bytes": 1} for path in (
+            "results.db", str(folder / "results.db"), "profiles/../results.db",
+            "profiles/db-link.json", "results.db-wal", "other/notes.json",
+            "profiles/trace-1.json")]}
+    db = ingested(folder, record)
+    (folder / "results.db-wal").write_bytes(b"wal")
+    files = run_page.run_files(folder, page_of(db, "r1").row)
+    assert {(f.kind, f.name) for f in files} == {
+        ("record", "r1.json"), ("trace", "profiles/trace-1.json")}
+    base = "/results/-/run/r1/files/"
+    responses = get(db, "/results/-/run/r1", base + "results.db",
+                    base + "profiles~2Fdb-link.json", base + "other~2Fnotes.json")
+    assert responses[0].status_code == 200 and "results.db" not in responses[0].text
+    assert [r.status_code for r in responses[1:]] == [404, 404, 404]
+    assert all(b"SQLite format" not in r.content for r in responses)

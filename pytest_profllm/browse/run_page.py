@@ -22,6 +22,7 @@ import numpy as np
 from pytest_profllm.browse import charts
 from pytest_profllm.browse.upload import UPLOADS, stored_name
 from pytest_profllm.engine.registry import RegistryError, bundled
+from pytest_profllm.limits import MAX_TRACE_FILES
 from pytest_profllm.results.gate_tables import RUNS, SAMPLES, SERIES, SERIES_COLUMNS, VERDICTS
 from pytest_profllm.results.table import TABLE
 
@@ -375,32 +376,55 @@ class RunFile:
     size: int
 
 
+# Where the plugin writes a run's profiler traces: the results folder's `profiles/`
+# (session/worker.py), or `logs/profiles/` without one (server/workers.py).
+TRACE_FOLDERS = ("profiles", "logs/profiles")
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
 def run_files(results_dir: Path, row: Mapping[str, Any]) -> list[RunFile]:
     """The run's files that lie in `results_dir` (the folder of its database): its record,
-    its request file, its server's log and its profiler traces. A path that leads outside the
-    folder (`..`, an absolute path elsewhere, a symbolic link out) is not one of them."""
+    its request file, its server's log and its profiler traces, each only where the plugin
+    writes that kind of file. A path that leads elsewhere (`..`, an absolute path, a symbolic
+    link out, another folder of the results) is not one of them, and neither is a database
+    or its journal: a record names its trace files itself, and may name `results.db`."""
     root = results_dir.resolve()
     run_id = str(row["run_id"])
-    candidates: list[tuple[str, Path]] = [
-        ("record", results_dir / f"{run_id}.json"),
-        ("record", results_dir / UPLOADS / stored_name(run_id)),
-        ("requests", results_dir / f"{run_id}.requests.jsonl.gz"),
+    candidates: list[tuple[str, Path, Path]] = [
+        ("record", root, results_dir / f"{run_id}.json"),
+        ("record", root / UPLOADS, results_dir / UPLOADS / stored_name(run_id)),
+        ("requests", root, results_dir / f"{run_id}.requests.jsonl.gz"),
     ]
     server_key = row.get("runtime_server_key")
     if isinstance(server_key, str) and server_key.isalnum():
-        candidates += [("log", path) for path in sorted((results_dir / "logs").glob(
-            f"*-{server_key}.log"))]
-    for trace in (_json(row.get("profiling"), {}) or {}).get("traces") or []:
+        candidates += [("log", root / "logs", path) for path in sorted(
+            (results_dir / "logs").glob(f"*-{server_key}.log"))]
+    traces = (_json(row.get("profiling"), {}) or {}).get("traces") or []
+    for trace in traces[:MAX_TRACE_FILES] if isinstance(traces, list) else []:
         if isinstance(trace, dict) and isinstance(trace.get("path"), str):
             path = Path(trace["path"])
-            candidates.append(("trace", path if path.is_absolute() else results_dir / path))
-    files = []
-    for kind, path in candidates:
-        inside = within(root, path)
-        if inside is not None and inside.is_file():
-            files.append(RunFile(kind, inside.relative_to(root).as_posix(), inside,
-                                 inside.stat().st_size))
+            path = path if path.is_absolute() else results_dir / path
+            candidates += [("trace", root / folder, path) for folder in TRACE_FOLDERS]
+    files: list[RunFile] = []
+    for kind, folder, path in candidates:
+        inside = within(folder, path)
+        if inside is None or not inside.is_file() or _is_database(inside):
+            continue
+        name = inside.relative_to(root).as_posix()
+        if all(f.name != name for f in files):
+            files.append(RunFile(kind, name, inside, inside.stat().st_size))
     return files
+
+
+def _is_database(path: Path) -> bool:
+    """A SQLite database or one of its journals: never a file of a run."""
+    if path.name.endswith(("-wal", "-shm", "-journal")):
+        return True
+    try:
+        with path.open("rb") as file:
+            return file.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
+    except OSError:
+        return True
 
 
 def within(root: Path, path: Path) -> Path | None:
