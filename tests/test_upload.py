@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from datasette.app import Datasette
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -128,3 +129,63 @@ def test_any_bytes_get_a_reason_and_write_nothing(tmp_path: Path, content: bytes
     assert not db.exists()
     assert not (folder / upload.UPLOADS).exists() or not list(
         (folder / upload.UPLOADS).iterdir())
+
+
+def test_a_file_that_fails_to_load_is_a_4xx_in_one_line_and_leaves_nothing(
+        tmp_path: Path) -> None:
+    # Issue 38: a NUL in a key made loading fail inside SQLite: a 500, and the file stayed in
+    # uploads/ although nothing was loaded.
+    db = results_db(tmp_path)
+    record = make_record("nul", "s2", CASE, "2026-01-02T10:00:00+00:00")
+    record["results"]["a\u0000b"] = 1.0
+    _, (answer,) = post(db, [("nul.json", json.dumps(record).encode())], {"id": "root"})
+    assert 400 <= answer.status_code < 500
+    assert answer.json()["outcome"] == "refused"
+    assert "\n" not in answer.json()["reason"]
+    assert run_ids(db) == {"existing"}
+    assert not list((tmp_path / upload.UPLOADS).glob("*"))
+
+
+def _record_like() -> st.SearchStrategy[bytes]:
+    """A good record with a key or value replaced by generated JSON (NUL and odd unicode
+    included), or bytes that are hardly JSON at all."""
+    scalars = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+               | st.text(max_size=20))
+    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                          | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                          max_leaves=8)
+
+    def altered(where: str, key: str, value: Any) -> bytes:
+        record = make_record("gen", "s2", CASE, "2026-01-02T10:00:00+00:00")
+        target = record if where == "top" else record[where]
+        target[key] = value
+        return json.dumps(record).encode()
+
+    return (st.builds(altered, st.sampled_from(["top", "results", "config", "runtime",
+                                                "system"]),
+                      st.text(max_size=12) | st.sampled_from(["run_id", "a\x00b", "results"]),
+                      values)
+            | st.binary(max_size=300))
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                 HealthCheck.too_slow])
+@given(bodies=st.lists(_record_like(), min_size=1, max_size=3))
+def test_any_upload_body_gets_a_4xx_or_loads_and_leaves_only_what_loaded(
+        tmp_path_factory: pytest.TempPathFactory, bodies: list[bytes]) -> None:
+    folder = tmp_path_factory.mktemp("bodies")
+    db = results_db(folder)
+    _, answers = post(db, [(f"f{n}.json", body) for n, body in enumerate(bodies)],
+                      {"id": "root"})
+    loaded = set()
+    for answer in answers:
+        assert answer.status_code < 500, answer.text[:300]
+        outcome = answer.json()
+        assert outcome["reason"] and "\n" not in outcome["reason"]
+        if outcome["outcome"] in ("loaded", "updated"):
+            loaded.add(outcome["run_id"])
+    # uploads/ keeps the files of what was loaded, and nothing else.
+    kept = {p.name for p in (folder / upload.UPLOADS).glob("*")}
+    assert kept == {upload.stored_name(run_id) for run_id in loaded}
+    assert run_ids(db) == {"existing"} | loaded

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pytest_profllm.browse.pages import one_line
 from pytest_profllm.hosts.files import write_atomic
+from pytest_profllm.limits import MAX_UPLOAD_BYTES
 from pytest_profllm.results.ingest import ingest, parse_record
 
 UPLOADS = "uploads"
-# A record is tens of kilobytes; a bench result with every request's figures a few MB.
-MAX_UPLOAD_BYTES = 64 * 2**20
 Outcome = Literal["loaded", "updated", "duplicate", "refused"]
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -76,6 +76,13 @@ def upload(db_path: Path, filename: str, content: bytes) -> UploadResult:
         _restore(path, previous)
         return UploadResult(shown, "refused", f"the database is busy or locked ({error}): "
                             "nothing was loaded, try again", run_id)
+    except Exception as error:  # whatever stopped the load, the file goes
+        # Ingest loads in one transaction: what failed left nothing in the database, so
+        # nothing of it stays in the folder either, and the client reads why in one line.
+        _restore(path, previous)
+        return UploadResult(shown, "refused", one_line(
+            f"could not be loaded ({type(error).__name__}: {error}): nothing was loaded"),
+            run_id)
     if report.refused:
         _restore(path, previous)
         return UploadResult(shown, "refused", report.refused[0][1], run_id)
