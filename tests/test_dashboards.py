@@ -343,3 +343,32 @@ def test_runs_left_out_are_counted(tmp_path: Path) -> None:
     assert notes == [f"1 of the {len(records)} runs in this selection are not a valid "
                      "measurement and are left out of every chart (the landing table's "
                      "validity facet lists them)."]
+
+
+def test_latest_compares_with_the_newest_session_that_measured_its_cases(
+        tmp_path: Path) -> None:
+    # Issue 38: s3, between s1 and s4, failed in every case; the latest dashboard compared
+    # s4 with it and said "No case ran in both sessions".
+    failed = sweep("s3", "03", 1.0)
+    for record in failed:
+        record["status"] = "error"
+        record["results"] = {}
+    db = ingested(tmp_path, [*sweep("s1", "01", 1.0), *failed, *sweep("s4", "04", SLOWDOWN)])
+    with sqlite3.connect(db) as connection:
+        sql_functions.register(connection)
+        shown = view(connection, "latest")
+        assert shown.tables[1].title == "Every change against session s1"
+        throughput = [r for r in shown.tables[1].rows if r["metric"] == "output_throughput"]
+        assert len(throughput) == 10
+        assert shown.notes[-1] == (
+            "Session s4 (the latest) against session s1, the newest before it that measured "
+            "the same cases; pick others in the filters (the first session chosen is "
+            "compared with the second). Passed over, with no valid measurement of these "
+            "cases: s3.")
+        # A latest session that failed everywhere says so, plainly.
+        alone = view(connection, "latest", "session=s3")
+        assert alone.notes[-1] == ("Session s3 has no valid measurement (every case failed, "
+                                   "or measured the client): nothing to compare.")
+        first = view(connection, "latest", "session=s1")
+        assert first.notes[-1] == ("Session s1 has no earlier session of the same suites "
+                                   "with a valid measurement of its cases: nothing to compare.")

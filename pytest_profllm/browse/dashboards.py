@@ -662,21 +662,51 @@ def history_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
     return view
 
 
+def _measured_cases(connection: sqlite3.Connection, session_id: str, conditions: str,
+                    params: Sequence[Any]) -> set[tuple[Any, ...]]:
+    """The cases (as the dashboard tells them apart) a session measured validly."""
+    return {tuple(row) for row in connection.execute(
+        f"SELECT DISTINCT configuration, workload, engine, device FROM [{MEASURED_RUNS}] "
+        f"WHERE session_id = ? AND output_throughput IS NOT NULL AND {conditions}",
+        [session_id, *params])}
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """The session the latest dashboard shows, the one it compares with, and the newer
+    sessions it passed over for that: none of their valid measurements was of a case the
+    latest measured (all failed, say)."""
+
+    latest: str | None
+    previous: str | None = None
+    skipped: tuple[str, ...] = ()
+    measured: bool = True  # whether the latest session has any valid measurement
+
+
 def _sessions_in_order(connection: sqlite3.Connection, schema: Schema,
-                       selection: Selection) -> tuple[str | None, str | None]:
-    """The session to show and the one before it that ran any of the same suites."""
+                       selection: Selection) -> _Pair:
+    """The session to show and the newest one before it that ran any of the same suites
+    and measured one of its cases validly: a session where every case failed compares
+    with nothing."""
     chosen = [s for s in selection.sessions if s != "all"]
     sessions = list(schema.sessions)
     latest = next((s for s in sessions if s.session_id == chosen[0]), None) if chosen else (
         sessions[0] if sessions else None)
     if latest is None:
-        return None, None
+        return _Pair(None)
     if len(chosen) > 1:
-        return latest.session_id, chosen[1]
+        return _Pair(latest.session_id, chosen[1])
+    conditions, params = selection.conditions(schema)
+    cases = _measured_cases(connection, latest.session_id, conditions, params)
+    if not cases:
+        return _Pair(latest.session_id, measured=False)
+    skipped: list[str] = []
     for older in sessions:
         if older.last < latest.first and set(older.suites) & set(latest.suites):
-            return latest.session_id, older.session_id
-    return latest.session_id, None
+            if cases & _measured_cases(connection, older.session_id, conditions, params):
+                return _Pair(latest.session_id, older.session_id, tuple(skipped))
+            skipped.append(older.session_id)
+    return _Pair(latest.session_id, None, tuple(skipped))
 
 
 def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Selection,
@@ -684,7 +714,8 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
     """The latest session against the one before it: what changed, by how much, and what the
     regression gate called regressed."""
     view = View()
-    latest, previous = _sessions_in_order(connection, schema, selection)
+    pair = _sessions_in_order(connection, schema, selection)
+    latest, previous = pair.latest, pair.previous
     if latest is None:
         view.notes.append("No session in this database.")
         return view
@@ -750,13 +781,25 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
         f"Every change against session {previous or '-'}",
         ["case", "metric", "previous", "latest", "change_percent", "gate", "run_id"],
         changed[:200], empty="No case ran in both sessions."))
-    if previous is None:
-        view.notes.append(f"Session {latest} has no earlier session of the same suites.")
+    passed_over = (f" Passed over, with no valid measurement of these cases: "
+                   f"{_listed(pair.skipped)}." if pair.skipped else "")
+    if not pair.measured:
+        view.notes.append(f"Session {latest} has no valid measurement (every case failed, or "
+                          "measured the client): nothing to compare.")
+    elif previous is None:
+        view.notes.append(f"Session {latest} has no earlier session of the same suites with a "
+                          f"valid measurement of its cases: nothing to compare.{passed_over}")
     else:
         view.notes.append(f"Session {latest} (the latest) against session {previous}, the "
-                          "one before it that ran the same suites; pick others in the filters "
-                          "(the first session chosen is compared with the second).")
+                          "newest before it that measured the same cases; pick others in the "
+                          "filters (the first session chosen is compared with the second)."
+                          + passed_over)
     return view
+
+
+def _listed(names: Sequence[str], shown: int = 5) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _rounded(value: float | None) -> float | None:
