@@ -31,7 +31,13 @@ from pytest_profllm.engine.registry import human_int
 from pytest_profllm.engine.secrets import redact_argv
 from pytest_profllm.sim.batching import Scheduler
 from pytest_profllm.sim.config import SimSetup, build_setup
-from pytest_profllm.sim.faults import FAULTS_ENV, Faults, FaultSpecError, parse_faults
+from pytest_profllm.sim.faults import (
+    FAULTS_ENV,
+    DriftingCost,
+    Faults,
+    FaultSpecError,
+    parse_faults,
+)
 from pytest_profllm.sim.hardware import DEFAULT_DEVICE, GIB, profiles
 from pytest_profllm.sim.instruments import (
     ProfilerConfigError,
@@ -133,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         help=f"fail on purpose (repeatable; also {FAULTS_ENV}): exit_at_start, slow_start=S, "
         "never_healthy, die_after=N, error_rate=F, stall_request=N, close_request=N, "
-        "orphan_child; SPEC@ARG=VALUE applies only where the argv has that argument value",
+        "orphan_child, drift=F; SPEC@ARG=VALUE applies only where the argv has that argument value",
     )
     return parser
 
@@ -374,6 +380,8 @@ async def _serve(
         dev_mode=dev_mode,
     )
     scheduler = make_scheduler(args, setup)
+    if faults.drift:
+        scheduler.cost = DriftingCost(scheduler.cost, faults.drift, lambda: state.requests_seen)
     if profiler.profiler:
         log.warning(
             "Profiler with mode '%s' is enabled in the API server (traces in %s)",

@@ -23,20 +23,26 @@ server of a suite fails and the others do not.
     usage_claims=N           every usage chunk claims N completion tokens (N may be negative)
     usage_text               every usage chunk gives completion_tokens as a string
     orphan_child             start a child in its own session that outlives the process group
+    drift=FRACTION           a server that slows as it serves: every step takes 1 + FRACTION * N
+                             times its modelled time once N requests have arrived (0.002: twice
+                             as long after 500 requests)
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from pytest_profllm.sim.batching import StepCost
+from pytest_profllm.sim.cost import StepWork
 
 FAULTS_ENV = "PROFLLM_SIM_FAULTS"
 _FLAGS = ("exit_at_start", "never_healthy", "orphan_child", "usage_text")
 _COUNTS = (
     "die_after", "stall_request", "close_request", "error_event", "junk_line", "short_stream"
 )
-_NUMBERS = ("slow_start", "error_rate")
+_NUMBERS = ("slow_start", "error_rate", "drift")
 _INTEGERS = ("usage_claims",)  # any whole number, negative ones included
 
 
@@ -59,6 +65,7 @@ class Faults:
     usage_claims: int | None = None
     usage_text: bool = False
     orphan_child: bool = False
+    drift: float = 0.0
 
     def __bool__(self) -> bool:
         return self != Faults()
@@ -75,6 +82,20 @@ class Faults:
             self.error_event,
             self.junk_line,
         )
+
+
+@dataclass(frozen=True)
+class DriftingCost:
+    """Fault `drift`: the engine's step cost, growing with the requests the server has received
+    (a server that heats up, fragments or leaks as it runs). Counting requests rather than
+    seconds makes the drift the same on a quiet host and a loaded one."""
+
+    cost: StepCost
+    per_request: float
+    received: Callable[[], int]
+
+    def step_seconds(self, work: StepWork) -> float:
+        return self.cost.step_seconds(work) * (1 + self.per_request * self.received())
 
 
 def parse_faults(specs: Sequence[str], argv: Sequence[str]) -> Faults:
