@@ -12,7 +12,10 @@ whose client fell behind its schedule never meets.
 The search bisects the bracket [meets, misses] on a log scale (a load's effect on latency is
 multiplicative) from the middle of [low, high] until misses / meets <= 1 + precision, or the
 probe or time budget is spent; an end of the range is probed only when the bisection reaches
-it. A load meets only on the pooled samples of `confirm` independent runs. The probe is a
+it. A load meets only on the pooled samples of `confirm` independent runs. The search ends
+with one more run at the capacity it found (the re-check): a server that changed while it was
+searched (slowed as it served, or was shared with other load) misses there, and the answer is
+then no measurement of the server. The probe is a
 callable, so the same search drives a live server (run/capacity.py, `profllm bench`) and the
 simulator's virtual clock (benchmarks/perf/capacity_search.py).
 """
@@ -194,6 +197,59 @@ class Probe:
 
 
 @dataclass
+class Recheck:
+    """The run at the capacity after the search, cold as every run (fresh prompts, emptied
+    cache). It agrees unless it misses: one run near the capacity is often unsure on a steady
+    server (its tail varies from run to run), so only a miss shows that the server changed. A
+    miss counts as the search counts one, also where the client fell behind (`fell_behind`,
+    which the line then names: the host may share the blame)."""
+
+    probe: Probe
+    met_with: list[SloReading]  # the readings of the search's probe at that load
+    fell_behind: str | None = None
+
+    @property
+    def agrees(self) -> bool:
+        return self.probe.decision != "misses"
+
+    def as_record(self) -> dict[str, Any]:
+        return {**self.probe.as_record(), "agrees": self.agrees, "fell_behind": self.fell_behind}
+
+    def changed(self, over: str) -> str | None:
+        """One line saying that the server changed during the search, or None."""
+        if self.agrees:
+            return None
+        probe = self.probe
+        before = {reading.slo: reading for reading in self.met_with}
+        missed = [
+            _missed(reading, before.get(reading.slo))
+            for reading in probe.readings
+            if reading.decision == "misses"
+        ]
+        what = "; ".join(missed) if missed else (probe.reason or "missed")
+        host = f"; also {self.fell_behind}" if self.fell_behind else ""
+        return (
+            f"the server changed during the search: the capacity it found, {_load(probe.load)} "
+            f"{_unit(over)}, missed when run again after it: {what}{host}"
+        )
+
+
+def _missed(reading: SloReading, before: SloReading | None) -> str:
+    """`median_tpot_ms 21.4 over 15, where the search measured 14.01`."""
+    if reading.value is None:
+        return f"{reading.slo} not measured"
+    side = "under" if reading.slo == GOODPUT_SLO else "over"
+    line = f"{reading.slo} {reading.value:.4g} {side} {reading.target:.4g}"
+    if before is not None and before.value is not None:
+        line += f", where the search measured {before.value:.4g}"
+    return line
+
+
+def _unit(over: str) -> str:
+    return "req/s" if over == "request_rate" else "concurrent requests"
+
+
+@dataclass
 class CapacityResult:
     over: str
     capacity: float | None  # the highest load shown to meet every SLO
@@ -204,6 +260,8 @@ class CapacityResult:
     probes: list[Probe]
     slos: dict[str, float]
     elapsed_s: float
+    recheck: Recheck | None = None  # the run at the capacity after the search
+    runs: int = 0  # the search's runs (each with a seed of its own)
 
     def results(self) -> dict[str, float | None]:
         return {"capacity": self.capacity, "capacity_low": self.low, "capacity_high": self.high}
@@ -218,11 +276,20 @@ class CapacityResult:
             "slo": self.slos,
             "elapsed_s": self.elapsed_s,
             "probes": [probe.as_record() for probe in self.probes],
+            "recheck": None if self.recheck is None else self.recheck.as_record(),
         }
+
+    def changed(self) -> str | None:
+        """Why the capacity found is no measurement of the server (it changed during the
+        search), or None."""
+        return None if self.recheck is None else self.recheck.changed(self.over)
 
     def describe(self) -> str:
         """One line for the terminal: the capacity, its bracket, what limits it."""
-        unit = "req/s" if self.over == "request_rate" else "concurrent requests"
+        unit = _unit(self.over)
+        if (changed := self.changed()) is not None:
+            return changed
+        checked = "" if self.recheck is None else f"; re-check {self.recheck.probe.decision}"
         if self.capacity is None:
             return (
                 f"capacity: none in the search range (the lowest load, {_load(self.high)} "
@@ -231,12 +298,12 @@ class CapacityResult:
         if self.high is None:
             return (
                 f"capacity >= {_load(self.capacity)} {unit} (the highest load searched met "
-                f"every SLO; {len(self.probes)} probes)"
+                f"every SLO; {len(self.probes)} probes{checked})"
             )
         return (
             f"capacity {_load(self.capacity)} {unit} (bracket {_load(self.low)} .. "
             f"{_load(self.high)}, limited by {self.limit}; {len(self.probes)} probes, "
-            f"{self.stopped})"
+            f"{self.stopped}{checked})"
         )
 
 
@@ -350,8 +417,10 @@ def search(
     seed: int = 0,
     clock: Callable[[], float] = time.monotonic,
     on_probe: Callable[[Probe], None] | None = None,
+    recheck: ProbeRun | None = None,
 ) -> CapacityResult:
-    """Narrow the bracket [low, high] around the highest load at which every SLO holds.
+    """Narrow the bracket [low, high] around the highest load at which every SLO holds, then
+    run the capacity found once more (`recheck`, default `run`): see `Recheck`.
 
     Bisection on a log scale starts in the middle: the ends are probed only when the search
     reaches them (a probe at a low rate takes longest: its requests arrive slowly, and a probe
@@ -359,7 +428,62 @@ def search(
     least `settings.confirm` independent runs: near the capacity, one run's tail latency
     varies more from run to run than within the run (a burst of arrivals either happens or
     not), so a single lucky run must not raise the capacity.
+
+    The re-check costs one run of the capacity's probe (its requests, once), also after
+    `max_time_s`: an answer never checked is what a drifting server turns into a wrong one.
     """
+    found = _bracket(run, slos, settings, num_prompts, seed, clock, on_probe)
+    if found.capacity is None:
+        return found  # nothing claimed, nothing to check
+    began = clock()
+    # The readings the search's probe at that load met with, for the line that compares.
+    at = [probe.readings for probe in found.probes if probe.load == found.capacity]
+    met_with = at[-1] if at else []
+    found.recheck = _recheck(recheck or run, found.capacity, met_with, slos, settings,
+                             num_prompts, seed, seed + found.runs)
+    found.elapsed_s += clock() - began
+    return found
+
+
+def _recheck(
+    run: ProbeRun,
+    load: float,
+    met_with: list[SloReading],
+    slos: list[Slo],
+    settings: CapacitySearch,
+    num_prompts: int,
+    seed: int,
+    run_seed: int,
+) -> Recheck:
+    """One run at `load` as the search's probe there ran, with prompts of a seed no run of it
+    used (`run_seed`), judged as its runs were (`seed`)."""
+    count = max(requests_per_probe(slos, num_prompts), steady_requests(load, settings))
+    samples = run(load, count, run_seed)
+    decision, reason, readings = decide(samples, slos, settings.confidence, seed)
+    probe = Probe(
+        load=load,
+        requests=count,
+        completed=samples.completed,
+        failed=samples.failed,
+        achieved_rate=samples.achieved_rate,
+        duration_s=samples.duration_s,
+        decision=decision,
+        reason=reason,
+        readings=readings,
+    )
+    return Recheck(probe, met_with, samples.fell_behind)
+
+
+def _bracket(
+    run: ProbeRun,
+    slos: list[Slo],
+    settings: CapacitySearch,
+    num_prompts: int,
+    seed: int,
+    clock: Callable[[], float],
+    on_probe: Callable[[Probe], None] | None,
+) -> CapacityResult:
+    """The search itself: the bracket, without the re-check."""
     started = clock()
     base = requests_per_probe(slos, num_prompts)
     probes: list[Probe] = []
@@ -416,6 +540,7 @@ def search(
             probes=probes,
             slos={slo.name: slo.target for slo in slos},
             elapsed_s=clock() - started,
+            runs=runs,
         )
 
     low, high = settings.low, settings.high
@@ -514,13 +639,18 @@ def _float(value: float | int | None) -> float | None:
     return None if value is None else float(value)
 
 
+# A run's config, load, summary (with health) and the server's /metrics around it.
+Measured = tuple[CapacityConfig, LoadResult, dict[str, Any], ServerWindow]
+
+
 class ServerProbes:
     """Probes against one running server. Every run of every probe is independent: it starts
     from an emptied prefix cache, with prompts no earlier run sent (drawn from the run's own
     seed), so no probe is answered from what the one before it left. A run the host made
     invalid (the client or the simulated engine fell behind) runs again, up to `remeasure`
-    more times. Keeps what each load measured last; `drive` runs a load to its end (the
-    case's also watches that the server lives)."""
+    more times. Keeps what each load measured last, and the search's re-check apart
+    (`recheck`: its run must not stand for the probe at the capacity); `drive` runs a load to
+    its end (the case's also watches that the server lives)."""
 
     def __init__(
         self,
@@ -548,14 +678,15 @@ class ServerProbes:
         self.remeasure = remeasure
         self.holding = holding  # held from drawing a probe's prompts to its last run
         # load -> (config, load result, summary with health, /metrics around it) of its last run
-        self.measured: dict[
-            float, tuple[CapacityConfig, LoadResult, dict[str, Any], ServerWindow]
-        ] = {}
+        self.measured: dict[float, Measured] = {}
         # load -> why each of its runs that the host made invalid was run again
         self.remeasured: dict[float, list[str]] = {}
         self.cache_states: set[str] = set()  # how the runs found the prefix cache
         # load -> what its last run's prompts could find of each other in a cold cache
         self.own_hits: dict[float, int] = {}
+        # The re-check's run after the search, and why it was run again (as `measured`).
+        self.rechecked: Measured | None = None
+        self.recheck_remeasured: list[str] = []
 
     def prompts_for(self, count: int, seed: int) -> list[PromptRequest]:
         if seed == self.bench.seed and count <= len(self.first_prompts):
@@ -566,9 +697,23 @@ class ServerProbes:
 
     def __call__(self, load: float, count: int, seed: int) -> ProbeSamples:
         with self.holding():
-            return self._run(load, count, seed)
+            samples, measured, own_hits, again = self._run(load, count, seed)
+        self.measured[load], self.own_hits[load] = measured, own_hits
+        if again:
+            self.remeasured.setdefault(load, []).extend(again)
+        return samples
 
-    def _run(self, load: float, count: int, seed: int) -> ProbeSamples:
+    def recheck(self, load: float, count: int, seed: int) -> ProbeSamples:
+        """The search's re-check at the capacity: a run as any other, kept apart."""
+        with self.holding():
+            samples, self.rechecked, _, self.recheck_remeasured = self._run(load, count, seed)
+        return samples
+
+    def _run(
+        self, load: float, count: int, seed: int
+    ) -> tuple[ProbeSamples, Measured, int, list[str]]:
+        """One run (and its runs again): its samples, what it measured, what its prompts find
+        of each other in a cold cache, and why it was run again."""
         over = self.bench.search.over
         value: float | int = int(load) if over == "max_concurrency" else load
         config = self.bench.model_copy(update={over: value, "num_prompts": count, "seed": seed})
@@ -578,7 +723,7 @@ class ServerProbes:
         )
         metrics_url = f"{self.base_url.rstrip('/')}/metrics"
         own_hits = workload_own_hits(chosen, config, self.codec)
-        self.own_hits[load] = own_hits
+        again: list[str] = []
         for attempt in range(self.remeasure + 1):
             self.cache_states.add(empty_caches(self.base_url, config, self.api_key).describe())
             before = scrape_metrics(metrics_url)
@@ -592,11 +737,11 @@ class ServerProbes:
             host = [reason for reason in reasons if host_caused(reason)]
             if not host or attempt == self.remeasure:
                 break
-            self.remeasured.setdefault(load, []).append("; ".join(host))
-        self.measured[load] = (config, result, summary, window)
-        return probe_samples(
+            again.append("; ".join(host))
+        samples = probe_samples(
             result.outcomes, summary, health, self.bench.goodput, "; ".join(host) or None
         )
+        return samples, (config, result, summary, window), own_hits, again
 
 
 @dataclass
@@ -634,7 +779,7 @@ def search_server(
     probes = ServerProbes(config, base_url, codec, prompts, name, api_key, None,
                           endpoint=endpoint)
     found = search(probes, slos, config.search, config.num_prompts, seed=config.seed,
-                   on_probe=on_probe)
+                   on_probe=on_probe, recheck=probes.recheck)
     at = found.capacity if found.capacity is not None else found.probes[0].load
     probe_config, load, summary, _ = probes.measured[at]
     health = {key: value for key, value in summary.items() if key in CLIENT_HEALTH_KEYS}
@@ -644,6 +789,9 @@ def search_server(
     result["capacity_search"] = found.as_record()
     result["prefix_cache"] = "; ".join(sorted(probes.cache_states))
     result["prompt_seed"] = config.seed
+    if (changed := found.changed()) is not None:
+        # As `profllm bench` says of a load the client set the pace of: ingested, invalid.
+        result["verdict"], result["invalid_reason"] = "invalid", changed
     for key in DETAILED_KEYS:
         result.pop(key, None)
     return ServerSearch(found, result, load)

@@ -1,6 +1,7 @@
 """Running one capacity case: one server, the workload probed at loads the search chooses
 (load/capacity.py), and a record whose result is the capacity with its bracket and whose
-figures are those of the probe at the capacity.
+figures are those of the probe at the capacity. A capacity that the search's re-check missed
+(the server changed while it was searched) is an invalid measurement.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def run_capacity(
         )
         gpu_ids = server.lease.gpus if server.device == "gpu" else ()
         with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:
-            found = search(probes, slos, bench.search, bench.num_prompts, seed=bench.seed)
+            found = search(probes, slos, bench.search, bench.num_prompts, seed=bench.seed,
+                           recheck=probes.recheck)
         outcome.telemetry = sampler.summary()
         outcome.series = sampler.series()
     _keep_probe_at_capacity(outcome, found, probes, max_schedule_lag_ms)
@@ -79,6 +81,12 @@ def run_capacity(
     for probe in outcome.capacity["probes"]:
         # Why runs of this probe were measured again (the host made them invalid).
         probe["remeasured"] = probes.remeasured.get(probe["load"], [])
+    if outcome.capacity["recheck"] is not None:
+        outcome.capacity["recheck"]["remeasured"] = probes.recheck_remeasured
+    if (changed := found.changed()) is not None:
+        # The number is kept in the record, as any invalid measurement's figures, for the run
+        # page; it counts for nothing (no gate, no baseline, no history).
+        outcome.invalid_reason = "; ".join(filter(None, (outcome.invalid_reason, changed)))
     outcome.prefix_cache = "; ".join(sorted(probes.cache_states)) or None
     outcome.results.update(found.results())
     outcome.verdicts = evaluate(case, outcome.results)
