@@ -256,7 +256,10 @@ class BenchmarkRecord(BaseModel):
     # A capacity case's search (load/capacity.py): `over`, `capacity`, `bracket` [the highest
     # load that met every SLO, the lowest that missed], `limit` (the SLO that missed), why it
     # `stopped`, the `slo` and every probe (load, requests, achieved rate, each SLO's value
-    # with its interval, decision). Its figures are also `results.capacity[_low|_high]`.
+    # with its interval, decision), and the `recheck`: the capacity run once more after the
+    # search, as a probe, with whether it `agrees` (where it missed, the server changed during
+    # the search and the record is invalid). Its figures are also
+    # `results.capacity[_low|_high]`.
     capacity: dict[str, Any] | None = None
     # A conversation workload (`dataset_name: conversation`): its figures by turn. The
     # per-request rows say each request's conversation, turn and cached tokens.
