@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm.cli.main import main
+from pytest_profllm.cli.main import EXIT_INVALID, main
 from pytest_profllm.load import metrics
+from pytest_profllm.load.capacity import CapacityResult
 from pytest_profllm.plan import metric_names
 from pytest_profllm.sim.model_files import MODEL_DIR
 
@@ -212,3 +213,23 @@ def test_bad_search_settings_are_one_line_exit_2(
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert message in err
+
+
+def test_a_search_the_server_changed_under_exits_invalid(
+    sim_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The re-check itself is tested against a drifting server in test_capacity_recheck.py;
+    # here only what the command does with its answer: the invalid exit, as for any load.
+    monkeypatch.setattr(
+        CapacityResult, "changed", lambda self: "the server changed during the search: test"
+    )
+    code, result = bench(
+        sim_url, tmp_path, "--tokenizer", str(MODEL_DIR), "--num-prompts", "40",
+        "--slo", "median_ttft_ms=2000", "--search-low", "2", "--search-high", "8",
+        "--search-precision", "50%", "--search-confirm", "1", "--search-min-duration-s", "1",
+    )  # fmt: skip
+    assert code == EXIT_INVALID
+    assert capsys.readouterr().err.strip().endswith(
+        "profllm bench: invalid measurement: the server changed during the search: test"
+    )
