@@ -8,6 +8,12 @@ This module is the bottom layer: it imports nothing of the package, and every la
 
 from __future__ import annotations
 
+import json
+import re
+from typing import Any
+
+import orjson
+
 # JSON nesting: a record nests a handful of levels; 64 leaves room for user metadata while
 # staying far below Python's recursion limit (json and pydantic recurse per level).
 MAX_JSON_DEPTH = 64
@@ -30,3 +36,102 @@ MAX_UPLOAD_BYTES = 64 * 2**20
 # Profiler traces a run page lists from its record: one per GPU worker is a handful; each is
 # checked on disk, and a hostile record may name millions.
 MAX_TRACE_FILES = 1_024
+
+# A JSON document read whole (a ShareGPT or conversation file): ShareGPT's own is 0.64 GB,
+# and Python holds a parsed document in several times its size.
+MAX_JSON_BYTES = 1 << 30
+# A record file: a record is 5-10 KB; 1,000 metrics and 1,000 engine arguments with long
+# values stay far below this.
+MAX_RECORD_BYTES = 64 << 20
+# One line of a JSON-lines file (a trace's request, a dataset's row, a request row).
+MAX_JSON_LINE_BYTES = 16 << 20
+# Tokens of one request (input and output): no model's context is longer (Llama 4 Scout's:
+# 10 M). Where the server's max_model_len is known, that is the limit.
+MAX_REQUEST_TOKENS = 10 << 20
+# A trace replay, after time scaling: longer than a day is a unit mistaken (ms for s), and
+# a case would wait that long.
+MAX_REPLAY_S = 24 * 3600.0
+# Pixels of one image: above an 8K frame (33 M); 64 M pixels decode to 192 MB of RGB.
+MAX_IMAGE_PIXELS = 64_000_000
+
+
+class InputLimitError(ValueError):
+    """Outside input over one of these limits; its text is the one line the user sees."""
+
+
+def load_json(data: str | bytes, *, what: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """`data` parsed as JSON (NaN and Infinity read as floats, for the caller to refuse by
+    name); InputLimitError, naming `what`, where it is over `max_bytes` or nests deeper than
+    MAX_JSON_DEPTH; ValueError (json's) where it is not JSON. Nothing here recurses per level:
+    orjson refuses depth over 1024 itself, and Python's json reads only what a linear scan
+    found shallow enough."""
+    if len(data) > max_bytes:
+        raise InputLimitError(
+            f"{what} is {len(data):,} bytes, more than the {max_bytes:,} read"
+        )
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as error:
+        if str(error).startswith("depth limit exceeded"):
+            raise _too_deep(what) from None
+        # NaN, Infinity, a lone surrogate: Python's json reads them, once shallow enough.
+        raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+        if _scan_depth(raw) > MAX_JSON_DEPTH:
+            raise _too_deep(what) from None
+        value = json.loads(data)
+    if _nested_deeper(value, MAX_JSON_DEPTH):
+        raise _too_deep(what)
+    return value
+
+
+def _too_deep(what: str) -> InputLimitError:
+    return InputLimitError(f"{what} nests JSON deeper than {MAX_JSON_DEPTH} levels")
+
+
+# A JSON string (escapes included) or a bracket: brackets inside strings do not nest.
+_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+_OPENING = frozenset(b"[{")
+
+
+def _scan_depth(raw: bytes) -> int:
+    """The deepest nesting of brackets outside strings, in one pass."""
+    depth = deepest = 0
+    for match in _TOKENS.finditer(raw):
+        first = raw[match.start()]
+        if first in _OPENING:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif first != ord('"'):
+            depth -= 1
+    return deepest
+
+
+def _nested_deeper(value: Any, limit: int) -> bool:
+    """Whether lists and mappings nest deeper than `limit` (a walk with its own stack)."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, dict | list))
+    return False
+
+
+def check_pixels(width: int, height: int, *, what: str) -> None:
+    """InputLimitError, naming `what`, for an image of more than MAX_IMAGE_PIXELS: read from
+    its header, before any of it is decoded."""
+    if width * height > MAX_IMAGE_PIXELS:
+        raise InputLimitError(
+            f"{what} is {width}x{height} pixels, more than the {MAX_IMAGE_PIXELS:,} an image "
+            "may have"
+        )
+
+
+def too_many_pixels(what: str) -> InputLimitError:
+    """The refusal of an image Pillow itself found too large to open (its header says more
+    than twice Pillow's own limit, far beyond MAX_IMAGE_PIXELS)."""
+    return InputLimitError(
+        f"{what} has more than the {MAX_IMAGE_PIXELS:,} pixels an image may have"
+    )

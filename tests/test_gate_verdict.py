@@ -305,3 +305,13 @@ def test_datasette_canned_query_finds_the_change(tmp_path: Path) -> None:
     assert elsewhere.status_code == 404  # only where the gate's tables are
     hooks = {hook for p in plugins.json() if p["name"] == "pytest-profllm" for hook in p["hooks"]}
     assert {"prepare_connection", "canned_queries"} <= hooks
+
+
+def test_a_deep_record_in_a_baseline_folder_is_one_line(tmp_path: Path) -> None:
+    # Issue 38. Before: RecursionError, an INTERNALERROR of the session.
+    write_record(tmp_path, record("a", "10:00:00"))
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError) as caught:
+        Baseline(tmp_path).describe()
+    deep = tmp_path / "deep.json"
+    assert str(caught.value) == f"{deep}: the file nests JSON deeper than 64 levels"

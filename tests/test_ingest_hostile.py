@@ -5,6 +5,7 @@ good ones beside them from loading."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,91 @@ def test_keys_differing_only_in_case_never_stop_a_load(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "x.db") as connection:
         rows = connection.execute("SELECT run_id, server_xy FROM benchmark_runs ORDER BY 1")
         assert rows.fetchall() == [("run-lower", 4), ("run-upper", 3)]
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_deep_nesting_nul_keys_and_rowid_refuse_their_file_alone(tmp_path: Path) -> None:
+    # Issue 38. Before: a 100,000-deep file stopped the ingest with a RecursionError (no
+    # database); a NUL in a key loaded nothing at all (exit 2).
+    folder = tmp_path / "records"
+    _write(folder, [make_record("run-a"), make_record("run-b")])
+    (folder / "deep.json").write_text(_deep(100_000))
+    text = json.dumps(make_record("run-deep-value"))
+    (folder / "deep-value.json").write_text(text[:-1] + ', "extra": ' + _deep(100_000) + "}")
+    nul = make_record("run-nul")
+    nul["results"]["a\x00b"] = 1.0
+    (folder / "nul.json").write_text(json.dumps(nul))
+    report = ingest(tmp_path / "x.db", record_files([folder]))
+    assert sorted((path.name, reason) for path, reason in report.refused) == [
+        ("deep-value.json", "the file nests JSON deeper than 64 levels"),
+        ("deep.json", "the file nests JSON deeper than 64 levels"),
+        ("nul.json", "results has a key with a NUL character ('a\\x00b'): no column name "
+                     "holds one"),
+    ]
+    assert _loaded(tmp_path / "x.db") == {"run-a", "run-b"}
+
+
+def test_a_metric_named_rowid_is_refused_and_never_hides_another_run(tmp_path: Path) -> None:
+    # Before: with a run given twice, the load picked staged rows by `rowid`, which the
+    # metric's column hid: "2 new" reported and run-a silently not stored (or KeyError:
+    # 'rowid' where the metric added a column).
+    with_rowid = make_record("run-rowid")
+    with_rowid["results"]["rowid"] = 1.0
+    folder = tmp_path / "records"
+    folder.mkdir()
+    for name in ("first.json", "copy.json"):
+        (folder / name).write_text(json.dumps(with_rowid))
+    _write(folder, [make_record("run-a")])
+    report = ingest(tmp_path / "x.db", [folder / "first.json", folder / "copy.json",
+                                        folder / "run-a.json"])
+    reason = ("results.rowid: a name the table keeps for itself (SQLite's row id, or the "
+              "load's own column); rename the metric")
+    assert [(path.name, why) for path, why in report.refused] == [
+        ("first.json", reason), ("copy.json", reason)
+    ]
+    assert _loaded(tmp_path / "x.db") == {"run-a"}
+
+
+keys = st.one_of(names, st.sampled_from(["rowid", "ROWID", "oid", "_rowid_", "profllm_server",
+                                         "a\x00b", "\x00"]))
+# A value nested so many levels (up to 3,000: past orjson's own limit of 1,024), written in
+# place of its marker.
+deep = st.integers(1, 3000).map(lambda depth: f"@@deep{depth}@@")
+values = st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
+                   st.text(max_size=3), deep)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(files=st.lists(st.fixed_dictionaries({
+    "block": st.sampled_from(["results", "server", "system"]),
+    "extra": st.dictionaries(keys, values, max_size=3),
+    "nest": st.one_of(st.none(), st.integers(1, 100_000)),
+    "copies": st.integers(1, 2),
+}), min_size=1, max_size=4))
+def test_hostile_record_files_never_stop_the_good_ones(
+    tmp_path_factory: Any, files: list[dict[str, Any]]
+) -> None:
+    folder = tmp_path_factory.mktemp("hostile") / "records"
+    _write(folder, [make_record("run-good-a"), make_record("run-good-b")])
+    for n, change in enumerate(files):
+        record = make_record(f"run-hostile-{n}")
+        block = (record["config"]["server"] if change["block"] == "server"
+                 else record[change["block"]])
+        block.update(change["extra"])
+        text = re.sub(r'"@@deep(\d+)@@"', lambda found: _deep(int(found[1])),
+                      json.dumps(record, allow_nan=True))
+        if change["nest"] is not None:
+            text = text[:-1] + ', "user": ' + _deep(change["nest"]) + "}"
+        for copy in range(change["copies"]):
+            (folder / f"hostile-{n}-{copy}.json").write_text(text)
+    report = ingest(folder.parent / "x.db", record_files([folder]))
+    loaded = _loaded(folder.parent / "x.db")
+    assert {"run-good-a", "run-good-b"} <= loaded
+    for _, reason in report.refused:
+        assert reason and "\n" not in reason
+    refused_runs = {path.name.rsplit("-", 1)[0] for path, _ in report.refused}
+    assert len(loaded) + len(refused_runs) == 2 + len(files)

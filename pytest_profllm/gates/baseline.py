@@ -19,6 +19,7 @@ import numpy as np
 
 from pytest_profllm.gates.samples import RunSamples, samples_of
 from pytest_profllm.hosts.files import read_only_uri
+from pytest_profllm.limits import MAX_JSON_LINE_BYTES, load_json
 from pytest_profllm.results import gate_tables as tables
 from pytest_profllm.results.fingerprint import digests
 from pytest_profllm.results.ingest import read_record, record_files
@@ -147,8 +148,9 @@ def _requests_file(folder: Path, run_id: str) -> list[dict[str, Any]] | None:
     path = folder / f"{run_id}.requests.jsonl.gz"
     if not path.exists():
         return None
-    with gzip.open(path, "rt") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    with gzip.open(path, "rb") as handle:
+        return [load_json(line, what=f"{path}:{number}", max_bytes=MAX_JSON_LINE_BYTES)
+                for number, line in enumerate(handle, 1) if line.strip()]
 
 
 def _reading(path: Path) -> closing[sqlite3.Connection]:

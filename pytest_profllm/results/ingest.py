@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -32,9 +31,10 @@ from typing import Any
 
 import orjson
 
+from pytest_profllm.limits import MAX_RECORD_BYTES, InputLimitError, load_json
 from pytest_profllm.results.gate_tables import GateRows, gate_rows
 from pytest_profllm.results.record import normalize
-from pytest_profllm.results.rows import RowBuilder, record_digest
+from pytest_profllm.results.rows import RowBuilder, column_problem, record_digest
 from pytest_profllm.results.staging import BATCH, StagedRows, batched, stage
 from pytest_profllm.results.store import Load, LoadReport
 
@@ -100,26 +100,24 @@ def _read(path: Path) -> bytes:
 def parse_record(content: bytes, path: Path) -> dict[str, Any]:
     """A record file's bytes as a checked record (or a `profllm bench` result as one); a
     ValueError says why not."""
-    strict = True
     try:
-        data = orjson.loads(content)
-    except orjson.JSONDecodeError as error:
-        # orjson refuses NaN and Infinity; Python's json reads them, so that the refusal can
-        # name the metric.
-        try:
-            data = json.loads(content)
-        except ValueError:
-            raise ValueError(f"not JSON: {error}") from None
-        strict = False
+        data = load_json(content, what="the file", max_bytes=MAX_RECORD_BYTES)
+    except InputLimitError:
+        raise
+    except ValueError as error:
+        raise ValueError(f"not JSON: {error}") from None
     if isinstance(data, dict) and "schema_version" not in data and _is_bench_result(data):
         data = bench_record(data, path)
-    if not strict:
-        _check_finite(data)
+    # orjson refuses NaN and Infinity; load_json reads them, so that the refusal can name
+    # the metric.
+    _check_finite(data)
     try:
         normalize(data)
     except ValueError as error:
         raise ValueError(f"not a profllm record: {error}") from None
     _check_width(data)
+    if (problem := column_problem(data)) is not None:
+        raise ValueError(problem)
     # Checked against the schema; stored as read (a dump of the model would cost as much
     # again, at 100,000 records).
     result: dict[str, Any] = data

@@ -26,6 +26,36 @@ def record_digest(content: bytes) -> str:
     return hashlib.blake2b(content, digest_size=12).hexdigest()
 
 
+# Names a results key (the one block without a prefix) cannot take as its column: SQLite's
+# names of a row's id, which a column so named hides (a load selects staged rows by it), and
+# the staging table's own column (results/staging.py).
+RESERVED_COLUMNS = frozenset({"rowid", "oid", "_rowid_", "profllm_server"})
+# The blocks whose keys become columns, as a record names them.
+_BLOCK_NAMES = ("config.server", "config.benchmark", "results", "system", "runtime")
+
+
+def column_problem(record: dict[str, Any]) -> str | None:
+    """Why a record's keys cannot all be column names (None: they can): a NUL character,
+    which SQLite's statements cannot hold, or a reserved name."""
+    for name, block in zip(_BLOCK_NAMES, _blocks(record), strict=True):
+        for key in block if isinstance(block, dict) else ():
+            if "\x00" in str(key):
+                return f"{name} has a key with a NUL character ({key!r}): no column name holds one"
+        if name == "results" and isinstance(block, dict):
+            for key in block:
+                if str(key).lower() in RESERVED_COLUMNS:
+                    return (f"results.{key}: a name the table keeps for itself (SQLite's "
+                            "row id, or the load's own column); rename the metric")
+    return None
+
+
+def _blocks(record: dict[str, Any]) -> tuple[Any, ...]:
+    config = record.get("config") or {}
+    return (config.get("server") or {}, config.get("benchmark") or {},
+            record.get("results") or {}, record.get("system") or {},
+            record.get("runtime") or {})
+
+
 def record_row(record: dict[str, Any]) -> dict[str, Any]:
     """A record flattened to one table row, each value of its column's type."""
     rows = RowBuilder()
@@ -76,10 +106,7 @@ class RowBuilder:
         the bytes its file is written with."""
         if digest is None:
             digest = record_digest(record_bytes(record))
-        config = record.get("config") or {}
-        blocks = (config.get("server") or {}, config.get("benchmark") or {},
-                  record.get("results") or {}, record.get("system") or {},
-                  record.get("runtime") or {})
+        blocks = _blocks(record)
         key = tuple(map(tuple, blocks))
         shape = self._shapes.get(key)
         if shape is None:

@@ -23,7 +23,7 @@ BATCH = 500
 # the records of one server configuration (every workload, every repeat) share one block of
 # 300+ engine arguments.
 STAGE = "profllm_stage"
-_SERVER_ID = "profllm_server"
+_SERVER_ID = "profllm_server"  # reserved: results/rows.py RESERVED_COLUMNS
 
 
 def batched(items: Iterable[Any], size: int = BATCH) -> Iterator[list[Any]]:

@@ -17,7 +17,6 @@ this session's, so its database and summary hold the whole campaign.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from pytest_profllm.limits import MAX_RECORD_BYTES, load_json
 from pytest_profllm.plan.case import Case
 from pytest_profllm.results.fingerprint import digest, fingerprint
 from pytest_profllm.results.record import normalize
@@ -117,7 +117,7 @@ def read_index(
     index = ResumeIndex()
     for path in sorted(out_dir.glob("*.json")):
         try:
-            raw = json.loads(path.read_text())
+            raw = load_json(path.read_bytes(), what=str(path), max_bytes=MAX_RECORD_BYTES)
             record = normalize(raw)
         except (OSError, ValueError):
             continue  # not a record (a summary), or a damaged one: its case runs again
