@@ -345,6 +345,14 @@ def test_the_shipped_file_is_what_its_generator_makes_and_is_installed() -> None
             '{"from": "gpt", "value": "b", "output_tokens": -4}]}]',
             "conversation 0, message 1: output_tokens must be a positive integer, not -4",
         ),
+        (
+            '[{"conversations": [{"from": "human", "value": "a"}, '
+            '{"from": "gpt", "value": "b", "output_tokens": 1000000000000}]}]',
+            "conversation 0, message 1: output_tokens 1,000,000,000,000 is more than the "
+            "10,485,760 tokens a request may have",
+        ),
+        # Issue 38. Before: a RecursionError.
+        ("[" * 100_000 + "]" * 100_000, "nests JSON deeper than 64 levels"),
         ('[{"conversations": [{"from": "gpt", "value": "b"}]}]', "no conversation with a user"),
         (
             '[{"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]}]',
@@ -360,7 +368,7 @@ def test_a_bad_conversation_file_is_one_line_naming_it(
     with pytest.raises(DatasetError) as error:
         file_conversations(_config(num_prompts=2, dataset_path=str(path)), _WordCodec())
     message = str(error.value)
-    assert message.startswith(f"{path}: ") and "\n" not in message
+    assert message.startswith(f"{path}") and "\n" not in message
     assert problem in message
 
 
@@ -380,7 +388,8 @@ class _WordCodec:
 
 
 _SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 5), st.text(max_size=6), st.floats(allow_nan=False)
+    st.none(), st.booleans(), st.integers(-3, 5), st.text(max_size=6), st.floats(allow_nan=False),
+    st.sampled_from([10**12, 2**64]),
 )
 _MESSAGE = st.one_of(
     st.fixed_dictionaries(
@@ -399,23 +408,26 @@ _ENTRY = st.one_of(
 
 
 @settings(max_examples=150, deadline=None)
-@given(data=st.one_of(st.lists(_ENTRY, max_size=6), _SCALARS), num=st.integers(1, 4))
+@given(data=st.one_of(st.lists(_ENTRY, max_size=6), _SCALARS), num=st.integers(1, 4),
+       nest=st.one_of(st.none(), st.integers(1, 3000)))
 def test_any_conversation_file_gives_turns_or_one_clean_error(
-    tmp_path_factory: pytest.TempPathFactory, data: object, num: int
+    tmp_path_factory: pytest.TempPathFactory, data: object, num: int, nest: int | None
 ) -> None:
     path = tmp_path_factory.mktemp("files") / "talks.json"
-    path.write_text(json.dumps(data))
+    text = json.dumps(data)
+    # Wrapped in lists so many levels deep (past orjson's own limit of 1,024).
+    path.write_text(text if nest is None else "[" * nest + text + "]" * nest)
     config = _config(num_prompts=num, dataset_path=str(path))
     try:
         sessions = file_conversations(config, _WordCodec())
     except DatasetError as error:
-        assert str(error).startswith(f"{path}: ") and "\n" not in str(error)
+        assert str(error).startswith(f"{path}") and "\n" not in str(error)
         return
     assert len(sessions) == num
     for turns in sessions:
         assert turns
         for text, user_len, output_len in turns:
-            assert isinstance(text, str) and user_len >= 0 and output_len >= 1
+            assert isinstance(text, str) and user_len >= 0 and 1 <= output_len <= 10 << 20
 
 
 def test_a_suite_refuses_conversation_on_the_completions_backend(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from pytest_profllm.limits import MAX_REPLAY_S, MAX_REQUEST_TOKENS
 from pytest_profllm.load.bench import load_settings, run_bench, run_load
 from pytest_profllm.load.client import request_payload
 from pytest_profllm.load.dataset import DatasetError, TokenizerCodec, make_prompts
@@ -130,6 +131,15 @@ def test_a_csv_trace(tmp_path: Path, codec: TokenizerCodec) -> None:
         ("t.csv", "0,5,2\n1,five,2\n", "t.csv:2: input_len 'five' is not a number"),
         ("t.csv", "0,5,2\n1,5.5,2\n", "t.csv:2: the input length 5.5 is not a whole number"),
         ("t.csv", "2,5,2\n1,5,2\n", "t.csv:2: timestamps must not go back"),
+        # Issue 38. Before: 5.4 GB of memory and a MemoryError after 53 s; a case waiting
+        # for ever; a RecursionError.
+        ("t.jsonl", '{"timestamp": 0, "input_length": 1000000000, "output_length": 2}\n',
+         "t.jsonl:1: input length 1,000,000,000 and output length 2 exceed the most tokens a "
+         "request may have (10,485,760)"),
+        ("t.csv", "0,5,2\n1e300,5,2\n", "t.csv:2: sent 1e+300 s after the replay's start, past "
+         "the 24 h a replay may last"),
+        ("t.jsonl", "[" * 100_000 + "]" * 100_000 + "\n",
+         "t.jsonl:1 nests JSON deeper than 64 levels"),
     ],
 )  # fmt: skip
 def test_a_bad_trace_is_one_line_naming_the_file_and_line(
@@ -143,6 +153,21 @@ def test_a_bad_trace_is_one_line_naming_the_file_and_line(
     assert "\n" not in str(caught.value)
 
 
+def test_lengths_over_the_servers_context_are_refused_up_front(
+    tmp_path: Path, codec: TokenizerCodec
+) -> None:
+    path = write_trace(tmp_path / "t.jsonl", [
+        {"timestamp": 0, "input_length": 4000, "output_length": 96},
+        {"timestamp": 1, "input_length": 4000, "output_length": 97},
+    ])  # fmt: skip
+    with pytest.raises(DatasetError) as caught:
+        make_prompts(trace_config(path), codec, max_model_len=4096)
+    assert str(caught.value) == (
+        f"{path}:2: input length 4,000 and output length 97 exceed the server's max_model_len "
+        "(4,096)"
+    )
+
+
 def test_a_missing_trace_file_says_so(tmp_path: Path, codec: TokenizerCodec) -> None:
     with pytest.raises(DatasetError, match=r"nowhere.jsonl: cannot read the trace"):
         make_prompts(trace_config(tmp_path / "nowhere.jsonl"), codec)
@@ -150,6 +175,7 @@ def test_a_missing_trace_file_says_so(tmp_path: Path, codec: TokenizerCodec) -> 
 
 _CELL = st.one_of(
     st.integers(-5, 3000), st.floats(allow_nan=True), st.text(max_size=3), st.none(),
+    st.sampled_from([10**9, 2**64, 1e300, 1e15]),
     st.lists(st.integers(-2, 5), max_size=4), st.booleans(),
 )  # fmt: skip
 _LINE = st.one_of(
@@ -157,6 +183,7 @@ _LINE = st.one_of(
         "timestamp": _CELL, "input_length": _CELL, "output_length": _CELL, "hash_ids": _CELL,
     }).map(json.dumps),
     st.text(max_size=20).filter(lambda text: "\n" not in text and "\r" not in text),
+    st.integers(1, 3000).map(lambda depth: "[" * depth + "]" * depth),
 )  # fmt: skip
 
 
@@ -176,9 +203,15 @@ def test_any_trace_file_is_either_refused_by_line_or_replayable(
         assert str(error).startswith(str(path))
         assert "\n" not in str(error)
         return
-    offsets = send_offsets(entries, config)
-    assert offsets == sorted(offsets) and offsets[0] == 0.0
+    try:
+        offsets = send_offsets(entries, config)
+    except DatasetError as error:
+        assert str(error).startswith(str(path)) and "\n" not in str(error)
+        return
+    # What is replayed is bounded: a day at most, and lengths a request may have.
+    assert offsets == sorted(offsets) and offsets[0] == 0.0 and offsets[-1] <= MAX_REPLAY_S
     assert all(entry.input_len >= 1 and entry.output_len >= 1 for entry in entries)
+    assert all(entry.input_len + entry.output_len <= MAX_REQUEST_TOKENS for entry in entries)
 
 
 def test_the_shipped_trace_is_what_its_generator_makes() -> None:
@@ -283,3 +316,18 @@ def test_the_trace_keys_leave_other_workloads_fingerprints_as_they_were(tmp_path
     trace = trace_config(tmp_path / "t.jsonl").model_dump(mode="json")
     assert of(trace) != of({**trace, "trace_speedup": 2.0})
     assert of(trace) != of({**trace, "timed_trace_chunk_hash_size": 512})
+
+
+@pytest.mark.parametrize(("value", "context"), [
+    (4096, 4096), ("32K", 32768), ("25.6k", 25600), ("auto", None), (-1, None), (True, None),
+    (None, None),
+])  # fmt: skip
+def test_a_case_bounds_a_traces_lengths_by_its_servers_max_model_len(
+    value: Any, context: int | None
+) -> None:
+    from pytest_profllm.plan.case import Case
+    from pytest_profllm.run.serve import context_of
+
+    server = {"model": "m"} if value is None else {"model": "m", "max_model_len": value}
+    case = Case("s", "s.yaml", "srv", "w", server, BenchmarkConfig(), {})
+    assert context_of(case) == context

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pytest_profllm.limits import MAX_REQUEST_TOKENS, InputLimitError, load_json
 from pytest_profllm.load.client import (
     ENDPOINTS,
     _client,
@@ -92,10 +93,13 @@ class Conversations:
 Workload = list[PromptRequest] | Conversations
 
 
-def make_workload(config: BenchmarkConfig, codec: Codec) -> Workload:
-    """The suite's workload: conversations for `dataset_name: conversation`, else prompts."""
+def make_workload(
+    config: BenchmarkConfig, codec: Codec, max_model_len: int | None = None
+) -> Workload:
+    """The suite's workload: conversations for `dataset_name: conversation`, else prompts.
+    `max_model_len`, the server's context where known, bounds a trace's lengths."""
     if config.dataset_name != "conversation":
-        return make_prompts(config, codec)
+        return make_prompts(config, codec, max_model_len)
     if config.dataset_path:
         sessions = file_conversations(config, codec)
     else:
@@ -160,9 +164,11 @@ def read_conversation_file(path: Path) -> list[list[tuple[str, str, int | None]]
     DatasetError with one line naming the file, and the conversation and message, when the
     file is not a JSON list of {"conversations": [{"from": str, "value": str}, ...]}."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json(path.read_bytes(), what=str(path))
     except OSError as error:
         raise DatasetError(f"{path}: cannot read: {error.strerror or error}") from None
+    except InputLimitError as error:
+        raise DatasetError(str(error)) from None
     except ValueError as error:
         raise DatasetError(f"{path}: not JSON: {error}") from None
     if not isinstance(data, list):
@@ -187,6 +193,11 @@ def read_conversation_file(path: Path) -> list[list[tuple[str, str, int | None]]
                 raise DatasetError(
                     f"{where}, message {place}: output_tokens must be a positive integer, "
                     f"not {tokens!r}"
+                )
+            if tokens is not None and tokens > MAX_REQUEST_TOKENS:
+                raise DatasetError(
+                    f"{where}, message {place}: output_tokens {tokens:,} is more than the "
+                    f"{MAX_REQUEST_TOKENS:,} tokens a request may have"
                 )
             if role in USER_ROLES:
                 found.append(("user", text, None))

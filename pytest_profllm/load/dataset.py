@@ -15,7 +15,6 @@ this machine, from the server's own `/tokenize` and `/detokenize` routes (`Serve
 from __future__ import annotations
 
 import csv
-import json
 import random
 import re
 from pathlib import Path
@@ -25,6 +24,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from pytest_profllm.engine.secrets import bearer
+from pytest_profllm.limits import InputLimitError, load_json
 from pytest_profllm.load.dataset_files import custom_output_len, fill, read_json_lines
 from pytest_profllm.load.multimodal import (
     custom_audio_prompts,
@@ -159,7 +159,9 @@ def sharegpt_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptReques
     output under 4, both over 2048)."""
     path = Path(str(config.dataset_path))
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json(path.read_bytes(), what=str(path))
+    except InputLimitError as error:
+        raise DatasetError(str(error)) from None
     except (OSError, ValueError) as error:
         raise DatasetError(f"{path}: cannot read a ShareGPT JSON file: {error}") from None
     if not isinstance(data, list):
@@ -342,10 +344,16 @@ DATASETS = {
 }
 
 
-def make_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+def make_prompts(
+    config: BenchmarkConfig, codec: Codec, max_model_len: int | None = None
+) -> list[PromptRequest]:
+    """The workload's prompts; `max_model_len`, the server's context where known, bounds the
+    lengths a trace file gives (other datasets' lengths are the suite's or the tokenizer's)."""
     if config.dataset_name not in DATASETS:
         # Conversations are sessions, not single prompts: load/conversation.py makes them.
         raise DatasetError(f"dataset_name {config.dataset_name!r} makes conversations, not prompts")
+    if config.dataset_name == "timed_trace":
+        return trace_prompts(config, codec, max_model_len)
     return DATASETS[config.dataset_name](config, codec)
 
 

@@ -3,11 +3,16 @@ output length, and vLLM's oversampling of a short file."""
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_profllm.limits import (
+    MAX_JSON_LINE_BYTES,
+    MAX_REQUEST_TOKENS,
+    InputLimitError,
+    load_json,
+)
 from pytest_profllm.load.prompt import DatasetError, PromptRequest
 
 if TYPE_CHECKING:
@@ -25,7 +30,9 @@ def read_json_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
+            item = load_json(line, what=f"{path}:{number}", max_bytes=MAX_JSON_LINE_BYTES)
+        except InputLimitError as error:
+            raise DatasetError(str(error)) from None
         except ValueError as error:
             raise DatasetError(f"{path}:{number}: not JSON: {error}") from None
         if not isinstance(item, dict):
@@ -43,6 +50,11 @@ def custom_output_len(config: BenchmarkConfig, item: dict[str, Any], where: str)
         raise DatasetError(
             f"{where}: with custom_output_len -1 each line needs a positive integer "
             "'output_tokens'"
+        )
+    if output_len > MAX_REQUEST_TOKENS:
+        raise DatasetError(
+            f"{where}: output_tokens {output_len:,} is more than the {MAX_REQUEST_TOKENS:,} "
+            "tokens a request may have"
         )
     return output_len
 

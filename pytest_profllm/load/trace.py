@@ -34,6 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pytest_profllm.limits import (
+    MAX_JSON_LINE_BYTES,
+    MAX_REPLAY_S,
+    MAX_REQUEST_TOKENS,
+    InputLimitError,
+    load_json,
+)
 from pytest_profllm.load.prompt import Codec, DatasetError, PromptRequest
 
 if TYPE_CHECKING:
@@ -51,8 +58,10 @@ class TraceEntry:
     hash_ids: tuple[int, ...] = ()
 
 
-def read_trace(config: BenchmarkConfig) -> list[TraceEntry]:
-    """Every entry of the trace file, checked: DatasetError names the file and the line."""
+def read_trace(config: BenchmarkConfig, max_model_len: int | None = None) -> list[TraceEntry]:
+    """Every entry of the trace file, checked: DatasetError names the file and the line. A
+    request longer (input and output) than `max_model_len`, the server's context where it is
+    known, or than limits.MAX_REQUEST_TOKENS is refused before any prompt is made of it."""
     path = Path(str(config.dataset_path))
     try:
         text = path.read_text(encoding="utf-8")
@@ -65,7 +74,20 @@ def read_trace(config: BenchmarkConfig) -> list[TraceEntry]:
         entries = _json_entries(path, text, config)
     if not entries:
         raise DatasetError(f"{path}: the trace has no requests")
+    _check_lengths(path, entries, max_model_len)
     return entries
+
+
+def _check_lengths(path: Path, entries: list[TraceEntry], max_model_len: int | None) -> None:
+    # A line's lengths become lists of that many tokens: 10**9 of them took 5.4 GB.
+    limit, whose = ((max_model_len, "the server's max_model_len") if max_model_len
+                    else (MAX_REQUEST_TOKENS, "the most tokens a request may have"))
+    for entry in entries:
+        if entry.input_len + entry.output_len > limit:
+            raise DatasetError(
+                f"{path}:{entry.line}: input length {entry.input_len:,} and output length "
+                f"{entry.output_len:,} exceed {whose} ({limit:,})"
+            )
 
 
 def _json_entries(path: Path, text: str, config: BenchmarkConfig) -> list[TraceEntry]:
@@ -81,7 +103,9 @@ def _json_entries(path: Path, text: str, config: BenchmarkConfig) -> list[TraceE
             continue
         where = f"{path}:{number}"
         try:
-            item = json.loads(line)
+            item = load_json(line, what=where, max_bytes=MAX_JSON_LINE_BYTES)
+        except InputLimitError as error:
+            raise DatasetError(str(error)) from None
         except ValueError as error:
             raise DatasetError(f"{where}: not JSON: {error}") from None
         if not isinstance(item, dict):
@@ -207,7 +231,15 @@ def send_offsets(entries: Sequence[TraceEntry], config: BenchmarkConfig) -> list
             )
         # The mean rate of n requests over a span is (n - 1) / span, as arrivals go.
         speedup = config.trace_target_rate * span / max(len(entries) - 1, 1)
-    return [seconds / speedup for seconds in elapsed]
+    offsets = [seconds / speedup for seconds in elapsed]
+    if offsets[-1] > MAX_REPLAY_S:
+        late = next(at for at, offset in enumerate(offsets) if offset > MAX_REPLAY_S)
+        raise DatasetError(
+            f"{config.dataset_path}:{entries[late].line}: sent {offsets[late]:.3g} s after the "
+            f"replay's start, past the {MAX_REPLAY_S / 3600:g} h a replay may last (timestamps "
+            "x timed_trace_sec_multiplier / trace_speedup are seconds)"
+        )
+    return offsets
 
 
 class BlockTokens:
@@ -248,9 +280,11 @@ def prompt_ids(entry: TraceEntry, chunk_size: int, blocks: BlockTokens) -> list[
     return ids
 
 
-def trace_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+def trace_prompts(
+    config: BenchmarkConfig, codec: Codec, max_model_len: int | None = None
+) -> list[PromptRequest]:
     """The replayed requests, token ids as prompts, each with its send time (`timestamp`)."""
-    entries = window(read_trace(config), config)
+    entries = window(read_trace(config, max_model_len), config)
     if not entries:
         raise DatasetError(
             f"{config.dataset_path}: no request of the trace lies in the window "

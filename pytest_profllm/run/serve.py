@@ -15,6 +15,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from pytest_profllm.engine.registry import human_int
 from pytest_profllm.engine.secrets import Secret
 from pytest_profllm.load import metrics
 from pytest_profllm.load.bench import (
@@ -75,7 +76,7 @@ def run_case(
         # every measurement.
         with servers.load_cores(server, bench.client_processes) as outcome.load_cores:
             with dataset_refusals(case):
-                prompts = make_workload(bench, codec)
+                prompts = make_workload(bench, codec, context_of(case))
             settings = load_settings(
                 bench, server.base_url, served_name(case.server), api_key=api_key_of(case.server)
             )
@@ -109,6 +110,14 @@ def run_case(
         outcome.profiling = _profile(server, settings, prompts, outcome.run_id)
     outcome.finished_at = time.time()
     return outcome
+
+
+def context_of(case: Case) -> int | None:
+    """The server's max_model_len where the suite sets one (`32k` read as vLLM reads it)."""
+    value = case.server.get("max_model_len")
+    if isinstance(value, str):
+        value = human_int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def codec_for(case: Case, engine: str, base_url: str) -> Codec:
