@@ -20,12 +20,14 @@ import base64
 import io
 import math
 import random
+import warnings
 import wave
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pytest_profllm.limits import InputLimitError, check_pixels, too_many_pixels
 from pytest_profllm.load.dataset_files import custom_output_len, fill, read_json_lines
 from pytest_profllm.load.prompt import Codec, DatasetError, PromptRequest
 from pytest_profllm.plan.suite import bucket_shape
@@ -236,9 +238,14 @@ def _image_file(
     except ValueError:
         raise DatasetError(f"{where}: the data:image URL is not base64") from None
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with _opened(data) as image:
+            check_pixels(image.width, image.height, what=f"{where}: {shown}")
             image.verify()  # the whole file, not only its header
             width, height, kind = image.width, image.height, image.format
+    except InputLimitError as error:
+        raise DatasetError(str(error)) from None
+    except Image.DecompressionBombError:
+        raise DatasetError(str(too_many_pixels(f"{where}: {shown}"))) from None
     except UnidentifiedImageError:
         raise DatasetError(f"{where}: {shown} is not an image Pillow can read") from None
     except (OSError, SyntaxError, ValueError) as error:
@@ -246,6 +253,17 @@ def _image_file(
     mime = Image.MIME.get(str(kind), "image/png")
     url = f"data:{mime};base64," + base64.b64encode(data).decode()
     return {"type": "image_url", "image_url": {"url": url}}, (height, width, 1), len(data)
+
+
+def _opened(data: bytes) -> Any:
+    """An image with only its header read. Pillow's warning of a large image is ours to give:
+    the caller checks limits.MAX_IMAGE_PIXELS, below Pillow's own limit, before decoding."""
+    # Deferred: Pillow (about 0.1 s) only when an image is read.
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return Image.open(io.BytesIO(data))
 
 
 def custom_audio_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:

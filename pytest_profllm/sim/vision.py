@@ -25,8 +25,11 @@ import binascii
 import hashlib
 import io
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
+
+from pytest_profllm.limits import InputLimitError, check_pixels, too_many_pixels
 
 QWEN_RULES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 LLAVA_RULES = ("llava",)
@@ -154,8 +157,17 @@ def image_size(url: str) -> tuple[tuple[int, int], bytes]:
         )
     try:
         data = base64.b64decode(url.split(",", 1)[1], validate=True)
-        with Image.open(io.BytesIO(data)) as image:
+        # Only the header is read; Pillow's warning of a large image is the limit's to give.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+        with image:
+            check_pixels(*image.size, what="the image")
             return image.size, data
+    except InputLimitError as error:
+        raise ImageError(str(error)) from None
+    except Image.DecompressionBombError:
+        raise ImageError(str(too_many_pixels("the image"))) from None
     except (binascii.Error, UnidentifiedImageError, OSError) as error:
         raise ImageError(f"cannot read the image: {error}") from None
 
