@@ -31,7 +31,7 @@ from pydantic import (
 
 from pytest_profllm.engine.registry import bundled, human_int
 from pytest_profllm.engine.secrets import ENV_SECRETS, REDACTED, RedactedDict, is_secret
-from pytest_profllm.limits import MAX_PROBE_REQUESTS, MIN_SEARCH_RATE
+from pytest_profllm.limits import MAX_PROBE_REQUESTS, MAX_REQUEST_TOKENS, MIN_SEARCH_RATE
 from pytest_profllm.plan import metric_names
 from pytest_profllm.plan.metric_names import LATENCY_RESULTS, THROUGHPUT_RESULTS
 from pytest_profllm.plan.regression import (
@@ -152,10 +152,10 @@ class BenchmarkConfig(BaseModel):
     # an "audio" WAV file. Relative media paths are from the dataset file's folder.
     dataset_path: str | None = None
     num_prompts: int = Field(100, gt=0)
-    random_input_len: int = Field(1024, gt=0)
-    random_output_len: int = Field(128, gt=0)
+    random_input_len: int = Field(1024, gt=0, le=MAX_REQUEST_TOKENS)
+    random_output_len: int = Field(128, gt=0, le=MAX_REQUEST_TOKENS)
     random_range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
-    random_prefix_len: int = Field(0, ge=0)
+    random_prefix_len: int = Field(0, ge=0, le=MAX_REQUEST_TOKENS)
     # Pooling backends: prompts per request (openai-embeddings: a list input; random-rerank:
     # documents per query). vLLM's --random-batch-size.
     random_batch_size: int = Field(1, gt=0)
@@ -172,13 +172,14 @@ class BenchmarkConfig(BaseModel):
             "(256, 256, 1)": 0.5, "(720, 1280, 1)": 0.5, "(720, 1280, 16)": 0.0
         }
     )
-    prefix_repetition_prefix_len: int = Field(256, gt=0)
-    prefix_repetition_suffix_len: int = Field(256, gt=0)
+    prefix_repetition_prefix_len: int = Field(256, gt=0, le=MAX_REQUEST_TOKENS)
+    prefix_repetition_suffix_len: int = Field(256, gt=0, le=MAX_REQUEST_TOKENS)
     prefix_repetition_num_prefixes: int = Field(10, gt=0)
-    prefix_repetition_output_len: int = Field(128, gt=0)
-    sharegpt_output_len: int | None = Field(None, gt=0)
-    custom_output_len: int = 256  # -1: each line's own "output_tokens"
-    spec_bench_output_len: int = Field(256, gt=0)
+    prefix_repetition_output_len: int = Field(128, gt=0, le=MAX_REQUEST_TOKENS)
+    sharegpt_output_len: int | None = Field(None, gt=0, le=MAX_REQUEST_TOKENS)
+    # -1: each line's own "output_tokens"
+    custom_output_len: int = Field(256, le=MAX_REQUEST_TOKENS)
+    spec_bench_output_len: int = Field(256, gt=0, le=MAX_REQUEST_TOKENS)
     spec_bench_category: str | None = None  # None: every category
     speed_bench_dataset_subset: Literal[
         "qualitative",
@@ -188,7 +189,7 @@ class BenchmarkConfig(BaseModel):
         "throughput_16k",
         "throughput_32k",
     ] = "qualitative"
-    speed_bench_output_len: int = Field(4096, gt=0)
+    speed_bench_output_len: int = Field(4096, gt=0, le=MAX_REQUEST_TOKENS)
     speed_bench_category: str | None = None  # None: every category
     timed_trace_chunk_hash_size: int = Field(16, gt=0)  # tokens per hash id (Mooncake: 512)
     timed_trace_sec_multiplier: FiniteFloat = Field(1.0, gt=0)  # timestamp x this = seconds
@@ -208,8 +209,8 @@ class BenchmarkConfig(BaseModel):
     # `max_concurrency` conversations in flight. Synthetic turns (no dataset_path): so many
     # turns, user-message and answer lengths in tokens, each drawn within +-range_ratio.
     conversation_turns: int = Field(4, gt=0)
-    conversation_input_len: int = Field(128, gt=0)
-    conversation_output_len: int = Field(64, gt=0)
+    conversation_input_len: int = Field(128, gt=0, le=MAX_REQUEST_TOKENS)
+    conversation_output_len: int = Field(64, gt=0, le=MAX_REQUEST_TOKENS)
     conversation_range_ratio: float = Field(0.0, ge=0.0, lt=1.0)
     # The user's pause between an answer's end and the next turn: its mean, and its
     # distribution (fixed: always the mean; exponential; uniform: on [0, 2 x mean]).
