@@ -43,6 +43,10 @@ MAX_JSON_BYTES = 1 << 30
 # A record file: a record is 5-10 KB; 1,000 metrics and 1,000 engine arguments with long
 # values stay far below this.
 MAX_RECORD_BYTES = 64 << 20
+# A column per metric and per engine argument: SQLite's tables hold 2,000 columns at most, and
+# the registry's arguments and the record's fields take about 600 of them.
+MAX_RESULTS = 1_000
+MAX_SERVER_ARGUMENTS = 1_000
 # One line of a JSON-lines file (a trace's request, a dataset's row, a request row).
 MAX_JSON_LINE_BYTES = 16 << 20
 # Tokens of one request (input and output): no model's context is longer (Llama 4 Scout's:

@@ -128,3 +128,21 @@ def test_a_database_built_by_ingest_is_a_baseline_and_a_history(
     # Before: "(0 run(s))", every case no-baseline, exit 0 under the slowdown.
     assert slowed.ret == pytest.ExitCode.TESTS_FAILED, slowed.stdout.str()
     slowed.stdout.fnmatch_lines(["*regression: median_tpot_ms regressed*"])
+
+
+def test_a_deep_record_in_a_baseline_folder_is_one_usage_line(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    # Issue 38. Before: RecursionError, an INTERNALERROR.
+    pytester.makefile(".yaml", bench_gated=SUITE)
+    (pytester.path / "base").mkdir()
+    (pytester.path / "base" / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    result = run_suites(
+        pytester, ports, "--profllm-baseline=base", out=None, gpus=None, timeout=180
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        "ERROR: --profllm-baseline */base: not a baseline: */base/deep.json: the file nests "
+        "JSON deeper than 64 levels"
+    ])
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()

@@ -31,7 +31,13 @@ from typing import Any
 
 import orjson
 
-from pytest_profllm.limits import MAX_RECORD_BYTES, InputLimitError, load_json
+from pytest_profllm.limits import (
+    MAX_RECORD_BYTES,
+    MAX_RESULTS,
+    MAX_SERVER_ARGUMENTS,
+    InputLimitError,
+    load_json,
+)
 from pytest_profllm.results.gate_tables import GateRows, gate_rows
 from pytest_profllm.results.record import normalize
 from pytest_profllm.results.rows import RowBuilder, column_problem, record_digest
@@ -122,12 +128,6 @@ def parse_record(content: bytes, path: Path) -> dict[str, Any]:
     # again, at 100,000 records).
     result: dict[str, Any] = data
     return result
-
-
-# A column per metric and per engine argument: SQLite's tables hold 2,000 columns at most, and
-# the registry's arguments and the record's fields take about 600 of them.
-MAX_RESULTS = 1_000
-MAX_SERVER_ARGUMENTS = 1_000
 
 
 def _check_width(data: dict[str, Any]) -> None:
