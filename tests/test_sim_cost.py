@@ -417,3 +417,11 @@ def test_routed_experts_take_about_what_vllms_kernel_benchmark_measured(
     bandwidth, flops = engine._achieved_rates(True)
     modelled = engine._expert_layer_seconds(tokens, bandwidth, flops, engine.device.overheads)
     assert modelled * 1e6 == pytest.approx(FUSED_MOE_H100_US[(tp, tokens)], rel=0.4)
+
+
+def test_a_deep_model_config_is_one_line_naming_it(tmp_path: Path) -> None:
+    # Issue 38. Before: a RecursionError from the simulator's start.
+    (tmp_path / "config.json").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(ValueError) as caught:
+        resolve_model(str(tmp_path))
+    assert str(caught.value) == f"{tmp_path / 'config.json'} nests JSON deeper than 64 levels"

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_profllm.limits import MAX_RECORD_BYTES, InputLimitError, load_json
 from pytest_profllm.sim.audio import AudioFacts
 from pytest_profllm.sim.vision import VisionFacts
 
@@ -194,13 +195,24 @@ def known_names() -> list[str]:
     return sorted(catalog())
 
 
+def _read_config(path: Path) -> Any:
+    """A model folder's config.json: one line naming it where it is not JSON or over a limit
+    (a deep one was a RecursionError)."""
+    try:
+        return load_json(path.read_bytes(), what=str(path), max_bytes=MAX_RECORD_BYTES)
+    except InputLimitError:
+        raise
+    except ValueError as error:
+        raise ValueError(f"{path}: not JSON: {error}") from None
+
+
 def resolve_model(model: str, folder: Path | None = None) -> ModelFacts:
     """The facts of `model`: a folder's config.json (`folder`, or `model` itself when it is
     one), else the catalog entry of that hub name (case-insensitive)."""
     for candidate in (folder, Path(model).expanduser()):
         if candidate is not None and (candidate / "config.json").is_file():
             config_path = candidate / "config.json"
-            config = json.loads(config_path.read_text())
+            config = _read_config(config_path)
             return ModelFacts.from_config(model, config, str(config_path))
     entries = catalog()
     by_lower = {name.lower(): name for name in entries}
