@@ -82,10 +82,17 @@ def load_json(data: str | bytes, *, what: str, max_bytes: int = MAX_JSON_BYTES) 
         raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
         if _scan_depth(raw) > MAX_JSON_DEPTH:
             raise _too_deep(what) from None
-        value = json.loads(data)
+        value = json.loads(data, parse_int=_int_as_orjson_reads)
     if _nested_deeper(value, MAX_JSON_DEPTH):
         raise _too_deep(what)
     return value
+
+
+def _int_as_orjson_reads(digits: str) -> int | float:
+    # orjson reads an integer beyond 64 bits as a float: the same file reads the same way
+    # whether or not it also holds a NaN.
+    number = int(digits)
+    return number if -(2**63) <= number < 2**64 else float(number)
 
 
 def _too_deep(what: str) -> InputLimitError:
@@ -111,15 +118,19 @@ def _scan_depth(raw: bytes) -> int:
 
 
 def _nested_deeper(value: Any, limit: int) -> bool:
-    """Whether lists and mappings nest deeper than `limit` (a walk with its own stack)."""
-    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    """Whether lists and mappings nest deeper than `limit`: a walk with its own stack, of
+    classes compared, not isinstance (9 us on a record of 400 engine arguments, where a
+    generator of isinstance took 190: ingest reads 100,000 of them)."""
+    if value.__class__ is not dict and value.__class__ is not list:
+        return False
+    stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if depth > limit:
             return True
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((child, depth + 1) for child in children
-                     if isinstance(child, dict | list))
+        for child in item.values() if item.__class__ is dict else item:
+            if child.__class__ is dict or child.__class__ is list:
+                stack.append((child, depth + 1))
     return False
 
 
