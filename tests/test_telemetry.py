@@ -246,3 +246,68 @@ def test_scrape_sums_labels_and_deltas_cover_the_run(metrics_server: str) -> Non
 def test_no_metrics_endpoint_gives_null_figures() -> None:
     assert scrape_metrics("http://127.0.0.1:9/metrics", timeout=0.5) is None
     assert set(server_metric_deltas(None, None).values()) == {None}
+
+
+class _Flaky:
+    """A process meter that fails on some reads, as psutil does on a host out of descriptors."""
+
+    def __init__(self, fail_every: int) -> None:
+        self.reads = 0
+        self.fail_every = fail_every
+
+    def read(self) -> ProcessReading | None:
+        self.reads += 1
+        if self.reads % self.fail_every == 0:
+            raise OSError(24, "Too many open files")
+        return ProcessReading(10.0, 100.0, 1)
+
+
+def test_a_failing_sampler_costs_no_record_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Any exception in the sampler thread is noted and logged in one line; sampling goes on,
+    and nothing reaches the load's thread (the record then says telemetry was incomplete)."""
+    import time
+
+    sampler = Sampler(None, [], None, interval_s=0.02)
+    errors: list[threading.ExceptHookArgs] = []
+    before, threading.excepthook = threading.excepthook, errors.append
+    try:
+        with caplog.at_level("WARNING", logger="profllm.telemetry"):
+            with sampler:
+                sampler._client = _Flaky(fail_every=2)  # type: ignore[assignment]
+                deadline = time.monotonic() + 10
+                while sampler._client.reads < 8 and time.monotonic() < deadline:  # type: ignore[union-attr]
+                    time.sleep(0.02)
+    finally:
+        threading.excepthook = before
+    summary = sampler.summary()
+    assert not errors  # the thread raised nothing
+    problem = summary["telemetry_problem"]
+    assert isinstance(problem, str)
+    assert problem.startswith(
+        "telemetry incomplete: sampling failed: OSError: [Errno 24] Too many open files ("
+    )
+    assert summary["telemetry_samples"] is not None and summary["telemetry_samples"] >= 3
+    lines = [r.getMessage() for r in caplog.records if r.name == "profllm.telemetry"]
+    assert len(lines) == 1 and "\n" not in lines[0]  # logged once, in one line
+
+
+def test_a_sampler_that_cannot_start_still_lets_the_load_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(*args: object) -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(NvmlGpus, "open", refuse)
+    with Sampler(None, ["0"], None, interval_s=0.02) as sampler:
+        pass
+    assert str(sampler.summary()["telemetry_problem"]).startswith(
+        "telemetry incomplete: starting failed: OSError"
+    )
+
+
+def test_a_sampler_that_kept_up_has_no_problem() -> None:
+    with Sampler(None, [], None, interval_s=0.02) as sampler:
+        pass
+    assert sampler.summary()["telemetry_problem"] is None

@@ -129,6 +129,9 @@ class SystemInfo(BaseModel):
     sim_step_lateness_p99_ms: float | None = None
     telemetry_samples: int | None = None
     telemetry_interval_s: float | None = None
+    # Why some telemetry is missing (`telemetry incomplete: ...`): the sampler failed, the
+    # case and its figures went on (run/telemetry.py). None: all of it was taken.
+    telemetry_problem: str | None = None
 
 
 class RuntimeInfo(BaseModel):

@@ -2,10 +2,15 @@
 server's process tree and the client, and the server's Prometheus `/metrics`, sampled in a
 background thread while the load runs. The record's `system` block gets peaks and means; where
 NVML is absent the GPU figures stay null, never invented.
+
+Telemetry never costs a case its record: whatever fails in the sampler (a host out of file
+descriptors, a /proc read, NVML) is logged in one line, the samples it could not take are
+missing, and the record's `telemetry_problem` says so.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 import time
@@ -26,6 +31,7 @@ from pytest_profllm.load.server_state import (
 
 DEFAULT_INTERVAL_S = 0.5
 _MIB = 2**20
+log = logging.getLogger("profllm.telemetry")
 
 
 @dataclass(frozen=True)
@@ -263,6 +269,9 @@ class Sampler:
     metrics_before: dict[str, float] | None = None
     metrics_after: dict[str, float] | None = None
     sample_seconds: float = 0.0  # time spent taking samples, to show the sampler's overhead
+    # Why some telemetry is missing (the first failure, and how many there were); None: none.
+    problem: str | None = None
+    _failures: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _owns_gpus: bool = False
@@ -278,6 +287,11 @@ class Sampler:
         self.stop()
 
     def start(self) -> None:
+        self._guarded("starting", self._start)
+        self._thread = threading.Thread(target=self._loop, name="profllm-telemetry", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
         if self.gpus is None:
             self.gpus = NvmlGpus.open(self.gpu_ids)
             self._owns_gpus = self.gpus is not None
@@ -291,8 +305,6 @@ class Sampler:
             self.metrics_before = scrape_metrics(self.metrics_url, session=self._http)
         self._take()  # primes psutil's CPU counters; the first sample's CPU reads 0
         self.samples.clear()
-        self._thread = threading.Thread(target=self._loop, name="profllm-telemetry", daemon=True)
-        self._thread.start()
 
     def stop(self) -> None:
         if self._thread is None:
@@ -300,18 +312,40 @@ class Sampler:
         self._stop.set()
         self._thread.join()
         self._thread = None
-        self._take()  # the run's tail, however short the run
-        if self.metrics_url:
-            self.metrics_after = scrape_metrics(self.metrics_url, session=self._http)
-        if self._http is not None:
-            self._http.close()
-        if self._owns_gpus and self.gpus is not None:
-            self.gpus.close()
+        self._guarded("sampling", self._take)  # the run's tail, however short the run
+        self._guarded("stopping", self._finish)
 
-    def summary(self) -> dict[str, float | int | None]:
+    def _finish(self) -> None:
+        try:
+            if self.metrics_url:
+                self.metrics_after = scrape_metrics(self.metrics_url, session=self._http)
+        finally:
+            if self._http is not None:
+                self._http.close()
+            if self._owns_gpus and self.gpus is not None:
+                self.gpus.close()
+
+    def _guarded(self, what: str, step: Callable[[], None]) -> None:
+        """Run one step of the sampler; a failure is noted (and logged the first time),
+        never raised: telemetry is what the case cost, not what it measured."""
+        try:
+            step()
+        except Exception as error:  # any: psutil, NVML, requests, the host's descriptors
+            self._failures += 1
+            if self.problem is None:
+                why = str(error).splitlines()[0] if str(error) else ""
+                self.problem = f"telemetry incomplete: {what} failed: {type(error).__name__}"
+                self.problem += f": {why}" if why else ""
+                log.warning("%s (the load goes on; the record says so)", self.problem)
+
+    def summary(self) -> dict[str, float | int | str | None]:
+        problem = self.problem
+        if problem is not None and self._failures > 1:
+            problem += f" ({self._failures} failures)"
         return {
             **summarize(self.samples, self.interval_s),
             **server_metric_deltas(self.metrics_before, self.metrics_after),
+            "telemetry_problem": problem,
         }
 
     def series(self) -> list[dict[str, float | None]]:
@@ -319,7 +353,7 @@ class Sampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._take()
+            self._guarded("sampling", self._take)
 
     def _take(self) -> None:
         began = time.perf_counter()
