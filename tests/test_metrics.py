@@ -317,6 +317,31 @@ def test_one_late_request_alone_does_not_make_a_case_invalid(late: int, fell_beh
     assert health["max_schedule_lag_ms"] == pytest.approx(14.16 if late else 1.85)
 
 
+@pytest.mark.parametrize(
+    ("gap", "last_lag", "fell_behind"),
+    [(0.001, 0.0008, False), (0.005, 0.0008, False), (0.005, 0.012, True), (1.0, 0.06, True)],
+)
+def test_a_short_schedule_is_not_judged_by_its_jitter(
+    gap: float, last_lag: float, fell_behind: bool
+) -> None:
+    """A trace of two requests `gap` apart: its achieved rate falls short by the last one's
+    lateness over the gap, so 0.8 ms of a timer's jitter was 44 % of a 1 ms schedule ("client
+    fell behind"). Lateness within the lag limit is no falling behind; over it, it is."""
+    outcomes = [
+        RequestOutcome(prompt_len=1, intended_start=100.0, dispatch_time=100.0002),
+        RequestOutcome(
+            prompt_len=1, intended_start=100.0 + gap, dispatch_time=100.0 + gap + last_lag
+        ),
+    ]
+    health = metrics.client_health(outcomes, [0.0, gap], 100.0, duration=1.0, cpu_seconds=0.01)
+    assert health["achieved_request_rate"] is not None and health["target_request_rate"]
+    assert health["achieved_request_rate"] < 0.95 * health["target_request_rate"]
+    reason = metrics.client_fell_behind(health)
+    assert (reason is not None) == fell_behind, reason
+    if fell_behind:
+        assert reason is not None and reason.startswith("client fell behind: achieved request rate")
+
+
 def test_a_request_early_has_no_negative_lag() -> None:
     (outcome,) = _scheduled([-0.5])
     assert outcome.schedule_lag == 0.0

@@ -331,3 +331,87 @@ def test_a_case_bounds_a_traces_lengths_by_its_servers_max_model_len(
     server = {"model": "m"} if value is None else {"model": "m", "max_model_len": value}
     case = Case("s", "s.yaml", "srv", "w", server, BenchmarkConfig(), {})
     assert context_of(case) == context
+
+
+def test_a_two_request_trace_is_not_judged_by_its_timers_jitter(
+    sim_url: str, tmp_path: Path
+) -> None:
+    """Two requests 1 ms apart: the second dispatched a fraction of a millisecond late made
+    the achieved rate half the target, and the replay `client fell behind` (issue 38, 9c).
+    A client never later than the lag limit (here a wide 100 ms) kept its schedule."""
+    from pytest_profllm.load.bench import invalid_reasons, measure
+
+    path = write_trace(tmp_path / "t.jsonl", [
+        {"timestamp": t, "input_length": 16, "output_length": 2} for t in (0, 1)
+    ])  # fmt: skip
+    config = trace_config(path, timed_trace_sec_multiplier=0.001)
+    codec = TokenizerCodec.load(str(MODEL_DIR))
+    load = asyncio.run(run_load(load_settings(config, sim_url, "sim"), make_prompts(config, codec)))
+    _, health = measure(load, config, codec)
+    assert all(outcome.success for outcome in load.outcomes)
+    assert health["max_schedule_lag_ms"] is not None and health["max_schedule_lag_ms"] < 100
+    assert invalid_reasons(load, config, health, max_p99_lag_ms=100) == []
+
+
+TOO_LONG = """
+server:
+  model: Qwen/Qwen3-0.6B
+  max_model_len: 2048
+benchmark:
+  dataset_name: timed_trace
+  dataset_path: {path}
+  timed_trace_sec_multiplier: 0.001
+"""
+
+
+def test_a_trace_the_server_refuses_fails_for_that_first(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    """Two of three requests ask for more output than the model's length: the server refuses
+    them with a 400, fast. The case fails for that, leading with the server's message; no
+    `client fell behind` and no measuring again (issue 38, 9d)."""
+    from helpers import run_records, run_suites
+
+    trace = write_trace(pytester.path / "t.jsonl", [
+        {"timestamp": 0, "input_length": 64, "output_length": 5000},
+        {"timestamp": 1, "input_length": 64, "output_length": 5000},
+        {"timestamp": 2, "input_length": 64, "output_length": 8},
+    ])  # fmt: skip
+    (pytester.path / "bench_trace.yaml").write_text(TOO_LONG.format(path=trace))
+    result = run_suites(pytester, ports, "--profllm-remeasure=2", timeout=120)
+    (record,) = run_records(pytester)
+    refused = "2 of 3 requests failed (2 got a non-200 status;"
+    assert record["status"] == "failed"
+    assert record["message"].startswith(refused)
+    assert "maximum context length is 2048 tokens" in record["message"]
+    assert record["validity_reasons"][0].startswith("2 of 3 requests failed: HTTP 400")
+    assert "client fell behind" not in json.dumps(record)
+    assert record["runtime"]["attempts"] == 1
+    result.stdout.fnmatch_lines([f"*{refused}*"])
+
+
+def test_a_case_that_failed_leads_with_its_failure_not_its_validity() -> None:
+    """Where requests failed (the case raised) and the measurement was also invalid, the
+    record's status and message are the failure's; the validity reasons follow it."""
+    import time
+    from types import SimpleNamespace
+
+    from pytest_profllm.engine.choice import EngineChoice
+    from pytest_profllm.plan.case import expand
+    from pytest_profllm.plan.suite import validate_suite
+    from pytest_profllm.run.outcome import CaseOutcome
+    from pytest_profllm.session.worker import status_of
+
+    (case,) = expand(validate_suite({"server": {"model": "m"}}, "test"), "bench_t.yaml")
+    outcome = CaseOutcome(case, "n", "s", EngineChoice("sim", "test", None), "main", time.time())
+    outcome.results = {"completed": 1, "failed": 2}
+    outcome.invalid_reason = "client fell behind: p99 schedule lag 20 ms is over 10 ms"
+    outcome.request_failures = "2 of 3 requests failed: HTTP 400 Bad Request: too long"
+    outcome.error = "2 of 3 requests failed (2 got a non-200 status; none allowed)"
+    crash = SimpleNamespace(message=outcome.error)
+    report = SimpleNamespace(failed=True, longrepr=SimpleNamespace(reprcrash=crash))
+    assert status_of({"call": report}, outcome) == ("failed", outcome.error)
+    record = outcome.record("failed", outcome.error)
+    assert record["validity_reasons"] == [outcome.request_failures, outcome.invalid_reason]
+    outcome.error = None  # measured, nothing raised, client fell behind: invalid
+    assert status_of({"call": report}, outcome)[0] == "invalid"

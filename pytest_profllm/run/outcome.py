@@ -149,7 +149,8 @@ class CaseOutcome:
         results = self.results
         if not results or ("completed" in results and not results["completed"]):
             return [message or self.error or "nothing was measured"]
-        reasons = [self.invalid_reason, self.request_failures]
+        # The requests the server failed first: they are the cause a reader looks for.
+        reasons = [self.request_failures, self.invalid_reason]
         return [reason for reason in reasons if reason]
 
     def _engine(self) -> dict[str, Any]:

@@ -95,7 +95,10 @@ def run_case(
                 attempts.add(
                     started_at, reasons, results, outcome.telemetry, outcome.prefix_cache
                 )
-                if not attempts.again(reasons):
+                # Requests the server failed fail the case whatever the host does: such a
+                # load is not measured again.
+                failing = metrics.served_problem(load.outcomes, results, allowed_failures(case))
+                if failing is not None or not attempts.again(reasons):
                     break
     # The server lived through the load on its own port (serving checked): the figures count.
     outcome.results = results

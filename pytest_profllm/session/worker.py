@@ -215,7 +215,9 @@ def status_of(reports: dict[str, Any], outcome: CaseOutcome) -> tuple[Status, st
     for when in ("setup", "call"):
         report = reports.get(when)
         if report is not None and report.failed:
-            if outcome.invalid_reason and outcome.results:
+            # A case that raised (requests the server refused, a server lost) failed for
+            # that reason first: it leads, whatever the schedule's verdict was.
+            if outcome.invalid_reason and outcome.results and outcome.error is None:
                 return "invalid", outcome.invalid_reason
             measured = bool(outcome.results)
             return ("failed" if measured else "error"), _short(report)
