@@ -273,17 +273,17 @@ def test_a_failing_sampler_costs_no_record_and_says_so(
     errors: list[threading.ExceptHookArgs] = []
     before, threading.excepthook = threading.excepthook, errors.append
     try:
-        with caplog.at_level("WARNING", logger="profllm.telemetry"):
-            with sampler:
-                sampler._client = _Flaky(fail_every=2)  # type: ignore[assignment]
-                deadline = time.monotonic() + 10
-                while sampler._client.reads < 8 and time.monotonic() < deadline:  # type: ignore[union-attr]
-                    time.sleep(0.02)
+        with caplog.at_level("WARNING", logger="profllm.telemetry"), sampler:
+            flaky = _Flaky(fail_every=2)
+            sampler._client = flaky  # type: ignore[assignment]
+            deadline = time.monotonic() + 10
+            while flaky.reads < 8 and time.monotonic() < deadline:
+                time.sleep(0.02)
     finally:
         threading.excepthook = before
     summary = sampler.summary()
     assert not errors  # the thread raised nothing
-    problem = summary["telemetry_problem"]
+    problem = sampler.record()["telemetry_problem"]
     assert isinstance(problem, str)
     assert problem.startswith(
         "telemetry incomplete: sampling failed: OSError: [Errno 24] Too many open files ("
@@ -302,7 +302,7 @@ def test_a_sampler_that_cannot_start_still_lets_the_load_run(
     monkeypatch.setattr(NvmlGpus, "open", refuse)
     with Sampler(None, ["0"], None, interval_s=0.02) as sampler:
         pass
-    assert str(sampler.summary()["telemetry_problem"]).startswith(
+    assert str(sampler.record()["telemetry_problem"]).startswith(
         "telemetry incomplete: starting failed: OSError"
     )
 
@@ -310,4 +310,4 @@ def test_a_sampler_that_cannot_start_still_lets_the_load_run(
 def test_a_sampler_that_kept_up_has_no_problem() -> None:
     with Sampler(None, [], None, interval_s=0.02) as sampler:
         pass
-    assert sampler.summary()["telemetry_problem"] is None
+    assert sampler.record()["telemetry_problem"] is None

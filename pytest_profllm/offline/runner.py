@@ -99,7 +99,7 @@ def run_offline(
         gpu_ids = lease.gpus if servers.device == "gpu" else ()
         with Sampler(process.pid, gpu_ids, None) as sampler:
             code = process.wait_done(bench.timeout_s)
-        outcome.telemetry = sampler.summary()
+        outcome.telemetry = sampler.record()
         if code is None:
             raise process.failure(f"did not finish within {bench.timeout_s:g} s (timeout_s)")
         if code != 0:

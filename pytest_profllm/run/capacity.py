@@ -74,7 +74,7 @@ def run_capacity(
         with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:
             found = search(probes, slos, bench.search, bench.num_prompts, seed=bench.seed,
                            recheck=probes.recheck)
-        outcome.telemetry = sampler.summary()
+        outcome.telemetry = sampler.record()
         outcome.series = sampler.series()
     _keep_probe_at_capacity(outcome, found, probes, max_schedule_lag_ms)
     outcome.capacity = found.as_record()

@@ -139,7 +139,7 @@ def _load(
     gpu_ids = server.lease.gpus if server.device == "gpu" else ()
     with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:
         load = asyncio.run(load_while_alive(server, run_load(settings, prompts)))
-    outcome.telemetry = sampler.summary()
+    outcome.telemetry = sampler.record()
     outcome.series = sampler.series()
     outcome.server_window = (sampler.metrics_before, sampler.metrics_after)
     outcome.requests = [

@@ -338,15 +338,18 @@ class Sampler:
                 self.problem += f": {why}" if why else ""
                 log.warning("%s (the load goes on; the record says so)", self.problem)
 
-    def summary(self) -> dict[str, float | int | str | None]:
-        problem = self.problem
-        if problem is not None and self._failures > 1:
-            problem += f" ({self._failures} failures)"
+    def summary(self) -> dict[str, float | int | None]:
         return {
             **summarize(self.samples, self.interval_s),
             **server_metric_deltas(self.metrics_before, self.metrics_after),
-            "telemetry_problem": problem,
         }
+
+    def record(self) -> dict[str, float | int | str | None]:
+        """The record's telemetry: the summary, and why some of it is missing."""
+        problem = self.problem
+        if problem is not None and self._failures > 1:
+            problem += f" ({self._failures} failures)"
+        return {**self.summary(), "telemetry_problem": problem}
 
     def series(self) -> list[dict[str, float | None]]:
         return series(self.samples)
