@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import math
@@ -26,6 +27,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from pytest_profllm.engine.secrets import bearer
+from pytest_profllm.hosts.descriptors import ClientCap, raise_open_file_limit
 from pytest_profllm.load import metrics
 from pytest_profllm.load.client import run_share, run_warmups
 from pytest_profllm.load.conversation import (
@@ -104,8 +106,21 @@ async def run_load(
     which share the schedule's clock (the host's monotonic clock) and each own a share of
     `max_concurrency`: for servers faster than one event loop can read.
     """
+    raise_open_file_limit()
+    # Each connection is a descriptor: a load that would open more than this process may
+    # hold runs at the most it may (as under max_concurrency), and says so, rather than
+    # failing requests in the client that would read as the server's failures.
+    cap = ClientCap.now()
+    wanted = settings.max_concurrency or len(requests)  # conversations: one connection each
+    note = None
+    if cap.limits(wanted):
+        settings = dataclasses.replace(settings, max_concurrency=cap.connections)
+        note = cap.describe()
     with _objects_frozen():
-        return await _run_load(settings, requests)
+        load = await _run_load(settings, requests)
+    load.open_file_limit = cap.open_file_limit
+    load.client_limit = note
+    return load
 
 
 async def _run_load(
@@ -236,6 +251,7 @@ def invalid_reasons(
     lag_limit_ms = metrics.MAX_P99_SCHEDULE_LAG_S * 1000 if max_p99_lag_ms is None else (
         max_p99_lag_ms)
     reasons = (
+        metrics.client_out_of_descriptors(load.outcomes, load.open_file_limit),
         metrics.inconsistent_counts(load.outcomes, config.ignore_eos),
         metrics.client_fell_behind(health, max_p99_lag_ms),
         sim_fell_behind(*window, lag_limit_ms),
@@ -308,6 +324,7 @@ def run_bench(
     result["engine"] = server_engine(base_url, api_key)
     result["prefix_cache"] = cache.describe()
     result["prompt_seed"] = config.seed
+    result["client_limit"] = load.client_limit
     result["verdict"] = "invalid" if invalid else "valid"
     result["invalid_reason"] = invalid
     if not save_detailed:
@@ -501,6 +518,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         rows.append(("Prefix cache:", result["prefix_cache"]))
     if result.get("prompt_seed") is not None:
         rows.append(("Prompt seed:", result["prompt_seed"]))
+    if result.get("client_limit"):
+        rows.append(("Connections:", result["client_limit"]))
     lines = ["{:=^50}".format(" Serving Benchmark Result ")]
     for title, value in rows:
         shown = f"{value:.2f}" if isinstance(value, float) else str(value)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import orjson
 
 from pytest_profllm.engine.secrets import bearer
+from pytest_profllm.hosts.descriptors import OUT_OF_DESCRIPTORS
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.http import StreamingClient
 from pytest_profllm.load.metrics import RequestOutcome
@@ -181,6 +183,7 @@ async def stream_request(
         outcome.error = f"TimeoutError: no end within {settings.request_timeout_s:g} s"
     except Exception as error:  # as in vLLM's client: any error fails this request only
         outcome.error = f"{type(error).__name__}: {error}"
+        outcome.out_of_descriptors = out_of_descriptors(error)
     outcome.end_time = time.perf_counter()
     parser.close()
     return outcome
@@ -219,12 +222,24 @@ async def pooling_request(
         outcome.error = "the response is not JSON"
     except Exception as error:  # as in vLLM's client: any error fails this request only
         outcome.error = f"{type(error).__name__}: {error}"
+        outcome.out_of_descriptors = out_of_descriptors(error)
     outcome.end_time = time.perf_counter()
     outcome.success = not outcome.error
     if outcome.success:
         outcome.latency = outcome.ttft = outcome.end_time - start
         outcome.output_tokens = 0
     return outcome
+
+
+def out_of_descriptors(error: BaseException) -> bool:
+    """Whether `error` is the client's own want of file descriptors (EMFILE, ENFILE): a
+    socket it could not open. asyncio joins the errors of several addresses into one
+    OSError without an errno, so its text is read too."""
+    if not isinstance(error, OSError):
+        return False
+    if error.errno in OUT_OF_DESCRIPTORS:
+        return True
+    return any(os.strerror(code) in str(error) for code in OUT_OF_DESCRIPTORS)
 
 
 def _pooled(answer: object, outcome: RequestOutcome) -> str | None:

@@ -63,6 +63,9 @@ class RequestOutcome:
     mm_audio_s: float = 0.0
     # A pooling request: one JSON response, no token stream, so no first token of its own.
     pooled: bool = False
+    # The client could not open a connection for it: it ran out of file descriptors (EMFILE,
+    # ENFILE). The request never reached the server: no failure of the server's.
+    out_of_descriptors: bool = False
 
     @property
     def mm_tokens(self) -> int | None:
@@ -280,8 +283,12 @@ def served_problem(
     request failed; we do not. A failed request (an error status, no response, a stream cut,
     stalled, or with an error event or a message that is not JSON) fails the case unless the
     suite allows that many (`thresholds: {failed: {max: N}}`). Quotes the first errors."""
-    failed = [o for o in outcomes if _failed(o)]
+    # A request the client could not send for want of descriptors is the client's: the
+    # measurement is invalid for it (client_out_of_descriptors), the server is not blamed.
+    failed = [o for o in outcomes if _failed(o) and not o.out_of_descriptors]
     if not results.get("completed"):
+        if not failed:
+            return f"all {len(outcomes)} requests failed in the client: {_OUT_OF_DESCRIPTORS}"
         return f"all {len(outcomes)} requests failed; first errors: {_first_errors(failed)}"
     # No HTTP response at all (connection refused, reset, closed): the server went away or
     # was not there; a figure over the requests that got through would hide it.
@@ -312,11 +319,31 @@ def served_problem(
 
 
 def request_failures(outcomes: Sequence[RequestOutcome]) -> str | None:
-    """How many requests failed and the first reasons; None where none did."""
-    failed = [o for o in outcomes if _failed(o)]
+    """How many requests failed at the server and the first reasons; None where none did
+    (those the client could not send are `client_out_of_descriptors`'s)."""
+    failed = [o for o in outcomes if _failed(o) and not o.out_of_descriptors]
     if not failed:
         return None
     return f"{len(failed)} of {len(outcomes)} requests failed: {_first_errors(failed)}"
+
+
+_OUT_OF_DESCRIPTORS = "it ran out of file descriptors (EMFILE), not the server's failure"
+
+
+def client_out_of_descriptors(
+    outcomes: Sequence[RequestOutcome], open_file_limit: int | None
+) -> str | None:
+    """Why the figures are not a valid measurement where the client could not open
+    connections for some requests, or None: those requests never reached the server."""
+    count = sum(1 for outcome in outcomes if outcome.out_of_descriptors)
+    if not count:
+        return None
+    limit = "unlimited" if open_file_limit is None else str(open_file_limit)
+    return (
+        f"client ran out of file descriptors on {count} of {len(outcomes)} requests "
+        f"(its open-file limit {limit}; raise it with ulimit -n or lower max_concurrency): "
+        "not the server's failures"
+    )
 
 
 def _failed(outcome: RequestOutcome) -> bool:

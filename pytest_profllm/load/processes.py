@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
+from pytest_profllm.hosts.descriptors import ClientCap
 from pytest_profllm.load.client import run_share, run_warmups
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.metrics import RequestOutcome
@@ -94,6 +95,10 @@ def _share(limit: int | None, rank: int, count: int) -> int | None:
 def _worker(fd: int) -> None:
     pipe = Connection(fd)
     settings, (requests, offsets, indices), limit, warm = pipe.recv()
+    # This process's own descriptors bound its connections (it inherited the open-file limit).
+    cap = ClientCap.now()
+    if cap.limits(limit or len(requests)):
+        limit = cap.connections
     if warm and settings.num_warmups and requests:
         asyncio.run(run_warmups(settings, requests[0]))
     pipe.send("ready")

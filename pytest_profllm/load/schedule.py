@@ -55,6 +55,10 @@ class LoadResult:
     cpu_seconds: float = 0.0  # the client event loops' CPU time during the timed part
     processes: int = 1  # how many client processes shared the load
     intended_offsets: list[float] = field(default_factory=list)
+    # The client's open-file limit, and the line that says where it capped the connections
+    # the load would have opened (hosts/descriptors.py); None where it did not.
+    open_file_limit: int | None = None
+    client_limit: str | None = None
 
 
 def arrival_offsets(

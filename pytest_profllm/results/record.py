@@ -169,6 +169,9 @@ class RuntimeInfo(BaseModel):
     # How many times the load ran: more than one where the host made an attempt invalid
     # (`attempts` keeps each); the figures are those of the first valid attempt.
     attempts: int | None = None
+    # Where the client's open-file limit held its connections under what the load would
+    # have opened: `client capped at N concurrent connections: open-file limit L`.
+    client_limit: str | None = None
 
 
 class TraceFile(BaseModel):

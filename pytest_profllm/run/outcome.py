@@ -87,6 +87,8 @@ class CaseOutcome:
     prefix_cache: str | None = None
     # Every run of the load (run/attempts.py); empty for kinds that do not re-measure.
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    # Where the client's open-file limit capped its connections, the line that says so.
+    client_limit: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -142,6 +144,7 @@ class CaseOutcome:
             "prompt_seed_derived": self.case.seed_derived if isinstance(seed, int) else None,
             "prefix_cache": self.prefix_cache,
             "attempts": len(self.attempts) or None,
+            "client_limit": self.client_limit,
         }
 
     def _invalid_because(self, message: str | None) -> list[str]:

@@ -142,6 +142,7 @@ def _load(
     outcome.telemetry = sampler.record()
     outcome.series = sampler.series()
     outcome.server_window = (sampler.metrics_before, sampler.metrics_after)
+    outcome.client_limit = load.client_limit
     outcome.requests = [
         request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
     ]

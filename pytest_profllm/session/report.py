@@ -19,7 +19,7 @@ def summary_lines(controller: ControllerSession) -> list[str]:
     # Servers of this session: a resumed case's record tells of an earlier session's server.
     session = controller.identity.session_id
     ours = [r for r in records if r.get("session_id", session) == session]
-    lines += _server_lines(ours) + _load_core_lines(ours)
+    lines += _server_lines(ours) + _load_core_lines(ours) + _client_limit_lines(ours)
     settings = controller.settings
     if settings.out_dir is not None:
         unwritten, resumed = controller.unwritten, controller.resumed
@@ -77,3 +77,13 @@ def _load_core_lines(records: list[dict[str, Any]]) -> list[str]:
         f"{len(waited)} load(s) waited for host cores, {sum(waited):.1f} s in all "
         f"(longest {max(waited):.1f} s), not counted in any measurement"
     ]
+
+
+def _client_limit_lines(records: list[dict[str, Any]]) -> list[str]:
+    # The client's open-file limit held some loads under the connections they would have
+    # opened (hosts/descriptors.py): said once per distinct cap, with how many cases.
+    limits: dict[str, int] = {}
+    for record in records:
+        if line := (record.get("runtime") or {}).get("client_limit"):
+            limits[line] = limits.get(line, 0) + 1
+    return [f"{line} ({count} case(s))" for line, count in limits.items()]

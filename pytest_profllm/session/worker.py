@@ -17,6 +17,7 @@ from pytest_profllm.engine.choice import EngineChoice
 from pytest_profllm.gates.config import GATE_CONFIG_KEY
 from pytest_profllm.hosts import nvml
 from pytest_profllm.hosts.cores import LoadCores
+from pytest_profllm.hosts.descriptors import raise_open_file_limit
 from pytest_profllm.hosts.nvml import GpuBusy
 from pytest_profllm.hosts.pool import HostPool, LeaseTimeout
 from pytest_profllm.offline.runner import run_offline
@@ -134,6 +135,9 @@ class WorkerSession:
 
     @functools.cached_property
     def servers(self) -> WorkerServers:
+        # This process runs the load client: its open-file limit is raised before the first
+        # server starts, so the servers it starts inherit the raised limit too.
+        raise_open_file_limit()
         out = self.settings.out_dir
         log_dir = out / "logs" if out else Path(tempfile.mkdtemp(prefix="profllm-logs-"))
         return WorkerServers(
