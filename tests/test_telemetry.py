@@ -311,3 +311,45 @@ def test_a_sampler_that_kept_up_has_no_problem() -> None:
     with Sampler(None, [], None, interval_s=0.02) as sampler:
         pass
     assert sampler.record()["telemetry_problem"] is None
+
+
+BROKEN_SAMPLER = """
+import pytest_profllm.run.telemetry as telemetry
+
+
+def _no_descriptors(self):
+    raise OSError(24, "Too many open files")
+
+
+telemetry._TreeMeter.read = _no_descriptors  # every process reading fails, as under EMFILE
+"""
+SMALL_SUITE = """
+server:
+  model: Qwen/Qwen3-0.6B
+benchmark:
+  num_prompts: 20
+  random_input_len: 8
+  random_output_len: 60
+  request_rate: 20
+"""
+
+
+def test_a_case_whose_telemetry_fails_keeps_its_record(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    """Issue 38: an EMFILE in the sampler thread became a teardown error, and the out folder
+    kept only logs/. The case now passes, its record and results.db are written, and the
+    record says telemetry was incomplete."""
+    from helpers import run_records, run_suites
+
+    pytester.makeconftest(BROKEN_SAMPLER)
+    (pytester.path / "bench_x.yaml").write_text(SMALL_SUITE)
+    result = run_suites(pytester, ports, "-rA", timeout=120)
+    (record,) = run_records(pytester)
+    assert (pytester.path / "results" / "results.db").is_file()
+    assert record["status"] == "passed", result.stdout.str()[-2000:]
+    assert record["system"]["telemetry_problem"].startswith(
+        "telemetry incomplete: sampling failed: OSError: [Errno 24] Too many open files"
+    )
+    assert record["results"]["completed"] == 20
+    result.assert_outcomes(passed=1)

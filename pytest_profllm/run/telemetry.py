@@ -288,6 +288,8 @@ class Sampler:
 
     def start(self) -> None:
         self._guarded("starting", self._start)
+        self._guarded("sampling", self._take)  # primes psutil's CPU counters: 0 the first time
+        self.samples.clear()
         self._thread = threading.Thread(target=self._loop, name="profllm-telemetry", daemon=True)
         self._thread.start()
 
@@ -303,8 +305,6 @@ class Sampler:
 
             self._http = requests.Session()
             self.metrics_before = scrape_metrics(self.metrics_url, session=self._http)
-        self._take()  # primes psutil's CPU counters; the first sample's CPU reads 0
-        self.samples.clear()
 
     def stop(self) -> None:
         if self._thread is None:
