@@ -224,7 +224,7 @@ def test_a_search_the_server_changed_under_exits_invalid(
     monkeypatch.setattr(
         CapacityResult, "changed", lambda self: "the server changed during the search: test"
     )
-    code, result = bench(
+    code, _ = bench(
         sim_url, tmp_path, "--tokenizer", str(MODEL_DIR), "--num-prompts", "40",
         "--slo", "median_ttft_ms=2000", "--search-low", "2", "--search-high", "8",
         "--search-precision", "50%", "--search-confirm", "1", "--search-min-duration-s", "1",
