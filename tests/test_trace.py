@@ -353,10 +353,11 @@ def test_a_two_request_trace_is_not_judged_by_its_timers_jitter(
     assert invalid_reasons(load, config, health, max_p99_lag_ms=100) == []
 
 
+# No max_model_len in the suite, so the trace's lengths are not refused up front (a suite's
+# max_model_len bounds them before the load): the server, at the model's own 40,960, refuses.
 TOO_LONG = """
 server:
   model: Qwen/Qwen3-0.6B
-  max_model_len: 2048
 benchmark:
   dataset_name: timed_trace
   dataset_path: {path}
@@ -373,8 +374,8 @@ def test_a_trace_the_server_refuses_fails_for_that_first(
     from helpers import run_records, run_suites
 
     trace = write_trace(pytester.path / "t.jsonl", [
-        {"timestamp": 0, "input_length": 64, "output_length": 5000},
-        {"timestamp": 1, "input_length": 64, "output_length": 5000},
+        {"timestamp": 0, "input_length": 64, "output_length": 50000},
+        {"timestamp": 1, "input_length": 64, "output_length": 50000},
         {"timestamp": 2, "input_length": 64, "output_length": 8},
     ])  # fmt: skip
     (pytester.path / "bench_trace.yaml").write_text(TOO_LONG.format(path=trace))
@@ -383,7 +384,7 @@ def test_a_trace_the_server_refuses_fails_for_that_first(
     refused = "2 of 3 requests failed (2 got a non-200 status;"
     assert record["status"] == "failed"
     assert record["message"].startswith(refused)
-    assert "maximum context length is 2048 tokens" in record["message"]
+    assert "maximum context length is 40960 tokens" in record["message"]
     assert record["validity_reasons"][0].startswith("2 of 3 requests failed: HTTP 400")
     assert "client fell behind" not in json.dumps(record)
     assert record["runtime"]["attempts"] == 1
