@@ -5,6 +5,7 @@ its tables; and its downloads, which never leave the results folder."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import sqlite3
@@ -76,6 +77,17 @@ def test_the_page_of_a_real_run(real_run: Path) -> None:
     # Telemetry over the run: the server's queues and CPU at least (the simulator has no GPU).
     assert {"series-queues", "series-cpu"} <= set(page.charts)
     assert not any(chart_id.startswith("series-gpu") for chart_id in page.charts)
+    # ... on the load's own time axis: the last sample is taken after the load ended, so it
+    # lies after every request's end (counted from the first sample, an interval late, it
+    # came before the last requests ended).
+    with gzip.open(real_run / f"{record['run_id']}.requests.jsonl.gz", "rt") as file:
+        ended = max(json.loads(line)["end_s"] for line in file)
+    with sqlite3.connect(real_run / "results.db") as connection:
+        last = connection.execute("SELECT max(t_s) FROM run_series WHERE run_id = ?",
+                                  (record["run_id"],)).fetchone()[0]
+    assert last >= ended > 0
+    assert page.charts["series-queues"]["encoding"]["x"]["title"] == (
+        "seconds since the load started")
     # What differs from vLLM's defaults comes first, and only that.
     assert ("max_num_seqs", "8") in [(name, value) for name, value, _ in page.changed]
     assert all(name != "api_key" for name, _, _ in page.changed)

@@ -346,6 +346,9 @@ def _series(connection: sqlite3.Connection, page: RunPage) -> None:
                           "was kept, or an offline benchmark).")
         return
     has_gpu = any(p["gpu_utilization"] is not None for p in points)
+    # A serve run's samples count from its load's start, a capacity search's from its start.
+    axis = "seconds since the search started" if page.capacity else (
+        "seconds since the load started")
     for chart_id, title, fields, caption in _SERIES_CHARTS:
         if chart_id.startswith("gpu") and not has_gpu:
             continue
@@ -356,7 +359,7 @@ def _series(connection: sqlite3.Connection, page: RunPage) -> None:
         page.add(f"series-{chart_id}", charts.spec(
             rows, title=title, height=charts.SMALL_HEIGHT,
             mark={"type": "line", "point": len(points) < 60, "tooltip": True},
-            encoding={"x": charts.field("t_s", "quantitative", "seconds into the run"),
+            encoding={"x": charts.field("t_s", "quantitative", axis),
                       "y": charts.field("value", "quantitative", fields[0][1] if len(fields) == 1
                                         else title),
                       "color": charts.field("series", "nominal", "")}),

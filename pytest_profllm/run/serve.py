@@ -140,7 +140,8 @@ def _load(
     with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:
         load = asyncio.run(load_while_alive(server, run_load(settings, prompts)))
     outcome.telemetry = sampler.record()
-    outcome.series = sampler.series()
+    # On the load's own time axis, the one its requests' times use.
+    outcome.series = sampler.series(origin=load.clock_start)
     outcome.server_window = (sampler.metrics_before, sampler.metrics_after)
     outcome.client_limit = load.client_limit
     outcome.requests = [

@@ -43,7 +43,9 @@ class ProcessReading:
 
 @dataclass(frozen=True)
 class Sample:
-    at: float  # monotonic seconds
+    # perf_counter seconds: the clock a load's `clock_start` and its requests' times use, so a
+    # sample can be placed on the load's own time axis.
+    at: float
     gpus: tuple[GpuReading, ...]
     server: ProcessReading | None
     client: ProcessReading | None
@@ -184,15 +186,16 @@ def summarize(samples: Sequence[Sample], interval_s: float) -> dict[str, float |
     }
 
 
-def series(samples: Sequence[Sample], max_points: int = MAX_SERIES_POINTS
-           ) -> list[dict[str, float | None]]:
-    """The run over time, for its page: one point per sample (seconds from the first), the
+def series(samples: Sequence[Sample], max_points: int = MAX_SERIES_POINTS,
+           origin: float | None = None) -> list[dict[str, float | None]]:
+    """The run over time, for its page: one point per sample (seconds from `origin`, the
+    load's start on the perf_counter clock; else from the first sample), the
     throughput as the counters' rate since the sample before; averaged down to `max_points`.
     GPU figures follow summarize's rules (utilisation a mean, memory the fullest GPU, power
     the total); they are null without NVML."""
     if not samples:
         return []
-    start = samples[0].at
+    start = samples[0].at if origin is None else origin
     points: list[dict[str, float | None]] = []
     for before, sample in zip([None, *samples[:-1]], samples, strict=True):
         elapsed = sample.at - before.at if before is not None else 0.0
@@ -272,6 +275,7 @@ class Sampler:
     # Why some telemetry is missing (the first failure, and how many there were); None: none.
     problem: str | None = None
     _failures: int = 0
+    started: float | None = None  # perf_counter at start(): the origin of a search's series
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _owns_gpus: bool = False
@@ -287,6 +291,7 @@ class Sampler:
         self.stop()
 
     def start(self) -> None:
+        self.started = time.perf_counter()
         self._guarded("starting", self._start)
         self._guarded("sampling", self._take)  # primes psutil's CPU counters: 0 the first time
         self.samples.clear()
@@ -351,8 +356,10 @@ class Sampler:
             problem += f" ({self._failures} failures)"
         return {**self.summary(), "telemetry_problem": problem}
 
-    def series(self) -> list[dict[str, float | None]]:
-        return series(self.samples)
+    def series(self, origin: float | None = None) -> list[dict[str, float | None]]:
+        """The samples over time, from `origin` (a load's `clock_start`): the first sample
+        comes an interval after start(), so counting from it put every point late."""
+        return series(self.samples, origin=origin if origin is not None else self.started)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -367,7 +374,7 @@ class Sampler:
             ) or {}
         self.samples.append(
             Sample(
-                at=time.monotonic(),
+                at=time.perf_counter(),
                 gpus=self.gpus.read() if self.gpus is not None else (),
                 server=self._server.read() if self._server is not None else None,
                 client=self._client.read() if self._client is not None else None,
