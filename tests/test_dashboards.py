@@ -217,16 +217,57 @@ def test_latest_session_shows_what_regressed_and_by_how_much(
 ) -> None:
     shown = view(connection, "latest")
     regressed = shown.tables[0].rows
-    assert [(r["metric"], r["gate"], r["gate_change_percent"]) for r in regressed] == [
-        ("output_throughput", "regressed", pytest.approx(100 * (SLOWDOWN - 1)))]
-    assert regressed[0]["case"] == "rates · max_num_seqs=8 · workload=random-rate8.0"
+    assert [(r["metric"], r["gate"], r["change_percent"], r["baseline_session"])
+            for r in regressed] == [
+        ("output_throughput", "regressed", pytest.approx(100 * (SLOWDOWN - 1)), "s1")]
+    assert regressed[0]["case_id"] == "bench_rates.yaml::qwen-seqs8::random-rate8.0"
     changes = shown.tables[1].rows
     throughput = [r for r in changes if r["metric"] == "output_throughput"]
     assert len(throughput) == 10
     assert all(r["change_percent"] == pytest.approx(100 * (SLOWDOWN - 1)) for r in throughput)
     colours = {r["case"]: r["gate"] for r in values(
         shown.charts["latest-change-output_throughput"])}
-    assert colours[regressed[0]["case"]] == "regressed"
+    assert colours["rates · max_num_seqs=8 · workload=random-rate8.0"] == "regressed"
+
+
+def test_latest_lists_every_regressed_verdict_and_charts_each_metric(tmp_path: Path) -> None:
+    """Verdicts on a capacity, on a metric the session-to-session points do not carry and on
+    a second repeat of a case are regressed too: the page lists each of regression_verdicts'
+    rows, and charts each regressed metric."""
+    first, second = sweep("s1", "01", 1.0), sweep("s2", "02", SLOWDOWN)
+    repeat = {**second[0], "run_id": "s2-r00-repeat2", "repeat_index": 1}
+    verdict = {"verdict": "regressed", "tolerance": 0.05, "higher_is_better": False,
+               "confidence": 0.99, "baseline_session": "s1"}
+    second[0]["regression"] = [
+        {**verdict, "metric": "mean_tpot_ms", "baseline": 10.0, "value": 12.0, "change": 0.2,
+         "ci_low": 0.15, "ci_high": 0.25},
+        {**verdict, "metric": "p99_ttft_ms", "baseline": 80.0, "value": 133.3,
+         "change": 0.666, "ci_low": 0.5, "ci_high": 0.8}]
+    repeat["regression"] = [{**verdict, "metric": "mean_tpot_ms", "baseline": 10.0,
+                             "value": 11.0, "change": 0.1, "ci_low": 0.06, "ci_high": 0.14}]
+    second[1]["regression"] = [{**verdict, "metric": "capacity", "higher_is_better": True,
+                                "baseline": 20.0, "value": 12.0, "change": -0.4},
+                               {**verdict, "metric": "median_ttft_ms",
+                                "verdict": "unchanged", "change": 0.01}]
+    db = ingested(tmp_path, [*first, *second, repeat])
+    with sqlite3.connect(db) as connection:
+        sql_functions.register(connection)
+        stored = connection.execute(
+            "SELECT count(*) FROM regression_verdicts WHERE verdict = 'regressed'").fetchone()
+        shown = view(connection, "latest")
+    assert stored == (4,)
+    regressed = shown.tables[0].rows
+    assert sorted((r["run_id"], r["metric"], r["change_percent"]) for r in regressed) == [
+        ("s2-r00", "mean_tpot_ms", 20.0), ("s2-r00", "p99_ttft_ms", 66.6),
+        ("s2-r00-repeat2", "mean_tpot_ms", 10.0), ("s2-r01", "capacity", -40.0)]
+    tpot = next(r for r in regressed if r["run_id"] == "s2-r00" and r["metric"] ==
+                "mean_tpot_ms")
+    assert (tpot["baseline"], tpot["value"], tpot["interval_percent"],
+            tpot["baseline_session"]) == (10.0, 12.0, "[15.0, 25.0]", "s1")
+    assert {"latest-gate-mean_tpot_ms", "latest-gate-p99_ttft_ms",
+            "latest-gate-capacity"} <= set(shown.charts)
+    assert "latest-gate-median_ttft_ms" not in shown.charts  # not regressed
+    assert len(values(shown.charts["latest-gate-mean_tpot_ms"])) == 2
 
 
 def test_history_marks_the_gate_verdicts(connection: sqlite3.Connection) -> None:

@@ -769,12 +769,7 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
                                            "gate", "run_id")}),
             f"One bar per case: the change of its median {label} from the previous session "
             f"({worse} is worse). Red: the regression gate called it regressed.")
-    flagged = sorted((r for r in rows if r["gate"] == "regressed"),
-                     key=lambda r: -abs(r["gate_change_percent"] or r["change_percent"] or 0))
-    view.tables.append(Table(
-        "Regressed (the regression gate's verdicts in the latest session)",
-        ["case", "metric", "previous", "latest", "change_percent", "gate_change_percent",
-         "run_id"], flagged, empty="Nothing regressed by the gate's verdicts."))
+    _regressed(connection, schema, selection, latest, view)
     changed = sorted((r for r in rows if r["change_percent"] is not None),
                      key=lambda r: -abs(r["change_percent"]))
     view.tables.append(Table(
@@ -795,6 +790,73 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
                           "filters (the first session chosen is compared with the second)."
                           + passed_over)
     return view
+
+
+# What the regressed table shows of each verdict, in this order.
+_REGRESSED_COLUMNS = ["case_id", "metric", "baseline", "value", "change_percent",
+                      "interval_percent", "tolerance_percent", "baseline_session", "run_id"]
+
+
+def _regressed(connection: sqlite3.Connection, schema: Schema, selection: Selection,
+               session: str, view: View) -> None:
+    """Every `regressed` verdict the gate stored for the session's runs (each repeat, any
+    metric: capacity, a mean, a percentile), by how much and against which baseline, and one
+    chart per regressed metric of all the session's verdicts on it. Read from
+    `regression_verdicts` itself: the session-to-session points above hold one run per case
+    and only the point metrics, and missed the rest."""
+    title = "Regressed (the regression gate's verdicts in the latest session)"
+    if not _table_exists(connection, "regression_verdicts"):
+        view.tables.append(Table(title, _REGRESSED_COLUMNS, [],
+                                 empty="No regression gate verdicts in this database."))
+        return
+    conditions, params = selection.conditions(schema)
+    names = ("case_id", "metric", "verdict", "baseline", "value", "change", "ci_low",
+             "ci_high", "tolerance", "baseline_session", "run_id")
+    verdicts = [dict(zip(names, row, strict=True)) for row in connection.execute(
+        f"SELECT {', '.join(names)} FROM regression_verdicts WHERE run_id IN "
+        f"(SELECT run_id FROM [{TABLE}] WHERE session_id = ? AND {conditions}) "
+        "ORDER BY case_id, metric, run_id", [session, *params])]
+    for verdict in verdicts:
+        low, high = _percent(verdict["ci_low"]), _percent(verdict["ci_high"])
+        verdict |= {"baseline": _rounded(_finite(verdict["baseline"])),
+                    "value": _rounded(_finite(verdict["value"])),
+                    "change_percent": _percent(verdict["change"]),
+                    "ci_low_percent": low, "ci_high_percent": high,
+                    "interval_percent": (f"[{low}, {high}]" if low is not None
+                                         and high is not None else None),
+                    "tolerance_percent": _percent(verdict["tolerance"]),
+                    "gate": verdict["verdict"] or "no verdict"}
+    flagged = sorted((v for v in verdicts if v["verdict"] == "regressed"),
+                     key=lambda v: -abs(v["change_percent"] or 0))
+    view.tables.append(Table(title, _REGRESSED_COLUMNS, flagged,
+                             empty="Nothing regressed by the gate's verdicts."))
+    for metric in dict.fromkeys(v["metric"] for v in flagged):
+        of_metric = [v for v in verdicts if v["metric"] == metric]
+        x = charts.field("change_percent", "quantitative", f"change of {metric} (%)")
+        y = charts.field("case_id", "nominal", "", sort="x",
+                         axis={"labelLimit": 520, "title": None})
+        view.add(f"latest-gate-{_slug(metric)}", charts.spec(
+            of_metric, title=f"{metric}: the gate's verdicts against the baseline",
+            height=max(160, 26 * len({v["case_id"] for v in of_metric})), layers=[
+                {"mark": {"type": "rule", "color": "#777"},
+                 "encoding": {"y": y, "x": charts.field("ci_low_percent", "quantitative",
+                                                        f"change of {metric} (%)"),
+                              "x2": {"field": "ci_high_percent"}}},
+                {"mark": {"type": "point", "filled": True, "size": 80, "tooltip": True},
+                 "encoding": {"y": y, "x": x,
+                              "color": charts.field("gate", "nominal", "gate verdict",
+                                                    scale=_VERDICT_COLOURS),
+                              "tooltip": charts.tooltips(
+                                  "case_id", "metric", "baseline", "value", "change_percent",
+                                  "interval_percent", "baseline_session", "run_id")}},
+            ]),
+            f"Every verdict of the latest session on {metric}, one point per run: its change "
+            "from the baseline (%) with the gate's interval. Red: regressed.")
+
+
+def _percent(fraction: Any) -> float | None:
+    value = _finite(fraction)
+    return round(100 * value, 1) if value is not None else None
 
 
 def _listed(names: Sequence[str], shown: int = 5) -> str:
