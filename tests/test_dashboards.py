@@ -278,6 +278,37 @@ def test_history_marks_the_gate_verdicts(connection: sqlite3.Connection) -> None
                                                           ("s2", "regressed")]
     time_axis = shown.charts["history"]["layer"][0]["encoding"]["x"]
     assert time_axis["scale"] == {"type": "utc"}
+    # A 24-hour clock, in UTC, never finer than a second (Vega's defaults read 17:03 as
+    # "05:03" and put ".500" ticks between runs seconds apart).
+    assert time_axis["axis"]["format"] == "%Y-%m-%d %H:%M"  # two days apart
+    assert time_axis["axis"]["formatType"] == "utc"
+    assert time_axis["axis"]["tickMinStep"] == 1000
+    assert not shown.notes
+
+
+def test_history_says_which_metrics_it_has_and_offers_capacity(tmp_path: Path) -> None:
+    case = "bench_rates.yaml::qwen-seqs8::random-rate8.0"
+    db = ingested(tmp_path, sweep("s1", "01", 1.0))
+    with sqlite3.connect(db) as connection:
+        sql_functions.register(connection)
+        unknown = view(connection, "history", case_id=case, metric="capacity")
+        assert unknown.notes == [
+            "No history of metric 'capacity' here: it is one of output_throughput, "
+            "request_throughput, median_ttft_ms, p99_ttft_ms, median_tpot_ms, p99_tpot_ms, "
+            "median_itl_ms, p99_e2el_ms; showing output_throughput."]
+        assert unknown.inputs["metric"][1] == "output_throughput"
+        connection.execute("UPDATE benchmark_runs SET capacity = 12.5 WHERE case_id = ?",
+                           (case,))
+        shown = view(connection, "history", case_id=case, metric="capacity")
+    assert not shown.notes
+    assert "capacity" in shown.inputs["metric"][2] and shown.inputs["metric"][1] == "capacity"
+    assert [p["value"] for p in values(shown.charts["history"])] == [12.5]
+    # One run: its date and time; runs seconds apart: to the second; hours apart: minutes.
+    assert shown.charts["history"]["layer"][0]["encoding"]["x"]["axis"]["format"] == (
+        "%Y-%m-%d %H:%M:%S")
+    day = "2026-01-01T17:03:0{}+00:00"
+    assert dashboards._time_format([day.format(0), day.format(2)]) == "%H:%M:%S"
+    assert dashboards._time_format([day.format(0), "2026-01-01T21:00:00+00:00"]) == "%H:%M"
 
 
 def test_scaling_efficiency_against_the_smallest_tp(connection: sqlite3.Connection) -> None:

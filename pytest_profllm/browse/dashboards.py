@@ -20,6 +20,7 @@ import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from pytest_profllm.browse import charts
@@ -594,8 +595,15 @@ def history_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
     marked. The filter panel's conditions apply; its session choice does not (history is
     every session)."""
     view = View()
+    offered = [(m, label) for m, label in HISTORY_METRICS if m in schema.types]
+    if "capacity" in schema.types and connection.execute(
+            f"SELECT 1 FROM [{TABLE}] WHERE capacity IS NOT NULL LIMIT 1").fetchone():  # indexed
+        offered.append(("capacity", "capacity (req/s or concurrent requests)"))
     metric = args.get("metric", "output_throughput")
-    if metric not in dict(HISTORY_METRICS) or metric not in schema.types:
+    if metric not in dict(offered):
+        # Said on the page: a metric it cannot draw is never swapped for another in silence.
+        view.notes.append(f"No history of metric {_cut(metric)!r} here: it is one of "
+                          f"{', '.join(m for m, _ in offered)}; showing output_throughput.")
         metric = "output_throughput"
     conditions, params = selection.conditions(schema)
     case_id = args.get("case_id", "").strip()
@@ -610,8 +618,7 @@ def history_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
         f"SELECT case_id FROM [{TABLE}] WHERE {conditions} ORDER BY timestamp DESC LIMIT 5000",
         params)))[:300]
     view.inputs["case_id"] = ("case", case_id, cases)
-    view.inputs["metric"] = ("metric", metric, [m for m, _ in HISTORY_METRICS
-                                                if m in schema.types])
+    view.inputs["metric"] = ("metric", metric, [m for m, _ in offered])
     if not case_id:
         view.notes.append("No run in this selection.")
         return view
@@ -634,9 +641,14 @@ def history_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
                        "SELECT timestamp, before, after, change FROM change_points "
                        "WHERE case_id = ? AND metric = ? ORDER BY timestamp",
                        (case_id, metric))]
-    label = dict(HISTORY_METRICS)[metric]
-    # In UTC, as the records' timestamps are, whatever the browser's time zone.
-    time = charts.field("timestamp", "temporal", "time (UTC)", scale={"type": "utc"})
+    label = dict(offered)[metric]
+    # In UTC, as the records' timestamps are, whatever the browser's time zone; on a 24-hour
+    # clock (Vega's default labels read 17:03 as "05:03") and never finer than a second (runs
+    # seconds apart got ".500" ticks).
+    time = charts.field("timestamp", "temporal", "time (UTC)", scale={"type": "utc"},
+                        axis={"format": _time_format([r["timestamp"] for r in rows]),
+                              "formatType": "utc", "tickMinStep": 1000, "labelAngle": -30,
+                              "labelOverlap": True})
     layers: list[dict[str, Any]] = [
         {"mark": {"type": "line", "color": "#999"},
          "encoding": {"x": time, "y": charts.field("value", "quantitative", label)}},
@@ -660,6 +672,30 @@ def history_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
     view.tables.append(Table("Change points", ["timestamp", "before", "after", "change"],
                              changes, empty="No change point found for this case and metric."))
     return view
+
+
+def _time_format(timestamps: Sequence[Any]) -> str:
+    """A 24-hour d3 time format as fine as the span of `timestamps` needs: seconds within an
+    hour, the date where they cross days."""
+    moments = []
+    for text in timestamps:
+        try:
+            moments.append(datetime.fromisoformat(str(text)))
+        except ValueError:
+            continue
+    if len(moments) < 2:
+        return "%Y-%m-%d %H:%M:%S"
+    try:
+        span = (max(moments) - min(moments)).total_seconds()
+    except TypeError:  # naive and aware times mixed
+        return "%Y-%m-%d %H:%M:%S"
+    if span < 3600:
+        return "%H:%M:%S"
+    return "%H:%M" if span < 86400 else "%Y-%m-%d %H:%M"
+
+
+def _cut(text: str, length: int = 60) -> str:
+    return text if len(text) <= length else text[:length] + "..."
 
 
 def _measured_cases(connection: sqlite3.Connection, session_id: str, conditions: str,
