@@ -253,6 +253,16 @@ def test_the_root_opens_on_the_landing_view(results_db: Path, other_db: Path) ->
     assert root.status_code == 200
 
 
+def test_the_menus_dashboards_link_leads_to_our_dashboards(results_db: Path) -> None:
+    # datasette-dashboards puts "Dashboards" in the menu, to its own page: with no YAML
+    # dashboards configured it said "No dashboards found".
+    database, menu, index = get([results_db], "/results", "/-/dashboards",
+                                "/results/-/dashboards")
+    assert 'href="/-/dashboards"' in database.text
+    assert (menu.status_code, menu.headers["location"]) == (302, "/results/-/dashboards")
+    assert index.status_code == 200 and "Latest session" in index.text
+
+
 def test_the_landing_view_shows_the_swept_axes_with_facets(tmp_path: Path) -> None:
     db_path = tmp_path / "results.db"
     records = [make_record(f"r{i}", "s1", CASE_A, f"2026-01-01T10:0{i}:00+00:00",

@@ -255,6 +255,11 @@ def asgi_wrapper(datasette: Any) -> Any:
                 if path == "/" and (landing := await _landing_path(datasette)) is not None:
                     await _redirect(send, landing)
                     return
+                if path == _THEIR_DASHBOARDS and not datasette.plugin_config(
+                        "datasette-dashboards") and (
+                        index := await _dashboards_path(datasette)) is not None:
+                    await _redirect(send, index)
+                    return
                 parts = path.strip("/").split("/")
                 database = datasette.databases.get(parts[0]) if parts[0] else None
                 if database is not None and await database.table_exists(TABLE):
@@ -291,14 +296,34 @@ async def _redirect(send: Any, location: str) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-async def _landing_path(datasette: Any) -> str | None:
+async def _results_database(datasette: Any) -> str | None:
+    """The one results database served (one that has `benchmark_runs`), if exactly one."""
     ours = []
     for name, db in datasette.databases.items():
         if name != "_internal" and await db.table_exists(TABLE):
             ours.append(name)
-    if len(ours) != 1:
+    return ours[0] if len(ours) == 1 else None
+
+
+async def _landing_path(datasette: Any) -> str | None:
+    name = await _results_database(datasette)
+    if name is None:
         return None
-    path: str = datasette.urls.table(ours[0], LANDING)
+    path: str = datasette.urls.table(name, LANDING)
+    return path
+
+
+# datasette-dashboards (whose Vega-Lite runtime our pages use) puts a "Dashboards" item in
+# Datasette's menu that leads here: its own YAML dashboards, "No dashboards found" where none
+# are configured. Then it leads to ours instead.
+_THEIR_DASHBOARDS = "/-/dashboards"
+
+
+async def _dashboards_path(datasette: Any) -> str | None:
+    name = await _results_database(datasette)
+    if name is None:
+        return None
+    path: str = datasette.urls.database(name) + "/-/dashboards"
     return path
 
 
