@@ -18,6 +18,8 @@ import pytest
 from datasette.app import Datasette
 from datasette.utils import tilde_encode
 from helpers import pytest_argv, records, write_suite
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_datasette import make_record
 
 from pytest_profllm.browse import run_page
@@ -95,7 +97,9 @@ def test_the_page_of_a_real_run(real_run: Path) -> None:
     files = {f.kind: f.name for f in run_page.run_files(real_run, page.row)}
     assert files["record"] == f"{record['run_id']}.json"
     assert files["requests"] == f"{record['run_id']}.requests.jsonl.gz"
-    assert files["log"].startswith("logs/")
+    # The log of this run's server in this session, which the record names.
+    assert files["log"] == f"logs/{record['runtime']['server_log']}"
+    assert files["log"].endswith(f".{record['session_id']}.log")
     (html, download) = get(real_run / "results.db", f"/results/-/run/{record['run_id']}",
                            f"/results/-/run/{record['run_id']}/files/"
                            + tilde_encode(files["record"]))
@@ -188,6 +192,47 @@ def test_downloads_never_leave_the_results_folder(tmp_path: Path) -> None:
     assert all(b"not yours" not in r.content for r in responses)
     assert responses[-2].status_code == 200 and responses[-2].content == b"{}"
     assert responses[-1].status_code == 200 and responses[-1].content == b"{}"
+
+
+def test_a_run_links_its_own_servers_log_of_its_session(tmp_path: Path) -> None:
+    # Issue 39: the log link was every `*-{server_key}.log`: another suite's server with the
+    # same key, in a file that gathered every session's output.
+    folder = tmp_path / "results"
+    (folder / "logs").mkdir(parents=True)
+    names = ("smoke-qwen-0123456789ab.s1.log", "smoke-qwen-0123456789ab.s2.log",
+             "other-qwen-0123456789ab.s1.log", "smoke-qwen-0123456789ab.log",
+             "other-qwen-0123456789ab.log")
+    for name in names:
+        (folder / "logs" / name).write_text(name)
+    record = make_record("r1", "s1", CASE, "2026-01-01T10:00:00+00:00")
+    record["runtime"]["server_log"] = "smoke-qwen-0123456789ab.s1.log"
+    older = make_record("r0", "s0", CASE, "2025-12-01T10:00:00+00:00")
+    db = ingested(folder, record, older)
+    logs = [(f.kind, f.name) for f in run_page.run_files(folder, page_of(db, "r1").row)
+            if f.kind.startswith("log")]
+    assert logs == [("log", "logs/smoke-qwen-0123456789ab.s1.log")]
+    # A record from before logs were named by session: its suite's log, said to hold more.
+    logs = [(f.kind, f.name) for f in run_page.run_files(folder, page_of(db, "r0").row)
+            if f.kind.startswith("log")]
+    assert logs == [("log (every session of this server)", "logs/smoke-qwen-0123456789ab.log")]
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.text(max_size=80) | st.sampled_from(
+    ["\x00", "../secret.txt", "a.log", "..", "", "a.log\x00x", "./a.log"]))
+def test_any_server_log_name_gives_files_inside_logs_or_none(tmp_path: Path, name: str) -> None:
+    """A record (an upload, say) names its log: any name gives the run's files, each inside
+    the results folder's logs/, never an error."""
+    folder = tmp_path / "results"
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    (folder / "logs" / "a.log").write_text("a")
+    (folder / "secret.txt").write_text("s")
+    row = {"run_id": "r1", "runtime_server_log": name, "runtime_server_key": "0123456789ab",
+           "suite": "smoke"}
+    for found in run_page.run_files(folder, row):
+        assert found.path.is_relative_to((folder / "logs").resolve())
+        assert found.path.is_file()
 
 
 def test_run_ids_with_odd_characters_have_pages(tmp_path: Path) -> None:

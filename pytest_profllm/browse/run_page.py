@@ -25,6 +25,7 @@ from pytest_profllm.engine.registry import RegistryError, bundled
 from pytest_profllm.limits import MAX_TRACE_FILES
 from pytest_profllm.results.gate_tables import RUNS, SAMPLES, SERIES, SERIES_COLUMNS, VERDICTS
 from pytest_profllm.results.table import TABLE
+from pytest_profllm.server.launch import safe_name
 
 # The headline figures, with their units, in the order a reader wants them.
 HEADLINES = (
@@ -398,10 +399,7 @@ def run_files(results_dir: Path, row: Mapping[str, Any]) -> list[RunFile]:
         ("record", root / UPLOADS, results_dir / UPLOADS / stored_name(run_id)),
         ("requests", root, results_dir / f"{run_id}.requests.jsonl.gz"),
     ]
-    server_key = row.get("runtime_server_key")
-    if isinstance(server_key, str) and server_key.isalnum():
-        candidates += [("log", root / "logs", path) for path in sorted(
-            (results_dir / "logs").glob(f"*-{server_key}.log"))]
+    candidates += [(kind, root / "logs", path) for kind, path in _server_logs(results_dir, row)]
     traces = (_json(row.get("profiling"), {}) or {}).get("traces") or []
     for trace in traces[:MAX_TRACE_FILES] if isinstance(traces, list) else []:
         if isinstance(trace, dict) and isinstance(trace.get("path"), str):
@@ -419,6 +417,23 @@ def run_files(results_dir: Path, row: Mapping[str, Any]) -> list[RunFile]:
     return files
 
 
+def _server_logs(results_dir: Path, row: Mapping[str, Any]) -> list[tuple[str, Path]]:
+    """The run's server log: the file its record names (one per server and session), else,
+    for a record from before logs were named by session, the log of its suite's server with
+    its key, which also holds the output of that server's other sessions (said in its kind).
+    Never a log of another suite's server with the same key."""
+    logs = results_dir / "logs"
+    named = row.get("runtime_server_log")
+    if isinstance(named, str) and named:
+        return [("log", logs / named)] if "/" not in named and "\\" not in named else []
+    server_key, suite = row.get("runtime_server_key"), row.get("suite")
+    if not (isinstance(server_key, str) and server_key.isalnum() and isinstance(suite, str)):
+        return []
+    prefix = f"{safe_name(suite)}-"
+    return [("log (every session of this server)", path) for path in sorted(
+        logs.glob(f"*-{server_key}.log")) if path.name.startswith(prefix)]
+
+
 def _is_database(path: Path) -> bool:
     """A SQLite database or one of its journals: never a file of a run."""
     if path.name.endswith(("-wal", "-shm", "-journal")):
@@ -434,6 +449,6 @@ def within(root: Path, path: Path) -> Path | None:
     """`path` resolved (links followed), where it lies inside `root`; else None."""
     try:
         resolved = path.resolve()
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):  # ValueError: a NUL in a record's path
         return None
     return resolved if resolved.is_relative_to(root) and resolved != root else None

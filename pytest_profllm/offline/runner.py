@@ -87,7 +87,7 @@ def run_offline(
         engine=servers.engine,
         argv=argv,
         env={**server_env(lease, servers.device), **offline_env(case.server), **(env or {})},
-        log_path=servers.log_dir / f"{name}.log",
+        log_path=servers.log_path(name),
         lease=lease,
         kind=bench.kind,
         device=servers.device,

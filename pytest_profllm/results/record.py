@@ -156,6 +156,8 @@ class RuntimeInfo(BaseModel):
     server_stop_problems: list[str] = Field(default_factory=list)
     # Set when this case's server is a restart: why the one before it is gone.
     server_restart_reason: str | None = None
+    # The file name of the server's log (of this session) in the results' `logs/`.
+    server_log: str | None = None
     # With --profllm-ray: the Ray node the case ran on (the host name is system.host).
     node_id: str | None = None
     node_ip: str | None = None

@@ -284,6 +284,7 @@ def describe_runtime(
         "lease_wait_s": lease.wait_s if lease else None,
         "server_stop_problems": list(server.stop_problems) if server else [],
         "server_restart_reason": server.restart_reason if server else None,
+        "server_log": server.log_path.name if server else None,
         "load_cores": cores.as_record() if cores else None,
         "load_core_wait_s": cores.wait_s if cores else None,
     }

@@ -18,7 +18,7 @@ from pytest_profllm.hosts.cores import CoreLease, LoadCores, below_the_client, t
 from pytest_profllm.hosts.devices import DeviceKind
 from pytest_profllm.hosts.pool import HostPool, Lease, SessionTurns
 from pytest_profllm.plan.case import Case
-from pytest_profllm.server.launch import engine_args_for, launch, server_name
+from pytest_profllm.server.launch import engine_args_for, launch, safe_name, server_name
 from pytest_profllm.server.process import (
     PORT_TAKEN_ATTEMPTS,
     PortTaken,
@@ -57,6 +57,14 @@ class WorkerServers:
     device: DeviceKind = "gpu"
     # The host's cores that loads hold while they are measured; None: a load holds none.
     cores: LoadCores | None = None
+    # The session's id: each server's log is its own for the session (a log named by server
+    # alone gathered every session's output, and a run page linked all of it).
+    session_id: str | None = None
+
+    def log_path(self, name: str) -> Path:
+        """Where the server (or offline command) `name` writes its output this session."""
+        session = f".{safe_name(self.session_id)}" if self.session_id else ""
+        return self.log_dir / f"{name}{session}.log"
 
     def server_for(self, case: Case) -> ServerProcess:
         """The running server for this case's key, started (once) if need be."""
@@ -159,7 +167,7 @@ class WorkerServers:
             engine=self.engine,
             argv=argv,
             env=env,
-            log_path=self.log_dir / f"{name}.log",
+            log_path=self.log_path(name),
             lease=lease,
             profile_dir=profile_dir,
             restart_reason=self.restarts.get(key),

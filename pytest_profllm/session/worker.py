@@ -153,6 +153,7 @@ class WorkerSession:
             turns=session_turns(self.pool, self.identity) if self.ranks else None,
             profile_root=out / "profiles" if out else None,
             sim_device=self.settings.sim_device,
+            session_id=self.identity.session_id,
             cores=(
                 LoadCores.of(self.pool, self.identity.engine.device_kind)
                 if self.settings.load_cores else None
