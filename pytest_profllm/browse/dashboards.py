@@ -647,7 +647,7 @@ def history_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
     # seconds apart got ".500" ticks).
     time = charts.field("timestamp", "temporal", "time (UTC)", scale={"type": "utc"},
                         axis={"format": _time_format([r["timestamp"] for r in rows]),
-                              "formatType": "utc", "tickMinStep": 1000, "labelAngle": -30,
+                              "tickMinStep": 1000, "labelAngle": -30,
                               "labelOverlap": True})
     layers: list[dict[str, Any]] = [
         {"mark": {"type": "line", "color": "#999"},
