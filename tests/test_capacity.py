@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,15 +17,22 @@ from hypothesis import strategies as st
 from pytest_profllm.gates.samples import RunSamples
 from pytest_profllm.gates.verdict import GateSettings, judge
 from pytest_profllm.load.capacity import (
+    CapacityResult,
+    Probe,
     ProbeSamples,
+    ServerProbes,
     Slo,
     decide,
     requests_per_probe,
     search,
     slos_of,
 )
+from pytest_profllm.load.bench import measure
+from pytest_profllm.load.metrics import RequestOutcome
+from pytest_profllm.load.schedule import LoadResult
 from pytest_profllm.plan.regression import gated_metric
 from pytest_profllm.plan.suite import CapacityConfig, CapacitySearch
+from pytest_profllm.run.capacity import _keep_probe_at_capacity
 
 
 def queue_probe(capacity: float, base_ms: float = 50.0, noise: float = 0.1):  # type: ignore[no-untyped-def]
@@ -230,3 +238,53 @@ def test_the_plan_lists_a_capacity_case_under_its_server(
     out = capsys.readouterr().out
     assert "case bench_cap.yaml::sim-8b::capacity-random" in out
     assert "1 server(s), 1 case(s)" in out
+
+
+class _WordCodec:
+    """One token per word."""
+
+    def encode(self, text: str) -> list[int]:
+        return [len(word) for word in text.split()]
+
+
+def _run(clock: float, ttft_s: float, count: int = 10, duration: float = 2.0) -> LoadResult:
+    """A run of `count` requests spread over `duration`, each with the same TTFT."""
+    outcomes = []
+    for index in range(count):
+        sent = clock + index * duration / count
+        outcomes.append(RequestOutcome(
+            prompt_len=16, success=True, output_tokens=4, ttft=ttft_s,
+            itl=[0.01, 0.01, 0.01], latency=ttft_s + 0.03, start_time=sent,
+            intended_start=sent, dispatch_time=sent, end_time=sent + ttft_s + 0.03,
+            message_times=[sent + ttft_s + 0.01 * k for k in range(4)], status=200))
+    return LoadResult(outcomes, duration, 1.7e9, clock, 0.1, 1,
+                      [index * duration / count for index in range(count)])
+
+
+def test_a_capacity_records_figures_of_all_the_probes_runs() -> None:
+    # Issue 39: a probe confirmed on two runs (706 requests, median TTFT 130.6 ms) was
+    # recorded with its last run's figures alone (353 requests, 221 ms).
+    config = CapacityConfig(kind="capacity", num_prompts=10, random_input_len=16,
+                            random_output_len=4, slo={"median_ttft_ms": 200},
+                            search=CapacitySearch(low=1, high=10, confirm=2))
+    probes = ServerProbes(config, "http://127.0.0.1:9", _WordCodec(),  # type: ignore[arg-type]
+                          [], "m", None, None)
+    earlier, first, last = _run(100.0, 0.5), _run(200.0, 0.2), _run(300.0, 0.05)
+    for run in (earlier, first, last):  # an earlier probe at the same load, then this one's
+        summary, health = measure(run, config, probes.codec)  # as ServerProbes keeps them
+        probes.runs.setdefault(5.0, []).append((config, run, summary | health, (None, None)))
+        probes.measured[5.0] = (config, run, summary | health, (None, None))
+    probe = Probe(load=5.0, requests=20, completed=20, failed=0, achieved_rate=5.0,
+                  duration_s=4.0, decision="meets", reason=None)
+    found = CapacityResult("request_rate", 5.0, 5.0, None, None, "precision", [probe],
+                           {"median_ttft_ms": 200.0}, 1.0)
+    outcome = SimpleNamespace(results={}, requests=[], invalid_reason=None,
+                              request_failures=None)
+    _keep_probe_at_capacity(outcome, found, probes, None)  # type: ignore[arg-type]
+    assert outcome.results["completed"] == probe.requests == 20
+    assert outcome.results["median_ttft_ms"] == pytest.approx(125.0)  # of 200s and 50s
+    assert outcome.results["request_throughput"] == pytest.approx(20 / 4.0)
+    # The request file holds both runs, the second after the first on one time axis.
+    starts = [row["start_s"] for row in outcome.requests]
+    assert len(starts) == 20 and starts == sorted(starts) and starts[10] == pytest.approx(2.0)
+    assert outcome.invalid_reason is None

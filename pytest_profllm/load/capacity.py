@@ -56,7 +56,7 @@ from pytest_profllm.load.dataset import (
     make_prompts,
 )
 from pytest_profllm.load.metrics import RequestOutcome
-from pytest_profllm.load.schedule import LoadResult
+from pytest_profllm.load.schedule import LoadResult, back_to_back
 from pytest_profllm.load.server_state import empty_caches, host_caused, scrape_metrics
 from pytest_profllm.plan.metric_names import CLIENT_HEALTH_KEYS
 from pytest_profllm.plan.suite import GOODPUT_SLO, CapacityConfig, CapacitySearch
@@ -265,6 +265,13 @@ class CapacityResult:
 
     def results(self) -> dict[str, float | None]:
         return {"capacity": self.capacity, "capacity_low": self.low, "capacity_high": self.high}
+
+    def kept(self) -> Probe:
+        """The probe whose figures the result keeps: the last at the capacity, else the first
+        (which says why no load met)."""
+        if self.capacity is None:
+            return self.probes[0]
+        return next(p for p in reversed(self.probes) if p.load == self.capacity)
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -687,6 +694,31 @@ class ServerProbes:
         # The re-check's run after the search, and why it was run again (as `measured`).
         self.rechecked: Measured | None = None
         self.recheck_remeasured: list[str] = []
+        # load -> every run at it, in order: a probe's figures are those of all its runs
+        self.runs: dict[float, list[Measured]] = {}
+
+    def probe_runs(
+        self, probe: Probe
+    ) -> list[Measured]:
+        """The runs that made `probe`: the last runs at its load, as many as its requests
+        (each run sends its config's num_prompts)."""
+        runs: list[Measured] = []
+        for run in reversed(self.runs.get(probe.load, [])):
+            if sum(config.num_prompts for config, *_ in runs) >= probe.requests:
+                break
+            runs.insert(0, run)
+        return runs
+
+    def pooled(self, probe: Probe) -> tuple[CapacityConfig, LoadResult, dict[str, Any]]:
+        """The probe's figures as its table shows them: vLLM's metrics and the client's
+        health over the requests of all its runs, laid back to back (the last run alone was
+        kept before: half a confirmed probe's requests, its figures not the probe's)."""
+        runs = self.probe_runs(probe)
+        config = runs[-1][0]
+        load = back_to_back([result for _, result, _, _ in runs])
+        summary, health = measure(load, config, self.codec)
+        summary.update(health)
+        return config, load, summary
 
     def prompts_for(self, count: int, seed: int) -> list[PromptRequest]:
         if seed == self.bench.seed and count <= len(self.first_prompts):
@@ -699,6 +731,7 @@ class ServerProbes:
         with self.holding():
             samples, measured, own_hits, again = self._run(load, count, seed)
         self.measured[load], self.own_hits[load] = measured, own_hits
+        self.runs.setdefault(load, []).append(measured)
         if again:
             self.remeasured.setdefault(load, []).extend(again)
         return samples
@@ -780,8 +813,7 @@ def search_server(
                           endpoint=endpoint)
     found = search(probes, slos, config.search, config.num_prompts, seed=config.seed,
                    on_probe=on_probe, recheck=probes.recheck)
-    at = found.capacity if found.capacity is not None else found.probes[0].load
-    probe_config, load, summary, _ = probes.measured[at]
+    probe_config, load, summary = probes.pooled(found.kept())
     health = {key: value for key, value in summary.items() if key in CLIENT_HEALTH_KEYS}
     result = result_json(probe_config, model, tokenizer, label, load, summary, health, codec)
     result["engine"] = server_engine(base_url, api_key)

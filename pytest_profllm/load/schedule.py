@@ -9,7 +9,8 @@ another.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -59,6 +60,38 @@ class LoadResult:
     # the load would have opened (hosts/descriptors.py); None where it did not.
     open_file_limit: int | None = None
     client_limit: str | None = None
+
+
+def back_to_back(loads: Sequence[LoadResult]) -> LoadResult:
+    """Runs of one workload as one load that ran them one after another: each run's times
+    moved to start where the runs before it ended (their summed durations), so vLLM's metrics
+    over it are those of all their requests over their summed duration, and every request
+    keeps its own latencies and lag. A capacity probe pools its runs this way."""
+    if len(loads) == 1:
+        return loads[0]
+    first = loads[0]
+    outcomes: list[RequestOutcome] = []
+    offsets: list[float] = []
+    elapsed = 0.0
+    for load in loads:
+        shift = first.clock_start + elapsed - load.clock_start
+        outcomes += [_shifted(outcome, shift) for outcome in load.outcomes]
+        offsets += [elapsed + offset for offset in load.intended_offsets]
+        elapsed += load.duration
+    return LoadResult(outcomes, elapsed, first.started_at, first.clock_start,
+                      sum(load.cpu_seconds for load in loads),
+                      max(load.processes for load in loads), offsets)
+
+
+def _shifted(outcome: RequestOutcome, shift: float) -> RequestOutcome:
+    def moved(moment: float) -> float:
+        return moment + shift if moment else moment  # 0.0: never happened (an unsent turn)
+
+    return replace(outcome, start_time=moved(outcome.start_time),
+                   intended_start=moved(outcome.intended_start),
+                   dispatch_time=moved(outcome.dispatch_time),
+                   end_time=moved(outcome.end_time),
+                   message_times=[moved(moment) for moment in outcome.message_times])
 
 
 def arrival_offsets(

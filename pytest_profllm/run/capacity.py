@@ -1,7 +1,7 @@
 """Running one capacity case: one server, the workload probed at loads the search chooses
 (load/capacity.py), and a record whose result is the capacity with its bracket and whose
-figures are those of the probe at the capacity. A capacity that the search's re-check missed
-(the server changed while it was searched) is an invalid measurement.
+figures are those of the probe at the capacity, over all its runs. A capacity that the
+search's re-check missed (the server changed while it was searched) is an invalid measurement.
 """
 
 from __future__ import annotations
@@ -101,9 +101,10 @@ def _keep_probe_at_capacity(
     max_schedule_lag_ms: float | None,
 ) -> None:
     """The figures, requests and validity of the probe at the capacity (else the first, which
-    says why no load met). A search whose every request failed measured nothing."""
-    at = found.capacity if found.capacity is not None else found.probes[0].load
-    config, load, summary, window = probes.measured[at]
+    says why no load met), over all its runs. A search whose every request failed measured
+    nothing."""
+    probe = found.kept()
+    config, load, summary = probes.pooled(probe)
     if not summary.get("completed"):
         problem = metrics.served_problem(load.outcomes, summary, 0)
         raise CaseFailed(problem or "no request of the capacity search completed")
@@ -112,8 +113,12 @@ def _keep_probe_at_capacity(
         request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
     ]
     if found.capacity is not None:
-        health = {k: v for k, v in summary.items() if k in CLIENT_HEALTH_KEYS}
-        outcome.invalid_reason = invalid_reason(
-            load, config, health, max_schedule_lag_ms, window, probes.own_hits.get(at, 0)
-        )
+        # Each run judged on its own: between runs the caches were emptied, so a /metrics
+        # window over all of them would count that too.
+        reasons = []
+        for run_config, run, run_summary, window in probes.probe_runs(probe):
+            health = {k: v for k, v in run_summary.items() if k in CLIENT_HEALTH_KEYS}
+            reasons.append(invalid_reason(run, run_config, health, max_schedule_lag_ms, window,
+                                          probes.own_hits.get(probe.load, 0)))
+        outcome.invalid_reason = "; ".join(dict.fromkeys(r for r in reasons if r)) or None
         outcome.request_failures = metrics.request_failures(load.outcomes)
