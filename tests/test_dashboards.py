@@ -180,6 +180,23 @@ def test_any_query_string_makes_valid_sql(connection: sqlite3.Connection,
     assert again.where(schema) == (where, params)
 
 
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(metric=st.text(max_size=300) | st.sampled_from(
+    ["capacity", "p99_ttft_ms", "median_itl_ms", "output_throughput", "run_id", "x]; --"]),
+       case_id=st.text(max_size=40) | st.just("bench_rates.yaml::qwen-seqs8::random-rate8.0"))
+def test_any_history_metric_draws_or_says_why_in_one_line(
+        connection: sqlite3.Connection, metric: str, case_id: str) -> None:
+    """`?metric=` and `?case_id=` come from the URL: any value gives the history of a metric
+    the page lists, or one short note naming what it could not draw."""
+    shown = view(connection, "history", metric=metric, case_id=case_id)
+    offered = shown.inputs["metric"][2]
+    assert shown.inputs["metric"][1] in offered
+    assert (metric in offered) == (not any(n.startswith("No history of metric")
+                                           for n in shown.notes))
+    assert all("\n" not in note and len(note) < 400 for note in shown.notes)
+
+
 def test_pareto_frontier_and_the_best_under_a_bound(connection: sqlite3.Connection) -> None:
     shown = view(connection, "pareto", max_p99_ttft_ms="100")
     rows = values(shown.charts["pareto"])
