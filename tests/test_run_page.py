@@ -88,8 +88,8 @@ def test_the_page_of_a_real_run(real_run: Path) -> None:
         last = connection.execute("SELECT max(t_s) FROM run_series WHERE run_id = ?",
                                   (record["run_id"],)).fetchone()[0]
     assert last >= ended > 0
-    assert page.charts["series-queues"]["encoding"]["x"]["title"] == (
-        "seconds since the load started")
+    x = page.charts["series-queues"]["encoding"]["x"]
+    assert (x["title"], x["scale"]) == ("seconds since the load started", {"zero": True})
     # What differs from vLLM's defaults comes first, and only that.
     assert ("max_num_seqs", "8") in [(name, value) for name, value, _ in page.changed]
     assert all(name != "api_key" for name, _, _ in page.changed)

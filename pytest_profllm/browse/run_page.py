@@ -360,7 +360,7 @@ def _series(connection: sqlite3.Connection, page: RunPage) -> None:
         page.add(f"series-{chart_id}", charts.spec(
             rows, title=title, height=charts.SMALL_HEIGHT,
             mark={"type": "line", "point": len(points) < 60, "tooltip": True},
-            encoding={"x": charts.field("t_s", "quantitative", axis),
+            encoding={"x": charts.field("t_s", "quantitative", axis, scale={"zero": True}),
                       "y": charts.field("value", "quantitative", fields[0][1] if len(fields) == 1
                                         else title),
                       "color": charts.field("series", "nominal", "")}),
