@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from pytest_profllm.gates.samples import RunSamples
 from pytest_profllm.gates.verdict import GateSettings, judge
+from pytest_profllm.load.bench import measure
 from pytest_profllm.load.capacity import (
     CapacityResult,
     Probe,
@@ -27,7 +28,6 @@ from pytest_profllm.load.capacity import (
     search,
     slos_of,
 )
-from pytest_profllm.load.bench import measure
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.schedule import LoadResult
 from pytest_profllm.plan.regression import gated_metric

@@ -104,7 +104,7 @@ def _keep_probe_at_capacity(
     says why no load met), over all its runs. A search whose every request failed measured
     nothing."""
     probe = found.kept()
-    config, load, summary = probes.pooled(probe)
+    _, load, summary = probes.pooled(probe)
     if not summary.get("completed"):
         problem = metrics.served_problem(load.outcomes, summary, 0)
         raise CaseFailed(problem or "no request of the capacity search completed")
