@@ -206,7 +206,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     if fnmatch.fnmatch(file_path.name, parent.config.stash[SETTINGS_KEY].suite_glob):
-        return collect.SuiteFile.from_parent(parent, path=file_path)
+        return collect.SuiteFile.for_path(parent, file_path)
     return None
 
 

@@ -345,3 +345,32 @@ def test_a_nested_config_refuses_unknown_fields(tmp_path: Path) -> None:
         f"{path}:3: server.compilation_config: dynamic_shapes_config.typo: not a field of "
         "DynamicShapesConfig"
     ]
+
+
+OUTSIDE_SUITE = """\
+server:
+  model: sim-m
+benchmark:
+  num_prompts: 4
+  random_input_len: 16
+  random_output_len: 4
+"""
+
+
+def test_a_suite_outside_the_rootdir_is_named_in_its_node_ids(
+    pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Given by its own path, pytest's id for such a file is "": "::sim-m::random".
+    elsewhere = tmp_path_factory.mktemp("elsewhere") / "bench_out.yaml"
+    elsewhere.write_text(OUTSIDE_SUITE)
+    (pytester.path / "root").mkdir()
+    rootdir = ("--rootdir", str(pytester.path / "root"))
+    result = pytester.runpytest_inprocess("--collect-only", "-q", *rootdir, str(elsewhere))
+    result.stdout.fnmatch_lines(["bench_out.yaml::sim-m::random"])
+    # Under the current directory but outside the rootdir: the path from here.
+    (pytester.path / "suites").mkdir()
+    (pytester.path / "suites" / "bench_in.yaml").write_text(OUTSIDE_SUITE)
+    result = pytester.runpytest_inprocess(
+        "--collect-only", "-q", *rootdir, str(pytester.path / "suites" / "bench_in.yaml"),
+    )
+    result.stdout.fnmatch_lines(["suites/bench_in.yaml::sim-m::random"])

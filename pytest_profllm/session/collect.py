@@ -9,6 +9,7 @@ import contextlib
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -28,6 +29,20 @@ CASE_FIXTURE = "profllm_case"
 
 
 class SuiteFile(pytest.File):
+    @classmethod
+    def for_path(cls, parent: pytest.Collector, path: Path) -> SuiteFile:
+        """The collector of one suite file, its node id always naming the file. Outside the
+        rootdir pytest names it from the argument it came under, so a file given by its own
+        path gets the id "" and its cases read "::server::workload"."""
+        node = cls.from_parent(parent, path=path)
+        if path.is_relative_to(parent.config.rootpath):
+            return node  # pytest's own id, rootdir-relative
+        try:  # from the current directory when under it, as the user typed it
+            nodeid = path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+        except (ValueError, OSError):
+            nodeid = node.nodeid or path.name  # from the folder given, else the file name
+        return cls.from_parent(parent, path=path, nodeid=nodeid)
+
     def collect(self) -> Iterator[pytest.Collector]:
         where = self.nodeid or self.path.name
         try:
