@@ -39,7 +39,7 @@ benchmark:
   # seed 0's does not, so only the server's limit saturates the sweep.
   seed: 0
 """
-REASON = re.compile(r"saturated at 200 req/s \(achieved [0-9.]+\)")
+REASON = re.compile(r"saturated at 200 req/s \(achieved [0-9.]+ req/s\)")
 
 
 def test_a_sweep_stops_above_its_saturated_rate(pytester: pytest.Pytester, ports: str) -> None:
@@ -47,7 +47,7 @@ def test_a_sweep_stops_above_its_saturated_rate(pytester: pytest.Pytester, ports
     result = run_suites(pytester, ports, "-rs", cache=False, timeout=120)
     # The measured two may read `invalid` on a busy host (the client fell behind): still run.
     assert result.parseoutcomes()["skipped"] == 3
-    result.stdout.re_match_lines([r"SKIPPED \[3\] .*saturated at 200 req/s \(achieved [0-9.]+\)"])
+    result.stdout.re_match_lines([r"SKIPPED \[3\] .*saturated at 200 req/s \(achieved [0-9.]+ req/s\)"])
     by_rate = {r["config"]["benchmark"]["request_rate"]: r for r in run_records(pytester)}
     assert {rate for rate, r in by_rate.items() if r["status"] == "skipped"} == {
         400.0, 800.0, "inf"
@@ -129,6 +129,15 @@ def test_a_growing_waiting_queue_saturates() -> None:
     assert queue_grew(climbing, 0.1)
     series = [{"waiting": float(w)} for w in climbing]
     assert saturated(_results(None, None, completed=40, duration=4.0), series, 0.1) == 10.0
+    # The client sent on time (24 req/s) while the queue took what the server could not
+    # serve: the figure is the throughput it served over the run, not the send rate.
+    sent_on_time = _results(
+        24.0, 24.1, completed=240, duration=18.6, median_e2el_ms=8000.0, request_throughput=12.9
+    )
+    assert saturated(sent_on_time, series, 0.1) == pytest.approx(240 / 18.6)
+    stop = SaturationStop(0.1)
+    stop.note(_case(24), sent_on_time, series)
+    assert stop.skip_reason(_case(48)) == "saturated at 24 req/s (achieved 12.9 req/s)"
     # Bursts at a load the server keeps up with queue a request or two for a moment.
     for noise in ([0, 0, 1, 0, 3, 0, 0], [0, 0, 0, 5, 0], [1, 0, 1, 2, 1, 0, 1], [0, 0]):
         assert not queue_grew(noise, 0.1), noise
@@ -150,8 +159,8 @@ def _case(rate: float, output_len: int = 8, max_num_seqs: int = 1, repeat: int =
 def test_the_stop_skips_higher_rates_of_the_same_sweep_only() -> None:
     stop = SaturationStop(0.1)
     stop.note(_case(24), _results(24, 17.3), [])
-    assert stop.skip_reason(_case(48)) == "saturated at 24 req/s (achieved 17.3)"
-    assert stop.skip_reason(_case(math.inf)) == "saturated at 24 req/s (achieved 17.3)"
+    assert stop.skip_reason(_case(48)) == "saturated at 24 req/s (achieved 17.3 req/s)"
+    assert stop.skip_reason(_case(math.inf)) == "saturated at 24 req/s (achieved 17.3 req/s)"
     assert stop.skip_reason(_case(24, repeat=1)) is None  # not a higher load
     assert stop.skip_reason(_case(12)) is None
     assert stop.skip_reason(_case(48, output_len=16)) is None  # another workload

@@ -49,9 +49,12 @@ def request_rate(case: Case) -> float | None:
 def saturated(
     results: Mapping[str, Any], series: Sequence[Mapping[str, Any]], margin: float
 ) -> float | None:
-    """The rate a saturated load achieved (the lower of what the client sent and what the
-    server served), or None when the load did not saturate. An infinite rate has no target
-    to fall short of: only its queue can say."""
+    """The request rate that showed a load saturated, or None when it did not: where the
+    rate achieved (the lower of what the client sent and what the server served) fell short
+    of the target, that rate; where the waiting queue grew, the request throughput over the
+    whole run (the client may have sent at the target while the queue absorbed what the
+    server could not serve). An infinite rate has no target to fall short of: only its queue
+    can say."""
     target = results.get("target_request_rate")
     rates = [
         rate
@@ -62,8 +65,19 @@ def saturated(
     if target and achieved is not None and achieved < target * (1 - margin):
         return achieved
     if queue_grew([point.get("waiting") for point in series], margin):
+        throughput = request_throughput(results)
+        if throughput is not None:
+            return throughput
         return achieved if achieved is not None else 0.0
     return None
+
+
+def request_throughput(results: Mapping[str, Any]) -> float | None:
+    """Requests completed per second of the whole benchmark, vLLM's `request_throughput`."""
+    completed, duration = _number(results.get("completed")), _number(results.get("duration"))
+    if completed is not None and duration:
+        return completed / duration
+    return _number(results.get("request_throughput"))
 
 
 def served_rate(results: Mapping[str, Any]) -> float | None:
@@ -108,7 +122,7 @@ def queue_grew(waiting: Sequence[float | None], margin: float) -> bool:
 
 
 def describe(rate: float, achieved: float) -> str:
-    return f"saturated at {rate:g} req/s (achieved {achieved:.3g})"
+    return f"saturated at {rate:g} req/s (achieved {achieved:.3g} req/s)"
 
 
 @dataclass
