@@ -261,6 +261,21 @@ def test_the_simulators_prefix_cache_finds_what_the_trace_implies(sim_url: str) 
     assert abs(rate - implied) < 0.05, (rate, implied)
 
 
+def test_a_trace_left_without_num_prompts_is_replayed_whole(sim_url: str, tmp_path: Path) -> None:
+    # 240 requests, 1 ms apart: vLLM's default count (1000) replays them all, not the first
+    # 100 (the other datasets' default here).
+    path = write_trace(tmp_path / "t.jsonl", [
+        {"timestamp": ms, "input_length": 8, "output_length": 1} for ms in range(240)
+    ])  # fmt: skip
+    config = trace_config(path, timed_trace_sec_multiplier=0.001)
+    assert config.num_prompts == 1000
+    assert len(window(read_trace(config), config)) == 240
+    assert BenchmarkConfig().num_prompts == 100  # the other datasets keep theirs
+    outcome = run_bench(config, sim_url, "sim", tokenizer=str(MODEL_DIR))
+    assert outcome.result["completed"] == 240
+    assert outcome.result["num_prompts"] == 1000  # the count asked for, as vLLM's result
+
+
 def test_requests_are_sent_at_the_traces_times(sim_url: str, tmp_path: Path) -> None:
     times = [0.0, 0.05, 0.3, 0.3, 0.32, 0.6]
     path = write_trace(tmp_path / "t.jsonl", [

@@ -104,6 +104,8 @@ _FILE_DATASETS = (
     "sharegpt", "custom", "timed_trace", "burstgpt", "spec_bench", "speed_bench",
     "custom_image", "custom_audio",
 )
+# `vllm bench serve --num-prompts`'s default (vllm/benchmarks/datasets: DEFAULT_NUM_PROMPTS).
+VLLM_DEFAULT_NUM_PROMPTS = 1000
 # Datasets whose requests carry media: they go to the chat endpoint, as vLLM's do.
 MEDIA_DATASETS = ("random-mm", "custom_image", "custom_audio")
 
@@ -285,6 +287,20 @@ class BenchmarkConfig(BaseModel):
         if not math.isclose(total, 1.0, abs_tol=1e-6):
             raise ValueError(f"the bucket probabilities sum to {total:g}, not 1")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trace_replays_whole(cls, data: Any) -> Any:
+        # A trace's count is its own: left out, num_prompts is vLLM's default (1000), so a
+        # trace of fewer requests is replayed whole, as `vllm bench serve` replays it, not cut
+        # at the 100 of the other datasets.
+        if (
+            isinstance(data, dict)
+            and data.get("dataset_name") == "timed_trace"
+            and "num_prompts" not in data
+        ):
+            return {**data, "num_prompts": VLLM_DEFAULT_NUM_PROMPTS}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> BenchmarkConfig:
