@@ -3,17 +3,23 @@ emission log that checks the client's clock, and loud failures."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
+from helpers import simulator
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from pytest_profllm.cli.main import EXIT_INVALID, main
+from pytest_profllm.cli.main import EXIT_INVALID, build_parser, main
 from pytest_profllm.load import metrics
 from pytest_profllm.load.capacity import CapacityResult
 from pytest_profllm.plan import metric_names
+from pytest_profllm.plan.suite import BenchmarkConfig
 from pytest_profllm.sim.model_files import MODEL_DIR
 
 # The keys `vllm bench serve --save-result` writes for these flags (0.33.0, without
@@ -233,3 +239,95 @@ def test_a_search_the_server_changed_under_exits_invalid(
     assert capsys.readouterr().err.strip().endswith(
         "profllm bench: invalid measurement: the server changed during the search: test"
     )
+
+
+def test_bench_takes_every_dataset_and_backend_a_suite_takes() -> None:
+    parser = build_parser()
+    for field in ("dataset_name", "backend"):
+        for value in get_args(BenchmarkConfig.model_fields[field].annotation):
+            flag = "--" + field.replace("_", "-")
+            args = parser.parse_args(["bench", "--model", "m", flag, value])
+            assert getattr(args, field) == value
+
+
+def test_images_and_rerank_through_vllms_flags(port_range: str, tmp_path: Path) -> None:
+    first = int(port_range.split("-")[0]) + 60
+    vision = "Qwen/Qwen2.5-VL-7B-Instruct"
+    with simulator(first, tmp_path / "vl.log", vision) as url:
+        code, result = bench(
+            url, tmp_path, "--backend", "openai-chat", "--dataset-name", "random-mm",
+            "--random-mm-limit-mm-per-prompt", '{"image": 1, "video": 0}',
+            "--random-mm-bucket-config", "{(64, 64, 1): 1.0}", model=vision,
+        )  # fmt: skip
+        assert code == 0 and result is not None
+        assert (result["completed"], result["failed"]) == (6, 0)
+    pooling = "Qwen/Qwen3-Embedding-0.6B"
+    with simulator(first + 5, tmp_path / "pool.log", pooling, "--runner", "pooling") as url:
+        code, result = bench(
+            url, tmp_path, "--backend", "vllm-rerank", "--dataset-name", "random-rerank",
+            "--random-batch-size", "3", "--percentile-metrics", "e2el", model=pooling,
+        )  # fmt: skip
+        assert code == 0 and result is not None
+        assert result["completed"] > 0 and result["failed"] == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--random-mm-bucket-config", "{(1, 2): 1.0}"],
+         "--random-mm-bucket-config: bucket key '(1, 2)' is not \"(height, width, frames)\""),
+        (["--random-mm-bucket-config", "[1, 2]"],
+         "--random-mm-bucket-config: '[1, 2]' is not a dict"),
+        (["--random-mm-limit-mm-per-prompt", "image=1"],
+         "--random-mm-limit-mm-per-prompt: 'image=1' is not a JSON object"),
+        (["--random-mm-limit-mm-per-prompt", '{"audio": 1}'], "unknown modality 'audio'"),
+    ],
+)
+def test_bad_multimodal_flags_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    code, _ = bench(
+        "http://127.0.0.1:9", tmp_path, "--backend", "openai-chat", "--dataset-name", "random-mm",
+        *flags,
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("profllm bench: ") and message in err, err
+
+
+_LITERALS = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4).map(tuple)
+    | st.dictionaries(st.integers(0, 5000).map(str) | st.tuples(*[st.integers(-2, 3000)] * 3),
+                      inner, max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.sampled_from(["image", "video", "audio"]) | st.text(max_size=5),
+                      inner, max_size=3),
+    max_leaves=12,
+)  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@example(buckets="{(64, 64, 1): 1.0}", limits='{"image": 1}')  # a run: exit 4 here
+@given(
+    buckets=st.one_of(st.text(max_size=40), _LITERALS.map(repr)),
+    limits=st.one_of(st.text(max_size=40), _JSON.map(json.dumps)),
+)
+def test_any_multimodal_flag_value_is_a_run_or_one_line(buckets: str, limits: str) -> None:
+    # Against port 9 (nothing listens): a value the workload takes reaches the connection
+    # (exit 4), any other is refused first (exit 2); one line either way, never a traceback.
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main([
+            "bench", "--base-url", "http://127.0.0.1:9", "--model", "sim", "--tokenizer",
+            str(MODEL_DIR), "--backend", "openai-chat", "--dataset-name", "random-mm",
+            "--num-prompts", "1", "--random-input-len", "4", "--random-output-len", "2",
+            f"--random-mm-bucket-config={buckets}", f"--random-mm-limit-mm-per-prompt={limits}",
+        ])  # fmt: skip
+    text = err.getvalue()
+    assert code in (2, 4), (code, text)
+    assert text.startswith("profllm bench: ") and text.count("\n") == 1, text

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
@@ -210,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     """`vllm bench serve`'s flags that profllm implements, with vLLM's defaults."""
     add = parser.add_argument
-    add("--backend", choices=("openai", "openai-chat"), default="openai")
+    add("--backend", choices=_choices("backend"), default="openai",
+        help="openai-chat for the media datasets (random-mm, custom_image, custom_audio); "
+        "openai-embeddings and vllm-rerank (with --dataset-name random-rerank) for pooling")
     add("--base-url", help="server URL, e.g. http://127.0.0.1:8000 (default: from --host/--port)")
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=8000)
@@ -219,14 +223,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--model", required=True, help="the model the server serves")
     add("--served-model-name", help="the name to send (default: --model)")
     add("--tokenizer", help="local tokenizer folder (default: the server's /tokenize)")
-    add("--dataset-name",
-        choices=("random", "prefix_repetition", "sharegpt", "custom", "timed_trace",
-                 "conversation"),
-        default="random", help="conversation (not a vLLM dataset): multi-turn sessions on "
-        "--backend openai-chat, --num-prompts of them")
-    add("--dataset-path", help="local file for sharegpt (JSON), custom (JSON lines), "
-        "timed_trace (JSON lines, or a CSV of timestamp,input_len,output_len) and conversation "
-        "(a ShareGPT JSON file; default: synthetic turns)")
+    # Every dataset a suite takes (plan/suite.py), so the two never drift apart.
+    add("--dataset-name", choices=_choices("dataset_name"), default="random",
+        help="conversation (not a vLLM dataset): multi-turn sessions on --backend "
+        "openai-chat, --num-prompts of them")
+    add("--dataset-path", help="a local file: sharegpt (JSON), custom (JSON lines), "
+        "timed_trace (JSON lines, or a CSV of timestamp,input_len,output_len), conversation "
+        "(a ShareGPT JSON file; default: synthetic turns), burstgpt (CSV), spec_bench "
+        "(question.jsonl), speed_bench (the folder of its prepare script), custom_image and "
+        "custom_audio (JSON lines)")
     add("--num-prompts", type=int, default=1000)
     add(
         "--seed", type=int, default=None,
@@ -237,12 +242,28 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--random-output-len", type=int, default=128)
     add("--random-range-ratio", type=float, default=0.0)
     add("--random-prefix-len", type=int, default=0)
+    # Left out, a dataset's own flags are not sent on: the workload refuses them elsewhere.
+    add("--random-batch-size", type=int,
+        help="pooling: inputs per request (random-rerank: documents per query; default: 1)")
+    add("--random-mm-base-items-per-request", type=int, help="default: 1")
+    add("--random-mm-num-mm-items-range-ratio", type=float, help="default: 0")
+    add("--random-mm-limit-mm-per-prompt", metavar="JSON",
+        help='e.g. \'{"image": 3, "video": 0}\' (default: {"image": 255, "video": 1})')
+    add("--random-mm-bucket-config", metavar="DICT",
+        help="(height, width, frames) -> probability, as vLLM's: '{(256, 256, 1): 0.5, "
+        "(720, 1280, 1): 0.5}' (default: those two and (720, 1280, 16): 0)")
     add("--prefix-repetition-prefix-len", type=int, default=256)
     add("--prefix-repetition-suffix-len", type=int, default=256)
     add("--prefix-repetition-num-prefixes", type=int, default=10)
     add("--prefix-repetition-output-len", type=int, default=128)
     add("--sharegpt-output-len", type=int)
     add("--custom-output-len", type=int, default=256)
+    add("--spec-bench-output-len", type=int, help="default: 256")
+    add("--spec-bench-category", help="default: every category")
+    add("--speed-bench-dataset-subset", choices=_choices("speed_bench_dataset_subset"),
+        help="default: qualitative")
+    add("--speed-bench-output-len", type=int, help="default: 4096")
+    add("--speed-bench-category", help="default: every category")
     add("--timed-trace-chunk-hash-size", type=int, help="tokens per hash id (default: 16)")
     add("--timed-trace-sec-multiplier", type=float,
         help="timestamp x this = seconds (default: 1; 0.001 for milliseconds)")
@@ -467,6 +488,38 @@ def _engine_args(args: argparse.Namespace) -> int:
     return 0
 
 
+def _choices(field: str) -> tuple[str, ...]:
+    """The values a suite takes for one of the workload's Literal fields."""
+    return tuple(str(value) for value in get_args(BenchmarkConfig.model_fields[field].annotation))
+
+
+def _json_object(flag: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        raise CliError(f"{flag}: {text[:80]!r} is not a JSON object such as "
+                       '\'{"image": 1, "video": 0}\'')
+    return value
+
+
+def _bucket_config(flag: str, text: str) -> dict[str, Any]:
+    """vLLM's Python literal with (height, width, frames) keys, as the suite's "(h, w, f)"
+    strings (plan/suite.py checks them)."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        raise CliError(f"{flag}: {text[:80]!r} is not a dict such as "
+                       "'{(256, 256, 1): 0.5, (720, 1280, 1): 0.5}'")
+    return {
+        "(" + ", ".join(str(part) for part in key) + ")" if isinstance(key, tuple) else str(key):
+        probability for key, probability in value.items()
+    }
+
+
 def _bench(args: argparse.Namespace) -> int:
     values = {
         key: value
@@ -475,6 +528,14 @@ def _bench(args: argparse.Namespace) -> int:
     }
     if args.goodput:
         values["goodput"] = _goodput(args.goodput)
+    if args.random_mm_limit_mm_per_prompt is not None:
+        values["random_mm_limit_mm_per_prompt"] = _json_object(
+            "--random-mm-limit-mm-per-prompt", args.random_mm_limit_mm_per_prompt
+        )
+    if args.random_mm_bucket_config is not None:
+        values["random_mm_bucket_config"] = _bucket_config(
+            "--random-mm-bucket-config", args.random_mm_bucket_config
+        )
     if args.slo:
         values.update(kind="capacity", slo=_slos(args.slo), search={
             key.removeprefix("search_"): value for key, value in vars(args).items()
@@ -486,9 +547,13 @@ def _bench(args: argparse.Namespace) -> int:
         first = error.errors()[0]
         message = first["msg"].removeprefix("Value error, ")
         if first["loc"]:
-            flag = "--" + "-".join(str(part) for part in first["loc"]).replace("_", "-")
-            message = f"{flag}: {message} (got {first.get('input')!r})"
-        raise CliError(message) from None
+            # The flag (--search-low is search.low), then where inside its value (a dict's
+            # key), and what was given.
+            parts = [str(part) for part in first["loc"]]
+            flag, *inside = ["_".join(parts[:2]), *parts[2:]] if parts[0] == "search" else parts
+            where = "--" + flag.replace("_", "-") + "".join(f"[{part}]" for part in inside)
+            message = f"{where}: {message} (got {repr(first.get('input'))[:80]})"
+        raise CliError(message.replace("\n", " ")) from None
     base_url = args.base_url or f"http://{args.host}:{args.port}"
     if isinstance(config, CapacityConfig):
         return _bench_capacity(config, base_url, args)
