@@ -228,10 +228,11 @@ def test_a_capacity_case_takes_thresholds_and_a_gate_on_capacity(tmp_path: Path)
 
 
 def test_the_plan_lists_a_capacity_case_under_its_server(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pytest_profllm.cli.main import main
 
+    monkeypatch.chdir(tmp_path)  # the plan names a suite from here: wherever the clone sits
     path = write_suite(tmp_path, SUITE.format(slo="{p99_ttft_ms: 500}", search="{}"),
                        "bench_cap.yaml")
     assert main(["plan", str(path)]) == 0

@@ -65,6 +65,26 @@ def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
 # --- plan ---------------------------------------------------------------------------------
 
 
+def test_plan_names_suites_from_here_or_by_their_whole_path(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pytest's ids are from its rootdir, the common folder of the suites and the current
+    # directory: `/tmp/x/bench.yaml` read `x/bench.yaml` from a clone under /tmp.
+    (tmp_path / "x").mkdir()
+    outside = tmp_path / "x" / "bench_far.yaml"
+    outside.write_text(SUITE)
+    (tmp_path / "here" / "sub").mkdir(parents=True)
+    inside = tmp_path / "here" / "sub" / "bench_near.yaml"
+    inside.write_text(SUITE)
+    monkeypatch.chdir(tmp_path / "here")
+    repo_suite = Path(pytest_profllm.__file__).parents[1] / "benchmarks" / "bench_smoke.yaml"
+    code, out, err = run_main(capsys, "plan", str(outside), str(inside), str(repo_suite))
+    assert (code, err) == (0, "")
+    assert f"case {outside}::qwen3-8b-seqs16::random-rate8-r1" in out
+    assert "case sub/bench_near.yaml::qwen3-8b-seqs16::random-rate8-r1" in out
+    assert f"case {repo_suite}::qwen3-8b-seqs8::random-rate8" in out  # beside the repo's conftest
+
+
 def test_plan_json_lists_servers_and_cases(
     capsys: pytest.CaptureFixture[str], suite_path: Path
 ) -> None:

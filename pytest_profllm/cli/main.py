@@ -14,7 +14,7 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
-from pytest_profllm.cli.plan_preview import plan_document, plan_lines
+from pytest_profllm.cli.plan_preview import plan_document, plan_lines, shown_id
 from pytest_profllm.engine.choice import ENGINE_CHOICES, EngineUnavailable, choose_engine
 from pytest_profllm.engine.registry import DATA_FILE, Registry, RegistryError, bundled, generate
 from pytest_profllm.gates import history
@@ -382,7 +382,10 @@ def _plan(args: argparse.Namespace) -> int:
     if engine is None or engine == "auto":
         choice = collected.engine
         engine, reason = (choice.name, choice.reason) if choice else ("sim", "no cases")
-    document = plan_document(collected.cases, engine, reason, args.profllm_out / "profiles")
+    cases = [
+        (shown_id(nodeid, collected.paths.get(nodeid)), case) for nodeid, case in collected.cases
+    ]
+    document = plan_document(cases, engine, reason, args.profllm_out / "profiles")
     if args.json:
         print(json.dumps(document, indent=2))
     else:

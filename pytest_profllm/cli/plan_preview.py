@@ -20,6 +20,21 @@ from pytest_profllm.plan.case import Case
 from pytest_profllm.server.launch import engine_args_for, launch, server_env
 
 
+def shown_id(nodeid: str, path: Path | None) -> str:
+    """A case's node id with its file as the user finds it: from the current directory when
+    under it, else the absolute path. pytest's ids are from its rootdir, which for suites
+    outside the project is the common folder of them and the current directory (from a clone
+    under /tmp, `/tmp/x/bench.yaml` read `x/bench.yaml`)."""
+    if path is None:
+        return nodeid
+    _, sep, rest = nodeid.partition("::")
+    try:
+        shown = path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except (ValueError, OSError):
+        shown = str(path.resolve())
+    return shown + sep + rest
+
+
 def plan_document(
     cases: list[tuple[str, Case]],
     engine: str,

@@ -139,7 +139,7 @@ class CollectionFailed(Exception):
     """pytest could not collect (a usage error, say); the message is what it printed."""
 
 
-@dataclass
+@dataclass(eq=False)  # hashable: pluggy keeps plugins in sets (a conftest's hooks need it)
 class CollectedCases:
     """The benchmark cases of a collection, as (node id, case), in the order a run takes."""
 
@@ -148,6 +148,7 @@ class CollectedCases:
     errors: list[str] = field(default_factory=list)
     suite_files: set[str] = field(default_factory=set)  # file names collected as suites
     suite_glob: str = ""
+    paths: dict[str, Path] = field(default_factory=dict)  # node id -> its file
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
@@ -161,6 +162,7 @@ class CollectedCases:
         self.cases = [
             (item.nodeid, case) for item in session.items if (case := case_of(item)) is not None
         ]
+        self.paths = {item.nodeid: item.path for item in session.items}
 
 
 def collect_cases(args: list[str]) -> CollectedCases:
