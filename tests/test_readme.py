@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -49,3 +52,26 @@ def test_every_option_and_ini_key_is_documented() -> None:
         assert f"`{flag}" in README, f"{flag} is not in README's option table"
     for ini in sorted(inis):
         assert f"`{ini}`" in README, f"ini option {ini} is not documented"
+
+
+def test_the_suites_readme_runs_ship_as_it_shows_them() -> None:
+    # README's regression-gate example ran `pytest bench_gate.yaml`, a file the clone lacked.
+    named = {
+        token
+        for block in shell_blocks()
+        for line in block.splitlines()
+        if "pytest " in line
+        for token in line.split()
+        if token.endswith((".yaml", ".yml"))
+    }
+    assert named, "README runs no suite file by name"
+    for path in sorted(named):
+        assert (REPO / path).is_file(), f"README runs {path}, which is not in the repository"
+    gate = yaml.safe_load((REPO / "benchmarks" / "gate" / "bench_gate.yaml").read_text())
+    shown = []
+    for block in re.findall(r"```yaml\n(.*?)```", README, re.S):
+        with contextlib.suppress(yaml.YAMLError):  # an excerpt need not be a whole document
+            shown.append(yaml.safe_load(block))
+    assert {key: value for key, value in gate.items() if key not in ("name", "description")} in (
+        shown
+    ), "README's bench_gate.yaml differs from benchmarks/gate/bench_gate.yaml"
