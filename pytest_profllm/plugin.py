@@ -329,7 +329,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if controller is None or not controller.records:
         return
     terminalreporter.write_sep("=", "profllm benchmark results")
-    for line in summary_lines(controller):
+    # As wide as pytest's own lines: the terminal's width, or 80 where output is not one.
+    for line in summary_lines(controller, config.get_terminal_writer().fullwidth):
         terminalreporter.write_line(line)
     if controller.load_problem is not None:
         terminalreporter.write_line(f"profllm: {controller.load_problem}", red=True, bold=True)

@@ -88,6 +88,10 @@ def test_a_15_percent_slowdown_fails_the_gate(
         ]
     )
     result.stdout.fnmatch_lines(["*profllm: regression gate against *base*results.db (2 run(s))*"])
+    # Where the Markdown went, in one line: the latest file, this session's copy, the step's.
+    (said,) = [line for line in result.outlines if "Markdown summary" in line]
+    assert said.startswith("profllm: Markdown summary in ") and "(also summary-" in said
+    assert said.endswith(f", {summary})")
     record = last_record(pytester, "slow")
     assert record["status"] == "failed"
     verdicts = {v["metric"]: v for v in record["regression"]}

@@ -18,7 +18,7 @@ from pytest_profllm.cli.main import main as cli_main
 from pytest_profllm.gates.baseline import Baseline
 from pytest_profllm.gates.history import Point, change_points
 from pytest_profllm.gates.samples import RunSamples
-from pytest_profllm.gates.summary import markdown
+from pytest_profllm.gates.summary import markdown, terminal_lines
 from pytest_profllm.gates.verdict import GateSettings, describe, judge
 from pytest_profllm.options import parse_confidence, parse_resamples
 from pytest_profllm.plan.regression import gated_metric, parse_regression, parse_tolerance
@@ -225,6 +225,61 @@ def test_markdown_summary_has_the_gate_columns() -> None:
     assert "| case | status | req/s |" in text
     assert "| regressed | median_tpot_ms +15.0% [+12.0, +18.0] |" in text
     assert "Regression gate: 1 regressed, against base/results.db." in text
+
+
+def _serve_and_capacity() -> list[dict[str, Any]]:
+    serve = record("a", "10:00:00")
+    serve["case_id"] = "benchmarks/bench_gate.yaml::qwen3-8b-seqs32::random-rate-inf-r3"
+    serve["results"] = {"request_throughput": 34.29, "output_throughput": 548.7,
+                        "median_ttft_ms": 291.1, "median_tpot_ms": 16.79, "p99_itl_ms": 55.9}
+    serve["regression"] = [
+        {"metric": metric, "verdict": "regressed", "change": 0.2, "ci_low": 0.195,
+         "ci_high": 0.207}
+        for metric in ("output_throughput", "p99_e2el_ms", "mean_ttft_ms", "median_tpot_ms")
+    ]
+    capacity = record("b", "10:00:00")
+    capacity["case_id"] = "benchmarks/bench_capacity.yaml::qwen3-8b-seqs8::capacity-random"
+    capacity["config"]["benchmark"] = {"kind": "capacity"}
+    capacity["results"] = {"request_throughput": 23.01, "capacity": 26.33}
+    capacity["capacity"] = {"capacity": 26.33, "bracket": [26.33, 28.1],
+                            "limit": "median_ttft_ms"}
+    return [serve, capacity]  # fmt: skip
+
+
+def test_the_terminal_table_fits_the_terminal_and_heads_capacity_as_such() -> None:
+    records = _serve_and_capacity()
+    wide = terminal_lines(records)
+    # As wide as it is (about 250 characters before), a capacity under `capacity`, not `offline`.
+    assert "offline" not in wide[0]
+    assert wide[0].split()[-5:] == ["ITL", "p99", "ms", "capacity", "gate", "change", "vs",
+                                    "baseline"][-5:]  # fmt: skip
+    assert "26.33 req/s [26.33, 28.1] median_ttft_ms" in wide[2]
+    for width in (80, 100, 120):
+        lines = terminal_lines(records, width)
+        assert max(len(line) for line in lines) <= width, "\n".join(lines)
+        text = "\n".join(lines)
+        # Nothing said is lost: the case, the gate and every change, the capacity; a figure
+        # left out is named.
+        for case in records:
+            assert case["case_id"] in text
+        assert "regressed" in text and text.count("+20.0% [+19.5, +20.7]") == 4
+        assert "26.33 req/s [26.33, 28.1] median_ttft_ms" in text
+        assert "capacity" in text
+    # At 120 the ids keep their rows and the last figures give way, named; at 80 the ids go
+    # on lines of their own, which leaves room for every figure.
+    left_out = "(to fit 120 columns, left out: ITL p99 ms, TPOT p50 ms)"
+    assert terminal_lines(records, 120)[-1] == left_out
+    narrow = terminal_lines(records, 80)
+    assert narrow[2] == records[0]["case_id"] and narrow[3].split()[:2] == ["passed", "34.29"]
+    assert "ITL p99 ms" in narrow[1] and not narrow[-1].startswith("(to fit")
+
+
+def test_columns_no_case_has_are_left_out() -> None:
+    (capacity,) = _serve_and_capacity()[1:]
+    header = terminal_lines([capacity])[0].split("  ")
+    assert [name.strip() for name in header if name.strip()] == [
+        "case", "status", "req/s", "capacity"
+    ]  # fmt: skip
 
 
 def shifted(shift: float, seed: int) -> list[Point]:

@@ -114,8 +114,12 @@ class GateController:
             self.problems.append(f"Markdown summary not written: {error.strerror or error}")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        for path in self.summary_written:
-            terminalreporter.write_line(f"profllm: Markdown summary in {path}")
+        if self.summary_written:
+            # One line: the latest session's file, then its own copy and the step summary.
+            first, *also = self.summary_written
+            names = [path.name if path.parent == first.parent else str(path) for path in also]
+            beside = f" (also {', '.join(names)})" if also else ""
+            terminalreporter.write_line(f"profllm: Markdown summary in {first}{beside}")
         missing, gated = len(self.without_baseline), len(self.gated)
         if self.gate.baseline is not None and missing and not self.gate.update_baseline:
             terminalreporter.write_line(

@@ -46,43 +46,50 @@ def offline_figures(record: dict[str, Any]) -> str | None:
             f"latency: avg {results['avg_latency_ms']:.1f} ms, "
             f"p99 {results['p99_latency_ms']:.1f} ms"
         )
-    if kind == "capacity":
-        return capacity_figures(record)
-    return None if kind == "serve" else f"{kind}: -"
+    return None if kind in ("serve", "capacity") else f"{kind}: -"
 
 
-def capacity_figures(record: dict[str, Any]) -> str:
-    """`capacity 24.3 req/s [24.3, 25.5] p99_ttft_ms`: the capacity, its bracket, its limit."""
+def capacity_figures(record: dict[str, Any]) -> str | None:
+    """`24.3 req/s [24.3, 25.5] p99_ttft_ms`: a capacity case's capacity, its bracket and its
+    limit (None for other kinds)."""
+    if ((record.get("config") or {}).get("benchmark") or {}).get("kind") != "capacity":
+        return None
     search = record.get("capacity") or {}
     unit = "req/s" if search.get("over", "request_rate") == "request_rate" else "concurrent"
     low, high = [*(search.get("bracket") or []), None, None][:2]
     if search.get("capacity") is None:
-        return f"capacity: none from {high:.4g} {unit}" if high is not None else "capacity: -"
+        return f"none from {high:.4g} {unit}" if high is not None else "-"
     if high is None:
-        return f"capacity >= {low:.4g} {unit}"
-    return f"capacity {low:.4g} {unit} [{low:.4g}, {high:.4g}] {search.get('limit') or ''}".strip()
+        return f">= {low:.4g} {unit}"
+    return f"{low:.4g} {unit} [{low:.4g}, {high:.4g}] {search.get('limit') or ''}".strip()
+
+
+# Columns of text, not figures: left-aligned.
+_TEXT_COLUMNS = ("case", "status", "capacity", "offline", "gate", "change vs baseline")
 
 
 def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells; the gate columns only where some case was gated, the offline column
-    (an offline or capacity case's own figures) only where some case has them."""
+    """Header and cells; the gate columns only where some case was gated, the capacity column
+    (a capacity case's search) and the offline column (an offline case's own figures) only
+    where some case has them."""
     gated = any(record.get("regression") for record in records)
-    offline = [offline_figures(record) for record in records]
-    header = ["case", "status"] + [name for name, _, _ in KEY_METRICS]
-    if any(offline):
-        header.append("offline")
+    extra = {
+        "capacity": [capacity_figures(record) for record in records],
+        "offline": [offline_figures(record) for record in records],
+    }
+    extra = {name: cells for name, cells in extra.items() if any(cells)}
+    header = ["case", "status"] + [name for name, _, _ in KEY_METRICS] + list(extra)
     if gated:
         header += ["gate", "change vs baseline"]
     table = []
-    for record, figures in zip(records, offline, strict=True):
+    for index, record in enumerate(records):
         results = record.get("results") or {}
         cells = [record["case_id"], record["status"]]
         cells += [
             fmt.format(results[key]) if results.get(key) is not None else "-"
             for _, key, fmt in KEY_METRICS
         ]
-        if any(offline):
-            cells.append(figures or "-")
+        cells += [column[index] or "-" for column in extra.values()]
         if gated:
             verdicts = record.get("regression") or []
             cells.append(gate_of(record) or "-")
@@ -91,19 +98,88 @@ def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     return header, table
 
 
-def terminal_lines(records: list[dict[str, Any]]) -> list[str]:
+# What gives way when the table is wider than the terminal, in order: a text column moves to
+# a line of its own under each row (wrapped); a figure is left out (every figure stays in the
+# record, the database and the Markdown summary).
+_MOVED_BENEATH = ("change vs baseline",)
+_LEFT_OUT = ("ITL p99 ms", "TPOT p50 ms", "out tok/s", "TTFT p50 ms")
+_MOVED_LAST = ("offline", "capacity")
+_INDENT = "    "
+
+
+def terminal_lines(records: list[dict[str, Any]], width: int | None = None) -> list[str]:
+    """The table, within `width` characters where it can be (None: as wide as it is)."""
     header, table = rows(records)
-    widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
-    # Text columns left, figures right.
-    right = {i for i, name in enumerate(header) if _numeric(name)}
+    # A column with no figure in any row says nothing (serve metrics of a run of capacity or
+    # offline cases, say).
+    shown = [
+        name
+        for i, name in enumerate(header)
+        if name in ("case", "status") or any(cells[i] != "-" for cells in table)
+    ]
+    beneath: list[str] = []
+    left_out: list[str] = []
+    steps = [*((name, beneath) for name in _MOVED_BENEATH), *((n, left_out) for n in _LEFT_OUT),
+             *((name, beneath) for name in _MOVED_LAST), ("case", beneath)]  # fmt: skip
+    for name, where in steps:
+        if width is None or _table_width(header, table, shown) <= width:
+            break
+        if name in shown:
+            shown.remove(name)
+            where.append(name)
+    # Last of all, each case's id goes on a line of its own above its row (an id is never cut).
+    stacked = "case" in beneath
+    if stacked:
+        beneath.remove("case")
+    # What moved made room: a figure left out comes back where it fits again.
+    indent = _INDENT if stacked else ""
+    for name in reversed(list(left_out)):
+        candidate = sorted([*shown, name], key=header.index)
+        if width is not None and len(indent) + _table_width(header, table, candidate) <= width:
+            shown = candidate
+            left_out.remove(name)
+    beneath.sort(key=header.index)
+    columns = [header.index(name) for name in shown]
+    widths = {i: max(len(row[i]) for row in [header, *table]) for i in columns}
 
     def line(cells: list[str]) -> str:
-        return "  ".join(
-            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
-            for i, cell in enumerate(cells)
+        return indent + "  ".join(
+            cells[i].ljust(widths[i]) if header[i] in _TEXT_COLUMNS else cells[i].rjust(widths[i])
+            for i in columns
         ).rstrip()
 
-    return [line(header)] + [line(cells) for cells in table]
+    lines = ["case", line(header)] if stacked else [line(header)]
+    for cells in table:
+        if stacked:
+            lines.append(cells[0])
+        lines.append(line(cells))
+        for name in beneath:
+            cell = cells[header.index(name)]
+            if cell != "-":
+                lines += _wrapped(indent + f"{name}: ", cell.split("; "), width)
+    if left_out:
+        lines.append(f"(to fit {width} columns, left out: {', '.join(left_out)})")
+    return lines
+
+
+def _wrapped(label: str, parts: list[str], width: int | None) -> list[str]:
+    """`label` and the parts (a gated metric's change each), as many to a line as fit, a part
+    never split; lines after the first indented further."""
+    lines = [_INDENT + label + parts[0]]
+    further = " " * (len(lines[0]) - len(lines[0].lstrip()) + len(_INDENT))
+    for part in parts[1:]:
+        if width is not None and len(lines[-1]) + 2 + len(part) > width:
+            lines[-1] += ";"
+            lines.append(further + part)
+        else:
+            lines[-1] += "; " + part
+    return lines
+
+
+def _table_width(header: list[str], table: list[list[str]], shown: list[str]) -> int:
+    columns = [header.index(name) for name in shown]
+    cells = sum(max(len(row[i]) for row in [header, *table]) for i in columns)
+    return cells + 2 * (len(columns) - 1)
 
 
 def markdown(records: list[dict[str, Any]], engine: str, baseline: str | None) -> str:
@@ -133,7 +209,7 @@ def markdown(records: list[dict[str, Any]], engine: str, baseline: str | None) -
 
 
 def _numeric(column: str) -> bool:
-    return column not in ("case", "status", "gate", "change vs baseline")
+    return column not in _TEXT_COLUMNS
 
 
 def write_markdown(text: str, path: Path | None, session_id: str | None = None) -> list[Path]:

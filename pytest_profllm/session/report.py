@@ -10,10 +10,11 @@ from pytest_profllm.session.controller import ControllerSession
 _WAIT_WORTH_SAYING_S = 0.5
 
 
-def summary_lines(controller: ControllerSession) -> list[str]:
+def summary_lines(controller: ControllerSession, width: int | None = None) -> list[str]:
+    """The summary, its table within `width` characters (the terminal's) where it can be."""
     records = controller.records
     # The same table as the Markdown summary: key metrics, and the gate where one ran.
-    lines = terminal_lines(records)
+    lines = terminal_lines(records, width)
     engine = controller.identity.engine
     lines.append(f"engine: {engine.name} ({engine.reason})")
     # Servers of this session: a resumed case's record tells of an earlier session's server.
