@@ -12,13 +12,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_profllm.browse.change_points import ChangePointsAggregate
 from pytest_profllm.cli.main import main as cli_main
 from pytest_profllm.gates.baseline import Baseline
 from pytest_profllm.gates.history import Point, change_points
 from pytest_profllm.gates.samples import RunSamples
-from pytest_profllm.gates.summary import markdown, terminal_lines
+from pytest_profllm.gates.summary import KEY_METRICS, markdown, terminal_lines
 from pytest_profllm.gates.verdict import GateSettings, describe, judge
 from pytest_profllm.options import parse_confidence, parse_resamples
 from pytest_profllm.plan.regression import gated_metric, parse_regression, parse_tolerance
@@ -370,3 +372,43 @@ def test_a_deep_record_in_a_baseline_folder_is_one_line(tmp_path: Path) -> None:
         Baseline(tmp_path).describe()
     deep = tmp_path / "deep.json"
     assert str(caught.value) == f"{deep}: the file nests JSON deeper than 64 levels"
+
+
+_WORD = st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cs", "Zl", "Zp")),
+                min_size=1, max_size=30)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    width=st.integers(60, 250),  # a terminal: status, req/s and the gate fit in 60
+    cases=st.lists(
+        st.tuples(_WORD, st.sampled_from(["passed", "failed", "error", "skipped"]),
+                  st.lists(st.floats(0, 1e7), max_size=5), st.lists(_WORD, max_size=4),
+                  st.booleans()),
+        min_size=1, max_size=6,
+    ),
+)  # fmt: skip
+def test_any_table_keeps_to_the_width_but_for_what_cannot_be_cut(
+    width: int, cases: list[tuple[str, str, list[float], list[str], bool]]
+) -> None:
+    records = []
+    for index, (case_id, status, figures, changes, capacity) in enumerate(cases):
+        made = record(str(index), "10:00:00")
+        made.update(case_id=case_id, status=status)
+        made["results"] = dict(zip([key for _, key, _ in KEY_METRICS], figures, strict=False))
+        made["regression"] = [{"metric": text, "verdict": "regressed", "change": None}
+                              for text in changes]  # fmt: skip
+        if capacity:
+            made["config"]["benchmark"] = {"kind": "capacity"}
+            made["capacity"] = {"capacity": 1.0, "bracket": [1.0, 2.0], "limit": "p99_ttft_ms"}
+        records.append(made)
+    lines = terminal_lines(records, width)
+    text = "\n".join(lines)
+    for made in records:
+        assert made["case_id"] in text and made["status"] in text
+    uncut = {made["case_id"] for made in records} | {
+        f"{text} -" for made in records for text in (v["metric"] for v in made["regression"])
+    }
+    for line in lines:
+        # A line over the width holds one thing that is never cut: an id, or one change.
+        assert len(line) <= width or any(part in line for part in uncut), (width, line)

@@ -5,6 +5,7 @@ gate's verdict and the change of each gated metric against the baseline."""
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +159,8 @@ def terminal_lines(records: list[dict[str, Any]], width: int | None = None) -> l
             if cell != "-":
                 lines += _wrapped(indent + f"{name}: ", cell.split("; "), width)
     if left_out:
-        lines.append(f"(to fit {width} columns, left out: {', '.join(left_out)})")
+        note = f"(to fit {width} columns, left out: {', '.join(left_out)})"
+        lines += textwrap.wrap(note, width) if width else [note]
     return lines
 
 
