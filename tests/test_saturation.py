@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 from helpers import run_records, run_suites
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_profllm.options import parse_saturation_margin
 from pytest_profllm.plan.case import Case
@@ -19,6 +21,7 @@ from pytest_profllm.session.saturation import (
     SaturationStop,
     order_rates,
     queue_grew,
+    record_saturated,
     saturated,
     served_rate,
 )
@@ -175,3 +178,29 @@ def test_order_rates_puts_each_sweep_lowest_first_in_its_own_places() -> None:
     assert [(b.request_rate, b.random_output_len) for b in served] == [
         (1, 8), (2, 16), (8, 8), (math.inf, 8), (4, 16)
     ]
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                max_size=3),
+    max_leaves=8,
+)  # fmt: skip
+_RESULT_KEYS = ["target_request_rate", "achieved_request_rate", "completed", "duration",
+                "median_e2el_ms", "mean_e2el_ms", "request_throughput"]  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    results=st.dictionaries(st.sampled_from(_RESULT_KEYS), _JSON, max_size=7),
+    waiting=st.lists(_JSON | st.floats(0, 100), max_size=12),
+    status=st.sampled_from(["passed", "failed", "skipped"]),
+)
+def test_any_earlier_record_gives_a_rate_or_none(
+    results: dict[str, Any], waiting: list[Any], status: str
+) -> None:
+    # An earlier session's record (read again on resume) is outside input: whatever it holds,
+    # its saturation is a finite rate or None, never an exception.
+    record = {"status": status, "results": results, "series": [{"waiting": w} for w in waiting]}
+    found = record_saturated(record, 0.1)
+    assert found is None or (isinstance(found, float) and math.isfinite(found))

@@ -55,7 +55,7 @@ def saturated(
     whole run (the client may have sent at the target while the queue absorbed what the
     server could not serve). An infinite rate has no target to fall short of: only its queue
     can say."""
-    target = results.get("target_request_rate")
+    target = _number(results.get("target_request_rate"))  # a record read again may hold anything
     rates = [
         rate
         for rate in (_number(results.get("achieved_request_rate")), served_rate(results))
@@ -105,12 +105,12 @@ def record_saturated(record: Mapping[str, Any], margin: float | None) -> float |
     return saturated(record.get("results") or {}, record.get("series") or [], margin)
 
 
-def queue_grew(waiting: Sequence[float | None], margin: float) -> bool:
+def queue_grew(waiting: Sequence[Any], margin: float) -> bool:
     """Whether the waiting queue grew through the run: over its rise (the samples up to its
     first peak; after the last arrival it drains), every sample of the second half holds more
     than the first half's mean, by the margin and `QUEUE_GROWTH_REQUESTS` (one spike is a
     burst, not growth)."""
-    values = [float(value) for value in waiting if value is not None]
+    values = [number for value in waiting if (number := _number(value)) is not None]
     if len(values) < _MIN_QUEUE_SAMPLES:
         return False
     rising = values[: values.index(max(values)) + 1]
