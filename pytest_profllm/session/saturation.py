@@ -49,12 +49,12 @@ def request_rate(case: Case) -> float | None:
 def saturated(
     results: Mapping[str, Any], series: Sequence[Mapping[str, Any]], margin: float
 ) -> float | None:
-    """The request rate that showed a load saturated, or None when it did not: where the
-    rate achieved (the lower of what the client sent and what the server served) fell short
-    of the target, that rate; where the waiting queue grew, the request throughput over the
-    whole run (the client may have sent at the target while the queue absorbed what the
-    server could not serve). An infinite rate has no target to fall short of: only its queue
-    can say."""
+    """The request throughput of a load that saturated, or None when it did not. It saturated
+    where the rate achieved (the lower of what the client sent and what the server served)
+    fell short of the target, or where the waiting queue grew (an infinite rate has no target
+    to fall short of: only its queue can say). The figure given is the request throughput
+    over the whole run, the summary's req/s, never the send rate: the client may send on
+    time while the queue takes what the server cannot serve."""
     target = _number(results.get("target_request_rate"))  # a record read again may hold anything
     rates = [
         rate
@@ -62,14 +62,15 @@ def saturated(
         if rate is not None
     ]
     achieved = min(rates) if rates else None
-    if target and achieved is not None and achieved < target * (1 - margin):
-        return achieved
-    if queue_grew([point.get("waiting") for point in series], margin):
-        throughput = request_throughput(results)
-        if throughput is not None:
-            return throughput
-        return achieved if achieved is not None else 0.0
-    return None
+    fell_short = (
+        target is not None and achieved is not None and achieved < target * (1 - margin)
+    )
+    if not fell_short and not queue_grew([point.get("waiting") for point in series], margin):
+        return None
+    throughput = request_throughput(results)
+    if throughput is not None:
+        return throughput
+    return achieved if achieved is not None else 0.0  # a result without its counts
 
 
 def request_throughput(results: Mapping[str, Any]) -> float | None:
