@@ -85,7 +85,12 @@ def test_two_configurations_search_in_parallel(pytester: pytest.Pytester, ports:
     page = run_page(db, small["run_id"])
     assert page is not None and page.capacity is not None
     assert page.capacity.startswith(f"Capacity {small['results']['capacity']:.4g} req/s")
-    assert len(page.probes) == len(small["capacity"]["probes"])
+    # Every probe, then the search's answer run once more after it.
+    assert len(page.probes) == len(small["capacity"]["probes"]) + 1
+    assert page.probes[-1]["number"] == "re-check"
+    assert (
+        f"Re-checked after the search at {small['results']['capacity']:.4g} req/s: it agrees."
+        in page.capacity)
     assert "capacity-median_ttft_ms" in page.charts
 
 

@@ -6,6 +6,7 @@ curves, and through a real pytest run against the simulator's `drift` fault
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ from helpers import run_records, run_suites
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from pytest_profllm.browse.run_page import run_page
 from pytest_profllm.load.capacity import ProbeRun, ProbeSamples, search, slos_of
 from pytest_profllm.plan.suite import CapacitySearch
 from pytest_profllm.sim.batching import ConstantStepCost
@@ -222,3 +224,9 @@ def test_a_drifting_simulator_is_an_invalid_capacity_case(
     assert recheck["load"] == record["capacity"]["capacity"]
     assert recheck["readings"][0]["value"] > 15
     assert isinstance(recheck["remeasured"], list)
+    # The run page says so beside the search's answer.
+    with sqlite3.connect(pytester.path / "results" / "results.db") as db:
+        page = run_page(db, record["run_id"])
+    assert page is not None and page.capacity is not None
+    assert "it missed: the server changed during the search" in page.capacity
+    assert page.probes[-1]["number"] == "re-check" and page.probes[-1]["decision"] == "misses"

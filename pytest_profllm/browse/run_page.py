@@ -155,26 +155,43 @@ def _capacity(page: RunPage) -> None:
     points = []
     for number, probe in enumerate(search.get("probes") or [], start=1):
         readings = probe.get("readings") or []
-        page.probes.append({
-            "number": number, "load": _shown(probe.get("load")),
-            "requests": probe.get("requests"), "achieved": _shown(probe.get("achieved_rate")),
-            "decision": probe.get("decision"), "reason": probe.get("reason") or "",
-            "readings": "; ".join(
-                f"{r.get('slo')} {_shown(r.get('value'))} [{_shown(r.get('ci_low'))}, "
-                f"{_shown(r.get('ci_high'))}] / {_shown(r.get('target'))}" for r in readings),
-        })
+        page.probes.append(_probe_row(number, probe))
         for reading in readings:
             if isinstance(reading.get("value"), int | float):
                 points.append({"load": probe.get("load"), "slo": reading.get("slo"),
                                "value": reading["value"], "low": reading.get("ci_low"),
                                "high": reading.get("ci_high"), "target": reading.get("target"),
                                "decision": probe.get("decision"), "probe": number})
+    recheck = search.get("recheck")
+    if isinstance(recheck, dict):
+        # The search's answer run once more after it (load/capacity.py `Recheck`).
+        page.probes.append(_probe_row("re-check", recheck))
+        page.capacity += (
+            f" Re-checked after the search at {_shown(recheck.get('load'))} {unit}: "
+            + ("it agrees." if recheck.get("agrees") is not False
+               else "it missed: the server changed during the search, so the capacity is no "
+                    "measurement of it (the run is invalid).")
+        )
     for slo in dict.fromkeys(point["slo"] for point in points):
         mine = [point for point in points if point["slo"] == slo]
         page.add(f"capacity-{slo}", charts.spec(mine, title=f"Probes: {slo}",
                                                  layers=_probe_layers(unit)),
                  f"{slo} at each probe with its interval, coloured by the probe's decision; "
                  "dashed: the SLO.")
+
+
+def _probe_row(number: int | str, probe: dict[str, Any]) -> dict[str, Any]:
+    """One row of the probe table: a probe of the search, or its re-check."""
+    readings = probe.get("readings") or []
+    return {
+        "number": number, "load": _shown(probe.get("load")),
+        "requests": probe.get("requests"), "achieved": _shown(probe.get("achieved_rate")),
+        "decision": probe.get("decision"), "reason": probe.get("reason") or "",
+        "readings": "; ".join(
+            f"{r.get('slo')} {_shown(r.get('value'))} [{_shown(r.get('ci_low'))}, "
+            f"{_shown(r.get('ci_high'))}] / {_shown(r.get('target'))}"
+            for r in readings if isinstance(r, dict)),
+    }
 
 
 def _probe_layers(unit: str) -> list[dict[str, Any]]:
