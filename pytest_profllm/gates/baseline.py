@@ -51,16 +51,31 @@ class Baseline:
         version = "" if self.with_version else ", any engine version"
         return f"baseline {self.path} ({runs} run(s){version})"
 
-    def runs_for(self, record: dict[str, Any]) -> list[RunSamples]:
+    def runs_for(self, record: dict[str, Any], sessions: int = 1) -> list[RunSamples]:
+        """The runs of `record`'s fingerprint in the latest `sessions` other sessions (the
+        gate's baseline is the latest one)."""
+        chosen = set(self._earlier(record)[:sessions])
+        if not chosen:
+            return []  # nothing to read (the database may not exist yet)
+        found = self._load().get(self._key(record), [])
+        return self._samples([f.run_id for f in found if f.session_id in chosen])
+
+    def earlier_sessions(self, record: dict[str, Any]) -> int:
+        """How many other sessions measured `record`'s fingerprint validly."""
+        return len(self._earlier(record))
+
+    def _key(self, record: dict[str, Any]) -> str:
         with_version, any_version = digests(record)
-        key = with_version if self.with_version else any_version
+        return with_version if self.with_version else any_version
+
+    def _earlier(self, record: dict[str, Any]) -> list[str]:
+        """The other sessions of `record`'s fingerprint, latest first."""
+        latest: dict[str, str] = {}
         session = record.get("session_id")
-        found = [f for f in self._load().get(key, []) if f.session_id != session]
-        if not found:
-            return []
-        latest = max(found, key=lambda f: (f.timestamp, f.session_id)).session_id
-        chosen = [f.run_id for f in found if f.session_id == latest]
-        return self._samples(chosen)
+        for found in self._load().get(self._key(record), []):
+            if found.session_id != session:
+                latest[found.session_id] = max(latest.get(found.session_id, ""), found.timestamp)
+        return sorted(latest, key=lambda s: (latest[s], s), reverse=True)
 
     def _load(self) -> dict[str, list[_Found]]:
         if self._index is None:

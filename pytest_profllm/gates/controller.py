@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm.gates import benchmark_bridge, summary
+from pytest_profllm.gates import benchmark_bridge, earlier, summary
 from pytest_profllm.gates.baseline import is_database
 from pytest_profllm.gates.config import GateConfig
 from pytest_profllm.results import gate_tables as tables
@@ -30,6 +30,8 @@ class GateController:
     summary_written: list[Path] = field(default_factory=list)
     # What could not be written (a full disk, a locked database): one line each, at the end.
     problems: list[str] = field(default_factory=list)
+    # What the results database's earlier sessions say (gates/earlier.py): warnings only.
+    history_warnings: list[str] = field(default_factory=list)
     _runs: list[tuple[dict[str, Any], list[dict[str, Any]] | None]] = field(
         default_factory=list
     )
@@ -105,15 +107,33 @@ class GateController:
                     f"{getattr(error, 'strerror', None) or error}; the records and their "
                     "request files are the baseline to use instead"
                 )
+        self.history_warnings = self._history_warnings()
         baseline = str(self.gate.baseline) if self.gate.baseline else None
         text = summary.markdown(self.records, self.engine, baseline)
+        text += _warnings_markdown(self.history_warnings)
         try:
             session = self.records[0].get("session_id")
             self.summary_written = summary.write_markdown(text, self.gate.summary, session)
         except OSError as error:
             self.problems.append(f"Markdown summary not written: {error.strerror or error}")
 
+    def _history_warnings(self) -> list[str]:
+        if self.gate.update_baseline:
+            sources = [path for path in (self.db_path, self.gate.baseline) if path is not None]
+            return earlier.slower_than_history(
+                [path for path in sources if is_database(path)],
+                self._runs,
+                self.gate.with_version,
+                self.gate.settings,
+            )
+        if self.gate.baseline is None and self.db_path is not None and self.gated:
+            line = earlier.ungated_history(self.db_path, self.gated, self.gate.with_version)
+            return [line] if line else []
+        return []
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for line in self.history_warnings:
+            terminalreporter.write_line(f"profllm: {line}", yellow=True)
         if self.summary_written:
             # One line: the latest session's file, then its own copy and the step summary.
             first, *also = self.summary_written
@@ -133,6 +153,10 @@ class GateController:
             terminalreporter.write_line(
                 f"profllm: this run is the new baseline in {self.gate.baseline}"
             )
+
+
+def _warnings_markdown(lines: list[str]) -> str:
+    return "".join(f"\n> **Warning:** {line}\n" for line in lines)
 
 
 GATE_CONTROLLER_KEY = pytest.StashKey[GateController]()
