@@ -23,6 +23,7 @@ from datasette.utils import actor_matches_allow, tilde_decode, tilde_encode
 from markupsafe import Markup
 
 from pytest_profllm.browse import (
+    compact_table,
     dashboard_pages,
     pages,
     run_views,
@@ -227,6 +228,11 @@ def startup(datasette: Any) -> Any:
 async def _all_ours(datasette: Any) -> bool:
     served = [db for name, db in datasette.databases.items() if name != "_internal"]
     return bool(served) and all([await db.table_exists(TABLE) for db in served])
+
+
+@hookimpl
+def prepare_jinja2_environment(env: Any) -> None:
+    compact_table.install(env)
 
 
 @hookimpl
