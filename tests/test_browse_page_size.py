@@ -4,10 +4,12 @@ its 300 KB budget at 20,000 runs (benchmarks/perf/results_scale.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
 import jinja2
+from datasette.app import Datasette
 from generated_results import generate
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,6 +40,19 @@ def test_our_table_pages_carry_no_indentation(tmp_path: Path) -> None:
         assert between < 0.05 * len(table), between / len(table)
     # Another table keeps Datasette's template as it is.
     assert re.search(r"\n {8,}<td", _table_markup(other.text))
+
+
+def test_the_templates_are_still_listed(tmp_path: Path) -> None:
+    """`datasette serve` lists every template at start-up."""
+    db = tmp_path / "results.db"
+    generate(db, 12)
+
+    async def names() -> list[str]:
+        datasette = Datasette([str(db)])
+        await datasette.invoke_startup()
+        return list(datasette.jinja_env.list_templates())
+
+    assert "_table.html" in asyncio.run(names())
 
 
 def test_a_template_whose_whitespace_is_content_is_left_alone() -> None:

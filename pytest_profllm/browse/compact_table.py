@@ -55,6 +55,10 @@ class CompactTableLoader(BaseLoader):
         source, filename, uptodate = self.inner.get_source(environment, "_table.html")
         return compact(source), filename, uptodate
 
+    def list_templates(self) -> list[str]:
+        # Its names are any database's: none to list (`datasette serve` lists the others).
+        return []
+
 
 def install(env: Environment) -> None:
     """After Datasette's own loaders, so a template of the exact name still wins."""
