@@ -150,7 +150,7 @@ def _latencies_from_rows(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
     def column(index: int) -> Any:
         return np.asarray([row[index] for row in rows if row[index] is not None], dtype=float)
 
-    itl = [gap for row in rows for gap in json.loads(row[3] or "[]")]
+    itl = [gap for row in rows for gap in _gaps(row[3])]
     return {
         "ttft": column(0),
         "tpot": column(1),
@@ -176,3 +176,16 @@ def _reading(path: Path) -> closing[sqlite3.Connection]:
 def _has_table(db: sqlite3.Connection, name: str) -> bool:
     query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
     return db.execute(query, (name,)).fetchone() is not None
+
+
+def _gaps(cell: Any) -> list[float]:
+    """A stored row's inter-token gaps (a JSON list of numbers); a cell that holds anything
+    else, in a database the user gave as a baseline, adds none."""
+    try:
+        gaps = load_json(cell, what="itl_ms") if isinstance(cell, str | bytes) else cell
+    except ValueError:  # not JSON, or over limits.py's (InputLimitError is a ValueError)
+        return []
+    if not isinstance(gaps, list):
+        return []
+    return [float(gap) for gap in gaps
+            if isinstance(gap, int | float) and not isinstance(gap, bool)]
