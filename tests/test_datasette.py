@@ -22,6 +22,7 @@ from pytest_profllm.browse import filters, sql_functions
 from pytest_profllm.browse.dashboards import BY_NAME, DASHBOARDS
 from pytest_profllm.browse.queries import CANNED_QUERIES
 from pytest_profllm.plan import metric_names
+from pytest_profllm.results import gate_tables
 from pytest_profllm.results.ingest import ingest
 from pytest_profllm.results.landing import LANDING
 from pytest_profllm.results.record import BenchmarkRecord
@@ -355,19 +356,82 @@ def test_compare_sessions_defaults_to_the_two_latest(results_db: Path) -> None:
     rows = rows_of(results_db, "/results/compare_sessions.json?_shape=array")
     by_case = {row["configuration"]: row for row in rows}
     a = by_case[CASE_A.rsplit("::", 1)[0]]
+    assert (a["session_a"], a["session_b"]) == ("s1", "s2")
     assert (a["a_output_tok_per_s"], a["b_output_tok_per_s"]) == (110.0, 210.0)
     assert a["b_over_a_throughput"] == pytest.approx(210 / 110, abs=1e-3)
+    assert a["output_tok_per_s_change_pct"] == 90.9
     explicit = rows_of(results_db, "/results/compare_sessions.json?_shape=array&"
                        "session_a=s2&session_b=s1")
     flipped = {row["configuration"]: row for row in explicit}[CASE_A.rsplit("::", 1)[0]]
     assert (flipped["a_output_tok_per_s"], flipped["b_output_tok_per_s"]) == (210.0, 110.0)
 
 
+def test_compare_sessions_takes_the_newest_earlier_session_that_shares_a_case(
+        tmp_path: Path) -> None:
+    """The newest session measured CASE_B alone; the one before it CASE_A alone: A is the
+    session before that, the only one that measured CASE_B, and only CASE_B is compared."""
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [
+        make_record("s1-a", "s1", CASE_A, "2026-01-01T10:00:00+00:00", throughput=11.0),
+        make_record("s1-b", "s1", CASE_B, "2026-01-01T10:05:00+00:00", throughput=12.0),
+        make_record("s2-a", "s2", CASE_A, "2026-01-02T10:00:00+00:00", throughput=21.0),
+        make_record("s3-b", "s3", CASE_B, "2026-01-03T10:00:00+00:00", throughput=32.0),
+    ])
+    rows = rows_of(db_path, "/results/compare_sessions.json?_shape=array")
+    assert [(row["session_a"], row["session_b"], row["configuration"], row["a_output_tok_per_s"],
+             row["b_output_tok_per_s"]) for row in rows] == [
+        ("s1", "s3", CASE_B.rsplit("::", 1)[0], 120.0, 320.0)]
+    # Two sessions named that share no case: one row says so.
+    (none,) = rows_of(db_path, "/results/compare_sessions.json?_shape=array&"
+                      "session_a=s2&session_b=s3")
+    assert none["configuration"] == "sessions s2 and s3 measured no case in common"
+    assert none["a_output_tok_per_s"] is None
+
+
+def test_compare_sessions_says_when_no_earlier_session_shares_a_case(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [
+        make_record("s1-a", "s1", CASE_A, "2026-01-01T10:00:00+00:00"),
+        make_record("s2-b", "s2", CASE_B, "2026-01-02T10:00:00+00:00"),
+    ])
+    (row,) = rows_of(db_path, "/results/compare_sessions.json?_shape=array")
+    assert (row["session_a"], row["session_b"], row["configuration"]) == (
+        None, "s2", "no session before s2 measured a case that it measured")
+    with sqlite3.connect(db_path) as connection:
+        assert connection.execute(
+            "SELECT count(*) FROM benchmark_runs r JOIN benchmark_runs s USING (configuration, "
+            "workload) WHERE r.session_id = 's2' AND s.session_id = 's1'").fetchone() == (0,)
+
+
 def test_compare_runs_side_by_side(results_db: Path) -> None:
     rows = rows_of(results_db, "/results/compare_runs.json?_shape=array&run_a=s1-a&run_b=s2-a")
-    figures = {row["metric"]: (row["a"], row["b"]) for row in rows}
-    assert figures["request_throughput"] == (11.0, 21.0)
-    assert figures["status"] == ("passed", "passed")
+    figures = {row["metric"]: (row["a"], row["b"], row["change"]) for row in rows}
+    assert figures["request_throughput"] == ("11.00 req/s", "21.00 req/s",
+                                             "+10.00 req/s (+90.9%)")
+    assert figures["output_throughput"] == ("110.0 tok/s", "210.0 tok/s",
+                                            "+100.0 tok/s (+90.9%)")
+    assert figures["p99_ttft_ms"] == ("1.0 ms", "1.0 ms", "+0.0 ms (+0.0%)")
+    assert figures["failed"] == ("0 requests", "0 requests", "+0 requests")
+    assert figures["status"] == ("passed", "passed", "same")
+    # No gate's table in this database: no verdicts, and the query still answers.
+    assert {(row["gate_a"], row["gate_b"]) for row in rows} == {(None, None)}
+    with sqlite3.connect(results_db) as connection:
+        assert connection.execute(
+            "SELECT request_throughput, output_throughput FROM benchmark_runs WHERE run_id IN "
+            "('s1-a', 's2-a') ORDER BY run_id").fetchall() == [(11.0, 110.0), (21.0, 210.0)]
+
+
+def test_compare_runs_shows_the_gates_interval(results_db: Path) -> None:
+    with sqlite3.connect(results_db) as connection:
+        gate_tables.create(connection)
+        connection.execute(
+            "INSERT INTO regression_verdicts (run_id, metric, verdict, change, ci_low, ci_high, "
+            "confidence, baseline_session) VALUES ('s2-a', 'p99_ttft_ms', 'regressed', 0.12, "
+            "0.05, 0.2, 0.95, 's1')")
+    rows = rows_of(results_db, "/results/compare_runs.json?_shape=array&run_a=s1-a&run_b=s2-a")
+    gates = {row["metric"]: (row["gate_a"], row["gate_b"]) for row in rows}
+    assert gates["p99_ttft_ms"] == (None, "regressed +12.0% [+5.0%, +20.0%] at 95% vs s1")
+    assert gates["output_throughput"] == (None, None)
 
 
 def test_best_configuration_under_a_bound(tmp_path: Path) -> None:

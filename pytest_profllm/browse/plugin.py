@@ -31,8 +31,9 @@ from pytest_profllm.browse import (
     upload_views,
 )
 from pytest_profllm.browse.dashboards import DASHBOARDS
-from pytest_profllm.browse.queries import CANNED_QUERIES
+from pytest_profllm.browse.queries import canned_queries as canned_queries_for
 from pytest_profllm.hosts.files import read_only_uri
+from pytest_profllm.results.gate_tables import VERDICTS
 from pytest_profllm.results.landing import LANDING, landing_axes, swept_axes
 from pytest_profllm.results.table import TABLE
 
@@ -360,9 +361,10 @@ def get_metadata(
 @hookimpl
 def canned_queries(datasette: Any, database: str, actor: Any) -> Any:
     async def queries() -> dict[str, Any]:
-        if not await datasette.get_database(database).table_exists(TABLE):
+        db = datasette.get_database(database)
+        if not await db.table_exists(TABLE):
             return {}
-        return CANNED_QUERIES
+        return canned_queries_for(await db.table_exists(VERDICTS))
 
     return queries
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_profllm.results.gate_tables import VERDICTS
 from pytest_profllm.results.landing import HEADLINE_METRICS
 from pytest_profllm.results.table import MEASURED_RUNS, TABLE
 
@@ -43,45 +44,114 @@ _SIDE_BY_SIDE = [metric for metric in _HEADLINE
                  if metric.column in ("output_throughput", "p99_ttft_ms", "p99_tpot_ms")]
 
 
-def _per_session(alias: str, param: str, default: str) -> str:
+def _per_session(alias: str, session: str) -> str:
     figures = ", ".join(f"median({metric.column}) AS {metric.name}" for metric in _HEADLINE)
     return (
         f"{alias} AS (SELECT configuration, workload, engine, device, {figures}, "
-        f"count(*) AS runs FROM {MEASURED_RUNS} WHERE session_id = coalesce(nullif(:{param}, ''), "
-        f"{default}) GROUP BY configuration, workload, engine, device)"
+        f"count(*) AS runs FROM {MEASURED_RUNS} WHERE session_id = {session} "
+        "GROUP BY configuration, workload, engine, device)"
     )
 
 
-_PREVIOUS_SESSION = (
-    f"(SELECT session_id FROM {TABLE} WHERE timestamp < (SELECT min(timestamp) FROM {TABLE} "
-    f"WHERE session_id = {LATEST_SESSION}) ORDER BY timestamp DESC LIMIT 1)"
+_SESSION_B = f"coalesce(nullif(:session_b, ''), {LATEST_SESSION})"
+_CASE = "configuration, workload, engine, device"
+# Session A by default: the newest session before B that measured a case B measured too (the
+# newest one alone may share none: another suite's, or a single case run by hand).
+_EARLIER_SHARING = (
+    f"(SELECT m.session_id FROM {MEASURED_RUNS} m JOIN {MEASURED_RUNS} n USING ({_CASE}) "
+    "WHERE n.session_id = (SELECT id FROM b_id) AND m.session_id <> n.session_id "
+    f"AND m.timestamp < (SELECT min(timestamp) FROM {TABLE} WHERE session_id = "
+    "(SELECT id FROM b_id)) ORDER BY m.timestamp DESC LIMIT 1)"
 )
+_SESSION_COLUMNS = [
+    name for metric in _SIDE_BY_SIDE for name in (f"a_{metric.name}", f"b_{metric.name}")
+] + ["output_tok_per_s_change_pct", "b_over_a_throughput", "a_runs", "b_runs"]
 _COMPARE_SESSIONS = (
-    "WITH "
-    + _per_session("a", "session_a", _PREVIOUS_SESSION)
+    f"WITH b_id AS (SELECT {_SESSION_B} AS id), "
+    f"a_id AS (SELECT coalesce(nullif(:session_a, ''), {_EARLIER_SHARING}) AS id), "
+    + _per_session("a", "(SELECT id FROM a_id)")
     + ", "
-    + _per_session("b", "session_b", LATEST_SESSION)
-    + ", cases AS (SELECT configuration, workload, engine, device FROM a UNION "
-    "SELECT configuration, workload, engine, device FROM b) "
-    "SELECT cases.configuration, cases.workload, cases.engine, cases.device, "
+    + _per_session("b", "(SELECT id FROM b_id)")
+    # Only the cases both sessions measured: a case of one session alone compares nothing.
+    + ", shared AS (SELECT (SELECT id FROM a_id) AS session_a, (SELECT id FROM b_id) AS "
+    f"session_b, {_CASE}, "
     + ", ".join(
         f"round(a.{metric.name}, {metric.compared_digits}) AS a_{metric.name}, "
         f"round(b.{metric.name}, {metric.compared_digits}) AS b_{metric.name}"
         for metric in _SIDE_BY_SIDE
     )
-    + ", round(b.output_tok_per_s / a.output_tok_per_s, 3) AS b_over_a_throughput, "
-    "a.runs AS a_runs, b.runs AS b_runs FROM cases "
-    "LEFT JOIN a USING (configuration, workload, engine, device) "
-    "LEFT JOIN b USING (configuration, workload, engine, device) "
-    "ORDER BY cases.configuration, cases.workload"
+    + ", round(100.0 * (b.output_tok_per_s / nullif(a.output_tok_per_s, 0) - 1), 1) "
+    "AS output_tok_per_s_change_pct, "
+    "round(b.output_tok_per_s / nullif(a.output_tok_per_s, 0), 3) AS b_over_a_throughput, "
+    f"a.runs AS a_runs, b.runs AS b_runs FROM a JOIN b USING ({_CASE})) "
+    "SELECT * FROM shared UNION ALL "
+    # None shared: one row that says so, rather than an empty page or a page of blanks.
+    "SELECT (SELECT id FROM a_id), (SELECT id FROM b_id), "
+    "CASE WHEN (SELECT id FROM b_id) IS NULL THEN 'no session in the database' "
+    "WHEN (SELECT id FROM a_id) IS NULL THEN 'no session before ' || (SELECT id FROM b_id) || "
+    "' measured a case that it measured' "
+    "ELSE 'sessions ' || (SELECT id FROM a_id) || ' and ' || (SELECT id FROM b_id) || "
+    "' measured no case in common' END, "
+    + ", ".join(["NULL"] * (3 + len(_SESSION_COLUMNS)))
+    + " WHERE NOT EXISTS (SELECT 1 FROM shared) "
+    "ORDER BY configuration, workload"
 )
-_COMPARE_RUNS = " UNION ALL ".join(
-    f"SELECT '{column}' AS metric, (SELECT {column} FROM {TABLE} WHERE run_id = :run_a) AS a, "
-    f"(SELECT {column} FROM {TABLE} WHERE run_id = :run_b) AS b"
-    for column in ("status", "case_id", "timestamp", "engine", "device", "server_model",
-                   *(metric.column for metric in _HEADLINE), "median_itl_ms", "p99_e2el_ms",
-                   "completed", "failed", "failed_verdicts")
-)
+
+# The units of compare_runs' figures (a headline metric's column name says its unit).
+_UNITS = {"request_throughput": "req/s", "output_throughput": "tok/s", "completed": "requests",
+          "failed": "requests"}
+_DIGITS = {metric.column: metric.digits if metric.digits is not None else 0
+           for metric in HEADLINE_METRICS}
+_RUN_TEXT = ("status", "case_id", "timestamp", "engine", "device", "server_model")
+_RUN_FIGURES = (*(metric.column for metric in _HEADLINE), "median_itl_ms", "p99_e2el_ms",
+                "completed", "failed")
+
+
+def _figure(value: str, digits: int, unit: str, sign: str = "") -> str:
+    # printf() makes NULL a zero: a missing figure stays empty.
+    return (f"CASE WHEN {value} IS NULL THEN NULL ELSE "
+            f"printf('%{sign}.{digits}f {unit}', {value}) END")
+
+
+def _run_row(column: str, gate: bool) -> str:
+    if column not in _RUN_FIGURES:
+        figures = (f"ra.{column} AS a, rb.{column} AS b, "
+                   f"CASE WHEN ra.{column} IS rb.{column} THEN 'same' ELSE 'differs' END")
+    else:
+        unit = _UNITS.get(column, "ms")
+        digits = 0 if column in ("completed", "failed") else _DIGITS.get(column, 2)
+        a, b = f"ra.{column}", f"rb.{column}"
+        change = _figure(f"{b} - {a}", digits, unit, "+")
+        percent = f"printf(' (%+.1f%%)', 100.0 * ({b} / {a} - 1))"
+        figures = (f"{_figure(a, digits, unit)} AS a, {_figure(b, digits, unit)} AS b, "
+                   f"{change} || CASE WHEN {a} = 0 OR {a} IS NULL THEN '' ELSE {percent} END")
+    # The regression gate's verdict on each run for the metric, against its own baseline.
+    verdicts = ", ".join(
+        f"(SELECT verdict || printf(' %+.1f%%', 100.0 * change) || CASE WHEN ci_low IS NULL "
+        "OR ci_high IS NULL THEN '' ELSE printf(' [%+.1f%%, %+.1f%%] at %d%%', 100.0 * ci_low, "
+        "100.0 * ci_high, round(100.0 * coalesce(confidence, 0))) END || "
+        "coalesce(' vs ' || baseline_session, '') "
+        f"FROM {VERDICTS} v WHERE v.run_id = {run}.run_id AND v.metric = '{column}')"
+        + f" AS gate_{run[1]}" for run in ("ra", "rb")
+    ) if gate else "NULL AS gate_a, NULL AS gate_b"
+    return (f"SELECT '{column}' AS metric, {figures} AS change, {verdicts} "
+            "FROM ra, rb")
+
+
+def _compare_runs(gate: bool) -> str:
+    """Two runs' figures with units, B's change from A (and in %), and the gate's verdict on
+    each with its interval where the database has the gate's table."""
+    wanted = ", ".join(("run_id", *_RUN_TEXT, *_RUN_FIGURES, "failed_verdicts"))
+    rows = " UNION ALL ".join(_run_row(column, gate)
+                              for column in (*_RUN_TEXT, *_RUN_FIGURES, "failed_verdicts"))
+    # One row per metric even where a run id is unknown (its side empty).
+    return (
+        f"WITH ra AS (SELECT {wanted} FROM (SELECT 1) LEFT JOIN {TABLE} ON run_id = :run_a), "
+        f"rb AS (SELECT {wanted} FROM (SELECT 1) LEFT JOIN {TABLE} ON run_id = :run_b) "
+        + rows
+    )
+
+
 _BEST_UNDER_BOUND = (
     "WITH points AS (SELECT server_model, configuration, workload, engine, device, "
     "median(output_throughput) AS tp, median(p99_ttft_ms) AS ttft, median(p99_tpot_ms) AS tpot, "
@@ -117,14 +187,17 @@ def _latency_columns() -> str:
 CANNED_QUERIES: dict[str, dict[str, Any]] = {
     "compare_sessions": {
         "title": "Compare two sessions side by side",
-        "description": "Each case's medians in session A and session B (default: the two most "
-        "recent sessions), and B's throughput as a fraction of A's.",
+        "description": "The medians of each case both sessions measured, in session A and "
+        "session B, B's throughput change in % and as a fraction of A's. Default B: the latest "
+        "session; A: the newest session before it that measured a case it measured.",
         "sql": _COMPARE_SESSIONS,
     },
     "compare_runs": {
         "title": "Compare two runs side by side",
-        "description": "The headline figures of two run_ids, one metric a row.",
-        "sql": _COMPARE_RUNS,
+        "description": "The headline figures of two run_ids (run_a, run_b), one metric a row, "
+        "with units: B's change from A (and in %), and the regression gate's verdict on each "
+        "run with its change and confidence interval against the gate's baseline.",
+        "sql": _compare_runs(gate=True),
     },
     "best_configuration": {
         "title": "Best configuration per model under a TTFT or TPOT bound",
@@ -161,3 +234,12 @@ CANNED_QUERIES: dict[str, dict[str, Any]] = {
         "WHERE case_id = :case_id ORDER BY timestamp DESC",
     },
 }
+
+
+def canned_queries(has_verdicts: bool) -> dict[str, dict[str, Any]]:
+    """The canned queries for a database with or without the gate's verdicts table (SQLite
+    refuses a query that names a missing table: older databases have none)."""
+    if has_verdicts:
+        return CANNED_QUERIES
+    return {**CANNED_QUERIES,
+            "compare_runs": {**CANNED_QUERIES["compare_runs"], "sql": _compare_runs(gate=False)}}
