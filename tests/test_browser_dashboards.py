@@ -325,3 +325,52 @@ def test_upload_a_batch_as_root(databases: dict[str, Path], serve: object, brows
         run_id = json.loads(new.read_text())["run_id"]
         assert connection.execute("SELECT count(*) FROM runs WHERE run_id = ?",
                                   (run_id,)).fetchone() == (1,)
+
+
+def test_compare_two_ticked_runs_and_their_sessions(serve: object, browser: Browser,
+                                                     tmp_path: Path) -> None:
+    """On the landing table, two runs ticked (newest first, as listed): one click opens
+    compare_runs with the older as A, another compare_sessions; figures with units."""
+    from test_datasette import CASE_A, CASE_B, make_record
+
+    from pytest_profllm.results.store import load_records
+
+    keep = os.environ.get("PROFLLM_SCREENSHOT_DIR")
+    shots = Path(keep) if keep else tmp_path
+    db = tmp_path / "results.db"
+    load_records(db, [
+        make_record("s1-a", "s1", CASE_A, "2026-01-01T10:00:00+00:00", throughput=11.0),
+        make_record("s1-b", "s1", CASE_B, "2026-01-01T10:05:00+00:00", throughput=12.0),
+        make_record("s2-a", "s2", CASE_A, "2026-01-02T10:00:00+00:00", throughput=21.0),
+        make_record("s2-b", "s2", CASE_B, "2026-01-02T10:05:00+00:00", throughput=22.0),
+    ])
+    base = serve(db)  # type: ignore[operator]
+    tick = ("[...document.querySelectorAll('input.profllm-compare-box')]"
+            ".filter(b => ['s2-a', 's1-a'].includes(b.dataset.run)).forEach(b => b.click())")
+    browser.open(base + "/")
+    wait_for(lambda: browser.evaluate(
+        "document.querySelectorAll('input.profllm-compare-box').length") == 4, "the boxes")
+    assert browser.evaluate("document.getElementById('profllm-compare-runs').href") == ""
+    browser.evaluate(tick)
+    browser.screenshot(shots / "compare-landing-ticked.png")
+    browser.evaluate("document.getElementById('profllm-compare-runs').click()")
+    wait_for(lambda: "/results/compare_runs?" in browser.evaluate("location.href")
+             and browser.evaluate("document.readyState") == "complete", "compare_runs")
+    assert browser.evaluate("location.search") == "?run_a=s1-a&run_b=s2-a"
+    rows = browser.evaluate(
+        "[...document.querySelectorAll('table.rows-and-columns tbody tr')]"
+        ".map(tr => [...tr.children].map(td => td.textContent.trim()))")
+    assert ["output_throughput", "110.0 tok/s", "210.0 tok/s", "+100.0 tok/s (+90.9%)"] in [
+        row[:4] for row in rows]
+    browser.screenshot(shots / "compare-runs.png")
+    browser.open(base + "/")
+    wait_for(lambda: browser.evaluate(
+        "document.querySelectorAll('input.profllm-compare-box').length") == 4, "the boxes")
+    browser.evaluate(tick)
+    browser.evaluate("document.getElementById('profllm-compare-sessions').click()")
+    wait_for(lambda: "/results/compare_sessions?" in browser.evaluate("location.href")
+             and browser.evaluate("document.readyState") == "complete", "compare_sessions")
+    assert browser.evaluate("location.search") == "?session_a=s1&session_b=s2"
+    assert browser.evaluate(
+        "document.querySelectorAll('table.rows-and-columns tbody tr').length") == 2
+    browser.screenshot(shots / "compare-sessions.png")

@@ -421,6 +421,19 @@ def test_compare_runs_side_by_side(results_db: Path) -> None:
             "('s1-a', 's2-a') ORDER BY run_id").fetchall() == [(11.0, 110.0), (21.0, 210.0)]
 
 
+def test_the_landing_table_alone_gets_the_compare_boxes(results_db: Path,
+                                                        tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as connection:
+        # A timestamp column: our landing metadata (sorted on it) reaches any `runs` table.
+        connection.execute(f"CREATE TABLE {LANDING} (run_id TEXT, timestamp TEXT)")
+    landing, full, theirs = get([results_db, other], f"/results/{LANDING}", f"/results/{TABLE}",
+                                f"/other/{LANDING}")
+    assert "/-/static-plugins/pytest-profllm/compare.js" in landing.text
+    assert "compare.js" not in full.text and "compare.js" not in theirs.text
+    assert theirs.status_code == 200
+
+
 def test_compare_runs_shows_the_gates_interval(results_db: Path) -> None:
     with sqlite3.connect(results_db) as connection:
         gate_tables.create(connection)

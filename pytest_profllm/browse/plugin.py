@@ -97,7 +97,10 @@ _DATASETTE_DEFAULT_MAX_CSV_MB = 100
 # shows them whole.
 _CSS = (
     "body.table td { max-width: 28em; white-space: nowrap; overflow: hidden; "
-    "text-overflow: ellipsis; }"
+    "text-overflow: ellipsis; } "
+    # The compare links of the landing table (static/compare.js): greyed until two are ticked.
+    "#profllm-compare a:not([href]) { color: #888; } "
+    "#profllm-compare a[href] { font-weight: bold; }"
 )
 _SCHEMA_CACHE_S = 2.0
 
@@ -406,6 +409,23 @@ def extra_css_urls(database: str | None, table: str | None) -> list[str]:
     if table not in (TABLE, LANDING):
         return []
     return ["data:text/css," + quote(_CSS)]
+
+
+@hookimpl
+def extra_js_urls(datasette: Any, database: str | None, table: str | None) -> Any:
+    """On our landing table: a box per run, and links that compare the two ticked runs or
+    their sessions (the canned queries) in one click."""
+    if table != LANDING or not database:
+        return []
+
+    async def urls() -> list[dict[str, Any]]:
+        served = datasette.databases.get(database)
+        if served is None or not await served.table_exists(TABLE):
+            return []
+        return [{"url": datasette.urls.static_plugins("pytest-profllm", "compare.js"),
+                 "module": False}]
+
+    return urls
 
 
 @hookimpl
