@@ -4,6 +4,7 @@ results.db made by `load_records`, and nothing of it on a database without our t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import html
 import io
@@ -17,10 +18,12 @@ from urllib.parse import parse_qsl
 import httpx
 import pytest
 from datasette.app import Datasette
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_profllm.browse import filters, sql_functions
 from pytest_profllm.browse.dashboards import BY_NAME, DASHBOARDS
-from pytest_profllm.browse.queries import CANNED_QUERIES
+from pytest_profllm.browse.queries import CANNED_QUERIES, canned_queries
 from pytest_profllm.plan import metric_names
 from pytest_profllm.results import gate_tables
 from pytest_profllm.results.ingest import ingest
@@ -445,6 +448,49 @@ def test_compare_runs_shows_the_gates_interval(results_db: Path) -> None:
     gates = {row["metric"]: (row["gate_a"], row["gate_b"]) for row in rows}
     assert gates["p99_ttft_ms"] == (None, "regressed +12.0% [+5.0%, +20.0%] at 95% vs s1")
     assert gates["output_throughput"] == (None, None)
+
+
+_FIGURE = st.floats(min_value=0, max_value=1e15, allow_nan=False)
+_MAYBE = st.one_of(st.none(), st.floats(min_value=-1e6, max_value=1e6, allow_nan=False))
+
+
+@settings(max_examples=40, deadline=None)
+@given(a=_FIGURE, b=_FIGURE, change=_MAYBE, ci_low=_MAYBE, confidence=_MAYBE,
+       run_a=st.sampled_from(["x-a", ""]) | st.text(max_size=30),
+       session_a=st.sampled_from(["x", "y", ""]) | st.text(max_size=30), gate=st.booleans())
+def test_compare_queries_answer_any_figures_and_ids(
+        a: float, b: float, change: float | None, ci_low: float | None,
+        confidence: float | None, run_a: str, session_a: str, gate: bool) -> None:
+    """Whatever the figures stored and the ids typed (the query string's, any text): each
+    comparison answers, compare_runs one row a metric with units, never an SQL error."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        db_path = Path(folder) / "results.db"
+        load_records(db_path, [
+            make_record("x-a", "x", CASE_A, "2026-01-01T10:00:00+00:00", throughput=a),
+            make_record("y-a", "y", CASE_A, "2026-01-02T10:00:00+00:00", throughput=b),
+        ])
+        with contextlib.closing(sqlite3.connect(db_path)) as connection:
+            sql_functions.register(connection)
+            if gate:
+                gate_tables.create(connection)
+                connection.execute(
+                    "INSERT INTO regression_verdicts (run_id, metric, verdict, change, ci_low, "
+                    "ci_high, confidence) VALUES ('y-a', 'output_throughput', 'unsure', ?, ?, "
+                    "?, ?)", (change, ci_low, change, confidence))
+            queries = canned_queries(gate)
+            runs = connection.execute(queries["compare_runs"]["sql"],
+                                      {"run_a": run_a, "run_b": "y-a"}).fetchall()
+            sessions = connection.execute(queries["compare_sessions"]["sql"],
+                                          {"session_a": session_a, "session_b": ""}).fetchall()
+    figures = {row[0]: row for row in runs}
+    assert len(runs) == 17
+    _, shown_a, shown_b, moved = figures["output_throughput"][:4]
+    assert shown_b is not None and shown_b.endswith(" tok/s")
+    assert shown_a is None if run_a != "x-a" else shown_a.endswith(" tok/s")
+    assert moved is None if run_a != "x-a" else moved.startswith(("+", "-"))
+    assert sessions and all(row[1] == "y" for row in sessions)
 
 
 def test_best_configuration_under_a_bound(tmp_path: Path) -> None:
