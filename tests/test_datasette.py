@@ -586,3 +586,11 @@ def test_change_points_open_without_a_metric(tmp_path: Path) -> None:
                       "/results/metric_change_points.json?metric=p99_ttft_ms")
     assert (bare.status_code, named.status_code) == (200, 200)
     assert bare.json()["ok"] and bare.json()["rows"]
+
+
+def test_the_comparisons_ask_for_a_before_b(results_db: Path) -> None:
+    (sessions, runs) = get([results_db], "/results/compare_sessions.json",
+                           "/results/compare_runs.json")
+    assert sessions.json()["query"]["params"] == {"session_a": "", "session_b": ""}
+    assert list(sessions.json()["query"]["params"]) == ["session_a", "session_b"]
+    assert list(runs.json()["query"]["params"]) == ["run_a", "run_b"]

@@ -67,8 +67,9 @@ _SESSION_COLUMNS = [
     name for metric in _SIDE_BY_SIDE for name in (f"a_{metric.name}", f"b_{metric.name}")
 ] + ["output_tok_per_s_change_pct", "b_over_a_throughput", "a_runs", "b_runs"]
 _COMPARE_SESSIONS = (
-    f"WITH b_id AS (SELECT {_SESSION_B} AS id), "
-    f"a_id AS (SELECT coalesce(nullif(:session_a, ''), {_EARLIER_SHARING}) AS id), "
+    # A first: the query's form asks for the parameters in the order they appear.
+    f"WITH a_id AS (SELECT coalesce(nullif(:session_a, ''), {_EARLIER_SHARING}) AS id), "
+    f"b_id AS (SELECT {_SESSION_B} AS id), "
     + _per_session("a", "(SELECT id FROM a_id)")
     + ", "
     + _per_session("b", "(SELECT id FROM b_id)")
