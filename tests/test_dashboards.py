@@ -131,8 +131,8 @@ def test_a_slowed_second_session_is_drawn_apart_from_the_first(
     both = values(view(connection, "load", "session=s1&session=s2").charts[
         "load-rates-request_rate-output_throughput"])
     by_series = {(r["series"], r["load"]): r["output_throughput"] for r in both}
-    assert by_series[("session=s1 · max_num_seqs=8", "8")] == pytest.approx(80)
-    assert by_series[("session=s2 · max_num_seqs=8", "8")] == pytest.approx(SLOWDOWN * 80)
+    assert by_series[("max_num_seqs=8 · session=s1", "8")] == pytest.approx(80)
+    assert by_series[("max_num_seqs=8 · session=s2", "8")] == pytest.approx(SLOWDOWN * 80)
     # Blended on request: one median over the two sessions per point, no session in names.
     blended = values(view(connection, "load", "session=s1&session=s2&blend=1").charts[
         "load-rates-request_rate-output_throughput"])
@@ -199,15 +199,18 @@ def test_any_history_metric_draws_or_says_why_in_one_line(
 
 def test_pareto_frontier_and_the_best_under_a_bound(connection: sqlite3.Connection) -> None:
     shown = view(connection, "pareto", max_p99_ttft_ms="100")
-    rows = values(shown.charts["pareto"])
+    # A chart per model: qwen's and llama's.
+    assert len(shown.charts) == 2
+    llama = next(chart for name, chart in shown.charts.items() if "Llama" in name)
+    rows = values(llama)
     # Throughput per GPU divides by tensor parallelism.
-    tp2 = [r for r in rows if r["series"] == "tp · tensor_parallel_size=2"]
+    tp2 = [r for r in rows if r["series"] == "tensor_parallel_size=2"]
     assert {r["gpus"] for r in tp2} == {2}
     ranked = shown.tables[0].rows
     assert ranked and all(r["p99_ttft_ms"] <= 100 for r in ranked)
     per_gpu = [r["output_tok_per_s_per_gpu"] for r in ranked]
     assert per_gpu == sorted(per_gpu, reverse=True)
-    frontier = shown.charts["pareto"]["layer"][0]["data"]["values"]
+    frontier = llama["layer"][0]["data"]["values"]
     assert frontier and all(r["on_frontier"] for r in frontier)
 
 
@@ -460,3 +463,152 @@ def test_latest_compares_with_the_newest_session_that_measured_its_cases(
         first = view(connection, "latest", "session=s1")
         assert first.notes[-1] == ("Session s1 has no earlier session of the same suites "
                                    "with a valid measurement of its cases: nothing to compare.")
+
+
+def one_load(session: str, suite: str, case: str, index: int, *, server_key: str = "k",
+             concurrency: int = 4, **server: Any) -> dict[str, Any]:
+    """A case of a suite that does not sweep load: `concurrency` requests at a time."""
+    record = make_record(f"{session}-{suite}-{index:02d}", session, case,
+                         f"2026-01-01T10:{index:02d}:00+00:00", throughput=10.0 + index,
+                         request_rate="inf")
+    record["suite"] = suite
+    record["config"]["benchmark"]["max_concurrency"] = concurrency
+    record["config"]["server"].update(server)
+    record["runtime"]["server_key"] = server_key
+    return record
+
+
+def test_two_workloads_of_one_configuration_are_two_series_and_bars(tmp_path: Path) -> None:
+    """The multimodal suite's two image sizes, at one concurrency: two series, not one line
+    drawn up and down at a single load; and, with no load swept, bars saying so."""
+    records = [one_load("s1", "multimodal", f"bench_mm.yaml::vl::random-mm-image-{size}", i)
+               for i, size in enumerate(("256x256", "720x1280"))]
+    connection = sqlite3.connect(ingested(tmp_path, records))
+    sql_functions.register(connection)
+    shown = view(connection, "load")
+    chart = shown.charts["load-multimodal-max_concurrency-output_throughput"]
+    assert sorted(r["series"] for r in values(chart)) == [
+        "workload=random-mm-image-256x256", "workload=random-mm-image-720x1280"]
+    assert chart["mark"]["type"] == "bar"
+    assert chart["title"] == "multimodal: output tok/s at max concurrency 4"
+    caption = shown.captions["load-multimodal-max_concurrency-output_throughput"]
+    assert "does not sweep load" in caption and "the suite sweeps" not in caption
+
+
+def test_every_suite_is_drawn_pooling_and_the_last_run_first(tmp_path: Path) -> None:
+    """Nine suites of one session, run ids in no time order (as real ones): all drawn, in
+    the order they ran, the last first; a pooling suite (no output tokens) with its req/s."""
+    records = [one_load("s1", f"suite{i}", f"bench_{i}.yaml::m::random", i)
+               for i in range(8)]
+    pooling = one_load("s1", "pooling", "bench_pooling.yaml::embed::random", 8)
+    for name in ("output_throughput", "median_tpot_ms", "p99_ttft_ms"):
+        pooling["results"][name] = None
+    records.append(pooling)
+    for record, run_id in zip(records, ("9", "1", "8", "2", "7", "3", "6", "4", "5"),
+                              strict=True):
+        record["run_id"] = f"s1-{run_id}"
+    connection = sqlite3.connect(ingested(tmp_path, records))
+    sql_functions.register(connection)
+    shown = view(connection, "load")
+    drawn = list(dict.fromkeys(c.split("-")[1] for c in shown.charts))
+    assert drawn == ["pooling", *(f"suite{i}" for i in reversed(range(8)))]
+    assert [c for c in shown.charts if c.startswith("load-pooling")] == [
+        "load-pooling-max_concurrency-request_throughput"]
+    assert shown.notes == ["pooling: no run measured output tok/s, p99 TTFT (ms), median TPOT "
+                           "(ms) (a pooling model has no output tokens, say): those charts "
+                           "are not drawn."]
+
+
+def test_pareto_has_a_frontier_per_model_and_one_configuration_per_server(
+    tmp_path: Path,
+) -> None:
+    """Two models: a chart and a frontier each. Two suites measured on one server (one
+    server_key in one session) are one configuration."""
+    records = [
+        one_load("s1", "smoke", "bench_smoke.yaml::qwen::random-a", 0, server_key="A",
+                 concurrency=4),
+        one_load("s1", "capacity", "bench_capacity.yaml::qwen::capacity", 1, server_key="A",
+                 concurrency=8),
+        one_load("s1", "smoke", "bench_smoke.yaml::small::random-a", 2, server_key="B",
+                 model="Qwen/Qwen3-0.6B"),
+    ]
+    connection = sqlite3.connect(ingested(tmp_path, records))
+    sql_functions.register(connection)
+    shown = view(connection, "pareto")
+    assert set(shown.charts) == {"pareto-Qwen_Qwen3_8B-unknown",
+                                 "pareto-Qwen_Qwen3_0_6B-unknown"}
+    big = values(shown.charts["pareto-Qwen_Qwen3_8B-unknown"])
+    assert {r["series"] for r in big} == {"qwen"}
+    assert "capacity+smoke · qwen" in {r["series"] for r in shown.tables[0].rows}
+    frontier = shown.charts["pareto-Qwen_Qwen3_0_6B-unknown"]["layer"][0]["data"]["values"]
+    assert {r["model"] for r in frontier} == {"Qwen/Qwen3-0.6B"}
+    assert len({r["series"] for r in shown.tables[0].rows}) == 2
+
+
+def test_series_get_enough_colours_and_the_page_says_when_they_are_too_many(
+    tmp_path: Path,
+) -> None:
+    records = [one_load("s1", "wide", f"bench_wide.yaml::m-seqs{n}::random", n,
+                        concurrency=4, max_num_seqs=n) for n in range(1, 12)]
+    connection = sqlite3.connect(ingested(tmp_path, records))
+    sql_functions.register(connection)
+    eleven = view(connection, "load").charts["load-wide-max_concurrency-output_throughput"]
+    assert eleven["encoding"]["color"]["scale"] == {"scheme": "category20"}
+    assert view(connection, "load").notes == []
+    crowded = [one_load("s1", "wide", f"bench_wide.yaml::m-seqs{n}::random", n,
+                        concurrency=4, max_num_seqs=n) for n in range(1, 23)]
+    (tmp_path / "more").mkdir()
+    connection = sqlite3.connect(ingested(tmp_path / "more", crowded))
+    sql_functions.register(connection)
+    assert view(connection, "load").notes == [
+        "The wide charts against max concurrency holds 22 series, more than its 20 colours "
+        "tell apart (colours repeat; the tooltip names each point): filter on a setting in "
+        "the legend, or pick fewer sessions (or blend them)."]
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(
+    st.sampled_from(("smoke", "mm", "pooling")), st.sampled_from(("Qwen/Qwen3-8B", "m/small")),
+    st.integers(1, 24), st.sampled_from(("random", "image-256", "image-720")),
+    st.sampled_from((2.0, 8.0, "inf")), st.sampled_from(("A", "B", "C")), st.booleans(),
+), min_size=1, max_size=30))
+def test_any_runs_draw_series_of_one_point_per_load_and_one_model_per_frontier(
+    tmp_path_factory: pytest.TempPathFactory,
+    cases: list[tuple[str, str, int, str, float | str, str, bool]],
+) -> None:
+    """Whatever suites, models, settings, workloads and loads a database holds: a line never
+    joins two points at one load, a Pareto chart holds one model, series get enough colours or
+    the page says they are too many."""
+    records = []
+    for index, (suite, model, seqs, workload, rate, server, tokens) in enumerate(cases):
+        record = make_record(f"s1-{index:03d}", "s1",
+                             f"bench_{suite}.yaml::m-seqs{seqs}::{workload}-rate{rate}",
+                             f"2026-01-01T10:{index // 60:02d}:{index % 60:02d}+00:00",
+                             throughput=1.0 + index, max_num_seqs=seqs, request_rate=rate)
+        record["suite"] = suite
+        record["config"]["server"]["model"] = model
+        record["runtime"]["server_key"] = server
+        if not tokens:
+            record["results"]["output_throughput"] = None
+        records.append(record)
+    connection = sqlite3.connect(ingested(tmp_path_factory.mktemp("any"), records))
+    sql_functions.register(connection)
+    try:
+        load = view(connection, "load")
+        for chart in load.charts.values():
+            rows = values(chart)
+            series = {r["series"] for r in rows}
+            if chart.get("mark", {}).get("type") == "line":
+                assert len({(r["series"], r["load"]) for r in rows}) == len(rows)
+            scheme = chart["encoding"]["color"]["scale"]["scheme"]
+            assert scheme == ("category10" if len(series) <= 10 else "category20")
+            if len(series) > 20:
+                assert any("more than its 20 colours" in note for note in load.notes)
+        pareto = view(connection, "pareto")
+        for chart in pareto.charts.values():
+            assert len({r["model"] for r in values(chart)}) == 1
+            frontier = chart["layer"][0]["data"]["values"]
+            assert len({r["model"] for r in frontier}) <= 1
+    finally:
+        connection.close()

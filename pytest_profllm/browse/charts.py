@@ -60,6 +60,26 @@ def field(name: str, kind: str, title: str | None = None, **extra: Any) -> dict[
     return channel
 
 
+# The most series a chart tells apart by colour: Vega's category20 has twenty.
+MAX_COLOURS = 20
+
+
+def series_colour(count: int, title: str = "configuration") -> dict[str, Any]:
+    """The colour channel of `count` series named in the `series` field: ten colours while
+    they are enough, else twenty (Vega's default ten would repeat a colour for the eleventh).
+    Beyond twenty, colours repeat: the page says so (`too_many_series`)."""
+    scheme = "category10" if count <= 10 else "category20"
+    return field("series", "nominal", title, scale={"scheme": scheme})
+
+
+def too_many_series(count: int, chart: str, narrow: str) -> str | None:
+    """The note a page shows where a chart holds more series than it has colours."""
+    if count <= MAX_COLOURS:
+        return None
+    return (f"{chart} holds {count} series, more than its {MAX_COLOURS} colours tell apart "
+            f"(colours repeat; the tooltip names each point): {narrow}.")
+
+
 def tooltips(*names: str) -> list[dict[str, str]]:
     return [{"field": name, "title": name} for name in names]
 

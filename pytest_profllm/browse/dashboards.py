@@ -19,7 +19,7 @@ import math
 import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +30,8 @@ from pytest_profllm.results.table import MEASURED_RUNS, TABLE, quote
 # The columns that can name a series, in the order their values are written.
 _NAMING = ("suite", "server_model", "engine", "device")
 _WORKLOAD_NAMING = ("bench_dataset_name", "bench_random_input_len", "bench_random_output_len")
+# The load a suite sweeps: the x axis, never part of a series' key.
+_LOAD_COLUMNS = ("bench_request_rate", "bench_max_concurrency")
 # Server arguments that never name a series: they differ with every run or say nothing.
 _NOT_AXES = {"server_model", "server_api_key", "server_port", "server_host", "server_seed"}
 # The metrics a point carries (median over the repeats of one case in one session).
@@ -45,7 +47,7 @@ HISTORY_METRICS = (*POINT_METRICS, ("median_itl_ms", "median ITL (ms)"),
                    ("p99_e2el_ms", "p99 E2EL (ms)"))
 INF_LABEL = "inf"
 # The load dashboard draws the most recent suites of a selection, this many at most.
-MAX_SUITES = 6
+MAX_SUITES = 10
 # Sessions drawn apart (each its own series) on one page, at most, and the points they may
 # bring (whole sessions are drawn: the newest until this many points are reached).
 MAX_SESSIONS = 12
@@ -101,6 +103,8 @@ class Point:
     runs: int
     run_id: str
     context: Mapping[str, Any]
+    # When its newest run started: run ids are not in time order within a session.
+    timestamp: str = ""
 
 
 @dataclass(frozen=True)
@@ -163,22 +167,35 @@ def load_points(connection: sqlite3.Connection, schema: Schema, selection: Selec
     return points
 
 
+def workload_columns(schema: Schema) -> list[str]:
+    """The benchmark settings that tell one workload from another, load aside: the usual
+    dataset and lengths, and every other benchmark setting a suite sweeps (the image sizes of a
+    multimodal suite, say), so two workloads are never drawn as one series."""
+    have = schema.types
+    swept = [c for c in schema.axes if c.startswith("bench_") and c not in _LOAD_COLUMNS]
+    return list(dict.fromkeys(c for c in (*_WORKLOAD_NAMING, *swept) if c in have))
+
+
 def _points(connection: sqlite3.Connection, schema: Schema, selection: Selection,
             where: str, params: Sequence[Any]) -> list[Point]:
     have = schema.types
     metrics = [name for name, _ in POINT_METRICS if name in have]
     session = "'(blended)'" if selection.blend else "session_id"
-    group = ["suite", "configuration", "workload", "engine", "device", "bench_request_rate",
-             "bench_max_concurrency", *(c for c in _WORKLOAD_NAMING if c in have)]
+    workload_naming = workload_columns(schema)
+    throughput = "(" + (" OR ".join(f"{quote(m)} IS NOT NULL" for m in (
+        "output_throughput", "request_throughput") if m in have) or "0") + ")"
+    group = ["suite", "configuration", "workload", "engine", "device", *_LOAD_COLUMNS,
+             *workload_naming]
     if not selection.blend:
         group.append("session_id")
     sql = (
         f"SELECT {', '.join(quote(c) for c in group if c != 'session_id')}, {session} AS "
         f"session, server_model, "
         + ", ".join(f"median({quote(m)}) AS {quote(m)}" for m in metrics)
-        + ", count(*) AS runs, max(run_id) AS run_id "
+        + ", count(*) AS runs, max(run_id) AS run_id, max(timestamp) AS newest "
         f"FROM [{MEASURED_RUNS}] WHERE {where} "
-        f"AND output_throughput IS NOT NULL GROUP BY {', '.join(quote(c) for c in group)}"
+        # A pooling (embedding) model has no output tokens: a point is any throughput.
+        f"AND {throughput} GROUP BY {', '.join(quote(c) for c in group)}"
     )
     cursor = connection.execute(sql, list(params))
     names = [d[0] for d in cursor.description]
@@ -186,11 +203,11 @@ def _points(connection: sqlite3.Connection, schema: Schema, selection: Selection
     axes = server_axes(connection, schema, [row["run_id"] for row in rows])
     points = []
     for row in rows:
-        context = {c: row.get(c) for c in (*_NAMING, *_WORKLOAD_NAMING) if c in row}
+        context = {c: row.get(c) for c in (*_NAMING, *workload_naming) if c in row}
         context.update(axes.get(row["configuration"], {}))
         if not selection.blend:
             context["session"] = row["session"]
-        workload_key = tuple(row.get(c) for c in _WORKLOAD_NAMING)
+        workload_key = tuple(row.get(c) for c in workload_naming)
         points.append(Point(
             series_key=(row["suite"], row["configuration"], row["engine"], row["device"],
                         row["session"], workload_key),
@@ -203,6 +220,7 @@ def _points(connection: sqlite3.Connection, schema: Schema, selection: Selection
             runs=row["runs"],
             run_id=row["run_id"],
             context=context,
+            timestamp=str(row["newest"] or ""),
         ))
     return points
 
@@ -264,8 +282,11 @@ def _differing(contexts: Iterable[Mapping[str, Any]], exclude: set[str]) -> list
     group = list(contexts)
     keys = sorted({k for context in group for k in context} - exclude)
     differing = [k for k in keys if len({_cell(context.get(k)) for context in group}) > 1]
-    ordered = [k for k in (*_NAMING, *_WORKLOAD_NAMING, "session") if k in differing]
-    return ordered + [k for k in differing if k not in ordered]
+    # The settings that differ come before the session: a legend cuts a long name at its
+    # end, and the setting is what tells a configuration apart.
+    ordered = [k for k in (*_NAMING, *_WORKLOAD_NAMING) if k in differing]
+    ordered += [k for k in differing if k not in ordered and k != "session"]
+    return ordered + (["session"] if "session" in differing else [])
 
 
 def _cell(value: Any) -> str:
@@ -304,10 +325,22 @@ def load_axis(points: Sequence[Point]) -> str:
 
 
 def _series(points: Iterable[Point]) -> dict[tuple[Any, ...], list[Point]]:
+    """The points by series. A series holds one point per load: where two of its points
+    share a load, they are two workloads no recorded setting tells apart, and each workload
+    is its own series (named by it) rather than one line drawn up and down between them."""
     grouped: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
     for point in points:
         grouped[point.series_key].append(point)
-    return grouped
+    split: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
+    for key, members in grouped.items():
+        if len({(p.rate, p.concurrency) for p in members}) == len(members):
+            split[key] = members
+            continue
+        for point in members:
+            split[(*key, point.workload)].append(replace(
+                point, series_key=(*key, point.workload),
+                context={**point.context, "workload": point.workload}))
+    return split
 
 
 def _point_row(point: Point, name: str, x_column: str | None = None) -> dict[str, Any]:
@@ -338,12 +371,13 @@ def load_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Se
     for key, members in by_series.items():
         suite = str(members[0].context.get("suite"))
         by_chart[(suite, load_axis(members))][key] = members
-        newest[suite] = max(newest.get(suite, ""), max(p.run_id for p in members))
-    suites_shown = sorted(newest, key=lambda suite: newest[suite], reverse=True)
+        newest[suite] = max(newest.get(suite, ""), max(p.timestamp for p in members))
+    suites_shown = sorted(newest, key=lambda suite: (newest[suite], suite), reverse=True)
     if len(suites_shown) > MAX_SUITES:
+        left_out = suites_shown[MAX_SUITES:]
         view.notes.append(
-            f"{len(suites_shown)} suites in this selection: the {MAX_SUITES} most recent are "
-            f"drawn ({', '.join(suites_shown[:MAX_SUITES])}); filter on suite for the others.")
+            f"{len(suites_shown)} suites in this selection: the {MAX_SUITES} that ran last are "
+            f"drawn; not drawn: {_listed(left_out, 10)} (filter on suite to draw them).")
         suites_shown = suites_shown[:MAX_SUITES]
     order = {suite: at for at, suite in enumerate(suites_shown)}
     for (suite, axis), series in sorted(
@@ -357,6 +391,20 @@ def load_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Se
             " (req/s)" if axis == "request_rate" else " (requests in flight)"),
             sort={"field": "load_order"}, axis={"labelAngle": 0})
         prefix = f"{suite}: "
+        unmeasured: list[str] = []
+        axis_words = axis.replace("_", " ")
+        # A suite that does not sweep load has one point per series: a line chart of single
+        # points would claim a sweep that never ran.
+        swept = any(len({row["load"] for row in points_rows if row["series"] == names[key]}) > 1
+                    for key in series)
+        loads = sorted({row["load"] for row in points_rows},
+                       key=lambda text: next(r["load_order"] for r in points_rows
+                                             if r["load"] == text))
+        at = f"{axis_words} {', '.join(loads)}"
+        if all(p.context.get("bench_dataset_name") == "timed_trace"
+               for members in series.values() for p in members):
+            # A replayed trace sends at its own timestamps: its request rate is not a load.
+            at = "the trace's own arrival times"
         for metric, label in (("output_throughput", "output tok/s"),
                               ("p99_ttft_ms", "p99 TTFT (ms)"),
                               ("median_tpot_ms", "median TPOT (ms)"),
@@ -369,21 +417,56 @@ def load_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Se
             keep = ("series", "workload", "load", "load_order", metric, "runs", "session",
                     "run_id")
             rows = [{k: row.get(k) for k in keep} for row in points_rows]
+            if all(row.get(metric) is None for row in rows):
+                unmeasured.append(label)
+                continue
+            if not swept:
+                view.add(chart_id, _single_load_bars(rows, metric, f"{prefix}{label} at {at}"),
+                         f"{label}, median over repeats, one bar per configuration: the suite "
+                         f"does not sweep load, every configuration ran at {at} only.")
+                continue
             view.add(chart_id, charts.spec(
                 rows, title=f"{prefix}{label} against {axis.replace('_', ' ')}",
                 mark={"type": "line", "point": {"size": 70}, "tooltip": True},
                 encoding={
                     "x": x,
                     "y": charts.field(metric, "quantitative", label),
-                    "color": charts.field("series", "nominal", "configuration"),
+                    "color": charts.series_colour(len(series)),
                     "tooltip": charts.tooltips("series", "workload", "load", metric, "runs",
                                                "session", "run_id"),
                 },
-            ), f"{label}, median over repeats, against the {axis.replace('_', ' ')} "
+            ), f"{label}, median over repeats, against the {axis_words} "
                "the suite sweeps; one line per configuration.")
+        if unmeasured:
+            view.notes.append(f"{suite}: no run measured {', '.join(unmeasured)} (a pooling "
+                              "model has no output tokens, say): those charts are not drawn.")
+        crowded = charts.too_many_series(
+            len(series), f"The {suite} charts against {axis_words}",
+            "filter on a setting in the legend, or pick fewer sessions (or blend them)")
+        if crowded:
+            view.notes.append(crowded)
     if not points:
         view.notes.append("No valid measurement in this selection.")
     return view
+
+
+def _single_load_bars(rows: Sequence[Mapping[str, Any]], metric: str,
+                      title: str) -> dict[str, Any]:
+    """One bar per series, for a suite whose series each ran at a single load."""
+    count = len({row["series"] for row in rows})
+    label = dict(POINT_METRICS)[metric]
+    return charts.spec(
+        rows, title=title,
+        height=max(charts.SMALL_HEIGHT // 2, 28 * count),
+        mark={"type": "bar", "tooltip": True},
+        encoding={
+            "y": charts.field("series", "nominal", "configuration", sort="-x",
+                              axis={"labelLimit": 520, "title": None}),
+            "x": charts.field(metric, "quantitative", label),
+            "color": charts.series_colour(count),
+            "tooltip": charts.tooltips("series", "workload", "load", metric, "runs",
+                                       "session", "run_id"),
+        })
 
 
 def _slug(text: str) -> str:
@@ -433,16 +516,42 @@ def pareto_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
     view.inputs["y"] = ("y axis", y_choice, ["per_user", "p99_ttft_ms"])
     view.inputs["max_p99_ttft_ms"] = ("p99 TTFT bound (ms)", bound_text, [])
     points = load_points(connection, schema, selection, view.notes)
-    gpus = _gpus(connection, schema, [p.run_id for p in points])
-    series = _series(points)
-    names = series_names({key: members[0].context for key, members in series.items()})
-    rows = []
-    for key, members in series.items():
+    run_ids = [p.run_id for p in points]
+    gpus = _gpus(connection, schema, run_ids)
+    servers = (_column(connection, "runtime_server_key", run_ids)
+               if "runtime_server_key" in schema.types else {})
+    # A configuration is a server: two suites measured on the same server (one server_key in
+    # one session, the same settings) are one configuration, whatever suite or workload.
+    configurations: dict[tuple[Any, ...], list[tuple[Point, str]]] = defaultdict(list)
+    contexts: dict[tuple[Any, ...], dict[str, Any]] = {}
+    suites: dict[tuple[Any, ...], set[str]] = defaultdict(set)
+    aliases: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    workload_naming = set(workload_columns(schema)) | {"suite", "workload"}
+    for key, members in _series(points).items():
+        axis = load_axis(members)
         for point in members:
-            row = _point_row(point, names[key], load_axis(members))
+            server = servers.get(point.run_id)
+            settings = {k: v for k, v in point.context.items() if k not in workload_naming}
+            config_key = ((server, point.session, _cell(sorted(settings.items())))
+                          if server else key)
+            # Named by its first configuration's own name where nothing else tells it apart.
+            config_key = aliases.setdefault(config_key, (config_key, point.configuration))
+            configurations[config_key].append((point, axis))
+            contexts.setdefault(config_key, settings)
+            suites[config_key].add(str(point.context.get("suite")))
+    for config_key, context in contexts.items():
+        context["suite"] = "+".join(sorted(suites[config_key]))
+    names = series_names(contexts)
+    rows = []
+    for config_key, members_ in configurations.items():
+        for point, axis in members_:
+            row = _point_row(point, names[config_key], axis)
+            row["config_key"] = config_key
             count = gpus.get(point.run_id, 1)
             output = point.metrics.get("output_throughput")
             tpot = point.metrics.get("median_tpot_ms")
+            row["model"] = str(point.context.get("server_model") or "-")
+            row["device"] = str(point.context.get("device") or "-")
             row["gpus"] = count
             row["output_tok_per_s_per_gpu"] = round(output / count, 2) if output else None
             row["per_user_tok_per_s"] = round(1000.0 / tpot, 2) if tpot else None
@@ -453,31 +562,55 @@ def pareto_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
     y_field = "per_user_tok_per_s" if y_choice == "per_user" else "p99_ttft_ms"
     y_title = ("per-user output tok/s (1000 / median TPOT)" if y_choice == "per_user"
                else "p99 TTFT (ms)")
-    frontier = pareto_frontier(rows, "output_tok_per_s_per_gpu", y_field,
-                               y_higher_is_better=y_choice == "per_user")
+    # A frontier is per model and device: a small model on one GPU beats a large one on both
+    # axes, and one frontier over both says nothing about either. One chart each.
+    facets: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
-        row["on_frontier"] = any(row is f for f in frontier)
-    x = charts.field("output_tok_per_s_per_gpu", "quantitative", "output tok/s per GPU")
-    y = charts.field(y_field, "quantitative", y_title)
-    layers: list[dict[str, Any]] = [
-        {"data": {"values": charts.rows_as_values(frontier)},
-         "mark": {"type": "line", "strokeDash": [6, 4], "color": "#444"},
-         "encoding": {"x": x, "y": y}},
-        {"mark": {"type": "point", "filled": True, "size": 90, "tooltip": True},
-         "encoding": {
-             "x": x, "y": y,
-             "color": charts.field("series", "nominal", "configuration"),
-             **({"shape": charts.field("bound", "nominal", f"p99 TTFT <= {bound_text} ms")}
-                if bound is not None else {}),
-             "tooltip": charts.tooltips("series", "workload", "load", "output_tok_per_s_per_gpu",
-                                        y_field, "p99_ttft_ms", "gpus", "session", "run_id")}},
-    ]
-    view.add("pareto", charts.spec(rows, title="Pareto: " + y_title + " against output tok/s "
-                                   "per GPU", height=460, layers=layers),
-             "Each point is one configuration at one load. The dashed line is the frontier: "
-             "no other point is better on both axes. " + (
-                 "Up and right is better." if y_choice == "per_user"
-                 else "Down and right is better."))
+        facets[(row["model"], row["device"])].append(row)
+    for (model, device), of_facet in sorted(facets.items()):
+        if not any(row["output_tok_per_s_per_gpu"] for row in of_facet):
+            view.notes.append(f"{model} on {device}: no output throughput (a pooling model, "
+                              "say): no Pareto chart.")
+            continue
+        # Named within the chart: what its own configurations differ by.
+        local = series_names({row["config_key"]: contexts[row["config_key"]]
+                              for row in of_facet})
+        of_facet = [{**{k: v for k, v in row.items() if k != "config_key"},
+                     "series": local[row["config_key"]]} for row in of_facet]
+        frontier = pareto_frontier(of_facet, "output_tok_per_s_per_gpu", y_field,
+                                   y_higher_is_better=y_choice == "per_user")
+        for row in of_facet:
+            row["on_frontier"] = any(row is f for f in frontier)
+        count = len({row["series"] for row in of_facet})
+        x = charts.field("output_tok_per_s_per_gpu", "quantitative", "output tok/s per GPU")
+        y = charts.field(y_field, "quantitative", y_title)
+        layers: list[dict[str, Any]] = [
+            {"data": {"values": charts.rows_as_values(frontier)},
+             "mark": {"type": "line", "strokeDash": [6, 4], "color": "#444"},
+             "encoding": {"x": x, "y": y}},
+            {"mark": {"type": "point", "filled": True, "size": 90, "tooltip": True},
+             "encoding": {
+                 "x": x, "y": y,
+                 "color": charts.series_colour(count),
+                 **({"shape": charts.field("bound", "nominal", f"p99 TTFT <= {bound_text} ms")}
+                    if bound is not None else {}),
+                 "tooltip": charts.tooltips("series", "workload", "load",
+                                            "output_tok_per_s_per_gpu", y_field, "p99_ttft_ms",
+                                            "gpus", "session", "run_id")}},
+        ]
+        where = f"{model} on {device}"
+        view.add(f"pareto-{_slug(model)}-{_slug(device)}", charts.spec(
+            of_facet, title=f"Pareto, {where}: {y_title} against output tok/s per GPU",
+            height=460 if len(facets) == 1 else charts.HEIGHT, layers=layers),
+            f"{where}: each point is one configuration at one load. The dashed line is the "
+            "frontier of this model on this device: no other of its points is better on both "
+            "axes. " + ("Up and right is better." if y_choice == "per_user"
+                        else "Down and right is better."))
+        crowded = charts.too_many_series(
+            count, f"The Pareto chart of {where}",
+            "filter on suite or a server setting, or pick fewer sessions")
+        if crowded:
+            view.notes.append(crowded)
     ranked = sorted((r for r in rows if r["meets_bound"] and r["output_tok_per_s_per_gpu"]),
                     key=lambda r: -r["output_tok_per_s_per_gpu"])
     title = ("Best configurations under p99 TTFT <= " + bound_text + " ms" if bound is not None
@@ -491,8 +624,8 @@ def pareto_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
 
 
 def _ranked_table(title: str, rows: Sequence[Mapping[str, Any]]) -> Table:
-    columns = ["rank", "series", "load", "output_tok_per_s_per_gpu", "output_throughput",
-               "p99_ttft_ms", "median_tpot_ms", "gpus", "run_id"]
+    columns = ["rank", "series", "model", "workload", "load", "output_tok_per_s_per_gpu",
+               "output_throughput", "p99_ttft_ms", "median_tpot_ms", "gpus", "run_id"]
     return Table(title, columns,
                  [{"rank": i + 1, **{c: r.get(c) for c in columns[1:]}}
                   for i, r in enumerate(rows)],
