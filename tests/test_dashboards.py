@@ -561,7 +561,7 @@ def test_series_get_enough_colours_and_the_page_says_when_they_are_too_many(
     connection = sqlite3.connect(ingested(tmp_path / "more", crowded))
     sql_functions.register(connection)
     assert view(connection, "load").notes == [
-        "The wide charts against max concurrency holds 22 series, more than its 20 colours "
+        "wide, against max concurrency: 22 series on one chart, more than its 20 colours "
         "tell apart (colours repeat; the tooltip names each point): filter on a setting in "
         "the legend, or pick fewer sessions (or blend them)."]
 

@@ -76,8 +76,8 @@ def too_many_series(count: int, chart: str, narrow: str) -> str | None:
     """The note a page shows where a chart holds more series than it has colours."""
     if count <= MAX_COLOURS:
         return None
-    return (f"{chart} holds {count} series, more than its {MAX_COLOURS} colours tell apart "
-            f"(colours repeat; the tooltip names each point): {narrow}.")
+    return (f"{chart}: {count} series on one chart, more than its {MAX_COLOURS} colours tell "
+            f"apart (colours repeat; the tooltip names each point): {narrow}.")
 
 
 def tooltips(*names: str) -> list[dict[str, str]]:

@@ -441,7 +441,7 @@ def load_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Se
             view.notes.append(f"{suite}: no run measured {', '.join(unmeasured)} (a pooling "
                               "model has no output tokens, say): those charts are not drawn.")
         crowded = charts.too_many_series(
-            len(series), f"The {suite} charts against {axis_words}",
+            len(series), f"{suite}, against {axis_words}",
             "filter on a setting in the legend, or pick fewer sessions (or blend them)")
         if crowded:
             view.notes.append(crowded)
@@ -607,7 +607,7 @@ def pareto_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
             "axes. " + ("Up and right is better." if y_choice == "per_user"
                         else "Down and right is better."))
         crowded = charts.too_many_series(
-            count, f"The Pareto chart of {where}",
+            count, f"Pareto, {where}",
             "filter on suite or a server setting, or pick fewer sessions")
         if crowded:
             view.notes.append(crowded)
