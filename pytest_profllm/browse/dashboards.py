@@ -600,7 +600,8 @@ def pareto_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
         ]
         where = f"{model} on {device}"
         view.add(f"pareto-{_slug(model)}-{_slug(device)}", charts.spec(
-            of_facet, title=f"Pareto, {where}: {y_title} against output tok/s per GPU",
+            # The axes say what is drawn: a title naming them too is cut in a half-width chart.
+            of_facet, title=f"Pareto: {where}",
             height=460 if len(facets) == 1 else charts.HEIGHT, layers=layers),
             f"{where}: each point is one configuration at one load. The dashed line is the "
             "frontier of this model on this device: no other of its points is better on both "
