@@ -193,7 +193,7 @@ def test_slos_turn_the_benchmark_into_a_capacity_search(
         "--search-min-duration-s", "1",
     )  # fmt: skip
     out = capsys.readouterr().out
-    assert code == 0 and result is not None
+    assert code == 0 and result is not None, out[-3000:]
     probes = [line for line in out.splitlines() if line.startswith("probe ")]
     assert probes and all("median_ttft_ms" in line and "p90_tpot_ms" in line for line in probes)
     search = result["capacity_search"]
