@@ -9,6 +9,7 @@ import sqlite3
 import tempfile
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import run_suites
@@ -84,7 +85,7 @@ def test_a_new_baseline_slower_than_its_history_is_named(tmp_path: Path) -> None
         history = record(run_id, session)
         history["results"] = {"output_throughput": 100.0 + index}
         tables.load_runs(db, [(history, requests_rows(0.1))])
-    new = []
+    new: list[tuple[dict[str, Any], list[dict[str, Any]] | None]] = []
     for repeat, throughput in enumerate((80.0, 81.0)):
         run = record(f"new{repeat}", "12:00:00")
         run["results"] = {"output_throughput": throughput}
@@ -100,8 +101,8 @@ def test_a_new_baseline_slower_than_its_history_is_named(tmp_path: Path) -> None
     for run, _ in new:
         run["results"] = {"output_throughput": 100.5}
     assert earlier.slower_than_history([db], new, True, SETTINGS) == []
-    line = earlier.ungated_history(db, [new[-1][0]], True)
-    assert line == (
+    ungated = earlier.ungated_history(db, [new[-1][0]], True)
+    assert ungated == (
         f"1 of 1 gated case(s) have earlier sessions in {db} but were not compared (no "
         f"--profllm-baseline): gate them with --profllm-baseline {db}"
     )
