@@ -49,6 +49,29 @@ def test_an_infinite_request_rate_still_means_all_at_once(tmp_path: Path) -> Non
     assert len(cases_of(write_suite(tmp_path, BASE + "  request_rate: .inf\n"))) == 1
 
 
+@pytest.mark.parametrize(
+    ("rate", "message"),
+    [
+        # Before: collected, and the case slept for the first gap of 1e300 s (forever).
+        ("1e-300", "bench_x.yaml:3: benchmark: request_rate: 4 requests at 1e-300 req/s would "
+         "take about 1.11e+297 h, past the 24 h a load may last"),
+        ("0.00001", "4 requests at 1e-05 req/s would take about 111 h"),
+        ("0.0001", None),  # 4 requests in about 11 h: slow, but a load a user may mean
+    ],
+)
+def test_a_rate_whose_schedule_runs_past_a_day_is_one_line(
+    tmp_path: Path, rate: str, message: str | None
+) -> None:
+    path = write_suite(tmp_path, BASE + f"  request_rate: {rate}\n")
+    if message is None:
+        assert len(cases_of(path)) == 1
+        return
+    with pytest.raises(SuiteError) as error:
+        cases_of(path)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
 def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
     rows = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     for name, previous in zip("bcdefghi", "abcdefgh", strict=True):

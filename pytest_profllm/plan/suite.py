@@ -31,7 +31,12 @@ from pydantic import (
 
 from pytest_profllm.engine.registry import bundled, human_int
 from pytest_profllm.engine.secrets import ENV_SECRETS, REDACTED, RedactedDict, is_secret
-from pytest_profllm.limits import MAX_PROBE_REQUESTS, MAX_REQUEST_TOKENS, MIN_SEARCH_RATE
+from pytest_profllm.limits import (
+    MAX_PROBE_REQUESTS,
+    MAX_REPLAY_S,
+    MAX_REQUEST_TOKENS,
+    MIN_SEARCH_RATE,
+)
 from pytest_profllm.plan import metric_names
 from pytest_profllm.plan.metric_names import LATENCY_RESULTS, THROUGHPUT_RESULTS
 from pytest_profllm.plan.regression import (
@@ -314,6 +319,15 @@ class BenchmarkConfig(BaseModel):
                 raise ValueError("ramp_up_start_rps must not exceed ramp_up_end_rps")
             if self.ramp_up_strategy == "exponential" and self.ramp_up_start_rps == 0:
                 raise ValueError("an exponential ramp-up cannot start at 0 requests/s")
+        # Ours: a rate so low that the schedule's gaps run past a day is a unit mistaken, and
+        # its arithmetic (1 / rate) overflows near zero; refused before any server starts.
+        lasts_s = self.num_prompts / self.request_rate
+        if lasts_s > MAX_REPLAY_S:
+            raise ValueError(
+                f"request_rate: {self.num_prompts:,} requests at {self.request_rate:g} req/s "
+                f"would take about {lasts_s / 3600:.3g} h, past "
+                f"the {MAX_REPLAY_S / 3600:g} h a load may last"
+            )
         if self.dataset_name in _FILE_DATASETS and not self.dataset_path:
             place = "folder" if self.dataset_name == "speed_bench" else "file"
             raise ValueError(
