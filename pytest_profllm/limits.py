@@ -8,8 +8,10 @@ This module is the bottom layer: it imports nothing of the package, and every la
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -49,6 +51,9 @@ MAX_RESULTS = 1_000
 MAX_SERVER_ARGUMENTS = 1_000
 # One line of a JSON-lines file (a trace's request, a dataset's row, a request row).
 MAX_JSON_LINE_BYTES = 16 << 20
+# A per-request file (`RUN.requests.jsonl.gz`), decompressed: a probe of 1,000,000 requests with
+# their inter-token gaps stays below it; a few MB of gzip can expand to terabytes.
+MAX_REQUEST_FILE_BYTES = 1 << 30
 # Tokens of one request (input and output): no model's context is longer (Llama 4 Scout's:
 # 10 M). Where the server's max_model_len is known, that is the limit.
 MAX_REQUEST_TOKENS = 10 << 20
@@ -132,6 +137,30 @@ def _nested_deeper(value: Any, limit: int) -> bool:
             if child.__class__ is dict or child.__class__ is list:
                 stack.append((child, depth + 1))
     return False
+
+
+def read_gzip_lines(path: Path) -> list[bytes]:
+    """The lines of a gzipped JSON-lines file, read as they decompress: InputLimitError, naming
+    the file (and line), where one line is over MAX_JSON_LINE_BYTES or the whole over
+    MAX_REQUEST_FILE_BYTES, before more is held; gzip's own errors (OSError, EOFError) where
+    it is not gzip."""
+    lines: list[bytes] = []
+    total = 0
+    with gzip.open(path, "rb") as handle:
+        while line := handle.readline(MAX_JSON_LINE_BYTES + 1):
+            if len(line) > MAX_JSON_LINE_BYTES:
+                raise InputLimitError(
+                    f"{path.name}:{len(lines) + 1} is more than the {MAX_JSON_LINE_BYTES:,} "
+                    "bytes a line may have, decompressed"
+                )
+            total += len(line)
+            if total > MAX_REQUEST_FILE_BYTES:
+                raise InputLimitError(
+                    f"{path.name} decompresses to more than the {MAX_REQUEST_FILE_BYTES:,} "
+                    "bytes read"
+                )
+            lines.append(line)
+    return lines
 
 
 def check_pixels(width: int, height: int, *, what: str) -> None:

@@ -5,6 +5,7 @@ history's change points (the command and the Datasette aggregate)."""
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sqlite3
 from pathlib import Path
@@ -210,6 +211,20 @@ def test_baseline_from_a_folder_of_records(tmp_path: Path) -> None:
     found = Baseline(tmp_path).runs_for(record("now", "13:00:00"))
     assert [run.run_id for run in found] == ["a"]
     assert found[0].latencies["e2el"].tolist() == pytest.approx([340.0] * 4)
+
+
+def test_a_request_file_in_a_baseline_folder_that_expands_too_far_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pytest_profllm.limits.MAX_REQUEST_FILE_BYTES", 1 << 20)
+    write_record(tmp_path, record("a", "10:00:00"))
+    (tmp_path / "a.requests.jsonl.gz").write_bytes(gzip.compress(b"{}\n" * (1 << 20)))
+    # Before: decompressed whole into memory (a few MB of gzip can hold terabytes).
+    with pytest.raises(ValueError, match=r"^a.requests.jsonl.gz decompresses to more than "):
+        Baseline(tmp_path).runs_for(record("now", "13:00:00"))
+    (tmp_path / "a.requests.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match=r"a.requests.jsonl.gz: not a request file: "):
+        Baseline(tmp_path).runs_for(record("now", "13:00:00"))
 
 
 def test_markdown_summary_has_the_gate_columns() -> None:

@@ -4,12 +4,14 @@ good ones beside them from loading."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_store import make_record
@@ -195,3 +197,19 @@ def test_hostile_record_files_never_stop_the_good_ones(
         assert reason and "\n" not in reason
     refused_runs = {path.name.rsplit("-", 1)[0] for path, _ in report.refused}
     assert len(loaded) + len(refused_runs) == 2 + len(files)
+
+
+def test_a_request_file_that_expands_past_the_limit_is_refused_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pytest_profllm.limits.MAX_REQUEST_FILE_BYTES", 1 << 20)
+    _write(tmp_path / "records", [make_record("run-a"), make_record("run-bomb")])
+    bomb = tmp_path / "records" / "run-bomb.requests.jsonl.gz"
+    bomb.write_bytes(gzip.compress(b"{}\n" * (1 << 20)))
+    report = ingest(tmp_path / "x.db", record_files([tmp_path / "records"]))
+    # Before: the file was decompressed whole into memory, and loaded.
+    assert [(path.name, reason) for path, reason in report.refused] == [
+        ("run-bomb.json",
+         "run-bomb.requests.jsonl.gz decompresses to more than the 1,048,576 bytes read")
+    ]
+    assert _loaded(tmp_path / "x.db") == {"run-a"}

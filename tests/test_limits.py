@@ -3,7 +3,9 @@ and the pixel limit of an image."""
 
 from __future__ import annotations
 
+import gzip
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from pytest_profllm.limits import (
     InputLimitError,
     check_pixels,
     load_json,
+    read_gzip_lines,
 )
 
 
@@ -95,3 +98,34 @@ def test_any_text_is_a_value_or_one_value_error(text: str) -> None:
 def _as_orjson_reads(digits: str) -> int | float:
     number = int(digits)
     return number if -(2**63) <= number < 2**64 else float(number)
+
+
+def test_a_gzip_bomb_is_refused_before_it_is_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: gzip.decompress held the whole expansion (a few MB of gzip, terabytes of zeros).
+    monkeypatch.setattr("pytest_profllm.limits.MAX_REQUEST_FILE_BYTES", 1 << 20)
+    path = tmp_path / "r.requests.jsonl.gz"
+    path.write_bytes(gzip.compress(b"{}\n" * (1 << 20)))  # 3 MB of lines from 3 KB
+    with pytest.raises(InputLimitError, match=r"^r.requests.jsonl.gz decompresses to more "
+                       r"than the 1,048,576 bytes read$"):
+        read_gzip_lines(path)
+
+
+def test_a_line_over_the_limit_is_refused_with_its_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pytest_profllm.limits.MAX_JSON_LINE_BYTES", 100)
+    path = tmp_path / "r.requests.jsonl.gz"
+    path.write_bytes(gzip.compress(b"{}\n" + b"[" + b"0," * 1000 + b"0]\n"))
+    with pytest.raises(InputLimitError, match=r"^r.requests.jsonl.gz:2 is more than the 100 "):
+        read_gzip_lines(path)
+
+
+def test_gzip_lines_within_the_limits_are_read_whole(tmp_path: Path) -> None:
+    path = tmp_path / "r.requests.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"a": 1}\n{"b": 2}'))
+    assert read_gzip_lines(path) == [b'{"a": 1}\n', b'{"b": 2}']
+    path.write_bytes(b"not gzip")
+    with pytest.raises(OSError):
+        read_gzip_lines(path)

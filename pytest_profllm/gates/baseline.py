@@ -7,7 +7,6 @@ requests failed, or whose figures measure the client or counts the server made u
 
 from __future__ import annotations
 
-import gzip
 import json
 import sqlite3
 from contextlib import closing
@@ -19,7 +18,7 @@ import numpy as np
 
 from pytest_profllm.gates.samples import RunSamples, samples_of
 from pytest_profllm.hosts.files import read_only_uri
-from pytest_profllm.limits import MAX_JSON_LINE_BYTES, load_json
+from pytest_profllm.limits import MAX_JSON_LINE_BYTES, load_json, read_gzip_lines
 from pytest_profllm.results import gate_tables as tables
 from pytest_profllm.results.fingerprint import digests
 from pytest_profllm.results.ingest import read_record, record_files
@@ -163,9 +162,15 @@ def _requests_file(folder: Path, run_id: str) -> list[dict[str, Any]] | None:
     path = folder / f"{run_id}.requests.jsonl.gz"
     if not path.exists():
         return None
-    with gzip.open(path, "rb") as handle:
-        return [load_json(line, what=f"{path}:{number}", max_bytes=MAX_JSON_LINE_BYTES)
-                for number, line in enumerate(handle, 1) if line.strip()]
+    try:
+        lines = read_gzip_lines(path)
+    except (OSError, EOFError) as error:  # gzip.BadGzipFile is an OSError
+        raise ValueError(f"{path}: not a request file: {error}") from None
+    rows = [load_json(line, what=f"{path}:{number}", max_bytes=MAX_JSON_LINE_BYTES)
+            for number, line in enumerate(lines, 1) if line.strip()]
+    if not all(isinstance(row, dict) for row in rows):
+        raise ValueError(f"{path}: a line is not a JSON object")
+    return rows
 
 
 def _reading(path: Path) -> closing[sqlite3.Connection]:

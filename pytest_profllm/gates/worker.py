@@ -43,7 +43,13 @@ def judge_case(config: pytest.Config, outcome: CaseOutcome) -> list[RegressionVe
         return []
     del pending[key]
     baseline = baseline_of(config)
-    baseline_runs = baseline.runs_for(record) if baseline is not None else []
+    baseline_runs: list[RunSamples] = []
+    if baseline is not None:
+        try:
+            baseline_runs = baseline.runs_for(record)
+        except (ValueError, OSError, sqlite3.Error) as error:  # its files, read per case
+            pytest.fail(f"--profllm-baseline {baseline.path}: cannot be read: {error}",
+                        pytrace=False)
     settings = config.stash[GATE_CONFIG_KEY].settings
     return [
         judge(gated_metric(name, tolerance), runs, baseline_runs, settings)

@@ -16,7 +16,6 @@ stored record is counted unchanged without being parsed.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import math
 import os
@@ -37,6 +36,7 @@ from pytest_profllm.limits import (
     MAX_SERVER_ARGUMENTS,
     InputLimitError,
     load_json,
+    read_gzip_lines,
 )
 from pytest_profllm.results.gate_tables import GateRows, gate_rows
 from pytest_profllm.results.record import normalize
@@ -362,10 +362,10 @@ def _requests_beside(path: Path, run_id: str) -> list[dict[str, Any]] | None:
     """The record's per-request rows, where its `.requests.jsonl.gz` lies beside it."""
     beside = path.with_name(f"{run_id}.requests.jsonl.gz")
     try:
-        lines = gzip.decompress(beside.read_bytes()).splitlines()
+        lines = read_gzip_lines(beside)
     except FileNotFoundError:
         return None
-    except (OSError, EOFError, gzip.BadGzipFile) as error:
+    except (OSError, EOFError) as error:  # gzip.BadGzipFile is an OSError
         raise ValueError(f"{beside.name}: not a request file: {error}") from None
     try:
         requests = [orjson.loads(line) for line in lines if line.strip()]
