@@ -69,9 +69,13 @@ def test_no_redirect_leaves_the_host(tmp_path: Path) -> None:
 
 def test_another_databases_runs_table_is_left_alone(tmp_path: Path) -> None:
     ours, other = _results_db(tmp_path / "results.db", rows=3), _other_db(tmp_path / "other.db")
-    (row,), datasette = _get([ours, other], "/other/runs/1")
+    (row, table, alone), datasette = _get([ours, other], "/other/runs/1", "/other/runs",
+                                          "/other/runs.json")
     assert row.status_code == 200  # before: redirected to other/benchmark_runs/1, a 404
     assert "a run of something else" in row.text
+    # Before: 500 "Cannot sort table by timestamp" (our landing table's order, given to it).
+    assert (table.status_code, alone.status_code) == (200, 200)
+    assert "a run of something else" in table.text
     # A server that serves more than our databases keeps Datasette's CSV limit.
     assert datasette.setting("max_csv_mb") == 100
 

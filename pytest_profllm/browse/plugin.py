@@ -349,12 +349,13 @@ def get_metadata(
     databases = {}
     for name in names:
         schema = _schema(datasette, name)
+        if schema is None or not schema.columns:
+            continue  # not a results database: its own `runs` table keeps its own order
         databases[name] = {
             "tables": {
-                TABLE: table_metadata(schema.columns if schema else None),
+                TABLE: table_metadata(schema.columns),
                 LANDING: landing_metadata(
-                    schema.swept if schema else [], schema.landing_columns if schema else None,
-                    name, schema.single_valued if schema else frozenset(),
+                    schema.swept, schema.landing_columns, name, schema.single_valued
                 ),
             }
         }
