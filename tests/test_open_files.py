@@ -24,7 +24,7 @@ from pytest_profllm.load import metrics
 from pytest_profllm.load.client import out_of_descriptors, stream_request
 from pytest_profllm.load.http import HttpResponse
 from pytest_profllm.load.metrics import RequestOutcome
-from pytest_profllm.load.schedule import LoadResult, LoadSettings
+from pytest_profllm.load.schedule import LoadResult, LoadSettings, back_to_back
 
 LIMIT = 128
 SUITE = """
@@ -161,3 +161,14 @@ def test_a_load_past_the_open_file_limit_is_capped_and_keeps_its_record(
     assert record["system"]["telemetry_problem"] is None
     assert done.returncode == 0, out
 
+
+
+def test_a_capacity_probe_pooled_from_runs_keeps_where_its_client_was_capped() -> None:
+    # A capacity case's figures are its probe's runs laid back to back. Before, the pooled
+    # load dropped the cap, and a capacity record's runtime.client_limit was always null.
+    line = "client capped at 43 concurrent connections: open-file limit 128"
+    capped = LoadResult([], 1.0, 0.0, 0.0, open_file_limit=128, client_limit=line)
+    free = LoadResult([], 1.0, 0.0, 0.0, open_file_limit=4096)
+    pooled = back_to_back([free, capped, capped])
+    assert (pooled.client_limit, pooled.open_file_limit) == (line, 128)
+    assert back_to_back([free, free]).client_limit is None

@@ -78,9 +78,13 @@ def back_to_back(loads: Sequence[LoadResult]) -> LoadResult:
         outcomes += [_shifted(outcome, shift) for outcome in load.outcomes]
         offsets += [elapsed + offset for offset in load.intended_offsets]
         elapsed += load.duration
+    limits = [load.open_file_limit for load in loads if load.open_file_limit is not None]
+    capped = dict.fromkeys(load.client_limit for load in loads if load.client_limit)
     return LoadResult(outcomes, elapsed, first.started_at, first.clock_start,
                       sum(load.cpu_seconds for load in loads),
-                      max(load.processes for load in loads), offsets)
+                      max(load.processes for load in loads), offsets,
+                      open_file_limit=min(limits) if limits else None,
+                      client_limit="; ".join(capped) or None)
 
 
 def _shifted(outcome: RequestOutcome, shift: float) -> RequestOutcome:

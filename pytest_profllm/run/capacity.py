@@ -109,6 +109,7 @@ def _keep_probe_at_capacity(
         problem = metrics.served_problem(load.outcomes, summary, 0)
         raise CaseFailed(problem or "no request of the capacity search completed")
     outcome.results = dict(summary)
+    outcome.client_limit = load.client_limit
     outcome.requests = [
         request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
     ]
