@@ -378,3 +378,49 @@ def test_compare_two_ticked_runs_and_their_sessions(serve: object, browser: Brow
     assert browser.evaluate(
         "document.querySelectorAll('table.rows-and-columns tbody tr').length") == 2
     browser.screenshot(shots / "compare-sessions.png")
+
+
+def test_two_runs_ticked_on_different_pages_compare(serve: object, browser: Browser,
+                                                     tmp_path: Path) -> None:
+    """A tick survives paging: one run ticked on the first page of the landing table, one on
+    the second, and the compare link holds both (before, ticks lived on one page only)."""
+    from test_datasette import CASE_A, CASE_B, make_record
+
+    from pytest_profllm.results.store import load_records
+
+    db = tmp_path / "results.db"
+    load_records(db, [
+        make_record("s1-a", "s1", CASE_A, "2026-01-01T10:00:00+00:00", throughput=11.0),
+        make_record("s1-b", "s1", CASE_B, "2026-01-01T10:05:00+00:00", throughput=12.0),
+        make_record("s2-a", "s2", CASE_A, "2026-01-02T10:00:00+00:00", throughput=21.0),
+        make_record("s2-b", "s2", CASE_B, "2026-01-02T10:05:00+00:00", throughput=22.0),
+    ])
+    base = serve(db)  # type: ignore[operator]
+
+    def tick(run_id: str) -> None:
+        wait_for(lambda: browser.evaluate(
+            "document.querySelectorAll('input.profllm-compare-box').length") == 2, "the boxes")
+        browser.evaluate("[...document.querySelectorAll('input.profllm-compare-box')]"
+                         f".filter(b => b.dataset.run === '{run_id}').forEach(b => b.click())")
+
+    browser.open(base + "/results/runs?_size=2")  # newest first: s2-b, s2-a | s1-b, s1-a
+    tick("s2-a")
+    assert "1 ticked" in browser.evaluate("document.getElementById('profllm-compare').textContent")
+    next_page = browser.evaluate("document.querySelector('a[href*=\"_next=\"]').href")
+    browser.open(next_page)
+    tick("s1-a")
+    bar = browser.evaluate("document.getElementById('profllm-compare').textContent")
+    assert "2 ticked, 1 on another page" in bar, bar
+    keep = os.environ.get("PROFLLM_SCREENSHOT_DIR")
+    browser.screenshot((Path(keep) if keep else tmp_path) / "compare-ticked-across-pages.png")
+    href = browser.evaluate("document.getElementById('profllm-compare-runs').href")
+    assert href.endswith("/results/compare_runs?run_a=s1-a&run_b=s2-a"), href
+    browser.evaluate("document.getElementById('profllm-compare-runs').click()")
+    wait_for(lambda: "/results/compare_runs?" in browser.evaluate("location.href")
+             and browser.evaluate("document.readyState") == "complete", "compare_runs")
+    # Following the link clears the ticks: the landing table starts afresh.
+    browser.open(base + "/results/runs?_size=2")
+    wait_for(lambda: browser.evaluate(
+        "document.querySelectorAll('input.profllm-compare-box').length") == 2, "the boxes")
+    assert browser.evaluate(
+        "document.querySelectorAll('input.profllm-compare-box:checked').length") == 0
