@@ -265,6 +265,14 @@ def test_the_menus_dashboards_link_leads_to_our_dashboards(results_db: Path) -> 
     assert 'href="/-/dashboards"' in database.text
     assert (menu.status_code, menu.headers["location"]) == (302, "/results/-/dashboards")
     assert index.status_code == 200 and "Latest session" in index.text
+    # With two results databases the menu's link leads to the index that lists both (each
+    # database's page links its dashboards). Before: "No dashboards found".
+    second = results_db.with_name("second.db")
+    load_records(second, RECORDS[:1])
+    menu, listing = get([results_db, second], "/-/dashboards", "/")
+    assert (menu.status_code, menu.headers["location"]) == (302, "/")
+    assert listing.status_code == 200
+    assert 'href="/results"' in listing.text and 'href="/second"' in listing.text
 
 
 def test_the_landing_view_shows_the_swept_axes_with_facets(tmp_path: Path) -> None:

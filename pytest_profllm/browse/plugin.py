@@ -330,10 +330,16 @@ _THEIR_DASHBOARDS = "/-/dashboards"
 
 
 async def _dashboards_path(datasette: Any) -> str | None:
-    name = await _results_database(datasette)
-    if name is None:
+    """The one results database's dashboards; where several are served, the instance's
+    index, which lists them (each database's page links its dashboards); None where none."""
+    ours = [name for name, db in datasette.databases.items()
+            if name != "_internal" and await db.table_exists(TABLE)]
+    if not ours:
         return None
-    path: str = datasette.urls.database(name) + "/-/dashboards"
+    if len(ours) > 1:
+        index: str = datasette.urls.instance()
+        return index
+    path: str = datasette.urls.database(ours[0]) + "/-/dashboards"
     return path
 
 
