@@ -467,9 +467,22 @@ def _recheck(
     count = max(requests_per_probe(slos, num_prompts), steady_requests(load, settings))
     samples = run(load, count, run_seed)
     decision, reason, readings = decide(samples, slos, settings.confidence, seed)
-    probe = Probe(
+    probe = _probe_of(load, count, samples, decision, reason, readings)
+    return Recheck(probe, met_with, samples.fell_behind)
+
+
+def _probe_of(
+    load: float,
+    requests: int,
+    samples: ProbeSamples,
+    decision: Decision,
+    reason: str | None,
+    readings: list[SloReading],
+) -> Probe:
+    """A decided probe: what it sent, and what its (pooled) samples say."""
+    return Probe(
         load=load,
-        requests=count,
+        requests=requests,
         completed=samples.completed,
         failed=samples.failed,
         achieved_rate=samples.achieved_rate,
@@ -478,7 +491,6 @@ def _recheck(
         reason=reason,
         readings=readings,
     )
-    return Recheck(probe, met_with, samples.fell_behind)
 
 
 def _bracket(
@@ -518,17 +530,7 @@ def _bracket(
             decision, reason = "unsure", f"met on {done_runs} run(s), {settings.confirm} needed"
         elif decision == "unsure" and samples.fell_behind is None:
             reason = f"unsure after {done_runs * count} requests ({reason})"
-        done = Probe(
-            load=load,
-            requests=done_runs * count,
-            completed=samples.completed,
-            failed=samples.failed,
-            achieved_rate=samples.achieved_rate,
-            duration_s=samples.duration_s,
-            decision=decision,
-            reason=reason,
-            readings=readings,
-        )
+        done = _probe_of(load, done_runs * count, samples, decision, reason, readings)
         probes.append(done)
         if on_probe is not None:
             on_probe(done)
