@@ -147,6 +147,16 @@ class GpuReading:
     temperature_c: float | None
 
 
+@dataclass(frozen=True)
+class EnergyCount:
+    """The leased GPUs' energy counters at one moment: millijoules since the driver loaded,
+    one per GPU in lease order; or, in `problem`, why they could not all be read."""
+
+    at: float  # perf_counter seconds
+    millijoules: tuple[float, ...]
+    problem: str | None = None
+
+
 class NvmlGpus:
     """The leased GPUs through NVML (`pynvml`, from nvidia-ml-py), by CUDA device index."""
 
@@ -205,6 +215,20 @@ class NvmlGpus:
             )
             for index, handle in zip(self.indices, self.handles, strict=True)
         )
+
+    def energy(self) -> EnergyCount:
+        """The leased GPUs' total energy counters now (Volta and newer boards). A GPU whose
+        counter cannot be read makes the whole count unknown: a sum without it would read as
+        the server's energy and be too low."""
+        at = time.perf_counter()
+        millijoules = []
+        for index, handle in zip(self.indices, self.handles, strict=True):
+            try:
+                millijoules.append(float(self.nvml.nvmlDeviceGetTotalEnergyConsumption(handle)))
+            except self.nvml.NVMLError as error:
+                why = str(error) or type(error).__name__
+                return EnergyCount(at, (), f"GPU {index}: NVML energy counter: {why}")
+        return EnergyCount(at, tuple(millijoules), None)
 
     def memory_holders(self) -> dict[int, dict[int, float]]:
         """Per leased GPU index: pid -> MiB of every compute process holding memory on it."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from pytest_profllm.hosts.nvml import GpuReading, NvmlGpus
+from pytest_profllm.hosts.nvml import EnergyCount, GpuReading, NvmlGpus
 from pytest_profllm.hosts.processes import process_tree
 from pytest_profllm.load.server_state import (
     PREFIX_HITS,
@@ -128,6 +128,43 @@ def server_metric_deltas(
         "server_prefix_cache_hit_rate": (hits / queries if queries and hits is not None else None),
         **sim_lateness(before, after),
     }
+
+
+def energy_used(
+    start: EnergyCount | None, end: EnergyCount | None
+) -> dict[str, float | str | None]:
+    """The leased GPUs' energy over the sampled window (the load, its warm-ups included):
+    NVML's counters read as it began and as it ended, summed over the GPUs, and the mean power
+    that makes. Null without NVML GPUs (a CPU host, the simulator's virtual GPUs), and then
+    without a reason: every record would say it. Null with the reason where a GPU's counter
+    could not be read."""
+    figures: dict[str, float | str | None] = dict.fromkeys(ENERGY_FIELDS)
+    if start is None and end is None:
+        return figures
+    if start is None or end is None:
+        figures["gpu_energy_problem"] = "NVML's energy counters were read at one end only"
+        return figures
+    problem = start.problem or end.problem
+    if problem is None:
+        # One NvmlGpus object reads both ends: the same GPUs, in the same order.
+        used = [after - before
+                for before, after in zip(start.millijoules, end.millijoules, strict=True)]
+        if any(mj < 0 for mj in used):
+            problem = "NVML's energy counter went back during the load (the driver reloaded?)"
+    if problem is not None:
+        figures["gpu_energy_problem"] = problem
+        return figures
+    joules = sum(used) / 1000  # NVML counts millijoules
+    window = end.at - start.at
+    figures["gpu_energy_j"] = joules
+    figures["gpu_energy_window_s"] = window
+    figures["mean_gpu_power_from_energy_w"] = joules / window if window > 0 else None
+    return figures
+
+
+ENERGY_FIELDS = (
+    "gpu_energy_j", "gpu_energy_window_s", "mean_gpu_power_from_energy_w", "gpu_energy_problem",
+)
 
 
 def summarize(samples: Sequence[Sample], interval_s: float) -> dict[str, float | int | None]:
@@ -272,6 +309,9 @@ class Sampler:
     metrics_before: dict[str, float] | None = None
     metrics_after: dict[str, float] | None = None
     sample_seconds: float = 0.0  # time spent taking samples, to show the sampler's overhead
+    # The leased GPUs' energy counters as the load began and as it ended (None: not read).
+    energy_start: EnergyCount | None = None
+    energy_end: EnergyCount | None = None
     # Why some telemetry is missing (the first failure, and how many there were); None: none.
     problem: str | None = None
     _failures: int = 0
@@ -295,6 +335,7 @@ class Sampler:
         self._guarded("starting", self._start)
         self._guarded("sampling", self._take)  # primes psutil's CPU counters: 0 the first time
         self.samples.clear()
+        self._guarded("reading energy", lambda: self._read_energy(at_start=True))
         self._thread = threading.Thread(target=self._loop, name="profllm-telemetry", daemon=True)
         self._thread.start()
 
@@ -318,7 +359,16 @@ class Sampler:
         self._thread.join()
         self._thread = None
         self._guarded("sampling", self._take)  # the run's tail, however short the run
+        self._guarded("reading energy", lambda: self._read_energy(at_start=False))
         self._guarded("stopping", self._finish)
+
+    def _read_energy(self, at_start: bool) -> None:
+        if self.gpus is None:
+            return
+        if at_start:
+            self.energy_start = self.gpus.energy()
+        else:
+            self.energy_end = self.gpus.energy()
 
     def _finish(self) -> None:
         try:
@@ -354,7 +404,11 @@ class Sampler:
         problem = self.problem
         if problem is not None and self._failures > 1:
             problem += f" ({self._failures} failures)"
-        return {**self.summary(), "telemetry_problem": problem}
+        return {
+            **self.summary(),
+            **energy_used(self.energy_start, self.energy_end),
+            "telemetry_problem": problem,
+        }
 
     def series(self, origin: float | None = None) -> list[dict[str, float | None]]:
         """The samples over time, from `origin` (a load's `clock_start`): the first sample
