@@ -112,6 +112,14 @@ def parse_milliseconds(text: str) -> float:
     return _number(text, "milliseconds", _positive, "expected a positive number of milliseconds")
 
 
+def parse_gpu_hour_price(text: str) -> float:
+    """A price in US dollars per GPU-hour: a finite number, 0 or more (`2.50`, `$2.50`)."""
+    return _number(
+        text.strip().removeprefix("$"), "a price in USD per GPU-hour like 2.50",
+        lambda v: 0 <= v < math.inf, "a price is a finite number, 0 or more",
+    )
+
+
 def parse_max_cases(text: str) -> int:
     """A whole number of cases, at least 1."""
     if not text.strip().isdigit() or int(text) < 1:
@@ -268,6 +276,15 @@ def add_options(parser: pytest.Parser) -> None:
         f"{DEFAULT_REMEASURE}; 0: never)",
     )
     group.addoption(
+        "--profllm-gpu-hour-price",
+        metavar="USD",
+        type=parse_gpu_hour_price,
+        default=None,
+        help="price each case's load at USD per GPU-hour: the record's cost block gets the "
+        "server's GPU-seconds and USD per million output tokens, with the price (ini: "
+        "profllm_gpu_hour_price; default: no cost)",
+    )
+    group.addoption(
         "--profllm-sim-device",
         metavar="NAME",
         type=parse_sim_device,
@@ -360,6 +377,7 @@ def add_options(parser: pytest.Parser) -> None:
     )
     parser.addini("profllm_busy_gpus", "wait or fail on GPUs in use by others", default="wait")
     parser.addini("profllm_sim_device", "the GPU the simulated engine models", default=None)
+    parser.addini("profllm_gpu_hour_price", "USD per GPU-hour to price cases at", default=None)
     parser.addini("profllm_max_cases", "the most cases one suite may expand to", default=None)
     parser.addini("profllm_ray", "Ray cluster address, auto or local", default=None)
     parser.addini(
@@ -464,6 +482,7 @@ class Settings:
     # A rate sweep's saturation stop (session/saturation.py); None: off.
     saturation_margin: float | None = DEFAULT_SATURATION_MARGIN
     resume: bool = False  # skip cases whose valid record is already in out_dir
+    gpu_hour_price: float | None = None  # USD per GPU-hour; None: cases are not priced
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -521,6 +540,9 @@ class Settings:
             ray_retry=bool(pick("profllm_ray_retry", "profllm_ray_retry")),
             saturation_margin=_saturation_margin(config),
             resume=_resume(config, out_dir),
+            gpu_hour_price=parsed(  # type: ignore[arg-type]
+                "profllm_gpu_hour_price", "profllm_gpu_hour_price", parse_gpu_hour_price
+            ),
         )
 
 

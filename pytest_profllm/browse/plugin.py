@@ -71,7 +71,8 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
 }
 DESCRIPTION = (
     "One row per benchmark case, written by pytest-profllm. server_* columns are vLLM engine "
-    "arguments, bench_* the workload, system_* and runtime_* where and how it ran. Metrics keep "
+    "arguments, bench_* the workload, system_* and runtime_* where and how it ran, cost_* what "
+    "its load cost at a GPU-hour price (--profllm-gpu-hour-price). Metrics keep "
     "the names and definitions of vllm bench serve, latencies in ms: ttft = time to first token, "
     "tpot = time per output token after the first, itl = gaps between streamed messages (pooled "
     "over requests), e2el = end-to-end latency; each as mean_, median_, std_ and pNN_."

@@ -46,6 +46,12 @@ HEADLINES = (
     ("duration", "benchmark duration", "s"),
     ("tokens_per_second", "offline throughput", "tok/s"),
     ("avg_latency_ms", "offline batch latency", "ms"),
+    # What the output cost: NVML's energy counters (null without a GPU), and the price of the
+    # GPU-seconds (with --profllm-gpu-hour-price; its price is in the label, `_priced`).
+    ("system_gpu_energy_j_per_output_token", "GPU energy per output token", "J/tok"),
+    ("system_gpu_energy_j", "GPU energy over the load", "J"),
+    ("system_mean_gpu_power_from_energy_w", "mean GPU power (energy counter)", "W"),
+    ("cost_usd_per_million_output_tokens", "cost per million output tokens", "USD"),
 )
 DISTRIBUTIONS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"),
                  ("e2el_ms", "E2EL"))
@@ -124,14 +130,25 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
     _configuration(page)
     page.workload = [(name.removeprefix("bench_"), _shown(value)) for name, value in row.items()
                      if name.startswith("bench_") and value not in (None, "", "[]", "{}")]
-    page.headlines = [(label, _shown(row[name]), unit) for name, label, unit in HEADLINES
-                      if row.get(name) is not None]
+    page.headlines = [(_priced(label, row), _shown(row[name]), unit)
+                      for name, label, unit in HEADLINES if row.get(name) is not None]
     page.system = [(name, _shown(value)) for name, value in row.items()
-                   if name.startswith(("system_", "runtime_")) and value not in (None, "", "[]")]
+                   if name.startswith(("system_", "runtime_", "cost_"))
+                   and value not in (None, "", "[]")]
     _capacity(page)
     _distributions(connection, page)
     _series(connection, page)
     return page
+
+
+def _priced(label: str, row: Mapping[str, Any]) -> str:
+    """A cost's label names the GPU-hour price it was computed at (the record's own)."""
+    price = row.get("cost_gpu_hour_price_usd")
+    if not label.startswith("cost") or not isinstance(price, int | float):
+        return label
+    gpus = row.get("cost_gpus")
+    counted = " simulated" if row.get("cost_gpus_counted") == "simulated" else ""
+    return f"{label} (at ${price:g} per GPU-hour, {gpus}{counted} GPU{'s' if gpus != 1 else ''})"
 
 
 def _capacity(page: RunPage) -> None:

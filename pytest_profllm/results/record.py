@@ -105,6 +105,16 @@ class SystemInfo(BaseModel):
     peak_gpu_sm_clock_mhz: float | None = None
     mean_gpu_temperature_c: float | None = None
     peak_gpu_temperature_c: float | None = None
+    # NVML's energy counters (hosts/nvml.py), read as the load began and as it ended, summed
+    # over the leased GPUs: the joules, the seconds between the readings (the load, with its
+    # warm-ups), the mean power they make, and joules per output token
+    # (results.total_output_tokens). Null without NVML GPUs; null with the reason in
+    # `gpu_energy_problem` where a GPU's counter could not be read (boards before Volta).
+    gpu_energy_j: float | None = None
+    gpu_energy_window_s: float | None = None
+    mean_gpu_power_from_energy_w: float | None = None
+    gpu_energy_j_per_output_token: float | None = None
+    gpu_energy_problem: str | None = None
     # psutil: the server's whole process tree (API server, EngineCore, workers), and the client.
     mean_server_cpu_percent: float | None = None  # 100 = one core
     peak_server_cpu_percent: float | None = None
@@ -176,6 +186,26 @@ class RuntimeInfo(BaseModel):
     client_limit: str | None = None
 
 
+class CostInfo(BaseModel):
+    """What the load cost at `--profllm-gpu-hour-price` (run/cost.py): the price it was
+    computed with stays in the record, so an old run keeps its own. GPU-seconds are the
+    server's GPUs times the load's duration (results.duration); `gpus_counted` says which GPUs:
+    `leased` (NVML's) or `simulated` (the simulator's virtual ones, as many as vLLM would
+    lease: tensor x pipeline x data parallel size). Figures are null, with the reason in
+    `problem`, where there is nothing to price (a server on CPU cores, no output tokens)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_hour_price_usd: float = Field(ge=0)
+    gpus: int | None = None
+    gpus_counted: Literal["leased", "simulated"] | None = None
+    window_s: float | None = None
+    gpu_seconds: float | None = None
+    usd: float | None = None
+    usd_per_million_output_tokens: float | None = None
+    problem: str | None = None
+
+
 class TraceFile(BaseModel):
     path: str
     size_bytes: int
@@ -245,6 +275,8 @@ class BenchmarkRecord(BaseModel):
     results: dict[str, float | int | None] = Field(default_factory=dict)
     system: SystemInfo
     runtime: RuntimeInfo
+    # Set where a GPU-hour price was given (--profllm-gpu-hour-price); None: not priced.
+    cost: CostInfo | None = None
     profiling: ProfilingInfo | None = None
     thresholds: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     verdicts: list[Verdict] = Field(default_factory=list)

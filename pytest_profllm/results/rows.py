@@ -31,7 +31,7 @@ def record_digest(content: bytes) -> str:
 # the staging table's own column (results/staging.py).
 RESERVED_COLUMNS = frozenset({"rowid", "oid", "_rowid_", "profllm_server"})
 # The blocks whose keys become columns, as a record names them.
-_BLOCK_NAMES = ("config.server", "config.benchmark", "results", "system", "runtime")
+_BLOCK_NAMES = ("config.server", "config.benchmark", "results", "system", "runtime", "cost")
 
 
 def column_problem(record: dict[str, Any]) -> str | None:
@@ -53,7 +53,7 @@ def _blocks(record: dict[str, Any]) -> tuple[Any, ...]:
     config = record.get("config") or {}
     return (config.get("server") or {}, config.get("benchmark") or {},
             record.get("results") or {}, record.get("system") or {},
-            record.get("runtime") or {})
+            record.get("runtime") or {}, record.get("cost") or {})
 
 
 def record_row(record: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def record_row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 # The record's blocks, in row order, with the prefix of their columns.
-_BLOCK_PREFIXES = ("server_", "bench_", "", "system_", "runtime_")
+_BLOCK_PREFIXES = ("server_", "bench_", "", "system_", "runtime_", "cost_")
 _FIXED = tuple(FIXED_COLUMNS)
 _CONTAINERS = frozenset((dict, list))
 _EMPTY_JSON = {dict: "{}", list: "[]"}

@@ -1,6 +1,6 @@
 """The table `benchmark_runs`: one row per record, one column per server argument, workload
 parameter, metric and system figure, prefixed by where it comes from (`server_`, `bench_`,
-`system_`, `runtime_`; metrics keep vLLM's names unprefixed). Column types come from the
+`system_`, `runtime_`, `cost_`; metrics keep vLLM's names unprefixed). Column types come from the
 record's schema and the engine-argument registry, never from the first value seen: a numeric
 parameter is REAL or INTEGER, and an infinite request rate is stored as SQLite's REAL Infinity,
 so numeric filters and sorts work. This module names the columns and their types, and creates
@@ -17,7 +17,7 @@ from typing import Any
 from pytest_profllm.engine.registry import bundled
 from pytest_profllm.plan import metric_names
 from pytest_profllm.plan.suite import BenchmarkConfig, LatencyConfig, ThroughputConfig
-from pytest_profllm.results.record import RuntimeInfo, SystemInfo
+from pytest_profllm.results.record import CostInfo, RuntimeInfo, SystemInfo
 
 TABLE = "benchmark_runs"
 # Metric columns every table has, so that queries over them work whatever a suite measured.
@@ -127,7 +127,7 @@ def column_types() -> dict[str, str]:
         types_["server_" + name] = _OPTION_TYPES.get(option.kind, "TEXT")
     for prefix, model in (("bench_", BenchmarkConfig), ("bench_", ThroughputConfig),
                           ("bench_", LatencyConfig), ("system_", SystemInfo),
-                          ("runtime_", RuntimeInfo)):
+                          ("runtime_", RuntimeInfo), ("cost_", CostInfo)):
         for name, info in model.model_fields.items():
             # A name two workload kinds share (num_prompts) keeps the serving kind's type.
             types_.setdefault(prefix + name, _annotation_type(info.annotation))

@@ -27,6 +27,7 @@ from pytest_profllm.load import metrics
 from pytest_profllm.load.prompt import DatasetError
 from pytest_profllm.plan.case import Case
 from pytest_profllm.results.record import BenchmarkRecord, RegressionVerdict, Status, Verdict
+from pytest_profllm.run.cost import case_cost, energy_per_output_token, priced_gpus
 from pytest_profllm.server.process import ServerProcess
 from pytest_profllm.sim.config import describe_server
 
@@ -89,6 +90,8 @@ class CaseOutcome:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     # Where the client's open-file limit capped its connections, the line that says so.
     client_limit: str | None = None
+    # The GPU-hour price its cost is computed at (--profllm-gpu-hour-price); None: no cost.
+    gpu_hour_price: float | None = None
 
     @property
     def run_id(self) -> str:
@@ -116,11 +119,22 @@ class CaseOutcome:
             engine=self._engine(),
             config=_config(case, self.engine),
             results={k: v for k, v in self.results.items() if not _bad_float(v)},
-            system={**system_info(self.engine, self.server), **self.telemetry},
+            system={
+                **system_info(self.engine, self.server),
+                **self.telemetry,
+                "gpu_energy_j_per_output_token": energy_per_output_token(
+                    self.telemetry.get("gpu_energy_j"), self.results
+                ),
+            },
             runtime={
                 **describe_runtime(self.server, self.worker, case, self.load_cores),
                 **self._measured_how(),
             },
+            cost=case_cost(
+                self.gpu_hour_price,
+                self.results,
+                *priced_gpus(self.engine.device_kind, self._leased_devices()),
+            ),
             profiling=self.profiling,
             thresholds={name: t.model_dump() for name, t in case.thresholds.items()},
             verdicts=self.verdicts,
@@ -133,6 +147,10 @@ class CaseOutcome:
             attempts=self.attempts,
         )
         return record.model_dump(mode="json")
+
+    def _leased_devices(self) -> int:
+        """How many GPUs (or virtual ones) the case's server leased: none before it had one."""
+        return len(self.server.lease.gpus) if self.server is not None else 0
 
     def _measured_how(self) -> dict[str, Any]:
         """The runtime facts of how the load was measured: its prompts' seed, the prefix cache

@@ -115,6 +115,7 @@ def _outcome(
         worker=worker,
         started_at=time.time(),
         sim_device=settings.sim_device,
+        gpu_hour_price=settings.gpu_hour_price,
     )
 
 
