@@ -369,7 +369,8 @@ def test_every_dashboard_page_renders_with_its_charts(mixed_db: Path) -> None:
     assert [r.status_code for r in responses] == [200] * (len(dashboards.DASHBOARDS) + 1) + [404]
     for response, dashboard in zip(responses[1:], dashboards.DASHBOARDS, strict=False):
         assert dashboard.question in response.text
-        if dashboard.name != "capacity":
+        # Capacity and precision draw only cases of their kinds, which this database lacks.
+        if dashboard.name not in ("capacity", "precision"):
             assert 'class="profllm-chart"' in response.text
     # The landing page links every dashboard: one click.
     (landing,) = pages(mixed_db, "/results/runs")

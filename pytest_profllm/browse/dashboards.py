@@ -18,13 +18,19 @@ import json
 import math
 import sqlite3
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from pytest_profllm.browse import charts
+
+# Re-exported (`X as X`): pages and tests name them as this module's (`dashboards.View`).
+from pytest_profllm.browse.dashboard_view import Dashboard as Dashboard
+from pytest_profllm.browse.dashboard_view import Table as Table
+from pytest_profllm.browse.dashboard_view import View as View
 from pytest_profllm.browse.filters import Schema, Selection
+from pytest_profllm.browse.precision_dashboard import precision_dashboard
 from pytest_profllm.results.table import MEASURED_RUNS, TABLE, quote
 
 # The columns that can name a series, in the order their values are written.
@@ -60,35 +66,6 @@ _VERDICT_COLOURS = {
 _INF_ORDER = 1e300
 
 
-@dataclass
-class Table:
-    """A table under the charts: `rows` are mappings from column to cell; a cell of
-    `link_columns` links to the URL in `links[row index][column]`."""
-
-    title: str
-    columns: list[str]
-    rows: list[dict[str, Any]]
-    links: list[dict[str, str]] = field(default_factory=list)
-    empty: str = "Nothing to show for this selection."
-
-
-@dataclass
-class View:
-    """What a dashboard shows: charts (id -> Vega-Lite spec), in order, with a caption each,
-    tables, and notes (what was left out and why)."""
-
-    charts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    captions: dict[str, str] = field(default_factory=dict)
-    tables: list[Table] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    # Inputs the dashboard takes besides the filter panel: name -> (label, value, choices).
-    inputs: dict[str, tuple[str, str, list[str]]] = field(default_factory=dict)
-
-    def add(self, chart_id: str, spec: dict[str, Any], caption: str) -> None:
-        self.charts[chart_id] = spec
-        self.captions[chart_id] = caption
-
-
 @dataclass(frozen=True)
 class Point:
     """One case in one session (or in all selected sessions, blended): medians over repeats."""
@@ -105,14 +82,6 @@ class Point:
     context: Mapping[str, Any]
     # When its newest run started: run ids are not in time order within a session.
     timestamp: str = ""
-
-
-@dataclass(frozen=True)
-class Dashboard:
-    name: str
-    title: str
-    question: str
-    build: Callable[[sqlite3.Connection, Schema, Selection, Mapping[str, str]], View]
 
 
 def _finite(value: Any) -> float | None:
@@ -1122,6 +1091,9 @@ DASHBOARDS: tuple[Dashboard, ...] = (
     Dashboard("capacity", "Capacity per configuration",
               "How much load does each configuration carry under its SLOs?",
               capacity_dashboard),
+    Dashboard("precision", "Precision: accuracy against throughput and cost",
+              "What does a lower precision cost in accuracy, for how much throughput?",
+              precision_dashboard),
 )
 BY_NAME = {dashboard.name: dashboard for dashboard in DASHBOARDS}
 

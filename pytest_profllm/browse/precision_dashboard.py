@@ -1,0 +1,228 @@
+"""The precision-analysis dashboard: what a configuration's numeric precision (dtype,
+quantization, KV-cache dtype) gives up in accuracy for what it gains in output throughput and
+in cost per million output tokens. One chart per model for each, its frontier dashed.
+
+Accuracy is read from one place, `ACCURACY_COLUMN` of the `measured_runs` view, which
+`kind: accuracy` cases fill. Throughput and cost come from the serve cases of the same server:
+a configuration is one effective server configuration (`runtime_server_key`, the hash the
+plan gives it), on one engine and device, whichever suite measured it.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_profllm.browse import charts
+from pytest_profllm.browse.dashboard_view import Table, View
+from pytest_profllm.browse.filters import Schema, Selection
+from pytest_profllm.results.table import MEASURED_RUNS, TABLE, quote
+
+# Where accuracy lives: a column of `benchmark_runs` (a fraction or a percentage, as the
+# accuracy case records it; higher is better). The one name this dashboard reads it by.
+ACCURACY_COLUMN = "accuracy"
+NO_ACCURACY = ("No accuracy cases in this database: add a `kind: accuracy` case "
+               "(README: Accuracy).")
+# The settings a precision study sweeps, by which its configurations are named.
+PRECISION_AXES = ("server_dtype", "server_quantization", "server_kv_cache_dtype")
+COST_COLUMN = "cost_usd_per_million_output_tokens"
+PRICE_COLUMN = "cost_gpu_hour_price_usd"
+_COLUMNS = ["model", "configuration", "accuracy", "output_throughput",
+            "usd_per_million_output_tokens", "gpu_hour_price_usd", "frontier", "device",
+            "engine", "accuracy_run_id", "throughput_run_id"]
+
+
+def frontier(rows: Sequence[Mapping[str, Any]], x: str, y: str,
+             x_higher_is_better: bool) -> list[Mapping[str, Any]]:
+    """The rows no other row beats on both: better `x` (higher, or lower) and higher `y`."""
+    candidates = [r for r in rows if r.get(x) is not None and r.get(y) is not None]
+    candidates.sort(key=lambda r: (-r[x] if x_higher_is_better else r[x], -r[y]))
+    best: float | None = None
+    kept: list[Mapping[str, Any]] = []
+    for row in candidates:
+        if best is None or row[y] > best:
+            kept.append(row)
+            best = row[y]
+    return sorted(kept, key=lambda r: r[x])
+
+
+def has_accuracy(connection: sqlite3.Connection, schema: Schema) -> bool:
+    """Whether any run of the database measured accuracy."""
+    return ACCURACY_COLUMN in schema.types and connection.execute(
+        f"SELECT 1 FROM [{TABLE}] WHERE {quote(ACCURACY_COLUMN)} IS NOT NULL LIMIT 1"
+    ).fetchone() is not None
+
+
+def configurations(connection: sqlite3.Connection, schema: Schema, selection: Selection,
+                   with_accuracy: bool) -> list[dict[str, Any]]:
+    """One row per configuration of the selection's valid runs: its median accuracy, the
+    highest output throughput any of its loads reached (medians over repeats), and the lowest
+    cost per million output tokens of its loads."""
+    have = schema.types
+    where, params = selection.where(schema)
+    server = ("coalesce(runtime_server_key, configuration)" if "runtime_server_key" in have
+              else "configuration")
+
+    def column(name: str, aggregate: str) -> str:
+        return f"{aggregate}({quote(name)})" if name in have else "NULL"
+
+    axes = [f"{column(axis, 'max')} AS {quote(axis)}" for axis in PRECISION_AXES]
+    accuracy = column(ACCURACY_COLUMN, "median") if with_accuracy else "NULL"
+    cursor = connection.execute(
+        f"SELECT {server} AS server, engine, device, max(server_model) AS model, "
+        f"max(configuration) AS configuration, {', '.join(axes)}, "
+        f"{column('output_throughput', 'median')} AS output_throughput, "
+        f"{column(COST_COLUMN, 'median')} AS cost, {column(PRICE_COLUMN, 'max')} AS price, "
+        f"{accuracy} AS accuracy, max(run_id) AS run_id "
+        f"FROM [{MEASURED_RUNS}] WHERE {where} "
+        f"GROUP BY server, engine, device, workload, "
+        + ", ".join(quote(c) for c in ("bench_request_rate", "bench_max_concurrency")
+                    if c in have), params)
+    names = [d[0] for d in cursor.description]
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for found in cursor:
+        row = dict(zip(names, found, strict=True))
+        groups[(row["server"], row["engine"], row["device"])].append(row)
+    rows = []
+    for members in groups.values():
+        first = members[0]
+        measured = [m for m in members if m["accuracy"] is not None]
+        fastest = max((m for m in members if m["output_throughput"] is not None),
+                      key=lambda m: m["output_throughput"], default=None)
+        cheapest = min((m for m in members if m["cost"] is not None),
+                       key=lambda m: m["cost"], default=None)
+        rows.append({
+            "model": str(first["model"] or "-"), "device": first["device"],
+            "engine": first["engine"], "id": str(first["configuration"] or ""),
+            **{axis: first[axis] for axis in PRECISION_AXES},
+            "accuracy": (statistics.median(m["accuracy"] for m in measured)
+                         if measured else None),
+            "accuracy_run_id": max((m["run_id"] for m in measured), default=None),
+            "output_throughput": _rounded(fastest["output_throughput"]) if fastest else None,
+            "throughput_run_id": fastest["run_id"] if fastest else None,
+            "usd_per_million_output_tokens": _rounded(cheapest["cost"]) if cheapest else None,
+            "gpu_hour_price_usd": cheapest["price"] if cheapest else None,
+            "frontier": "",
+        })
+    return rows
+
+
+def _rounded(value: float) -> float:
+    return round(value, 4)
+
+
+def _name(row: Mapping[str, Any], axes: Sequence[str]) -> str:
+    parts = [f"{axis.removeprefix('server_')}={_shown(row[axis])}" for axis in axes]
+    return " · ".join(parts) or row["id"].rsplit("::", 1)[-1]
+
+
+def _shown(value: Any) -> str:
+    return "default" if value is None else str(value)
+
+
+def precision_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Selection,
+                        args: Mapping[str, str]) -> View:
+    """Accuracy against output throughput and against cost per million output tokens, per
+    configuration, a chart per model with its frontier; and every configuration in a table."""
+    view = View()
+    with_accuracy = has_accuracy(connection, schema)
+    if not with_accuracy:
+        view.notes.append(NO_ACCURACY)
+    rows = configurations(connection, schema, selection, with_accuracy)
+    facets: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        facets[(row["model"], str(row["device"]), str(row["engine"]))].append(row)
+    devices = {device for _, device, _ in facets}
+    engines = {engine for _, _, engine in facets}
+    for (model, device, engine), members in sorted(facets.items()):
+        # Named by the precision settings that differ within the chart, else all of them.
+        differing = [a for a in PRECISION_AXES
+                     if len({_shown(m[a]) for m in members}) > 1] or list(PRECISION_AXES)
+        named = _distinct([(m, _name(m, differing)) for m in members])
+        where = model if len(devices) == 1 else f"{model} on {device}"
+        slug = re.sub(r"[^A-Za-z0-9]+", "_", where if len(engines) == 1 else f"{where} {engine}")
+        if engine == "sim":
+            where += " (simulated engine)"
+        if with_accuracy:
+            _charts(view, where, slug, named)
+    if with_accuracy and rows and not view.charts:
+        view.notes.append("No configuration in this selection has both an accuracy and a "
+                          "throughput measurement: nothing to draw.")
+    if with_accuracy and rows and not any(r["usd_per_million_output_tokens"] for r in rows):
+        view.notes.append("No cost per million output tokens in this selection: run the "
+                          "suites with --profllm-gpu-hour-price to draw accuracy against cost.")
+    for row in rows:
+        row.pop("id", None)
+    rows.sort(key=lambda r: (r["model"], -(r["accuracy"] or 0),
+                             -(r["output_throughput"] or 0)))
+    view.tables.append(Table(
+        "Configurations: accuracy, peak output throughput and lowest cost per million output "
+        "tokens", _COLUMNS, [{c: r.get(c) for c in _COLUMNS} for r in rows],
+        empty="No valid measurement in this selection."))
+    return view
+
+
+def _distinct(named: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
+    """The rows with their `configuration` name, made distinct where the settings drawn do
+    not tell two apart (the suite's own configuration name is added)."""
+    counts: dict[str, int] = defaultdict(int)
+    for _, name in named:
+        counts[name] += 1
+    out = []
+    for row, name in named:
+        if counts[name] > 1:
+            name = f"{name} ({row['id'].rsplit('::', 1)[-1]})"
+        row["configuration"] = name
+        out.append(row)
+    return out
+
+
+def _charts(view: View, where: str, slug: str, members: list[dict[str, Any]]) -> None:
+    """Accuracy against throughput, and against cost where there is one, for one model."""
+    drawn = [m for m in members if m["accuracy"] is not None]
+    y = charts.field("accuracy", "quantitative", "accuracy (higher is better)",
+                     scale={"zero": False})
+    for x_field, x_title, higher, chart in (
+        ("output_throughput", "peak output tok/s", True, "throughput"),
+        ("usd_per_million_output_tokens", "USD per million output tokens", False, "cost"),
+    ):
+        points = [m for m in drawn if m[x_field] is not None]
+        if not points:
+            continue
+        line = frontier(points, x_field, "accuracy", x_higher_is_better=higher)
+        for point in points:
+            if any(point is f for f in line):
+                point["frontier"] = " + ".join(filter(None, (point["frontier"], chart)))
+        x = charts.field(x_field, "quantitative", x_title, scale={"zero": False})
+        count = len({p["configuration"] for p in points})
+        layers: list[dict[str, Any]] = [
+            {"data": {"values": charts.rows_as_values(
+                [{x_field: f[x_field], "accuracy": f["accuracy"]} for f in line])},
+             "mark": {"type": "line", "strokeDash": [6, 4], "color": "#444"},
+             "encoding": {"x": x, "y": y}},
+            {"mark": {"type": "point", "filled": True, "size": 110, "tooltip": True},
+             "encoding": {"x": x, "y": y,
+                          "color": {**charts.series_colour(count),
+                                    "field": "configuration"},
+                          "tooltip": charts.tooltips(
+                              "configuration", "accuracy", "output_throughput",
+                              "usd_per_million_output_tokens", "gpu_hour_price_usd",
+                              "accuracy_run_id", "throughput_run_id")}},
+        ]
+        values = [{k: v for k, v in p.items() if k != "id"} for p in points]
+        better = "Up and right" if higher else "Up and left"
+        view.add(f"precision-{chart}-{slug}",
+                 charts.spec(values, title=f"{where}: accuracy against "
+                             + ("throughput" if higher else "cost"), layers=layers),
+                 f"{where}: each point is one configuration; the dashed line is the frontier "
+                 f"(no other configuration is better on both axes). {better} is better."
+                 + ("" if higher else " Each cost is at the GPU-hour price its run was "
+                                      "priced with (in the tooltip)."))
+        crowded = charts.too_many_series(count, f"{where}, {chart}",
+                                         "filter on a precision setting or a suite")
+        if crowded:
+            view.notes.append(crowded)

@@ -1,0 +1,176 @@
+"""The precision-analysis dashboard (browse/precision_dashboard.py): accuracy against peak
+output throughput and against cost per million output tokens, per configuration, a chart per
+model with its frontier; and its one line where no accuracy was measured. Accuracy rows are
+inserted into a test database under the dashboard's own column name."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_datasette import make_record
+from test_dashboards import pages
+
+from pytest_profllm.browse import filters, sql_functions
+from pytest_profllm.browse.dashboards import BY_NAME, View
+from pytest_profllm.browse.filters import Selection
+from pytest_profllm.browse.precision_dashboard import ACCURACY_COLUMN, NO_ACCURACY, frontier
+from pytest_profllm.results.ingest import ingest
+from pytest_profllm.run.cost import case_cost
+
+QWEN = "Qwen/Qwen3-8B"
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+# model, configuration, precision settings, output tok/s at its two loads, accuracy
+CONFIGURATIONS: list[tuple[str, str, dict[str, Any], tuple[float, float], float]] = [
+    (QWEN, "bf16", {"dtype": "bfloat16"}, (100.0, 180.0), 0.80),
+    (QWEN, "fp8", {"dtype": "bfloat16", "quantization": "fp8"}, (150.0, 260.0), 0.78),
+    (QWEN, "fp8-kv", {"dtype": "bfloat16", "quantization": "fp8", "kv_cache_dtype": "fp8"},
+     (140.0, 250.0), 0.70),  # slower and less accurate than fp8: off both frontiers
+    (LLAMA, "bf16", {"dtype": "bfloat16"}, (90.0, 160.0), 0.75),
+    (LLAMA, "fp8", {"dtype": "bfloat16", "quantization": "fp8"}, (130.0, 230.0), 0.74),
+]
+PRICE = 2.5
+DURATION = 10.0
+
+
+def records() -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Serve records at two loads per configuration, priced; and the accuracy (by run id) of
+    one accuracy run per configuration, on the same server."""
+    made = []
+    accuracy = {}
+    for index, (model, name, settings, throughputs, score) in enumerate(CONFIGURATIONS):
+        suite = "bench_precision.yaml"
+        server = f"{model.split('/')[0].lower()}-{name}"
+        for load, throughput in enumerate((*throughputs, None)):
+            kind = "accuracy" if throughput is None else f"rate{load}"
+            record = make_record(f"{server}-{kind}", "s1", f"{suite}::{server}::{kind}",
+                                 f"2026-01-01T10:{index:02d}:{load:02d}+00:00",
+                                 throughput=(throughput or 1.0) / 10, request_rate=load + 1.0)
+            record["config"]["server"] = {"model": model, **settings}
+            record["runtime"]["server_key"] = f"key-{server}"
+            if throughput is None:
+                record["results"] = {"completed": 10, "failed": 0}
+                accuracy[record["run_id"]] = score
+            else:
+                record["results"]["total_output_tokens"] = int(throughput * DURATION)
+                record["cost"] = case_cost(PRICE, {
+                    "duration": DURATION, "total_output_tokens": int(throughput * DURATION)},
+                    1, "leased")
+            made.append(record)
+    return made, accuracy
+
+
+def database(folder: Path, with_accuracy: bool) -> Path:
+    made, accuracy = records()
+    for record in made:
+        (folder / f"{record['run_id']}.json").write_text(json.dumps(record))
+    path = folder / "results.db"
+    ingest(path, sorted(folder.glob("*.json")))
+    if with_accuracy:
+        with sqlite3.connect(path) as connection:
+            connection.execute(f"ALTER TABLE benchmark_runs ADD COLUMN {ACCURACY_COLUMN} REAL")
+            connection.executemany(
+                f"UPDATE benchmark_runs SET {ACCURACY_COLUMN} = ? WHERE run_id = ?",
+                [(score, run_id) for run_id, score in accuracy.items()])
+    return path
+
+
+def open_db(path: Path) -> Iterator[sqlite3.Connection]:
+    connection = sqlite3.connect(path)
+    sql_functions.register(connection)
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def measured(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    yield from open_db(database(tmp_path, with_accuracy=True))
+
+
+@pytest.fixture
+def unmeasured(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    yield from open_db(database(tmp_path, with_accuracy=False))
+
+
+def precision(connection: sqlite3.Connection, query: str = "") -> View:
+    schema = filters.read_schema(connection)
+    selection = Selection.parse(urllib.parse.parse_qsl(query), schema)
+    return BY_NAME["precision"].build(connection, schema, selection, {})
+
+
+def test_accuracy_against_throughput_and_cost_with_a_frontier_per_model(
+    measured: sqlite3.Connection,
+) -> None:
+    view = precision(measured)
+    assert sorted(view.charts) == [
+        "precision-cost-Qwen_Qwen3_8B", "precision-cost-meta_llama_Llama_3_1_8B_Instruct",
+        "precision-throughput-Qwen_Qwen3_8B",
+        "precision-throughput-meta_llama_Llama_3_1_8B_Instruct"]
+    assert view.notes == []
+    qwen = {row["configuration"]: row
+            for row in view.charts["precision-throughput-Qwen_Qwen3_8B"]["data"]["values"]}
+    # Named by the precision settings that differ between the model's configurations.
+    assert set(qwen) == {"quantization=default · kv_cache_dtype=default",
+                         "quantization=fp8 · kv_cache_dtype=default",
+                         "quantization=fp8 · kv_cache_dtype=fp8"}
+    fp8 = qwen["quantization=fp8 · kv_cache_dtype=default"]
+    # The accuracy run and the serve runs of one server are one configuration; its x is the
+    # highest throughput of its loads, its cost the lowest.
+    assert (fp8["accuracy"], fp8["output_throughput"]) == (0.78, 260.0)
+    assert fp8["usd_per_million_output_tokens"] == pytest.approx(
+        PRICE / 3600 * DURATION / (260 * DURATION) * 1e6, abs=1e-4)
+    assert fp8["accuracy_run_id"] == "qwen-fp8-accuracy"
+    assert fp8["throughput_run_id"] == "qwen-fp8-rate1"
+    line = view.charts["precision-throughput-Qwen_Qwen3_8B"]["layer"][0]["data"]["values"]
+    assert [(p["output_throughput"], p["accuracy"]) for p in line] == [(180.0, 0.8),
+                                                                     (260.0, 0.78)]
+    cost_line = view.charts["precision-cost-Qwen_Qwen3_8B"]["layer"][0]["data"]["values"]
+    assert [p["accuracy"] for p in cost_line] == [0.78, 0.8]  # cheapest first
+    table = {(row["model"], row["configuration"]): row for row in view.tables[0].rows}
+    assert table[(QWEN, "quantization=fp8 · kv_cache_dtype=fp8")]["frontier"] == ""
+    assert table[(QWEN, "quantization=fp8 · kv_cache_dtype=default")]["frontier"] == (
+        "throughput + cost")
+
+
+def test_without_accuracy_it_says_so_in_one_line_and_still_lists_throughput_and_cost(
+    unmeasured: sqlite3.Connection,
+) -> None:
+    view = precision(unmeasured)
+    assert view.notes == [NO_ACCURACY]
+    assert view.charts == {}
+    rows = view.tables[0].rows
+    assert len(rows) == len(CONFIGURATIONS)
+    assert all(row["accuracy"] is None and row["output_throughput"] for row in rows)
+    assert {row["gpu_hour_price_usd"] for row in rows} == {PRICE}
+
+
+def test_a_filter_narrows_the_configurations(measured: sqlite3.Connection) -> None:
+    view = precision(measured, f"f.server_model={urllib.parse.quote(LLAMA)}")
+    assert {row["model"] for row in view.tables[0].rows} == {LLAMA}
+    assert len(view.charts) == 2
+
+
+def test_frontier_keeps_only_the_points_nothing_beats() -> None:
+    rows = [{"x": 1.0, "y": 0.9}, {"x": 2.0, "y": 0.8}, {"x": 2.0, "y": 0.7},
+            {"x": 3.0, "y": 0.8}, {"x": None, "y": 1.0}]
+    assert frontier(rows, "x", "y", x_higher_is_better=True) == [rows[0], rows[3]]
+    assert frontier(rows, "x", "y", x_higher_is_better=False) == [rows[0]]
+
+
+def test_the_page_shows_the_note_and_the_charts(tmp_path: Path) -> None:
+    without = tmp_path / "without"
+    without.mkdir()
+    (empty,) = pages(database(without, with_accuracy=False), "/results/-/dashboards/precision")
+    assert empty.status_code == 200
+    assert "No accuracy cases in this database" in empty.text
+    with_ = tmp_path / "with"
+    with_.mkdir()
+    (drawn,) = pages(database(with_, with_accuracy=True), "/results/-/dashboards/precision")
+    assert drawn.status_code == 200
+    assert "precision-throughput-Qwen_Qwen3_8B" in drawn.text
+    assert "No accuracy cases" not in drawn.text
