@@ -425,3 +425,19 @@ def test_a_deep_model_config_is_one_line_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as caught:
         resolve_model(str(tmp_path))
     assert str(caught.value) == f"{tmp_path / 'config.json'} nests JSON deeper than 64 levels"
+
+
+def test_online_fp8_quantization_makes_the_weights_fp8_and_the_record_says_so() -> None:
+    # vLLM's --quantization fp8 on a 16-bit checkpoint: FP8 weights, quicker memory-bound
+    # decode steps; and the record's engine.sim names the quantization and the KV cache dtype.
+    plain = build_setup("Qwen/Qwen3-8B")
+    fp8 = build_setup("Qwen/Qwen3-8B", quantization="fp8")
+    assert fp8.engine.model.weight_bytes == pytest.approx(plain.engine.model.weight_bytes / 2,
+                                                          rel=0.05)
+    work = StepWork(decode_seqs=16, decode_context=16 * 512)
+    assert fp8.engine.step_seconds(work) < plain.engine.step_seconds(work)
+    described = describe_server(
+        {"model": "Qwen/Qwen3-8B", "quantization": "fp8", "kv_cache_dtype": "fp8"}, None)
+    assert described is not None
+    assert described["model"]["quantization"] == "fp8"
+    assert described["kv_cache_dtype"] == "fp8"

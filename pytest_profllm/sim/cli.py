@@ -100,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="as vLLM's: an FP8 cache holds twice the tokens and reads half the bytes",
     )
     parser.add_argument(
+        "--quantization", "-q",
+        help="as vLLM's: fp8 quantizes a 16-bit checkpoint's weights to FP8 (half the bytes "
+        "to read, FP8 matmuls where the device has them); other methods need a checkpoint "
+        "quantized so, whose config.json says it",
+    )
+    parser.add_argument(
         "--num-gpu-blocks-override",
         type=_positive,
         help="KV-cache blocks (default: what the device's memory holds after the weights)",
@@ -309,6 +315,7 @@ def setup_for(args: argparse.Namespace, model: str) -> SimSetup:
         api_server_count=args.api_server_count,
         enable_chunked_prefill=args.enable_chunked_prefill,
         kv_cache_dtype=args.kv_cache_dtype,
+        quantization=args.quantization,
     )
 
 

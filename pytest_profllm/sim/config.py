@@ -8,7 +8,7 @@ the same of a server. Cheap to import: no aiohttp, no tokenizer.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_profllm.sim.batching import BLOCK_SIZE
@@ -81,9 +81,14 @@ def build_setup(
     api_server_count: int = 1,
     enable_chunked_prefill: bool = True,
     kv_cache_dtype: str = "auto",
+    quantization: str | None = None,
 ) -> SimSetup:
     """Raises UnknownModel, UnknownDevice or NoCacheMemory with a one-line message."""
     facts = model_facts(model)
+    if quantization == "fp8" and facts.quantization != "fp8":
+        # vLLM's --quantization fp8 quantizes a 16-bit checkpoint's weights to FP8 as it
+        # loads them: the engine then reads and computes FP8 weights, as with an FP8 one.
+        facts = replace(facts, quantization="fp8")
     profile = device_profile(device)
     engine = EngineModel(
         facts,
@@ -138,6 +143,8 @@ def describe_server(server: dict[str, Any], device: str | None) -> dict[str, Any
             max_model_len=number("max_model_len"),
             api_server_count=number("api_server_count") or 1,
             enable_chunked_prefill=server.get("enable_chunked_prefill") is not False,
+            kv_cache_dtype=str(server.get("kv_cache_dtype") or "auto"),
+            quantization=server.get("quantization"),
         )
     except ValueError:
         return None
