@@ -5,6 +5,7 @@ inserted into a test database under the dashboard's own column name."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 import urllib.parse
@@ -13,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_datasette import make_record
+from helpers import cases_of
 from test_dashboards import pages
+from test_datasette import make_record
 
 from pytest_profllm.browse import filters, sql_functions
 from pytest_profllm.browse.dashboards import BY_NAME, View
@@ -156,8 +158,9 @@ def test_a_filter_narrows_the_configurations(measured: sqlite3.Connection) -> No
 
 
 def test_frontier_keeps_only_the_points_nothing_beats() -> None:
-    rows = [{"x": 1.0, "y": 0.9}, {"x": 2.0, "y": 0.8}, {"x": 2.0, "y": 0.7},
-            {"x": 3.0, "y": 0.8}, {"x": None, "y": 1.0}]
+    rows: list[dict[str, float | None]] = [
+        {"x": 1.0, "y": 0.9}, {"x": 2.0, "y": 0.8}, {"x": 2.0, "y": 0.7}, {"x": 3.0, "y": 0.8},
+        {"x": None, "y": 1.0}]
     assert frontier(rows, "x", "y", x_higher_is_better=True) == [rows[0], rows[3]]
     assert frontier(rows, "x", "y", x_higher_is_better=False) == [rows[0]]
 
@@ -174,3 +177,13 @@ def test_the_page_shows_the_note_and_the_charts(tmp_path: Path) -> None:
     assert drawn.status_code == 200
     assert "precision-throughput-Qwen_Qwen3_8B" in drawn.text
     assert "No accuracy cases" not in drawn.text
+
+
+def test_the_example_suite_is_dtype_by_quantization_by_kv_cache_dtype() -> None:
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "precision"
+    cases = cases_of(suite / "bench_precision.yaml")
+    settings = {(c.server["dtype"], c.server.get("quantization"), c.server["kv_cache_dtype"])
+                for c in cases}
+    assert settings == set(itertools.product(("bfloat16", "float16"), (None, "fp8"),
+                                             ("auto", "fp8")))
+    assert len({c.server_key for c in cases}) == 8

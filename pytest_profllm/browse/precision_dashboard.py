@@ -102,17 +102,14 @@ def configurations(connection: sqlite3.Connection, schema: Schema, selection: Se
             "accuracy": (statistics.median(m["accuracy"] for m in measured)
                          if measured else None),
             "accuracy_run_id": max((m["run_id"] for m in measured), default=None),
-            "output_throughput": _rounded(fastest["output_throughput"]) if fastest else None,
+            "output_throughput": (round(fastest["output_throughput"], 1) if fastest
+                                  else None),
             "throughput_run_id": fastest["run_id"] if fastest else None,
-            "usd_per_million_output_tokens": _rounded(cheapest["cost"]) if cheapest else None,
+            "usd_per_million_output_tokens": round(cheapest["cost"], 4) if cheapest else None,
             "gpu_hour_price_usd": cheapest["price"] if cheapest else None,
             "frontier": "",
         })
     return rows
-
-
-def _rounded(value: float) -> float:
-    return round(value, 4)
 
 
 def _name(row: Mapping[str, Any], axes: Sequence[str]) -> str:
@@ -145,10 +142,10 @@ def precision_dashboard(connection: sqlite3.Connection, schema: Schema, selectio
         named = _distinct([(m, _name(m, differing)) for m in members])
         where = model if len(devices) == 1 else f"{model} on {device}"
         slug = re.sub(r"[^A-Za-z0-9]+", "_", where if len(engines) == 1 else f"{where} {engine}")
-        if engine == "sim":
-            where += " (simulated engine)"
+        if len(engines) > 1:
+            where += f" ({engine})"
         if with_accuracy:
-            _charts(view, where, slug, named)
+            _charts(view, where, slug, named, simulated=engine == "sim")
     if with_accuracy and rows and not view.charts:
         view.notes.append("No configuration in this selection has both an accuracy and a "
                           "throughput measurement: nothing to draw.")
@@ -181,7 +178,8 @@ def _distinct(named: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
     return out
 
 
-def _charts(view: View, where: str, slug: str, members: list[dict[str, Any]]) -> None:
+def _charts(view: View, where: str, slug: str, members: list[dict[str, Any]],
+            simulated: bool) -> None:
     """Accuracy against throughput, and against cost where there is one, for one model."""
     drawn = [m for m in members if m["accuracy"] is not None]
     y = charts.field("accuracy", "quantitative", "accuracy (higher is better)",
@@ -215,10 +213,14 @@ def _charts(view: View, where: str, slug: str, members: list[dict[str, Any]]) ->
         ]
         values = [{k: v for k, v in p.items() if k != "id"} for p in points]
         better = "Up and right" if higher else "Up and left"
-        view.add(f"precision-{chart}-{slug}",
-                 charts.spec(values, title=f"{where}: accuracy against "
-                             + ("throughput" if higher else "cost"), layers=layers),
-                 f"{where}: each point is one configuration; the dashed line is the frontier "
+        # The title names the model only: the axes say the rest, and a longer title is cut
+        # in a half-width chart. The legend goes under the chart, where long names fit.
+        spec = charts.spec(values, title=where, layers=layers)
+        spec["config"]["legend"] = {**spec["config"]["legend"], "orient": "bottom",
+                                    "columns": 1}
+        view.add(f"precision-{chart}-{slug}", spec,
+                 f"{where}{' on the simulated engine' if simulated else ''}: accuracy against "
+                 f"{x_title}, each point one configuration; the dashed line is the frontier "
                  f"(no other configuration is better on both axes). {better} is better."
                  + ("" if higher else " Each cost is at the GPU-hour price its run was "
                                       "priced with (in the tooltip)."))
