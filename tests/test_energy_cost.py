@@ -83,6 +83,8 @@ def test_energy_is_the_counters_difference_summed_over_the_leased_gpus(
         400.0 / figures["gpu_energy_window_s"])
     assert figures["gpu_energy_problem"] is None
     assert energy_per_output_token(figures["gpu_energy_j"], {"total_output_tokens": 800}) == 0.5
+    # A capacity search's energy spans all its probes, its results one: no per-token figure.
+    assert energy_per_output_token(400.0, {"total_output_tokens": 800}, "capacity") is None
 
 
 def test_a_gpu_without_an_energy_counter_makes_the_energy_null_with_the_reason(

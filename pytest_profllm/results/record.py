@@ -108,7 +108,8 @@ class SystemInfo(BaseModel):
     # NVML's energy counters (hosts/nvml.py), read as the load began and as it ended, summed
     # over the leased GPUs: the joules, the seconds between the readings (the load, with its
     # warm-ups), the mean power they make, and joules per output token
-    # (results.total_output_tokens). Null without NVML GPUs; null with the reason in
+    # (results.total_output_tokens; serve cases only: a capacity case's energy is its whole
+    # search's). Null without NVML GPUs; null with the reason in
     # `gpu_energy_problem` where a GPU's counter could not be read (boards before Volta).
     gpu_energy_j: float | None = None
     gpu_energy_window_s: float | None = None

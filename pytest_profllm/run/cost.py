@@ -26,11 +26,15 @@ def output_tokens(results: Mapping[str, Any]) -> int | None:
     return int(tokens)
 
 
-def energy_per_output_token(joules: Any, results: Mapping[str, Any]) -> float | None:
+def energy_per_output_token(
+    joules: Any, results: Mapping[str, Any], kind: str = "serve"
+) -> float | None:
     """Joules per output token: the GPUs' energy over the load (null without NVML) over its
-    output tokens."""
+    output tokens. A serve case's only: a capacity search's energy spans every probe while
+    its results are the one probe at the capacity, and an offline run counts no output
+    tokens apart."""
     tokens = output_tokens(results)
-    if not isinstance(joules, int | float) or tokens is None:
+    if kind != "serve" or not isinstance(joules, int | float) or tokens is None:
         return None
     return float(joules) / tokens
 

@@ -123,7 +123,7 @@ class CaseOutcome:
                 **system_info(self.engine, self.server),
                 **self.telemetry,
                 "gpu_energy_j_per_output_token": energy_per_output_token(
-                    self.telemetry.get("gpu_energy_j"), self.results
+                    self.telemetry.get("gpu_energy_j"), self.results, case.kind
                 ),
             },
             runtime={
