@@ -21,7 +21,12 @@ from test_datasette import make_record
 from pytest_profllm.browse import filters, sql_functions
 from pytest_profllm.browse.dashboards import BY_NAME, View
 from pytest_profllm.browse.filters import Selection
-from pytest_profllm.browse.precision_dashboard import ACCURACY_COLUMN, NO_ACCURACY, frontier
+from pytest_profllm.browse.precision_dashboard import (
+    ACCURACY_COLUMN,
+    NO_ACCURACY,
+    NO_ACCURACY_SELECTED,
+    frontier,
+)
 from pytest_profllm.results.ingest import ingest
 from pytest_profllm.run.cost import case_cost
 
@@ -187,3 +192,11 @@ def test_the_example_suite_is_dtype_by_quantization_by_kv_cache_dtype() -> None:
     assert settings == set(itertools.product(("bfloat16", "float16"), (None, "fp8"),
                                              ("auto", "fp8")))
     assert len({c.server_key for c in cases}) == 8
+
+
+def test_accuracy_outside_the_selection_is_named_as_such(measured: sqlite3.Connection) -> None:
+    # The accuracy runs have no throughput: a throughput bound leaves them out.
+    view = precision(measured, "min.output_throughput=1")
+    assert view.notes == [NO_ACCURACY_SELECTED]
+    assert view.charts == {}
+    assert len(view.tables[0].rows) == len(CONFIGURATIONS)

@@ -20,13 +20,15 @@ from typing import Any
 from pytest_profllm.browse import charts
 from pytest_profllm.browse.dashboard_view import Table, View
 from pytest_profllm.browse.filters import Schema, Selection
-from pytest_profllm.results.table import MEASURED_RUNS, TABLE, quote
+from pytest_profllm.results.table import MEASURED_RUNS, quote
 
 # Where accuracy lives: a column of `benchmark_runs` (a fraction or a percentage, as the
 # accuracy case records it; higher is better). The one name this dashboard reads it by.
 ACCURACY_COLUMN = "accuracy"
 NO_ACCURACY = ("No accuracy cases in this database: add a `kind: accuracy` case "
                "(README: Accuracy).")
+NO_ACCURACY_SELECTED = ("No accuracy cases in this selection: add a `kind: accuracy` case "
+                        "(README: Accuracy), or pick the sessions that ran one.")
 # The settings a precision study sweeps, by which its configurations are named.
 PRECISION_AXES = ("server_dtype", "server_quantization", "server_kv_cache_dtype")
 COST_COLUMN = "cost_usd_per_million_output_tokens"
@@ -50,11 +52,18 @@ def frontier(rows: Sequence[Mapping[str, Any]], x: str, y: str,
     return sorted(kept, key=lambda r: r[x])
 
 
-def has_accuracy(connection: sqlite3.Connection, schema: Schema) -> bool:
-    """Whether any run of the database measured accuracy."""
-    return ACCURACY_COLUMN in schema.types and connection.execute(
-        f"SELECT 1 FROM [{TABLE}] WHERE {quote(ACCURACY_COLUMN)} IS NOT NULL LIMIT 1"
-    ).fetchone() is not None
+def accuracy_missing(connection: sqlite3.Connection, schema: Schema,
+                     selection: Selection) -> str | None:
+    """Why there is no accuracy to draw (None: there is some): no such column in the
+    database, or no run of the selection measured it. Only the selection's runs are read (by
+    the session index): looking through a whole million-run table took seconds."""
+    if ACCURACY_COLUMN not in schema.types:
+        return NO_ACCURACY
+    where, params = selection.where(schema)
+    found = connection.execute(
+        f"SELECT 1 FROM [{MEASURED_RUNS}] WHERE {where} "
+        f"AND {quote(ACCURACY_COLUMN)} IS NOT NULL LIMIT 1", params).fetchone()
+    return None if found is not None else NO_ACCURACY_SELECTED
 
 
 def configurations(connection: sqlite3.Connection, schema: Schema, selection: Selection,
@@ -126,9 +135,10 @@ def precision_dashboard(connection: sqlite3.Connection, schema: Schema, selectio
     """Accuracy against output throughput and against cost per million output tokens, per
     configuration, a chart per model with its frontier; and every configuration in a table."""
     view = View()
-    with_accuracy = has_accuracy(connection, schema)
-    if not with_accuracy:
-        view.notes.append(NO_ACCURACY)
+    missing = accuracy_missing(connection, schema, selection)
+    with_accuracy = missing is None
+    if missing is not None:
+        view.notes.append(missing)
     rows = configurations(connection, schema, selection, with_accuracy)
     facets: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
