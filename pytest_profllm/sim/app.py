@@ -26,6 +26,7 @@ from pytest_profllm.sim.audio import AudioError, AudioFacts, wav_seconds
 from pytest_profllm.sim.batching import Scheduler, Sequence
 from pytest_profllm.sim.faults import Faults
 from pytest_profllm.sim.instruments import ProfilerSettings, add_dev_routes, add_routes
+from pytest_profllm.sim.logprobs import MAX_LOGPROBS, completion_logprobs
 from pytest_profllm.sim.vision import (
     ImageError,
     VisionFacts,
@@ -63,6 +64,9 @@ class SimState:
     hidden_size: int = 64  # a pooling model's embedding width
     # VLLM_SERVER_DEV_MODE: vLLM's development routes (/reset_prefix_cache, ...) are served.
     dev_mode: bool = False
+    # vLLM's --enable-tokenizer-info-endpoint: GET /tokenizer_info answers the tokenizer's
+    # configuration (what lm-eval's remote tokenizer reads); None: 404, as vLLM without it.
+    tokenizer_info: dict[str, Any] | None = None
 
 
 class EmissionLog:
@@ -120,6 +124,8 @@ def build_app(
         app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/detokenize", _detokenize)
+    if state.tokenizer_info is not None:
+        app.router.add_get("/tokenizer_info", _tokenizer_info)
     add_routes(app, scheduler, state.served_names[0], profiler or ProfilerSettings())
     if state.dev_mode:  # as vLLM: without it, 404
         add_dev_routes(app, scheduler)
@@ -320,6 +326,10 @@ async def _tokenize(request: web.Request) -> web.Response:
     return web.json_response(response)
 
 
+async def _tokenizer_info(request: web.Request) -> web.Response:
+    return web.json_response(request.app[_STATE].tokenizer_info)
+
+
 async def _detokenize(request: web.Request) -> web.Response:
     state = request.app[_STATE]
     body = await _read_json(request)
@@ -351,18 +361,32 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     else:
         return _error("'prompt' must be a string or a list of token ids", 400)
     prompt_len = len(prompt_ids)
+    echo, logprobs = bool(body.get("echo")), body.get("logprobs")
     max_tokens = body.get("max_tokens", 16)
-    if not isinstance(max_tokens, int) or max_tokens < 1:
-        return _error(f"max_tokens must be at least 1, got {max_tokens}.", 400)
+    # As vLLM: no output at all only makes sense when the prompt is echoed (scoring a prompt).
+    least = 0 if echo else 1
+    if not isinstance(max_tokens, int) or max_tokens < least:
+        return _error(f"max_tokens must be at least {least}, got {max_tokens}.", 400)
+    if logprobs is not None and (
+        not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LOGPROBS
+    ):
+        return _error(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {logprobs}.", 400)
+    if (echo or logprobs is not None) and body.get("stream"):
+        # The simulator's own limit, said rather than answered in a shape vLLM never sends.
+        return _error("the simulated engine answers echo and logprobs with stream: false", 400)
     if (too_long := _too_long(state, prompt_len, max_tokens)) is not None:
         return too_long
     model = body.get("model") or state.served_names[0]
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    sequence = await _submit(state, scheduler, prompt_len, max_tokens, prompt_ids)
+    # A prompt scored with no output still costs its prefill: the engine runs one step for it.
+    sequence = await _submit(state, scheduler, prompt_len, max(max_tokens, 1), prompt_ids)
     if not body.get("stream"):
         text = []
         while (token := await sequence.tokens.get()) is not None:
             text.append(_word(state, token))
+        text = text[:max_tokens]
+        echoed = [state.tokenizer.decode([i]) for i in prompt_ids] if echo else None
+        prompt_text = prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt_ids)
         return web.json_response(
             {
                 "id": request_id,
@@ -372,8 +396,10 @@ async def _completions(request: web.Request) -> web.StreamResponse:
                 "choices": [
                     {
                         "index": 0,
-                        "text": "".join(text),
-                        "logprobs": None,
+                        "text": (prompt_text if echo else "") + "".join(text),
+                        "logprobs": None
+                        if logprobs is None
+                        else completion_logprobs(echoed, text, logprobs, _alternative(state)),
                         "finish_reason": "length",
                         "stop_reason": None,
                         "token_ids": None,
@@ -790,6 +816,12 @@ def _media_part(state: SimState, part: dict[str, Any]) -> tuple[list[int], float
 
 def _word(state: SimState, token: int) -> str:
     return " " + state.words[token % len(state.words)]
+
+
+def _alternative(state: SimState) -> Any:
+    """A token's text from any number: the top entries of a position's logprobs."""
+    vocab = state.tokenizer.get_vocab_size()
+    return lambda number: state.tokenizer.decode([number % vocab])
 
 
 def _cached(state: SimState, sequence: Sequence) -> int | None:

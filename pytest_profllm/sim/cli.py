@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -126,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
         help="as vLLM's: usage.prompt_tokens_details.cached_tokens says how many prompt "
         "tokens the prefix cache held",
+    )
+    parser.add_argument(
+        "--enable-tokenizer-info-endpoint",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="as vLLM's: GET /tokenizer_info answers the tokenizer's configuration",
     )
     parser.add_argument(
         "--profiler-config",
@@ -336,6 +343,14 @@ def make_scheduler(args: argparse.Namespace, setup: SimSetup) -> Scheduler:
     )
 
 
+def _tokenizer_info(model_dir: Path) -> dict[str, object]:
+    """What vLLM's /tokenizer_info answers: the tokenizer's configuration file."""
+    config = model_dir / "tokenizer_config.json"
+    info: dict[str, object] = json.loads(config.read_text()) if config.is_file() else {}
+    info.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    return info
+
+
 def model_dir_of(model: str, tokenizer: str | None) -> Path | None:
     for candidate in (tokenizer, model):
         if candidate and Path(candidate, "tokenizer.json").is_file():
@@ -385,6 +400,7 @@ async def _serve(
         runner="pooling" if args.runner == "pooling" else "generate",
         hidden_size=setup.engine.model.hidden_size,
         dev_mode=dev_mode,
+        tokenizer_info=_tokenizer_info(model_dir) if args.enable_tokenizer_info_endpoint else None,
     )
     scheduler = make_scheduler(args, setup)
     if faults.drift:
