@@ -280,3 +280,10 @@ HOST_REASON_PREFIXES = ("client fell behind", "the simulated engine fell behind"
 
 def host_caused(reason: str) -> bool:
     return reason.startswith(HOST_REASON_PREFIXES)
+
+
+def empty_prefix_cache(base_url: str, api_key: str | None = None) -> CacheState:
+    """Empties the server's prefix cache before a load that sends no media and never keeps
+    it warm (an accuracy case's evaluation); what was done, never an exception."""
+    problem = _post(base_url, "/reset_prefix_cache", api_key)
+    return CacheState("emptied") if problem is None else CacheState("not emptied", problem)

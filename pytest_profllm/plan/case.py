@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from pytest_profllm.engine.secrets import RedactedDict, is_secret
 from pytest_profllm.plan.suite import (
     BENCHMARK_KINDS,
+    AccuracyConfig,
     BenchmarkConfig,
     CapacityConfig,
     Exclusion,
@@ -84,7 +85,8 @@ class Case:
 
     @property
     def kind(self) -> str:
-        """serve, or an offline kind (throughput, latency) that runs without a server."""
+        """serve, capacity or accuracy (against a server), or an offline kind (throughput,
+        latency) that runs without one."""
         return self.benchmark.kind
 
     @property
@@ -92,8 +94,9 @@ class Case:
         # A profiling server is started differently (vLLM's profiler on): it is another server.
         # An offline case starts its own engine, never a server that a serve case could share.
         extra: dict[str, Any] = {"<profile>": True} if self.profile else {}
-        # A capacity case probes a running server as a serve case does: they may share it.
-        if self.kind not in ("serve", "capacity"):
+        # A capacity case probes a running server as a serve case does, and an accuracy case
+        # scores one: they may share it.
+        if self.kind not in ("serve", "capacity", "accuracy"):
             extra["<kind>"] = self.kind
         return server_key({**self.server, **extra})
 
@@ -173,6 +176,8 @@ def expand(
                 f"{at_line(source, lines.get(('profile',)))}: profile: true profiles one load; "
                 "a capacity case runs many (profile a serve case at the capacity instead)"
             )
+        if isinstance(workload, AccuracyConfig) and workload.api == "completions":
+            _check_tokenizer_info(servers, source, lines)
         if suite.profile and workload.kind != "serve":
             raise SuiteError(
                 f"{at_line(source, lines.get(('profile',)))}: profile: true profiles a server; "
@@ -186,7 +191,7 @@ def expand(
         ]
     )
     bench_labels = _unique_labels(
-        [_label(_workload_head(w), w.model_dump(), bench_axes) for w in workloads]
+        [_label(_workload_head(w), w.model_dump(), bench_axes - _HEAD_KEYS) for w in workloads]
     )
     for server, server_label in zip(servers, server_labels, strict=True):
         for workload, workload_label, raw in zip(
@@ -221,6 +226,26 @@ def expand(
                     )
                 )
     return cases
+
+
+# Keys a workload's name already holds: not repeated as an axis in its label.
+_HEAD_KEYS = frozenset({"task"})
+
+
+def _check_tokenizer_info(
+    servers: list[dict[str, Any]], source: str, lines: dict[tuple[Any, ...], int]
+) -> None:
+    """lm-eval's completions model counts a prompt's tokens with the server's own tokenizer
+    (its /tokenizer_info and /tokenize), which vLLM serves only when asked: known before any
+    server starts."""
+    if all(server.get("enable_tokenizer_info_endpoint") is True for server in servers):
+        return
+    where = at_line(source, lines.get(("benchmark", "kind")))
+    raise SuiteError(
+        f"{where}: an accuracy case (api: completions) reads the server's tokenizer from "
+        "/tokenizer_info, which vLLM serves only with enable_tokenizer_info_endpoint: true: "
+        "add it under server:"
+    )
 
 
 def with_prompt_seed(workload: WorkloadConfig, case_id: str) -> WorkloadConfig:
@@ -269,8 +294,15 @@ def _workload_head(workload: WorkloadConfig) -> str:
         if isinstance(workload, CapacityConfig):
             return f"capacity-{workload.dataset_name}"
         return workload.dataset_name
+    if isinstance(workload, AccuracyConfig):  # named by its task (a YAML file by its stem)
+        return f"accuracy-{_task_stem(workload.task)}"
     dataset = getattr(workload, "dataset_name", "")
     return f"{workload.kind}-{dataset}" if dataset else workload.kind
+
+
+def _task_stem(task: str) -> str:
+    name = re.split(r"[\\/]", task)[-1]
+    return re.sub(r"\.ya?ml$", "", name)
 
 
 def _validate_benchmark(

@@ -87,3 +87,27 @@ LATENCY_RESULTS = (
     *(f"p{p}_latency_ms" for p in LATENCY_PERCENTILES),
     "num_iters",
 )
+
+# An accuracy case's results (`kind: accuracy`, run/accuracy.py): lm-eval's metrics of its task
+# under lm-eval's own names (a metric under a filter other than lm-eval's "none" is
+# `<metric>_<filter>`), each with its standard error as `<metric>_stderr`, and the number of
+# samples scored. The value: whether a higher figure is the better one.
+ACCURACY_METRICS = {
+    "acc": True,
+    "acc_norm": True,
+    "exact_match": True,
+    "f1": True,
+    "mcc": True,
+    "bleu": True,
+    "chrf": True,
+    "ter": False,
+    "perplexity": False,
+    "word_perplexity": False,
+    "byte_perplexity": False,
+    "bits_per_byte": False,
+}
+ACCURACY_SAMPLES = "accuracy_samples"
+ACCURACY_RESULTS = (
+    *(name for metric in ACCURACY_METRICS for name in (metric, f"{metric}_stderr")),
+    ACCURACY_SAMPLES,
+)

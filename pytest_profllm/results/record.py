@@ -256,6 +256,39 @@ class Attempt(BaseModel):
     sim_step_lateness_p99_ms: float | None = None
 
 
+class AccuracyMetric(BaseModel):
+    """One of lm-eval's metrics of a task: its value with lm-eval's standard error."""
+
+    name: str  # as in `results`: the metric, then `_<filter>` where lm-eval's is not "none"
+    value: float | None
+    stderr: float | None = None
+    higher_is_better: bool | None = None
+
+
+class AccuracyResult(BaseModel):
+    """An accuracy case's evaluation (`kind: accuracy`, run/accuracy.py): which task lm-eval
+    scored, on how many samples, with which lm-eval, and what it found. Its metrics are also
+    `results.<metric>` and `results.<metric>_stderr`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str  # lm-eval's name of the task
+    metrics: list[AccuracyMetric] = Field(default_factory=list)
+    samples: int | None = None  # scored (lm-eval's effective count, after `limit`)
+    samples_available: int | None = None  # in the task
+    num_fewshot: int | None = None
+    task_version: str | None = None
+    # A digest of the task as it ran (its configuration, local data files by content): two
+    # records with the same hash scored the same questions the same way.
+    task_hash: str | None = None
+    lm_eval_version: str | None = None
+    api: str | None = None  # lm-eval's API model: local-completions or local-chat-completions
+    # True where the simulated engine answered: its answers are no model's (hash-made logprobs,
+    # random words), so the figure checks the path (lm-eval, the server, the record), never a
+    # model; it lies near chance.
+    plumbing_check: bool = False
+
+
 class BenchmarkRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -309,6 +342,9 @@ class BenchmarkRecord(BaseModel):
     # client or the simulated engine fell behind) is run again; each attempt keeps its
     # validity, reasons and headline figures. The results are the first valid attempt's.
     attempts: list[Attempt] = Field(default_factory=list)
+    # An accuracy case's evaluation (lm-eval): task, metrics with standard errors, samples,
+    # versions and whether it was only a plumbing check (the simulated engine).
+    accuracy: AccuracyResult | None = None
 
 
 def measurement_validity(

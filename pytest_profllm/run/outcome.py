@@ -92,6 +92,8 @@ class CaseOutcome:
     client_limit: str | None = None
     # The GPU-hour price its cost is computed at (--profllm-gpu-hour-price); None: no cost.
     gpu_hour_price: float | None = None
+    # An accuracy case's evaluation (results/record.py `AccuracyResult`, as JSON).
+    accuracy: dict[str, Any] | None = None
 
     @property
     def run_id(self) -> str:
@@ -145,6 +147,7 @@ class CaseOutcome:
             capacity=self.capacity,
             by_turn=self.by_turn,
             attempts=self.attempts,
+            accuracy=self.accuracy,
         )
         return record.model_dump(mode="json")
 

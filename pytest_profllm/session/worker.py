@@ -20,10 +20,12 @@ from pytest_profllm.hosts.cores import LoadCores
 from pytest_profllm.hosts.descriptors import raise_open_file_limit
 from pytest_profllm.hosts.nvml import GpuBusy
 from pytest_profllm.hosts.pool import HostPool, LeaseTimeout
+from pytest_profllm.load.accuracy import lm_eval_missing
 from pytest_profllm.offline.runner import run_offline
 from pytest_profllm.options import Settings
 from pytest_profllm.plan.case import Case
 from pytest_profllm.results.record import Status
+from pytest_profllm.run.accuracy import run_accuracy
 from pytest_profllm.run.capacity import run_capacity
 from pytest_profllm.run.outcome import CaseFailed, CaseOutcome
 from pytest_profllm.run.serve import run_case
@@ -173,6 +175,8 @@ class WorkerSession:
         outcome = stash[OUTCOME_KEY] = self._outcome(case, nodeid)
         # Known before its server is asked for: a skipped case starts nothing.
         reason = self.saturation.skip_reason(case)
+        if reason is None and case.kind == "accuracy":
+            reason = lm_eval_missing()  # an optional extra: how to install it, in one line
         if reason is not None:
             outcome.skip_reason = reason
             outcome.finished_at = time.time()
@@ -183,6 +187,8 @@ class WorkerSession:
                     case, self.servers, outcome, self.settings.max_schedule_lag_ms,
                     self.settings.remeasure,
                 )
+            if case.kind == "accuracy":
+                return run_accuracy(case, self.servers, outcome)
             if case.kind != "serve":
                 return run_offline(case, self.servers, outcome)
             return run_case(
