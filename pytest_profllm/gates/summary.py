@@ -47,7 +47,25 @@ def offline_figures(record: dict[str, Any]) -> str | None:
             f"latency: avg {results['avg_latency_ms']:.1f} ms, "
             f"p99 {results['p99_latency_ms']:.1f} ms"
         )
-    return None if kind in ("serve", "capacity") else f"{kind}: -"
+    return None if kind in ("serve", "capacity", "accuracy") else f"{kind}: -"
+
+
+def accuracy_figures(record: dict[str, Any]) -> str | None:
+    """`acc 0.240 ± 0.043, n=100 (plumbing check)`: an accuracy case's metrics with their
+    standard errors and samples (None for other kinds)."""
+    accuracy = record.get("accuracy")
+    if not accuracy:
+        return None
+    parts = []
+    for metric in accuracy.get("metrics") or []:
+        if metric.get("value") is None:
+            continue
+        spread = f" ± {metric['stderr']:.3f}" if metric.get("stderr") is not None else ""
+        parts.append(f"{metric['name']} {metric['value']:.3f}{spread}")
+    text = ", ".join(parts) or "-"
+    if accuracy.get("samples") is not None:
+        text += f", n={accuracy['samples']}"
+    return text + (" (plumbing check)" if accuracy.get("plumbing_check") else "")
 
 
 def capacity_figures(record: dict[str, Any]) -> str | None:
@@ -66,17 +84,20 @@ def capacity_figures(record: dict[str, Any]) -> str | None:
 
 
 # Columns of text, not figures: left-aligned.
-_TEXT_COLUMNS = ("case", "status", "capacity", "offline", "gate", "change vs baseline")
+_TEXT_COLUMNS = (
+    "case", "status", "capacity", "offline", "accuracy", "gate", "change vs baseline",
+)
 
 
 def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Header and cells; the gate columns only where some case was gated, the capacity column
-    (a capacity case's search) and the offline column (an offline case's own figures) only
-    where some case has them."""
+    (a capacity case's search), the offline column (an offline case's own figures) and the
+    accuracy column (an accuracy case's metrics) only where some case has them."""
     gated = any(record.get("regression") for record in records)
     extra = {
         "capacity": [capacity_figures(record) for record in records],
         "offline": [offline_figures(record) for record in records],
+        "accuracy": [accuracy_figures(record) for record in records],
     }
     extra = {name: cells for name, cells in extra.items() if any(cells)}
     header = ["case", "status"] + [name for name, _, _ in KEY_METRICS] + list(extra)
@@ -104,7 +125,7 @@ def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
 # record, the database and the Markdown summary).
 _MOVED_BENEATH = ("change vs baseline",)
 _LEFT_OUT = ("ITL p99 ms", "TPOT p50 ms", "out tok/s", "TTFT p50 ms")
-_MOVED_LAST = ("offline", "capacity")
+_MOVED_LAST = ("offline", "accuracy", "capacity")
 _INDENT = "    "
 
 

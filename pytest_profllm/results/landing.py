@@ -52,6 +52,9 @@ HEADLINE_METRICS = (
     HeadlineMetric("p99_tpot_ms", "p99_tpot_ms", 2, 3),
     HeadlineMetric("median_itl_ms", "median_itl_ms", 2),
     HeadlineMetric("failed", "failed_requests", None),
+    # An accuracy case's (lm-eval's names): multiple choice, and generated answers.
+    HeadlineMetric("acc", "acc", 3),
+    HeadlineMetric("exact_match", "exact_match", 3),
 )
 # The landing columns Datasette facets on (browse/plugin.py's default facets that the landing
 # table has): indexed, as the swept axes are.

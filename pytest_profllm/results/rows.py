@@ -166,6 +166,7 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
     configuration, _, workload = case_id.rpartition("::")
     verdicts = record.get("verdicts")
     capacity = record.get("capacity") or {}
+    accuracy = record.get("accuracy") or {}
     failed = ",".join(verdict["metric"] for verdict in verdicts or () if not verdict["passed"])
     return (
         record.get("run_id"),
@@ -202,6 +203,11 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         capacity.get("limit"),
         capacity or None,
         record.get("attempts") or None,
+        accuracy.get("task"),
+        accuracy.get("plumbing_check"),
+        accuracy.get("lm_eval_version"),
+        accuracy.get("task_hash"),
+        accuracy or None,
         digest,
     )
 

@@ -16,7 +16,12 @@ from typing import Any
 
 from pytest_profllm.engine.registry import bundled
 from pytest_profllm.plan import metric_names
-from pytest_profllm.plan.suite import BenchmarkConfig, LatencyConfig, ThroughputConfig
+from pytest_profllm.plan.suite import (
+    AccuracyConfig,
+    BenchmarkConfig,
+    LatencyConfig,
+    ThroughputConfig,
+)
 from pytest_profllm.results.record import CostInfo, RuntimeInfo, SystemInfo
 
 TABLE = "benchmark_runs"
@@ -25,7 +30,7 @@ STANDARD_METRICS = metric_names.result_names(
     metric_names.LATENCY_METRICS, (50.0, 90.0, 95.0, 99.0)
 ) + list(metric_names.CLIENT_HEALTH_KEYS) + list(metric_names.CAPACITY_RESULTS) + list(
     metric_names.MULTIMODAL_RESULTS
-)
+) + list(metric_names.ACCURACY_RESULTS)
 # A row is 5-10 KB (400+ columns, JSON of config classes): with SQLite's 4 KB pages each row
 # spills into overflow pages, which made loading twice as slow.
 PAGE_SIZE = 32_768
@@ -71,11 +76,22 @@ FIXED_COLUMNS: dict[str, str] = {
     "capacity_search": "TEXT",
     # Every run of the case's load, where the host made one invalid (record `attempts`).
     "attempts": "TEXT",
+    # An accuracy case's evaluation (record `accuracy`): lm-eval's task, whether the figure
+    # is only a plumbing check (the simulated engine answered), lm-eval's version, the
+    # task's hash, and all of it. Its metrics are result columns (acc, acc_stderr, ...).
+    "accuracy_task": "TEXT",
+    "accuracy_plumbing_check": "INTEGER",
+    "accuracy_lm_eval_version": "TEXT",
+    "accuracy_task_hash": "TEXT",
+    "accuracy": "TEXT",
     # A digest of the record's file: loading the same file again is recognised as unchanged
     # (without reading it: ingest digests the bytes and skips a file whose digest is stored).
     "record_digest": "TEXT",
 }
-_INTEGER_METRICS = {"completed", "failed", "total_input_tokens", "total_output_tokens"}
+_INTEGER_METRICS = {
+    "completed", "failed", "total_input_tokens", "total_output_tokens",
+    metric_names.ACCURACY_SAMPLES,
+}
 # Single-column indexes: the default facets and the filters people use most.
 _INDEXED = (
     "suite",
@@ -126,7 +142,8 @@ def column_types() -> dict[str, str]:
     for name, option in bundled().options.items():
         types_["server_" + name] = _OPTION_TYPES.get(option.kind, "TEXT")
     for prefix, model in (("bench_", BenchmarkConfig), ("bench_", ThroughputConfig),
-                          ("bench_", LatencyConfig), ("system_", SystemInfo),
+                          ("bench_", LatencyConfig), ("bench_", AccuracyConfig),
+                          ("system_", SystemInfo),
                           ("runtime_", RuntimeInfo), ("cost_", CostInfo)):
         for name, info in model.model_fields.items():
             # A name two workload kinds share (num_prompts) keeps the serving kind's type.
