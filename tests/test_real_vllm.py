@@ -9,6 +9,7 @@ lock so that one of them at a time runs its servers (about 3 GB each).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -32,6 +33,7 @@ from real_vllm import (
 )
 
 from pytest_profllm.hosts.devices import core_sets, usable_cores
+from pytest_profllm.load.accuracy import INSTALL_HINT
 
 pytestmark = pytest.mark.real_vllm
 
@@ -350,3 +352,27 @@ def test_a_pooling_case_and_images_to_a_text_model(
     assert results["total_input_tokens"] >= 8 * 32  # vLLM's count (special tokens added)
     assert results["median_e2el_ms"] > 0 and results["output_throughput"] is None
     assert "median_ttft_ms" not in results
+
+
+@pytest.mark.accuracy
+@pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason=INSTALL_HINT)
+def test_a_random_weight_model_scores_near_chance_on_the_shipped_task(
+    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
+) -> None:
+    # lm-eval's multiple-choice scoring (echo and prompt logprobs) against vLLM itself: a model
+    # of random weights picks among four answers as a guess would.
+    pytester.makefile(
+        ".yaml",
+        bench_accuracy=f"server:\n  model: {tiny_model}\n  enforce_eager: true\n"
+        "  max_model_len: 1024\n  enable_tokenizer_info_endpoint: true\n"
+        "benchmark:\n  kind: accuracy\n  task: profllm_arithmetic_mc\n  limit: 100\n"
+        "  batch_size: 4\n",
+    )
+    result = pytester.runpytest_subprocess(*plugin_args(ports), timeout=900)
+    result.assert_outcomes(passed=1)
+    (record,) = run_records(pytester)
+    assert record["engine"]["name"] == "vllm"
+    assert record["accuracy"]["plumbing_check"] is False
+    results = record["results"]
+    assert results["accuracy_samples"] == 100
+    assert abs(results["acc"] - 0.25) < 4 * results["acc_stderr"]

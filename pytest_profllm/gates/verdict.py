@@ -1,6 +1,7 @@
 """Noise-aware verdicts: a bootstrap confidence interval (scipy.stats.bootstrap) of the relative
 change of one metric against the baseline. Regressed or improved only when the whole interval
-lies beyond the tolerance; otherwise unchanged.
+lies beyond the tolerance; otherwise unchanged. An accuracy's interval comes from lm-eval's
+standard errors instead, a capacity's from its searches' brackets.
 
 Latencies are compared on per-request samples pooled over the repeats (a p99 is a statistic of
 requests); throughputs on one value per repeat (a run has one throughput).
@@ -12,6 +13,7 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,7 @@ from pytest_profllm.plan.regression import (
     BRACKETED_METRICS,
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
+    STDERR_METRICS,
     GatedMetric,
 )
 from pytest_profllm.results.record import GateVerdict, RegressionVerdict
@@ -88,6 +91,8 @@ def judge(
     verdict.change = verdict.value / verdict.baseline - 1
     if metric.name in BRACKETED_METRICS:
         interval = bracket_interval(metric.name, new_runs, baseline_runs)
+    elif metric.name in STDERR_METRICS:
+        interval = stderr_interval(metric.name, new_runs, baseline_runs, settings.confidence)
     else:
         interval = change_interval(stat, new, base, settings)
     if interval is None:
@@ -151,6 +156,34 @@ def bracket_interval(
     if new is None or base is None or base[0] <= 0:
         return None
     return new[0] / base[1] - 1, new[1] / base[0] - 1
+
+
+def stderr_interval(
+    name: str, new_runs: list[RunSamples], baseline_runs: list[RunSamples], confidence: float
+) -> tuple[float, float] | None:
+    """The change's interval from lm-eval's standard errors: the difference of the two sides'
+    means (over repeats) within z x sqrt(se_new^2 + se_baseline^2), z at the gate's
+    confidence, relative to the baseline. A side without a standard error has no interval."""
+    new, base = _mean_and_stderr(name, new_runs), _mean_and_stderr(name, baseline_runs)
+    if new is None or base is None or base[0] == 0:
+        return None
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    half = z * math.hypot(new[1], base[1])
+    difference = new[0] - base[0]
+    return (difference - half) / abs(base[0]), (difference + half) / abs(base[0])
+
+
+def _mean_and_stderr(name: str, runs: list[RunSamples]) -> tuple[float, float] | None:
+    """A side's mean over its repeats and the standard error of that mean (each repeat's
+    standard error from lm-eval: the repeats' errors add in quadrature, over their count)."""
+    pairs = [(run.results.get(name), run.results.get(f"{name}_stderr")) for run in runs]
+    numbers = [
+        (v, e) for v, e in pairs if isinstance(v, int | float) and isinstance(e, int | float)
+    ]
+    if not numbers or len(numbers) != len(pairs):
+        return None
+    mean = sum(v for v, _ in numbers) / len(numbers)
+    return mean, math.sqrt(sum(e * e for _, e in numbers)) / len(numbers)
 
 
 def _bracket(name: str, runs: list[RunSamples]) -> tuple[float, float] | None:

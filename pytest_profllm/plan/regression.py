@@ -28,6 +28,11 @@ PER_REPEAT_METRICS = {
     "capacity": True,
 }
 BRACKETED_METRICS = frozenset({"capacity"})
+# An accuracy case's metrics (lm-eval's): their interval comes from lm-eval's standard errors
+# (`<metric>_stderr`), and they have no tolerance of their own: a change outside the interval
+# is a change.
+STDERR_METRICS = metric_names.ACCURACY_METRICS
+DEFAULT_ACCURACY_TOLERANCE = 0.0
 _LATENCY = re.compile(
     r"^(mean|median|std|p(\d+(?:\.\d+)?))_(" + "|".join(metric_names.LATENCY_METRICS) + r")_ms$"
 )
@@ -58,14 +63,18 @@ def gated_metric(name: str, tolerance: float) -> GatedMetric:
         return GatedMetric(name, tolerance, False, match.group(3), statistic)
     if name in PER_REPEAT_METRICS:
         return GatedMetric(name, tolerance, PER_REPEAT_METRICS[name], None, "mean")
+    if name in STDERR_METRICS:
+        return GatedMetric(name, tolerance, STDERR_METRICS[name], None, "mean")
     raise ValueError(
-        f"cannot gate {name!r}: allowed are {', '.join(PER_REPEAT_METRICS)} (per repeat) and "
+        f"cannot gate {name!r}: allowed are {', '.join(PER_REPEAT_METRICS)} (per repeat), "
         "mean_/median_/std_/pNN_ of ttft, tpot, itl, e2el in ms (per request), "
-        "e.g. p99_ttft_ms"
+        f"e.g. p99_ttft_ms, and an accuracy case's {', '.join(STDERR_METRICS)}"
     )
 
 
 def default_tolerance(name: str) -> float:
+    if name in STDERR_METRICS:
+        return DEFAULT_ACCURACY_TOLERANCE
     return DEFAULT_TOLERANCE if name in PER_REPEAT_METRICS else DEFAULT_LATENCY_TOLERANCE
 
 

@@ -1055,8 +1055,13 @@ def _check_benchmark(
         except ValidationError as error:
             for line, text in describe_errors(error, lines, model, ("benchmark",)):
                 problems.add(line, text)
-    # With no valid workload, metric names are checked against the default one's.
-    for workload in workloads or [BenchmarkConfig()]:
+    # With no valid workload, metric names are checked against the default one's (an
+    # accuracy case's, where the kind is that: its names do not depend on its keys).
+    kinds = {values.get("kind") for values in combinations(block)}
+    fallback: list[Any] = [
+        AccuracyConfig(kind="accuracy", task="-") if kinds == {"accuracy"} else BenchmarkConfig()
+    ]
+    for workload in workloads or fallback:
         allowed = workload.result_names()
         for metric in thresholds:
             if metric not in allowed:
