@@ -23,6 +23,7 @@ from pytest_profllm.gates.verdict import GateSettings, judge
 from pytest_profllm.load.accuracy import INSTALL_HINT, results_of, task_hash
 from pytest_profllm.load.accuracy_task import DATA_FILE, SHIPPED_TASKS, render, task_config
 from pytest_profllm.plan.regression import gated_metric, parse_regression
+from pytest_profllm.plan.suite import AccuracyConfig
 from pytest_profllm.results.record import normalize
 
 HAVE_LM_EVAL = importlib.util.find_spec("lm_eval") is not None
@@ -87,9 +88,8 @@ def test_an_accuracy_case_per_task_shares_the_serve_cases_server(tmp_path: Path)
     ]
     assert {c.server_key for c in accuracy} == {serve[0].server_key}
     bench = accuracy[0].benchmark
-    assert (bench.kind, bench.limit, bench.batch_size) == (
-        "accuracy", 60, 4,
-    )
+    assert isinstance(bench, AccuracyConfig)
+    assert (bench.limit, bench.batch_size, bench.api) == (60, 4, "completions")
 
 
 def test_an_accuracy_case_without_the_tokenizer_endpoint_is_refused(tmp_path: Path) -> None:

@@ -51,8 +51,13 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "total_output_tokens": "output tokens of completed requests, from the usage chunk",
     "request_goodput": "requests per second that met every goodput SLO of the workload",
     "failed_verdicts": "metrics that missed their threshold",
-    "bench_kind": "serve (vllm bench serve against a server), or throughput / latency (offline: "
+    "bench_kind": "serve (vllm bench serve against a server), capacity (the highest load within "
+    "SLOs), accuracy (lm-eval against the server), or throughput / latency (offline: "
     "vllm bench throughput / latency, no server)",
+    "acc": "accuracy case: lm-eval's accuracy on the task (acc_stderr: its standard error)",
+    "exact_match": "accuracy case: lm-eval's exact-match rate of generated answers",
+    "accuracy_plumbing_check": "1: the simulated engine answered: the accuracy checks the path, "
+    "not a model (near chance)",
     "tokens_per_second": "offline throughput: prompt and output tokens per second",
     "avg_latency_ms": "offline latency: mean time of one batch, end to end",
     "regression": "the regression gate's verdict per gated metric against the baseline (JSON)",
@@ -80,7 +85,8 @@ DESCRIPTION = (
 LANDING_DESCRIPTION = (
     "Newest first: each run's status, the regression gate's verdict (gate; what moved in "
     "gate_changes), whether its figures are a valid measurement, the headline metrics "
-    "(req_per_s, output_tok_per_s; latencies in ms) and the axes its suite sweeps. A run_id "
+    "(req_per_s, output_tok_per_s; latencies in ms; an accuracy case's acc and exact_match) "
+    "and the axes its suite sweeps. A run_id "
     "opens its page; every column is in benchmark_runs (the cog)."
 )
 # Where a run used --profllm-ray: the node each case ran on. Only for tables that have the
