@@ -257,3 +257,24 @@ def test_lm_eval_runs_in_a_process_of_its_own_that_a_timeout_ends(
         and p.info["create_time"] >= started
     ]
     assert not left  # its own process group, ended with it
+
+
+@pytest.mark.accuracy
+@needs_lm_eval
+def test_the_servers_api_key_reaches_lm_eval_and_nothing_it_writes(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    secret = "sk-accuracy-7f3e9c"
+    server = f"  max_model_len: 4096\n  api_key: {secret}\n"
+    text = ACCURACY.replace("  max_model_len: 4096\n", server, 1)
+    pytester.makefile(".yaml", bench_accuracy=text.replace(
+        "  task: [profllm_arithmetic_mc, profllm_arithmetic_gen]\n",
+        "  task: profllm_arithmetic_mc\n",
+    ))
+    result = run_suites(pytester, ports, gpus=None, cache=False)
+    result.assert_outcomes(passed=1)  # the simulator refuses /v1 requests without the key
+    written = [p for p in (pytester.path / "results").rglob("*") if p.is_file()]
+    assert any(".lm-eval." in p.name for p in written)  # lm-eval's own log among them
+    assert secret not in result.stdout.str()
+    for path in written:
+        assert secret.encode() not in path.read_bytes(), path.name
