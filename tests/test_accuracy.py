@@ -18,6 +18,7 @@ import pytest
 from helpers import cases_of, run_records, run_suites, suite_error, write_suite
 from packaging.version import Version
 
+from pytest_profllm.browse.run_page import run_page
 from pytest_profllm.gates.samples import RunSamples
 from pytest_profllm.gates.verdict import GateSettings, judge
 from pytest_profllm.load.accuracy import INSTALL_HINT, results_of, task_hash
@@ -225,6 +226,11 @@ def test_an_accuracy_case_on_the_simulated_engine_is_recorded_stored_and_gated(
     assert row["accuracy_plumbing_check"] == 1
     assert row["landing"][0] == round(results["acc"], 3)
     first.stdout.fnmatch_lines(["*accuracy: acc 0.* ± 0.0*, n=60 (plumbing check)"])
+    with sqlite3.connect(pytester.path / "base" / "results.db") as connection:
+        page = run_page(connection, multiple_choice["run_id"])
+    assert page is not None and page.plumbing_check
+    assert page.headlines[0] == ("acc", f"{results['acc']:.3f} ± {results['acc_stderr']:.3f}", "")
+    assert page.accuracy is not None and "on 60 of 200 samples" in page.accuracy
 
     # The same simulator answers the same: against that baseline, unchanged.
     again = run_suites(

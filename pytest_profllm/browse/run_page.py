@@ -81,6 +81,9 @@ class RunPage:
     # A capacity case's search (record `capacity`): its summary line and one row per probe.
     capacity: str | None = None
     probes: list[dict[str, Any]] = field(default_factory=list)
+    # An accuracy case's evaluation (record `accuracy`): what lm-eval scored, and how.
+    accuracy: str | None = None
+    plumbing_check: bool = False
 
     def add(self, chart_id: str, spec: dict[str, Any], caption: str) -> None:
         self.charts[chart_id] = spec
@@ -136,6 +139,7 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
                    if name.startswith(("system_", "runtime_", "cost_"))
                    and value not in (None, "", "[]")]
     _capacity(page)
+    _accuracy(page)
     _distributions(connection, page)
     _series(connection, page)
     return page
@@ -149,6 +153,28 @@ def _priced(label: str, row: Mapping[str, Any]) -> str:
     gpus = row.get("cost_gpus")
     counted = " simulated" if row.get("cost_gpus_counted") == "simulated" else ""
     return f"{label} (at ${price:g} per GPU-hour, {gpus}{counted} GPU{'s' if gpus != 1 else ''})"
+
+
+def _accuracy(page: RunPage) -> None:
+    """lm-eval's metrics as headlines (value ± standard error), and one line of what it scored
+    and how."""
+    accuracy = _json(page.row.get("accuracy"), None)
+    if not isinstance(accuracy, dict):
+        return
+    for metric in accuracy.get("metrics") or []:
+        if not isinstance(metric, dict) or metric.get("value") is None:
+            continue
+        stderr = metric.get("stderr")
+        spread = f" ± {stderr:.3f}" if isinstance(stderr, int | float) else ""
+        page.headlines.insert(0, (str(metric.get("name")), f"{metric['value']:.3f}{spread}", ""))
+    samples, available = accuracy.get("samples"), accuracy.get("samples_available")
+    page.accuracy = (
+        f"lm-eval {accuracy.get('lm_eval_version') or '?'} scored task {accuracy.get('task')} "
+        f"(version {accuracy.get('task_version') or '-'}, hash {accuracy.get('task_hash') or '-'})"
+        f" on {_shown(samples)} of {_shown(available)} samples, "
+        f"{_shown(accuracy.get('num_fewshot'))}-shot, through {accuracy.get('api') or '-'}."
+    )
+    page.plumbing_check = bool(accuracy.get("plumbing_check"))
 
 
 def _capacity(page: RunPage) -> None:
