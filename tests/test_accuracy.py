@@ -284,3 +284,23 @@ def test_the_servers_api_key_reaches_lm_eval_and_nothing_it_writes(
     assert secret not in result.stdout.str()
     for path in written:
         assert secret.encode() not in path.read_bytes(), path.name
+
+
+@pytest.mark.accuracy
+@needs_lm_eval
+def test_a_generate_task_runs_through_the_chat_api_without_the_tokenizer_endpoint(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makefile(".yaml", bench_chat="""
+server:
+  model: Qwen/Qwen3-8B
+benchmark:
+  kind: accuracy
+  task: profllm_arithmetic_gen
+  api: chat-completions
+  limit: 10
+""")
+    run_suites(pytester, ports, gpus=None, cache=False).assert_outcomes(passed=1)
+    (record,) = run_records(pytester)
+    assert record["accuracy"]["api"] == "local-chat-completions"
+    assert record["results"]["accuracy_samples"] == 10

@@ -61,6 +61,13 @@ REQUESTS: dict[str, tuple[str, dict[str, Any] | None]] = {
         {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 3,
          "model": "no-such-model"},
     ),
+    # What lm-eval's local-completions model asks to score an answer (accuracy cases).
+    "completion echo logprobs": (
+        "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "echo": True, "logprobs": 1},
+    ),
+    "completion echo no output": (
+        "/v1/completions", {"prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 1},
+    ),
     "tokenize": ("/tokenize", {"prompt": PROMPT}),
     "tokenize unknown model": ("/tokenize", {"prompt": PROMPT, "model": "no-such-model"}),
 }

@@ -71,6 +71,8 @@ class Evaluation:
             "task": task_config(self.task) if self.task in SHIPPED_TASKS else self.task,
             "limit": self.limit,
             "num_fewshot": self.num_fewshot,
+            # lm-eval's chat model takes messages, which its chat template option makes.
+            "apply_chat_template": self.api == "chat-completions",
         }
 
 
@@ -188,6 +190,7 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
         tasks=[task],
         limit=request["limit"],
         num_fewshot=request["num_fewshot"],
+        apply_chat_template=request["apply_chat_template"],
         log_samples=False,
         task_manager=TaskManager(include_defaults=with_defaults),
     )
