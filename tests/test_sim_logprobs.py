@@ -89,6 +89,12 @@ def _check_echo(sim_url: str, prompt: str, max_tokens: int) -> None:
     assert len(logprobs["tokens"]) == len(ids) + max_tokens
     assert choice["text"].startswith(prompt)
     _well_formed(logprobs, len(ids), 1)
+    # vLLM's prompt_logprobs beside them: per prompt token id, the same figure.
+    by_id = choice["prompt_logprobs"]
+    assert len(by_id) == len(ids) and by_id[0] is None
+    for index, (token_id, entry) in enumerate(zip(ids[1:], by_id[1:], strict=True), start=1):
+        assert entry[str(token_id)]["logprob"] == logprobs["token_logprobs"][index]
+        assert entry[str(token_id)]["rank"] >= 1
     again = _complete(sim_url, prompt=prompt, echo=True, logprobs=1, max_tokens=0)
     assert again.json()["choices"][0]["logprobs"]["token_logprobs"] == (
         logprobs["token_logprobs"][: len(ids)]
@@ -99,6 +105,7 @@ def test_logprobs_without_echo_cover_the_output_only(sim_url: str) -> None:
     choice = _complete(sim_url, prompt="2 + 2 =", logprobs=2, max_tokens=3).json()["choices"][0]
     assert len(choice["logprobs"]["tokens"]) == 3
     assert "".join(choice["logprobs"]["tokens"]) == choice["text"]
+    assert choice["prompt_logprobs"] is None  # nothing echoed
     plain = _complete(sim_url, prompt="2 + 2 =", max_tokens=3).json()["choices"][0]
     assert plain["logprobs"] is None
 

@@ -26,7 +26,7 @@ from pytest_profllm.sim.audio import AudioError, AudioFacts, wav_seconds
 from pytest_profllm.sim.batching import Scheduler, Sequence
 from pytest_profllm.sim.faults import Faults
 from pytest_profllm.sim.instruments import ProfilerSettings, add_dev_routes, add_routes
-from pytest_profllm.sim.logprobs import MAX_LOGPROBS, completion_logprobs
+from pytest_profllm.sim.logprobs import MAX_LOGPROBS, completion_logprobs, prompt_logprobs
 from pytest_profllm.sim.vision import (
     ImageError,
     VisionFacts,
@@ -387,6 +387,9 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         text = text[:max_tokens]
         echoed = [state.tokenizer.decode([i]) for i in prompt_ids] if echo else None
         prompt_text = prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt_ids)
+        scores = None
+        if logprobs is not None:
+            scores = completion_logprobs(echoed, text, logprobs, _alternative(state))
         return web.json_response(
             {
                 "id": request_id,
@@ -397,13 +400,14 @@ async def _completions(request: web.Request) -> web.StreamResponse:
                     {
                         "index": 0,
                         "text": (prompt_text if echo else "") + "".join(text),
-                        "logprobs": None
-                        if logprobs is None
-                        else completion_logprobs(echoed, text, logprobs, _alternative(state)),
+                        "logprobs": scores,
                         "finish_reason": "length",
                         "stop_reason": None,
                         "token_ids": None,
-                        "prompt_logprobs": None,
+                        # As vLLM: an echoed prompt's logprobs also come per token id.
+                        "prompt_logprobs": None
+                        if scores is None or not echo
+                        else prompt_logprobs(prompt_ids, scores),
                         "prompt_token_ids": None,
                         "routed_experts": None,
                     }

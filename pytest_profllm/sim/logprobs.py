@@ -88,3 +88,20 @@ def completion_logprobs(
         "tokens": tokens,
         "top_logprobs": top_logprobs,
     }
+
+
+def prompt_logprobs(prompt_ids: Sequence[int], logprobs: dict[str, Any]) -> list[Any]:
+    """vLLM's `choices[].prompt_logprobs` beside an echoed prompt's logprobs: per prompt token
+    (None for the first) its id with its logprob, its rank among the position's entries and its
+    text, from the same figures as `completion_logprobs`."""
+    entries: list[Any] = []
+    for index, token_id in enumerate(prompt_ids):
+        logprob = logprobs["token_logprobs"][index]
+        top = logprobs["top_logprobs"][index]
+        if logprob is None or top is None:
+            entries.append(None)
+            continue
+        rank = 1 + sum(1 for value in top.values() if value > logprob)
+        text = logprobs["tokens"][index]
+        entries.append({str(token_id): {"logprob": logprob, "rank": rank, "decoded_token": text}})
+    return entries
