@@ -19,6 +19,7 @@ from helpers import cases_of, run_records, run_suites, suite_error, write_suite
 from packaging.version import Version
 
 from pytest_profllm.browse.run_page import run_page
+from pytest_profllm.cli.main import main as cli_main
 from pytest_profllm.gates.samples import RunSamples
 from pytest_profllm.gates.verdict import GateSettings, judge
 from pytest_profllm.load.accuracy import INSTALL_HINT, results_of, task_hash
@@ -91,6 +92,18 @@ def test_an_accuracy_case_per_task_shares_the_serve_cases_server(tmp_path: Path)
     bench = accuracy[0].benchmark
     assert isinstance(bench, AccuracyConfig)
     assert (bench.limit, bench.batch_size, bench.api) == (60, 4, "completions")
+
+
+def test_the_plan_shows_accuracy_cases_on_their_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_suite(tmp_path, ACCURACY, "bench_accuracy.yaml")
+    assert cli_main(["plan", str(path), "--json", "--engine", "sim"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    (server,) = document["servers"]
+    assert "--enable-tokenizer-info-endpoint" in server["argv"]
+    assert [case["kind"] for case in document["cases"]] == ["accuracy", "accuracy"]
+    assert {case["server_key"] for case in document["cases"]} == {server["server_key"]}
 
 
 def test_an_accuracy_case_without_the_tokenizer_endpoint_is_refused(tmp_path: Path) -> None:

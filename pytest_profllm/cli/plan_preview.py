@@ -104,7 +104,7 @@ def plan_document(
 
 
 # Kinds whose cases are measured against a server (the rest run a command of their own).
-SERVED_KINDS = ("serve", "capacity")
+SERVED_KINDS = ("serve", "capacity", "accuracy")
 
 
 def _shown_axes(case: Case, prefix: str) -> dict[str, Any]:
