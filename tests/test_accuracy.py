@@ -175,8 +175,9 @@ def test_the_gate_judges_accuracy_by_the_two_standard_errors() -> None:
 def test_without_lm_eval_an_accuracy_case_is_skipped_with_one_line(
     pytester: pytest.Pytester, ports: str
 ) -> None:
-    pytester.makefile(".yaml", bench_accuracy=ACCURACY)
-    # As where lm-eval is not installed (whether it is here or not).
+    # The example suite (README's main job), as where lm-eval is not installed.
+    example = Path(__file__).parents[1] / "benchmarks" / "bench_accuracy.yaml"
+    pytester.makefile(".yaml", bench_accuracy=example.read_text())
     pytester.makeconftest(
         "import pytest_profllm.session.worker as worker\n"
         f"worker.lm_eval_missing = lambda: {INSTALL_HINT!r}\n"
