@@ -22,12 +22,12 @@ from pytest_profllm.browse import filters, sql_functions
 from pytest_profllm.browse.dashboards import BY_NAME, View
 from pytest_profllm.browse.filters import Selection
 from pytest_profllm.browse.precision_dashboard import (
-    ACCURACY_COLUMN,
-    NO_ACCURACY,
     NO_ACCURACY_SELECTED,
+    accuracy_of,
     frontier,
 )
 from pytest_profllm.results.ingest import ingest
+from pytest_profllm.results.table import quote
 from pytest_profllm.run.cost import case_cost
 
 QWEN = "Qwen/Qwen3-8B"
@@ -61,7 +61,9 @@ def records() -> tuple[list[dict[str, Any]], dict[str, float]]:
             record["config"]["server"] = {"model": model, **settings}
             record["runtime"]["server_key"] = f"key-{server}"
             if throughput is None:
+                # An accuracy case's results, as lm-eval's metrics land in them.
                 record["results"] = {"completed": 10, "failed": 0}
+                record["config"]["benchmark"] = {"kind": "accuracy"}
                 accuracy[record["run_id"]] = score
             else:
                 record["results"]["total_output_tokens"] = int(throughput * DURATION)
@@ -75,15 +77,11 @@ def records() -> tuple[list[dict[str, Any]], dict[str, float]]:
 def database(folder: Path, with_accuracy: bool) -> Path:
     made, accuracy = records()
     for record in made:
+        if with_accuracy and record["run_id"] in accuracy:
+            record["results"].update(acc=accuracy[record["run_id"]], acc_stderr=0.01)
         (folder / f"{record['run_id']}.json").write_text(json.dumps(record))
     path = folder / "results.db"
     ingest(path, sorted(folder.glob("*.json")))
-    if with_accuracy:
-        with sqlite3.connect(path) as connection:
-            connection.execute(f"ALTER TABLE benchmark_runs ADD COLUMN {ACCURACY_COLUMN} REAL")
-            connection.executemany(
-                f"UPDATE benchmark_runs SET {ACCURACY_COLUMN} = ? WHERE run_id = ?",
-                [(score, run_id) for run_id, score in accuracy.items()])
     return path
 
 
@@ -148,7 +146,9 @@ def test_without_accuracy_it_says_so_in_one_line_and_still_lists_throughput_and_
     unmeasured: sqlite3.Connection,
 ) -> None:
     view = precision(unmeasured)
-    assert view.notes == [NO_ACCURACY]
+    # The accuracy columns are the table's own (standard metrics): no run of the selection
+    # filled them.
+    assert view.notes == [NO_ACCURACY_SELECTED]
     assert view.charts == {}
     rows = view.tables[0].rows
     assert len(rows) == len(CONFIGURATIONS)
@@ -175,7 +175,7 @@ def test_the_page_shows_the_note_and_the_charts(tmp_path: Path) -> None:
     without.mkdir()
     (empty,) = pages(database(without, with_accuracy=False), "/results/-/dashboards/precision")
     assert empty.status_code == 200
-    assert "No accuracy cases in this database" in empty.text
+    assert "No accuracy cases in this selection" in empty.text
     with_ = tmp_path / "with"
     with_.mkdir()
     (drawn,) = pages(database(with_, with_accuracy=True), "/results/-/dashboards/precision")
@@ -200,3 +200,14 @@ def test_accuracy_outside_the_selection_is_named_as_such(measured: sqlite3.Conne
     assert view.notes == [NO_ACCURACY_SELECTED]
     assert view.charts == {}
     assert len(view.tables[0].rows) == len(CONFIGURATIONS)
+
+
+def test_accuracy_is_the_first_of_lm_evals_metrics_a_database_has() -> None:
+    def schema(*names: str) -> filters.Schema:
+        return filters.Schema(types={name: "REAL" for name in names}, axes=(), sessions=())
+
+    both = f"coalesce({quote('acc')}, {quote('exact_match')})"
+    assert accuracy_of(schema("acc", "exact_match", "output_throughput")) == both
+    assert accuracy_of(schema("exact_match")) == quote("exact_match")
+    # A database from before accuracy cases: the page says so in one line.
+    assert accuracy_of(schema("output_throughput")) is None

@@ -2,10 +2,11 @@
 quantization, KV-cache dtype) gives up in accuracy for what it gains in output throughput and
 in cost per million output tokens. One chart per model for each, its frontier dashed.
 
-Accuracy is read from one place, `ACCURACY_COLUMN` of the `measured_runs` view, which
-`kind: accuracy` cases fill. Throughput and cost come from the serve cases of the same server:
-a configuration is one effective server configuration (`runtime_server_key`, the hash the
-plan gives it), on one engine and device, whichever suite measured it.
+Accuracy is lm-eval's metric as `kind: accuracy` cases record it in their results (the `acc`
+column of the `measured_runs` view for a multiple-choice task, else `exact_match`).
+Throughput and cost come from the serve cases of the same server: a configuration is one
+effective server configuration (`runtime_server_key`, the hash the plan gives it), on one
+engine and device, whichever suite measured it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from pytest_profllm.browse.dashboard_view import Table, View
 from pytest_profllm.browse.filters import Schema, Selection
 from pytest_profllm.results.table import MEASURED_RUNS, quote
 
-# Where accuracy lives: a column of `benchmark_runs` (a fraction or a percentage, as the
-# accuracy case records it; higher is better). The one name this dashboard reads it by.
-ACCURACY_COLUMN = "accuracy"
+# Where accuracy lives: lm-eval's metrics among an accuracy case's results (fractions, higher
+# is better), in this order: a run that has the first is read by it.
+ACCURACY_COLUMNS = ("acc", "exact_match")
 NO_ACCURACY = ("No accuracy cases in this database: add a `kind: accuracy` case "
                "(README: Accuracy).")
 NO_ACCURACY_SELECTED = ("No accuracy cases in this selection: add a `kind: accuracy` case "
@@ -57,13 +58,23 @@ def accuracy_missing(connection: sqlite3.Connection, schema: Schema,
     """Why there is no accuracy to draw (None: there is some): no such column in the
     database, or no run of the selection measured it. Only the selection's runs are read (by
     the session index): looking through a whole million-run table took seconds."""
-    if ACCURACY_COLUMN not in schema.types:
+    accuracy = accuracy_of(schema)
+    if accuracy is None:
         return NO_ACCURACY
     where, params = selection.where(schema)
     found = connection.execute(
         f"SELECT 1 FROM [{MEASURED_RUNS}] WHERE {where} "
-        f"AND {quote(ACCURACY_COLUMN)} IS NOT NULL LIMIT 1", params).fetchone()
+        f"AND {accuracy} IS NOT NULL LIMIT 1", params).fetchone()
     return None if found is not None else NO_ACCURACY_SELECTED
+
+
+def accuracy_of(schema: Schema) -> str | None:
+    """The SQL expression of a run's accuracy (its first metric of ACCURACY_COLUMNS); None
+    where the database has none of them."""
+    present = [quote(name) for name in ACCURACY_COLUMNS if name in schema.types]
+    if not present:
+        return None
+    return present[0] if len(present) == 1 else f"coalesce({', '.join(present)})"
 
 
 def configurations(connection: sqlite3.Connection, schema: Schema, selection: Selection,
@@ -80,7 +91,8 @@ def configurations(connection: sqlite3.Connection, schema: Schema, selection: Se
         return f"{aggregate}({quote(name)})" if name in have else "NULL"
 
     axes = [f"{column(axis, 'max')} AS {quote(axis)}" for axis in PRECISION_AXES]
-    accuracy = column(ACCURACY_COLUMN, "median") if with_accuracy else "NULL"
+    expression = accuracy_of(schema)
+    accuracy = f"median({expression})" if with_accuracy and expression else "NULL"
     cursor = connection.execute(
         f"SELECT {server} AS server, engine, device, max(server_model) AS model, "
         f"max(configuration) AS configuration, {', '.join(axes)}, "
