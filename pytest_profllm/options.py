@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_profllm.engine.choice import ENGINE_CHOICES
+from pytest_profllm.engine.choice import ENGINE_CHOICES, SIM_CLOCKS, Clock
 from pytest_profllm.gates.config import GateConfig
 from pytest_profllm.gates.verdict import GateSettings
 from pytest_profllm.hosts.devices import parse_cpu_sets
@@ -294,6 +294,15 @@ def add_options(parser: pytest.Parser) -> None:
         "default: H100-SXM)",
     )
     group.addoption(
+        "--profllm-sim-clock",
+        choices=SIM_CLOCKS,
+        default=None,
+        help="how the simulated engine keeps time: real (a server process that sleeps each "
+        "step) or virtual (its scheduler and cost model stepped in-process, no server or HTTP: "
+        "a capacity search in seconds; records say clock virtual and are never compared with "
+        "real-time ones) (ini: profllm_sim_clock; default: real)",
+    )
+    group.addoption(
         "--profllm-max-cases",
         metavar="N",
         type=parse_max_cases,
@@ -378,6 +387,8 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("profllm_busy_gpus", "wait or fail on GPUs in use by others", default="wait")
     parser.addini("profllm_sim_device", "the GPU the simulated engine models", default=None)
     parser.addini("profllm_gpu_hour_price", "USD per GPU-hour to price cases at", default=None)
+    parser.addini("profllm_sim_clock", "real or virtual: the simulated engine's clock",
+                  default="real")
     parser.addini("profllm_max_cases", "the most cases one suite may expand to", default=None)
     parser.addini("profllm_ray", "Ray cluster address, auto or local", default=None)
     parser.addini(
@@ -476,6 +487,7 @@ class Settings:
     vllm_python: str | None = None
     cpus: int | tuple[str, ...] | None = None
     sim_device: str | None = None  # None: the simulator's default profile
+    sim_clock: Clock = "real"  # virtual: simulated cases run in-process (run/virtual.py)
     ray: str | None = None  # a Ray cluster's address, auto or local: server groups run there
     ray_retry: bool = False
     max_cases: int = MAX_CASES
@@ -532,6 +544,7 @@ class Settings:
             sim_device=parsed(  # type: ignore[arg-type]
                 "profllm_sim_device", "profllm_sim_device", parse_sim_device
             ),
+            sim_clock=_sim_clock(str(pick("profllm_sim_clock", "profllm_sim_clock") or "real")),
             ray=str(pick("profllm_ray", "profllm_ray") or "") or None,
             max_cases=parsed(  # type: ignore[arg-type]
                 "profllm_max_cases", "profllm_max_cases", parse_max_cases
@@ -544,6 +557,15 @@ class Settings:
                 "profllm_gpu_hour_price", "profllm_gpu_hour_price", parse_gpu_hour_price
             ),
         )
+
+
+def _sim_clock(value: str) -> Clock:
+    for clock in SIM_CLOCKS:
+        if value == clock:
+            return clock
+    raise pytest.UsageError(
+        f"ini option profllm_sim_clock: {value!r} is not one of {', '.join(SIM_CLOCKS)}"
+    )
 
 
 def _saturation_margin(config: pytest.Config) -> float | None:

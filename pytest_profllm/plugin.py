@@ -70,7 +70,9 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         try:
             gpu_count = len(nvml.discover().gpus)
-            engine = choose_engine(settings.engine, gpu_count, settings.vllm_python)
+            engine = choose_engine(
+                settings.engine, gpu_count, settings.vllm_python, settings.sim_clock
+            )
         except EngineUnavailable as error:
             raise pytest.UsageError(str(error)) from None
         try:

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 EngineName = Literal["vllm", "sim"]
 ENGINE_CHOICES = ("auto", "vllm", "sim")
+# How the simulated engine keeps time: `real` (a server that sleeps each step) or `virtual`
+# (its scheduler stepped in the worker's process, run/virtual.py). vLLM's clock is real.
+Clock = Literal["real", "virtual"]
+SIM_CLOCKS: tuple[Clock, ...] = ("real", "virtual")
 
 
 class EngineUnavailable(Exception):
@@ -36,6 +40,7 @@ class EngineChoice:
     reason: str
     version: str | None
     vllm: VllmInstall | None = None  # where name is vllm
+    clock: Clock = "real"
 
     @property
     def device_kind(self) -> DeviceKind:
@@ -46,7 +51,9 @@ class EngineChoice:
         return "cpu" if self.vllm is not None and self.vllm.on_cpu else "gpu"
 
     def as_record(self) -> dict[str, Any]:
-        record: dict[str, Any] = {"name": self.name, "reason": self.reason, "version": self.version}
+        record: dict[str, Any] = {
+            "name": self.name, "reason": self.reason, "version": self.version, "clock": self.clock,
+        }
         if self.vllm is not None:
             record.update(
                 distribution=self.vllm.distribution,
@@ -56,12 +63,26 @@ class EngineChoice:
         return record
 
 
-def choose_engine(requested: str, gpu_count: int, vllm_python: str | None = None) -> EngineChoice:
+def choose_engine(
+    requested: str, gpu_count: int, vllm_python: str | None = None, clock: Clock = "real"
+) -> EngineChoice:
     """`auto` takes vLLM where it is importable and can serve here: on a GPU NVML finds, or on
     CPU cores with a CPU build of vLLM (its platform says which); else the simulator.
 
-    `vllm_python` names the Python of vLLM's environment; by default the plugin's own.
+    `vllm_python` names the Python of vLLM's environment; by default the plugin's own. The
+    virtual clock is the simulator's alone: with it, `auto` is the simulator and `vllm` an
+    EngineUnavailable.
     """
+    if clock == "virtual":
+        if requested == "vllm":
+            raise EngineUnavailable(
+                "--profllm-sim-clock virtual runs the simulated engine in-process: it cannot "
+                "be used with --profllm-engine vllm (use sim or auto)"
+            )
+        return EngineChoice(
+            "sim", "--profllm-sim-clock virtual: the simulated engine on a virtual clock",
+            _own_version(), clock="virtual",
+        )
     if requested == "sim":
         return EngineChoice("sim", "--profllm-engine sim", _own_version())
     try:

@@ -1,5 +1,6 @@
 """A run's fingerprint: what must be equal for two runs to be compared. The effective server
-configuration, the workload, the engine and its version, and the device model and count.
+configuration, the workload, the engine and its version, the device model and count, and the
+simulated engine's clock where it is virtual.
 
 The workload's `seed` is left out: it draws other prompts of the same distribution, which is
 the noise a gate must tolerate, not another workload.
@@ -66,6 +67,10 @@ def fingerprint(record: dict[str, Any], with_version: bool = True) -> dict[str, 
         "device_model": sorted(set(system.get("gpu_names") or [])) or None,
         "device_count": len(runtime.get("gpus") or []),
     }
+    if engine.get("clock") == "virtual":
+        # A prediction on the virtual clock is never compared with a measurement (nor the
+        # reverse); real-time runs keep the fingerprint they had before the clock was recorded.
+        parts["clock"] = "virtual"
     if with_version:
         parts["engine_version"] = engine.get("version")
         parts["engine_args_version"] = (config.get("engine_args") or {}).get("vllm_version")

@@ -36,6 +36,10 @@ class EngineInfo(BaseModel):
     python: str | None = None
     # The simulator's engine model: device profile, model facts, KV cache and batch sizes.
     sim: dict[str, Any] | None = None
+    # How the engine kept time: `real` (a server measured over HTTP) or `virtual` (the
+    # simulator's scheduler stepped in-process, run/virtual.py: a prediction, never compared
+    # with a real-time run). None in records written before the clock was recorded: real.
+    clock: Literal["real", "virtual"] | None = None
 
 
 class Verdict(BaseModel):

@@ -189,6 +189,7 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         engine.get("distribution"),
         engine_args.get("vllm_version"),
         engine_args.get("source"),
+        engine.get("clock") or ("real" if engine.get("name") in ("sim", "vllm") else None),
         # For grouping: the case without its workload, the workload without its repeat
         # number, the devices it ran on.
         configuration or case_id,

@@ -59,6 +59,8 @@ FIXED_COLUMNS: dict[str, str] = {
     "engine_distribution": "TEXT",
     "engine_args_version": "TEXT",
     "engine_args_source": "TEXT",
+    # real, or virtual: a prediction of the simulator's virtual clock (run/virtual.py).
+    "engine_clock": "TEXT",
     # Derived, for grouping: the case without its workload, the workload without its repeat
     # number, and the devices it ran on.
     "configuration": "TEXT",

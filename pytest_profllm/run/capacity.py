@@ -76,7 +76,7 @@ def run_capacity(
                            recheck=probes.recheck)
         outcome.telemetry = sampler.record()
         outcome.series = sampler.series()
-    _keep_probe_at_capacity(outcome, found, probes, max_schedule_lag_ms)
+    keep_probe_at_capacity(outcome, found, probes, max_schedule_lag_ms)
     outcome.capacity = found.as_record()
     for probe in outcome.capacity["probes"]:
         # Why runs of this probe were measured again (the host made them invalid).
@@ -94,7 +94,7 @@ def run_capacity(
     return outcome
 
 
-def _keep_probe_at_capacity(
+def keep_probe_at_capacity(
     outcome: CaseOutcome,
     found: CapacityResult,
     probes: ServerProbes,

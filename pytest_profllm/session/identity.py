@@ -47,12 +47,15 @@ class RunIdentity:
             "reason": engine.reason,
             "version": engine.version,
             "vllm": vllm,
+            "clock": engine.clock,
         }
 
     @classmethod
     def from_workerinput(cls, data: dict[str, Any]) -> RunIdentity:
         vllm = VllmInstall.from_record(data["vllm"]) if data.get("vllm") else None
-        engine = EngineChoice(data["name"], data["reason"], data["version"], vllm)
+        engine = EngineChoice(
+            data["name"], data["reason"], data["version"], vllm, data.get("clock", "real")
+        )
         return cls(data["session_id"], engine)
 
 

@@ -29,6 +29,8 @@ from pytest_profllm.run.accuracy import run_accuracy
 from pytest_profllm.run.capacity import run_capacity
 from pytest_profllm.run.outcome import CaseFailed, CaseOutcome
 from pytest_profllm.run.serve import run_case
+from pytest_profllm.run.virtual import run_virtual_capacity, run_virtual_case
+from pytest_profllm.run.virtual import skip_reason as virtual_skip_reason
 from pytest_profllm.server.process import ServerLost, ServerStartError
 from pytest_profllm.server.workers import WorkerServers
 from pytest_profllm.session.identity import (
@@ -173,8 +175,11 @@ class WorkerSession:
             # and its record is the earlier one, judged again (session/resume.py).
             pytest.fail(resumed_failure, pytrace=False)
         outcome = stash[OUTCOME_KEY] = self._outcome(case, nodeid)
+        virtual = self.identity.engine.clock == "virtual"
         # Known before its server is asked for: a skipped case starts nothing.
-        reason = self.saturation.skip_reason(case)
+        reason = self.saturation.skip_reason(case) or (
+            virtual_skip_reason(case) if virtual else None
+        )
         if reason is None and case.kind == "accuracy":
             reason = lm_eval_missing()  # an optional extra: how to install it, in one line
         if reason is not None:
@@ -182,6 +187,9 @@ class WorkerSession:
             outcome.finished_at = time.time()
             pytest.skip(reason)
         try:
+            if virtual:  # no server: the engine model runs in this process
+                run = run_virtual_capacity if case.kind == "capacity" else run_virtual_case
+                return run(case, outcome, self.settings.sim_device)
             if case.kind == "capacity":
                 return run_capacity(
                     case, self.servers, outcome, self.settings.max_schedule_lag_ms,

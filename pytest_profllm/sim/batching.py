@@ -123,6 +123,8 @@ class Sequence:
     cached_tokens: int = 0
     # Its images' vision-encoder FLOPs, spent in the step that first schedules it.
     encoder_flops: float = 0.0
+    # Its own inter-token gaps, where a virtual run keeps them per request (None: not kept).
+    gaps: list[float] | None = None
 
     def __post_init__(self) -> None:
         self.context_len = self.context_len or self.prompt_len
@@ -379,6 +381,8 @@ class Scheduler:
             self.stats.observe("vllm:inter_token_latency_seconds", gap)
             if self.itl_log is not None:
                 self.itl_log.append(gap)
+            if sequence.gaps is not None:
+                sequence.gaps.append(gap)
         sequence.last_token_at = now
         if self.stream_tokens:
             sequence.tokens.put_nowait(next(self._ids))

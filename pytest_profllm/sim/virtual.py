@@ -4,7 +4,9 @@ The same scheduler and engine model as the server, stepped without sleeping: the
 by each step's duration. A client is modelled as `vllm bench serve` sends (arrival times from
 its schedule, `max_concurrency` as a semaphore whose wait is not part of TTFT), and the figures
 are computed with its definitions (TTFT, TPOT from E2EL, output throughput over the duration).
-Used by the calibration and curve benchmarks, and usable for offline estimates.
+Used by the calibration and curve benchmarks, and by cases run on the virtual clock
+(`--profllm-sim-clock virtual`, run/virtual.py), which take each request's times (`Served`)
+and compute vLLM's metrics from them with the client's own code.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections.abc import Sequence as Ordered
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +43,22 @@ class ServerSettings:
 
 
 @dataclass
+class Served:
+    """One request as the client would have seen it, in seconds from the start: when its
+    schedule wanted it sent, when it was sent (after any max_concurrency wait), its first and
+    last token, and the gaps between its tokens."""
+
+    index: int  # its place in the requests given
+    intended: float
+    sent: float
+    first_token: float
+    finished: float
+    generated: int
+    prompt_len: int
+    gaps: list[float]
+
+
+@dataclass
 class Outcome:
     """Per-request times (seconds from the start) and vLLM bench serve's summary figures."""
 
@@ -53,6 +72,11 @@ class Outcome:
     preemptions: int = 0
     prefix_cache_hit_rate: float = 0.0
     peak_kv_cache_usage: float = 0.0
+    # Every finished request (in finishing order), and the engine's counters over the run.
+    served: list[Served] = field(default_factory=list)
+    steps: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up
+    prefix_cache_hits: int = 0  # tokens found
 
     def summary(self) -> dict[str, float]:
         def median(values: list[float]) -> float:
@@ -129,41 +153,55 @@ def simulate(
     burstiness: float = 1.0,
     seed: int = 0,
     time_limit_s: float = 1e6,
+    *,
+    arrivals: Ordered[float] | None = None,
+    scheduler: Scheduler | None = None,
 ) -> Outcome:
-    """Run `requests` through the engine on a virtual clock and measure as vllm bench serve."""
-    scheduler = build_scheduler(engine, settings or ServerSettings())
+    """Run `requests` through the engine on a virtual clock and measure as vllm bench serve.
+
+    `arrivals` are the send times the client's own schedule chose (default: vLLM's schedule
+    for `request_rate`, `burstiness` and `seed`); `scheduler` is the engine a server's
+    arguments made (`sim/cli.py make_scheduler`), default one from `settings`."""
+    if scheduler is None:
+        scheduler = build_scheduler(engine, settings or ServerSettings())
+    scheduler.stream_tokens = False
     now = 0.0
     scheduler.clock = lambda: now
     delay = engine.request_seconds()
-    schedule = list(
-        zip(arrival_times(len(requests), request_rate, burstiness, seed), requests, strict=True)
+    if arrivals is None:
+        arrivals = arrival_times(len(requests), request_rate, burstiness, seed)
+    # (time, index, request), the earliest last: pop() takes it. A trace's times may be out
+    # of order; the sort is stable, so equal times keep their order.
+    schedule = sorted(
+        zip(arrivals, range(len(requests)), requests, strict=True),
+        key=lambda entry: entry[0],
+        reverse=True,
     )
-    schedule.reverse()  # pop() from the end: the earliest first
     slots = max_concurrency or len(requests) or 1
     outcome = Outcome()
-    in_flight: dict[int, tuple[float, Sequence]] = {}
+    # id(sequence) -> (index, intended, sent, sequence)
+    in_flight: dict[int, tuple[int, float, float, Sequence]] = {}
     done: list[Sequence] = []
     scheduler.on_finish = done.append
     scheduler.itl_log = outcome.itl
-    entering: list[tuple[float, int, float, Request]] = []  # (reaches scheduler, n, sent, request)
-    serial = 0
+    # (reaches the scheduler, index, intended, sent, request)
+    entering: list[tuple[float, int, float, float, Request]] = []
     peak = 0.0
 
     def send_ready() -> None:
-        nonlocal serial
         while schedule and len(in_flight) + len(entering) < slots and schedule[-1][0] <= now:
-            wanted, request = schedule.pop()
+            wanted, index, request = schedule.pop()
             sent = max(wanted, now) if max_concurrency else wanted
-            heapq.heappush(entering, (sent + delay, serial, sent, request))
-            serial += 1
+            heapq.heappush(entering, (sent + delay, index, wanted, sent, request))
 
     while schedule or entering or in_flight:
         send_ready()
         while entering and entering[0][0] <= now:
-            _, _, sent, request = heapq.heappop(entering)
+            _, index, wanted, sent, request = heapq.heappop(entering)
             ids = list(request.prompt_ids) if request.prompt_ids is not None else None
             sequence = scheduler.submit(request.prompt_len, request.output_len, ids, arrived=sent)
-            in_flight[id(sequence)] = (sent, sequence)
+            sequence.gaps = []
+            in_flight[id(sequence)] = (index, wanted, sent, sequence)
         step = scheduler.plan_step()
         if step is None:
             upcoming = [
@@ -184,9 +222,13 @@ def simulate(
         scheduler.finish_step(step, now)
         peak = max(peak, scheduler.kv_cache_usage)
         for sequence in done:
-            sent, _ = in_flight.pop(id(sequence))
+            index, wanted, sent, _ = in_flight.pop(id(sequence))
             first = sequence.first_token_at or now
             finished = sequence.finished_at or now
+            outcome.served.append(
+                Served(index, wanted, sent, first, finished, sequence.generated,
+                       sequence.prompt_len, sequence.gaps or [])
+            )
             outcome.ttft.append(first - sent)
             outcome.e2el.append(finished - sent)
             if sequence.generated > 1:
@@ -199,6 +241,9 @@ def simulate(
     outcome.duration = now
     outcome.preemptions = scheduler.num_preemptions
     outcome.peak_kv_cache_usage = peak
+    outcome.steps = scheduler.steps
+    outcome.prefix_cache_queries = scheduler.prefix_cache_queries
+    outcome.prefix_cache_hits = scheduler.prefix_cache_hits
     if scheduler.prefix_cache_queries:
         outcome.prefix_cache_hit_rate = scheduler.prefix_cache_hits / scheduler.prefix_cache_queries
     return outcome
