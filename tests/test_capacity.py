@@ -32,7 +32,7 @@ from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.schedule import LoadResult
 from pytest_profllm.plan.regression import gated_metric
 from pytest_profllm.plan.suite import CapacityConfig, CapacitySearch
-from pytest_profllm.run.capacity import _keep_probe_at_capacity
+from pytest_profllm.run.capacity import keep_probe_at_capacity
 
 
 def queue_probe(capacity: float, base_ms: float = 50.0, noise: float = 0.1):  # type: ignore[no-untyped-def]
@@ -281,7 +281,7 @@ def test_a_capacity_records_figures_of_all_the_probes_runs() -> None:
                            {"median_ttft_ms": 200.0}, 1.0)
     outcome = SimpleNamespace(results={}, requests=[], invalid_reason=None,
                               request_failures=None)
-    _keep_probe_at_capacity(outcome, found, probes, None)  # type: ignore[arg-type]
+    keep_probe_at_capacity(outcome, found, probes, None)  # type: ignore[arg-type]
     assert outcome.results["completed"] == probe.requests == 20
     assert outcome.results["median_ttft_ms"] == pytest.approx(125.0)  # of 200s and 50s
     assert outcome.results["request_throughput"] == pytest.approx(20 / 4.0)

@@ -80,6 +80,30 @@ class TokenizerCodec:
 
 
 def random_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    rng, draws = _random_draws(config, codec)
+    requests = []
+    for tokens, target, output_len in draws:
+        prompt, prompt_len = _decode_to_length(codec, tokens, target, rng)
+        requests.append(PromptRequest(prompt, prompt_len, output_len))
+    return requests
+
+
+def random_token_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]:
+    """The random dataset's requests as token ids, never rendered as text: the lengths
+    `random_prompts` sends (its text re-encodes to the length drawn), for a consumer that
+    needs only lengths and ids (the virtual clock), at a fraction of the cost."""
+    _, draws = _random_draws(config, codec)
+    return [
+        PromptRequest("", target, output_len, prompt_ids=tuple(tokens))
+        for tokens, target, output_len in draws
+    ]
+
+
+def _random_draws(
+    config: BenchmarkConfig, codec: Codec
+) -> tuple[np.random.Generator, list[tuple[list[int], int, int]]]:
+    """vLLM's random dataset's draws: per request its token ids, the prompt length they must
+    encode to, and the output length; and the generator, whose next draws pad the texts."""
     rng = np.random.default_rng(config.seed)
     ratio = config.random_range_ratio
     real_input = max(0, config.random_input_len - codec.num_special_tokens_to_add)
@@ -97,13 +121,12 @@ def random_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRequest]
     offsets = rng.integers(0, codec.vocab_size, size=n)
     allowed = np.array(sorted(set(range(codec.vocab_size)) - codec.special_ids))
     prefix = allowed[rng.integers(0, len(allowed), size=config.random_prefix_len)].tolist()
-    requests = []
+    draws = []
     for i in range(n):
         inner = allowed[(offsets[i] + i + np.arange(input_lens[i])) % len(allowed)].tolist()
         target = config.random_prefix_len + int(input_lens[i])
-        prompt, prompt_len = _decode_to_length(codec, prefix + inner, target, rng)
-        requests.append(PromptRequest(prompt, prompt_len, int(output_lens[i])))
-    return requests
+        draws.append((prefix + inner, target, int(output_lens[i])))
+    return rng, draws
 
 
 def _decode_to_length(codec: Codec, tokens: list[int], target: int, rng: Any) -> tuple[str, int]:

@@ -30,8 +30,8 @@ from pytest_profllm.load.capacity import (
     search,
     slos_of,
 )
-from pytest_profllm.load.conversation import Conversations, make_workload
-from pytest_profllm.load.dataset import make_prompts
+from pytest_profllm.load.conversation import Conversations, Workload, make_workload
+from pytest_profllm.load.dataset import random_token_prompts
 from pytest_profllm.load.prompt import Codec, PromptRequest
 from pytest_profllm.load.schedule import LoadResult, arrival_offsets
 from pytest_profllm.plan.case import Case
@@ -196,6 +196,15 @@ def _refused(prompt: PromptRequest, length: int, at: float, limit: int) -> metri
     )
 
 
+def virtual_prompts(bench: BenchmarkConfig, codec: Codec, context: int | None) -> Workload:
+    """The workload's requests: the random dataset's as the token ids and lengths it draws
+    (rendering 2,000 prompts as text costs more than simulating them), any other as the client
+    makes it."""
+    if bench.dataset_name == "random":
+        return random_token_prompts(bench, codec)
+    return make_workload(bench, codec, context)
+
+
 def _measured(
     engine: VirtualEngine, prompts: list[PromptRequest], bench: BenchmarkConfig, codec: Codec
 ) -> tuple[LoadResult, Outcome, dict[str, Any], dict[str, Any]]:
@@ -217,7 +226,7 @@ def run_virtual_case(case: Case, outcome: CaseOutcome, sim_device: str | None) -
     engine = VirtualEngine.of(case, sim_device)
     codec = codec_for(case, "sim", "")  # the simulator's tokenizer is always a local one
     with dataset_refusals(case):
-        prompts = make_workload(bench, codec, context_of(case))
+        prompts = virtual_prompts(bench, codec, context_of(case))
     assert not isinstance(prompts, Conversations), "conversations are skipped (skip_reason)"
     load, run, results, _ = _measured(engine, prompts, bench, codec)
     outcome.prefix_cache = FRESH_ENGINE
@@ -242,6 +251,15 @@ class VirtualProbes(ServerProbes):
     ) -> None:
         super().__init__(bench, "", codec, prompts, "", None, None)
         self.engine = engine
+
+    def prompts_for(self, count: int, seed: int) -> list[PromptRequest]:
+        if seed == self.bench.seed and count <= len(self.first_prompts):
+            return self.first_prompts[:count]
+        prompts = virtual_prompts(
+            self.bench.model_copy(update={"num_prompts": count, "seed": seed}), self.codec, None
+        )
+        assert not isinstance(prompts, Conversations)
+        return prompts
 
     def _run(
         self, load: float, count: int, seed: int
@@ -269,7 +287,9 @@ def run_virtual_capacity(
     slos = slos_of(bench.slo)
     per_probe = requests_per_probe(slos, bench.num_prompts)
     with dataset_refusals(case):
-        prompts = make_prompts(bench.model_copy(update={"num_prompts": per_probe}), codec)
+        prompts = virtual_prompts(bench.model_copy(update={"num_prompts": per_probe}), codec,
+                                  context_of(case))
+    assert not isinstance(prompts, Conversations), "conversations are skipped (skip_reason)"
     probes = VirtualProbes(bench, engine, codec, prompts)
     found = search(probes, slos, bench.search, bench.num_prompts, seed=bench.seed,
                    recheck=probes.recheck)

@@ -1,0 +1,151 @@
+"""`--profllm-sim-clock virtual`: simulated cases run in-process on the virtual clock (no server,
+no port), under -n 2; their records say so, and the gate never compares them with real-time
+runs. A capacity case searches on it and keeps its bracket; workloads it does not model are
+skipped with one line."""
+
+from __future__ import annotations
+
+import copy
+import sqlite3
+from typing import Any
+
+import pytest
+from helpers import run_records, run_suites
+
+from pytest_profllm.results.fingerprint import digests
+
+SUITE = """
+server:
+  model: Qwen/Qwen3-8B
+  max_num_seqs: [4, 16]
+  max_model_len: 2048
+benchmark:
+  num_prompts: 40
+  random_input_len: 200
+  random_output_len: 20
+  request_rate: [10, inf]
+  max_concurrency: 16
+thresholds:
+  completed: {min: 40}
+"""
+
+CAPACITY = """
+server:
+  model: Qwen/Qwen3-8B
+  max_num_seqs: 8
+  max_model_len: 2048
+benchmark:
+  kind: capacity
+  num_prompts: 200
+  random_input_len: 256
+  random_output_len: 32
+  slo: {p90_ttft_ms: 300, median_tpot_ms: 20}
+  search: {low: 2, high: 200, precision: 10%, min_duration_s: 3}
+"""
+
+
+def test_a_suite_on_the_virtual_clock(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(".yaml", bench_v=SUITE)
+    result = run_suites(pytester, ports, "-n", "2", "--profllm-engine", "sim",
+                        "--profllm-sim-clock", "virtual", cache=False)
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*engine: sim (--profllm-sim-clock virtual*"])
+    records = run_records(pytester)
+    assert len(records) == 4
+    for record in records:
+        assert record["engine"]["clock"] == "virtual"
+        assert record["status"] == "passed" and record["validity"] == "valid"
+        # No server was started: no port, no process, no log.
+        runtime = record["runtime"]
+        assert runtime["port"] is None and runtime["server_pid"] is None
+        assert runtime["server_log"] is None
+        results = record["results"]
+        assert results["completed"] == 40 and results["failed"] == 0
+        assert results["total_input_tokens"] > 0 and results["total_output_tokens"] == 40 * 20
+        assert results["request_throughput"] > 0 and results["output_throughput"] > 0
+        for metric in ("ttft", "tpot", "itl", "e2el"):
+            assert 0 < results[f"median_{metric}_ms"] <= results[f"p99_{metric}_ms"]
+        assert results["median_ttft_ms"] < results["median_e2el_ms"]
+        # What a virtual run does not have is null, never made up.
+        system = record["system"]
+        assert system["mean_gpu_utilization"] is None and system["peak_server_rss_mib"] is None
+        assert results["client_cpu_percent"] is None
+        assert system["sim_steps"] > 0
+    # Under the burst, the larger batch limit carries more: the engine model decides.
+    burst = {r["config"]["server"]["max_num_seqs"]: r["results"] for r in records
+             if r["config"]["benchmark"]["request_rate"] == "inf"}
+    assert burst[16]["output_throughput"] > burst[4]["output_throughput"]
+    with sqlite3.connect(pytester.path / "results" / "results.db") as db:
+        clocks = {row[0] for row in db.execute("SELECT engine_clock FROM benchmark_runs")}
+    assert clocks == {"virtual"}
+
+
+def test_the_fingerprint_keeps_virtual_and_real_apart() -> None:
+    record: dict[str, Any] = {
+        "engine": {"name": "sim", "version": "0.1.0", "clock": "real"},
+        "config": {"server": {"model": "m"}, "benchmark": {"num_prompts": 4}},
+        "system": {}, "runtime": {},
+    }
+    virtual = copy.deepcopy(record)
+    virtual["engine"]["clock"] = "virtual"
+    before = copy.deepcopy(record)
+    del before["engine"]["clock"]  # a record written before the clock was recorded
+    assert digests(virtual)[0] != digests(record)[0]
+    assert digests(virtual)[1] != digests(record)[1]  # also with any engine version
+    assert digests(record) == digests(before)  # real-time runs keep their baselines
+
+
+def test_a_capacity_case_on_the_virtual_clock(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(".yaml", bench_cap=CAPACITY)
+    result = run_suites(pytester, ports, "--profllm-sim-clock", "virtual", cache=False)
+    result.assert_outcomes(passed=1)
+    (record,) = run_records(pytester)
+    search = record["capacity"]
+    low, high = search["bracket"]
+    assert record["engine"]["clock"] == "virtual" and record["validity"] == "valid"
+    assert low is not None and high is not None and low < high <= low * 1.1 + 1e-9
+    assert record["results"]["capacity"] == search["capacity"] == low
+    assert search["limit"] in ("p90_ttft_ms", "median_tpot_ms")
+    assert search["recheck"]["decision"] != "misses"
+    # p90 needs 200 requests a probe; each probe is a run of the engine model.
+    assert all(p["requests"] >= 200 for p in search["probes"])
+    assert record["results"]["completed"] >= 200
+
+
+def test_workloads_it_does_not_model_are_skipped(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(".yaml", bench_skip="""
+        server: {model: Qwen/Qwen3-8B}
+        benchmark:
+          dataset_name: conversation
+          backend: openai-chat
+          num_prompts: 4
+        """, bench_chat="""
+        server: {model: Qwen/Qwen3-8B}
+        benchmark:
+          backend: openai-chat
+          num_prompts: 4
+          random_input_len: 32
+          random_output_len: 4
+        """)
+    result = run_suites(pytester, ports, "--profllm-sim-clock", "virtual", "-rs", cache=False)
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*--profllm-sim-clock virtual: conversations*not modelled*"])
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_virtual_clock_with_vllm_is_a_usage_error(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(".yaml", bench_x=SUITE)
+    result = run_suites(pytester, ports, "--profllm-engine", "vllm",
+                        "--profllm-sim-clock", "virtual", cache=False)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--profllm-sim-clock virtual*cannot be used with "
+                                 "--profllm-engine vllm*"])
+
+
+def test_a_bad_ini_clock_is_a_usage_error(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(".yaml", bench_x=SUITE)
+    pytester.makeini("[pytest]\nprofllm_sim_clock = fast\n")
+    result = run_suites(pytester, ports, cache=False)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini option profllm_sim_clock: 'fast' is not one of real, "
+                                 "virtual*"])
