@@ -57,8 +57,7 @@ _NOT_ON_THE_VIRTUAL_CLOCK = ("client_cpu_percent",)
 
 def skip_reason(case: Case) -> str | None:
     """Why the virtual clock cannot run this case (one line), known before anything runs;
-    None where it can. A workload's prompts are checked when they are drawn
-    (conversations)."""
+    None where it can."""
     bench = case.benchmark
     why = None
     if case.kind not in ("serve", "capacity"):
@@ -75,8 +74,6 @@ def skip_reason(case: Case) -> str | None:
         why = "warm_cache: true keeps a server's cache between loads; each run is a fresh engine"
     elif case.profile:
         why = "profiling needs a server to trace"
-    elif bench.ramp_up_strategy is not None and bench.is_self_timed:
-        why = "a ramp-up over a timed trace"
     return None if why is None else f"--profllm-sim-clock virtual: {why}"
 
 
