@@ -117,20 +117,28 @@ def table(out: Path, prices: dict[str, float]) -> None:
               f"{row['cost'] if row['cost'] is not None else float('nan'):11.3f}"
               + ("" if row["valid"] else "  (invalid)"))
     carried = [r for r in rows if r["capacity"]["capacity"] and r["valid"]]
-    if carried:
-        most = max(carried, key=lambda r: r["capacity"]["capacity"])
-        per_gpu = max(carried, key=lambda r: r["capacity"]["capacity"] / r["gpus"])
-        priced = [r for r in carried if r["cost"] is not None]
-        print(f"most load: {most['device']} tp {most['tp']} max_num_seqs {most['seqs']}, "
-              f"{most['capacity']['capacity']:.3g} req/s")
-        print(f"most load per GPU: {per_gpu['device']} tp {per_gpu['tp']} max_num_seqs "
-              f"{per_gpu['seqs']}, {per_gpu['capacity']['capacity'] / per_gpu['gpus']:.3g} "
-              "req/s per GPU")
-        if priced:
-            cheapest = min(priced, key=lambda r: r["cost"])
-            print(f"cheapest per million output tokens: {cheapest['device']} tp "
-                  f"{cheapest['tp']} max_num_seqs {cheapest['seqs']}, "
-                  f"${cheapest['cost']:.3f} at ${prices[cheapest['device']]:.2f}/GPU-hour")
+    if not carried:
+        return
+
+    def named(chosen: list[dict[str, Any]]) -> str:
+        return " and ".join(f"{r['device']} tp {r['tp']} max_num_seqs {r['seqs']}"
+                            for r in chosen)
+
+    def best(key: Any, lowest: bool = False) -> list[dict[str, Any]]:
+        # Every configuration at the best value: ties are said, not broken by order.
+        value = (min if lowest else max)(key(r) for r in carried)
+        return [r for r in carried if key(r) == value]
+
+    most = best(lambda r: round(r["capacity"]["capacity"], 6))
+    print(f"most load: {named(most)}, {most[0]['capacity']['capacity']:.3g} req/s")
+    per_gpu = best(lambda r: round(r["capacity"]["capacity"] / r["gpus"], 6))
+    print(f"most load per GPU: {named(per_gpu)}, "
+          f"{per_gpu[0]['capacity']['capacity'] / per_gpu[0]['gpus']:.3g} req/s per GPU")
+    priced = [r for r in carried if r["cost"] is not None]
+    if priced:
+        cheapest = min(priced, key=lambda r: r["cost"])
+        print(f"cheapest per million output tokens: {named([cheapest])}, "
+              f"${cheapest['cost']:.3f} at ${prices[cheapest['device']]:.2f}/GPU-hour")
 
 
 def main() -> None:
@@ -142,15 +150,18 @@ def main() -> None:
     parser.add_argument("--price", action="append", type=price_of, default=[],
                         help="DEVICE=USD per GPU-hour (defaults: "
                         + ", ".join(f"{d}={p}" for d, p in PRICES.items()) + ")")
+    parser.add_argument("--reuse", action="store_true",
+                        help="print the table of the records already in --out; run nothing")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out.resolve()
     began = time.perf_counter()
-    walls = plan(out, args.device or list(DEVICES), args.tp or [1, 2],
-                 args.max_num_seqs or [64, 256])
+    walls = {} if args.reuse else plan(out, args.device or list(DEVICES), args.tp or [1, 2],
+                                        args.max_num_seqs or [64, 256])
     table(out, {**PRICES, **dict(args.price)})
-    print("wall time: " + ", ".join(f"{d} {s:.1f} s" for d, s in walls.items())
-          + f"; all {time.perf_counter() - began:.1f} s (pytest -n 2, this host)")
+    if walls:
+        print("wall time: " + ", ".join(f"{d} {s:.1f} s" for d, s in walls.items())
+              + f"; all {time.perf_counter() - began:.1f} s (pytest -n 2, this host)")
 
 
 if __name__ == "__main__":
