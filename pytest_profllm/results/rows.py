@@ -194,7 +194,7 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         # number, the devices it ran on.
         configuration or case_id,
         _REPEAT_SUFFIX.sub("", workload),
-        _device(record.get("system") or {}),
+        _device(record.get("system") or {}, engine),
         record.get("thresholds"),
         verdicts,
         record.get("profiling"),
@@ -228,7 +228,12 @@ def _numeric_columns() -> frozenset[str]:
     return frozenset(name for name, kind in column_types().items() if kind in ("REAL", "INTEGER"))
 
 
-def _device(system: dict[str, Any]) -> str:
+def _device(system: dict[str, Any], engine: dict[str, Any]) -> str:
+    if engine.get("clock") == "virtual":
+        # A prediction, and of which GPU: never grouped (or compared, on the dashboards) with
+        # the real-time simulator's rows, whose device is `virtual`.
+        modelled = ((engine.get("sim") or {}).get("device") or {}).get("name")
+        return f"virtual clock: {modelled}" if modelled else "virtual clock"
     names = system.get("gpu_names") or []
     if not names:
         # vLLM's CPU build on the host's cores, or the simulator on virtual GPUs.
