@@ -6,13 +6,26 @@ skipped with one line."""
 from __future__ import annotations
 
 import copy
+import functools
+import itertools
+import math
 import sqlite3
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import run_records, run_suites
+from helpers import cases_of, run_records, run_suites, write_suite
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from pytest_profllm.load.bench import measure
+from pytest_profllm.load.conversation import Conversations
+from pytest_profllm.load.prompt import Codec
+from pytest_profllm.plan.suite import BenchmarkConfig
 from pytest_profllm.results.fingerprint import digests
+from pytest_profllm.run.serve import codec_for
+from pytest_profllm.run.virtual import VirtualEngine, virtual_prompts
 
 SUITE = """
 server:
@@ -151,3 +164,60 @@ def test_a_bad_ini_clock_is_a_usage_error(pytester: pytest.Pytester, ports: str)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*ini option profllm_sim_clock: 'fast' is not one of real, "
                                  "virtual*"])
+
+
+@functools.cache
+def _engine(max_num_seqs: int) -> tuple[VirtualEngine, BenchmarkConfig, Codec]:
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_suite(Path(folder), f"""
+            server: {{model: Qwen/Qwen3-8B, max_num_seqs: {max_num_seqs}, max_model_len: 4096}}
+            benchmark: {{num_prompts: 4, random_input_len: 16, random_output_len: 4}}
+            """)
+        (case,) = cases_of(path)
+    assert isinstance(case.benchmark, BenchmarkConfig)
+    return VirtualEngine.of(case, None), case.benchmark, codec_for(case, "sim", "")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    max_num_seqs=st.sampled_from([1, 4, 32]),
+    num_prompts=st.integers(1, 40),
+    input_len=st.integers(1, 600),
+    output_len=st.integers(1, 48),
+    rate=st.sampled_from([math.inf, 2.0, 20.0, 200.0]),
+    concurrency=st.one_of(st.none(), st.integers(1, 16)),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_a_virtual_load_is_what_the_client_would_measure(
+    max_num_seqs: int, num_prompts: int, input_len: int, output_len: int, rate: float,
+    concurrency: int | None, seed: int,
+) -> None:
+    """Whatever the suite's workload, every request is answered once, in order of its own
+    times, with the tokens asked for, never before its schedule sends it and never more at
+    once than max_concurrency; and the figures come out as the client computes them."""
+    engine, base, codec = _engine(max_num_seqs)
+    bench = base.model_copy(update={
+        "num_prompts": num_prompts, "random_input_len": input_len,
+        "random_output_len": output_len, "request_rate": rate, "max_concurrency": concurrency,
+        "seed": seed, "random_range_ratio": 0.5,
+    })
+    prompts = virtual_prompts(bench, codec, None)
+    assert not isinstance(prompts, Conversations)
+    load, _ = engine.run(prompts, bench, codec)
+    assert len(load.outcomes) == num_prompts
+    for prompt, outcome in zip(prompts, load.outcomes, strict=True):
+        assert outcome.success and outcome.status == 200
+        assert outcome.output_tokens == prompt.output_len
+        assert outcome.prompt_len == prompt.prompt_len
+        assert outcome.start_time >= outcome.intended_start
+        assert 0 < outcome.ttft <= outcome.latency
+        assert len(outcome.itl) == prompt.output_len - 1
+        assert outcome.end_time <= load.duration + 1e-9
+    if concurrency is not None:
+        events = sorted([(o.start_time, 1) for o in load.outcomes]
+                        + [(o.end_time, -1) for o in load.outcomes], key=lambda e: (e[0], e[1]))
+        assert max(itertools.accumulate(step for _, step in events)) <= concurrency
+    results, _ = measure(load, bench, codec)
+    assert results["completed"] == num_prompts and results["failed"] == 0
+    assert results["total_output_tokens"] == sum(p.output_len for p in prompts)
+    assert results["median_e2el_ms"] >= results["median_ttft_ms"] > 0
