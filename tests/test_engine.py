@@ -282,10 +282,16 @@ def test_a_named_python_without_vllm(tmp_path: Path) -> None:
 def test_engine_choice_as_record(vllm_installed: None) -> None:
     assert choose_engine("vllm", 1).as_record() == {
         "name": "vllm", "reason": "--profllm-engine vllm", "version": "0.11.0",
-        "distribution": "vllm", "device": "cuda", "python": sys.executable,
+        "distribution": "vllm", "device": "cuda", "python": sys.executable, "clock": "real",
     }
     assert choose_engine("sim", 1).as_record() == {
         "name": "sim", "reason": "--profllm-engine sim", "version": pytest_profllm.__version__,
+        "clock": "real",
+    }
+    # The virtual clock is the simulator's, whatever auto would have chosen.
+    assert choose_engine("auto", 1, clock="virtual").as_record() == {
+        "name": "sim", "reason": "--profllm-sim-clock virtual: the simulated engine on a "
+        "virtual clock", "version": pytest_profllm.__version__, "clock": "virtual",
     }
 
 
