@@ -134,6 +134,9 @@ def test_workloads_it_does_not_model_are_skipped(pytester: pytest.Pytester, port
           dataset_name: conversation
           backend: openai-chat
           num_prompts: 4
+        """, bench_acc="""
+        server: {model: Qwen/Qwen3-8B, enable_tokenizer_info_endpoint: true}
+        benchmark: {kind: accuracy, task: profllm_arithmetic_mc, limit: 4}
         """, bench_chat="""
         server: {model: Qwen/Qwen3-8B}
         benchmark:
@@ -143,8 +146,11 @@ def test_workloads_it_does_not_model_are_skipped(pytester: pytest.Pytester, port
           random_output_len: 4
         """)
     result = run_suites(pytester, ports, "--profllm-sim-clock", "virtual", "-rs", cache=False)
-    result.assert_outcomes(passed=1, skipped=1)
+    result.assert_outcomes(passed=1, skipped=2)
     result.stdout.fnmatch_lines(["*--profllm-sim-clock virtual: conversations*not modelled*"])
+    # Before: the accuracy case ran lm-eval against a server that was never started.
+    result.stdout.fnmatch_lines(["*--profllm-sim-clock virtual: an accuracy case asks a "
+                                 "server for answers*"])
     assert "Traceback" not in result.stdout.str()
 
 

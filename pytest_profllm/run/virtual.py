@@ -60,7 +60,9 @@ def skip_reason(case: Case) -> str | None:
     None where it can."""
     bench = case.benchmark
     why = None
-    if case.kind not in ("serve", "capacity"):
+    if case.kind == "accuracy":
+        why = "an accuracy case asks a server for answers; the engine model gives only times"
+    elif case.kind not in ("serve", "capacity"):
         why = f"an offline case ({case.kind}) runs vLLM's own benchmark, not the engine model"
     elif not isinstance(bench, BenchmarkConfig):
         why = "not a serving workload"
