@@ -19,6 +19,7 @@ from pytest_profllm.hosts.pool import PORT_BLOCK
 from pytest_profllm.plan.case import MAX_CASES
 from pytest_profllm.plan.regression import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
 from pytest_profllm.sim.hardware import UnknownDevice, device_profile
+from pytest_profllm.sim.profile_file import ProfileFileError, load_profile_file
 
 DEFAULT_PORTS = "20000-21999"
 DEFAULT_SUITE_GLOB = "bench_*.yaml"
@@ -159,6 +160,17 @@ def parse_sim_device(text: str) -> str:
         return device_profile(text).name
     except UnknownDevice as error:
         raise argparse.ArgumentTypeError(f"--profllm-sim-device: {error}") from None
+
+
+def parse_sim_profile(text: str) -> Path:
+    """A device profile file for the simulator (`profllm calibrate` writes one), read and
+    checked now: a bad file stops the session in one line, not each server."""
+    path = Path(text).expanduser().resolve()
+    try:
+        load_profile_file(path)
+    except ProfileFileError as error:
+        raise argparse.ArgumentTypeError(f"--profllm-sim-profile: {error}") from None
+    return path
 
 
 def parse_saturation_margin(text: str) -> float:
@@ -303,6 +315,15 @@ def add_options(parser: pytest.Parser) -> None:
         "real-time ones) (ini: profllm_sim_clock; default: real)",
     )
     group.addoption(
+        "--profllm-sim-profile",
+        metavar="PATH",
+        type=parse_sim_profile,
+        default=None,
+        help="a device profile file for the simulated engine, in place of "
+        "--profllm-sim-device's (profllm calibrate writes one from your own runs); every "
+        "record names it and its sha256 (ini: profllm_sim_profile; default: none)",
+    )
+    group.addoption(
         "--profllm-max-cases",
         metavar="N",
         type=parse_max_cases,
@@ -389,6 +410,9 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("profllm_gpu_hour_price", "USD per GPU-hour to price cases at", default=None)
     parser.addini("profllm_sim_clock", "real or virtual: the simulated engine's clock",
                   default="real")
+    parser.addini(
+        "profllm_sim_profile", "a device profile file for the simulated engine", default=None
+    )
     parser.addini("profllm_max_cases", "the most cases one suite may expand to", default=None)
     parser.addini("profllm_ray", "Ray cluster address, auto or local", default=None)
     parser.addini(
@@ -488,6 +512,7 @@ class Settings:
     cpus: int | tuple[str, ...] | None = None
     sim_device: str | None = None  # None: the simulator's default profile
     sim_clock: Clock = "real"  # virtual: simulated cases run in-process (run/virtual.py)
+    sim_profile: Path | None = None  # a profile file that replaces sim_device's
     ray: str | None = None  # a Ray cluster's address, auto or local: server groups run there
     ray_retry: bool = False
     max_cases: int = MAX_CASES
@@ -545,6 +570,9 @@ class Settings:
                 "profllm_sim_device", "profllm_sim_device", parse_sim_device
             ),
             sim_clock=_sim_clock(str(pick("profllm_sim_clock", "profllm_sim_clock") or "real")),
+            sim_profile=parsed(  # type: ignore[arg-type]
+                "profllm_sim_profile", "profllm_sim_profile", parse_sim_profile
+            ),
             ray=str(pick("profllm_ray", "profllm_ray") or "") or None,
             max_cases=parsed(  # type: ignore[arg-type]
                 "profllm_max_cases", "profllm_max_cases", parse_max_cases

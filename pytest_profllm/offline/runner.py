@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_profllm.engine.command import sim_args
 from pytest_profllm.engine.registry import registry_for
 from pytest_profllm.offline.commands import offline_command, offline_env
 from pytest_profllm.offline.results import OfflineResultError, read_results
@@ -79,8 +80,8 @@ def run_offline(
         registry_for(servers.engine, servers.vllm),
         python,
     )
-    if servers.engine == "sim" and servers.sim_device:
-        argv += ["--sim-device", servers.sim_device]
+    if servers.engine == "sim":
+        argv += sim_args(servers.sim_device, servers.sim_profile)
     process = BenchProcess(
         key=case.server_key,
         label=case.server_label,

@@ -1,6 +1,7 @@
 """A run's fingerprint: what must be equal for two runs to be compared. The effective server
 configuration, the workload, the engine and its version, the device model and count, and the
-simulated engine's clock where it is virtual.
+simulated engine's clock where it is virtual, and the simulator's profile file where one
+priced the run.
 
 The workload's `seed` is left out: it draws other prompts of the same distribution, which is
 the noise a gate must tolerate, not another workload.
@@ -71,6 +72,12 @@ def fingerprint(record: dict[str, Any], with_version: bool = True) -> dict[str, 
         # A prediction on the virtual clock is never compared with a measurement (nor the
         # reverse); real-time runs keep the fingerprint they had before the clock was recorded.
         parts["clock"] = "virtual"
+    # A profile file (--profllm-sim-profile) by the digest of its bytes: runs it priced are
+    # never compared with runs another profile priced, or none. Left out where there is none,
+    # so the fingerprints of runs without one stay what they were.
+    sim_profile = engine.get("sim_profile")
+    if isinstance(sim_profile, dict):
+        parts["sim_profile"] = sim_profile.get("sha256")
     if with_version:
         parts["engine_version"] = engine.get("version")
         parts["engine_args_version"] = (config.get("engine_args") or {}).get("vllm_version")

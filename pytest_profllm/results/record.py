@@ -24,6 +24,17 @@ Status = Literal["passed", "failed", "error", "invalid", "skipped"]
 Validity = Literal["valid", "invalid"]
 
 
+class SimProfileInfo(BaseModel):
+    """A device profile file the simulator ran on (`sim/profile_file.py`): its profile's name,
+    where it was, the sha256 of its bytes (what the regression gate compares) and the runs it
+    was fitted on (`profllm calibrate`'s `[fitted]` table)."""
+
+    name: str
+    path: str
+    sha256: str
+    fitted: dict[str, Any] | None = None
+
+
 class EngineInfo(BaseModel):
     # `unknown`: a `profllm bench` file whose server did not say which engine it was.
     name: Literal["vllm", "sim", "unknown"]
@@ -40,6 +51,8 @@ class EngineInfo(BaseModel):
     # simulator's scheduler stepped in-process, run/virtual.py: a prediction, never compared
     # with a real-time run). None in records written before the clock was recorded: real.
     clock: Literal["real", "virtual"] | None = None
+    # The profile file that priced the simulator's figures (--profllm-sim-profile), if any.
+    sim_profile: SimProfileInfo | None = None
 
 
 class Verdict(BaseModel):

@@ -28,12 +28,15 @@ def launch(
     vllm: VllmInstall | None = None,
     device: DeviceKind = "gpu",
     sim_device: str | None = None,
+    sim_profile: Path | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and the environment (over the inherited one) a server starts with.
 
     `profllm plan` prints what this returns, so the plan is the command that runs.
     """
-    argv = serve_command(engine, server, HOST, lease.port, registry, vllm, sim_device)
+    argv = serve_command(
+        engine, server, HOST, lease.port, registry, vllm, sim_device, sim_profile
+    )
     # A key in the user's own environment would be enforced by the server on requests that
     # do not send it: a suite's key is passed on, no other.
     env = {**server_env(lease, device), "VLLM_API_KEY": "", **serve_env(server)}

@@ -48,6 +48,7 @@ class WorkerServers:
     turns: SessionTurns | None = None
     profile_root: Path | None = None  # trace folders of profiling servers go under it
     sim_device: str | None = None  # the simulator's --sim-device (None: its default)
+    sim_profile: Path | None = None  # the simulator's --sim-profile (None: none)
     current: ServerProcess | None = None
     failed: dict[str, ServerStartError] = field(default_factory=dict)
     # Why a key's next server is a restart: its last server died or lost its port.
@@ -160,6 +161,7 @@ class WorkerServers:
             vllm=self.vllm,
             device=self.device,
             sim_device=self.sim_device,
+            sim_profile=self.sim_profile,
         )
         server = ServerProcess(
             key=key,

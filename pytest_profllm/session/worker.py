@@ -120,6 +120,7 @@ def _outcome(
         started_at=time.time(),
         sim_device=settings.sim_device,
         gpu_hour_price=settings.gpu_hour_price,
+        sim_profile=settings.sim_profile,
     )
 
 
@@ -158,6 +159,7 @@ class WorkerSession:
             turns=session_turns(self.pool, self.identity) if self.ranks else None,
             profile_root=out / "profiles" if out else None,
             sim_device=self.settings.sim_device,
+            sim_profile=self.settings.sim_profile,
             session_id=self.identity.session_id,
             cores=(
                 LoadCores.of(self.pool, self.identity.engine.device_kind)

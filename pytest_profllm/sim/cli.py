@@ -4,8 +4,9 @@ engine model they choose, and the server started on them (`python -m pytest_prof
 It reads the `vllm serve` arguments that shape serving (batch limits, context length, parallel
 sizes, memory utilisation, served names, API key) and accepts every other engine argument
 without effect, listing them at start-up, as a stand-in must: a suite runs unchanged on vLLM
-and on the simulator. Its own flags: `--sim-device NAME` (the GPU it models, `sim/hardware.py`)
-and `--sim-fault SPEC` (faults on demand, `sim/faults.py`).
+and on the simulator. Its own flags: `--sim-device NAME` (the GPU it models, `sim/hardware.py`),
+`--sim-profile PATH` (a profile file in its place, as `profllm calibrate` writes,
+`sim/profile_file.py`) and `--sim-fault SPEC` (faults on demand, `sim/faults.py`).
 
 It serves below the client's priority: its niceness goes up by 10 (`PROFLLM_SIM_NICE=N`: by N,
 0 leaves it), as the GPU it stands for would take none of the load generator's CPU. With
@@ -46,6 +47,7 @@ from pytest_profllm.sim.instruments import (
     dev_mode_from_env,
 )
 from pytest_profllm.sim.model_files import MODEL_DIR, SPECIAL_TOKENS
+from pytest_profllm.sim.profile_file import load_profile_file
 from pytest_profllm.sim.stats import EngineStats
 
 if TYPE_CHECKING:
@@ -144,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_DEVICE,
         help=f"the GPU the simulator models (default: {DEFAULT_DEVICE}; known: "
         f"{', '.join(sorted(profiles()))})",
+    )
+    parser.add_argument(
+        "--sim-profile",
+        type=Path,
+        metavar="PATH",
+        help="a device profile file (a shipped profile's TOML shape, as profllm calibrate "
+        "writes) that replaces --sim-device's (default: none)",
     )
     parser.add_argument(
         "--sim-fault",
@@ -307,10 +316,11 @@ def _leave_orphan() -> None:
 
 def setup_for(args: argparse.Namespace, model: str) -> SimSetup:
     """The engine model for parsed engine arguments. Raises ValueError (unknown model or
-    device, no memory left for the KV cache) with a one-line message."""
+    device, a bad profile file, no memory left for the KV cache) with a one-line message."""
+    device = load_profile_file(args.sim_profile) if args.sim_profile else args.sim_device
     return build_setup(
         model,
-        args.sim_device,
+        device,
         tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
         max_num_seqs=args.max_num_seqs,

@@ -13,7 +13,7 @@ from typing import Any
 
 from pytest_profllm.sim.batching import BLOCK_SIZE
 from pytest_profllm.sim.cost import EngineModel, slowdown_from_env
-from pytest_profllm.sim.hardware import GIB, device_profile
+from pytest_profllm.sim.hardware import GIB, DeviceProfile, device_profile
 from pytest_profllm.sim.model_files import MODEL_DIR
 from pytest_profllm.sim.models import ModelFacts, UnknownModel, resolve_model
 
@@ -69,7 +69,7 @@ def model_facts(model: str) -> ModelFacts:
 
 def build_setup(
     model: str,
-    device: str | None = None,
+    device: str | DeviceProfile | None = None,
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
     max_num_seqs: int | None = None,
@@ -83,13 +83,14 @@ def build_setup(
     kv_cache_dtype: str = "auto",
     quantization: str | None = None,
 ) -> SimSetup:
-    """Raises UnknownModel, UnknownDevice or NoCacheMemory with a one-line message."""
+    """`device`: a shipped profile's name, or a profile (from a file: `--sim-profile`).
+    Raises UnknownModel, UnknownDevice or NoCacheMemory with a one-line message."""
     facts = model_facts(model)
     if quantization == "fp8" and facts.quantization != "fp8":
         # vLLM's --quantization fp8 quantizes a 16-bit checkpoint's weights to FP8 as it
         # loads them: the engine then reads and computes FP8 weights, as with an FP8 one.
         facts = replace(facts, quantization="fp8")
-    profile = device_profile(device)
+    profile = device if isinstance(device, DeviceProfile) else device_profile(device)
     engine = EngineModel(
         facts,
         profile,
@@ -121,7 +122,9 @@ def build_setup(
     return SimSetup(engine, seqs, batched, block, blocks, model_len, gpu_memory_utilization)
 
 
-def describe_server(server: dict[str, Any], device: str | None) -> dict[str, Any] | None:
+def describe_server(
+    server: dict[str, Any], device: str | DeviceProfile | None
+) -> dict[str, Any] | None:
     """`engine.sim` of a record: the setup a simulator started with these engine arguments
     has; None where it could not start (its own error says why)."""
 

@@ -1,0 +1,156 @@
+"""A device profile from a file of the user's: `--sim-profile PATH` (the plugin's
+`--profllm-sim-profile`), in place of a shipped profile.
+
+The file has a shipped profile's TOML shape (`sim/device_profiles/*.toml`) plus a `[fitted]`
+table that names the runs it was fitted on (`profllm calibrate` writes one). A record priced
+by it says so by the file's name and the sha256 of its bytes (`identity`), and the regression
+gate's fingerprint carries that digest: runs priced by two profiles are never compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    create_model,
+)
+
+from pytest_profllm.sim.hardware import DeviceProfile, Overheads
+
+
+class ProfileFileError(ValueError):
+    """A profile file that cannot be read or is not a profile: one line, naming the file."""
+
+
+class FittedOn(BaseModel):
+    """Which runs a profile was fitted on (`profllm calibrate`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_ids: list[str] = Field(default_factory=list)
+    device: str = ""
+    vllm_version: str = ""
+    model: str = ""
+    date: str = ""
+
+
+# Every figure of `Overheads` may be given, none other (a misspelt one would be ignored).
+OverheadsTable: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "OverheadsTable",
+    __config__=ConfigDict(extra="forbid"),
+    **{f.name: (NonNegativeFloat | None, None) for f in fields(Overheads)},
+)
+
+
+class ProfileFile(BaseModel):
+    """The TOML file: a shipped profile's keys, and `[fitted]`."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    aliases: list[str] = Field(default_factory=list)
+    memory_gib: PositiveFloat
+    memory_bandwidth_gbs: PositiveFloat
+    bf16_tflops: PositiveFloat
+    fp8_tflops: NonNegativeFloat = 0.0
+    achieved_bf16_tflops: NonNegativeFloat = 0.0
+    interconnect_gbs: PositiveFloat
+    default_max_num_seqs: PositiveInt
+    default_max_num_batched_tokens: PositiveInt
+    host_cpu_factor: PositiveFloat = 1.0
+    overheads: OverheadsTable = Field(default_factory=OverheadsTable)
+    fitted: FittedOn | None = None
+
+
+def load_profile_file(path: Path) -> DeviceProfile:
+    """The device profile a file describes. Raises ProfileFileError: `PATH: what is wrong`."""
+    return _parse(path, _read(path))[0]
+
+
+def identity(path: Path) -> dict[str, Any]:
+    """What a record says of the profile that priced it: the profile's name, the file, the
+    sha256 of its bytes and the runs it was fitted on. Raises ProfileFileError."""
+    content = _read(path)
+    profile, parsed = _parse(path, content)
+    return {
+        "name": profile.name,
+        "path": str(path),
+        "sha256": hashlib.sha256(content).hexdigest(),
+        "fitted": parsed.fitted.model_dump() if parsed.fitted else None,
+    }
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise ProfileFileError(f"{path}: cannot read the profile: {error.strerror}") from None
+
+
+def _parse(path: Path, content: bytes) -> tuple[DeviceProfile, ProfileFile]:
+    try:
+        data = tomllib.loads(content.decode())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ProfileFileError(f"{path}: not a TOML file: {error}") from None
+    try:
+        parsed = ProfileFile.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+        raise ProfileFileError(f"{path}: {where}: {first['msg']}{more}") from None
+    given = {k: v for k, v in parsed.overheads.model_dump().items() if v is not None}
+    fields_ = parsed.model_dump(exclude={"overheads", "fitted", "aliases"})
+    profile = DeviceProfile(
+        **fields_,
+        aliases=tuple(parsed.aliases),
+        source=str(path),
+        overheads=Overheads(**given),
+    )
+    return profile, parsed
+
+
+def profile_toml(profile: DeviceProfile, fitted: FittedOn, comments: list[str]) -> str:
+    """A profile file for `profile`, with `[fitted]` naming its runs, `comments` on top."""
+    lines = [f"# {line}" for line in comments]
+    head = {
+        "name": profile.name,
+        "memory_gib": profile.memory_gib,
+        "memory_bandwidth_gbs": profile.memory_bandwidth_gbs,
+        "bf16_tflops": profile.bf16_tflops,
+        "fp8_tflops": profile.fp8_tflops,
+        "achieved_bf16_tflops": profile.achieved_bf16_tflops,
+        "interconnect_gbs": profile.interconnect_gbs,
+        "default_max_num_seqs": profile.default_max_num_seqs,
+        "default_max_num_batched_tokens": profile.default_max_num_batched_tokens,
+        "host_cpu_factor": profile.host_cpu_factor,
+    }
+    lines += [f"{key} = {_toml_value(value)}" for key, value in head.items()]
+    lines += ["", "[overheads]"]
+    lines += [
+        f"{f.name} = {_toml_value(getattr(profile.overheads, f.name))}" for f in fields(Overheads)
+    ]
+    lines += ["", "[fitted]"]
+    lines += [f"{key} = {_toml_value(value)}" for key, value in fitted.model_dump().items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return "inf" if value == float("inf") else repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,207 @@
+"""A device profile file in use: `--sim-profile` / `--profllm-sim-profile` replace the shipped
+profile, a bad file is one line naming it, every record names the file that priced it, and the
+regression gate's fingerprint tells runs of two profiles (or none) apart."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import run_records
+
+from pytest_profllm.options import Settings, parse_sim_profile
+from pytest_profllm.results.fingerprint import digests
+from pytest_profllm.sim.cli import main as sim_main
+from pytest_profllm.sim.hardware import PROFILE_DIR, device_profile
+from pytest_profllm.sim.profile_file import (
+    FittedOn,
+    ProfileFileError,
+    identity,
+    load_profile_file,
+    profile_toml,
+)
+
+FITTED = """
+[fitted]
+run_ids = ["run-a", "run-b"]
+device = "NVIDIA H100 80GB HBM3"
+vllm_version = "0.33.0"
+model = "Qwen/Qwen3-8B"
+date = "2026-11-27"
+"""
+
+
+def a_profile(tmp_path: Path, step_ms: float = 3.5, name: str = "my-h100") -> Path:
+    """The shipped H100 profile with another name, a changed overhead and a [fitted] table."""
+    text = (PROFILE_DIR / "h100-sxm.toml").read_text()
+    text = text.replace('name = "H100-SXM"', f'name = "{name}"')
+    text = text.replace("[overheads]", f"[overheads]\nstep_ms = {step_ms}\nseq_us = 31.0")
+    path = tmp_path / f"{name}-{step_ms}.toml"
+    path.write_text(text + FITTED)
+    return path
+
+
+def test_a_profile_file_replaces_the_shipped_figures(tmp_path: Path) -> None:
+    profile = load_profile_file(a_profile(tmp_path))
+    shipped = device_profile("H100-SXM")
+    assert profile.name == "my-h100"
+    assert profile.overheads.step_ms == 3.5 and profile.overheads.seq_us == 31.0
+    # What the file leaves out is the shipped default, the rest as the file says.
+    assert profile.overheads.frontend_token_us == shipped.overheads.frontend_token_us
+    assert profile.memory_bandwidth_gbs == shipped.memory_bandwidth_gbs
+    assert profile.achieved_bf16_tflops == shipped.achieved_bf16_tflops
+
+
+def test_what_calibrate_writes_reads_back_as_the_same_profile(tmp_path: Path) -> None:
+    profile = device_profile("A100-80GB").with_overheads(step_ms=2.25, roofline_sharpness=math_inf)
+    fitted = FittedOn(run_ids=["r1"], device="A100", vllm_version="0.33.0", model="m", date="d")
+    path = tmp_path / "p.toml"
+    path.write_text(profile_toml(profile, fitted, ["fitted on two runs"]))
+    again = load_profile_file(path)
+    assert again.overheads == profile.overheads
+    assert again.bf16_tflops == profile.bf16_tflops
+    assert identity(path)["fitted"]["run_ids"] == ["r1"]
+
+
+math_inf = float("inf")
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda t: t.replace("memory_gib = 79.6", ""), "memory_gib: Field required"),
+        (lambda t: t + "\nwarp_drive = 1\n", "warp_drive: Extra inputs are not permitted"),
+        (
+            lambda t: t.replace("[overheads]", "[overheads]\nstep_msec = 2"),
+            "overheads.step_msec: Extra inputs are not permitted",
+        ),
+        (
+            lambda t: t.replace("[overheads]", "[overheads]\nstep_ms = -1"),
+            "overheads.step_ms: Input should be greater than or equal to 0",
+        ),
+        (lambda t: t.replace("memory_gib = 79.6", "memory_gib = ="), "not a TOML file"),
+    ],
+)
+def test_a_bad_profile_file_is_one_line_naming_it(
+    tmp_path: Path, change: Any, expected: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(change((PROFILE_DIR / "h100-sxm.toml").read_text()))
+    with pytest.raises(ProfileFileError) as error:
+        load_profile_file(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: ") and expected in message
+    assert "\n" not in message
+
+
+def test_a_missing_profile_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ProfileFileError, match=r"nope.toml: cannot read the profile: No such"):
+        load_profile_file(tmp_path / "nope.toml")
+
+
+def test_the_option_reads_the_file_at_once(tmp_path: Path) -> None:
+    good = a_profile(tmp_path)
+    assert parse_sim_profile(str(good)) == good.resolve()
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^--profllm-sim-profile: .*nope"):
+        parse_sim_profile(str(tmp_path / "nope.toml"))
+
+
+def test_the_ini_key_sets_it_and_a_bad_one_is_a_usage_error(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    good = a_profile(tmp_path)
+    pytester.makeini(f"[pytest]\nprofllm_sim_profile = {good}\n")
+    assert Settings.from_config(pytester.parseconfig()).sim_profile == good.resolve()
+    pytester.makeini(f"[pytest]\nprofllm_sim_profile = {tmp_path / 'nope.toml'}\n")
+    with pytest.raises(pytest.UsageError, match="ini option profllm_sim_profile: "):
+        Settings.from_config(pytester.parseconfig())
+
+
+def test_the_simulator_refuses_a_bad_profile_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\n')
+    with caplog.at_level(logging.ERROR, logger="profllm.sim"):
+        assert sim_main(["m", "--sim-profile", str(bad)]) == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert line.startswith(f"{bad}: ") and "Field required" in line
+
+
+def _record(sim_profile: dict[str, Any] | None) -> dict[str, Any]:
+    engine: dict[str, Any] = {"name": "sim", "reason": "x", "version": "1"}
+    if sim_profile is not None:
+        engine["sim_profile"] = sim_profile
+    return {
+        "engine": engine,
+        "config": {"server": {"model": "m"}, "benchmark": {"num_prompts": 4}},
+        "system": {},
+        "runtime": {},
+    }
+
+
+def test_the_fingerprint_tells_profiles_apart_and_leaves_runs_without_one_as_they_were(
+    tmp_path: Path,
+) -> None:
+    one, other = a_profile(tmp_path, 3.5), a_profile(tmp_path, 4.0)
+    without = _record(None)
+    with_one, with_other = _record(identity(one)), _record(identity(other))
+    assert len({digests(r)[0] for r in (without, with_one, with_other)}) == 3
+    assert len({digests(r)[1] for r in (without, with_one, with_other)}) == 3
+    # The same file elsewhere is the same profile: the digest of its bytes, not its path.
+    moved = tmp_path / "moved.toml"
+    moved.write_bytes(one.read_bytes())
+    assert digests(_record(identity(moved))) == digests(with_one)
+    # A record without a profile keeps the digest it had before profiles existed.
+    old = copy.deepcopy(without)
+    assert "sim_profile" not in old["engine"]
+    assert digests(old) == digests(without)
+
+
+def test_the_plugin_runs_the_simulator_on_the_profile_and_records_it(
+    pytester: pytest.Pytester, ports: str, tmp_path: Path
+) -> None:
+    profile = a_profile(tmp_path)
+    pytester.makefile(
+        ".yaml",
+        bench_profile="""
+server:
+  model: meta-llama/Llama-3.1-8B-Instruct
+benchmark:
+  num_prompts: 4
+  random_input_len: 16
+  random_output_len: 4
+""",
+    )
+    result = pytester.runpytest_subprocess(
+        f"--profllm-ports={ports}",
+        "--profllm-out=results",
+        f"--profllm-sim-profile={profile}",
+        "--profllm-max-schedule-lag=1000",
+        timeout=120,
+    )
+    result.assert_outcomes(passed=1)
+    (record,) = run_records(pytester)
+    engine = record["engine"]
+    assert engine["sim"]["device"]["name"] == "my-h100"
+    assert engine["sim"]["device"]["overheads"]["step_ms"] == 3.5
+    assert engine["sim_profile"] == {
+        "name": "my-h100",
+        "path": str(profile.resolve()),
+        "sha256": hashlib.sha256(profile.read_bytes()).hexdigest(),
+        "fitted": {
+            "run_ids": ["run-a", "run-b"],
+            "device": "NVIDIA H100 80GB HBM3",
+            "vllm_version": "0.33.0",
+            "model": "Qwen/Qwen3-8B",
+            "date": "2026-11-27",
+        },
+    }
+    (log,) = (pytester.path / "results" / "logs").glob("*.log")
+    assert f"--sim-profile {profile.resolve()}" in log.read_text()
+    assert "on 1 x my-h100" in log.read_text()
