@@ -14,6 +14,12 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
+from pytest_profllm.cli.calibrate import (
+    CalibrationError,
+    calibrate,
+    report_lines,
+    write_profile,
+)
 from pytest_profllm.cli.plan_preview import plan_document, plan_lines, shown_id
 from pytest_profllm.engine.choice import ENGINE_CHOICES, EngineUnavailable, choose_engine
 from pytest_profllm.engine.registry import DATA_FILE, Registry, RegistryError, bundled, generate
@@ -57,7 +63,8 @@ EXIT_UNREACHABLE = 4
 _EXIT_CODES = f"""exit status:
   {EXIT_OK}  success
   {EXIT_NOTHING_MEASURED}  bench: nothing was measured, or a request failed (a non-200 status, an
-     error in its stream, a stream cut or stalled), or no output token
+     error in its stream, a stream cut or stalled), or no output token;
+     calibrate: the runs are too few or too alike to fit (the line says which would help)
   {EXIT_USAGE}  a usage error: a bad flag, a bad suite, a file that cannot be read
   {EXIT_INVALID}  bench: an invalid measurement (the client fell behind its schedule, or the
      server's token counts cannot be believed)
@@ -197,6 +204,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="one history across engine versions (the version left out of the fingerprint)",
     )
     history.set_defaults(handler=_history)
+
+    calibrate_ = commands.add_parser(
+        "calibrate",
+        help="fit the simulated engine's device profile to one host's own vLLM runs",
+        description="Fit the simulator's overheads (matmul rate and bandwidth shares, cost "
+        "per step, per running sequence and per streamed token, the API server's latency) "
+        "to the valid vLLM runs in DB of one device, vLLM version and model, replaying each "
+        "on the simulator's virtual clock. Prints every run's leave-one-configuration-out "
+        "error on throughput, median TTFT, TPOT and ITL; refuses (exit status 1, one line) "
+        "runs too few or too alike to fit, saying which runs would help. Use the profile "
+        "with --profllm-sim-profile.",
+    )
+    calibrate_.add_argument("db", type=Path, metavar="DB", help="a results.db written by a run")
+    calibrate_.add_argument(
+        "--where",
+        metavar="SQL",
+        help="an SQL condition on benchmark_runs' columns that picks the runs (default: all "
+        "valid vLLM runs)",
+    )
+    calibrate_.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        metavar="PROFILE.toml",
+        help="write the fitted profile there (default: print the errors only)",
+    )
+    calibrate_.add_argument(
+        "--base",
+        metavar="NAME",
+        help="the shipped profile to start from (default: the one the runs' GPU name matches)",
+    )
+    calibrate_.set_defaults(handler=_calibrate)
 
     # `profllm sim ...` is handed to the simulator's own parser before this one (see main);
     # listed here for `profllm --help`.
@@ -429,6 +468,19 @@ def _ingest(args: argparse.Namespace) -> int:
         print(f"profllm ingest: refused {path}: {reason}", file=sys.stderr)
     print(report.summary(args.db))
     return 1 if report.refused else 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    try:
+        calibration = calibrate(args.db, args.where, args.base)
+    except CalibrationError as error:
+        raise CliError(str(error), error.code) from None
+    for line in report_lines(calibration):
+        print(line)
+    if args.output is not None:
+        write_profile(calibration, args.output)
+        print(f"profile written to {args.output}: --profllm-sim-profile {args.output}")
+    return 0
 
 
 def _history(args: argparse.Namespace) -> int:

@@ -148,7 +148,8 @@ def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return "inf" if value == float("inf") else repr(value)
+        # Six significant figures: a fit is not known closer, and the file is read by people.
+        return "inf" if value == float("inf") else repr(float(f"{value:.6g}"))
     if isinstance(value, int):
         return str(value)
     if isinstance(value, list):

@@ -1,0 +1,274 @@
+"""`profllm calibrate DB`: the simulated engine's profile fitted to one host's real vLLM runs.
+
+The runs are the valid vLLM rows of `benchmark_runs` (narrowed by `--where`); they must share
+a device, a vLLM version and a model. Each becomes a `fit_records.Observation` (its workload
+and server settings read from the row's `bench_*` and `server_*` columns); the fit and the
+leave-one-configuration-out errors are `sim/fit_records.py`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pytest_profllm.hosts.files import write_atomic
+from pytest_profllm.sim.batching import BLOCK_SIZE
+from pytest_profllm.sim.calibration import random_lengths, sharegpt_like
+from pytest_profllm.sim.fit_records import (
+    METRICS,
+    Fit,
+    HeldOut,
+    Observation,
+    fit,
+    leave_one_out,
+    problems,
+)
+from pytest_profllm.sim.hardware import DeviceProfile, UnknownDevice, device_profile
+from pytest_profllm.sim.profile_file import FittedOn, profile_toml
+from pytest_profllm.sim.virtual import ServerSettings
+
+_SHORT = {
+    "output_throughput": "tok/s",
+    "median_ttft_ms": "TTFT ms",
+    "median_tpot_ms": "TPOT ms",
+    "median_itl_ms": "ITL ms",
+}
+
+
+class CalibrationError(ValueError):
+    """Why the runs cannot be calibrated on: one line (`code` 1: the runs, 2: the usage)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Host:
+    device: str  # the GPU's name, as NVML gave it
+    vllm_version: str
+    model: str
+
+
+def read_runs(db: Path, where: str | None) -> list[dict[str, Any]]:
+    """The valid real-vLLM rows of `benchmark_runs`, narrowed by the SQL condition `where`."""
+    if not db.is_file():
+        raise CalibrationError(f"{db}: no such database", 2)
+    sql = "SELECT * FROM benchmark_runs WHERE engine = 'vllm' AND validity = 'valid'"
+    if where:
+        sql += f" AND ({where})"
+    # Read-only: the condition is the user's own SQL over their own file.
+    connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    connection.row_factory = sqlite3.Row
+    try:
+        return [dict(row) for row in connection.execute(sql + " ORDER BY timestamp, run_id")]
+    except sqlite3.Error as error:
+        what = "--where" if where else str(db)
+        raise CalibrationError(f"{what}: {error}", 2) from None
+    finally:
+        connection.close()
+
+
+def host_of(row: dict[str, Any]) -> Host:
+    names = _json_list(row.get("system_gpu_names"))
+    version = row.get("system_vllm_version") or row.get("engine_version") or "?"
+    return Host(names[0] if names else "?", str(version), str(row.get("server_model")))
+
+
+def one_host(rows: list[dict[str, Any]]) -> Host:
+    """The host every row shares; CalibrationError naming them where they are several."""
+    if not rows:
+        raise CalibrationError(
+            "no valid vLLM run to calibrate on (only engine vllm rows whose validity is "
+            "valid count; check --where)"
+        )
+    hosts = sorted({host_of(row) for row in rows}, key=str)
+    if len(hosts) > 1:
+        listed = "; ".join(f"{h.device}, vLLM {h.vllm_version}, {h.model}" for h in hosts)
+        raise CalibrationError(
+            f"runs of {len(hosts)} hosts ({listed}): calibrate on one device, vLLM version "
+            "and model, e.g. --where \"server_model = '...' AND system_vllm_version = '...'\""
+        )
+    return hosts[0]
+
+
+def base_profile(host: Host, name: str | None) -> DeviceProfile:
+    try:
+        return device_profile(name or host.device)
+    except UnknownDevice:
+        wanted = f"--base {name}" if name else f"the GPU {host.device!r}"
+        raise CalibrationError(
+            f"no shipped device profile answers to {wanted}: give --base NAME, the closest "
+            "of H100-SXM, H100-PCIe, H200, A100-80GB, A100-40GB, L40S, L40, MI300X",
+            2,
+        ) from None
+
+
+def observation(row: dict[str, Any]) -> Observation:
+    """A row as the virtual clock replays it: its prompts' lengths (vLLM's random dataset as
+    its flags say; any other as log-normal lengths with the run's own mean lengths), its
+    load and its server's settings."""
+    count = int(row.get("bench_num_prompts") or row.get("completed") or 1)
+    seed = int(row.get("bench_seed") or 0)
+    if row.get("bench_dataset_name") == "random":
+        requests = random_lengths(
+            count,
+            int(row["bench_random_input_len"]),
+            int(row["bench_random_output_len"]),
+            float(row.get("bench_random_range_ratio") or 0.0),
+            seed,
+        )
+    else:
+        done = max(int(row.get("completed") or count), 1)
+        requests = sharegpt_like(
+            count,
+            seed,
+            float(row.get("total_input_tokens") or 0) / done or 217.0,
+            float(row.get("total_output_tokens") or 0) / done or 202.0,
+        )
+    measured = {
+        name: float(row[name]) for name in METRICS if isinstance(row.get(name), int | float)
+    }
+    return Observation(
+        label=str(row["run_id"]),
+        configuration=f"{row.get('configuration')}::{row.get('workload')}",
+        model=str(row["server_model"]),
+        requests=tuple(requests),
+        measured={name: value for name, value in measured.items() if value > 0},
+        tensor_parallel_size=_int(row.get("server_tensor_parallel_size")) or 1,
+        settings=ServerSettings(
+            max_num_seqs=_int(row.get("server_max_num_seqs")),
+            max_num_batched_tokens=_int(row.get("server_max_num_batched_tokens")),
+            gpu_memory_utilization=float(row.get("server_gpu_memory_utilization") or 0.9),
+            block_size=_int(row.get("server_block_size")) or BLOCK_SIZE,
+            num_gpu_blocks=_int(row.get("server_num_gpu_blocks_override")),
+            enable_prefix_caching=row.get("server_enable_prefix_caching") not in (0, False),
+            enable_chunked_prefill=row.get("server_enable_chunked_prefill") not in (0, False),
+            max_model_len=_int(row.get("server_max_model_len")),
+        ),
+        request_rate=_rate(row.get("bench_request_rate")),
+        max_concurrency=_int(row.get("bench_max_concurrency")),
+        burstiness=float(row.get("bench_burstiness") or 1.0),
+        seed=seed,
+        kv_cache_dtype=str(row.get("server_kv_cache_dtype") or "auto"),
+        api_server_count=_int(row.get("server_api_server_count")) or 1,
+    )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    host: Host
+    base: DeviceProfile
+    fitted: Fit
+    held_out: list[HeldOut]
+    run_ids: list[str]
+
+    @property
+    def profile(self) -> DeviceProfile:
+        return self.fitted.profile(self.base)
+
+
+def calibrate(
+    db: Path,
+    where: str | None = None,
+    base: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Calibration:
+    """Fit the profile to the runs and predict each configuration by a fit on the others.
+    Raises CalibrationError where the runs cannot be fitted, saying which runs would help."""
+    rows = read_runs(db, where)
+    host = one_host(rows)
+    profile = base_profile(host, base)
+    observations = [observation(row) for row in rows]
+    found = problems(observations)
+    if found:
+        raise CalibrationError(f"cannot fit {len(rows)} runs: " + "; ".join(found))
+    fitted = fit(observations, profile)
+    # Each fold starts where the whole fit ended: it is near, and the folds run faster.
+    held = leave_one_out(observations, profile, fitted.params, progress=progress)
+    return Calibration(host, profile, fitted, held, [o.label for o in observations])
+
+
+def report_lines(calibration: Calibration) -> list[str]:
+    """Every run's measured figures, the leave-one-configuration-out prediction and its
+    error; the median and largest errors; the fitted figures."""
+    lines = [
+        f"{len(calibration.run_ids)} runs of {calibration.host.model} on "
+        f"{calibration.host.device}, vLLM {calibration.host.vllm_version}; each configuration "
+        "predicted by a fit on the others (measured -> predicted, error):"
+    ]
+    for item in calibration.held_out:
+        o = item.observation
+        figures = "  ".join(
+            f"{_SHORT[name]} {o.measured[name]:.4g} -> {item.predicted[name]:.4g} "
+            f"{item.errors[name] * 100:+.1f}%"
+            for name in METRICS
+            if name in item.errors
+        )
+        lines.append(f"  {o.label}  {o.load}, in {o.mean_input:.0f}: {figures}")
+    for name in METRICS:
+        values = [abs(item.errors[name]) for item in calibration.held_out if name in item.errors]
+        if values:
+            lines.append(
+                f"{_SHORT[name]}: median error {statistics.median(values) * 100:.1f} %, "
+                f"largest {max(values) * 100:.1f} % ({len(values)} runs)"
+            )
+    fitted = calibration.fitted
+    shown = ", ".join(
+        f"{name} {value:.4g}" + ("" if name in fitted.pinned else " (not pinned: kept)")
+        for name, value in fitted.params.items()
+    )
+    lines.append(f"fitted on all {len(calibration.run_ids)} runs: {shown}")
+    return lines
+
+
+def write_profile(calibration: Calibration, path: Path) -> None:
+    fitted_on = FittedOn(
+        run_ids=calibration.run_ids,
+        device=calibration.host.device,
+        vllm_version=calibration.host.vllm_version,
+        model=calibration.host.model,
+        date=datetime.now(UTC).date().isoformat(),
+    )
+    profile = calibration.profile
+    named = DeviceProfile(
+        **{**profile.__dict__, "name": f"{calibration.base.name}-calibrated", "aliases": ()}
+    )
+    comments = [
+        f"Fitted by profllm calibrate on {len(calibration.run_ids)} runs, from "
+        f"{calibration.base.name}'s shipped profile (sim/device_profiles).",
+        "Use it with --profllm-sim-profile PATH (or profllm sim --sim-profile PATH).",
+    ]
+    comments += report_lines(calibration)
+    write_atomic(path, profile_toml(named, fitted_on, comments).encode())
+
+
+def _json_list(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return [str(item) for item in value]
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            loaded = json.loads(value)
+        except ValueError:
+            return []
+        return [str(item) for item in loaded] if isinstance(loaded, list) else []
+    return []
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and value and math.isfinite(value) else None
+
+
+def _rate(value: Any) -> float:
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        return math.inf
+    return rate if rate > 0 else math.inf

@@ -1,0 +1,228 @@
+"""`profllm calibrate`: the simulator's profile fitted to one host's runs. Records made by the
+simulated engine itself under a changed profile give their parameters back; runs too few or
+too alike are refused in one line that says which runs would help."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_profllm.cli.calibrate import Calibration, CalibrationError, calibrate
+from pytest_profllm.cli.main import main
+from pytest_profllm.plan.suite import BenchmarkConfig
+from pytest_profllm.results.record import normalize
+from pytest_profllm.results.store import load_records
+from pytest_profllm.sim.calibration import random_lengths
+from pytest_profllm.sim.fit_records import METRICS, Observation, fit, predict
+from pytest_profllm.sim.hardware import device_profile
+from pytest_profllm.sim.profile_file import identity, load_profile_file
+
+MODEL = "Qwen/Qwen3-8B"
+GPU = "NVIDIA H100 80GB HBM3"  # an alias of the shipped H100-SXM profile
+BASE = device_profile("H100-SXM")
+# The host the records come from: a slower matmul (0.6 x), a slower host (2 x per step), a
+# lower share of the bandwidth and a quicker API server than the shipped profile's.
+CHANGED = {
+    "compute_efficiency": 0.30,
+    "step_ms": 3.2,
+    "bandwidth_efficiency": 0.60,
+    "request_ms": 25.0,
+}
+TRUE = BASE.with_overheads(**CHANGED)
+# Concurrency 1, 8 and 64 with short and long prompts: the loads tell the cost per step from
+# the bandwidth, the prompt lengths the matmul rate from the API server's latency.
+GRID = [(concurrency, input_len) for concurrency in (1, 8, 64) for input_len in (256, 4096)]
+OUTPUT_LEN = 32
+
+
+def a_record(index: int, concurrency: int, input_len: int, **changes: Any) -> dict[str, Any]:
+    """A valid vLLM record whose figures are the simulator's under the changed profile."""
+    benchmark = BenchmarkConfig.model_validate(
+        {
+            "num_prompts": max(8, 2 * concurrency),
+            "random_input_len": input_len,
+            "random_output_len": OUTPUT_LEN,
+            "random_range_ratio": 0.2,
+            "max_concurrency": concurrency,
+            "seed": index,
+        }
+    )
+    requests = random_lengths(benchmark.num_prompts, input_len, OUTPUT_LEN, 0.2, seed=index)
+    observation = Observation("x", "x", MODEL, tuple(requests), {}, max_concurrency=concurrency)
+    results: dict[str, Any] = {
+        name: value for name, value in predict(observation, TRUE).items() if name in METRICS
+    }
+    results.update(completed=benchmark.num_prompts, failed=0)
+    record = {
+        "schema_version": 1,
+        "run_id": f"run-{index:02d}",
+        "session_id": "s1",
+        "suite": "host",
+        "source": "benchmarks/bench_host.yaml",
+        "case_id": f"bench_host.yaml::qwen::c{concurrency}-in{input_len}",
+        "nodeid": f"benchmarks/bench_host.yaml::qwen::c{concurrency}-in{input_len}",
+        "timestamp": f"2026-11-27T00:00:{index:02d}+00:00",
+        "duration": 10.0,
+        "status": "passed",
+        "engine": {"name": "vllm", "reason": "--profllm-engine vllm", "version": "0.33.0"},
+        "config": {"server": {"model": MODEL}, "benchmark": benchmark.model_dump(mode="json")},
+        "results": results,
+        "system": {
+            "host": "gpu-host",
+            "platform": "Linux",
+            "python": "3.12",
+            "gpu_names": [GPU],
+            "vllm_version": "0.33.0",
+        },
+        "runtime": {"worker": "gw0", "server_key": "k", "gpus": ["0"], "port": 1},
+        "validity": "valid",
+    }
+    for key, value in changes.items():
+        record[key] = value
+    return normalize(record).model_dump(mode="json")
+
+
+def a_database(tmp_path: Path, grid: list[tuple[int, int]]) -> Path:
+    db = tmp_path / "results.db"
+    load_records(db, [a_record(i, c, n) for i, (c, n) in enumerate(grid)])
+    return db
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Calibration:
+    """The runs of GRID calibrated on (one fit and its six folds: the slow part, done once)."""
+    return calibrate(a_database(tmp_path_factory.mktemp("calibrate"), GRID))
+
+
+def test_the_fit_gives_back_the_profile_the_records_were_made_with(
+    calibrated: Calibration,
+) -> None:
+    calibration = calibrated
+    assert calibration.host.device == GPU and calibration.base.name == "H100-SXM"
+    fitted = calibration.fitted.params
+    # Within 5 % of the changed figures; what these runs cannot show (the cost per sequence
+    # and per token: no step here is CPU-bound) stays where it started, and is said so.
+    for name, value in CHANGED.items():
+        assert fitted[name] == pytest.approx(value, rel=0.05), name
+    assert set(CHANGED) <= set(calibration.fitted.pinned)
+    assert "frontend_token_us" not in calibration.fitted.pinned
+    # Every configuration predicted by a fit on the five others: within 3 % on every figure.
+    assert len(calibration.held_out) == len(GRID)
+    worst = max(abs(e) for item in calibration.held_out for e in item.errors.values())
+    assert worst < 0.03
+    assert all(set(item.errors) == set(METRICS) for item in calibration.held_out)
+
+
+def test_the_cost_per_sequence_comes_back_where_steps_are_cpu_bound() -> None:
+    # A small model at 256 sequences: the host's work per sequence outlasts the GPU's step.
+    true = BASE.with_overheads(seq_us=60.0, step_ms=3.2)
+    observations = []
+    for concurrency in (1, 16, 256):
+        for input_len in (256, 4096):
+            requests = tuple(random_lengths(concurrency + concurrency // 2, input_len, 32))
+            made = Observation(
+                "x", "x", "Qwen/Qwen3-0.6B", requests, {}, max_concurrency=concurrency
+            )
+            measured = {k: v for k, v in predict(made, true).items() if k in METRICS}
+            observations.append(
+                Observation(
+                    f"c{concurrency}-{input_len}",
+                    f"c{concurrency}-{input_len}",
+                    made.model,
+                    requests,
+                    measured,
+                    max_concurrency=concurrency,
+                )
+            )
+    fitted = fit(observations, BASE, free=("step_ms", "seq_us", "bandwidth_efficiency"))
+    assert fitted.params["seq_us"] == pytest.approx(60.0, rel=0.05)
+    assert fitted.params["step_ms"] == pytest.approx(3.2, rel=0.05)
+    assert "seq_us" in fitted.pinned
+
+
+def test_the_command_prints_every_run_and_writes_a_profile_the_plugin_takes(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    calibrated: Calibration,
+) -> None:
+    asked: list[tuple[Any, ...]] = []
+
+    def known(*args: Any) -> Calibration:  # the fixture's calibration: the fit is slow
+        asked.append(args)
+        return calibrated
+
+    monkeypatch.setattr("pytest_profllm.cli.main.calibrate", known)
+    out = tmp_path / "host.toml"
+    where = "bench_max_concurrency > 0"
+    assert main(["calibrate", "results.db", "-o", str(out), "--where", where]) == 0
+    assert asked == [(Path("results.db"), where, None)]
+    printed = capsys.readouterr().out
+    for index in range(len(GRID)):
+        assert f"run-{index:02d}  concurrency" in printed
+    assert "TPOT ms: median error" in printed and "ITL ms: median error" in printed
+    profile = load_profile_file(out)
+    assert profile.name == "H100-SXM-calibrated"
+    assert profile.overheads.step_ms == pytest.approx(3.2, rel=0.05)
+    fitted_on = identity(out)["fitted"]
+    assert fitted_on["run_ids"] == [f"run-{i:02d}" for i in range(len(GRID))]
+    assert fitted_on["device"] == GPU and fitted_on["vllm_version"] == "0.33.0"
+    assert fitted_on["model"] == MODEL
+
+
+@pytest.mark.parametrize(
+    ("grid", "expected"),
+    [
+        (GRID[:3], "3 distinct configuration(s), at least 4 needed"),
+        (
+            [(8, 256), (8, 1024), (8, 4096), (8, 512)],
+            "every run at one load (concurrency 8): the cost per sequence cannot be told",
+        ),
+        (
+            [(1, 256), (4, 256), (16, 256), (64, 256)],
+            "tokens long: the matmul rate cannot be told",
+        ),
+    ],
+)
+def test_runs_too_few_or_too_alike_are_refused_in_one_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    grid: list[tuple[int, int]],
+    expected: str,
+) -> None:
+    db = a_database(tmp_path, grid)
+    assert main(["calibrate", str(db)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"profllm calibrate: cannot fit {len(grid)} runs: ")
+    assert expected in line and "add runs" in line
+
+
+def test_runs_of_several_hosts_and_a_bad_condition_are_refused(tmp_path: Path) -> None:
+    db = a_database(tmp_path, GRID)
+    other = a_record(50, 4, 512)
+    other["system"]["vllm_version"] = "0.32.0"
+    load_records(db, [other])
+    with pytest.raises(CalibrationError, match=r"runs of 2 hosts .*vLLM 0.32.0.*--where"):
+        calibrate(db)
+    with pytest.raises(CalibrationError, match=r"^--where: no such column: nope"):
+        calibrate(db, "nope = 1")
+    with pytest.raises(CalibrationError, match="no valid vLLM run"):
+        calibrate(db, "run_id = 'none'")
+    with pytest.raises(CalibrationError, match="no such database"):
+        calibrate(tmp_path / "missing.db")
+
+
+def test_simulated_and_invalid_runs_are_not_calibrated_on(tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    sim = a_record(1, 1, 256)
+    sim["engine"] = {"name": "sim", "reason": "x", "version": "1"}
+    load_records(db, [sim])
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("select count(*) from benchmark_runs").fetchone() == (1,)
+    with pytest.raises(CalibrationError, match="no valid vLLM run"):
+        calibrate(db)
+    assert math.isfinite(sim["results"]["median_tpot_ms"])
