@@ -16,7 +16,7 @@ from pytest_profllm.cli.main import main
 from pytest_profllm.plan.suite import BenchmarkConfig
 from pytest_profllm.results.record import normalize
 from pytest_profllm.results.store import load_records
-from pytest_profllm.sim.calibration import random_lengths
+from pytest_profllm.sim.calibration import ROWS, observation_of, one_host_groups, random_lengths
 from pytest_profllm.sim.fit_records import METRICS, Observation, fit, predict
 from pytest_profllm.sim.hardware import device_profile
 from pytest_profllm.sim.profile_file import identity, load_profile_file
@@ -226,3 +226,17 @@ def test_simulated_and_invalid_runs_are_not_calibrated_on(tmp_path: Path) -> Non
     with pytest.raises(CalibrationError, match="no valid vLLM run"):
         calibrate(db)
     assert math.isfinite(sim["results"]["median_tpot_ms"])
+
+
+def test_published_rows_of_one_host_are_grouped_and_read_as_measured() -> None:
+    groups = one_host_groups()
+    assert {key: [row.number for row in rows] for key, rows in groups.items()} == {
+        ("S2", "H100-SXM"): [7, 8, 9, 10, 11, 12, 13, 14],
+        ("N1", "H200-DGX"): [101, 102, 103, 104, 105],
+    }
+    row = next(row for row in ROWS if row.number == 113)  # a source giving ITL, not TPOT
+    assert observation_of(row).measured == {"output_throughput": 450.3, "median_itl_ms": 15.18}
+    mlperf = next(row for row in ROWS if row.number == 126)  # 8 replicas, its own TPOT
+    observed = observation_of(mlperf)
+    assert observed.measured == {"output_throughput": 21028.23}
+    assert observed.throughput_scale == 8 and len(observed.requests) == 2000

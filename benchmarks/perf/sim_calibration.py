@@ -3,6 +3,7 @@
     python benchmarks/perf/sim_calibration.py              # each row: published, simulated, error
     python benchmarks/perf/sim_calibration.py --cv         # and leave-one-source-out errors
     python benchmarks/perf/sim_calibration.py --fit --cv   # refit the overheads on every row too
+    python benchmarks/perf/sim_calibration.py --per-source # one host's rows: fit all but one
 
 Rows are those of shared/data/published-vllm-benchmarks.md and published-vllm-benchmarks-2.md
 (`pytest_profllm/sim/calibration.py` holds them), replayed on the virtual clock with the shipped
@@ -11,6 +12,13 @@ sources but one, predicts that one's rows, and repeats for every source: the fig
 how the simulator does on runs it was never fitted to. `--fit` prints the fit on every row, the
 values the profiles ship (`Overheads`' defaults). Rows a source marks as low trust are printed
 apart and counted in neither.
+
+`--per-source` is `profllm calibrate`'s case on published data: for every source with five or
+more trusted rows of one host, the overheads are fitted on that host's rows alone
+(`calibration.check_host`, `sim/fit_records.py`), and each row is predicted by a fit on the
+others. It prints each row's error in sample and left out, and per source the median and
+largest error on throughput and on TPOT (ITL where the source gives that), with the target:
+a median of at most 5 % and no row over 15 %.
 """
 
 from __future__ import annotations
@@ -22,15 +30,23 @@ import statistics
 import time
 
 from pytest_profllm.sim.calibration import (
+    DISAGREE,
+    PER_SOURCE_MIN_ROWS,
     ROWS,
     START,
     Evaluations,
     RowResult,
+    check_host,
     fit,
     leave_one_source_out,
     median_abs,
+    one_host_groups,
     reproduce,
 )
+from pytest_profllm.sim.fit_records import PARAMETERS
+
+_THROUGHPUT = ("output_throughput", "total_token_throughput")
+_LATENCY = ("median_tpot_ms", "median_itl_ms")
 
 
 def _fmt(error: float | None) -> str:
@@ -57,6 +73,8 @@ def report(title: str, results: list[RowResult]) -> None:
             if row.median_itl_ms and not row.tpot_not_comparable:
                 notes.append("ITL")
             notes += [text for text in (row.tpot_not_comparable, row.low_trust) if text]
+            if row.number in DISAGREE:
+                notes.append("sources disagree: " + DISAGREE[row.number])
             print(
                 f"{row.number:3d} {row.source:3} {row.model[-42:]:42} {row.device:11} {row.tp:2d} "
                 f"{published or float('nan'):8.1f} {r.output_throughput:8.1f} "
@@ -90,6 +108,49 @@ def report(title: str, results: list[RowResult]) -> None:
         print(f"  {source:3} {count:>7}: {figures[0]:>6} / {figures[1]:>6}")
 
 
+def per_source(free: tuple[str, ...]) -> None:
+    print(f"one host's rows, fitted on all but one (free: {', '.join(free)}):")
+    for (source, device), rows in one_host_groups().items():
+        check = check_host(rows, free)
+        print(f"\n{source} on {device}, {len(rows)} rows; fit on all of them:")
+        print("  " + ", ".join(f"{k} {v:.4g}" for k, v in check.fitted.params.items()))
+        print(f"  pinned by the rows: {', '.join(check.fitted.pinned) or 'none'}")
+        print(f"  {'row':>4} {'model':32} {'in sample':>22}   {'left out':>22}")
+        for inside, held in zip(check.in_sample, check.held_out, strict=True):
+            row = next(r for r in rows if str(r.number) == held.observation.label)
+            print(
+                f"  {row.number:4d} {row.model[-32:]:32} {_pair(inside):>22}   "
+                f"{_pair(held.errors):>22}"
+            )
+        verdicts = []
+        for label, names in (("throughput", _THROUGHPUT), ("TPOT", _LATENCY)):
+            values = [_first(h.errors, names) for h in check.held_out]
+            errors = [abs(v) for v in values if v is not None]
+            if not errors:
+                continue
+            median, largest = statistics.median(errors), max(errors)
+            ok = median <= 0.05 and largest <= 0.15
+            verdicts.append(ok)
+            print(
+                f"  left out, {label}: median {median * 100:.1f} %, largest "
+                f"{largest * 100:.1f} % ({len(errors)} rows) -> {'pass' if ok else 'FAIL'} "
+                "(target: median <= 5 %, every row <= 15 %)"
+            )
+        print(f"  {source} on {device}: {'pass' if all(verdicts) else 'FAIL'}")
+
+
+def _first(errors: dict[str, float], names: tuple[str, ...]) -> float | None:
+    return next((errors[name] for name in names if name in errors), None)
+
+
+def _pair(errors: dict[str, float]) -> str:
+    throughput, latency = _first(errors, _THROUGHPUT), _first(errors, _LATENCY)
+    def one(error: float | None) -> str:
+        return "     -" if error is None else f"{error * 100:+5.1f}%"
+
+    return f"{one(throughput)} / {one(latency)}"
+
+
 def _signed(errors: list[float | None]) -> str:
     values = [e for e in errors if e is not None]
     return f"{statistics.median(values) * 100:+.0f} %" if values else "-"
@@ -99,12 +160,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="fit the overheads on every row")
     parser.add_argument("--cv", action="store_true", help="leave-one-source-out errors")
+    parser.add_argument(
+        "--per-source",
+        action="store_true",
+        help=f"each source's host with {PER_SOURCE_MIN_ROWS}+ rows: fit on all rows but one",
+    )
+    parser.add_argument(
+        "--free",
+        default=",".join(PARAMETERS),
+        help="--per-source: the overheads fitted (default: %(default)s)",
+    )
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one a core)"
     )
     args = parser.parse_args()
     began = time.perf_counter()
+    if args.per_source:
+        per_source(tuple(args.free.split(",")))
+        print(f"wall time {time.perf_counter() - began:.0f} s")
+        return
     report("shipped profiles (fitted on these rows)", [reproduce(row) for row in ROWS])
     with multiprocessing.Pool(args.jobs) as pool:
         run(args, Evaluations(pool=pool if args.jobs > 1 else None))

@@ -35,8 +35,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "seq_us": (0.5, 500.0),
     "frontend_token_us": (0.5, 1000.0),
     "request_ms": (0.5, 5000.0),
+    # Not fitted by default: how sharply a GEMM turns from bandwidth- to compute-bound.
+    "roofline_sharpness": (1.0, 8.0),
 }
-PARAMETERS = tuple(BOUNDS)
+PARAMETERS = tuple(name for name in BOUNDS if name != "roofline_sharpness")
 METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms")
 # Where the simulated engine reports no figure, or a source none: compared where both have one.
 THROUGHPUT_METRICS = ("output_throughput", "total_token_throughput")
@@ -148,6 +150,7 @@ def fit(
     free: Sequence[str] = PARAMETERS,
     max_evaluations: int = 400,
     steps: Sequence[float] = _STEPS,
+    tolerance: float = 1e-10,
 ) -> Fit:
     """The overheads of `base` that bring its figures closest to the observations' (squared
     log errors, every figure alike), `free` ones moving, the rest as in `start`."""
@@ -201,8 +204,8 @@ def fit(
             jac=lambda at, step=step: jacobian(at, step),
             bounds=(lows, highs),
             max_nfev=max_evaluations // (len(free) + 1) // len(steps) + 1,
-            ftol=1e-10,
-            xtol=1e-10,
+            ftol=tolerance,
+            xtol=tolerance,
         ).x
     final = jacobian(x)[: -len(free)]  # the runs' rows, not the prior's
     strength = np.sqrt((final**2).sum(axis=0))
@@ -224,13 +227,15 @@ def leave_one_out(
     start: Params | None = None,
     free: Sequence[str] = PARAMETERS,
     progress: Callable[[str], None] | None = None,
+    tolerance: float = 1e-10,
 ) -> list[HeldOut]:
     """Each configuration's runs predicted by a fit on all the other configurations'. From
     `start` (the fit on every run, say), which is near: fine steps alone."""
     held: list[HeldOut] = []
     for configuration in dict.fromkeys(o.configuration for o in observations):
         rest = [o for o in observations if o.configuration != configuration]
-        fitted = fit(rest, base, start, free, steps=_STEPS[-1:] if start else _STEPS)
+        steps = _STEPS[-1:] if start else _STEPS
+        fitted = fit(rest, base, start, free, steps=steps, tolerance=tolerance)
         profile = fitted.profile(base)
         for observation in (o for o in observations if o.configuration == configuration):
             predicted = predict(observation, profile)
