@@ -35,6 +35,8 @@ from pytest_profllm.sim.calibration import (
     ROWS,
     START,
     Evaluations,
+    HostCheck,
+    Row,
     RowResult,
     check_host,
     fit,
@@ -108,35 +110,42 @@ def report(title: str, results: list[RowResult]) -> None:
         print(f"  {source:3} {count:>7}: {figures[0]:>6} / {figures[1]:>6}")
 
 
-def per_source(free: tuple[str, ...]) -> None:
-    print(f"one host's rows, fitted on all but one (free: {', '.join(free)}):")
-    for (source, device), rows in one_host_groups().items():
-        check = check_host(rows, free)
-        print(f"\n{source} on {device}, {len(rows)} rows; fit on all of them:")
-        print("  " + ", ".join(f"{k} {v:.4g}" for k, v in check.fitted.params.items()))
-        print(f"  pinned by the rows: {', '.join(check.fitted.pinned) or 'none'}")
-        print(f"  {'row':>4} {'model':32} {'in sample':>22}   {'left out':>22}")
-        for inside, held in zip(check.in_sample, check.held_out, strict=True):
-            row = next(r for r in rows if str(r.number) == held.observation.label)
-            print(
-                f"  {row.number:4d} {row.model[-32:]:32} {_pair(inside):>22}   "
-                f"{_pair(held.errors):>22}"
-            )
-        verdicts = []
-        for label, names in (("throughput", _THROUGHPUT), ("TPOT", _LATENCY)):
-            values = [_first(h.errors, names) for h in check.held_out]
-            errors = [abs(v) for v in values if v is not None]
-            if not errors:
-                continue
-            median, largest = statistics.median(errors), max(errors)
-            ok = median <= 0.05 and largest <= 0.15
-            verdicts.append(ok)
-            print(
-                f"  left out, {label}: median {median * 100:.1f} %, largest "
-                f"{largest * 100:.1f} % ({len(errors)} rows) -> {'pass' if ok else 'FAIL'} "
-                "(target: median <= 5 %, every row <= 15 %)"
-            )
-        print(f"  {source} on {device}: {'pass' if all(verdicts) else 'FAIL'}")
+def per_source(free: tuple[str, ...], jobs: int, max_evaluations: int) -> None:
+    print(f"one host's rows, fitted on all but one (free: {', '.join(free)}):", flush=True)
+    groups = list(one_host_groups().values())
+    with multiprocessing.Pool(max(1, min(jobs, len(groups)))) as pool:
+        tasks = [(rows, free, 1e-3, max_evaluations) for rows in groups]
+        checks = pool.starmap(check_host, tasks)
+    for rows, check in zip(groups, checks, strict=True):
+        print_host(rows, check)
+
+
+def print_host(rows: list[Row], check: HostCheck) -> None:
+    source, device = check.source, check.device
+    print(f"\n{source} on {device}, {len(rows)} rows; fit on all of them:")
+    print("  " + ", ".join(f"{k} {v:.4g}" for k, v in check.fitted.params.items()))
+    print(f"  pinned by the rows: {', '.join(check.fitted.pinned) or 'none'}")
+    print(f"  {'row':>4} {'model':32} {'in sample':>22}   {'left out':>22}")
+    for inside, held in zip(check.in_sample, check.held_out, strict=True):
+        row = next(r for r in rows if str(r.number) == held.observation.label)
+        print(
+            f"  {row.number:4d} {row.model[-32:]:32} {_pair(inside):>22}   {_pair(held.errors):>22}"
+        )
+    verdicts = []
+    for label, names in (("throughput", _THROUGHPUT), ("TPOT", _LATENCY)):
+        values = [_first(h.errors, names) for h in check.held_out]
+        errors = [abs(v) for v in values if v is not None]
+        if not errors:
+            continue
+        median, largest = statistics.median(errors), max(errors)
+        ok = median <= 0.05 and largest <= 0.15
+        verdicts.append(ok)
+        print(
+            f"  left out, {label}: median {median * 100:.1f} %, largest "
+            f"{largest * 100:.1f} % ({len(errors)} rows) -> {'pass' if ok else 'FAIL'} "
+            "(target: median <= 5 %, every row <= 15 %)"
+        )
+    print(f"  {source} on {device}: {'pass' if all(verdicts) else 'FAIL'}", flush=True)
 
 
 def _first(errors: dict[str, float], names: tuple[str, ...]) -> float | None:
@@ -145,6 +154,7 @@ def _first(errors: dict[str, float], names: tuple[str, ...]) -> float | None:
 
 def _pair(errors: dict[str, float]) -> str:
     throughput, latency = _first(errors, _THROUGHPUT), _first(errors, _LATENCY)
+
     def one(error: float | None) -> str:
         return "     -" if error is None else f"{error * 100:+5.1f}%"
 
@@ -170,6 +180,12 @@ def main() -> None:
         default=",".join(PARAMETERS),
         help="--per-source: the overheads fitted (default: %(default)s)",
     )
+    parser.add_argument(
+        "--max-evaluations",
+        type=int,
+        default=150,
+        help="--per-source: parameter sets a fit on all rows may try (each fold: half)",
+    )
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one a core)"
@@ -177,7 +193,7 @@ def main() -> None:
     args = parser.parse_args()
     began = time.perf_counter()
     if args.per_source:
-        per_source(tuple(args.free.split(",")))
+        per_source(tuple(args.free.split(",")), args.jobs, args.max_evaluations)
         print(f"wall time {time.perf_counter() - began:.0f} s")
         return
     report("shipped profiles (fitted on these rows)", [reproduce(row) for row in ROWS])

@@ -514,13 +514,32 @@ class HostCheck:
     held_out: list[HeldOut]
 
 
-def check_host(rows: list[Row], free: tuple[str, ...], tolerance: float = 1e-3) -> HostCheck:
+def check_host(
+    rows: list[Row],
+    free: tuple[str, ...],
+    tolerance: float = 1e-3,
+    max_evaluations: int = 150,
+) -> HostCheck:
     """Fit `free` overheads of the rows' shipped profile on all of them, then predict each
     row by a fit on the others (from the fit on all: near, so fine steps alone)."""
     base = rows[0].engine().device
     observations = [observation_of(row) for row in rows]
-    fitted = fit_records.fit(observations, base, free=free, steps=(0.05,), tolerance=tolerance)
+    fitted = fit_records.fit(
+        observations,
+        base,
+        free=free,
+        steps=(0.05,),
+        tolerance=tolerance,
+        max_evaluations=max_evaluations,
+    )
     profile = fitted.profile(base)
     in_sample = [fit_records.errors(o, fit_records.predict(o, profile)) for o in observations]
-    held = fit_records.leave_one_out(observations, base, fitted.params, free, tolerance=tolerance)
+    held = fit_records.leave_one_out(
+        observations,
+        base,
+        fitted.params,
+        free,
+        tolerance=tolerance,
+        max_evaluations=max_evaluations // 2,
+    )
     return HostCheck(rows[0].source, rows[0].device, fitted, in_sample, held)

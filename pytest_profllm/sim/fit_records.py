@@ -228,6 +228,7 @@ def leave_one_out(
     free: Sequence[str] = PARAMETERS,
     progress: Callable[[str], None] | None = None,
     tolerance: float = 1e-10,
+    max_evaluations: int = 400,
 ) -> list[HeldOut]:
     """Each configuration's runs predicted by a fit on all the other configurations'. From
     `start` (the fit on every run, say), which is near: fine steps alone."""
@@ -235,7 +236,7 @@ def leave_one_out(
     for configuration in dict.fromkeys(o.configuration for o in observations):
         rest = [o for o in observations if o.configuration != configuration]
         steps = _STEPS[-1:] if start else _STEPS
-        fitted = fit(rest, base, start, free, steps=steps, tolerance=tolerance)
+        fitted = fit(rest, base, start, free, max_evaluations, steps=steps, tolerance=tolerance)
         profile = fitted.profile(base)
         for observation in (o for o in observations if o.configuration == configuration):
             predicted = predict(observation, profile)
