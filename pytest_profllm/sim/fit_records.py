@@ -117,7 +117,7 @@ def with_params(profile: DeviceProfile, params: Params) -> DeviceProfile:
 
 
 def start_params(profile: DeviceProfile) -> Params:
-    return {name: float(getattr(profile.overheads, name)) for name in PARAMETERS}
+    return {name: float(getattr(profile.overheads, name)) for name in BOUNDS}
 
 
 def errors(observation: Observation, predicted: dict[str, float]) -> dict[str, float]:
