@@ -1,16 +1,20 @@
 """The results side at 100,000 runs: `profllm ingest` time and memory, then Datasette's pages.
 
-Generates N realistic records (every engine argument of the registry with its default, every
-workload, system and runtime field, every standard metric; a few swept axes: model, device,
-max_num_seqs, tensor_parallel_size, request rate or concurrency; nightly sessions of repeated
-cases), writes them as record files, times `profllm ingest` of the folder (wall time and peak
-memory of the process), then serves the database with `datasette serve` on 127.0.0.1 and times
-the landing page with its facets, a page filtered on three columns, every canned query, every
-dashboard (as it opens and with common choices: all sessions, filters, a bound, a case), the
-run page, and a full CSV export (`pages_to_time` lists them).
+Generates N realistic records (`scale_records.py`: every case measured on the simulator's
+virtual clock, every engine argument of the registry with its default, every workload, system
+and runtime field, every standard metric; swept model, device, max_num_seqs,
+tensor_parallel_size, request rate or concurrency; nightly sessions of the same cases, a few
+with one configuration slowed and gated against the session before), writes them as record
+files, checks them (`check`: the count of records that break the record's rules), times
+`profllm ingest` of the folder (wall time and peak memory of the process), then serves the
+database with `datasette serve` on 127.0.0.1 and times the landing page with its facets, a page
+filtered on three columns, every canned query, every dashboard (as it opens and with common
+choices: all sessions, filters, a bound, a case), the run page, and a full CSV export
+(`pages_to_time` lists them).
 
     python benchmarks/perf/results_scale.py [--records 100000] [--repeat 15] [--keep DIR]
-                                            [--pages-only | --ingest-only]
+                                            [--pages-only | --ingest-only] [--no-csv]
+                                            [--processes 2]
 
 Run on demand (not collected by pytest). Targets: ingest under 30 s on 2 cores at 100,000
 records and under 5 minutes at 1,000,000, memory bounded; every page's p95 under 0.5 s at
@@ -22,9 +26,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import itertools
 import os
-import random
 import shutil
 import socket
 import statistics
@@ -37,6 +39,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
+
+from scale_records import generate  # beside this script: the records, measured on the simulator
 
 MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-8B", "Qwen/Qwen3-32B")
 DEVICES = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
@@ -54,6 +58,8 @@ def main() -> int:
     parser.add_argument("--ingest-only", action="store_true", help="time the ingest alone")
     parser.add_argument("--no-csv", action="store_true",
                         help="leave out the full CSV exports (minutes at a million rows)")
+    parser.add_argument("--processes", type=int, default=2,
+                        help="processes that simulate the cases")
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="profllm-scale-"))
     try:
@@ -62,7 +68,7 @@ def main() -> int:
                 time_pages(base, args.repeat, csv_exports=not args.no_csv)
         else:
             run(root, args.records, args.repeat, pages=not args.ingest_only,
-                csv_exports=not args.no_csv)
+                csv_exports=not args.no_csv, processes=args.processes)
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -70,7 +76,7 @@ def main() -> int:
 
 
 def run(root: Path, count: int, repeat: int, pages: bool = True,
-        csv_exports: bool = True) -> None:
+        csv_exports: bool = True, processes: int = 2) -> None:
     records = root / "records"
     db_path = root / "results.db"
     for stale in (db_path, db_path.with_name(db_path.name + "-wal"),
@@ -78,9 +84,12 @@ def run(root: Path, count: int, repeat: int, pages: bool = True,
         stale.unlink(missing_ok=True)  # a WAL file left beside a new database would corrupt it
     if not records.is_dir() or len(list(records.glob("*.json"))) != count:
         started = time.perf_counter()
-        generate(records, count)
+        counts, violations = generate(records, count, processes=processes)
         print(f"generated {count} records in {time.perf_counter() - started:.1f} s "
-              f"({sum(p.stat().st_size for p in records.iterdir()) / 1e6:.0f} MB)")
+              f"({sum(p.stat().st_size for p in records.iterdir()) / 1e6:.0f} MB): "
+              + ", ".join(f"{n} {name}" for name, n in sorted(counts.items())))
+        print(f"check: {sum(violations.values())} violations "
+              + ", ".join(f"{n} {rule}" for rule, n in violations.items() if n))
     for label in ("ingest", "ingest again"):
         seconds, peak_mib, output = timed_ingest(db_path, records)
         print(f"{label}: {seconds:.1f} s, peak memory {peak_mib:.0f} MiB (largest process), "
@@ -110,117 +119,6 @@ def timed_ingest(db_path: Path, records: Path) -> tuple[float, float, str]:
                    if line.startswith(("peak_kib", "cpu_s")))
     summary = f"{done.stdout.strip()} (CPU {float(figures['cpu_s']):.1f} s)"
     return seconds, int(figures["peak_kib"]) / 1024, summary
-
-
-def generate(folder: Path, count: int) -> None:
-    import orjson
-
-    from pytest_profllm.engine.registry import bundled
-    from pytest_profllm.plan.metric_names import LATENCY_METRICS, result_names
-    from pytest_profllm.plan.suite import BenchmarkConfig
-    from pytest_profllm.results.table import STANDARD_METRICS
-
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    registry = bundled()
-    defaults = registry.defaults()
-    bench_defaults = BenchmarkConfig().model_dump(mode="json")
-    random.seed(0)
-    cases = []
-    for model, device, seqs, tp in itertools.product(MODELS, DEVICES, (64, 128, 256, 512),
-                                                     (1, 2)):
-        for load in [("rate", r) for r in RATES] + [("concurrency", c) for c in CONCURRENCIES]:
-            cases.append((model, device, seqs, tp, load))
-    per_session = len(cases)
-    for index in range(count):
-        session = index // per_session
-        model, device, seqs, tp, (kind, value) = cases[index % per_session]
-        server_label = f"{model.split('/')[-1].lower()}-seqs{seqs}-tp{tp}"
-        workload = f"rate-{value}" if kind == "rate" else f"concurrency-{value}"
-        benchmark = {**bench_defaults, "num_prompts": 200, "random_input_len": 1024,
-                     "random_output_len": 256}
-        if kind == "rate":
-            benchmark["request_rate"] = "inf" if value == float("inf") else value
-        else:
-            benchmark["max_concurrency"] = value
-        capacity = seqs * tp * (1.6 if "H100" in device else 1.0) / (4 if "32B" in model else 1)
-        offered = value if kind == "rate" and value != float("inf") else capacity
-        throughput = min(offered, capacity / 20) * random.uniform(0.9, 1.1)
-        # The last session is slowed, and its gate says so.
-        slowed = session == (count - 1) // per_session
-        if slowed:
-            throughput *= 0.8
-        results: dict[str, Any] = {name: round(random.uniform(5, 500), 3)
-                                   for name in STANDARD_METRICS}
-        results.update(
-            completed=200, failed=0, total_input_tokens=204_800, total_output_tokens=51_200,
-            request_throughput=throughput, output_throughput=throughput * 256,
-            total_token_throughput=throughput * 1280, request_goodput=throughput,
-            duration=200 / max(throughput, 0.1),
-        )
-        for key in result_names(LATENCY_METRICS, (50.0, 90.0, 95.0, 99.0)):
-            results.setdefault(key, round(random.uniform(5, 500), 3))
-        gpus = [device] * tp
-        status = "passed" if random.random() > 0.05 else random.choice(("failed", "error"))
-        record = {
-            "schema_version": 1,
-            "run_id": f"s{session:05d}-{index:06d}",
-            "session_id": f"2026{session:05d}-nightly",
-            "suite": "nightly",
-            "source": "benchmarks/bench_nightly.yaml",
-            "case_id": f"bench_nightly.yaml::{server_label}::{workload}",
-            "nodeid": f"benchmarks/bench_nightly.yaml::{server_label}::{workload}",
-            "repeat_index": 0,
-            "timestamp": f"2026-{1 + session // 600 % 12:02d}-{1 + session // 20 % 28:02d}T"
-            f"{session % 20:02d}:{index % 60:02d}:00+00:00",
-            "duration": 60.0,
-            "status": status,
-            "message": None if status == "passed" else f"{status}: median_ttft_ms over 200",
-            "engine": {"name": "vllm", "reason": "--profllm-engine vllm", "version": "0.33.0"},
-            "config": {
-                "server": {**defaults, "model": model, "max_num_seqs": seqs,
-                           "tensor_parallel_size": tp},
-                "benchmark": benchmark,
-                "engine_args": registry.describe(),
-                "axes": ["server.model", "server.max_num_seqs", "server.tensor_parallel_size",
-                         "benchmark.request_rate" if kind == "rate"
-                         else "benchmark.max_concurrency"],
-            },
-            "results": results,
-            "system": {
-                "host": f"gpu-node-{session % 7}", "platform": "Linux-6.8-x86_64",
-                "python": "3.12.3", "cpu_count": 96, "gpu_names": gpus,
-                "gpu_uuids": [f"GPU-{session % 7}-{i}" for i in range(tp)],
-                "driver_version": "570.124.06", "vllm_version": "0.33.0",
-                **{name: round(random.uniform(1, 100), 2) for name in (
-                    "peak_gpu_memory_mib", "mean_gpu_memory_mib", "mean_gpu_utilization",
-                    "peak_gpu_utilization", "mean_gpu_power_w", "peak_gpu_power_w",
-                    "mean_gpu_sm_clock_mhz", "peak_gpu_sm_clock_mhz", "mean_gpu_temperature_c",
-                    "peak_gpu_temperature_c", "mean_server_cpu_percent",
-                    "peak_server_cpu_percent", "mean_server_rss_mib", "peak_server_rss_mib",
-                    "mean_client_cpu_percent", "peak_client_cpu_percent", "peak_client_rss_mib",
-                    "mean_kv_cache_usage", "peak_kv_cache_usage", "server_num_preemptions",
-                    "server_prefix_cache_queries", "server_prefix_cache_hits",
-                    "server_prefix_cache_hit_rate", "telemetry_interval_s")},
-                "peak_server_processes": 4, "telemetry_samples": 120,
-            },
-            "runtime": {
-                "worker": f"gw{index % 4}", "server_key": f"{hash(server_label) & 0xffffff:06x}",
-                "gpus": [str(i) for i in range(tp)], "gpu_uuids": [], "port": 24000 + index % 50,
-                "server_started_at": 1.7e9 + index, "server_ready_at": 1.7e9 + index + 30,
-                "server_stopped_at": 1.7e9 + index + 90, "lease_wait_s": 0.0,
-            },
-            "thresholds": {"median_ttft_ms": {"min": None, "max": 200.0}},
-            "regression": [{"metric": "output_throughput", "verdict": "regressed",
-                            "tolerance": 0.05, "higher_is_better": True, "baseline": 1.0,
-                            "value": 0.8, "change": -0.2, "confidence": 0.99,
-                            "baseline_session": f"2026{session - 1:05d}-nightly"}]
-            if slowed else [],
-            "verdicts": [{"metric": "median_ttft_ms", "bound": "max", "limit": 200.0,
-                          "value": results["median_ttft_ms"],
-                          "passed": status == "passed"}],
-        }
-        (folder / f"{record['run_id']}.json").write_bytes(orjson.dumps(record))
 
 
 class served:

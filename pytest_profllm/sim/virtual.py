@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections.abc import Callable
 from collections.abc import Sequence as Ordered
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,9 @@ class Outcome:
     tpot: list[float] = field(default_factory=list)
     e2el: list[float] = field(default_factory=list)
     itl: list[float] = field(default_factory=list)
+    # Each request's output and prompt tokens, in the order of e2el (as they finished).
+    output_lens: list[int] = field(default_factory=list)
+    input_lens: list[int] = field(default_factory=list)
     duration: float = 0.0
     output_tokens: int = 0
     input_tokens: int = 0
@@ -156,12 +160,16 @@ def simulate(
     *,
     arrivals: Ordered[float] | None = None,
     scheduler: Scheduler | None = None,
+    observe: Callable[[float, float, Scheduler], None] | None = None,
 ) -> Outcome:
     """Run `requests` through the engine on a virtual clock and measure as vllm bench serve.
 
     `arrivals` are the send times the client's own schedule chose (default: vLLM's schedule
     for `request_rate`, `burstiness` and `seed`); `scheduler` is the engine a server's
-    arguments made (`sim/cli.py make_scheduler`), default one from `settings`."""
+    arguments made (`sim/cli.py make_scheduler`), default one from `settings`.
+    `observe(now, step_seconds, scheduler)` is called after each step, its requests' finishes
+    counted: what a telemetry sampler of the server would see over the run (queues, KV cache,
+    the token and request counters)."""
     if scheduler is None:
         scheduler = build_scheduler(engine, settings or ServerSettings())
     scheduler.stream_tokens = False
@@ -218,7 +226,8 @@ def simulate(
                 break  # nothing can move: a prompt bigger than the cache
             now = max(now, min(upcoming))
             continue
-        now += scheduler.step_duration(step)
+        seconds = scheduler.step_duration(step)
+        now += seconds
         scheduler.finish_step(step, now)
         peak = max(peak, scheduler.kv_cache_usage)
         for sequence in done:
@@ -233,9 +242,13 @@ def simulate(
             outcome.e2el.append(finished - sent)
             if sequence.generated > 1:
                 outcome.tpot.append((finished - first) / (sequence.generated - 1))
+            outcome.output_lens.append(sequence.generated)
+            outcome.input_lens.append(sequence.prompt_len)
             outcome.output_tokens += sequence.generated
             outcome.input_tokens += sequence.prompt_len
         done.clear()
+        if observe is not None:
+            observe(now, seconds, scheduler)
         if now > time_limit_s:
             break
     outcome.duration = now
