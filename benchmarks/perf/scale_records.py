@@ -123,7 +123,7 @@ class Measured:
 def measure(shape: Shape) -> Measured:
     """Run the shape on the virtual clock and compute vLLM bench serve's figures."""
     from pytest_profllm.load.metrics import RequestOutcome, compute
-    from pytest_profllm.sim.batching import Scheduler
+    from pytest_profllm.sim.batching import Scheduler, Sequence
     from pytest_profllm.sim.cost import EngineModel
     from pytest_profllm.sim.hardware import device_profile
     from pytest_profllm.sim.models import resolve_model
@@ -139,11 +139,15 @@ def measure(shape: Shape) -> Measured:
     engine = EngineModel(resolve_model(shape.model), device_profile(shape.device),
                          shape.tensor_parallel_size, slowdown=shape.slowdown)
     steps: list[tuple[float, float, int, int, float, int, int]] = []
+    input_lens: list[int] = []
+    output_lens: list[int] = []
 
-    def observe(now: float, seconds: float, scheduler: Scheduler) -> None:
-        finished = sum(scheduler.stats.request_success.values())
+    def observe(now: float, seconds: float, scheduler: Scheduler,
+                finished: list[Sequence]) -> None:
+        input_lens.extend(sequence.prompt_len for sequence in finished)
+        output_lens.extend(sequence.generated for sequence in finished)
         steps.append((now, seconds, len(scheduler.running), len(scheduler.waiting),
-                      scheduler.kv_cache_usage, scheduler.generation_tokens, finished))
+                      scheduler.kv_cache_usage, scheduler.generation_tokens, len(output_lens)))
 
     rate = shape.load if shape.kind == "rate" else math.inf
     concurrency = int(shape.load) if shape.kind == "concurrency" else None
@@ -151,17 +155,17 @@ def measure(shape: Shape) -> Measured:
                        request_rate=rate, max_concurrency=concurrency, seed=seed,
                        observe=observe)
     outcomes = [RequestOutcome(prompt_len=p, success=True, output_tokens=n, ttft=t, latency=e)
-                for p, n, t, e in zip(outcome.input_lens, outcome.output_lens, outcome.ttft,
-                                      outcome.e2el, strict=True)]
+                for p, n, t, e in zip(input_lens, output_lens, outcome.ttft, outcome.e2el,
+                                      strict=True)]
     outcomes[0].itl = outcome.itl  # compute pools every request's gaps: one list will do
     results = compute(outcomes, outcome.duration)
     series, busy = _series(steps, outcome.duration)
     kv = [point["kv_cache_usage"] for point in series]
-    queries = sum(outcome.input_lens)
+    queries = sum(input_lens)
     return Measured(
         ttft=np.asarray(outcome.ttft), tpot=np.asarray(outcome.tpot),
-        e2el=np.asarray(outcome.e2el), output_lens=outcome.output_lens,
-        input_lens=outcome.input_lens, itl=np.asarray(outcome.itl), results=results,
+        e2el=np.asarray(outcome.e2el), output_lens=output_lens, input_lens=input_lens,
+        itl=np.asarray(outcome.itl), results=results,
         series=series, busy=busy, mean_kv=float(np.mean(kv)) if kv else 0.0,
         peak_kv=outcome.peak_kv_cache_usage, preemptions=outcome.preemptions,
         prefix_queries=queries, prefix_hits=round(queries * outcome.prefix_cache_hit_rate),

@@ -67,9 +67,6 @@ class Outcome:
     tpot: list[float] = field(default_factory=list)
     e2el: list[float] = field(default_factory=list)
     itl: list[float] = field(default_factory=list)
-    # Each request's output and prompt tokens, in the order of e2el (as they finished).
-    output_lens: list[int] = field(default_factory=list)
-    input_lens: list[int] = field(default_factory=list)
     duration: float = 0.0
     output_tokens: int = 0
     input_tokens: int = 0
@@ -160,16 +157,16 @@ def simulate(
     *,
     arrivals: Ordered[float] | None = None,
     scheduler: Scheduler | None = None,
-    observe: Callable[[float, float, Scheduler], None] | None = None,
+    observe: Callable[[float, float, Scheduler, list[Sequence]], None] | None = None,
 ) -> Outcome:
     """Run `requests` through the engine on a virtual clock and measure as vllm bench serve.
 
     `arrivals` are the send times the client's own schedule chose (default: vLLM's schedule
     for `request_rate`, `burstiness` and `seed`); `scheduler` is the engine a server's
     arguments made (`sim/cli.py make_scheduler`), default one from `settings`.
-    `observe(now, step_seconds, scheduler)` is called after each step, its requests' finishes
-    counted: what a telemetry sampler of the server would see over the run (queues, KV cache,
-    the token and request counters)."""
+    `observe(now, step_seconds, scheduler, finished)` is called after each step with the
+    requests it finished (in the order of the outcome's lists): what a telemetry sampler of the
+    server would see over the run (queues, KV cache, the token and request counters)."""
     if scheduler is None:
         scheduler = build_scheduler(engine, settings or ServerSettings())
     scheduler.stream_tokens = False
@@ -242,13 +239,11 @@ def simulate(
             outcome.e2el.append(finished - sent)
             if sequence.generated > 1:
                 outcome.tpot.append((finished - first) / (sequence.generated - 1))
-            outcome.output_lens.append(sequence.generated)
-            outcome.input_lens.append(sequence.prompt_len)
             outcome.output_tokens += sequence.generated
             outcome.input_tokens += sequence.prompt_len
-        done.clear()
         if observe is not None:
-            observe(now, seconds, scheduler)
+            observe(now, seconds, scheduler, done)
+        done.clear()
         if now > time_limit_s:
             break
     outcome.duration = now
