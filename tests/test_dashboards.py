@@ -337,6 +337,29 @@ def test_scaling_efficiency_against_the_smallest_tp(connection: sqlite3.Connecti
         (1, 100.0), (2, 100.0)}
 
 
+def test_scaling_compares_tp_sizes_on_as_many_gpus(tmp_path: Path) -> None:
+    """On GPUs, tp 2 runs on two: the device column says `2x ...` where tp 1 says `1x ...`,
+    and the two are still one configuration at two sizes."""
+    records = []
+    for tp in (1, 2):
+        record = make_record(f"g-t{tp}", "g", f"bench_tp.yaml::llama-tp{tp}::random-conc16",
+                             f"2026-01-01T11:0{tp}:00+00:00", throughput=100.0 if tp == 1 else 160.0,
+                             request_rate="inf", p99_ttft=50.0)
+        record["config"]["server"] = {"model": "meta-llama/Llama-3.1-8B-Instruct",
+                                      "tensor_parallel_size": tp}
+        record["config"]["benchmark"]["max_concurrency"] = 16
+        record["system"]["gpu_names"] = ["NVIDIA H100 80GB HBM3"] * tp
+        records.append(record)
+    connection = sqlite3.connect(ingested(tmp_path, records))
+    sql_functions.register(connection)
+    try:
+        rows = values(view(connection, "scaling").charts["scaling-efficiency"])
+    finally:
+        connection.close()
+    assert {(r["tensor_parallel_size"], r["efficiency_percent"]) for r in rows} == {
+        (1, 100.0), (2, 80.0)}
+
+
 def test_capacity_says_when_there_is_none(connection: sqlite3.Connection) -> None:
     assert view(connection, "capacity").notes == [
         "No capacity case in this database (benchmark kind: capacity)."]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -609,6 +610,9 @@ def _number(text: str) -> float | None:
         return None
 
 
+_GPU_COUNT = re.compile(r"\b\d+x ")
+
+
 def scaling_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Selection,
                       args: Mapping[str, str]) -> View:
     """Tensor-parallel scaling: throughput per GPU, and efficiency against the smallest
@@ -625,6 +629,10 @@ def scaling_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
         tp = int(tp_of.get(point.run_id) or 1)
         context = {k: v for k, v in point.context.items()
                    if k != "server_tensor_parallel_size"}
+        # The device column counts the GPUs (`2x NVIDIA H100 ...`), which tp 2 doubles: the
+        # model of GPU is what must be the same.
+        if isinstance(context.get("device"), str):
+            context["device"] = _GPU_COUNT.sub("", context["device"])
         key = (json.dumps(context, sort_keys=True, default=str), point.workload, point.rate,
                point.concurrency)
         groups[key].append((tp, point))
