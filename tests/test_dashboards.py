@@ -343,8 +343,9 @@ def test_scaling_compares_tp_sizes_on_as_many_gpus(tmp_path: Path) -> None:
     records = []
     for tp in (1, 2):
         record = make_record(f"g-t{tp}", "g", f"bench_tp.yaml::llama-tp{tp}::random-conc16",
-                             f"2026-01-01T11:0{tp}:00+00:00", throughput=100.0 if tp == 1 else 160.0,
-                             request_rate="inf", p99_ttft=50.0)
+                             f"2026-01-01T11:0{tp}:00+00:00",
+                             throughput=100.0 if tp == 1 else 160.0, request_rate="inf",
+                             p99_ttft=50.0)
         record["config"]["server"] = {"model": "meta-llama/Llama-3.1-8B-Instruct",
                                       "tensor_parallel_size": tp}
         record["config"]["benchmark"]["max_concurrency"] = 16
@@ -358,6 +359,41 @@ def test_scaling_compares_tp_sizes_on_as_many_gpus(tmp_path: Path) -> None:
         connection.close()
     assert {(r["tensor_parallel_size"], r["efficiency_percent"]) for r in rows} == {
         (1, 100.0), (2, 80.0)}
+
+
+def test_latest_draws_the_largest_changes_of_many_cases(tmp_path: Path) -> None:
+    """Hundreds of cases would make each change chart thousands of pixels tall: it draws the
+    largest changes and every regressed case, and says so."""
+    cases = dashboards.MAX_CHANGE_BARS + 10
+    records = []
+    for session, day in (("m1", "01"), ("m2", "02")):
+        for index in range(cases):
+            # In m2 case i is i % 50 % slower; case 3 (3 % slower) is the one regressed.
+            factor = 1.0 if session == "m1" else 1 - index / 100
+            record = make_record(f"{session}-{index:02d}", session,
+                                 f"bench_many.yaml::qwen::random-rate{index + 1}",
+                                 f"2026-01-{day}T10:{index:02d}:00+00:00",
+                                 throughput=100.0 * factor, request_rate=float(index + 1),
+                                 p99_ttft=50.0)
+            record["suite"] = "many"
+            if session == "m2" and index == 3:
+                gate(record, "output_throughput", "regressed", -0.03)
+            records.append(record)
+    connection = sqlite3.connect(ingested(tmp_path, records))
+    sql_functions.register(connection)
+    try:
+        shown = view(connection, "latest")
+    finally:
+        connection.close()
+    bars = values(shown.charts["latest-change-output_throughput"])
+    assert len(bars) == dashboards.MAX_CHANGE_BARS
+    # The regressed case and the 39 largest drops (11 to 49 %).
+    drops = {round(-r["change_percent"]) for r in bars if r["gate"] != "regressed"}
+    assert drops == set(range(cases - dashboards.MAX_CHANGE_BARS + 1, cases))
+    assert any(r["gate"] == "regressed" for r in bars)  # a small change, but regressed
+    assert shown.captions["latest-change-output_throughput"].startswith(
+        f"The {dashboards.MAX_CHANGE_BARS} of {cases} cases that changed most or regressed")
+    assert "latest-change-output_throughput" in shown.wide
 
 
 def test_capacity_says_when_there_is_none(connection: sqlite3.Connection) -> None:

@@ -43,8 +43,10 @@ def spec(
         "width": "container",
         "height": height,
         "data": {"values": rows_as_values(values)},
+        # A title starts where the plot does: centred over a plot that a wide legend has
+        # narrowed, a long one ran off the chart's left edge.
         "config": {"legend": {"orient": "right", "labelLimit": 420, "titleLimit": 420},
-                   "axis": {"labelLimit": 300}},
+                   "axis": {"labelLimit": 300}, "title": {"anchor": "start"}},
     }
     if layers is not None:
         chart["layer"] = list(layers)

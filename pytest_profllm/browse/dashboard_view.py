@@ -35,10 +35,15 @@ class View:
     notes: list[str] = field(default_factory=list)
     # Inputs the dashboard takes besides the filter panel: name -> (label, value, choices).
     inputs: dict[str, tuple[str, str, list[str]]] = field(default_factory=dict)
+    # Charts that take the page's whole width rather than half of it.
+    wide: set[str] = field(default_factory=set)
 
-    def add(self, chart_id: str, spec: dict[str, Any], caption: str) -> None:
+    def add(self, chart_id: str, spec: dict[str, Any], caption: str,
+            wide: bool = False) -> None:
         self.charts[chart_id] = spec
         self.captions[chart_id] = caption
+        if wide:
+            self.wide.add(chart_id)
 
 
 @dataclass(frozen=True)

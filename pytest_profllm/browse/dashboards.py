@@ -610,6 +610,8 @@ def _number(text: str) -> float | None:
         return None
 
 
+# The most cases the latest dashboard's change charts draw (besides every regressed one).
+MAX_CHANGE_BARS = 40
 _GPU_COUNT = re.compile(r"\b\d+x ")
 
 
@@ -903,6 +905,16 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
         of_metric = [r for r in rows if r["metric"] == metric]
         label = dict(POINT_METRICS)[metric]
         worse = "lower" if metric.endswith("throughput") else "higher"
+        # Hundreds of cases made a chart thousands of pixels tall, above the regressed
+        # table: the gate's regressions and the largest changes are the bars worth drawing.
+        cases = len(of_metric)
+        of_metric = sorted(of_metric, key=lambda r: (r["gate"] != "regressed",
+                                                     -abs(r["change_percent"] or 0)))
+        of_metric = of_metric[:max(MAX_CHANGE_BARS, sum(r["gate"] == "regressed"
+                                                        for r in of_metric))]
+        which = ("One bar per case" if len(of_metric) == cases else
+                 f"The {len(of_metric)} of {cases} cases that changed most or regressed (the "
+                 "table below lists more, the largest change first), one bar each")
         view.add(f"latest-change-{metric}", charts.spec(
             of_metric, title=f"{label}: change from the previous session",
             height=max(160, 26 * len(of_metric)),
@@ -914,8 +926,11 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
                 "color": charts.field("gate", "nominal", "gate verdict", scale=_VERDICT_COLOURS),
                 "tooltip": charts.tooltips("case", "previous", "latest", "change_percent",
                                            "gate", "run_id")}),
-            f"One bar per case: the change of its median {label} from the previous session "
-            f"({worse} is worse). Red: the regression gate called it regressed.")
+            f"{which}: the change of its median {label} from the previous session "
+            f"({worse} is worse). Red: the regression gate called it regressed.",
+            # A bar's label names its whole case: in half the page, the labels left the bars
+            # a few pixels.
+            wide=True)
     _regressed(connection, schema, selection, latest, view)
     changed = sorted((r for r in rows if r["change_percent"] is not None),
                      key=lambda r: -abs(r["change_percent"]))
