@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_datasette import make_record
 
-from pytest_profllm.browse import dashboards, filters, sql_functions
+from pytest_profllm.browse import charts, dashboards, filters, sql_functions
 from pytest_profllm.browse.dashboard_pages import WRITE_ACTION, data_quality
 from pytest_profllm.browse.dashboards import BY_NAME, pareto_frontier
 from pytest_profllm.browse.filters import Selection
@@ -359,6 +359,28 @@ def test_scaling_compares_tp_sizes_on_as_many_gpus(tmp_path: Path) -> None:
         connection.close()
     assert {(r["tensor_parallel_size"], r["efficiency_percent"]) for r in rows} == {
         (1, 100.0), (2, 80.0)}
+
+
+def test_scaling_says_when_its_series_outnumber_the_colours(tmp_path: Path) -> None:
+    records = []
+    for tp, concurrency in itertools.product((1, 2), range(1, charts.MAX_COLOURS + 2)):
+        record = make_record(f"c-t{tp}-{concurrency:02d}", "c",
+                             f"bench_tp.yaml::llama-tp{tp}::random-conc{concurrency}",
+                             f"2026-01-01T11:{concurrency:02d}:0{tp}+00:00",
+                             throughput=10.0 * concurrency * tp, request_rate="inf",
+                             p99_ttft=50.0)
+        record["config"]["server"] = {"model": "meta-llama/Llama-3.1-8B-Instruct",
+                                      "tensor_parallel_size": tp}
+        record["config"]["benchmark"]["max_concurrency"] = concurrency
+        records.append(record)
+    connection = sqlite3.connect(ingested(tmp_path, records))
+    sql_functions.register(connection)
+    try:
+        notes = view(connection, "scaling").notes
+    finally:
+        connection.close()
+    assert any(note.startswith(f"Scaling: {charts.MAX_COLOURS + 1} series on one chart")
+               for note in notes), notes
 
 
 def test_latest_draws_the_largest_changes_of_many_cases(tmp_path: Path) -> None:

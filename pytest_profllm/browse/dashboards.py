@@ -647,6 +647,10 @@ def scaling_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
     contexts = {key: {**dict(json.loads(key[0])), "workload": key[1]}
                 for key in scaled}
     names = series_names(contexts)
+    crowded = charts.too_many_series(
+        len(scaled), "Scaling", "filter on model, device, a server setting or the workload")
+    if crowded:
+        view.notes.append(crowded)
     rows = []
     for key, members in scaled.items():
         base_tp, base = min(members, key=lambda m: m[0])
