@@ -69,8 +69,15 @@ def test_records_keep_the_rules_and_validate(generated: Path) -> None:
 
 
 def test_the_last_sessions_carry_series_and_request_samples(generated: Path) -> None:
-    detailed = [r for r in _records(generated) if r["series"]]
+    records = _records(generated)
+    detailed = [r for r in records if r["series"]]
     assert detailed
+    # The runs a reader opens from the landing table sorted by TTFT: the slowest first.
+    slowest = max((r for r in records if r["results"]),
+                  key=lambda r: r["results"]["p99_ttft_ms"])
+    assert slowest["series"]
+    first_session = records[0]["session_id"]  # run ids begin with their session's time
+    assert any(r["series"] for r in records if r["session_id"] == first_session)
     for record in detailed:
         assert (generated / f"{record['run_id']}.requests.jsonl.gz").is_file()
         kv = [point["kv_cache_usage"] for point in record["series"]]

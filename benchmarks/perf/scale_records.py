@@ -13,9 +13,10 @@ the two sessions' noise (a percentile interval of stat(a x) / stat(b y) is a / b
 stat(x) / stat(y), the resamples being the same). Thresholds, verdicts and statuses follow the
 plugin's rules; `check` counts the records that break them.
 
-The runs of the last `DETAILED_SESSIONS` sessions carry what a real run carries for its page:
-telemetry over time (`series`) and per-request samples (`.requests.jsonl.gz`); older runs
-leave them out, as they would multiply a million-run ingest.
+The runs of the last `DETAILED_SESSIONS` sessions, and every run of the cases with the slowest
+TTFT, carry what a real run carries for its page: telemetry over time (`series`) and
+per-request samples (`.requests.jsonl.gz`, without inter-token gaps); other runs leave them
+out, as they would multiply a million-run ingest.
 """
 
 from __future__ import annotations
@@ -300,6 +301,7 @@ def records(count: int, axes: Axes, schedule: Plan, measured: dict[Shape, Measur
     skip = schedule.sessions * per_session - count  # the first session is the one cut short
     last: dict[int, _Last] = {}
     ratios: dict[tuple[Shape, Shape, str], tuple[float, float]] = {}
+    slowest = slowest_ttft(measured)
     for session in range(schedule.sessions):
         day = LAST_DAY - datetime.timedelta(days=schedule.sessions - 1 - session)
         session_id = day.strftime("%Y%m%dT%H%M%S") + "-" + hashlib.sha256(
@@ -328,12 +330,21 @@ def records(count: int, axes: Axes, schedule: Plan, measured: dict[Shape, Measur
                 if session * per_session + case < skip:
                     continue
                 run = _Run(session_id, worker, shape, factor, measured[shape], started,
-                           duration, (server_started, server_ready, clocks[worker]), detailed)
+                           duration, (server_started, server_ready, clocks[worker]),
+                           detailed or replace(shape, slowdown=1.0) in slowest)
                 record, requests = _record(run, common, rng, last.get(case), ratios,
                                            measured)
                 if record["validity"] == "valid":
                     last[case] = _Last(session_id, shape, factor)
                 yield record, requests
+
+
+def slowest_ttft(measured: dict[Shape, Measured], count: int = 3) -> set[Shape]:
+    """The cases with the highest median and p99 TTFT: sorted by TTFT, the landing table
+    opens their runs first, so every one of their runs carries what a run page draws."""
+    shapes = [shape for shape in measured if shape.slowdown == 1.0]
+    return {shape for metric in ("median_ttft_ms", "p99_ttft_ms")
+            for shape in sorted(shapes, key=lambda s: -measured[s].results[metric])[:count]}
 
 
 @dataclass(frozen=True)
