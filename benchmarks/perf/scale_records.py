@@ -331,7 +331,7 @@ def records(count: int, axes: Axes, schedule: Plan, measured: dict[Shape, Measur
                     continue
                 run = _Run(session_id, worker, shape, factor, measured[shape], started,
                            duration, (server_started, server_ready, clocks[worker]),
-                           detailed or replace(shape, slowdown=1.0) in slowest)
+                           detailed or shape in slowest)
                 record, requests = _record(run, common, rng, last.get(case), ratios,
                                            measured)
                 if record["validity"] == "valid":
@@ -339,12 +339,15 @@ def records(count: int, axes: Axes, schedule: Plan, measured: dict[Shape, Measur
                 yield record, requests
 
 
-def slowest_ttft(measured: dict[Shape, Measured], count: int = 3) -> set[Shape]:
-    """The cases with the highest median and p99 TTFT: sorted by TTFT, the landing table
-    opens their runs first, so every one of their runs carries what a run page draws."""
-    shapes = [shape for shape in measured if shape.slowdown == 1.0]
-    return {shape for metric in ("median_ttft_ms", "p99_ttft_ms")
-            for shape in sorted(shapes, key=lambda s: -measured[s].results[metric])[:count]}
+def slowest_ttft(measured: dict[Shape, Measured], within: float = 0.8) -> set[Shape]:
+    """The cases (slowed or not) whose median or p99 TTFT is within `within` of the highest:
+    sorted by TTFT, the landing table opens their runs first, so every one of their runs
+    carries what a run page draws."""
+    slowest = set()
+    for metric in ("median_ttft_ms", "p99_ttft_ms"):
+        top = max(m.results[metric] for m in measured.values())
+        slowest |= {shape for shape, m in measured.items() if m.results[metric] >= within * top}
+    return slowest
 
 
 @dataclass(frozen=True)
