@@ -33,6 +33,7 @@ NO_ACCURACY_SELECTED = ("No accuracy cases in this selection: add a `kind: accur
 # The settings a precision study sweeps, by which its configurations are named.
 PRECISION_AXES = ("server_dtype", "server_quantization", "server_kv_cache_dtype")
 COST_COLUMN = "cost_usd_per_million_output_tokens"
+SIMULATED = " on the simulated engine (whose accuracy checks the path, not a model)"
 PRICE_COLUMN = "cost_gpu_hour_price_usd"
 _COLUMNS = ["model", "configuration", "accuracy", "output_throughput",
             "usd_per_million_output_tokens", "gpu_hour_price_usd", "frontier", "device",
@@ -200,12 +201,27 @@ def _distinct(named: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
     return out
 
 
+def _accuracy_scale(values: list[float]) -> dict[str, Any]:
+    """The accuracy axis: zoomed on the values, at least 0.1 wide (equal accuracies, as the
+    simulated engine's, made a zero-wide axis whose one tick read "0"), within [0, 1] where
+    they are fractions."""
+    if not values:
+        return {"zero": False}
+    low, high = min(values), max(values)
+    pad = max(0.05, (high - low) * 0.1)
+    low, high = low - pad, high + pad
+    if max(values) <= 1:
+        low, high = max(0.0, low), min(1.0, high)
+    return {"domain": [round(low, 4), round(high, 4)], "zero": False}
+
+
 def _charts(view: View, where: str, slug: str, members: list[dict[str, Any]],
             simulated: bool) -> None:
     """Accuracy against throughput, and against cost where there is one, for one model."""
     drawn = [m for m in members if m["accuracy"] is not None]
     y = charts.field("accuracy", "quantitative", "accuracy (higher is better)",
-                     scale={"zero": False})
+                     scale=_accuracy_scale([m["accuracy"] for m in drawn]),
+                     axis={"format": ".2~f"})
     for x_field, x_title, higher, chart in (
         ("output_throughput", "peak output tok/s", True, "throughput"),
         ("usd_per_million_output_tokens", "USD per million output tokens", False, "cost"),
@@ -241,7 +257,7 @@ def _charts(view: View, where: str, slug: str, members: list[dict[str, Any]],
         spec["config"]["legend"] = {**spec["config"]["legend"], "orient": "bottom",
                                     "columns": 1}
         view.add(f"precision-{chart}-{slug}", spec,
-                 f"{where}{' on the simulated engine' if simulated else ''}: accuracy against "
+                 f"{where}{SIMULATED if simulated else ''}: accuracy against "
                  f"{x_title}, each point one configuration; the dashed line is the frontier "
                  f"(no other configuration is better on both axes). {better} is better."
                  + ("" if higher else " Each cost is at the GPU-hour price its run was "
