@@ -18,6 +18,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,6 +191,22 @@ def test_three_questions_in_two_clicks(
     assert "/-/run/" in browser.evaluate("location.pathname")
     assert visit.charts_drawn() >= 1 or which == "large"
     visit.shoot("run")
+
+    # For the slowest-TTFT case, its TTFT distribution and its KV cache and queue over the
+    # run: two clicks, the landing table's "slowest p99 TTFT" order, then its first run id.
+    visit.home()
+    slowest_first = "a[href$=\"_sort_desc=p99_ttft_ms\"]"
+    visit.click(f"document.querySelector('.profllm-order-links {slowest_first}')",
+                "the landing table, slowest p99 TTFT first")
+    visit.click("document.querySelector('table.rows-and-columns tbody td.col-run_id a')",
+                "the slowest run's page")
+    assert visit.clicks == 2
+    with sqlite3.connect(db) as connection:
+        slowest = connection.execute(
+            "SELECT run_id FROM runs ORDER BY p99_ttft_ms DESC LIMIT 1").fetchone()[0]
+    shown = urllib.parse.unquote(browser.evaluate("location.pathname"))
+    assert shown.endswith(f"/-/run/{slowest}"), (shown, slowest)
+    visit.shoot("slowest-run")
 
     # How did throughput scale with load, per configuration? One click.
     visit.dashboard("load")

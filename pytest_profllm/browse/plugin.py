@@ -159,6 +159,23 @@ def dashboard_links_html(database: str | None) -> str:
     return f'<p class="profllm-dashboard-links"><strong>Dashboards:</strong> {links}</p>'
 
 
+# The landing table in the orders people open it in, one click each (then a run id opens the
+# run's page): the slowest tail first, the fastest first, the gate's regressions.
+_ORDERS = (("slowest p99 TTFT", "_sort_desc=p99_ttft_ms"),
+           ("highest output tok/s", "_sort_desc=output_tok_per_s"),
+           ("regressed", "gate=regressed"))
+
+
+def order_links_html(database: str | None) -> str:
+    """Links to the landing table sorted or filtered as its first questions need."""
+    if not database:
+        return ""
+    base = "/" + quote(tilde_encode(database)) + "/" + LANDING + "?"
+    links = " · ".join(f'<a href="{escape(base + query)}">{escape(label)}</a>'
+                       for label, query in _ORDERS)
+    return f'<p class="profllm-order-links"><strong>First:</strong> {links}</p>'
+
+
 def _single_valued(connection: sqlite3.Connection) -> frozenset[str]:
     """The landing columns whose index statistics say one value fills every row."""
     prefix = f"idx_{LANDING}_"
@@ -185,7 +202,8 @@ def landing_metadata(swept: list[str], columns: frozenset[str] | None = None,
         c for c in landing_axes(swept) if c != "server_model"][:FACETED_AXES]
     return {
         "title": "vLLM serving benchmarks",
-        "description_html": escape(LANDING_DESCRIPTION) + dashboard_links_html(database),
+        "description_html": escape(LANDING_DESCRIPTION) + dashboard_links_html(database)
+        + order_links_html(database),
         "sort_desc": "timestamp",
         # The gate's verdict first: a regression shows as a count before any row is read.
         # Never the gate's or a column's that holds one value everywhere.
