@@ -84,7 +84,7 @@ def test_unknown_kind_and_bad_values_name_file_line_and_key(tmp_path: Path) -> N
     where = tmp_path / "bench_offline.yaml"
     assert offline_error("server: {model: m}\nbenchmark:\n  kind: offline\n", tmp_path) == (
         f"{where}:3: benchmark.kind: 'offline' is not a benchmark kind; "
-        "allowed: serve, capacity, throughput, latency"
+        "allowed: serve, capacity, throughput, latency, accuracy"
     )
     message = offline_error(
         "server: {model: m}\nbenchmark:\n  kind: throughput\n  backend: hf\n", tmp_path

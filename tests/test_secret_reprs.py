@@ -42,8 +42,12 @@ def _package_classes() -> list[type]:
 
 
 def _holds_a_secret(name: str, annotation: object) -> bool:
-    # A flag named so (the registry's `secret: bool`: whether an argument is one) holds none.
-    return is_secret(name) and annotation not in (bool, "bool")
+    # A secret is text. A flag named so (the registry's `secret: bool`: whether an argument is
+    # one) or a number (`first_token`'s time, joules per output token) holds none.
+    if isinstance(annotation, type):
+        return is_secret(name) and annotation not in (bool, float, int)
+    kinds = {part.strip() for part in str(annotation).split("|")} - {"None"}
+    return is_secret(name) and not (kinds and kinds <= {"bool", "float", "int"})
 
 
 def _secret_fields(cls: type) -> list[tuple[str, bool]]:

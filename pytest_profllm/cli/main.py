@@ -346,6 +346,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--request-timeout-s", type=float, default=6 * 60 * 60)
     add("--client-processes", type=int, default=1, help="spread the client over N processes "
         "when one event loop cannot keep up with the server (not a vLLM flag; default: 1)")
+    add("--max-schedule-lag", type=float, metavar="MS", help="a load whose client sent its "
+        "requests later than this after their scheduled times (p99), or whose simulated "
+        "engine fell this far behind, is invalid; raise it on a busy host (not a vLLM flag; "
+        "default: 10)")
     add("--label")
     add("--save-result", action="store_true", help="write the result JSON (and per-request "
         "records beside it, .requests.jsonl.gz)")
@@ -623,6 +627,7 @@ def _bench(args: argparse.Namespace) -> int:
             endpoint=args.endpoint,
             label=args.label,
             save_detailed=args.save_detailed,
+            max_schedule_lag_ms=args.max_schedule_lag,
         )
     except ServerUnreachable as error:
         raise CliError(str(error), EXIT_UNREACHABLE) from None
@@ -661,6 +666,7 @@ def _bench_capacity(config: CapacityConfig, base_url: str, args: argparse.Namesp
             endpoint=args.endpoint,
             label=args.label,
             on_probe=show,
+            max_schedule_lag_ms=args.max_schedule_lag,
         )
     except ServerUnreachable as error:
         raise CliError(str(error), EXIT_UNREACHABLE) from None

@@ -298,6 +298,7 @@ def run_bench(
     label: str | None = None,
     save_detailed: bool = False,
     max_failed: int = 0,
+    max_schedule_lag_ms: float | None = None,
 ) -> BenchResult:
     """Run `config` against the server at `base_url`; raises BenchFailed for a benchmark of
     nothing (every request failed, a non-200 status, no output tokens), ServerUnreachable
@@ -319,7 +320,7 @@ def run_bench(
     if (problem := metrics.served_problem(load.outcomes, summary, max_failed)) is not None:
         raise BenchFailed(problem)
     own = workload_own_hits(workload, config, codec)
-    invalid = invalid_reason(load, config, health, window=window, own_hits=own)
+    invalid = invalid_reason(load, config, health, max_schedule_lag_ms, window, own)
     result = result_json(config, model, tokenizer, label, load, summary, health, codec)
     result["engine"] = server_engine(base_url, api_key)
     result["prefix_cache"] = cache.describe()

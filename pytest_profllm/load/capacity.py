@@ -800,6 +800,7 @@ def search_server(
     endpoint: str | None = None,
     label: str | None = None,
     on_probe: Callable[[Probe], None] | None = None,
+    max_schedule_lag_ms: float | None = None,
 ) -> ServerSearch:
     """`profllm bench` with SLOs: the search against the server at `base_url`."""
     check_reachable(base_url)
@@ -811,8 +812,8 @@ def search_server(
     per_probe = requests_per_probe(slos, config.num_prompts)
     config = prompts_of_its_own(config, empty_caches(base_url, config, api_key))
     prompts = make_prompts(config.model_copy(update={"num_prompts": per_probe}), codec)
-    probes = ServerProbes(config, base_url, codec, prompts, name, api_key, None,
-                          endpoint=endpoint)
+    probes = ServerProbes(config, base_url, codec, prompts, name, api_key,
+                          max_schedule_lag_ms, endpoint=endpoint)
     found = search(probes, slos, config.search, config.num_prompts, seed=config.seed,
                    on_probe=on_probe, recheck=probes.recheck)
     probe_config, load, summary = probes.pooled(found.kept())
