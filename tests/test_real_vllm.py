@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -366,7 +367,7 @@ def test_a_random_weight_model_scores_near_chance_on_the_shipped_task(
         bench_accuracy=f"server:\n  model: {tiny_model}\n  enforce_eager: true\n"
         "  max_model_len: 1024\n  enable_tokenizer_info_endpoint: true\n"
         "benchmark:\n  kind: accuracy\n  task: profllm_arithmetic_mc\n  limit: 100\n"
-        "  batch_size: 4\n",
+        "  batch_size: 4\nregression: [acc]\n",
     )
     result = pytester.runpytest_subprocess(*plugin_args(ports), timeout=900)
     result.assert_outcomes(passed=1)
@@ -376,3 +377,18 @@ def test_a_random_weight_model_scores_near_chance_on_the_shipped_task(
     results = record["results"]
     assert results["accuracy_samples"] == 100
     assert abs(results["acc"] - 0.25) < 4 * results["acc_stderr"]
+    # A row of the session's database, and gated: a second session against the first, whose
+    # greedy answers are the same model's, is unchanged within the two standard errors.
+    with sqlite3.connect(pytester.path / "results" / "results.db") as connection:
+        stored = connection.execute(
+            "SELECT acc, acc_stderr, accuracy_plumbing_check FROM benchmark_runs "
+            "WHERE run_id = ?", (record["run_id"],)).fetchone()
+    assert stored == (results["acc"], results["acc_stderr"], 0)
+    again = pytester.runpytest_subprocess(
+        *plugin_args(ports, "--profllm-out=again", "--profllm-baseline=results/results.db"),
+        timeout=900)
+    again.assert_outcomes(passed=1)
+    (gated,) = run_records(pytester, "again")
+    (verdict,) = gated["regression"]
+    assert (verdict["metric"], verdict["verdict"]) == ("acc", "unchanged"), verdict
+    assert verdict["baseline"] == results["acc"]
