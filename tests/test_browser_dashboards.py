@@ -348,23 +348,29 @@ def test_upload_a_batch_as_root(databases: dict[str, Path], serve: object, brows
                                   (run_id,)).fetchone() == (1,)
 
 
-def test_compare_two_ticked_runs_and_their_sessions(serve: object, browser: Browser,
-                                                     tmp_path: Path) -> None:
-    """On the landing table, two runs ticked (newest first, as listed): one click opens
-    compare_runs with the older as A, another compare_sessions; figures with units."""
+def _two_sessions(folder: Path) -> Path:
+    """Two sessions of the same two cases, the second faster: s1-a, s1-b, then s2-a, s2-b."""
     from test_datasette import CASE_A, CASE_B, make_record
 
     from pytest_profllm.results.store import load_records
 
-    keep = os.environ.get("PROFLLM_SCREENSHOT_DIR")
-    shots = Path(keep) if keep else tmp_path
-    db = tmp_path / "results.db"
+    db = folder / "results.db"
     load_records(db, [
         make_record("s1-a", "s1", CASE_A, "2026-01-01T10:00:00+00:00", throughput=11.0),
         make_record("s1-b", "s1", CASE_B, "2026-01-01T10:05:00+00:00", throughput=12.0),
         make_record("s2-a", "s2", CASE_A, "2026-01-02T10:00:00+00:00", throughput=21.0),
         make_record("s2-b", "s2", CASE_B, "2026-01-02T10:05:00+00:00", throughput=22.0),
     ])
+    return db
+
+
+def test_compare_two_ticked_runs_and_their_sessions(serve: object, browser: Browser,
+                                                     tmp_path: Path) -> None:
+    """On the landing table, two runs ticked (newest first, as listed): one click opens
+    compare_runs with the older as A, another compare_sessions; figures with units."""
+    keep = os.environ.get("PROFLLM_SCREENSHOT_DIR")
+    shots = Path(keep) if keep else tmp_path
+    db = _two_sessions(tmp_path)
     base = serve(db)  # type: ignore[operator]
     tick = ("[...document.querySelectorAll('input.profllm-compare-box')]"
             ".filter(b => ['s2-a', 's1-a'].includes(b.dataset.run)).forEach(b => b.click())")
@@ -401,17 +407,7 @@ def test_two_runs_ticked_on_different_pages_compare(serve: object, browser: Brow
                                                      tmp_path: Path) -> None:
     """A tick survives paging: one run ticked on the first page of the landing table, one on
     the second, and the compare link holds both (before, ticks lived on one page only)."""
-    from test_datasette import CASE_A, CASE_B, make_record
-
-    from pytest_profllm.results.store import load_records
-
-    db = tmp_path / "results.db"
-    load_records(db, [
-        make_record("s1-a", "s1", CASE_A, "2026-01-01T10:00:00+00:00", throughput=11.0),
-        make_record("s1-b", "s1", CASE_B, "2026-01-01T10:05:00+00:00", throughput=12.0),
-        make_record("s2-a", "s2", CASE_A, "2026-01-02T10:00:00+00:00", throughput=21.0),
-        make_record("s2-b", "s2", CASE_B, "2026-01-02T10:05:00+00:00", throughput=22.0),
-    ])
+    db = _two_sessions(tmp_path)
     base = serve(db)  # type: ignore[operator]
 
     def tick(run_id: str) -> None:
