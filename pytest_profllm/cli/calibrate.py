@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_profllm.hosts.files import write_atomic
+from pytest_profllm.hosts.files import read_only_uri, write_atomic
 from pytest_profllm.sim.batching import BLOCK_SIZE
 from pytest_profllm.sim.calibration import random_lengths, sharegpt_like
 from pytest_profllm.sim.fit_records import (
@@ -65,7 +65,7 @@ def read_runs(db: Path, where: str | None) -> list[dict[str, Any]]:
     if where:
         sql += f" AND ({where})"
     # Read-only: the condition is the user's own SQL over their own file.
-    connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    connection = sqlite3.connect(read_only_uri(db), uri=True)
     connection.row_factory = sqlite3.Row
     try:
         return [dict(row) for row in connection.execute(sql + " ORDER BY timestamp, run_id")]
