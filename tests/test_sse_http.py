@@ -158,3 +158,93 @@ def test_pool_reuses_keep_alive_connections_and_honours_close() -> None:
 def test_only_http_urls() -> None:
     with pytest.raises(ValueError, match="only http:// and https://"):
         StreamingClient("ftp://host", {})
+
+
+def _serve_then_drop(answers_per_connection: int) -> tuple[Any, list[int]]:
+    """A server that answers `answers_per_connection` requests on a connection, then closes
+    it on the next one unanswered: a keep-alive timeout that races the client's request."""
+    taken: list[int] = []  # per request read: the connection's number
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        number = len(set(taken))
+        answered = 0
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            body = await reader.readexactly(length)
+            taken.append(number)
+            if answered == answers_per_connection:
+                writer.close()  # as the idle timeout would: the request is dropped unread
+                return
+            answered += 1
+            writer.write(_chunked(b"data: " + body + b"\n\n"))
+            await writer.drain()
+
+    return handle, taken
+
+
+def test_a_kept_alive_connection_closed_under_a_request_is_retried_once_on_a_new_one() -> None:
+    handle, taken = _serve_then_drop(answers_per_connection=1)
+
+    async def main() -> list[bytes]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = StreamingClient(f"http://127.0.0.1:{port}", {}, limit=1)
+        bodies: list[bytes] = []
+        try:
+            for body in (b"a", b"b", b"c"):
+                await client.post("/v1/x", body, lambda data, now: bodies.append(data))
+        finally:
+            client.close()
+            server.close()
+        return bodies
+
+    bodies = asyncio.run(asyncio.wait_for(main(), timeout=10))
+    # b went out on a's connection, which the server closed unanswered: sent again on a new
+    # one, and so for c. Every request answered once.
+    assert bodies == [b"data: a\n\n", b"data: b\n\n", b"data: c\n\n"]
+    assert taken == [0, 0, 1, 1, 2]
+
+
+def test_a_new_connection_closed_unanswered_is_an_error_not_a_retry() -> None:
+    handle, taken = _serve_then_drop(answers_per_connection=0)
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = StreamingClient(f"http://127.0.0.1:{port}", {}, limit=1)
+        try:
+            await client.post("/v1/x", b"a", lambda data, now: None)
+        finally:
+            client.close()
+            server.close()
+
+    with pytest.raises(ResponseError, match="before the response"):
+        asyncio.run(asyncio.wait_for(main(), timeout=10))
+    assert taken == [0]  # sent once: a server that drops a new connection's request is down
+
+
+def test_a_connection_idle_past_the_servers_keep_alive_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("pytest_profllm.load.http.MAX_IDLE_S", 0.05)
+    handle, taken = _serve_then_drop(answers_per_connection=5)
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = StreamingClient(f"http://127.0.0.1:{port}", {}, limit=1)
+        try:
+            await client.post("/v1/x", b"a", lambda data, now: None)
+            await client.post("/v1/x", b"b", lambda data, now: None)  # at once: reused
+            await asyncio.sleep(0.2)
+            await client.post("/v1/x", b"c", lambda data, now: None)  # idle too long: new
+        finally:
+            client.close()
+            server.close()
+
+    asyncio.run(asyncio.wait_for(main(), timeout=10))
+    assert taken == [0, 0, 1]

@@ -19,6 +19,10 @@ from urllib.parse import urlsplit
 
 # Called with a piece of body and the perf_counter time its bytes were read.
 BodySink = Callable[[bytes, float], None]
+# A connection idle this long is closed rather than reused: servers close idle keep-alive
+# connections (uvicorn, which vLLM runs, after 5 s: VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and a
+# request sent as the server closes is lost with the connection.
+MAX_IDLE_S = 4.0
 
 
 class ResponseError(Exception):
@@ -37,6 +41,8 @@ class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.idle_since = 0.0  # time.monotonic() when it last went back to the pool
+        self.reused = False  # it carried a response before this request
         self._reset(None, None)
 
     def _reset(self, sink: BodySink | None, done: asyncio.Future[HttpResponse] | None) -> None:
@@ -49,6 +55,12 @@ class _Connection(asyncio.Protocol):
         self._remaining = -1  # bytes left in a sized body, or in the current chunk
         self._keep_alive = True
         self._error_body: list[bytes] = []
+        self.answered = False  # a byte of this request's response has come
+
+    @property
+    def closed_unanswered(self) -> bool:
+        """It closed before a byte of the response came: the server never took the request."""
+        return self.closed and not self.answered
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -62,6 +74,7 @@ class _Connection(asyncio.Protocol):
         now = time.perf_counter()
         if self._done is None or self._done.done():
             return  # nothing asked for: a stray byte after a finished response
+        self.answered = True
         try:
             self._parse(self._buffer + data if self._buffer else data, now)
         except Exception as error:  # a bad response fails this request, not the loop
@@ -213,7 +226,6 @@ class StreamingClient:
     async def _post(
         self, path: str, body: bytes, sink: BodySink, headers: dict[str, str] | None
     ) -> HttpResponse:
-        connection = await self._connection()
         extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         request = (
             f"POST {self._prefix}{path} HTTP/1.1\r\n".encode("latin-1")
@@ -221,6 +233,19 @@ class StreamingClient:
             + f"{extra}Content-Length: {len(body)}\r\n\r\n".encode("latin-1")
             + body
         )
+        connection = await self._connection()
+        try:
+            return await self._send(connection, request, sink)
+        except ResponseError:
+            # A kept-alive connection the server closed as the request went out (its idle
+            # timeout raced ours): no byte of an answer came, so the server never took the
+            # request. It is sent once more, on a new connection, as HTTP clients do.
+            if not (connection.reused and connection.closed_unanswered):
+                raise
+        return await self._send(await self._connection(fresh=True), request, sink)
+
+    async def _send(self, connection: _Connection, request: bytes,
+                    sink: BodySink) -> HttpResponse:
         done: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
         connection.send(request, sink, done)
         try:
@@ -231,15 +256,23 @@ class StreamingClient:
                 connection.transport.abort()
             raise
         if not connection.closed:
+            connection.reused = True
+            connection.idle_since = time.monotonic()
             self._idle.append(connection)
         return response
 
-    async def _connection(self) -> _Connection:
-        while self._idle:
+    async def _connection(self, fresh: bool = False) -> _Connection:
+        now = time.monotonic()
+        while self._idle and not fresh:
             connection = self._idle.pop()
             transport = connection.transport
-            if not connection.closed and transport is not None and not transport.is_closing():
-                return connection
+            if connection.closed or transport is None or transport.is_closing():
+                continue
+            if now - connection.idle_since > MAX_IDLE_S:
+                connection.closed = True
+                transport.close()
+                continue
+            return connection
         loop = asyncio.get_running_loop()
         if self._tls:
             _, protocol = await loop.create_connection(
