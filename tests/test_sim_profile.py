@@ -8,6 +8,7 @@ import argparse
 import copy
 import hashlib
 import logging
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,11 @@ benchmark:
             "date": "2026-11-27",
         },
     }
+    # Its row names the profile, so a calibration's runs are found with one filter.
+    db = sqlite3.connect(pytester.path / "results" / "results.db")
+    (shown,) = db.execute("SELECT engine_sim_profile FROM benchmark_runs").fetchone()
+    db.close()
+    assert shown == f"my-h100 ({engine['sim_profile']['sha256'][:12]})"
     (log,) = (pytester.path / "results" / "logs").glob("*.log")
     assert f"--sim-profile {profile.resolve()}" in log.read_text()
     assert "on 1 x my-h100" in log.read_text()

@@ -190,6 +190,7 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         engine_args.get("vllm_version"),
         engine_args.get("source"),
         engine.get("clock") or ("real" if engine.get("name") in ("sim", "vllm") else None),
+        _sim_profile(engine.get("sim_profile")),
         # For grouping: the case without its workload, the workload without its repeat
         # number, the devices it ran on.
         configuration or case_id,
@@ -244,6 +245,12 @@ def _device(system: dict[str, Any], engine: dict[str, Any]) -> str:
         return f"cpu: {system['device_name']}" if system.get("device_name") else "cpu"
     distinct = sorted(set(names))
     return " + ".join(f"{names.count(name)}x {name}" for name in distinct)
+
+
+def _sim_profile(profile: Any) -> str | None:
+    if not isinstance(profile, dict) or not profile.get("sha256"):
+        return None
+    return f"{profile.get('name')} ({str(profile['sha256'])[:12]})"
 
 
 def _json_text(value: dict[str, Any] | list[Any]) -> str:

@@ -61,6 +61,9 @@ FIXED_COLUMNS: dict[str, str] = {
     "engine_args_source": "TEXT",
     # real, or virtual: a prediction of the simulator's virtual clock (run/virtual.py).
     "engine_clock": "TEXT",
+    # The profile file that priced a simulated run (--profllm-sim-profile): "NAME (sha256's
+    # first 12)", so runs of one calibration are found and told from another's.
+    "engine_sim_profile": "TEXT",
     # Derived, for grouping: the case without its workload, the workload without its repeat
     # number, and the devices it ran on.
     "configuration": "TEXT",
