@@ -4,6 +4,8 @@ too alike are refused in one line that says which runs would help."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
 import sqlite3
 from pathlib import Path
@@ -11,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm.cli.calibrate import Calibration, CalibrationError, calibrate
+from pytest_profllm.cli.calibrate import (
+    Calibration,
+    CalibrationError,
+    base_profile,
+    calibrate,
+    host_of,
+    observation,
+    read_runs,
+    report_lines,
+)
 from pytest_profllm.cli.main import main
 from pytest_profllm.plan.suite import BenchmarkConfig
 from pytest_profllm.results.record import normalize
@@ -152,15 +163,15 @@ def test_the_command_prints_every_run_and_writes_a_profile_the_plugin_takes(
 ) -> None:
     asked: list[tuple[Any, ...]] = []
 
-    def known(*args: Any) -> Calibration:  # the fixture's calibration: the fit is slow
-        asked.append(args)
+    def known(*args: Any, **kwargs: Any) -> Calibration:  # the fixture's: the fit is slow
+        asked.append((*args, kwargs))
         return calibrated
 
     monkeypatch.setattr("pytest_profllm.cli.main.calibrate", known)
     out = tmp_path / "host.toml"
     where = "bench_max_concurrency > 0"
     assert main(["calibrate", "results.db", "-o", str(out), "--where", where]) == 0
-    assert asked == [(Path("results.db"), where, None)]
+    assert asked == [(Path("results.db"), where, None, {"hold_out": None})]
     printed = capsys.readouterr().out
     for index in range(len(GRID)):
         assert f"run-{index:02d}  concurrency" in printed
@@ -240,3 +251,59 @@ def test_published_rows_of_one_host_are_grouped_and_read_as_measured() -> None:
     observed = observation_of(mlperf)
     assert observed.measured == {"output_throughput": 21028.23}
     assert observed.throughput_scale == 8 and len(observed.requests) == 2000
+
+
+def test_hold_out_fits_on_the_other_runs_and_predicts_the_ones_it_picks(tmp_path: Path) -> None:
+    db = a_database(tmp_path, GRID)
+    calibration = calibrate(db, hold_out="bench_max_concurrency = 8")
+    held = {item.observation.label for item in calibration.held_out}
+    assert held == {"run-02", "run-03"}  # concurrency 8, both prompt lengths
+    assert set(calibration.run_ids) == {f"run-{i:02d}" for i in range(len(GRID))} - held
+    # Fitted on concurrency 1 and 64 alone, the runs at 8 come out as they were made.
+    worst = max(abs(e) for item in calibration.held_out for e in item.errors.values())
+    assert worst < 0.03
+    lines = report_lines(calibration)
+    assert "the 2 runs of --hold-out 'bench_max_concurrency = 8' predicted by a fit on the " \
+        "other 4" in lines[0]
+    with pytest.raises(CalibrationError, match="picks none of the runs") as none:
+        calibrate(db, hold_out="bench_max_concurrency = 3")
+    assert none.value.code == 2
+    with pytest.raises(CalibrationError, match=r"^--hold-out: no such column: nope"):
+        calibrate(db, hold_out="nope = 1")
+    with pytest.raises(CalibrationError, match="cannot fit 2 runs outside --hold-out: 2 distinct"):
+        calibrate(db, hold_out="bench_max_concurrency > 1")
+
+
+def test_runs_of_vllms_cpu_build_are_fitted_from_the_cpu_base() -> None:
+    row = {"system_gpu_names": "[]", "device": "cpu: Intel(R) Xeon(R) Processor",
+           "system_vllm_version": "0.32.0", "server_model": "/models/tiny"}
+    host = host_of(row)
+    assert host.device == "cpu: Intel(R) Xeon(R) Processor"
+    base = base_profile(host, None)
+    assert base.name == "CPU" and base.serial_host
+    assert base_profile(host, "H100-SXM").name == "H100-SXM"  # --base still wins
+
+
+def test_a_run_is_replayed_with_the_requests_and_send_times_of_its_requests_file(
+    tmp_path: Path,
+) -> None:
+    db = a_database(tmp_path, GRID[:1])
+    (row,) = read_runs(db, None)
+    flags = observation(row, tmp_path)  # no file: vLLM's random dataset from its flags
+    assert flags.arrivals is None
+    assert {r.prompt_len for r in flags.requests} != {100, 300}
+    sent = [
+        {"index": 0, "success": True, "prompt_len": 300, "output_tokens": 20,
+         "intended_start_s": 5.5},
+        {"index": 1, "success": False, "prompt_len": 999, "output_tokens": 0,
+         "intended_start_s": 5.0},  # failed: out of the measured figures, out of the replay
+        {"index": 2, "success": True, "prompt_len": 100, "output_tokens": 10,
+         "intended_start_s": 5.25},
+    ]
+    path = tmp_path / f"{row['run_id']}.requests.jsonl.gz"
+    path.write_bytes(gzip.compress(b"".join(json.dumps(r).encode() + b"\n" for r in sent)))
+    replayed = observation(row, tmp_path)
+    assert [(r.prompt_len, r.output_len) for r in replayed.requests] == [(100, 10), (300, 20)]
+    assert replayed.arrivals == (0.0, 0.25)
+    path.write_bytes(b"not gzip")  # unreadable: replayed from its flags, as without one
+    assert observation(row, tmp_path).requests == flags.requests

@@ -33,8 +33,11 @@ from real_vllm import (
     tiny_llama,
 )
 
+from pytest_profllm.cli.calibrate import calibrate
+from pytest_profllm.cli.main import main
 from pytest_profllm.hosts.devices import core_sets, usable_cores
 from pytest_profllm.load.accuracy import INSTALL_HINT
+from pytest_profllm.sim.profile_file import load_profile_file
 
 pytestmark = pytest.mark.real_vllm
 
@@ -392,3 +395,48 @@ def test_a_random_weight_model_scores_near_chance_on_the_shipped_task(
     (verdict,) = gated["regression"]
     assert (verdict["metric"], verdict["verdict"]) == ("acc", "unchanged"), verdict
     assert verdict["baseline"] == results["acc"]
+
+
+def test_calibrate_on_the_cpu_builds_runs_predicts_a_load_it_did_not_see(
+    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
+) -> None:
+    # One server, four configurations to fit on (prompts of 64 and 320 tokens, each at 1 and
+    # 4 requests a second) and one the fit has not seen (160-token prompts at 2 a second):
+    # `profllm calibrate --hold-out` predicts it from the simulator fitted on the CPU base.
+    # Light loads: on a 2-core host a server under a heavy one is erratic (two runs of 8 in
+    # flight differ by up to 90 %: benchmarks/perf/calibrate_vllm_cpu.py), these by 0-20 %.
+    workload = (
+        f"server:\n  model: {tiny_model}\n  enforce_eager: true\n  max_model_len: 1024\n"
+        "  max_num_seqs: 8\nbenchmark:\n  num_prompts: 16\n  random_output_len: 32\n"
+        "  ignore_eos: true\n  seed: 1\n"
+    )
+    pytester.makefile(
+        ".yaml",
+        bench_fit=workload + "  random_input_len: [64, 320]\n  request_rate: [1, 4]\n",
+        bench_new=workload + "  random_input_len: 160\n  request_rate: 2\n",
+    )
+    result = pytester.runpytest_subprocess(
+        *plugin_args(ports, "--profllm-cpus=1", "--profllm-max-schedule-lag=100"), timeout=900
+    )
+    result.assert_outcomes(passed=5)
+    db = pytester.path / "results" / "results.db"
+    profile_path = pytester.path / "cpu.toml"
+    assert main(["calibrate", str(db), "--hold-out", "suite = 'new'", "-o",
+                 str(profile_path)]) == 0
+    calibration = calibrate(db, hold_out="suite = 'new'")
+    assert calibration.host.device.startswith("cpu: ")
+    assert (calibration.base.name, calibration.base.serial_host) == ("CPU", True)
+    assert len(calibration.run_ids) == 4
+    (held,) = calibration.held_out
+    print("the held-out run, predicted:", held.errors)
+    # Its throughput follows its own send times (replayed from its requests file); its TPOT
+    # is the fitted engine's, within what two runs of one configuration differ by here.
+    assert abs(held.errors["output_throughput"]) < 0.15
+    assert abs(held.errors["median_tpot_ms"]) < 0.35
+    profile = load_profile_file(profile_path)
+    assert profile.serial_host is True
+    for name, value in vars(calibration.profile.overheads).items():  # six figures written
+        assert getattr(profile.overheads, name) == pytest.approx(value, rel=1e-5), name
+    text = profile_path.read_text()
+    assert all(f'"{run_id}"' in text for run_id in calibration.run_ids)
+    assert f'"{held.observation.label}"' not in text  # not fitted on it

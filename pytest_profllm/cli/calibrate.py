@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_profllm.hosts.files import read_only_uri, write_atomic
+from pytest_profllm.limits import InputLimitError, read_gzip_lines
 from pytest_profllm.sim.batching import BLOCK_SIZE
 from pytest_profllm.sim.calibration import random_lengths, sharegpt_like
 from pytest_profllm.sim.fit_records import (
@@ -26,13 +27,15 @@ from pytest_profllm.sim.fit_records import (
     Fit,
     HeldOut,
     Observation,
+    errors,
     fit,
     leave_one_out,
+    predict,
     problems,
 )
 from pytest_profllm.sim.hardware import DeviceProfile, UnknownDevice, device_profile
 from pytest_profllm.sim.profile_file import FittedOn, profile_toml
-from pytest_profllm.sim.virtual import ServerSettings
+from pytest_profllm.sim.virtual import Request, ServerSettings
 
 _SHORT = {
     "output_throughput": "tok/s",
@@ -79,7 +82,14 @@ def read_runs(db: Path, where: str | None) -> list[dict[str, Any]]:
 def host_of(row: dict[str, Any]) -> Host:
     names = _json_list(row.get("system_gpu_names"))
     version = row.get("system_vllm_version") or row.get("engine_version") or "?"
-    return Host(names[0] if names else "?", str(version), str(row.get("server_model")))
+    # vLLM's CPU build: the row's device is "cpu: <the CPU's model name>".
+    device = names[0] if names else str(row.get("device") or "?")
+    return Host(device, str(version), str(row.get("server_model")))
+
+
+def _base_name(host: Host) -> str:
+    """The shipped profile a host's runs are fitted from: its GPU's, or the CPU base."""
+    return "CPU" if host.device == "cpu" or host.device.startswith("cpu: ") else host.device
 
 
 def one_host(rows: list[dict[str, Any]]) -> Host:
@@ -101,23 +111,31 @@ def one_host(rows: list[dict[str, Any]]) -> Host:
 
 def base_profile(host: Host, name: str | None) -> DeviceProfile:
     try:
-        return device_profile(name or host.device)
+        return device_profile(name or _base_name(host))
     except UnknownDevice:
         wanted = f"--base {name}" if name else f"the GPU {host.device!r}"
         raise CalibrationError(
             f"no shipped device profile answers to {wanted}: give --base NAME, the closest "
-            "of H100-SXM, H100-PCIe, H200, A100-80GB, A100-40GB, L40S, L40, MI300X",
+            "of H100-SXM, H100-PCIe, H200, A100-80GB, A100-40GB, L40S, L40, MI300X (or CPU, "
+            "for vLLM's CPU build)",
             2,
         ) from None
 
 
-def observation(row: dict[str, Any]) -> Observation:
-    """A row as the virtual clock replays it: its prompts' lengths (vLLM's random dataset as
-    its flags say; any other as log-normal lengths with the run's own mean lengths), its
-    load and its server's settings."""
+def observation(row: dict[str, Any], folder: Path | None = None) -> Observation:
+    """A row as the virtual clock replays it: its prompts' lengths and send times from its
+    requests file where one is beside the database in `folder` (the requests that succeeded,
+    as the client sent them); else vLLM's random dataset as its flags say, any other as
+    log-normal lengths with the run's own mean lengths, on vLLM's schedule for its rate. Its
+    load and its server's settings from its columns."""
     count = int(row.get("bench_num_prompts") or row.get("completed") or 1)
     seed = int(row.get("bench_seed") or 0)
-    if row.get("bench_dataset_name") == "random":
+    sent = _requests_sent(folder / f"{row['run_id']}.requests.jsonl.gz") if folder else None
+    arrivals: tuple[float, ...] | None = None
+    if sent:
+        requests = [Request(prompt_len, output_len) for prompt_len, output_len, _ in sent]
+        arrivals = tuple(at for _, _, at in sent)
+    elif row.get("bench_dataset_name") == "random":
         requests = random_lengths(
             count,
             int(row["bench_random_input_len"]),
@@ -159,7 +177,30 @@ def observation(row: dict[str, Any]) -> Observation:
         seed=seed,
         kv_cache_dtype=str(row.get("server_kv_cache_dtype") or "auto"),
         api_server_count=_int(row.get("server_api_server_count")) or 1,
+        arrivals=arrivals,
     )
+
+
+def _requests_sent(path: Path) -> list[tuple[int, int, float]] | None:
+    """(prompt length, output tokens, intended send time) of each request of a requests file
+    that succeeded, in send order; None where there is no readable file or no such request."""
+    try:
+        lines = read_gzip_lines(path)
+    except (OSError, EOFError, InputLimitError):
+        return None  # none, or not readable: the run is replayed from its flags
+    sent = []
+    for line in lines:
+        try:
+            item = json.loads(line)
+            if item.get("success") and int(item["output_tokens"]) > 0:
+                at = item.get("intended_start_s", item.get("start_s"))
+                sent.append((int(item["prompt_len"]), int(item["output_tokens"]), float(at)))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+    if not sent:
+        return None
+    first = min(at for _, _, at in sent)
+    return sorted(((p, o, at - first) for p, o, at in sent), key=lambda item: item[2])
 
 
 @dataclass(frozen=True)
@@ -168,7 +209,10 @@ class Calibration:
     base: DeviceProfile
     fitted: Fit
     held_out: list[HeldOut]
-    run_ids: list[str]
+    run_ids: list[str]  # the runs the profile was fitted on
+    # Where held_out are the runs --hold-out picked, predicted by the fit on the others (not
+    # each configuration by a fit on the rest).
+    hold_out: str | None = None
 
     @property
     def profile(self) -> DeviceProfile:
@@ -180,29 +224,61 @@ def calibrate(
     where: str | None = None,
     base: str | None = None,
     progress: Callable[[str], None] | None = None,
+    hold_out: str | None = None,
 ) -> Calibration:
-    """Fit the profile to the runs and predict each configuration by a fit on the others.
-    Raises CalibrationError where the runs cannot be fitted, saying which runs would help."""
+    """Fit the profile to the runs and predict each configuration by a fit on the others;
+    with `hold_out` (an SQL condition), fit on the runs it does not pick and predict those it
+    does. Raises CalibrationError where the runs cannot be fitted, saying which runs would
+    help."""
     rows = read_runs(db, where)
     host = one_host(rows)
     profile = base_profile(host, base)
-    observations = [observation(row) for row in rows]
+    held_ids: set[str] = set()
+    if hold_out:
+        narrowed = f"({where}) AND ({hold_out})" if where else hold_out
+        try:
+            held_ids = {str(row["run_id"]) for row in read_runs(db, narrowed)}
+        except CalibrationError as error:
+            raise CalibrationError(f"--hold-out: {error}".replace("--where: ", ""), 2) from None
+        if not held_ids:
+            raise CalibrationError(f"--hold-out {hold_out!r} picks none of the runs", 2)
+    observations = [
+        observation(row, db.parent) for row in rows if str(row["run_id"]) not in held_ids
+    ]
     found = problems(observations)
     if found:
-        raise CalibrationError(f"cannot fit {len(rows)} runs: " + "; ".join(found))
+        what = f"{len(observations)} runs" + (" outside --hold-out" if hold_out else "")
+        raise CalibrationError(f"cannot fit {what}: " + "; ".join(found))
     fitted = fit(observations, profile)
-    # Each fold starts where the whole fit ended: it is near, and the folds run faster.
-    held = leave_one_out(observations, profile, fitted.params, progress=progress)
-    return Calibration(host, profile, fitted, held, [o.label for o in observations])
+    if hold_out:
+        predicted_profile = fitted.profile(profile)
+        held = []
+        for row in rows:
+            if str(row["run_id"]) in held_ids:
+                run = observation(row, db.parent)
+                figures = predict(run, predicted_profile)
+                held.append(HeldOut(run, figures, errors(run, figures), fitted.params))
+    else:
+        # Each fold starts where the whole fit ended: it is near, and the folds run faster.
+        held = leave_one_out(observations, profile, fitted.params, progress=progress)
+    return Calibration(
+        host, profile, fitted, held, [o.label for o in observations], hold_out
+    )
 
 
 def report_lines(calibration: Calibration) -> list[str]:
     """Every run's measured figures, the leave-one-configuration-out prediction and its
     error; the median and largest errors; the fitted figures."""
+    how = (
+        f"the {len(calibration.held_out)} runs of --hold-out {calibration.hold_out!r} "
+        f"predicted by a fit on the other {len(calibration.run_ids)}"
+        if calibration.hold_out
+        else f"{len(calibration.run_ids)} runs; each configuration predicted by a fit on the "
+        "others"
+    )
     lines = [
-        f"{len(calibration.run_ids)} runs of {calibration.host.model} on "
-        f"{calibration.host.device}, vLLM {calibration.host.vllm_version}; each configuration "
-        "predicted by a fit on the others (measured -> predicted, error):"
+        f"{calibration.host.model} on {calibration.host.device}, vLLM "
+        f"{calibration.host.vllm_version}: {how} (measured -> predicted, error):"
     ]
     for item in calibration.held_out:
         o = item.observation

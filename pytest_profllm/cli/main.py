@@ -235,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="the shipped profile to start from (default: the one the runs' GPU name matches)",
     )
+    calibrate_.add_argument(
+        "--hold-out",
+        metavar="SQL",
+        help="an SQL condition that picks runs to leave out of the fit and predict by it "
+        "(say, the configurations you have not planned on), instead of leaving each "
+        "configuration out in turn",
+    )
     calibrate_.set_defaults(handler=_calibrate)
 
     # `profllm sim ...` is handed to the simulator's own parser before this one (see main);
@@ -476,7 +483,7 @@ def _ingest(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     try:
-        calibration = calibrate(args.db, args.where, args.base)
+        calibration = calibrate(args.db, args.where, args.base, hold_out=args.hold_out)
     except CalibrationError as error:
         raise CliError(str(error), error.code) from None
     for line in report_lines(calibration):

@@ -243,13 +243,16 @@ class EngineModel:
         # GPU runs the step before, so it shows only once it outlasts the GPU's share.
         seqs = work.decode_seqs + work.prefill_seqs
         sequences_s = host * over.seq_us * seqs / 1e6
-        seconds = max(gpu_s, sequences_s) + host * over.step_ms / 1000
+        if device.serial_host:  # one set of cores: no overlap
+            seconds = gpu_s + sequences_s + host * over.step_ms / 1000
+        else:
+            seconds = max(gpu_s, sequences_s) + host * over.step_ms / 1000
         if tp > 1:
             payload = tokens * model.hidden_size * 2 * 2 * (tp - 1) / tp  # bf16, ring
             one = over.allreduce_latency_us / 1e6 + payload / (device.interconnect_gbs * 1e9)
             seconds += 2 * model.num_hidden_layers * one
         frontend_s = host * work.emitted * over.frontend_token_us / 1e6 / self.api_server_count
-        if self.serial_output_processing:
+        if self.serial_output_processing or device.serial_host:
             return (seconds + frontend_s) * self.slowdown
         return max(seconds, frontend_s) * self.slowdown
 

@@ -70,6 +70,10 @@ class Observation:
     kv_cache_dtype: str = "auto"
     api_server_count: int = 1
     throughput_scale: float = 1.0  # data-parallel replicas behind the load: one is simulated
+    # The client's own send times, from the run's requests file (None: vLLM's schedule for
+    # request_rate, burstiness and seed): a short run's duration is its arrivals' as much as
+    # the engine's.
+    arrivals: tuple[float, ...] | None = None
     serial_output_processing: bool = False  # vLLM before 0.6.0
 
     @property
@@ -105,6 +109,7 @@ def predict(observation: Observation, profile: DeviceProfile) -> dict[str, float
         max_concurrency=observation.max_concurrency,
         burstiness=observation.burstiness,
         seed=observation.seed,
+        arrivals=observation.arrivals,
     ).summary()
     figures = {name: float(summary[name]) for name in (*METRICS, "total_token_throughput")}
     for name in THROUGHPUT_METRICS:

@@ -82,6 +82,10 @@ class DeviceProfile:
     # The host's CPU against the hosts the overheads were fitted on (1.0): CPU-side costs
     # (per step, per sequence, per token, per request) are multiplied by it.
     host_cpu_factor: float = 1.0
+    # The device is the host's own cores (vLLM's CPU build): the model's kernels, the host's
+    # bookkeeping and the API server take turns on them, so their times add; on a GPU the
+    # host prepares the next step and streams tokens while the device computes.
+    serial_host: bool = False
     overheads: Overheads = field(default_factory=Overheads)
 
     @property
@@ -119,6 +123,7 @@ class DeviceProfile:
             "achieved_bf16_tflops": self.achieved_bf16_tflops,
             "interconnect_gbs": self.interconnect_gbs,
             "host_cpu_factor": self.host_cpu_factor,
+            "serial_host": self.serial_host,
             "overheads": {f.name: getattr(self.overheads, f.name) for f in fields(Overheads)},
         }
 

@@ -67,6 +67,7 @@ class ProfileFile(BaseModel):
     default_max_num_seqs: PositiveInt
     default_max_num_batched_tokens: PositiveInt
     host_cpu_factor: PositiveFloat = 1.0
+    serial_host: bool = False
     overheads: OverheadsTable = Field(default_factory=OverheadsTable)
     fitted: FittedOn | None = None
 
@@ -133,6 +134,7 @@ def profile_toml(profile: DeviceProfile, fitted: FittedOn, comments: list[str]) 
         "default_max_num_seqs": profile.default_max_num_seqs,
         "default_max_num_batched_tokens": profile.default_max_num_batched_tokens,
         "host_cpu_factor": profile.host_cpu_factor,
+        "serial_host": profile.serial_host,
     }
     lines += [f"{key} = {_toml_value(value)}" for key, value in head.items()]
     lines += ["", "[overheads]"]
