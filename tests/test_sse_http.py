@@ -186,8 +186,9 @@ def _serve_then_drop(answers_per_connection: int) -> tuple[Any, list[int]]:
     return handle, taken
 
 
-def test_a_kept_alive_connection_closed_under_a_request_is_retried_once_on_a_new_one() -> None:
-    handle, taken = _serve_then_drop(answers_per_connection=1)
+def _against(handle: Any, steps: list[bytes | float]) -> list[bytes]:
+    """POST each body of `steps` in turn over one client (pool of 1) to a loopback server
+    running `handle`, sleeping where a step is a number of seconds; the bodies read."""
 
     async def main() -> list[bytes]:
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
@@ -195,14 +196,22 @@ def test_a_kept_alive_connection_closed_under_a_request_is_retried_once_on_a_new
         client = StreamingClient(f"http://127.0.0.1:{port}", {}, limit=1)
         bodies: list[bytes] = []
         try:
-            for body in (b"a", b"b", b"c"):
-                await client.post("/v1/x", body, lambda data, now: bodies.append(data))
+            for step in steps:
+                if isinstance(step, float):
+                    await asyncio.sleep(step)
+                else:
+                    await client.post("/v1/x", step, lambda data, now: bodies.append(data))
         finally:
             client.close()
             server.close()
         return bodies
 
-    bodies = asyncio.run(asyncio.wait_for(main(), timeout=10))
+    return asyncio.run(asyncio.wait_for(main(), timeout=10))
+
+
+def test_a_kept_alive_connection_closed_under_a_request_is_retried_once_on_a_new_one() -> None:
+    handle, taken = _serve_then_drop(answers_per_connection=1)
+    bodies = _against(handle, [b"a", b"b", b"c"])
     # b went out on a's connection, which the server closed unanswered: sent again on a new
     # one, and so for c. Every request answered once.
     assert bodies == [b"data: a\n\n", b"data: b\n\n", b"data: c\n\n"]
@@ -211,19 +220,8 @@ def test_a_kept_alive_connection_closed_under_a_request_is_retried_once_on_a_new
 
 def test_a_new_connection_closed_unanswered_is_an_error_not_a_retry() -> None:
     handle, taken = _serve_then_drop(answers_per_connection=0)
-
-    async def main() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        client = StreamingClient(f"http://127.0.0.1:{port}", {}, limit=1)
-        try:
-            await client.post("/v1/x", b"a", lambda data, now: None)
-        finally:
-            client.close()
-            server.close()
-
     with pytest.raises(ResponseError, match="before the response"):
-        asyncio.run(asyncio.wait_for(main(), timeout=10))
+        _against(handle, [b"a"])
     assert taken == [0]  # sent once: a server that drops a new connection's request is down
 
 
@@ -232,19 +230,6 @@ def test_a_connection_idle_past_the_servers_keep_alive_is_not_reused(
 ) -> None:
     monkeypatch.setattr("pytest_profllm.load.http.MAX_IDLE_S", 0.05)
     handle, taken = _serve_then_drop(answers_per_connection=5)
-
-    async def main() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        client = StreamingClient(f"http://127.0.0.1:{port}", {}, limit=1)
-        try:
-            await client.post("/v1/x", b"a", lambda data, now: None)
-            await client.post("/v1/x", b"b", lambda data, now: None)  # at once: reused
-            await asyncio.sleep(0.2)
-            await client.post("/v1/x", b"c", lambda data, now: None)  # idle too long: new
-        finally:
-            client.close()
-            server.close()
-
-    asyncio.run(asyncio.wait_for(main(), timeout=10))
+    # b at once reuses a's connection; c, after an idle spell past the bound, takes a new one.
+    _against(handle, [b"a", b"b", 0.2, b"c"])
     assert taken == [0, 0, 1]
