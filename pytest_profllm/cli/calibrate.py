@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from pytest_profllm.hosts.files import read_only_uri, write_atomic
-from pytest_profllm.limits import InputLimitError, read_gzip_lines
+from pytest_profllm.results.record import read_requests
 from pytest_profllm.sim.batching import BLOCK_SIZE
 from pytest_profllm.sim.calibration import random_lengths, sharegpt_like
 from pytest_profllm.sim.fit_records import (
@@ -60,8 +60,9 @@ class Host:
     model: str
 
 
-def read_runs(db: Path, where: str | None) -> list[dict[str, Any]]:
-    """The valid real-vLLM rows of `benchmark_runs`, narrowed by the SQL condition `where`."""
+def read_runs(db: Path, where: str | None, option: str = "--where") -> list[dict[str, Any]]:
+    """The valid real-vLLM rows of `benchmark_runs`, narrowed by the SQL condition `where`
+    (given as `option`: an error in it is named so)."""
     if not db.is_file():
         raise CalibrationError(f"{db}: no such database", 2)
     sql = "SELECT * FROM benchmark_runs WHERE engine = 'vllm' AND validity = 'valid'"
@@ -73,7 +74,7 @@ def read_runs(db: Path, where: str | None) -> list[dict[str, Any]]:
     try:
         return [dict(row) for row in connection.execute(sql + " ORDER BY timestamp, run_id")]
     except sqlite3.Error as error:
-        what = "--where" if where else str(db)
+        what = option if where else str(db)
         raise CalibrationError(f"{what}: {error}", 2) from None
     finally:
         connection.close()
@@ -130,7 +131,7 @@ def observation(row: dict[str, Any], folder: Path | None = None) -> Observation:
     load and its server's settings from its columns."""
     count = int(row.get("bench_num_prompts") or row.get("completed") or 1)
     seed = int(row.get("bench_seed") or 0)
-    sent = _requests_sent(folder / f"{row['run_id']}.requests.jsonl.gz") if folder else None
+    sent = _requests_sent(folder, str(row["run_id"])) if folder else None
     arrivals: tuple[float, ...] | None = None
     if sent:
         requests = [Request(prompt_len, output_len) for prompt_len, output_len, _ in sent]
@@ -181,26 +182,32 @@ def observation(row: dict[str, Any], folder: Path | None = None) -> Observation:
     )
 
 
-def _requests_sent(path: Path) -> list[tuple[int, int, float]] | None:
-    """(prompt length, output tokens, intended send time) of each request of a requests file
-    that succeeded, in send order; None where there is no readable file or no such request."""
+def _requests_sent(folder: Path, run_id: str) -> list[tuple[int, int, float]] | None:
+    """(prompt length, output tokens, intended send time from the first) of each request of
+    the run's requests file that succeeded, in send order; None where there is no readable
+    file, no such request, or a figure that is not one (the run is replayed from its flags)."""
     try:
-        lines = read_gzip_lines(path)
-    except (OSError, EOFError, InputLimitError):
-        return None  # none, or not readable: the run is replayed from its flags
+        rows = read_requests(folder, run_id)
+    except ValueError:
+        return None
     sent = []
-    for line in lines:
-        try:
-            item = json.loads(line)
-            if item.get("success") and int(item["output_tokens"]) > 0:
-                at = item.get("intended_start_s", item.get("start_s"))
-                sent.append((int(item["prompt_len"]), int(item["output_tokens"]), float(at)))
-        except (ValueError, KeyError, TypeError, AttributeError):
+    for item in rows or ():
+        if not item.get("success"):
+            continue
+        prompt_len, output_len = item.get("prompt_len"), item.get("output_tokens")
+        at = item.get("intended_start_s", item.get("start_s"))
+        if not (_count(prompt_len) and _count(output_len) and isinstance(at, int | float)
+                and not isinstance(at, bool) and math.isfinite(at)):
             return None
+        sent.append((int(prompt_len), int(output_len), float(at)))
     if not sent:
         return None
     first = min(at for _, _, at in sent)
     return sorted(((p, o, at - first) for p, o, at in sent), key=lambda item: item[2])
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 @dataclass(frozen=True)
@@ -236,10 +243,7 @@ def calibrate(
     held_ids: set[str] = set()
     if hold_out:
         narrowed = f"({where}) AND ({hold_out})" if where else hold_out
-        try:
-            held_ids = {str(row["run_id"]) for row in read_runs(db, narrowed)}
-        except CalibrationError as error:
-            raise CalibrationError(f"--hold-out: {error}".replace("--where: ", ""), 2) from None
+        held_ids = {str(row["run_id"]) for row in read_runs(db, narrowed, "--hold-out")}
         if not held_ids:
             raise CalibrationError(f"--hold-out {hold_out!r} picks none of the runs", 2)
     observations = [

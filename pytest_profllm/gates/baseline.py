@@ -18,11 +18,11 @@ import numpy as np
 
 from pytest_profllm.gates.samples import RunSamples, samples_of
 from pytest_profllm.hosts.files import read_only_uri
-from pytest_profllm.limits import MAX_JSON_LINE_BYTES, load_json, read_gzip_lines
+from pytest_profllm.limits import load_json
 from pytest_profllm.results import gate_tables as tables
 from pytest_profllm.results.fingerprint import digests
 from pytest_profllm.results.ingest import read_record, record_files
-from pytest_profllm.results.record import is_valid
+from pytest_profllm.results.record import is_valid, read_requests
 
 
 def is_database(path: Path) -> bool:
@@ -118,7 +118,7 @@ class Baseline:
     def _samples(self, run_ids: list[str]) -> list[RunSamples]:
         if not is_database(self.path):
             return [
-                samples_of(self._records[run_id], _requests_file(self.path, run_id))
+                samples_of(self._records[run_id], read_requests(self.path, run_id))
                 for run_id in run_ids
             ]
         runs = []
@@ -156,21 +156,6 @@ def _latencies_from_rows(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
         "e2el": column(2),
         "itl": np.asarray(itl, dtype=float),
     }
-
-
-def _requests_file(folder: Path, run_id: str) -> list[dict[str, Any]] | None:
-    path = folder / f"{run_id}.requests.jsonl.gz"
-    if not path.exists():
-        return None
-    try:
-        lines = read_gzip_lines(path)
-    except (OSError, EOFError) as error:  # gzip.BadGzipFile is an OSError
-        raise ValueError(f"{path}: not a request file: {error}") from None
-    rows = [load_json(line, what=f"{path}:{number}", max_bytes=MAX_JSON_LINE_BYTES)
-            for number, line in enumerate(lines, 1) if line.strip()]
-    if not all(isinstance(row, dict) for row in rows):
-        raise ValueError(f"{path}: a line is not a JSON object")
-    return rows
 
 
 def _reading(path: Path) -> closing[sqlite3.Connection]:

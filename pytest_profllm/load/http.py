@@ -55,12 +55,11 @@ class _Connection(asyncio.Protocol):
         self._remaining = -1  # bytes left in a sized body, or in the current chunk
         self._keep_alive = True
         self._error_body: list[bytes] = []
-        self.answered = False  # a byte of this request's response has come
 
     @property
     def closed_unanswered(self) -> bool:
         """It closed before a byte of the response came: the server never took the request."""
-        return self.closed and not self.answered
+        return self.closed and self._in_headers and not self._buffer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -74,7 +73,6 @@ class _Connection(asyncio.Protocol):
         now = time.perf_counter()
         if self._done is None or self._done.done():
             return  # nothing asked for: a stray byte after a finished response
-        self.answered = True
         try:
             self._parse(self._buffer + data if self._buffer else data, now)
         except Exception as error:  # a bad response fails this request, not the loop

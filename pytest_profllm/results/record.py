@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pytest_profllm.hosts.files import write_atomic
+from pytest_profllm.limits import MAX_JSON_LINE_BYTES, load_json, read_gzip_lines
 
 SCHEMA_VERSION: Literal[1] = 1
 # `invalid`: measured, but the client fell behind its schedule, so the figures measure the
@@ -438,3 +439,21 @@ def write_requests(out_dir: Path, run_id: str, requests: list[dict[str, Any]]) -
     path = out_dir / f"{run_id}.requests.jsonl.gz"
     write_atomic(path, gzip.compress(lines.encode(), mtime=0))
     return path
+
+
+def read_requests(folder: Path, run_id: str) -> list[dict[str, Any]] | None:
+    """The per-request records `write_requests` wrote for `run_id` in `folder`; None where
+    there is no such file. ValueError, naming the file, where it is not one (not gzip, a line
+    not a JSON object, over limits.py's sizes)."""
+    path = folder / f"{run_id}.requests.jsonl.gz"
+    if not path.exists():
+        return None
+    try:
+        lines = read_gzip_lines(path)
+    except (OSError, EOFError) as error:  # gzip.BadGzipFile is an OSError
+        raise ValueError(f"{path}: not a request file: {error}") from None
+    rows = [load_json(line, what=f"{path}:{number}", max_bytes=MAX_JSON_LINE_BYTES)
+            for number, line in enumerate(lines, 1) if line.strip()]
+    if not all(isinstance(row, dict) for row in rows):
+        raise ValueError(f"{path}: a line is not a JSON object")
+    return rows

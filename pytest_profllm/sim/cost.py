@@ -243,10 +243,9 @@ class EngineModel:
         # GPU runs the step before, so it shows only once it outlasts the GPU's share.
         seqs = work.decode_seqs + work.prefill_seqs
         sequences_s = host * over.seq_us * seqs / 1e6
-        if device.serial_host:  # one set of cores: no overlap
-            seconds = gpu_s + sequences_s + host * over.step_ms / 1000
-        else:
-            seconds = max(gpu_s, sequences_s) + host * over.step_ms / 1000
+        # On the host's own cores (serial_host) the two take turns.
+        busy = gpu_s + sequences_s if device.serial_host else max(gpu_s, sequences_s)
+        seconds = busy + host * over.step_ms / 1000
         if tp > 1:
             payload = tokens * model.hidden_size * 2 * 2 * (tp - 1) / tp  # bf16, ring
             one = over.allreduce_latency_us / 1e6 + payload / (device.interconnect_gbs * 1e9)

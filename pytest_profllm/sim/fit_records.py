@@ -70,11 +70,11 @@ class Observation:
     kv_cache_dtype: str = "auto"
     api_server_count: int = 1
     throughput_scale: float = 1.0  # data-parallel replicas behind the load: one is simulated
+    serial_output_processing: bool = False  # vLLM before 0.6.0
     # The client's own send times, from the run's requests file (None: vLLM's schedule for
     # request_rate, burstiness and seed): a short run's duration is its arrivals' as much as
     # the engine's.
     arrivals: tuple[float, ...] | None = None
-    serial_output_processing: bool = False  # vLLM before 0.6.0
 
     @property
     def load(self) -> str:
