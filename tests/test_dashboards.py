@@ -4,6 +4,7 @@ each chart draws, on records of known values, and the pages Datasette serves."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import sqlite3
@@ -503,6 +504,55 @@ def test_all_sessions_draw_the_newest_apart_and_say_so(
     # A filter that only the older session meets finds it, however far back it is.
     older = view(connection, "load", "session=all&min.output_throughput=500&f.suite=rates")
     assert {r["session"] for chart in older.charts.values() for r in values(chart)} == {"s1"}
+
+
+@pytest.fixture(scope="module")
+def many_sessions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 sessions of 0 to 4 valid points each (a session of none holds one errored run)."""
+    records = []
+    for number in range(40):
+        session, cases = f"m{number:02d}", number % 5
+        for case in range(max(cases, 1)):
+            record = make_record(f"{session}-{case}", session, f"bench_m.yaml::c{case}::w",
+                                 f"2026-02-01T{number // 4:02d}:{number % 4 * 10 + case:02d}:00"
+                                 "+00:00", "passed" if cases else "error")
+            record["suite"] = "m"
+            records.append(record)
+    return ingested(tmp_path_factory.mktemp("many"), records)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(most_sessions=st.integers(1, 15), most_points=st.integers(1, 120))
+def test_all_sessions_take_whole_sessions_newest_first_until_a_limit(
+    many_sessions: Path, monkeypatch: pytest.MonkeyPatch, most_sessions: int, most_points: int
+) -> None:
+    # However the sessions are read (in chunks sized by the points found so far), the page
+    # draws the newest sessions with points, whole, while under both limits.
+    monkeypatch.setattr(dashboards, "MAX_SESSIONS", most_sessions)
+    monkeypatch.setattr(dashboards, "MAX_POINTS", most_points)
+    with contextlib.closing(sqlite3.connect(many_sessions)) as connection:
+        sql_functions.register(connection)
+        schema = filters.read_schema(connection)
+        selection = Selection.parse([("session", "all")], schema)
+        points = dashboards.load_points(connection, schema, selection)
+        every = {}
+        for session in schema.sessions:
+            every[session.session_id] = connection.execute(
+                "SELECT count(*) FROM measured_runs WHERE session_id = ?",
+                (session.session_id,)).fetchone()[0]
+    expected: list[str] = []
+    taken = 0
+    for session in [s.session_id for s in schema.sessions]:
+        if not every[session]:
+            continue
+        if len(expected) == most_sessions or (expected and taken >= most_points):
+            break
+        expected.append(session)
+        taken += every[session]
+    drawn = list(dict.fromkeys(point.session for point in points))
+    assert drawn == expected
+    assert len(points) == taken
 
 
 def test_runs_left_out_are_counted(tmp_path: Path) -> None:

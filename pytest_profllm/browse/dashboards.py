@@ -115,10 +115,10 @@ def load_points(connection: sqlite3.Connection, schema: Schema, selection: Selec
     points: list[Point] = []
     found: list[str] = []
     dropped = False
-    at, size = 0, 16
+    at, size = 0, 2
     while at < len(sessions) and len(found) < MAX_SESSIONS and len(points) < MAX_POINTS:
         chunk = sessions[at:at + size]
-        at, size = at + size, min(size * 2, 512)
+        at += size
         marks = ", ".join("?" for _ in chunk)
         rank = {session: index for index, session in enumerate(chunk)}
         for point in sorted(_points(connection, schema, selection,
@@ -130,6 +130,12 @@ def load_points(connection: sqlite3.Connection, schema: Schema, selection: Selec
                     continue
                 found.append(point.session)
             points.append(point)
+        # The next chunk: the sessions the points still wanted need, at the rate the sessions
+        # so far brought them (doubling while none did). A fixed 16 computed 6,883 points at
+        # 100,000 runs to draw 1,721.
+        per_session = len(points) / len(found) if found else 0.0
+        size = min(512, max(2, math.ceil((MAX_POINTS - len(points)) / per_session) + 1)
+                   if per_session else size * 2)
     if dropped and notes is not None:
         notes.append(f"More sessions match than a page draws apart: the {len(found)} newest "
                      f"with valid measurements are drawn (at most {MAX_SESSIONS} sessions, "
