@@ -38,9 +38,17 @@ def column_problem(record: dict[str, Any]) -> str | None:
     """Why a record's keys cannot all be column names (None: they can): a NUL character,
     which SQLite's statements cannot hold, or a reserved name."""
     for name, block in zip(_BLOCK_NAMES, _blocks(record), strict=True):
-        for key in block if isinstance(block, dict) else ():
-            if "\x00" in str(key):
-                return f"{name} has a key with a NUL character ({key!r}): no column name holds one"
+        if not isinstance(block, dict):
+            continue
+        # One search of all the keys joined (an ingest checks 400 keys of 100,000 records),
+        # then the key that holds it.
+        try:
+            joined = "".join(block)
+        except TypeError:  # a key that is not text (a record made in Python)
+            joined = "".join(map(str, block))
+        if "\x00" in joined:
+            key = next(key for key in block if "\x00" in str(key))
+            return f"{name} has a key with a NUL character ({key!r}): no column name holds one"
         if name == "results" and isinstance(block, dict):
             for key in block:
                 if str(key).lower() in RESERVED_COLUMNS:
