@@ -536,14 +536,14 @@ def test_all_sessions_take_whole_sessions_newest_first_until_a_limit(
         schema = filters.read_schema(connection)
         selection = Selection.parse([("session", "all")], schema)
         points = dashboards.load_points(connection, schema, selection)
-        every = {}
-        for session in schema.sessions:
-            every[session.session_id] = connection.execute(
-                "SELECT count(*) FROM measured_runs WHERE session_id = ?",
-                (session.session_id,)).fetchone()[0]
+        newest_first = [session.session_id for session in schema.sessions]
+        every: dict[str, int] = {
+            session: connection.execute("SELECT count(*) FROM measured_runs WHERE "
+                                        "session_id = ?", (session,)).fetchone()[0]
+            for session in newest_first}
     expected: list[str] = []
     taken = 0
-    for session in [s.session_id for s in schema.sessions]:
+    for session in newest_first:
         if not every[session]:
             continue
         if len(expected) == most_sessions or (expected and taken >= most_points):

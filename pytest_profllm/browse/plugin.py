@@ -31,11 +31,12 @@ from pytest_profllm.browse import (
     upload_views,
 )
 from pytest_profllm.browse.dashboards import DASHBOARDS
+from pytest_profllm.browse.facets import CountedFacet, counted
 from pytest_profllm.browse.queries import canned_queries as canned_queries_for
 from pytest_profllm.hosts.files import read_only_uri
 from pytest_profllm.results.gate_tables import VERDICTS
 from pytest_profllm.results.landing import LANDING, landing_axes, swept_axes
-from pytest_profllm.results.table import TABLE
+from pytest_profllm.results.table import TABLE, TABLE_FACETS
 
 # Datasette lists column descriptions above the table: only the columns whose meaning is not
 # plain from their name get one; the latency metrics are explained once in the description.
@@ -96,7 +97,7 @@ NODE_FACET = "runtime_node_id"
 
 # Axes faceted on the landing page (the rest are a click on a column's cog away).
 FACETED_AXES = 4
-DEFAULT_FACETS = ["server_model", "engine", "device", "bench_kind", "suite", "status"]
+DEFAULT_FACETS = [name for name in TABLE_FACETS if name != NODE_FACET]
 # Datasette's max_csv_mb default: a streamed CSV stops there, silently. We lift it (0 = no
 # limit) unless the user set a value of their own.
 _DATASETTE_DEFAULT_MAX_CSV_MB = 100
@@ -140,8 +141,9 @@ def table_metadata(columns: frozenset[str] | None = None) -> dict[str, Any]:
         "description": DESCRIPTION,
         # The indexed ones only: a facet on another column reads every 7 KB row. The swept
         # axes are faceted on the landing table.
-        "facets": _facets(DEFAULT_FACETS, columns)
-        + ([NODE_FACET] if columns is not None and NODE_FACET in columns else []),
+        "facets": counted(_facets(DEFAULT_FACETS, columns)
+                          + ([NODE_FACET] if columns is not None and NODE_FACET in columns
+                             else [])),
         "sort_desc": "timestamp",
         # 400+ columns a row: 20 rows make a page of about 1 MB, not 5.
         "size": 20,
@@ -207,7 +209,7 @@ def landing_metadata(swept: list[str], columns: frozenset[str] | None = None,
         "sort_desc": "timestamp",
         # The gate's verdict first: a regression shows as a count before any row is read.
         # Never the gate's or a column's that holds one value everywhere.
-        "facets": [c for c in facets if c == "gate" or c not in single_valued],
+        "facets": counted([c for c in facets if c == "gate" or c not in single_valued]),
     }
 
 
@@ -257,6 +259,11 @@ def startup(datasette: Any) -> Any:
 async def _all_ours(datasette: Any) -> bool:
     served = [db for name, db in datasette.databases.items() if name != "_internal"]
     return bool(served) and all([await db.table_exists(TABLE) for db in served])
+
+
+@hookimpl
+def register_facet_classes() -> list[type]:
+    return [CountedFacet]
 
 
 @hookimpl

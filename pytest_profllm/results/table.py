@@ -110,9 +110,11 @@ _INDEXED = (
     "server_model",
     "capacity",  # NULL but for capacity cases: the capacity dashboard asks whether any exists
 )
-# Indexed where the table has them (not every database does): the full table page facets on
-# them, and a facet of an unindexed column reads every 7 KB row (0.23 s at 100,000 runs).
-_INDEXED_WHERE_PRESENT = ("bench_kind", "runtime_node_id")
+# The columns the full table's page facets on, where the table has them (browse/plugin.py;
+# the Ray node where records name one). Each is indexed: a facet of an unindexed column reads
+# every 7 KB row (0.23 s at 100,000 runs), and a load counts them (results/facet_counts.py).
+TABLE_FACETS = ("server_model", "engine", "device", "bench_kind", "suite", "status",
+                "runtime_node_id")
 # One covering index for the aggregating queries (charts, canned queries): they read these
 # columns from the index, never the 400-column rows.
 SUMMARY_COLUMNS = (
@@ -229,7 +231,7 @@ def _python_type(kind: str) -> type:
 def refresh_indexes(db: Any) -> None:
     """The table's indexes: one per common filter, and the covering one of `SUMMARY_COLUMNS`."""
     present = {row[1] for row in db.conn.execute(f"PRAGMA table_info([{TABLE}])")}
-    for column in (*_INDEXED, *(c for c in _INDEXED_WHERE_PRESENT if c in present)):
+    for column in dict.fromkeys((*_INDEXED, *(c for c in TABLE_FACETS if c in present))):
         db.conn.execute(
             f"CREATE INDEX IF NOT EXISTS [idx_{TABLE}_{column}] ON [{TABLE}] ([{column}])"
         )
