@@ -4,15 +4,21 @@ rows, and an unfiltered page shows them as Datasette's column facet would."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
+from datasette.app import Datasette
+from datasette.database import QueryInterrupted
+from datasette.utils.asgi import Request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_datasette import get, make_record
 
+from pytest_profllm.browse.facets import CountedFacet
 from pytest_profllm.results.facet_counts import FACET_COUNTS, counted_columns
 from pytest_profllm.results.landing import LANDING, swept_axes
 from pytest_profllm.results.store import load_records
@@ -116,3 +122,48 @@ def test_a_database_loaded_before_counts_were_kept_groups_its_rows(tmp_path: Pat
     load_records(db_path, [record(0, "Qwen/Qwen3-8B", "passed", 8, 4.0)])
     with contextlib.closing(sqlite3.connect(db_path)) as connection:
         assert connection.execute(f"SELECT count(*) FROM [{FACET_COUNTS}]").fetchone()[0] > 0
+
+
+def test_a_filtered_page_counts_each_facet_as_sqlite_groups_it(tmp_path: Path) -> None:
+    # One read of the filtered rows counts every facet: the counts and their order are
+    # SQLite's GROUP BY of the same rows (count, most first, then value; numbers before text).
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [record(n, "Qwen/Qwen3-8B" if n % 3 else "Qwen/Qwen3-0.6B",
+                                  ("passed", "failed", "error")[n % 3], 8 * (1 + n % 2),
+                                  (4.0, 8.0, "inf")[n % 3 // 2]) for n in range(12)])
+    filters = {"status=passed": "status = 'passed'",
+               "server_max_num_seqs=16": "server_max_num_seqs = 16",
+               "server_model=Qwen%2FQwen3-8B&status__not=error":
+                   "server_model = 'Qwen/Qwen3-8B' AND status != 'error'"}
+    pages = get([db_path], *(f"/results/{LANDING}.json?{query}" for query in filters))
+    with contextlib.closing(sqlite3.connect(db_path)) as connection:
+        for page, where in zip(pages, filters.values(), strict=True):
+            shown = facets(page)
+            assert shown, where
+            for column, values in shown.items():
+                expected = connection.execute(
+                    f'SELECT "{column}", count(*) FROM [{LANDING}] WHERE {where} AND '
+                    f'"{column}" IS NOT NULL GROUP BY "{column}" ORDER BY 2 DESC, 1').fetchall()
+                assert [(value, count) for value, count, _ in values] == expected, (where,
+                                                                                   column)
+
+
+def test_counting_past_the_facets_time_says_which_facets_timed_out(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [record(n, "Qwen/Qwen3-8B", "passed", 8, 4.0) for n in range(3)])
+
+    async def run() -> Any:
+        datasette = Datasette([str(db_path)])
+        await datasette.invoke_startup()
+        request = Request.fake(f"/results/{LANDING}?status=passed")
+        facet = CountedFacet(datasette, request, "results", table=LANDING,
+                             sql=f"select * from [{LANDING}] where status = :p0 ",
+                             params={"p0": "passed"})
+        connection = sqlite3.connect(db_path)
+        try:
+            return facet._count_rows(connection, ["suite", "engine"], limit_ms=0)
+        finally:
+            connection.close()
+
+    with pytest.raises(QueryInterrupted):
+        asyncio.run(run())
