@@ -389,15 +389,22 @@ def get_metadata(
         schema = _schema(datasette, name)
         if schema is None or not schema.columns:
             continue  # not a results database: its own `runs` table keeps its own order
-        databases[name] = {
-            "tables": {
+        # Built once per schema read: Datasette asks for metadata per cell rendered (the
+        # markdown plugin does), 5,000 times for a 1,000-row query page, where building it
+        # took 0.7 s. Each answer gets dicts of its own: Datasette merges into them.
+        cached = _metadata_cache.get(name)
+        if cached is None or cached[0] is not schema:
+            cached = _metadata_cache[name] = (schema, {
                 TABLE: table_metadata(schema.columns),
                 LANDING: landing_metadata(
                     schema.swept, schema.landing_columns, name, schema.single_valued
                 ),
-            }
-        }
+            })
+        databases[name] = {"tables": {table: dict(meta) for table, meta in cached[1].items()}}
     return {"databases": databases}
+
+
+_metadata_cache: dict[str, tuple[_Schema, dict[str, dict[str, Any]]]] = {}
 
 
 @hookimpl

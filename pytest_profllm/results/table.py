@@ -241,6 +241,10 @@ def refresh_indexes(db: Any) -> None:
         f"CREATE INDEX IF NOT EXISTS [idx_{TABLE}_measured] ON [{TABLE}] "
         f"({', '.join(f'[{c}]' for c in SUMMARY_COLUMNS)})"
     )
+    # Every load reads each run's digest (store.py): from this index, not the 7 KB rows (6.2 s
+    # of a one-record load at a million runs).
+    db.conn.execute(f"CREATE INDEX IF NOT EXISTS [idx_{TABLE}_digest] ON [{TABLE}] "
+                    "(run_id, record_digest)")
     # The one definition of a data point: every chart, comparison and canned query reads it.
     db.conn.execute(
         f"CREATE VIEW IF NOT EXISTS [{MEASURED_RUNS}] AS "
