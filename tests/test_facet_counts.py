@@ -167,3 +167,30 @@ def test_counting_past_the_facets_time_says_which_facets_timed_out(tmp_path: Pat
 
     with pytest.raises(QueryInterrupted):
         asyncio.run(run())
+
+
+def test_the_planner_is_told_how_many_runs_each_value_has(tmp_path: Path) -> None:
+    # The wide table is analysed by samples of 1,000 entries: an index on two models' column
+    # looked as if each model had 1,001 runs, and a filter on a model and on many sessions
+    # went through the model's index. The counts correct it.
+    db_path = tmp_path / "results.db"
+    records = []
+    for number in range(2400):
+        made = make_record(f"r{number}", f"s{number // 10:03d}", f"bench_x.yaml::c{number % 10}::w",
+                           "2026-03-01T10:00:00+00:00")
+        made["config"]["server"]["model"] = ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B")[number % 2]
+        made["suite"] = "x" if number else "y"  # one run of its own
+        records.append(made)
+    load_records(db_path, records)
+    with contextlib.closing(sqlite3.connect(db_path)) as connection:
+        stats = dict(connection.execute(
+            "SELECT idx, stat FROM sqlite_stat1 WHERE tbl = ?", (TABLE,)).fetchall())
+        assert stats[f"idx_{TABLE}_server_model"] == "2400 1200"
+        assert stats[f"idx_{TABLE}_suite"] == "2400 1200"  # the average of 2,399 and 1
+        assert all(stat.split()[0] == "2400" for stat in stats.values())
+        sessions = [f"s{n:03d}" for n in range(60)]
+        plan = " ".join(row[-1] for row in connection.execute(
+            f"EXPLAIN QUERY PLAN SELECT count(message) FROM [{TABLE}] WHERE session_id IN "
+            f"({', '.join('?' * len(sessions))}) AND server_model = ?",
+            [*sessions, "Qwen/Qwen3-8B"]))
+        assert "idx_benchmark_runs_session_id" in plan, plan

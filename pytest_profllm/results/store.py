@@ -17,7 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from pytest_profllm.results import gate_tables
-from pytest_profllm.results.facet_counts import FACET_COUNTS, refresh_facet_counts
+from pytest_profllm.results.facet_counts import (
+    FACET_COUNTS,
+    correct_statistics,
+    refresh_facet_counts,
+)
 from pytest_profllm.results.gate_tables import GateRows
 from pytest_profllm.results.landing import SweptAxes, refresh_landing
 from pytest_profllm.results.rows import RowBuilder
@@ -210,6 +214,7 @@ class Load:
                 refresh_landing(db, self.report.swept_axes, self._fresh, rebuild=changed)
                 if changed or self._fresh or not db[FACET_COUNTS].exists():
                     refresh_facet_counts(db.conn, self.report.swept_axes)
+                correct_statistics(db.conn)  # after the ANALYZE refresh_landing ran
                 db.conn.execute("COMMIT")
                 if self._new:
                     # Where another writer has it open already, the next load sets WAL mode.
