@@ -252,8 +252,11 @@ class SweptAxes:
                 if key not in self.first:
                     self.first[key] = seen[0]
                     self._changed = True
-                first = self.first[key]
-                if any(value != first for value in seen):
+                # A set of the values (built in C; equal as == says, 1 and 1.0 alike): a load's
+                # batch checks 400 columns of 500 distinct rows, and a generator comparing
+                # each value took a second of CPU every 20,000 records.
+                distinct = set(seen)
+                if len(distinct) > 1 or self.first[key] not in distinct:
                     self._swept.add(key)
                     self._changed = True
 
