@@ -104,6 +104,9 @@ def test_an_unfiltered_page_shows_the_kept_counts_a_filtered_one_groups(tmp_path
     kept, filtered = get([db_path], f"/results/{LANDING}.json",
                          f"/results/{LANDING}.json?status=passed")
     assert facets(kept)["server_model"][0] == ("Qwen/Qwen3-0.6B", 99, False)
+    assert {facet["type"] for facet in kept.json()["facet_results"].values()} == {"column"}
+    (html_page,) = get([db_path], f"/results/{LANDING}")
+    assert "(counted)" not in html_page.text and 'id="facet-server_model"' in html_page.text
     assert dict((v, c) for v, c, _ in facets(filtered)["server_model"]) == {
         "Qwen/Qwen3-8B": 3, "Qwen/Qwen3-0.6B": 1}
     assert facets(filtered)["status"] == [("passed", 4, True)]

@@ -128,7 +128,9 @@ class CountedFacet(ColumnFacet):  # type: ignore[misc]
                            "selected": selected})
         return {
             "name": column,
-            "type": self.type,
+            # What the page and the JSON say: a column facet (a type of its own would be
+            # written after each facet's name).
+            "type": ColumnFacet.type,
             "hideable": source != "metadata",
             "toggle_url": self.ds.urls.path(
                 path_with_removed_args(self.request, {"_facet": column})),
