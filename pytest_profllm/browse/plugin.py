@@ -36,6 +36,7 @@ from pytest_profllm.browse.queries import canned_queries as canned_queries_for
 from pytest_profllm.hosts.files import read_only_uri
 from pytest_profllm.results.gate_tables import VERDICTS
 from pytest_profllm.results.landing import LANDING, landing_axes, swept_axes
+from pytest_profllm.results.summaries import SUMMARIES
 from pytest_profllm.results.table import TABLE, TABLE_FACETS
 
 # Datasette lists column descriptions above the table: only the columns whose meaning is not
@@ -413,7 +414,8 @@ def canned_queries(datasette: Any, database: str, actor: Any) -> Any:
         db = datasette.get_database(database)
         if not await db.table_exists(TABLE):
             return {}
-        return canned_queries_for(await db.table_exists(VERDICTS))
+        return canned_queries_for(await db.table_exists(VERDICTS),
+                                  all([await db.table_exists(name) for name in SUMMARIES]))
 
     return queries
 

@@ -3,16 +3,17 @@ the dashboards', browse/dashboards.py).
 
 Queries that aggregate combine repeats and history with a median (`median()`, which the
 plugin registers on every connection), never a sum, over valid measurements only. They read
-the columns of one covering index (`table.SUMMARY_COLUMNS`), never the 400-column rows, so
-they answer in milliseconds at 100,000 runs.
+the columns of one covering index (`table.SUMMARY_COLUMNS`), never the 400-column rows; the
+three that group every run read the summaries each load takes (results/summaries.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pytest_profllm.results import summaries
 from pytest_profllm.results.gate_tables import VERDICTS
-from pytest_profllm.results.landing import HEADLINE_METRICS, LANDING
+from pytest_profllm.results.landing import HEADLINE_METRICS
 from pytest_profllm.results.table import MEASURED_RUNS, TABLE
 
 # Points, comparisons and bests come from valid measurements only: the store's view of them
@@ -23,8 +24,7 @@ SERIES = (
     "coalesce(bench_random_input_len, '-') || ' / out ' || coalesce(bench_random_output_len, '-')"
     " || ']'"
 )
-# The covering index's column order (table.SUMMARY_COLUMNS): grouping needs no sort.
-SERIES_KEY = "configuration, engine, device, bench_random_input_len, bench_random_output_len"
+SERIES_KEY = summaries.SERIES_KEY
 LATEST_SESSION = f"(SELECT session_id FROM {TABLE} ORDER BY timestamp DESC LIMIT 1)"
 
 
@@ -157,36 +157,33 @@ def _compare_runs(gate: bool) -> str:
     )
 
 
-_BEST_UNDER_BOUND = (
-    "WITH points AS (SELECT server_model, configuration, workload, engine, device, "
-    "median(output_throughput) AS tp, median(p99_ttft_ms) AS ttft, median(p99_tpot_ms) AS tpot, "
-    f"count(*) AS runs FROM {MEASURED_RUNS} WHERE output_throughput IS NOT NULL "
-    f"GROUP BY {SERIES_KEY}, workload, bench_request_rate, bench_max_concurrency, server_model) "
+def _best_under_bound(points: str) -> str:
     # SQLite's bare columns: configuration and workload come from the row with max(tp).
-    "SELECT server_model, engine, device, round(max(tp), 2) AS output_tok_per_s, "
-    "configuration, workload, round(ttft, 2) AS p99_ttft_ms, round(tpot, 3) AS p99_tpot_ms, runs "
-    f"FROM points WHERE ttft <= {_number('max_p99_ttft_ms')} "
-    f"AND tpot <= {_number('max_p99_tpot_ms')} "
-    "GROUP BY server_model, engine, device ORDER BY server_model, engine, device"
-)
-_LATEST_PER_CONFIGURATION = (
-    "SELECT configuration, workload, engine, device, max(timestamp) AS timestamp, run_id, "
-    "status, round(output_throughput, 2) AS output_tok_per_s, "
-    "round(p99_ttft_ms, 2) AS p99_ttft_ms, round(p99_tpot_ms, 3) AS p99_tpot_ms "
-    f"FROM {MEASURED_RUNS} GROUP BY {SERIES_KEY}, workload "
-    "ORDER BY configuration, workload, engine, device"
-)
-# Grouped over the narrow landing table, the message of each case's latest run then read by
-# its run id: grouping the wide rows took 0.5 s at 100,000 runs (a third of them not passed).
-_NOT_PASSED = (
-    "WITH latest AS (SELECT configuration, workload, engine, device, max(timestamp) AS "
-    "timestamp, run_id, status, failed_verdicts, count(*) AS runs_not_passed "
-    f"FROM {LANDING} WHERE status IN ('failed', 'error', 'invalid') "
-    "GROUP BY configuration, workload, engine, device) "
-    "SELECT l.configuration, l.workload, l.engine, l.device, l.timestamp, l.run_id, l.status, "
-    f"l.failed_verdicts, b.message, l.runs_not_passed FROM latest AS l JOIN {TABLE} AS b "
-    "ON b.run_id = l.run_id ORDER BY l.timestamp DESC"
-)
+    return (
+        "SELECT server_model, engine, device, round(max(tp), 2) AS output_tok_per_s, "
+        "configuration, workload, round(ttft, 2) AS p99_ttft_ms, round(tpot, 3) AS p99_tpot_ms, "
+        f"runs FROM {points} WHERE ttft <= {_number('max_p99_ttft_ms')} "
+        f"AND tpot <= {_number('max_p99_tpot_ms')} "
+        "GROUP BY server_model, engine, device ORDER BY server_model, engine, device"
+    )
+
+
+_LATEST_ORDER = " ORDER BY configuration, workload, engine, device"
+_NOT_PASSED_ORDER = " ORDER BY timestamp DESC"
+# The three that group every run read what the last load summarised (results/summaries.py);
+# a database no load summarised yet runs the same SQL on each visit.
+_SUMMARISED = {
+    "best_configuration": _best_under_bound(f"[{summaries.BEST_POINTS}]"),
+    "latest_per_configuration": f"SELECT * FROM [{summaries.LATEST_PER_CONFIGURATION}]"
+    + _LATEST_ORDER,
+    "not_passed": f"SELECT * FROM [{summaries.NOT_PASSED}]" + _NOT_PASSED_ORDER,
+}
+_UNSUMMARISED = {
+    "best_configuration": f"WITH points AS ({summaries.BEST_POINTS_SQL}) "
+    + _best_under_bound("points"),
+    "latest_per_configuration": summaries.LATEST_PER_CONFIGURATION_SQL + _LATEST_ORDER,
+    "not_passed": f"SELECT * FROM ({summaries.NOT_PASSED_SQL})" + _NOT_PASSED_ORDER,
+}
 
 
 def _latency_columns() -> str:
@@ -214,18 +211,18 @@ CANNED_QUERIES: dict[str, dict[str, Any]] = {
         "description": "For each model, engine and device: the configuration and load with the "
         "highest median output throughput (tokens/s) whose median p99 TTFT and p99 TPOT (ms) "
         "stay within the bounds (empty: no bound).",
-        "sql": _BEST_UNDER_BOUND,
+        "sql": _SUMMARISED["best_configuration"],
     },
     "latest_per_configuration": {
         "title": "Latest run of every configuration",
         "description": "For each configuration and workload, its most recent run.",
-        "sql": _LATEST_PER_CONFIGURATION,
+        "sql": _SUMMARISED["latest_per_configuration"],
     },
     "not_passed": {
         "title": "Cases that did not pass",
         "description": "Each case with a failed, errored or invalid run: its latest such run, "
         "with the missed thresholds and message, and how many runs did not pass.",
-        "sql": _NOT_PASSED,
+        "sql": _SUMMARISED["not_passed"],
     },
     "latest_session": {
         "title": "Latest session",
@@ -246,10 +243,14 @@ CANNED_QUERIES: dict[str, dict[str, Any]] = {
 }
 
 
-def canned_queries(has_verdicts: bool) -> dict[str, dict[str, Any]]:
-    """The canned queries for a database with or without the gate's verdicts table (SQLite
-    refuses a query that names a missing table: older databases have none)."""
-    if has_verdicts:
-        return CANNED_QUERIES
-    return {**CANNED_QUERIES,
-            "compare_runs": {**CANNED_QUERIES["compare_runs"], "sql": _compare_runs(gate=False)}}
+def canned_queries(has_verdicts: bool, has_summaries: bool = True) -> dict[str, dict[str, Any]]:
+    """The canned queries for a database with or without the gate's verdicts table and the
+    loads' summaries (SQLite refuses a query that names a missing table: older databases
+    have neither)."""
+    queries = dict(CANNED_QUERIES)
+    if not has_verdicts:
+        queries["compare_runs"] = {**queries["compare_runs"], "sql": _compare_runs(gate=False)}
+    if not has_summaries:
+        for name, sql in _UNSUMMARISED.items():
+            queries[name] = {**queries[name], "sql": sql}
+    return queries

@@ -26,6 +26,7 @@ from pytest_profllm.results.gate_tables import GateRows
 from pytest_profllm.results.landing import SweptAxes, refresh_landing
 from pytest_profllm.results.rows import RowBuilder
 from pytest_profllm.results.staging import STAGE, StagedRows, column_list, stage
+from pytest_profllm.results.summaries import SUMMARIES, refresh_summaries
 from pytest_profllm.results.table import PAGE_SIZE, TABLE, prepare_table, refresh_indexes
 
 BUSY_TIMEOUT_MS = 30_000
@@ -214,6 +215,8 @@ class Load:
                 refresh_landing(db, self.report.swept_axes, self._fresh, rebuild=changed)
                 if changed or self._fresh or not db[FACET_COUNTS].exists():
                     refresh_facet_counts(db.conn, self.report.swept_axes)
+                if changed or self._fresh or not all(db[name].exists() for name in SUMMARIES):
+                    refresh_summaries(db.conn)
                 correct_statistics(db.conn)  # after the ANALYZE refresh_landing ran
                 db.conn.execute("COMMIT")
                 if self._new:
