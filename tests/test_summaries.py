@@ -16,6 +16,7 @@ from test_facet_counts import record, runs
 
 from pytest_profllm.browse import sql_functions
 from pytest_profllm.browse.queries import canned_queries
+from pytest_profllm.results.facet_counts import FACET_COUNTS
 from pytest_profllm.results.store import load_records
 from pytest_profllm.results.summaries import SUMMARIES
 
@@ -65,7 +66,10 @@ def test_the_pages_read_the_summaries_and_an_unsummarised_database_groups(
     load_records(db_path, [record(n, "Qwen/Qwen3-8B", ("passed", "failed")[n % 2], 8, 4.0)
                            for n in range(6)])
     query = "/results/not_passed.json?_shape=array"
-    (before,) = get([db_path], query)
+    before, database = get([db_path], query, "/results.json")
+    # Tables a load takes again from the runs are hidden from the database's page.
+    hidden = {table["name"] for table in database.json()["tables"] if table["hidden"]}
+    assert {*SUMMARIES, FACET_COUNTS} <= hidden and "runs" not in hidden
     with sqlite3.connect(db_path) as connection:
         assert {name for (name,) in connection.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")} >= set(SUMMARIES)

@@ -34,6 +34,7 @@ from pytest_profllm.browse.dashboards import DASHBOARDS
 from pytest_profllm.browse.facets import CountedFacet, counted
 from pytest_profllm.browse.queries import canned_queries as canned_queries_for
 from pytest_profllm.hosts.files import read_only_uri
+from pytest_profllm.results.facet_counts import FACET_COUNTS
 from pytest_profllm.results.gate_tables import VERDICTS
 from pytest_profllm.results.landing import LANDING, landing_axes, swept_axes
 from pytest_profllm.results.summaries import SUMMARIES
@@ -382,7 +383,7 @@ async def _dashboards_path(datasette: Any) -> str | None:
 def get_metadata(
     datasette: Any, key: Any, database: str | None, table: str | None
 ) -> dict[str, Any]:
-    if table not in (None, TABLE, LANDING):
+    if table not in (None, TABLE, LANDING, *_DERIVED_TABLES):
         return {}
     names = [database] if database else [n for n in datasette.databases if n != "_internal"]
     databases = {}
@@ -401,8 +402,14 @@ def get_metadata(
                     schema.swept, schema.landing_columns, name, schema.single_valued
                 ),
             })
-        databases[name] = {"tables": {table: dict(meta) for table, meta in cached[1].items()}}
+        databases[name] = {"tables": {table: dict(meta) for table, meta in cached[1].items()}
+                           | {derived: {"hidden": True} for derived in _DERIVED_TABLES}}
     return {"databases": databases}
+
+
+# Tables each load takes again from the runs (facet counts, the canned queries' summaries):
+# hidden from the database's page, as Datasette hides its own search indexes.
+_DERIVED_TABLES = (FACET_COUNTS, *SUMMARIES)
 
 
 _metadata_cache: dict[str, tuple[_Schema, dict[str, dict[str, Any]]]] = {}
