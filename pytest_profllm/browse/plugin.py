@@ -383,7 +383,10 @@ async def _dashboards_path(datasette: Any) -> str | None:
 def get_metadata(
     datasette: Any, key: Any, database: str | None, table: str | None
 ) -> dict[str, Any]:
-    if table not in (None, TABLE, LANDING, *_DERIVED_TABLES):
+    if table not in (None, TABLE, LANDING, *_DERIVED_TABLES) or (
+            key is not None and key not in _OUR_KEYS):
+        # Nothing of ours: Datasette asks for "plugins" once per text cell it renders (the
+        # markdown plugin's configuration), 5,000 times on a 1,000-row query page.
         return {}
     names = [database] if database else [n for n in datasette.databases if n != "_internal"]
     databases = {}
@@ -407,6 +410,9 @@ def get_metadata(
     return {"databases": databases}
 
 
+# The metadata keys ours sets, at any level; asked for another, the hook has nothing to say.
+_OUR_KEYS = frozenset({"databases", "tables", "title", "description", "description_html",
+                       "facets", "sort_desc", "size", "columns", "hidden"})
 # Tables each load takes again from the runs (facet counts, the canned queries' summaries):
 # hidden from the database's page, as Datasette hides its own search indexes.
 _DERIVED_TABLES = (FACET_COUNTS, *SUMMARIES)
