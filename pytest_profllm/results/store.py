@@ -213,9 +213,11 @@ class Load:
                 changed = self.axes.write(db)
                 self.report.swept_axes = self.axes.swept()
                 refresh_landing(db, self.report.swept_axes, self._fresh, rebuild=changed)
-                if changed or self._fresh or not db[FACET_COUNTS].exists():
+                # What is taken from the rows again where a row changed (or it is missing).
+                rows_changed = changed or bool(self._fresh)
+                if rows_changed or not db[FACET_COUNTS].exists():
                     refresh_facet_counts(db.conn, self.report.swept_axes)
-                if changed or self._fresh or not all(db[name].exists() for name in SUMMARIES):
+                if rows_changed or not all(db[name].exists() for name in SUMMARIES):
                     refresh_summaries(db.conn)
                 correct_statistics(db.conn)  # after the ANALYZE refresh_landing ran
                 db.conn.execute("COMMIT")
