@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_profllm.sim.calibration import ROWS, RowResult, median_abs, reproduce
+from pytest_profllm.sim.calibration import (
+    ROWS,
+    RowResult,
+    engine_with,
+    median_abs,
+    reproduce,
+)
+from pytest_profllm.sim.hardware import device_profile
 from pytest_profllm.sim.virtual import Request, ServerSettings, simulate
 
 
@@ -60,3 +67,18 @@ def test_virtual_runs_are_repeatable() -> None:
     )
     assert first == second
     assert first["completed"] == 40
+
+
+def test_a_fit_over_every_source_leaves_what_a_profile_measured_itself() -> None:
+    # The H100's prefill share was measured on an H100 (h100-sxm.toml): a fit over every
+    # device's rows moves the shared figure, not that one; the A100 has none of its own.
+    h100 = device_profile("H100-SXM")
+    assert {"compute_efficiency", "moe_efficiency"} <= set(h100.own_overheads)
+    assert device_profile("A100-80GB").own_overheads == ()
+    params = {"compute_efficiency": 0.4, "step_ms": 2.5}
+    by_device = {row.device: row for row in ROWS}
+    on_h100 = engine_with(by_device["H100-SXM"], params).device.overheads
+    on_a100 = engine_with(by_device["A100-80GB"], params).device.overheads
+    assert on_h100.compute_efficiency == h100.overheads.compute_efficiency == 0.65
+    assert on_a100.compute_efficiency == 0.4
+    assert on_h100.step_ms == on_a100.step_ms == 2.5

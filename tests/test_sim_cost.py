@@ -200,9 +200,10 @@ def test_prefill_is_bound_by_compute() -> None:
     h100, a100 = _engine(), _engine(device="A100-80GB")
     work = StepWork(prefill_tokens=8192, prefill_attended=8192 * 4096.0)
     assert h100.step_seconds(work) > 10 * _decode(h100, 1)
-    # 792.1 vs 267.9 measured matmul TFLOP/s: about three times faster, not the 1.6 of their
-    # bandwidths.
-    assert a100.step_seconds(work) / h100.step_seconds(work) == pytest.approx(2.96, rel=0.15)
+    # 792.1 vs 267.9 measured matmul TFLOP/s, of which a prefill layer reaches 0.65 on the H100
+    # (measured there) and 0.50 on the A100 (the fit): about 3.8 times faster, not the 1.6 of
+    # their bandwidths.
+    assert a100.step_seconds(work) / h100.step_seconds(work) == pytest.approx(3.84, rel=0.15)
 
 
 def test_matmul_rates_are_the_measured_ones_where_a_measurement_is_known() -> None:

@@ -30,6 +30,7 @@ import statistics
 import time
 
 from pytest_profllm.sim.calibration import (
+    BELOW_MEASURED_KERNELS,
     DISAGREE,
     PER_SOURCE_MIN_ROWS,
     ROWS,
@@ -81,6 +82,8 @@ def report(title: str, results: list[RowResult]) -> None:
             notes += [text for text in (row.tpot_not_comparable, row.low_trust) if text]
             if row.number in DISAGREE:
                 notes.append("sources disagree: " + DISAGREE[row.number])
+            if row.number in BELOW_MEASURED_KERNELS:
+                notes.append(BELOW_MEASURED_KERNELS[row.number])
             print(
                 f"{row.number:3d} {row.source:3} {row.model[-42:]:42} {row.device:11} {row.tp:2d} "
                 f"{published or float('nan'):8.1f} {r.output_throughput:8.1f} "

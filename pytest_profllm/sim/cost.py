@@ -264,6 +264,12 @@ class EngineModel:
         overlaps the GEMMs, which vLLM's kernels do not.)"""
         return self._gpu_seconds(work, None)
 
+    def kernel_seconds(self, work: StepWork) -> float:
+        """The step's GPU kernels alone at the profile's fitted efficiencies, with no host,
+        frontend or communication cost: what timing the kernels on a GPU gives
+        (`benchmarks/perf/gpu_measure.py --compare`)."""
+        return self._gpu_seconds(work, self.device.overheads)
+
     def _gpu_seconds(self, work: StepWork, kernels: Overheads | None) -> float:
         """The step's kernels one after another: the linear layers, attention and the vision
         encoders, at the profile's achieved bandwidth and matmul rate. `kernels` as for

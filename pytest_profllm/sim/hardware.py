@@ -87,6 +87,9 @@ class DeviceProfile:
     # host prepares the next step and streams tokens while the device computes.
     serial_host: bool = False
     overheads: Overheads = field(default_factory=Overheads)
+    # The figures of `overheads` the profile's file sets itself (measured on the device, or its
+    # hardware's own, as a PCIe all-reduce): a fit over every device's runs leaves them.
+    own_overheads: tuple[str, ...] = ()
 
     @property
     def memory_bytes(self) -> float:
@@ -130,10 +133,14 @@ class DeviceProfile:
 
 def _load(path: Path) -> DeviceProfile:
     data = tomllib.loads(path.read_text())
-    overheads = Overheads(**data.pop("overheads", {}))
+    own = data.pop("overheads", {})
     aliases = tuple(data.pop("aliases", ()))
     return DeviceProfile(
-        **data, aliases=aliases, source=f"sim/device_profiles/{path.name}", overheads=overheads
+        **data,
+        aliases=aliases,
+        source=f"sim/device_profiles/{path.name}",
+        overheads=Overheads(**own),
+        own_overheads=tuple(own),
     )
 
 
