@@ -116,6 +116,27 @@ def test_failed_requests_at_the_capacity_on_the_recheck_disagree() -> None:
                                     f"{found.recheck.probe.reason}")
 
 
+def test_on_an_engine_that_cannot_change_a_missed_recheck_lowers_the_capacity() -> None:
+    # The virtual clock: the search's probes met at the capacity, a sample of other requests
+    # there misses (here: a recheck server with less capacity stands for that sample). Not a
+    # changed server: the capacity falls to the highest load below it that met.
+    slos = slos_of({"p90_ttft_ms": 300.0})
+    steady = search(Server(150.0), slos, SEARCH, 100, clock=lambda: 0.0)
+    found = search(Server(150.0), slos, SEARCH, 100, clock=lambda: 0.0,
+                   recheck=Server(100.0), steady_engine=True)
+    assert steady.capacity is not None and found.recheck is not None
+    missed = found.recheck.probe.load
+    assert missed == steady.capacity and not found.recheck.agrees
+    assert found.changed() is None and found.recheck.steady_engine
+    met_below = [p.load for p in found.probes if p.decision == "meets" and p.load < missed]
+    assert met_below and found.capacity == found.low == max(met_below)
+    assert found.high == missed and found.limit == found.recheck.probe.reason
+    assert found.kept().load == found.capacity  # its figures are the load it keeps
+    assert found.describe().startswith(f"capacity {found.capacity:.4g} req/s (bracket ")
+    assert f"the re-check at {missed:.4g} req/s missed; re-check misses)" in found.describe()
+    assert found.as_record()["recheck"]["agrees"] is False
+
+
 def test_no_capacity_no_recheck() -> None:
     server = Server(0.5)
     found = search(server, slos_of({"median_ttft_ms": 100.0}), SEARCH, 40, clock=lambda: 0)

@@ -207,6 +207,9 @@ class Recheck:
     probe: Probe
     met_with: list[SloReading]  # the readings of the search's probe at that load
     fell_behind: str | None = None
+    # The engine cannot change (the virtual clock): a miss is one more sample at that load,
+    # which the search then counts as such (`search`'s `steady_engine`), not a changed server.
+    steady_engine: bool = False
 
     @property
     def agrees(self) -> bool:
@@ -217,7 +220,7 @@ class Recheck:
 
     def changed(self, over: str) -> str | None:
         """One line saying that the server changed during the search, or None."""
-        if self.agrees:
+        if self.agrees or self.steady_engine:
             return None
         probe = self.probe
         before = {reading.slo: reading for reading in self.met_with}
@@ -425,9 +428,13 @@ def search(
     clock: Callable[[], float] = time.monotonic,
     on_probe: Callable[[Probe], None] | None = None,
     recheck: ProbeRun | None = None,
+    steady_engine: bool = False,
 ) -> CapacityResult:
     """Narrow the bracket [low, high] around the highest load at which every SLO holds, then
-    run the capacity found once more (`recheck`, default `run`): see `Recheck`.
+    run the capacity found once more (`recheck`, default `run`): see `Recheck`. Where the
+    engine cannot change (`steady_engine`: the virtual clock), a re-check that misses is a
+    miss at that load like any other: the capacity falls to the highest load below it that
+    met, and the bracket closes on the load that missed.
 
     Bisection on a log scale starts in the middle: the ends are probed only when the search
     reaches them (a probe at a low rate takes longest: its requests arrive slowly, and a probe
@@ -448,8 +455,23 @@ def search(
     met_with = at[-1] if at else []
     found.recheck = _recheck(recheck or run, found.capacity, met_with, slos, settings,
                              num_prompts, seed, seed + found.runs)
+    found.recheck.steady_engine = steady_engine
+    if steady_engine and not found.recheck.agrees:
+        _fall_below(found, found.recheck)
     found.elapsed_s += clock() - began
     return found
+
+
+def _fall_below(found: CapacityResult, recheck: Recheck) -> None:
+    """The capacity after a re-check that missed on an engine that cannot change: at that
+    load independent samples of the workload disagree (one met, pooled, and one missed), so it
+    is not shown to meet; the highest load below it that met is."""
+    missed = recheck.probe.load
+    below = [p.load for p in found.probes if p.decision == "meets" and p.load < missed]
+    found.capacity = found.low = max(below, default=None)
+    found.high = missed
+    found.limit = recheck.probe.reason
+    found.stopped = f"the re-check at {_load(missed)} {_unit(found.over)} missed"
 
 
 def _recheck(

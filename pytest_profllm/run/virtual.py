@@ -291,15 +291,13 @@ def run_virtual_capacity(
     assert not isinstance(prompts, Conversations), "conversations are skipped (skip_reason)"
     probes = VirtualProbes(bench, engine, codec, prompts)
     found = search(probes, slos, bench.search, bench.num_prompts, seed=bench.seed,
-                   recheck=probes.recheck)
+                   recheck=probes.recheck, steady_engine=True)
     keep_probe_at_capacity(outcome, found, probes, None)
     outcome.capacity = found.as_record()
     for probe in outcome.capacity["probes"]:
         probe["remeasured"] = []
     if outcome.capacity["recheck"] is not None:
         outcome.capacity["recheck"]["remeasured"] = []
-    if (changed := found.changed()) is not None:
-        outcome.invalid_reason = changed
     outcome.prefix_cache = FRESH_ENGINE
     outcome.results.update(found.results())
     outcome.verdicts = evaluate(case, outcome.results)
