@@ -1092,7 +1092,7 @@ def capacity_dashboard(connection: sqlite3.Connection, schema: Schema, selection
     layers: list[dict[str, Any]] = [
         {"mark": {"type": "bar", "tooltip": True},
          "encoding": {"y": charts.field("series", "nominal", "configuration",
-                                        axis={"labelLimit": 520}),
+                                        axis={"labelLimit": 520, "title": None}),
                       "x": charts.field("capacity", "quantitative",
                                         "capacity: the highest load that met every SLO "
                                         "(req/s, or concurrent requests)"),
