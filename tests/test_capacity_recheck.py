@@ -15,7 +15,7 @@ from helpers import run_records, run_suites
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from pytest_profllm.browse.run_page import run_page
+from pytest_profllm.browse.run_page import _recheck_verdict, run_page
 from pytest_profllm.load.capacity import ProbeRun, ProbeSamples, search, slos_of
 from pytest_profllm.plan.suite import CapacitySearch
 from pytest_profllm.sim.batching import ConstantStepCost
@@ -134,7 +134,14 @@ def test_on_an_engine_that_cannot_change_a_missed_recheck_lowers_the_capacity() 
     assert found.kept().load == found.capacity  # its figures are the load it keeps
     assert found.describe().startswith(f"capacity {found.capacity:.4g} req/s (bracket ")
     assert f"the re-check at {missed:.4g} req/s missed; re-check misses)" in found.describe()
-    assert found.as_record()["recheck"]["agrees"] is False
+    record = found.as_record()["recheck"]
+    assert record["agrees"] is False and record["steady_engine"] is True
+    # The run page tells it as what it is, not as a server that changed.
+    verdict = _recheck_verdict(record)
+    assert verdict.startswith("it missed: the engine cannot change")
+    assert "server changed" not in verdict
+    assert _recheck_verdict({**record, "steady_engine": False}).startswith(
+        "it missed: the server changed during the search")
 
 
 def test_no_capacity_no_recheck() -> None:

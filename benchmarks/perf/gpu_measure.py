@@ -13,9 +13,11 @@ the project's dependencies). It measures, in a child process:
   flash attention (grouped-query), output projection, the fused gate/up projection, SiLU-and-
   multiply and the down projection. A prefill step of 8 prompts of 1,024 tokens (8,192
   tokens, vLLM's batch limit on an H100) and of 2 of 1,024, and decode steps of 1 to 256
-  sequences with 1,024 tokens of context each. Eight layers with weights of their own are run
-  in turn, so no layer's weights sit in the 50 MB L2 cache; a step's time is the mean layer
-  times the model's layers, plus its LM head for the sampled tokens.
+  sequences with 1,024 tokens of context each, eager and replayed from a CUDA graph (as vLLM
+  runs its decode steps; eager, a small batch is bound by kernel launches). Eight layers with
+  weights of their own are run in turn, so no layer's weights sit in the 50 MB L2 cache; a
+  step's time is the mean layer times the model's layers, plus its LM head for the sampled
+  tokens.
 
 while the parent samples the GPU through the project's own NVML code (`hosts/nvml.py`): the
 readings, the energy counter against the power readings, the child seen holding memory (what
@@ -52,6 +54,8 @@ DECODE_CONTEXT = 1024
 
 
 def shapes(model: str) -> dict[str, int]:
+    # The catalog read directly, not through sim/models.py: this runs where the project's
+    # dependencies (orjson, pydantic) are not installed.
     config = json.loads(CATALOG.read_text())["models"][model]
     heads = config["num_attention_heads"]
     return {

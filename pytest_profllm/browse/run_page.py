@@ -211,9 +211,7 @@ def _capacity(page: RunPage) -> None:
         page.probes.append(_probe_row("re-check", recheck))
         page.capacity += (
             f" Re-checked after the search at {_shown(recheck.get('load'))} {unit}: "
-            + ("it agrees." if recheck.get("agrees") is not False
-               else "it missed: the server changed during the search, so the capacity is no "
-                    "measurement of it (the run is invalid).")
+            + _recheck_verdict(recheck)
         )
     for slo in dict.fromkeys(point["slo"] for point in points):
         mine = [point for point in points if point["slo"] == slo]
@@ -221,6 +219,17 @@ def _capacity(page: RunPage) -> None:
                                                  layers=_probe_layers(unit)),
                  f"{slo} at each probe with its interval, coloured by the probe's decision; "
                  "dashed: the SLO.")
+
+
+def _recheck_verdict(recheck: dict[str, Any]) -> str:
+    if recheck.get("agrees") is not False:
+        return "it agrees."
+    if recheck.get("steady_engine"):
+        # The virtual clock (load/capacity.py `search`'s steady_engine): no server to change.
+        return ("it missed: the engine cannot change, so that load counts as missed and the "
+                "capacity is the highest load below it that met.")
+    return ("it missed: the server changed during the search, so the capacity is no "
+            "measurement of it (the run is invalid).")
 
 
 def _probe_row(number: int | str, probe: dict[str, Any]) -> dict[str, Any]:

@@ -216,7 +216,8 @@ class Recheck:
         return self.probe.decision != "misses"
 
     def as_record(self) -> dict[str, Any]:
-        return {**self.probe.as_record(), "agrees": self.agrees, "fell_behind": self.fell_behind}
+        return {**self.probe.as_record(), "agrees": self.agrees, "fell_behind": self.fell_behind,
+                "steady_engine": self.steady_engine}
 
     def changed(self, over: str) -> str | None:
         """One line saying that the server changed during the search, or None."""
@@ -454,8 +455,7 @@ def search(
     at = [probe.readings for probe in found.probes if probe.load == found.capacity]
     met_with = at[-1] if at else []
     found.recheck = _recheck(recheck or run, found.capacity, met_with, slos, settings,
-                             num_prompts, seed, seed + found.runs)
-    found.recheck.steady_engine = steady_engine
+                             num_prompts, seed, seed + found.runs, steady_engine)
     if steady_engine and not found.recheck.agrees:
         _fall_below(found, found.recheck)
     found.elapsed_s += clock() - began
@@ -483,6 +483,7 @@ def _recheck(
     num_prompts: int,
     seed: int,
     run_seed: int,
+    steady_engine: bool,
 ) -> Recheck:
     """One run at `load` as the search's probe there ran, with prompts of a seed no run of it
     used (`run_seed`), judged as its runs were (`seed`)."""
@@ -490,7 +491,7 @@ def _recheck(
     samples = run(load, count, run_seed)
     decision, reason, readings = decide(samples, slos, settings.confidence, seed)
     probe = _probe_of(load, count, samples, decision, reason, readings)
-    return Recheck(probe, met_with, samples.fell_behind)
+    return Recheck(probe, met_with, samples.fell_behind, steady_engine)
 
 
 def _probe_of(

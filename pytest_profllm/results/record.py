@@ -350,7 +350,8 @@ class BenchmarkRecord(BaseModel):
     # `stopped`, the `slo` and every probe (load, requests, achieved rate, each SLO's value
     # with its interval, decision), and the `recheck`: the capacity run once more after the
     # search, as a probe, with whether it `agrees` (where it missed, the server changed during
-    # the search and the record is invalid). Its figures are also
+    # the search and the record is invalid; on the virtual clock, `steady_engine`, the load
+    # counts as missed and the capacity falls below it). Its figures are also
     # `results.capacity[_low|_high]`.
     capacity: dict[str, Any] | None = None
     # A conversation workload (`dataset_name: conversation`): its figures by turn. The
