@@ -19,7 +19,7 @@ from pytest_profllm.hosts.pool import PORT_BLOCK
 from pytest_profllm.plan.case import MAX_CASES
 from pytest_profllm.plan.regression import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
 from pytest_profllm.sim.hardware import UnknownDevice, device_profile
-from pytest_profllm.sim.profile_file import ProfileFileError, load_profile_file
+from pytest_profllm.sim.profile_file import ProfileFileError, ProfileSnapshot, read_profile
 
 DEFAULT_PORTS = "20000-21999"
 DEFAULT_SUITE_GLOB = "bench_*.yaml"
@@ -162,15 +162,15 @@ def parse_sim_device(text: str) -> str:
         raise argparse.ArgumentTypeError(f"--profllm-sim-device: {error}") from None
 
 
-def parse_sim_profile(text: str) -> Path:
+def parse_sim_profile(text: str) -> ProfileSnapshot:
     """A device profile file for the simulator (`profllm calibrate` writes one), read and
-    checked now: a bad file stops the session in one line, not each server."""
+    checked now: a bad file stops the session in one line, not each server; and what is read
+    now is what the session uses, whatever becomes of the file."""
     path = Path(text).expanduser().resolve()
     try:
-        load_profile_file(path)
+        return read_profile(path)
     except ProfileFileError as error:
         raise argparse.ArgumentTypeError(f"--profllm-sim-profile: {error}") from None
-    return path
 
 
 def parse_saturation_margin(text: str) -> float:
@@ -512,7 +512,7 @@ class Settings:
     cpus: int | tuple[str, ...] | None = None
     sim_device: str | None = None  # None: the simulator's default profile
     sim_clock: Clock = "real"  # virtual: simulated cases run in-process (run/virtual.py)
-    sim_profile: Path | None = None  # a profile file that replaces sim_device's
+    sim_profile: ProfileSnapshot | None = None  # a profile file that replaces sim_device's
     ray: str | None = None  # a Ray cluster's address, auto or local: server groups run there
     ray_retry: bool = False
     max_cases: int = MAX_CASES

@@ -107,7 +107,8 @@ def test_a_missing_profile_file_is_one_line(tmp_path: Path) -> None:
 
 def test_the_option_reads_the_file_at_once(tmp_path: Path) -> None:
     good = a_profile(tmp_path)
-    assert parse_sim_profile(str(good)) == good.resolve()
+    snapshot = parse_sim_profile(str(good))
+    assert snapshot.path == good.resolve() and snapshot.content == good.read_bytes()
     with pytest.raises(argparse.ArgumentTypeError, match=r"^--profllm-sim-profile: .*nope"):
         parse_sim_profile(str(tmp_path / "nope.toml"))
 
@@ -117,7 +118,8 @@ def test_the_ini_key_sets_it_and_a_bad_one_is_a_usage_error(
 ) -> None:
     good = a_profile(tmp_path)
     pytester.makeini(f"[pytest]\nprofllm_sim_profile = {good}\n")
-    assert Settings.from_config(pytester.parseconfig()).sim_profile == good.resolve()
+    snapshot = Settings.from_config(pytester.parseconfig()).sim_profile
+    assert snapshot is not None and snapshot.path == good.resolve()
     pytester.makeini(f"[pytest]\nprofllm_sim_profile = {tmp_path / 'nope.toml'}\n")
     with pytest.raises(pytest.UsageError, match="ini option profllm_sim_profile: "):
         Settings.from_config(pytester.parseconfig())
@@ -208,6 +210,57 @@ benchmark:
     (shown,) = db.execute("SELECT engine_sim_profile FROM benchmark_runs").fetchone()
     db.close()
     assert shown == f"my-h100 ({engine['sim_profile']['sha256'][:12]})"
+    # The server read the session's copy beside the logs, the bytes the session checked.
     (log,) = (pytester.path / "results" / "logs").glob("*.log")
-    assert f"--sim-profile {profile.resolve()}" in log.read_text()
+    (copy,) = (pytester.path / "results" / "logs").glob("*.toml")
+    assert copy.name == f"{profile.stem}-{engine['sim_profile']['sha256'][:12]}.toml"
+    assert copy.read_bytes() == profile.read_bytes()
+    assert f"--sim-profile {copy}" in log.read_text()
     assert "on 1 x my-h100" in log.read_text()
+
+
+SLOW_SUITE = """
+server:
+  model: meta-llama/Llama-3.1-8B-Instruct
+  max_num_seqs: [4, 8]
+benchmark:
+  num_prompts: 4
+  random_input_len: 16
+  random_output_len: 8
+"""
+
+
+@pytest.mark.parametrize("clock", ["real", "virtual"])
+def test_the_profile_the_session_read_prices_every_case_though_the_file_goes(
+    pytester: pytest.Pytester, ports: str, tmp_path: Path, clock: str
+) -> None:
+    """The profile's figures price the cases on either clock, and the file deleted once the
+    session has started (by the first case's setup, before either server starts) changes
+    neither the figures nor the records that name it: the session uses what it read."""
+    slow = a_profile(tmp_path, step_ms=40.0, name="slow-h100")
+    digest = hashlib.sha256(slow.read_bytes()).hexdigest()
+    pytester.makefile(".yaml", bench_slow=SLOW_SUITE)
+    pytester.makeconftest(f"""
+        from pathlib import Path
+
+        def pytest_runtest_setup(item):
+            Path({str(slow)!r}).unlink(missing_ok=True)
+    """)
+    result = pytester.runpytest_subprocess(
+        f"--profllm-ports={ports}",
+        "--profllm-out=results",
+        f"--profllm-sim-profile={slow}",
+        f"--profllm-sim-clock={clock}",
+        "--profllm-max-schedule-lag=1000",
+        timeout=120,
+    )
+    result.assert_outcomes(passed=2)
+    assert not slow.exists()
+    records = run_records(pytester)
+    assert len(records) == 2
+    for record in records:
+        engine = record["engine"]
+        assert engine["sim_profile"]["sha256"] == digest
+        assert engine["sim"]["device"]["overheads"]["step_ms"] == 40.0
+        # Each decode step costs the profile's 40 ms: a shipped H100 takes about 8.
+        assert record["results"]["median_tpot_ms"] > 40.0

@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal
 
 from pytest_profllm.engine.choice import EngineChoice
@@ -31,7 +30,7 @@ from pytest_profllm.results.record import BenchmarkRecord, RegressionVerdict, St
 from pytest_profllm.run.cost import case_cost, energy_per_output_token, priced_gpus
 from pytest_profllm.server.process import ServerProcess
 from pytest_profllm.sim.config import describe_server
-from pytest_profllm.sim.profile_file import identity, load_profile_file
+from pytest_profllm.sim.profile_file import ProfileSnapshot
 
 
 class CaseFailed(Exception):
@@ -76,7 +75,8 @@ class CaseOutcome:
     # The regression gate's verdicts (gates/worker.py), set after the case's call.
     regression: list[RegressionVerdict] = field(default_factory=list)
     sim_device: str | None = None  # the simulator's device profile (None: its default)
-    sim_profile: Path | None = None  # a profile file in its place (--profllm-sim-profile)
+    # A profile file in its place (--profllm-sim-profile), as the session read it.
+    sim_profile: ProfileSnapshot | None = None
     # A capacity case's search: the capacity, its bracket, the limiting SLO and every probe.
     capacity: dict[str, Any] | None = None
     # Set when the case was not run: why (its record is `skipped`, with this message).
@@ -187,9 +187,8 @@ class CaseOutcome:
             if self.sim_profile is None:
                 engine["sim"] = describe_server(self.case.server, self.sim_device)
             else:  # and which file priced them, by the digest of its bytes
-                profile = load_profile_file(self.sim_profile)
-                engine["sim"] = describe_server(self.case.server, profile)
-                engine["sim_profile"] = identity(self.sim_profile)
+                engine["sim"] = describe_server(self.case.server, self.sim_profile.profile)
+                engine["sim_profile"] = self.sim_profile.identity()
         return engine
 
 

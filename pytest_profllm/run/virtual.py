@@ -47,6 +47,7 @@ from pytest_profllm.run.outcome import (
 from pytest_profllm.run.serve import allowed_failures, check_served, codec_for, context_of
 from pytest_profllm.sim.cli import build_parser, make_scheduler, setup_for
 from pytest_profllm.sim.config import SimSetup
+from pytest_profllm.sim.profile_file import ProfileSnapshot
 from pytest_profllm.sim.virtual import Outcome, Request, Served, simulate
 
 # What the record says of the prefix cache each virtual run began with.
@@ -87,15 +88,19 @@ class VirtualEngine:
     args: argparse.Namespace
 
     @classmethod
-    def of(cls, case: Case, sim_device: str | None) -> VirtualEngine:
-        """As `profllm sim` would start on the case's engine arguments; CaseFailed where it
-        would not start (an unknown model or device, no memory for the KV cache)."""
+    def of(
+        cls, case: Case, sim_device: str | None, sim_profile: ProfileSnapshot | None = None
+    ) -> VirtualEngine:
+        """As `profllm sim` would start on the case's engine arguments, on `sim_device` or the
+        profile file the session read; CaseFailed where it would not start (an unknown model
+        or device, no memory for the KV cache)."""
         argv = serve_args(case.server, registry_for("sim", None))
         if sim_device:
             argv += ["--sim-device", sim_device]
         args, _ = build_parser().parse_known_args(argv)
+        profile = sim_profile.profile if sim_profile is not None else None
         try:
-            setup = setup_for(args, str(args.model or args.model_tag))
+            setup = setup_for(args, str(args.model or args.model_tag), profile)
         except ValueError as error:
             raise CaseFailed(f"the simulated engine would not start: {error}") from None
         return cls(setup, args)
@@ -217,12 +222,17 @@ def _measured(
     return load, run, summary, health
 
 
-def run_virtual_case(case: Case, outcome: CaseOutcome, sim_device: str | None) -> CaseOutcome:
+def run_virtual_case(
+    case: Case,
+    outcome: CaseOutcome,
+    sim_device: str | None,
+    sim_profile: ProfileSnapshot | None = None,
+) -> CaseOutcome:
     """A serve case on the virtual clock: the workload's requests through the engine model,
     vLLM's metrics and the verdicts, as `run/serve.run_case` without a server."""
     bench = case.benchmark
     assert isinstance(bench, BenchmarkConfig), "offline kinds are skipped (skip_reason)"
-    engine = VirtualEngine.of(case, sim_device)
+    engine = VirtualEngine.of(case, sim_device, sim_profile)
     codec = codec_for(case, "sim", "")  # the simulator's tokenizer is always a local one
     with dataset_refusals(case):
         prompts = virtual_prompts(bench, codec, context_of(case))
@@ -275,13 +285,16 @@ class VirtualProbes(ServerProbes):
 
 
 def run_virtual_capacity(
-    case: Case, outcome: CaseOutcome, sim_device: str | None
+    case: Case,
+    outcome: CaseOutcome,
+    sim_device: str | None,
+    sim_profile: ProfileSnapshot | None = None,
 ) -> CaseOutcome:
     """A capacity case on the virtual clock: `run/capacity.run_capacity`'s search, each probe
     a run of the engine model."""
     bench = case.benchmark
     assert isinstance(bench, CapacityConfig)
-    engine = VirtualEngine.of(case, sim_device)
+    engine = VirtualEngine.of(case, sim_device, sim_profile)
     codec = codec_for(case, "sim", "")
     slos = slos_of(bench.slo)
     per_probe = requests_per_probe(slos, bench.num_prompts)

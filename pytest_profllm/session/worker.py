@@ -159,7 +159,11 @@ class WorkerSession:
             turns=session_turns(self.pool, self.identity) if self.ranks else None,
             profile_root=out / "profiles" if out else None,
             sim_device=self.settings.sim_device,
-            sim_profile=self.settings.sim_profile,
+            # The session's copy beside the logs: a server started late reads the bytes the
+            # session checked, whatever became of the user's file since.
+            sim_profile=(
+                self.settings.sim_profile.copy_into(log_dir) if self.settings.sim_profile else None
+            ),
             session_id=self.identity.session_id,
             cores=(
                 LoadCores.of(self.pool, self.identity.engine.device_kind)
@@ -191,7 +195,7 @@ class WorkerSession:
         try:
             if virtual:  # no server: the engine model runs in this process
                 run = run_virtual_capacity if case.kind == "capacity" else run_virtual_case
-                return run(case, outcome, self.settings.sim_device)
+                return run(case, outcome, self.settings.sim_device, self.settings.sim_profile)
             if case.kind == "capacity":
                 return run_capacity(
                     case, self.servers, outcome, self.settings.max_schedule_lag_ms,

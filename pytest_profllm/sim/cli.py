@@ -40,7 +40,7 @@ from pytest_profllm.sim.faults import (
     FaultSpecError,
     parse_faults,
 )
-from pytest_profllm.sim.hardware import DEFAULT_DEVICE, GIB, profiles
+from pytest_profllm.sim.hardware import DEFAULT_DEVICE, GIB, DeviceProfile, profiles
 from pytest_profllm.sim.instruments import (
     ProfilerConfigError,
     ProfilerSettings,
@@ -314,10 +314,15 @@ def _leave_orphan() -> None:
     log.warning("orphan_child: left pid %d in its own session", child.pid)
 
 
-def setup_for(args: argparse.Namespace, model: str) -> SimSetup:
-    """The engine model for parsed engine arguments. Raises ValueError (unknown model or
-    device, a bad profile file, no memory left for the KV cache) with a one-line message."""
-    device = load_profile_file(args.sim_profile) if args.sim_profile else args.sim_device
+def setup_for(
+    args: argparse.Namespace, model: str, profile: DeviceProfile | None = None
+) -> SimSetup:
+    """The engine model for parsed engine arguments, on `profile` where one is given (a
+    profile file already read). Raises ValueError (unknown model or device, a bad profile
+    file, no memory left for the KV cache) with a one-line message."""
+    device: DeviceProfile | str | None = profile
+    if device is None:
+        device = load_profile_file(args.sim_profile) if args.sim_profile else args.sim_device
     return build_setup(
         model,
         device,

@@ -10,8 +10,9 @@ gate's fingerprint carries that digest: runs priced by two profiles are never co
 from __future__ import annotations
 
 import hashlib
+import os
 import tomllib
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -77,17 +78,58 @@ def load_profile_file(path: Path) -> DeviceProfile:
     return _parse(path, _read(path))[0]
 
 
-def identity(path: Path) -> dict[str, Any]:
-    """What a record says of the profile that priced it: the profile's name, the file, the
-    sha256 of its bytes and the runs it was fitted on. Raises ProfileFileError."""
+@dataclass(frozen=True)
+class ProfileSnapshot:
+    """A profile file as a session read it, once, at its start. Every server, every run on
+    the virtual clock and every record of the session use these bytes: a file edited or
+    deleted while the session runs changes neither what is measured nor what the records say
+    priced it."""
+
+    path: Path  # the file as the user named it (resolved)
+    content: bytes = field(repr=False)
+
+    @property
+    def profile(self) -> DeviceProfile:
+        return _parse(self.path, self.content)[0]
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.content).hexdigest()
+
+    def identity(self) -> dict[str, Any]:
+        """What a record says of the profile that priced it: the profile's name, the file,
+        the sha256 of its bytes and the runs it was fitted on."""
+        profile, parsed = _parse(self.path, self.content)
+        return {
+            "name": profile.name,
+            "path": str(self.path),
+            "sha256": self.sha256,
+            "fitted": parsed.fitted.model_dump() if parsed.fitted else None,
+        }
+
+    def copy_into(self, folder: Path) -> Path:
+        """These bytes as a file in `folder`, named by the file and its digest: what a server
+        started later reads (`--sim-profile`), whatever became of the user's file. Written
+        once, atomically: workers sharing the folder write the same bytes to the same name."""
+        target = folder / f"{self.path.stem}-{self.sha256[:12]}{self.path.suffix or '.toml'}"
+        if not target.is_file() or target.read_bytes() != self.content:
+            folder.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(f".{target.name}.{os.getpid()}")
+            partial.write_bytes(self.content)
+            partial.replace(target)
+        return target
+
+
+def read_profile(path: Path) -> ProfileSnapshot:
+    """The file read and checked now, as the session will use it. Raises ProfileFileError."""
     content = _read(path)
-    profile, parsed = _parse(path, content)
-    return {
-        "name": profile.name,
-        "path": str(path),
-        "sha256": hashlib.sha256(content).hexdigest(),
-        "fitted": parsed.fitted.model_dump() if parsed.fitted else None,
-    }
+    _parse(path, content)
+    return ProfileSnapshot(path, content)
+
+
+def identity(path: Path) -> dict[str, Any]:
+    """`ProfileSnapshot.identity` of the file as it is now. Raises ProfileFileError."""
+    return read_profile(path).identity()
 
 
 def _read(path: Path) -> bytes:
