@@ -627,6 +627,44 @@ def test_two_workloads_of_one_configuration_are_two_series_and_bars(tmp_path: Pa
     assert "does not sweep load" in caption and "the suite sweeps" not in caption
 
 
+def swept_both(suite: str, loads: list[tuple[float | str, int | None]]) -> list[dict[str, Any]]:
+    """One configuration of `suite` at each (request rate, concurrency cap) of `loads`."""
+    records = []
+    for index, (rate, concurrency) in enumerate(loads):
+        record = make_record(f"s1-{suite}-{index:02d}", "s1",
+                             f"bench_{suite}.yaml::qwen::random-r{rate}-c{concurrency}",
+                             f"2026-01-01T10:{index:02d}:00+00:00", throughput=10.0 + index,
+                             request_rate=rate)
+        record["suite"] = suite
+        record["config"]["benchmark"]["max_concurrency"] = concurrency
+        records.append(record)
+    return records
+
+
+def test_a_suite_sweeping_both_loads_draws_one_line_per_load_it_holds(tmp_path: Path) -> None:
+    """Rates at two concurrency caps: a line against rate per cap, not one line going up
+    and down at each rate. A rate sweep beside a concurrency sweep at rate inf: a line
+    against each, not the concurrency sweep as extra points at rate inf."""
+    grid = swept_both("grid", [(2.0, 4), (2.0, 16), (8.0, 4), (8.0, 16)])
+    apart = swept_both("apart", [(2.0, None), (8.0, None), ("inf", 4), ("inf", 16)])
+    connection = sqlite3.connect(ingested(tmp_path, [*grid, *apart]))
+    sql_functions.register(connection)
+    shown = view(connection, "load")
+    against_rate = values(shown.charts["load-grid-request_rate-output_throughput"])
+    assert sorted((r["series"], r["load"], r["output_throughput"]) for r in against_rate) == [
+        ("max_concurrency=16", "2", 110.0), ("max_concurrency=16", "8", 130.0),
+        ("max_concurrency=4", "2", 100.0), ("max_concurrency=4", "8", 120.0)]
+    assert not any(c.startswith("load-grid-max_concurrency") for c in shown.charts)
+    rates = values(shown.charts["load-apart-request_rate-output_throughput"])
+    assert sorted((r["load"], r["output_throughput"]) for r in rates) == [
+        ("2", 100.0), ("8", 110.0)]
+    caps = values(shown.charts["load-apart-max_concurrency-output_throughput"])
+    assert sorted((r["load"], r["output_throughput"]) for r in caps) == [
+        ("16", 130.0), ("4", 120.0)]
+    # Alone in its chart, each is named by its configuration.
+    assert {r["series"] for r in rates} == {r["series"] for r in caps} == {"qwen"}
+
+
 def test_every_suite_is_drawn_pooling_and_the_last_run_first(tmp_path: Path) -> None:
     """Nine suites of one session, run ids in no time order (as real ones): all drawn, in
     the order they ran, the last first; a pooling suite (no output tokens) with its req/s."""

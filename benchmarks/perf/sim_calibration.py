@@ -24,10 +24,13 @@ a median of at most 5 % and no row over 15 %.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
 import multiprocessing
 import os
 import statistics
 import time
+from pathlib import Path
 
 from pytest_profllm.sim.calibration import (
     BELOW_MEASURED_KERNELS,
@@ -46,6 +49,7 @@ from pytest_profllm.sim.calibration import (
     one_host_groups,
     reproduce,
 )
+from pytest_profllm.sim.profile_file import FittedOn, profile_toml
 
 # What published rows can pin: no TTFT (so no API latency), and the costs per sequence and per
 # token left as shipped (a six-figure fit on S2's rows pinned neither); the roofline's
@@ -117,7 +121,9 @@ def report(title: str, results: list[RowResult]) -> None:
         print(f"  {source:3} {count:>7}: {figures[0]:>6} / {figures[1]:>6}")
 
 
-def per_source(free: tuple[str, ...], jobs: int, max_evaluations: int) -> None:
+def per_source(
+    free: tuple[str, ...], jobs: int, max_evaluations: int, profiles: Path | None = None
+) -> None:
     print(f"one host's rows, fitted on all but one (free: {', '.join(free)}):", flush=True)
     groups = list(one_host_groups().values())
     with multiprocessing.Pool(max(1, min(jobs, len(groups)))) as pool:
@@ -125,6 +131,30 @@ def per_source(free: tuple[str, ...], jobs: int, max_evaluations: int) -> None:
         checks = pool.starmap(check_host, tasks)
     for rows, check in zip(groups, checks, strict=True):
         print_host(rows, check)
+        if profiles is not None:
+            print(f"  profile: {write_profile(profiles, rows, check)}")
+
+
+def write_profile(folder: Path, rows: list[Row], check: HostCheck) -> Path:
+    """The host's fit on all its rows as a profile file, as `profllm calibrate` writes one
+    (for `--profllm-sim-profile` and `plan_capacity.py --profile`)."""
+    name = f"{check.source}-{check.device}"
+    base = rows[0].engine().device
+    profile = dataclasses.replace(check.fitted.profile(base), name=name, aliases=())
+    fitted = FittedOn(
+        run_ids=[f"published row {row.number}" for row in rows],
+        device=f"{check.device} ({check.source}'s host)",
+        vllm_version="",  # as the source ran it (shared/data's tables say which)
+        model=", ".join(dict.fromkeys(row.model for row in rows)),
+        date=datetime.date.today().isoformat(),
+    )
+    comments = [f"{check.source}'s {check.device} host, fitted on its {len(rows)} published rows "
+                f"(benchmarks/perf/sim_calibration.py --per-source; free: "
+                f"{', '.join(check.fitted.params)})"]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name.lower()}.toml"
+    path.write_text(profile_toml(profile, fitted, comments))
+    return path
 
 
 def print_host(rows: list[Row], check: HostCheck) -> None:
@@ -193,6 +223,11 @@ def main() -> None:
         default=60,
         help="--per-source: parameter sets a fit on all rows may try (each fold: half)",
     )
+    parser.add_argument(
+        "--profiles",
+        type=Path,
+        help="--per-source: write each host's fit on all its rows as a profile file here",
+    )
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one a core)"
@@ -200,7 +235,7 @@ def main() -> None:
     args = parser.parse_args()
     began = time.perf_counter()
     if args.per_source:
-        per_source(tuple(args.free.split(",")), args.jobs, args.max_evaluations)
+        per_source(tuple(args.free.split(",")), args.jobs, args.max_evaluations, args.profiles)
         print(f"wall time {time.perf_counter() - began:.0f} s")
         return
     report("shipped profiles (fitted on these rows)", [reproduce(row) for row in ROWS])

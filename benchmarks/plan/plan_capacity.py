@@ -3,11 +3,14 @@ under an SLO for a workload, and at what cost per million output tokens. Predict
 simulated engine on the virtual clock, never measurements.
 
     python benchmarks/plan/plan_capacity.py --out plan [--device H100-SXM --device H200 ...]
-        [--price H100-SXM=2.99 ...] [--tp 1 --tp 2] [--max-num-seqs 64 --max-num-seqs 256]
+        [--profile my-h100.toml ...] [--price H100-SXM=2.99 ...] [--tp 1 --tp 2]
+        [--max-num-seqs 64 --max-num-seqs 256]
 
 For each device a suite (`bench_plan_<device>.yaml` in OUT: the capacity search below over the tp x
 batch-limit matrix) runs in a pytest session of its own with `--profllm-sim-clock virtual
---profllm-sim-device DEVICE`, into OUT (records and results.db: `datasette OUT/results.db`,
+--profllm-sim-device DEVICE`, and for each `--profile` file (a host's own profile, as `profllm
+calibrate` writes it) with `--profllm-sim-profile FILE`; a device priced by `--price` is named
+as its profile names it. All go into OUT (records and results.db: `datasette OUT/results.db`,
 dashboard `capacity`, shows each configuration's capacity and bracket). Then a table: the
 capacity with its bracket and limiting SLO, the output throughput at it, the GPUs it takes,
 and the cost per million output tokens at `--price` (US dollars per GPU-hour; the defaults are
@@ -60,16 +63,20 @@ def price_of(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"expected DEVICE=USD, got {text!r}") from None
 
 
-def plan(out: Path, devices: list[str], tps: list[int], seqs: list[int]) -> dict[str, float]:
-    """One pytest session per device; each one's wall time."""
+def plan(
+    out: Path, devices: list[str], tps: list[int], seqs: list[int], files: list[Path]
+) -> dict[str, float]:
+    """One pytest session per device and per profile file; each one's wall time."""
     walls = {}
-    for device in devices:
-        slug = device.lower().replace(" ", "-")
+    chosen = [(device, ["--profllm-sim-device", device]) for device in devices]
+    chosen += [(file.stem, ["--profllm-sim-profile", str(file.resolve())]) for file in files]
+    for device, option in chosen:
+        slug = device.lower().replace(" ", "-").replace(".", "-")
         suite = out / f"bench_plan_{slug}.yaml"
         suite.write_text(SUITE.format(slug=slug, device=device, model=MODEL, slo=SLO,
                                       tp=list(tps), seqs=list(seqs)))
         argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite),
-                "--profllm-sim-clock", "virtual", "--profllm-sim-device", device,
+                "--profllm-sim-clock", "virtual", *option,
                 "--profllm-out", str(out), "-n", "2"]
         began = time.perf_counter()
         done = subprocess.run(argv, cwd=out, capture_output=True, text=True,
@@ -144,7 +151,11 @@ def table(out: Path, prices: dict[str, float]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--device", action="append", default=None)
+    parser.add_argument("--device", action="append", default=None,
+                        help=f"a shipped profile (default: {', '.join(DEVICES)}, unless "
+                        "--profile is given)")
+    parser.add_argument("--profile", action="append", type=Path, default=[],
+                        help="a profile file (profllm calibrate writes one)")
     parser.add_argument("--tp", action="append", type=int, default=None)
     parser.add_argument("--max-num-seqs", action="append", type=int, default=None)
     parser.add_argument("--price", action="append", type=price_of, default=[],
@@ -156,8 +167,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out.resolve()
     began = time.perf_counter()
-    walls = {} if args.reuse else plan(out, args.device or list(DEVICES), args.tp or [1, 2],
-                                        args.max_num_seqs or [64, 256])
+    devices = args.device if args.device is not None else [] if args.profile else list(DEVICES)
+    walls = {} if args.reuse else plan(out, devices, args.tp or [1, 2],
+                                        args.max_num_seqs or [64, 256], args.profile)
     table(out, {**PRICES, **dict(args.price)})
     if walls:
         print("wall time: " + ", ".join(f"{d} {s:.1f} s" for d, s in walls.items())

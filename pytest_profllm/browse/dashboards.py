@@ -275,6 +275,8 @@ def _cell(value: Any) -> str:
 def _label(column: str, value: Any) -> str:
     if column in ("suite", "server_model", "engine", "device"):
         return str(value)
+    if column == "bench_max_concurrency" and value is None:
+        return "no concurrency cap"
     name = column.removeprefix("server_").removeprefix("bench_").removeprefix("random_")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -319,7 +321,39 @@ def _series(points: Iterable[Point]) -> dict[tuple[Any, ...], list[Point]]:
             split[(*key, point.workload)].append(replace(
                 point, series_key=(*key, point.workload),
                 context={**point.context, "workload": point.workload}))
-    return split
+    drawn: dict[tuple[Any, ...], list[Point]] = {}
+    for key, members in split.items():
+        drawn.update(_one_load_axis(key, members))
+    return drawn
+
+
+def _one_load_axis(
+    key: tuple[Any, ...], members: list[Point]
+) -> dict[tuple[Any, ...], list[Point]]:
+    """A series that sweeps both loads (rates at a concurrency cap, or a rate sweep beside a
+    concurrency sweep at rate inf) as series that sweep one: the points of each concurrency
+    that sweep the rate, then the rest by rate, each named by the load it holds. Drawn as one
+    line against either load, it went up and down between the points of the other."""
+    if len({p.rate for p in members}) < 2 or len({p.concurrency for p in members}) < 2:
+        return {key: members}
+    out: dict[tuple[Any, ...], list[Point]] = {}
+    by_concurrency: dict[int | None, list[Point]] = defaultdict(list)
+    for point in members:
+        by_concurrency[point.concurrency].append(point)
+    rest: dict[float | None, list[Point]] = defaultdict(list)
+    for concurrency, group in by_concurrency.items():
+        if len({p.rate for p in group}) > 1:
+            named = (*key, "max_concurrency", concurrency)
+            out[named] = [replace(p, series_key=named, context={
+                **p.context, "bench_max_concurrency": concurrency}) for p in group]
+        else:
+            for point in group:
+                rest[point.rate].append(point)
+    for rate, group in rest.items():
+        named = (*key, "request_rate", rate)
+        out[named] = [replace(p, series_key=named, context={
+            **p.context, "bench_request_rate": rate}) for p in group]
+    return out
 
 
 def _point_row(point: Point, name: str, x_column: str | None = None) -> dict[str, Any]:
