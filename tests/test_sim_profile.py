@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import run_records
+from helpers import run_records, run_suites
 
 from pytest_profllm.options import Settings, parse_sim_profile
 from pytest_profllm.results.fingerprint import digests
+from pytest_profllm.results.record import SIM_DEFAULT_DEVICE
 from pytest_profllm.sim.cli import main as sim_main
-from pytest_profllm.sim.hardware import PROFILE_DIR, device_profile
+from pytest_profllm.sim.hardware import DEFAULT_DEVICE, PROFILE_DIR, device_profile
 from pytest_profllm.sim.profile_file import (
     FittedOn,
     ProfileFileError,
@@ -264,3 +265,60 @@ def test_the_profile_the_session_read_prices_every_case_though_the_file_goes(
         assert engine["sim"]["device"]["overheads"]["step_ms"] == 40.0
         # Each decode step costs the profile's 40 ms: a shipped H100 takes about 8.
         assert record["results"]["median_tpot_ms"] > 40.0
+
+
+def test_the_default_device_is_the_simulators() -> None:
+    assert SIM_DEFAULT_DEVICE == DEFAULT_DEVICE
+
+
+def test_the_fingerprint_tells_shipped_devices_apart_and_keeps_the_defaults() -> None:
+    def record(device: str | None) -> dict[str, Any]:
+        engine: dict[str, Any] = {"name": "sim", "version": "0.1.0", "clock": "real"}
+        if device is not None:
+            engine["sim"] = {"device": {"name": device}}
+        return {"engine": engine, "config": {"server": {"model": "m"}, "benchmark": {}},
+                "system": {"device_kind": "virtual"}, "runtime": {}}
+
+    older = record(None)  # a record that does not say which device the simulator modelled
+    assert digests(record(DEFAULT_DEVICE)) == digests(older)
+    assert digests(record("A100-80GB"))[0] != digests(record(DEFAULT_DEVICE))[0]
+    assert digests(record("A100-80GB"))[1] != digests(record(DEFAULT_DEVICE))[1]
+    assert digests(record("A100-80GB")) != digests(record("H200"))
+
+
+GATED = """
+server:
+  model: Qwen/Qwen3-8B
+benchmark:
+  num_prompts: 32
+  random_input_len: 128
+  random_output_len: 16
+  max_concurrency: 8
+regression: [median_tpot_ms]
+"""
+
+
+@pytest.mark.parametrize("clock", ["real", "virtual"])
+def test_a_run_simulated_on_another_gpu_is_not_gated_against_the_default(
+    pytester: pytest.Pytester, ports: str, clock: str
+) -> None:
+    """A baseline simulated as an H100 (the default) does not judge a run simulated as an
+    A100, which serves the same suite at a third of the throughput: before, the gate said
+    `regressed`. The device column names the GPU modelled on either clock."""
+    pytester.makefile(".yaml", bench_gated=GATED)
+    common = [f"--profllm-sim-clock={clock}", "--profllm-baseline=base/results.db"]
+    base = run_suites(pytester, ports, *common, "--profllm-baseline-update", out="base",
+                      cache=False)
+    base.assert_outcomes(passed=1)
+    other = run_suites(pytester, ports, *common, "--profllm-sim-device=A100-80GB",
+                       out="a100", cache=False)
+    other.assert_outcomes(passed=1)
+    (h100,) = run_records(pytester, "base")
+    (a100,) = run_records(pytester, "a100")
+    assert a100["results"]["output_throughput"] < 0.7 * h100["results"]["output_throughput"]
+    assert [v["verdict"] for v in a100["regression"]] == ["no-baseline"]
+    prefix = "virtual clock: " if clock == "virtual" else "virtual: "
+    for out, device in (("base", DEFAULT_DEVICE), ("a100", "A100-80GB")):
+        with sqlite3.connect(pytester.path / out / "results.db") as db:
+            assert db.execute("SELECT device FROM benchmark_runs").fetchall() == [
+                (prefix + device,)]

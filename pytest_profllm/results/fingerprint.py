@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from pytest_profllm.results.record import SIM_DEFAULT_DEVICE, sim_device
+
 _NOT_THE_WORKLOAD = ("seed",)
 # Keys that shape one dataset's workload only (by prefix: the dataset they belong to). Under
 # another dataset they change nothing, and records written before they existed lack them:
@@ -85,6 +87,11 @@ def fingerprint(record: dict[str, Any], with_version: bool = True) -> dict[str, 
     sim_profile = engine.get("sim_profile")
     if isinstance(sim_profile, dict):
         parts["sim_profile"] = sim_profile.get("sha256")
+    elif (modelled := sim_device(engine)) not in (None, SIM_DEFAULT_DEVICE):
+        # A shipped profile other than the default (--profllm-sim-device): a run simulated as
+        # an A100 is never gated against one simulated as an H100. Left out at the default,
+        # so the fingerprints of runs on it stay what they were.
+        parts["sim_device"] = modelled
     if with_version:
         parts["engine_version"] = engine.get("version")
         parts["engine_args_version"] = (config.get("engine_args") or {}).get("vllm_version")

@@ -381,6 +381,22 @@ def measurement_validity(
     return "valid", []
 
 
+# The simulator's default device (sim/hardware.py DEFAULT_DEVICE, which this layer does not
+# import; a test keeps the two the same).
+SIM_DEFAULT_DEVICE = "H100-SXM"
+
+
+def sim_device(engine: dict[str, Any]) -> str | None:
+    """The GPU the simulated engine modelled (its device profile's name); None where the
+    record is not the simulator's or does not say."""
+    if engine.get("name") != "sim":
+        return None
+    sim = engine.get("sim")
+    device = sim.get("device") if isinstance(sim, dict) else None
+    name = device.get("name") if isinstance(device, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
 def is_valid(record: dict[str, Any]) -> bool:
     """Whether a record (as written, or read back) is a valid measurement: the one rule the
     store, the gate and pytest-benchmark's view apply."""

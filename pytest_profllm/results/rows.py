@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from pytest_profllm.results.record import is_valid, record_bytes
+from pytest_profllm.results.record import is_valid, record_bytes, sim_device
 from pytest_profllm.results.table import FIXED_COLUMNS, column_types
 
 
@@ -245,9 +245,11 @@ def _device(system: dict[str, Any], engine: dict[str, Any]) -> str:
         return f"virtual clock: {modelled}" if modelled else "virtual clock"
     names = system.get("gpu_names") or []
     if not names:
-        # vLLM's CPU build on the host's cores, or the simulator on virtual GPUs.
+        # vLLM's CPU build on the host's cores, or the simulator on virtual GPUs (named by
+        # the GPU it modelled, so runs simulated as two GPUs are never grouped as one).
         if system.get("device_kind") == "virtual":
-            return "virtual"
+            modelled = sim_device(engine)
+            return f"virtual: {modelled}" if modelled else "virtual"
         if not system.get("device_kind") and not system.get("device_name"):
             return "unknown"  # a file that does not say (a profllm bench result)
         return f"cpu: {system['device_name']}" if system.get("device_name") else "cpu"
