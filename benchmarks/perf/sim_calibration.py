@@ -132,10 +132,12 @@ def per_source(
     for rows, check in zip(groups, checks, strict=True):
         print_host(rows, check)
         if profiles is not None:
-            print(f"  profile: {write_profile(profiles, rows, check)}")
+            print(f"  profile: {write_profile(profiles, rows, check, free)}")
 
 
-def write_profile(folder: Path, rows: list[Row], check: HostCheck) -> Path:
+def write_profile(
+    folder: Path, rows: list[Row], check: HostCheck, free: tuple[str, ...]
+) -> Path:
     """The host's fit on all its rows as a profile file, as `profllm calibrate` writes one
     (for `--profllm-sim-profile` and `plan_capacity.py --profile`)."""
     name = f"{check.source}-{check.device}"
@@ -150,7 +152,7 @@ def write_profile(folder: Path, rows: list[Row], check: HostCheck) -> Path:
     )
     comments = [f"{check.source}'s {check.device} host, fitted on its {len(rows)} published rows "
                 f"(benchmarks/perf/sim_calibration.py --per-source; free: "
-                f"{', '.join(check.fitted.params)})"]
+                f"{', '.join(free)}; the rest as shipped)"]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name.lower()}.toml"
     path.write_text(profile_toml(profile, fitted, comments))

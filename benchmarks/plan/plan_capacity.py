@@ -110,7 +110,8 @@ def table(out: Path, prices: dict[str, float]) -> None:
     print(f"PREDICTIONS, not measurements: the simulated engine on the virtual clock, "
           f"{MODEL}, random 512 in / 64 out (+-50 %), SLO {SLO}; device profiles: "
           + ", ".join(f"{d} ({s})" for d, s in sorted(profiles.items())))
-    print(f"{'device':10} {'tp':>2} {'seqs':>4} {'capacity req/s [bracket]':>28} "
+    width = max([10, *(len(r["device"]) for r in rows)])
+    print(f"{'device':{width}} {'tp':>2} {'seqs':>4} {'capacity req/s [bracket]':>28} "
           f"{'limit':12} {'out tok/s':>9} {'$/GPU-h':>7} {'$/M out tok':>11}")
     rows.sort(key=lambda r: (r["device"], r["tp"], r["seqs"]))
     for row in rows:
@@ -118,7 +119,7 @@ def table(out: Path, prices: dict[str, float]) -> None:
         low, high = c["bracket"]
         shown = (f"{c['capacity']:.3g} [{low:.3g}, {high:.3g}]" if c["capacity"] and high
                  else f">= {c['capacity']:.3g}" if c["capacity"] else "none")
-        print(f"{row['device']:10} {row['tp']:>2} {row['seqs']:>4} {shown:>28} "
+        print(f"{row['device']:{width}} {row['tp']:>2} {row['seqs']:>4} {shown:>28} "
               f"{c['limit'] or '-':12} {row['tokens'] or 0:9.0f} "
               f"{prices.get(row['device'], float('nan')):7.2f} "
               f"{row['cost'] if row['cost'] is not None else float('nan'):11.3f}"
