@@ -246,12 +246,17 @@ def test_an_accuracy_case_on_the_simulated_engine_is_recorded_stored_and_gated(
     assert page.headlines[0] == ("acc", f"{results['acc']:.3f} ± {results['acc_stderr']:.3f}", "")
     assert page.accuracy is not None and "on 60 of 200 samples" in page.accuracy
 
-    # The same simulator answers the same: against that baseline, unchanged.
+    # The same simulator answers the same: against that baseline, unchanged. The generate
+    # task measures no acc, so it is not gated on it: before, it was `no-baseline` for ever,
+    # and a required baseline failed it.
     again = run_suites(
-        pytester, ports, "--profllm-baseline=base/results.db", out="new", gpus=None, cache=False
+        pytester, ports, "--profllm-baseline=base/results.db", "--profllm-require-baseline",
+        out="new", gpus=None, cache=False
     )
     again.assert_outcomes(passed=2)
-    (gated,) = [r for r in run_records(pytester, "new") if r["accuracy"]["task"].endswith("mc")]
+    by_task = {r["accuracy"]["task"]: r for r in run_records(pytester, "new")}
+    assert not by_task["profllm_arithmetic_gen"]["regression"]
+    gated = by_task["profllm_arithmetic_mc"]
     (verdict,) = gated["regression"]
     assert (verdict["metric"], verdict["verdict"]) == ("acc", "unchanged")
     assert verdict["baseline"] == results["acc"]

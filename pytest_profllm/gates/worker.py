@@ -10,7 +10,7 @@ import pytest
 from pytest_profllm.gates.baseline import Baseline
 from pytest_profllm.gates.config import GATE_CONFIG_KEY
 from pytest_profllm.gates.samples import RunSamples, samples_of
-from pytest_profllm.gates.verdict import describe, judge
+from pytest_profllm.gates.verdict import describe, judge, values_of
 from pytest_profllm.plan.regression import gated_metric
 from pytest_profllm.results.fingerprint import digests
 from pytest_profllm.results.record import RegressionVerdict
@@ -51,10 +51,12 @@ def judge_case(config: pytest.Config, outcome: CaseOutcome) -> list[RegressionVe
             pytest.fail(f"--profllm-baseline {baseline.path}: cannot be read: {error}",
                         pytrace=False)
     settings = config.stash[GATE_CONFIG_KEY].settings
-    return [
-        judge(gated_metric(name, tolerance), runs, baseline_runs, settings)
-        for name, tolerance in case.regression.items()
-    ]
+    gated = [gated_metric(name, tolerance) for name, tolerance in case.regression.items()]
+    # A metric the case does not measure is not gated on it, rather than judged `no-baseline`
+    # for ever (and failed under --profllm-require-baseline): `regression: [acc]` over an
+    # axis of accuracy tasks, one of which scores exact_match alone.
+    return [judge(metric, runs, baseline_runs, settings)
+            for metric in gated if values_of(metric, runs).size]
 
 
 def regression_message(
