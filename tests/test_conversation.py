@@ -228,7 +228,10 @@ def test_ttft_falls_on_later_turns_only_with_prefix_caching(
         assert last["median_ttft_ms"] < 0.5 * first["median_ttft_ms"]
     else:
         assert [row["prefix_cache_hit_rate"] for row in summary] == [0.0] * 4
-        assert last["median_ttft_ms"] > 0.8 * first["median_ttft_ms"]
+        # Not the fall the cache gives (under half): the whole history is prefilled again.
+        # The margin is the host's: real-time TTFTs of one conversation's turns on a busy
+        # 2-core host differed by a fifth (144 against 181 ms).
+        assert last["median_ttft_ms"] > 0.6 * first["median_ttft_ms"]
 
 
 def test_the_simulator_renders_a_conversation_so_its_history_is_a_prefix(
