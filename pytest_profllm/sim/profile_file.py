@@ -10,7 +10,6 @@ gate's fingerprint carries that digest: runs priced by two profiles are never co
 from __future__ import annotations
 
 import hashlib
-import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -27,6 +26,7 @@ from pydantic import (
     create_model,
 )
 
+from pytest_profllm.hosts.files import write_atomic
 from pytest_profllm.sim.hardware import DeviceProfile, Overheads
 
 
@@ -113,10 +113,7 @@ class ProfileSnapshot:
         once, atomically: workers sharing the folder write the same bytes to the same name."""
         target = folder / f"{self.path.stem}-{self.sha256[:12]}{self.path.suffix or '.toml'}"
         if not target.is_file() or target.read_bytes() != self.content:
-            folder.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(f".{target.name}.{os.getpid()}")
-            partial.write_bytes(self.content)
-            partial.replace(target)
+            write_atomic(target, self.content)
         return target
 
 
