@@ -31,6 +31,7 @@ from pytest_profllm.sim.calibration import ROWS, observation_of, one_host_groups
 from pytest_profllm.sim.fit_records import METRICS, Observation, fit, predict
 from pytest_profllm.sim.hardware import device_profile
 from pytest_profllm.sim.profile_file import identity, load_profile_file
+from pytest_profllm.sim.virtual import ServerSettings
 
 MODEL = "Qwen/Qwen3-8B"
 GPU = "NVIDIA H100 80GB HBM3"  # an alias of the shipped H100-SXM profile
@@ -311,3 +312,37 @@ def test_a_run_is_replayed_with_the_requests_and_send_times_of_its_requests_file
         lines = [json.dumps({**sent[0], **bad}).encode(), json.dumps(sent[2]).encode()]
         path.write_bytes(gzip.compress(b"\n".join(lines)))
         assert observation(row, tmp_path).requests == flags.requests, bad  # not a figure
+
+
+def test_a_run_that_fills_its_kv_cache_is_replayed_with_the_cache_its_server_had(
+    tmp_path: Path,
+) -> None:
+    # A server that sized its cache at 300 blocks of 16 tokens (its /metrics said so; no flag
+    # set it), under 64 prompts of 4,096 tokens: the cache, not the GPU, bounds the run.
+    concurrency, input_len, blocks = 64, 4096, 300
+    base = a_record(0, concurrency, input_len)
+    prompts = base["config"]["benchmark"]["num_prompts"]
+    requests = random_lengths(prompts, input_len, OUTPUT_LEN, 0.2, seed=0)
+    run = Observation("x", "x", MODEL, tuple(requests), {}, max_concurrency=concurrency,
+                      settings=ServerSettings(num_gpu_blocks=blocks))
+    measured = {name: value for name, value in predict(run, TRUE).items() if name in METRICS}
+    record = a_record(
+        0, concurrency, input_len,
+        results={**measured, "completed": prompts, "failed": 0},
+        system={**base["system"], "server_num_gpu_blocks": blocks, "server_kv_block_size": 16,
+                "server_kv_cache_tokens": blocks * 16},
+    )
+    db = tmp_path / "results.db"
+    load_records(db, [record])
+    (row,) = read_runs(db, None)
+    replayed = observation(row, tmp_path)
+    assert (replayed.settings.num_gpu_blocks, replayed.settings.block_size) == (blocks, 16)
+    # Replayed so, the true profile gives the run's figures back; sized by the simulator's
+    # own memory estimate instead (as before the record said), it gives other ones.
+    assert predict(replayed, TRUE)["median_tpot_ms"] == pytest.approx(
+        measured["median_tpot_ms"], rel=1e-9
+    )
+    estimated = Observation(
+        "x", "x", MODEL, replayed.requests, {}, max_concurrency=concurrency, seed=replayed.seed
+    )
+    assert predict(estimated, TRUE)["median_tpot_ms"] > 1.5 * measured["median_tpot_ms"]

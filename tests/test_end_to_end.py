@@ -388,6 +388,9 @@ benchmark:
     assert system["server_prefix_cache_queries"] == 12 * (32 + 48)
     assert system["server_prefix_cache_hits"] >= 8 * 32
     assert system["server_num_preemptions"] is not None
+    # The KV cache the server said it had (its cache_config_info): the suite's 64 blocks.
+    assert (system["server_num_gpu_blocks"], system["server_kv_block_size"]) == (64, 16)
+    assert system["server_kv_cache_tokens"] == 64 * 16
     columns = db_rows(
         pytester,
         "select system_peak_server_rss_mib, system_server_prefix_cache_hit_rate, "

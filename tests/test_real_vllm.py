@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -162,6 +163,12 @@ def test_two_servers_two_workloads_on_cpu_cores(
         assert system["server_prefix_cache_queries"] > 0
         assert system["server_prefix_cache_hits"] is not None
         assert system["server_num_preemptions"] is not None
+        # The KV cache vLLM sized at start, from its /metrics: the figure its own log gives.
+        log = pytester.path / "results" / "logs" / record["runtime"]["server_log"]
+        logged = re.search(r"KV cache size: ([\d,]+) tokens", log.read_text(errors="replace"))
+        assert logged, log
+        assert system["server_kv_cache_tokens"] == int(logged[1].replace(",", ""))
+        assert system["server_num_gpu_blocks"] > 0 and system["server_kv_block_size"] > 0
     # vLLM's POST /reset_prefix_cache (development mode, which the plugin sets) emptied the
     # cache before each case: the repeat of the same prompts found none of them there.
     same = sorted((r for r in written if r["suite"] == "same"), key=lambda r: r["repeat_index"])

@@ -195,11 +195,20 @@ class _Metrics(BaseHTTPRequestHandler):
         pass
 
 
-def exposition(preemptions: float, queries: float, hits: float, kv: float) -> str:
+def exposition(
+    preemptions: float, queries: float, hits: float, kv: float, capacity: str = ""
+) -> str:
     lines = []
     for engine in ("0", "1"):  # two engines (data parallel): values are summed
         labels = f'{{engine="{engine}",model_name="m"}}'
+        # vLLM's cache configuration, an info metric: its facts are labels (each engine's own
+        # cache; `capacity`: vLLM 0.12+'s label of the cache's tokens, where given).
+        info = (f'block_size="16",cache_dtype="auto",enable_prefix_caching="True",'
+                f'gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="2271",'
+                f'{capacity}engine="{engine}"')
         lines += [
+            "# TYPE vllm:cache_config_info gauge",
+            f"vllm:cache_config_info{{{info}}} 1.0",
             "# TYPE vllm:num_preemptions_total counter",
             f"vllm:num_preemptions_total{labels} {preemptions}",
             "# TYPE vllm:prefix_cache_queries_total counter",
@@ -232,6 +241,10 @@ def test_scrape_sums_labels_and_deltas_cover_the_run(metrics_server: str) -> Non
     assert before["vllm:kv_cache_usage_perc"] == pytest.approx(0.2)
     deltas = server_metric_deltas(before, after)
     assert deltas == {
+        # The cache's size from its info metric's labels: each engine's, not their sum.
+        "server_num_gpu_blocks": 2271,
+        "server_kv_block_size": 16,
+        "server_kv_cache_tokens": 2271 * 16,
         "server_num_preemptions": 6.0,
         "server_prefix_cache_queries": 600.0,
         "server_prefix_cache_hits": 300.0,
@@ -241,6 +254,19 @@ def test_scrape_sums_labels_and_deltas_cover_the_run(metrics_server: str) -> Non
         "sim_step_lateness_mean_ms": None,
         "sim_step_lateness_p99_ms": None,
     }
+
+
+def test_the_kv_cache_capacity_is_vllms_own_figure_where_it_gives_one(
+    metrics_server: str,
+) -> None:
+    # vLLM 0.12+ labels the cache's capacity in tokens (a hybrid model's groups counted),
+    # which need not be blocks x block size.
+    _Metrics.bodies = [exposition(1, 1, 1, 0.1, capacity='kv_cache_size_tokens="36000",')]
+    scraped = scrape_metrics(metrics_server)
+    assert scraped is not None
+    assert scraped["vllm:cache_config_info.kv_cache_size_tokens"] == 36000
+    assert "vllm:cache_config_info.cache_dtype" not in scraped  # not a figure
+    assert server_metric_deltas(scraped, scraped)["server_kv_cache_tokens"] == 36000
 
 
 def test_no_metrics_endpoint_gives_null_figures() -> None:

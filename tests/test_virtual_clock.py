@@ -84,6 +84,9 @@ def test_a_suite_on_the_virtual_clock(pytester: pytest.Pytester, ports: str) -> 
         assert system["mean_gpu_utilization"] is None and system["peak_server_rss_mib"] is None
         assert results["client_cpu_percent"] is None
         assert system["sim_steps"] > 0
+        # The KV cache the engine model sized, as a server's /metrics would say it.
+        assert system["server_kv_block_size"] == 16 and system["server_num_gpu_blocks"] > 0
+        assert system["server_kv_cache_tokens"] == 16 * system["server_num_gpu_blocks"]
     # Under the burst, the larger batch limit carries more: the engine model decides.
     burst = {r["config"]["server"]["max_num_seqs"]: r["results"] for r in records
              if r["config"]["benchmark"]["request_rate"] == "inf"}

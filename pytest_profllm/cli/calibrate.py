@@ -166,8 +166,13 @@ def observation(row: dict[str, Any], folder: Path | None = None) -> Observation:
             max_num_seqs=_int(row.get("server_max_num_seqs")),
             max_num_batched_tokens=_int(row.get("server_max_num_batched_tokens")),
             gpu_memory_utilization=float(row.get("server_gpu_memory_utilization") or 0.9),
-            block_size=_int(row.get("server_block_size")) or BLOCK_SIZE,
-            num_gpu_blocks=_int(row.get("server_num_gpu_blocks_override")),
+            # The KV cache the server measured it had, where the row says (a run that fills
+            # it is bounded by it, and the simulator's memory estimate is only an estimate);
+            # else as its flags set it.
+            block_size=_int(row.get("system_server_kv_block_size"))
+            or _int(row.get("server_block_size")) or BLOCK_SIZE,
+            num_gpu_blocks=_int(row.get("system_server_num_gpu_blocks"))
+            or _int(row.get("server_num_gpu_blocks_override")),
             enable_prefix_caching=row.get("server_enable_prefix_caching") not in (0, False),
             enable_chunked_prefill=row.get("server_enable_chunked_prefill") not in (0, False),
             max_model_len=_int(row.get("server_max_model_len")),

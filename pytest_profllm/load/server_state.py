@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
@@ -49,12 +50,22 @@ _RESET_TIMEOUT_S = 30.0
 _SCRAPE_TIMEOUT_S = 2.0
 
 
+# vLLM's cache configuration as an info metric (a gauge of 1 whose labels carry the facts):
+# the KV cache's blocks, their size in tokens and (vLLM 0.12+) its capacity in tokens, as the
+# engine sized them at start. `scrape_metrics` keeps such labels as NAME.LABEL.
+CACHE_INFO = "vllm:cache_config_info"
+KV_BLOCKS = f"{CACHE_INFO}.num_gpu_blocks"
+KV_BLOCK_SIZE = f"{CACHE_INFO}.block_size"
+KV_TOKENS = f"{CACHE_INFO}.kv_cache_size_tokens"
+
+
 def scrape_metrics(
     url: str, timeout: float = _SCRAPE_TIMEOUT_S, session: Any = None
 ) -> dict[str, float] | None:
-    """A Prometheus text endpoint as {sample name: value summed over its labels}; None where
-    it does not answer (an engine without /metrics is no error). A `requests.Session` keeps
-    the connection between scrapes."""
+    """A Prometheus text endpoint as {sample name: value summed over its labels}, and each
+    numeric label of an info metric (`*_info`) as {NAME.LABEL: its largest value over the
+    engines}; None where it does not answer (an engine without /metrics is no error). A
+    `requests.Session` keeps the connection between scrapes."""
     # Deferred: requests takes about 0.1 s to import, on every pytest run otherwise.
     import requests
     from prometheus_client.parser import text_string_to_metric_families
@@ -70,9 +81,22 @@ def scrape_metrics(
         for family in text_string_to_metric_families(response.text):
             for sample in family.samples:
                 values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+                if sample.name.endswith("_info"):
+                    _keep_numeric_labels(values, sample.name, sample.labels)
     except ValueError:
         return None
     return values
+
+
+def _keep_numeric_labels(values: dict[str, float], name: str, labels: dict[str, str]) -> None:
+    for label, text in labels.items():
+        try:
+            number = float(text)
+        except ValueError:  # "None", "True", "auto": not a figure
+            continue
+        if math.isfinite(number):
+            key = f"{name}.{label}"
+            values[key] = max(values.get(key, number), number)
 
 
 @dataclass(frozen=True)

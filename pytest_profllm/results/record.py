@@ -147,6 +147,11 @@ class SystemInfo(BaseModel):
     # counters as their change over the measured run.
     mean_kv_cache_usage: float | None = None
     peak_kv_cache_usage: float | None = None
+    # The KV cache as the server sized it at start (vllm:cache_config_info): what a run that
+    # fills it is bounded by, and what `profllm calibrate` replays it with.
+    server_num_gpu_blocks: int | None = None
+    server_kv_block_size: int | None = None
+    server_kv_cache_tokens: int | None = None
     server_num_preemptions: float | None = None
     server_prefix_cache_queries: float | None = None  # tokens looked up
     server_prefix_cache_hits: float | None = None  # tokens found

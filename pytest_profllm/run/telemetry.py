@@ -23,6 +23,9 @@ import psutil
 from pytest_profllm.hosts.nvml import EnergyCount, GpuReading, NvmlGpus
 from pytest_profllm.hosts.processes import process_tree
 from pytest_profllm.load.server_state import (
+    KV_BLOCK_SIZE,
+    KV_BLOCKS,
+    KV_TOKENS,
     PREFIX_HITS,
     PREFIX_QUERIES,
     scrape_metrics,
@@ -122,11 +125,27 @@ def server_metric_deltas(
 
     queries, hits = delta(PREFIX_QUERIES), delta(PREFIX_HITS)
     return {
+        **kv_cache_size(after or before),
         "server_num_preemptions": delta(PREEMPTIONS),
         "server_prefix_cache_queries": queries,
         "server_prefix_cache_hits": hits,
         "server_prefix_cache_hit_rate": (hits / queries if queries and hits is not None else None),
         **sim_lateness(before, after),
+    }
+
+
+def kv_cache_size(scraped: dict[str, float] | None) -> dict[str, int | None]:
+    """The KV cache the server sized at its start, from vLLM's `vllm:cache_config_info`: its
+    blocks, their size, and its capacity in tokens (vLLM's own figure where it gives one,
+    which counts a hybrid model's groups; else blocks times their size). None where the
+    server gives no such metric."""
+    scraped = scraped or {}
+    blocks, size = scraped.get(KV_BLOCKS), scraped.get(KV_BLOCK_SIZE)
+    tokens = scraped.get(KV_TOKENS) or (blocks * size if blocks and size else None)
+    return {
+        "server_num_gpu_blocks": int(blocks) if blocks else None,
+        "server_kv_block_size": int(size) if size else None,
+        "server_kv_cache_tokens": int(tokens) if tokens else None,
     }
 
 

@@ -73,6 +73,8 @@ class Outcome:
     preemptions: int = 0
     prefix_cache_hit_rate: float = 0.0
     peak_kv_cache_usage: float = 0.0
+    num_gpu_blocks: int = 0  # the KV cache the run had: its blocks, and their size in tokens
+    block_size: int = 0
     # Every finished request (in finishing order), and the engine's counters over the run.
     served: list[Served] = field(default_factory=list)
     steps: int = 0
@@ -249,6 +251,7 @@ def simulate(
     outcome.duration = now
     outcome.preemptions = scheduler.num_preemptions
     outcome.peak_kv_cache_usage = peak
+    outcome.num_gpu_blocks, outcome.block_size = scheduler.num_gpu_blocks, scheduler.block_size
     outcome.steps = scheduler.steps
     outcome.prefix_cache_queries = scheduler.prefix_cache_queries
     outcome.prefix_cache_hits = scheduler.prefix_cache_hits
