@@ -7,6 +7,9 @@ prints them as a table, refits, and cross-validates by leaving each source out.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import pytest
 
 from pytest_profllm.sim.calibration import (
@@ -17,7 +20,7 @@ from pytest_profllm.sim.calibration import (
     reproduce,
 )
 from pytest_profllm.sim.hardware import device_profile
-from pytest_profllm.sim.virtual import Request, ServerSettings, simulate
+from pytest_profllm.sim.virtual import Request, Served, ServerSettings, simulate
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +85,45 @@ def test_a_fit_over_every_source_leaves_what_a_profile_measured_itself() -> None
     assert on_h100.compute_efficiency == h100.overheads.compute_efficiency == 0.65
     assert on_a100.compute_efficiency == 0.4
     assert on_h100.step_ms == on_a100.step_ms == 2.5
+
+
+def test_row_104_replayed_with_its_servers_cache_stalls_where_vllm_did() -> None:
+    # The source's saved per-request ITLs (calibration._N1_DGX): prefill stops with 19 prompts
+    # of 30,000 tokens resident, every one of them decodes alone for 31 steps until the first
+    # ends, and no gap is long enough for a preempted prompt's recompute (all under 0.85 s).
+    row = next(row for row in ROWS if row.number == 104)
+
+    def by_first_token(settings: ServerSettings) -> list[Served]:
+        outcome = simulate(row.engine(), row.requests(), settings,
+                           request_rate=row.request_rate, seed=row.number)
+        return sorted(outcome.served, key=lambda served: served.first_token)
+
+    served = by_first_token(row.settings)
+    alone = list(itertools.takewhile(lambda gap: gap < 0.2, served[18].gaps))
+    assert 25 <= len(alone) <= 40  # the 19th: decode steps alone, then prefill goes on
+    assert all(gap > 0.2 for gap in served[19].gaps[:20])  # the 20th: beside the next prefills
+    assert max(max(s.gaps) for s in served) < 0.85
+    # On the simulator's own estimate of the cache (691,364 tokens), a run the source's does
+    # not look like: prompts preempted and recomputed.
+    estimated = by_first_token(dataclasses.replace(row.settings, num_gpu_blocks=None))
+    assert max(max(s.gaps) for s in estimated) > 2
+
+
+def test_row_14s_cache_serves_its_pages_32k_prompts_one_at_a_time_as_vllm_did() -> None:
+    # The same page's baseline run (calibration._S2_QWEN3_32B): prompts of 32,000 tokens all
+    # served, and a TPOT as flat as one prompt decoding alone (p99 44.3 ms, median 43.4).
+    row = next(row for row in ROWS if row.number == 14)
+    prompts = [Request(32_000, 100) for _ in range(6)]
+
+    def replay(settings: ServerSettings) -> list[float]:
+        outcome = simulate(row.engine(), prompts, settings, seed=14)
+        return outcome.tpot
+
+    tpot = replay(row.settings)
+    assert len(tpot) == 6 and max(tpot) < 1.05 * min(tpot)
+    # A cache with room for a second prompt's first chunk beside one (45,000 tokens) would
+    # have run prefill chunks between its decode steps: a TPOT the page does not show.
+    roomier = replay(dataclasses.replace(row.settings, num_gpu_blocks=45_000 // 16))
+    assert max(roomier) > 2 * max(tpot)
+    # The simulator's estimate from memory (28,767 tokens) could not have served one of them.
+    assert replay(dataclasses.replace(row.settings, num_gpu_blocks=None)) == []

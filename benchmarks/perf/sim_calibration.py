@@ -4,6 +4,7 @@
     python benchmarks/perf/sim_calibration.py --cv         # and leave-one-source-out errors
     python benchmarks/perf/sim_calibration.py --fit --cv   # refit the overheads on every row too
     python benchmarks/perf/sim_calibration.py --per-source # one host's rows: fit all but one
+    python benchmarks/perf/sim_calibration.py --cache-sweep 14,104  # rows against cache size
 
 Rows are those of shared/data/published-vllm-benchmarks.md and published-vllm-benchmarks-2.md
 (`pytest_profllm/sim/calibration.py` holds them), replayed on the virtual clock with the shipped
@@ -18,7 +19,15 @@ more trusted rows of one host, the overheads are fitted on that host's rows alon
 (`calibration.check_host`, `sim/fit_records.py`), and each row is predicted by a fit on the
 others. It prints each row's error in sample and left out, and per source the median and
 largest error on throughput and on TPOT (ITL where the source gives that), with the target:
-a median of at most 5 % and no row over 15 %.
+a median of at most 5 % and no row over 15 %. Each row also says whether, under the fit,
+it fills its KV cache (the simulator's peak usage, and preemptions): a run bound by the cache
+turns on its size, which published rows do not give.
+
+`--cache-sweep ROWS` replays those rows, under their host's fit on all its rows, with KV
+caches from 70 % to 130 % of their server's (as the row's source shows it, else the
+simulator's estimate from memory): how far a cache-bound row's figures move with a cache size
+a source seldom publishes (a record of ours has it, `system.server_kv_cache_tokens`, which
+`profllm calibrate` replays with).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import statistics
 import time
 from pathlib import Path
 
+from pytest_profllm.sim import fit_records
 from pytest_profllm.sim.calibration import (
     BELOW_MEASURED_KERNELS,
     DISAGREE,
@@ -46,10 +56,15 @@ from pytest_profllm.sim.calibration import (
     fit,
     leave_one_source_out,
     median_abs,
+    observation_of,
     one_host_groups,
     reproduce,
 )
+from pytest_profllm.sim.cost import EngineModel
+from pytest_profllm.sim.hardware import DeviceProfile
+from pytest_profllm.sim.models import resolve_model
 from pytest_profllm.sim.profile_file import FittedOn, profile_toml
+from pytest_profllm.sim.virtual import Outcome, simulate
 
 # What published rows can pin: no TTFT (so no API latency), and the costs per sequence and per
 # token left as shipped (a six-figure fit on S2's rows pinned neither); the roofline's
@@ -159,16 +174,35 @@ def write_profile(
     return path
 
 
+def cache_use(row: Row, profile: DeviceProfile, kv_tokens: int | None = None) -> Outcome:
+    """The row replayed on `profile` (a KV cache of `kv_tokens`; None: the simulator's
+    estimate from memory)."""
+    observation = observation_of(row)
+    settings = row.settings
+    if kv_tokens is not None:
+        settings = dataclasses.replace(settings, num_gpu_blocks=kv_tokens // settings.block_size)
+    return simulate(
+        EngineModel(resolve_model(row.model), profile, row.tp, kv_cache_dtype=row.kv_cache_dtype,
+                    serial_output_processing=observation.serial_output_processing),
+        list(observation.requests), settings, request_rate=row.request_rate,
+        max_concurrency=row.max_concurrency, seed=row.number,
+    )
+
+
 def print_host(rows: list[Row], check: HostCheck) -> None:
     source, device = check.source, check.device
     print(f"\n{source} on {device}, {len(rows)} rows; fit on all of them:")
     print("  " + ", ".join(f"{k} {v:.4g}" for k, v in check.fitted.params.items()))
     print(f"  pinned by the rows: {', '.join(check.fitted.pinned) or 'none'}")
-    print(f"  {'row':>4} {'model':32} {'in sample':>22}   {'left out':>22}")
+    print(f"  {'row':>4} {'model':32} {'in sample':>22}   {'left out':>22}   KV cache (fit)")
+    profile = check.fitted.profile(rows[0].engine().device)
     for inside, held in zip(check.in_sample, check.held_out, strict=True):
         row = next(r for r in rows if str(r.number) == held.observation.label)
+        used = cache_use(row, profile)
+        cache = f"peak {used.peak_kv_cache_usage:4.0%}, {used.preemptions} preempted"
         print(
-            f"  {row.number:4d} {row.model[-32:]:32} {_pair(inside):>22}   {_pair(held.errors):>22}"
+            f"  {row.number:4d} {row.model[-32:]:32} {_pair(inside):>22}   "
+            f"{_pair(held.errors):>22}   {cache}"
         )
     verdicts = []
     for label, names in (("throughput", _THROUGHPUT), ("TPOT", _LATENCY)):
@@ -185,6 +219,41 @@ def print_host(rows: list[Row], check: HostCheck) -> None:
             "(target: median <= 5 %, every row <= 15 %)"
         )
     print(f"  {source} on {device}: {'pass' if all(verdicts) else 'FAIL'}", flush=True)
+
+
+def cache_sweep(numbers: list[int], free: tuple[str, ...], max_evaluations: int) -> None:
+    """Each row's figures under its host's fit on all its rows, with KV caches of 70-130 % of
+    its server's (the row's own, else the simulator's estimate)."""
+    groups = one_host_groups()
+    for number in numbers:
+        rows = next((g for g in groups.values() if any(r.number == number for r in g)), None)
+        if rows is None:
+            raise SystemExit(f"--cache-sweep: row {number} is in no host of 5+ trusted rows")
+        row = next(r for r in rows if r.number == number)
+        base = rows[0].engine().device
+        fitted = fit_records.fit([observation_of(r) for r in rows], base, free=free,
+                                 steps=(0.05,), tolerance=1e-3, max_evaluations=max_evaluations)
+        profile = fitted.profile(base)
+        estimate = EngineModel(resolve_model(row.model), profile, row.tp,
+                               kv_cache_dtype=row.kv_cache_dtype).kv_cache_tokens(
+            row.settings.gpu_memory_utilization)
+        shown = row.settings.num_gpu_blocks
+        center = shown * row.settings.block_size if shown else estimate
+        tpot = row.median_tpot_ms or row.median_itl_ms
+        print(f"\nrow {number} ({row.source}, {row.model}, {row.workload}) under {row.source}'s "
+              f"fit on its {len(rows)} rows; published {row.output_throughput} tok/s, "
+              f"TPOT {tpot} ms; the simulator's cache estimate {estimate:,} tokens"
+              + (f", the source's server's {center:,} (100 % below)" if shown else ""))
+        for share in (0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3):
+            outcome = cache_use(row, profile, int(center * share))
+            summary = outcome.summary()
+            figure = summary["median_tpot_ms"] if row.median_tpot_ms else summary["median_itl_ms"]
+            throughput, published = summary["output_throughput"], row.output_throughput
+            print(f"  cache {share:4.0%} ({int(center * share):>9,} tokens): "
+                  f"{throughput:8.1f} tok/s "
+                  f"({_fmt(throughput / published - 1) if published else '-'}), "
+                  f"TPOT {figure:7.1f} ms ({_fmt(figure / tpot - 1) if tpot else '-'}), "
+                  f"{outcome.preemptions} preempted")
 
 
 def _first(errors: dict[str, float], names: tuple[str, ...]) -> float | None:
@@ -230,12 +299,23 @@ def main() -> None:
         type=Path,
         help="--per-source: write each host's fit on all its rows as a profile file here",
     )
+    parser.add_argument(
+        "--cache-sweep",
+        metavar="ROWS",
+        help="rows (comma-separated) replayed under their host's fit with KV caches of 70-130 %% "
+        "of their server's",
+    )
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one a core)"
     )
     args = parser.parse_args()
     began = time.perf_counter()
+    if args.cache_sweep:
+        numbers = [int(text) for text in args.cache_sweep.split(",")]
+        cache_sweep(numbers, tuple(args.free.split(",")), args.max_evaluations)
+        print(f"wall time {time.perf_counter() - began:.0f} s")
+        return
     if args.per_source:
         per_source(tuple(args.free.split(",")), args.jobs, args.max_evaluations, args.profiles)
         print(f"wall time {time.perf_counter() - began:.0f} s")

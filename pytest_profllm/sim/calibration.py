@@ -139,6 +139,23 @@ _S6 = ServerSettings(
     gpu_memory_utilization=0.95, enable_chunked_prefill=False, max_num_seqs=256, max_model_len=2000
 )
 _N1 = ServerSettings(enable_prefix_caching=False)  # --no-enable-prefix-caching
+# N1's DGX H200 server, its KV cache as row 104's per-request timeline shows it (the source's
+# saved results keep every request's TTFT and ITLs): prefill stops with 19 prompts of 30,000
+# tokens resident and no preemption (every gap under 0.85 s), and waits 31 decode steps, until
+# the first of them ends, for the 511 blocks of the next one's first chunk. So the cache held
+# at least the 35,712 blocks of 16 tokens those 19 needed at the stall's end, and under the
+# 36,187 that would have admitted the next chunk at its start: between 571,000 and 579,000
+# tokens (the simulator estimates 691,364 from memory). Its middle; one server for rows 101-105.
+_N1_DGX = ServerSettings(enable_prefix_caching=False, num_gpu_blocks=35_950)
+# S2's Qwen3-32B server (plain `vllm serve Qwen/Qwen3-32B`, row 14), its KV cache as the same
+# page's baseline run of 100 prompts of 32,000 tokens (at most 100 out) bounds it: every one
+# was served, so the cache held 32,100 tokens; and its TPOT stayed at 43.4 ms to the p99 (44.3),
+# so no second prompt's first chunk (8,192 tokens) ever ran beside a decode, which a cache of
+# 40,292 tokens or more would have admitted. Between them (the simulator estimates 28,767 from
+# memory, too few to serve that run); its middle, in blocks of 16. (vLLM 0.11 starts only with
+# room for one max_model_len sequence, 40,960 tokens by default for this model: so that server
+# ran with a shorter max_model_len than the page's plain command shows. A caveat, not a figure.)
+_S2_QWEN3_32B = ServerSettings(num_gpu_blocks=2_262)
 _N6 = ServerSettings(
     max_model_len=65536, max_num_seqs=1024, max_num_batched_tokens=32768, block_size=1
 )
@@ -185,7 +202,7 @@ ROWS: tuple[Row, ...] = (
     Row(13, "S2", "H100-SXM", "Qwen/Qwen3-14B", 1, "random 4000/200", 500,
         output_throughput=438.56, median_tpot_ms=139.68),
     Row(14, "S2", "H100-SXM", "Qwen/Qwen3-32B", 1, "sharegpt", 1000,
-        output_throughput=1131.55, median_tpot_ms=70.72),
+        output_throughput=1131.55, median_tpot_ms=70.72, settings=_S2_QWEN3_32B),
     Row(15, "S2", "A100-80GB", "Qwen/Qwen3-14B", 1, "sharegpt", 1000,
         output_throughput=1887.31, median_tpot_ms=106.15),
     Row(16, "S2", "A100-80GB", "Qwen/Qwen3-14B-FP8", 1, "sharegpt", 1000,
@@ -212,15 +229,15 @@ ROWS: tuple[Row, ...] = (
     Row(36, "S8", "H200-Nebius", _DSR1, 8, "random 30000/100", 50, 10,
         output_throughput=37.76, settings=_N1),
     Row(101, "N1", "H200-DGX", _DSR1, 8, "random 1000/2000", 50, 10,
-        output_throughput=1145.36, median_tpot_ms=42.08, settings=_N1),
+        output_throughput=1145.36, median_tpot_ms=42.08, settings=_N1_DGX),
     Row(102, "N1", "H200-DGX", _DSR1, 8, "random 5000/1000", 50, 10,
-        output_throughput=853.46, median_tpot_ms=50.09, settings=_N1),
+        output_throughput=853.46, median_tpot_ms=50.09, settings=_N1_DGX),
     Row(103, "N1", "H200-DGX", _DSR1, 8, "random 10000/500", 50, 10,
-        output_throughput=446.90, median_tpot_ms=75.80, settings=_N1),
+        output_throughput=446.90, median_tpot_ms=75.80, settings=_N1_DGX),
     Row(104, "N1", "H200-DGX", _DSR1, 8, "random 30000/100", 50, 10,
-        output_throughput=37.31, median_tpot_ms=471.23, settings=_N1),
+        output_throughput=37.31, median_tpot_ms=471.23, settings=_N1_DGX),
     Row(105, "N1", "H200-DGX", _DSR1, 8, "sharegpt", 500, 10, output_throughput=1380.59,
-        median_tpot_ms=62.28, settings=_N1, sharegpt_means=(102975 / 500, 107666 / 500)),
+        median_tpot_ms=62.28, settings=_N1_DGX, sharegpt_means=(102975 / 500, 107666 / 500)),
     Row(106, "N1", "H200-Nebius", _DSR1, 8, "random 1000/2000", 50, 10,
         output_throughput=1500.11, median_tpot_ms=31.12, settings=_N1),
     Row(107, "N1", "H200-Nebius", _DSR1, 8, "sharegpt", 500, 10, output_throughput=1512.76,
