@@ -79,6 +79,13 @@ def test_the_page_of_a_real_run(real_run: Path) -> None:
     # Telemetry over the run: the server's queues and CPU at least (the simulator has no GPU).
     assert {"series-queues", "series-cpu"} <= set(page.charts)
     assert not any(chart_id.startswith("series-gpu") for chart_id in page.charts)
+    # The KV cache's usage names the cache it is a fraction of, as the server said it.
+    system = record["system"]
+    tokens, blocks = system["server_kv_cache_tokens"], system["server_num_gpu_blocks"]
+    assert tokens == 16 * blocks > 0
+    assert page.captions["series-kv"] == (
+        f"the fraction of KV-cache blocks in use, of a cache of {tokens:,} tokens in "
+        f"{blocks:,} blocks of 16 (as the server sized it)")
     # ... on the load's own time axis: the last sample is taken after the load ended, so it
     # lies after every request's end (counted from the first sample, an interval late, it
     # came before the last requests ended).

@@ -402,6 +402,19 @@ _SERIES_CHARTS = (
 )
 
 
+def _cache_size(row: Mapping[str, Any]) -> str:
+    """The cache the usage is a fraction of, as the server sized it (none where the record
+    does not say)."""
+    tokens, blocks = row.get("system_server_kv_cache_tokens"), row.get(
+        "system_server_num_gpu_blocks")
+    if not isinstance(tokens, int | float) or tokens <= 0:
+        return ""
+    of_blocks = (f" in {blocks:,.0f} blocks of {row.get('system_server_kv_block_size'):,.0f}"
+                 if isinstance(blocks, int | float) and isinstance(
+                     row.get("system_server_kv_block_size"), int | float) else "")
+    return f", of a cache of {tokens:,.0f} tokens{of_blocks} (as the server sized it)"
+
+
 def _series(connection: sqlite3.Connection, page: RunPage) -> None:
     if not _exists(connection, SERIES):
         page.notes.append("No telemetry over time in this database (loaded before it was "
@@ -426,6 +439,8 @@ def _series(connection: sqlite3.Connection, page: RunPage) -> None:
             continue
         rows = [{"t_s": round(p["t_s"] or 0.0, 3), "series": label, "value": p[name]}
                 for p in points for name, label in fields if p[name] is not None]
+        if chart_id == "kv":
+            caption += _cache_size(page.row)
         page.add(f"series-{chart_id}", charts.spec(
             rows, title=title, height=charts.SMALL_HEIGHT,
             mark={"type": "line", "point": len(points) < 60, "tooltip": True},
