@@ -202,7 +202,7 @@ def exposition(
     for engine in ("0", "1"):  # two engines (data parallel): values are summed
         labels = f'{{engine="{engine}",model_name="m"}}'
         # vLLM's cache configuration, an info metric: its facts are labels (each engine's own
-        # cache; `capacity`: vLLM 0.12+'s label of the cache's tokens, where given).
+        # cache; `capacity`: the label of the cache's tokens, where vLLM gives it: 0.32 does).
         info = (f'block_size="16",cache_dtype="auto",enable_prefix_caching="True",'
                 f'gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="2271",'
                 f'{capacity}engine="{engine}"')
@@ -259,7 +259,7 @@ def test_scrape_sums_labels_and_deltas_cover_the_run(metrics_server: str) -> Non
 def test_the_kv_cache_capacity_is_vllms_own_figure_where_it_gives_one(
     metrics_server: str,
 ) -> None:
-    # vLLM 0.12+ labels the cache's capacity in tokens (a hybrid model's groups counted),
+    # Recent vLLM (0.32) labels the cache's capacity in tokens (a hybrid model's groups counted),
     # which need not be blocks x block size.
     _Metrics.bodies = [exposition(1, 1, 1, 0.1, capacity='kv_cache_size_tokens="36000",')]
     scraped = scrape_metrics(metrics_server)

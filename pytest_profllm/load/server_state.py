@@ -51,7 +51,7 @@ _SCRAPE_TIMEOUT_S = 2.0
 
 
 # vLLM's cache configuration as an info metric (a gauge of 1 whose labels carry the facts):
-# the KV cache's blocks, their size in tokens and (vLLM 0.12+) its capacity in tokens, as the
+# the KV cache's blocks, their size in tokens and (vLLM 0.32 has it) its capacity in tokens, as the
 # engine sized them at start. `scrape_metrics` keeps such labels as NAME.LABEL.
 CACHE_INFO = "vllm:cache_config_info"
 KV_BLOCKS = f"{CACHE_INFO}.num_gpu_blocks"
