@@ -16,6 +16,8 @@ import psutil
 import pytest
 from helpers import run_records, run_suites
 
+from pytest_profllm.sim.hardware import PROFILE_DIR
+
 REPO = Path(__file__).resolve().parent.parent
 SMALL_WORKLOAD = """
 benchmark:
@@ -426,3 +428,39 @@ def test_a_client_later_than_the_lag_limit_makes_its_case_invalid(
     )
     [record] = run_records(pytester)
     assert record["status"] == "invalid"
+
+
+@pytest.mark.parametrize("with_profile", [False, True], ids=["log", "profile-copy"])
+def test_a_logs_folder_that_cannot_be_written_errors_each_case_in_one_line(
+    pytester: pytest.Pytester, ports: str, with_profile: bool
+) -> None:
+    # A file where the logs' folder goes stands for any folder the disk refuses (full, read
+    # only): neither the server's log nor the session's copy of its profile can be written.
+    # (On a full 256 KiB tmpfs both read "No space left on device" the same way.)
+    pytester.makefile(
+        ".yaml",
+        bench_logs="server:\n  model: Qwen/Qwen3-8B\n"
+        "benchmark:\n  num_prompts: 2\n  random_input_len: 16\n  random_output_len: 4\n"
+        "  request_rate: [4, 8]\n",
+    )
+    (pytester.path / "results").mkdir()
+    (pytester.path / "results" / "logs").write_text("not a folder\n")
+    extra: list[str] = []
+    if with_profile:
+        profile = pytester.path / "host.toml"
+        profile.write_bytes((PROFILE_DIR / "h100-sxm.toml").read_bytes())
+        extra = ["--profllm-sim-profile", str(profile)]
+    result = run_suites(pytester, ports, *extra)
+    result.assert_outcomes(failed=2)
+    text = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in text and "FileExistsError" not in text
+    written = run_records(pytester)
+    assert [r["status"] for r in written] == ["error", "error"]
+    folder = pytester.path / "results" / "logs"
+    first, second = sorted(r["message"] for r in written)
+    if with_profile:  # each case tries again, and says the same
+        assert first == second == (
+            f"cannot write the session's copy of host.toml in {folder}: File exists")
+    else:  # the second case of the same server points at the first
+        assert first.startswith(f"qwen3-8b: not started: cannot write its log {folder}/")
+        assert first.endswith(": File exists") and second == f"{first} (see the first case)"

@@ -129,10 +129,17 @@ class ServerProcess:
         return self._process.pid if self._process is not None else None
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            log.write(f"# profllm: {' '.join(redact_argv(self.argv))}\n".encode())
-            log.flush()
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            # Unbuffered: a write the disk refuses fails here, not again as the file closes.
+            log = self.log_path.open("ab", buffering=0)
+        except OSError as error:
+            raise self._unwritable_log(error) from None
+        with log:
+            try:
+                log.write(f"# profllm: {' '.join(redact_argv(self.argv))}\n".encode())
+            except OSError as error:
+                raise self._unwritable_log(error) from None
             self.started_at = time.time()
             self._process = subprocess.Popen(
                 self.argv,
@@ -143,6 +150,14 @@ class ServerProcess:
                 start_new_session=True,  # its own process group, so stop() reaches every child
                 preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
+
+    def _unwritable_log(self, error: OSError) -> ServerStartError:
+        """A log that cannot be written (a full disk, a file where its folder should be, a
+        read-only folder): the server is not started, and the case says so in one line."""
+        return ServerStartError(
+            f"{self.label}: not started: cannot write its log {self.log_path}: "
+            f"{error.strerror or error}"
+        )
 
     def wait_ready(self, timeout: float) -> None:
         # Deferred: requests takes about 0.1 s to import, on every pytest run otherwise.

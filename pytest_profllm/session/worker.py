@@ -161,15 +161,25 @@ class WorkerSession:
             sim_device=self.settings.sim_device,
             # The session's copy beside the logs: a server started late reads the bytes the
             # session checked, whatever became of the user's file since.
-            sim_profile=(
-                self.settings.sim_profile.copy_into(log_dir) if self.settings.sim_profile else None
-            ),
+            sim_profile=self._profile_copy(log_dir),
             session_id=self.identity.session_id,
             cores=(
                 LoadCores.of(self.pool, self.identity.engine.device_kind)
                 if self.settings.load_cores else None
             ),
         )
+
+    def _profile_copy(self, log_dir: Path) -> Path | None:
+        profile = self.settings.sim_profile
+        if profile is None:
+            return None
+        try:
+            return profile.copy_into(log_dir)
+        except OSError as error:  # a full disk, a file where the logs' folder should be
+            raise CaseFailed(
+                f"cannot write the session's copy of {profile.path.name} in {log_dir}: "
+                f"{error.strerror or error}"
+            ) from None
 
     def _outcome(self, case: Case, nodeid: str) -> CaseOutcome:
         return _outcome(case, nodeid, self.settings, self.identity, self.worker)
