@@ -342,6 +342,10 @@ def test_a_run_that_fills_its_kv_cache_is_replayed_with_the_cache_its_server_had
     assert predict(replayed, TRUE)["median_tpot_ms"] == pytest.approx(
         measured["median_tpot_ms"], rel=1e-9
     )
+    # A count that is not one (a record from elsewhere) falls back to the estimate.
+    for bad in (-300, 0):
+        row_bad = {**row, "system_server_num_gpu_blocks": bad}
+        assert observation(row_bad, tmp_path).settings.num_gpu_blocks is None, bad
     estimated = Observation(
         "x", "x", MODEL, replayed.requests, {}, max_concurrency=concurrency, seed=replayed.seed
     )

@@ -269,6 +269,16 @@ def test_the_kv_cache_capacity_is_vllms_own_figure_where_it_gives_one(
     assert server_metric_deltas(scraped, scraped)["server_kv_cache_tokens"] == 36000
 
 
+def test_a_cache_size_that_is_no_count_is_left_out() -> None:
+    # A label that is not a positive whole number never becomes a cache size.
+    for blocks, size in ((-5.0, 16.0), (2271.5, 16.0), (2271.0, 0.0)):
+        scraped = {"vllm:cache_config_info.num_gpu_blocks": blocks,
+                   "vllm:cache_config_info.block_size": size}
+        figures = server_metric_deltas(scraped, scraped)
+        assert figures["server_kv_cache_tokens"] is None, (blocks, size)
+        assert None in (figures["server_num_gpu_blocks"], figures["server_kv_block_size"])
+
+
 def test_no_metrics_endpoint_gives_null_figures() -> None:
     assert scrape_metrics("http://127.0.0.1:9/metrics", timeout=0.5) is None
     assert set(server_metric_deltas(None, None).values()) == {None}

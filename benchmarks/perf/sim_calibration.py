@@ -64,7 +64,7 @@ from pytest_profllm.sim.cost import EngineModel
 from pytest_profllm.sim.hardware import DeviceProfile
 from pytest_profllm.sim.models import resolve_model
 from pytest_profllm.sim.profile_file import FittedOn, profile_toml
-from pytest_profllm.sim.virtual import Outcome, simulate
+from pytest_profllm.sim.virtual import Outcome
 
 # What published rows can pin: no TTFT (so no API latency), and the costs per sequence and per
 # token left as shipped (a six-figure fit on S2's rows pinned neither); the roofline's
@@ -175,18 +175,14 @@ def write_profile(
 
 
 def cache_use(row: Row, profile: DeviceProfile, kv_tokens: int | None = None) -> Outcome:
-    """The row replayed on `profile` (a KV cache of `kv_tokens`; None: the simulator's
-    estimate from memory)."""
+    """The row replayed on `profile` as the per-source fit replays it (a KV cache of
+    `kv_tokens`; None: the row's own, else the simulator's estimate from memory)."""
     observation = observation_of(row)
-    settings = row.settings
     if kv_tokens is not None:
-        settings = dataclasses.replace(settings, num_gpu_blocks=kv_tokens // settings.block_size)
-    return simulate(
-        EngineModel(resolve_model(row.model), profile, row.tp, kv_cache_dtype=row.kv_cache_dtype,
-                    serial_output_processing=observation.serial_output_processing),
-        list(observation.requests), settings, request_rate=row.request_rate,
-        max_concurrency=row.max_concurrency, seed=row.number,
-    )
+        settings = observation.settings
+        observation = dataclasses.replace(observation, settings=dataclasses.replace(
+            settings, num_gpu_blocks=kv_tokens // settings.block_size))
+    return fit_records.replay(observation, profile)
 
 
 def print_host(rows: list[Row], check: HostCheck) -> None:

@@ -404,15 +404,19 @@ _SERIES_CHARTS = (
 
 def _cache_size(row: Mapping[str, Any]) -> str:
     """The cache the usage is a fraction of, as the server sized it (none where the record
-    does not say)."""
-    tokens, blocks = row.get("system_server_kv_cache_tokens"), row.get(
-        "system_server_num_gpu_blocks")
-    if not isinstance(tokens, int | float) or tokens <= 0:
+    does not say, or says a count that is not one)."""
+    tokens, blocks, size = (row.get(f"system_server_{name}") for name in
+                            ("kv_cache_tokens", "num_gpu_blocks", "kv_block_size"))
+    if not _positive(tokens):
         return ""
-    of_blocks = (f" in {blocks:,.0f} blocks of {row.get('system_server_kv_block_size'):,.0f}"
-                 if isinstance(blocks, int | float) and isinstance(
-                     row.get("system_server_kv_block_size"), int | float) else "")
+    of_blocks = f" in {blocks:,.0f} blocks of {size:,.0f}" if _positive(blocks) and _positive(
+        size) else ""
     return f", of a cache of {tokens:,.0f} tokens{of_blocks} (as the server sized it)"
+
+
+def _positive(value: Any) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and 1 <= value < math.inf)
 
 
 def _series(connection: sqlite3.Connection, page: RunPage) -> None:

@@ -348,7 +348,11 @@ def _json_list(value: Any) -> list[str]:
 
 
 def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) and value and math.isfinite(value) else None
+    """A count from a column (a batch limit, a block count, a size): a positive number, else
+    none, so that a bad one falls back to the flags' or the estimate's, never prices a run."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value) if math.isfinite(value) and value >= 1 else None
 
 
 def _rate(value: Any) -> float:

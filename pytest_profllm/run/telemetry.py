@@ -115,8 +115,9 @@ SERIES_FIELDS = (
 def server_metric_deltas(
     before: dict[str, float] | None, after: dict[str, float] | None
 ) -> dict[str, float | None]:
-    """Preemptions and prefix-cache figures of the case: the counters' change over it; and
-    the simulated engine's lateness over it (load/server_state.py)."""
+    """Preemptions and prefix-cache figures of the case: the counters' change over it; the KV
+    cache the server sized; and the simulated engine's lateness over it
+    (load/server_state.py)."""
 
     def delta(name: str) -> float | None:
         if before is None or after is None or name not in after:
@@ -140,13 +141,18 @@ def kv_cache_size(scraped: dict[str, float] | None) -> dict[str, int | None]:
     which counts a hybrid model's groups; else blocks times their size). None where the
     server gives no such metric."""
     scraped = scraped or {}
-    blocks, size = scraped.get(KV_BLOCKS), scraped.get(KV_BLOCK_SIZE)
-    tokens = scraped.get(KV_TOKENS) or (blocks * size if blocks and size else None)
+    blocks, size = _count(scraped.get(KV_BLOCKS)), _count(scraped.get(KV_BLOCK_SIZE))
+    tokens = _count(scraped.get(KV_TOKENS)) or (blocks * size if blocks and size else None)
     return {
-        "server_num_gpu_blocks": int(blocks) if blocks else None,
-        "server_kv_block_size": int(size) if size else None,
-        "server_kv_cache_tokens": int(tokens) if tokens else None,
+        "server_num_gpu_blocks": blocks,
+        "server_kv_block_size": size,
+        "server_kv_cache_tokens": tokens,
     }
+
+
+def _count(value: float | None) -> int | None:
+    """A count a server states: a positive whole number, else none (never a made-up one)."""
+    return int(value) if value is not None and value >= 1 and value == int(value) else None
 
 
 def energy_used(

@@ -164,9 +164,9 @@ def engine_figures(outcome: Outcome) -> dict[str, float | int | None]:
     queries = outcome.prefix_cache_queries
     return {
         "peak_kv_cache_usage": outcome.peak_kv_cache_usage,
-        "server_num_gpu_blocks": outcome.num_gpu_blocks,
-        "server_kv_block_size": outcome.block_size,
-        "server_kv_cache_tokens": outcome.num_gpu_blocks * outcome.block_size,
+        "server_num_gpu_blocks": outcome.num_gpu_blocks or None,
+        "server_kv_block_size": outcome.block_size or None,
+        "server_kv_cache_tokens": outcome.num_gpu_blocks * outcome.block_size or None,
         "server_num_preemptions": outcome.preemptions,
         "server_prefix_cache_queries": queries,
         "server_prefix_cache_hits": outcome.prefix_cache_hits,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pytest_profllm.sim.cost import EngineModel
 from pytest_profllm.sim.hardware import DeviceProfile
 from pytest_profllm.sim.models import resolve_model
-from pytest_profllm.sim.virtual import Request, ServerSettings, simulate
+from pytest_profllm.sim.virtual import Outcome, Request, ServerSettings, simulate
 
 # The figures fitted, each with the bounds it is searched within: the matmul rate's and the
 # bandwidth's achieved shares, the host's cost per step and per running sequence, the API
@@ -91,8 +91,8 @@ class Observation:
         return statistics.fmean(r.prompt_len for r in self.requests) if self.requests else 0.0
 
 
-def predict(observation: Observation, profile: DeviceProfile) -> dict[str, float]:
-    """The figures the engine model gives the observation's run on `profile`."""
+def replay(observation: Observation, profile: DeviceProfile) -> Outcome:
+    """The observation's run replayed on `profile` by the engine model."""
     engine = EngineModel(
         resolve_model(observation.model),
         profile,
@@ -101,7 +101,7 @@ def predict(observation: Observation, profile: DeviceProfile) -> dict[str, float
         kv_cache_dtype=observation.kv_cache_dtype,
         serial_output_processing=observation.serial_output_processing,
     )
-    summary = simulate(
+    return simulate(
         engine,
         list(observation.requests),
         observation.settings,
@@ -110,7 +110,12 @@ def predict(observation: Observation, profile: DeviceProfile) -> dict[str, float
         burstiness=observation.burstiness,
         seed=observation.seed,
         arrivals=observation.arrivals,
-    ).summary()
+    )
+
+
+def predict(observation: Observation, profile: DeviceProfile) -> dict[str, float]:
+    """The figures the engine model gives the observation's run on `profile`."""
+    summary = replay(observation, profile).summary()
     figures = {name: float(summary[name]) for name in (*METRICS, "total_token_throughput")}
     for name in THROUGHPUT_METRICS:
         figures[name] *= observation.throughput_scale
