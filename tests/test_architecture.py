@@ -1,6 +1,6 @@
-"""The package's shape is a checked fact (docs/architecture.md): the import-linter contract in
-pyproject.toml holds and catches an upward import, no module takes part in an import circle,
-and every import left inside a function says why."""
+"""The package's shape is a checked fact (docs/developing/architecture.md): the import-linter
+contract in pyproject.toml holds and catches an upward import, no module takes part in an import
+circle, and every import left inside a function says why."""
 
 from __future__ import annotations
 
