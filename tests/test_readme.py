@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
+import json
 import re
 import subprocess
 import sys
@@ -184,3 +185,12 @@ def test_every_profllm_subcommand_the_docs_name_exists() -> None:
     assert named
     unknown = [f"{page}: profllm {command}" for page, command in named if command not in help_text]
     assert unknown == []
+
+
+def test_the_record_page_lists_every_field_the_schema_has() -> None:
+    # The reference is the schema's top level, no more and no less: a field added to the
+    # record shows up here as missing.
+    schema = json.loads((REPO / "pytest_profllm" / "schema" / "record.schema.json").read_text())
+    page = (REPO / "docs" / "reference" / "record.md").read_text()
+    listed = set(re.findall(r"^\| `([a-z_]+)` \|", page, flags=re.M))
+    assert listed == set(schema["properties"])
