@@ -305,10 +305,10 @@ def _bound(connection: sqlite3.Connection) -> float:
 
 
 def test_screenshots_are_kept_where_asked() -> None:
-    """README's pictures come from PROFLLM_SCREENSHOT_DIR runs of the test above."""
-    readme = (REPO / "README.md").read_text()
-    for picture in ("docs/dashboard-load.png", "docs/pareto.png"):
-        assert picture in readme and (REPO / picture).exists(), picture
+    """The manual's pictures come from PROFLLM_SCREENSHOT_DIR runs of the test above."""
+    page = (REPO / "docs" / "results.md").read_text()
+    for picture in ("dashboard-load.png", "pareto.png"):
+        assert f"]({picture})" in page and (REPO / "docs" / picture).exists(), picture
     assert shutil.which("chromium") or shutil.which("chromium-browser")
 
 
