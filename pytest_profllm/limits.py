@@ -1,7 +1,7 @@
 """The limits on what the tool believes from outside: files, records, traces, images, uploads
 and query strings. Every read of outside input checks one of these, so that any input gives a
-result or one clear line, never a hang, a traceback or unbounded memory. README's "Limits on
-input" lists them; keep the two in step.
+result or one clear line, never a hang, a traceback or unbounded memory. The manual's "Limits on
+input" (docs/limits-and-faults.md) lists them; keep the two in step.
 
 This module is the bottom layer: it imports nothing of the package, and every layer may use it.
 """

@@ -49,7 +49,7 @@ def test_regression_block_as_mapping_or_list() -> None:
         "output_throughput": 0.05,
         "p99_ttft_ms": 0.1,
     }
-    # Defaults: 5 % per repeat, 10 % per request (README: Regression gates).
+    # Defaults: 5 % per repeat, 10 % per request (docs/regression-gates.md).
     assert parse_regression(["median_tpot_ms", "request_throughput"]) == {
         "median_tpot_ms": 0.1,
         "request_throughput": 0.05,

@@ -27,9 +27,10 @@ from pytest_profllm.results.table import MEASURED_RUNS, quote
 # is better), in this order: a run that has the first is read by it.
 ACCURACY_COLUMNS = ("acc", "exact_match")
 NO_ACCURACY = ("No accuracy cases in this database: add a `kind: accuracy` case "
-               "(README: Accuracy).")
+               "(the manual: Writing suites, Accuracy).")
 NO_ACCURACY_SELECTED = ("No accuracy cases in this selection: add a `kind: accuracy` case "
-                        "(README: Accuracy), or pick the sessions that ran one.")
+                        "(the manual: Writing suites, Accuracy), or pick the sessions that ran "
+                        "one.")
 # The settings a precision study sweeps, by which its configurations are named.
 PRECISION_AXES = ("server_dtype", "server_quantization", "server_kv_cache_dtype")
 COST_COLUMN = "cost_usd_per_million_output_tokens"

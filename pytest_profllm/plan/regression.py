@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pytest_profllm.plan import metric_names
 
-# Defaults chosen with benchmarks/perf/gate_power.py (README: "Regression gates"). A per-repeat
+# Defaults chosen with benchmarks/perf/gate_power.py (docs/regression-gates.md). A per-repeat
 # interval spans the run-to-run noise (another moment, another load on the host); a per-request
 # one does not (the requests of one run share its moment), so a latency's tolerance must.
 DEFAULT_TOLERANCE = 0.05  # per-repeat metrics (throughputs)

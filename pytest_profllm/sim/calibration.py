@@ -282,7 +282,8 @@ ROWS: tuple[Row, ...] = (
 
 # Rows where sources (or one source's two hosts) disagree on the same hardware: the same
 # command on the same GPU gives figures further apart than any profile of that GPU can span.
-# Marked in sim_calibration.py's table and README; fitted and counted as the others.
+# Marked in sim_calibration.py's table and the manual's calibration page; fitted and counted
+# as the others.
 _R1_1000 = "rows 33/101/106, one command: 1,042 / 1,145 / 1,500 tok/s (S8, N1 DGX, N1 Nebius)"
 _R1_SHAREGPT = "rows 105/107, one command: TPOT 62.3 / 50.0 ms (N1 DGX, N1 Nebius)"
 DISAGREE: dict[int, str] = {

@@ -2,7 +2,7 @@
 
 Each profile is a small TOML file in `sim/device_profiles/` with its figures and their sources
 (datasheets), and the overheads fitted on published vLLM runs (which rows: in the file and in
-README's calibration section). `--sim-device NAME` picks one by name or alias.
+docs/simulated-engine/calibration.md). `--sim-device NAME` picks one by name or alias.
 """
 
 from __future__ import annotations
