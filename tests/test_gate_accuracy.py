@@ -1,0 +1,173 @@
+"""The gate on accuracy cases, without lm-eval: a conftest answers for lm-eval (its figures as
+load/accuracy.py's child returns them), so whole sessions run, are gated and end as users see
+them. The rule (issue 53): every metric a case measures can be gated under the name its record
+shows; a metric that cannot be judged is `not-judged`, named in the summary, and failed by
+--profllm-require-baseline; the fingerprint carries what changes what is measured."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from helpers import run_records, run_suites
+
+from pytest_profllm.plan.regression import gated_metric, measured, parse_regression
+
+SUITE = """
+server:
+  model: Qwen/Qwen3-8B
+  max_model_len: 4096
+  enable_tokenizer_info_endpoint: true
+benchmark:
+  kind: accuracy
+  task: profllm_arithmetic_gen
+  limit: {limit}
+regression: {regression}
+"""
+
+# lm-eval's answer for a "task", as load/accuracy.py's child process hands it over.
+CONFTEST = """
+import json
+from pathlib import Path
+
+import pytest_profllm.run.accuracy as accuracy
+import pytest_profllm.session.worker as worker
+
+worker.lm_eval_missing = lambda: None
+accuracy.evaluate = lambda evaluation, api_key, log: json.loads(Path({path!r}).read_text())
+"""
+
+
+def answer(metrics: dict[str, Any], *, samples: int = 200, task_hash: str = "t1",
+           lm_eval: str = "0.4.13") -> dict[str, Any]:
+    return {
+        "task": "gsm8k", "metrics": metrics, "higher_is_better": {"exact_match": True},
+        "samples": samples, "samples_available": 1319, "num_fewshot": 5, "task_version": 3,
+        "task_hash": task_hash, "lm_eval_version": lm_eval,
+    }
+
+
+def gsm8k(strict: float, flexible: float, stderr: float | str = 0.02) -> dict[str, Any]:
+    return answer({
+        "exact_match,strict-match": strict, "exact_match_stderr,strict-match": stderr,
+        "exact_match,flexible-extract": flexible, "exact_match_stderr,flexible-extract": stderr,
+    })
+
+
+def session(pytester: pytest.Pytester, ports: str, lm_eval: dict[str, Any], *args: str,
+            out: str = "results", regression: str = "[exact_match]",
+            limit: int = 200) -> pytest.RunResult:
+    """One session of the suite, lm-eval answering `lm_eval`."""
+    path = pytester.path / "answer.json"
+    path.write_text(json.dumps(lm_eval))
+    pytester.makeconftest(CONFTEST.format(path=str(path)))
+    pytester.makefile(".yaml", bench_acc=SUITE.format(limit=limit, regression=regression))
+    return run_suites(pytester, ports, *args, out=out, gpus=None, cache=False)
+
+
+def baseline(pytester: pytest.Pytester, ports: str, lm_eval: dict[str, Any],
+             regression: str = "[exact_match]", limit: int = 200) -> None:
+    made = session(pytester, ports, lm_eval, "--profllm-baseline=base/results.db",
+                   "--profllm-baseline-update", out="base", regression=regression,
+                   limit=limit)
+    made.assert_outcomes(passed=1)
+
+
+def verdicts(pytester: pytest.Pytester) -> dict[str, dict[str, Any]]:
+    [record] = run_records(pytester)
+    return {verdict["metric"]: verdict for verdict in record["regression"]}
+
+
+# --- every metric a case measures can be gated under the name its record shows -------------
+
+
+def test_a_filtered_metric_can_be_named_as_its_record_names_it() -> None:
+    # Issue 53: `cannot gate 'exact_match_strict_match'`.
+    assert parse_regression(["exact_match_strict_match"]) == {"exact_match_strict_match": 0.0}
+    metric = gated_metric("exact_match_strict_match", 0.0)
+    assert metric.higher_is_better and metric.by_stderr
+    assert not gated_metric("perplexity_none_x", 0.0).higher_is_better
+    # Its standard error and names that only look alike are not metrics to gate.
+    for name in ("exact_match_strict_match_stderr", "exact_matchx", "accuracy_samples"):
+        with pytest.raises(ValueError, match="cannot gate"):
+            gated_metric(name, 0.0)
+
+
+def test_a_bare_metric_gates_each_of_its_filtered_variants_and_no_other_metric() -> None:
+    results = ["acc", "acc_stderr", "acc_norm", "exact_match_strict_match",
+               "exact_match_flexible_extract", "exact_match_strict_match_stderr"]
+    named = [gated_metric("exact_match", 0.0), gated_metric("acc", 0.0)]
+    assert [m.name for m in measured(named, results)] == [
+        "exact_match_strict_match", "exact_match_flexible_extract", "acc"]
+    # A variant named as well keeps its own tolerance.
+    both = [gated_metric("exact_match", 0.0), gated_metric("exact_match_strict_match", 0.05)]
+    tolerances = {m.name: m.tolerance for m in measured(both, results)}
+    assert tolerances == {"exact_match_strict_match": 0.05, "exact_match_flexible_extract": 0.0}
+
+
+def test_a_drop_under_an_lm_eval_filter_is_caught_by_the_bare_metric(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    # Issue 53: gsm8k's exact_match,strict-match fell, and `regression: [exact_match]` ended
+    # `1 passed`, rc 0, with no verdict at all.
+    baseline(pytester, ports, gsm8k(0.80, 0.82))
+    result = session(pytester, ports, gsm8k(0.50, 0.81), "--profllm-baseline=base/results.db")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*regression: exact_match_strict_match regressed*"])
+    shown = verdicts(pytester)
+    assert shown["exact_match_strict_match"]["verdict"] == "regressed"
+    assert shown["exact_match_flexible_extract"]["verdict"] == "unchanged"
+
+
+def test_a_filtered_metric_named_itself_is_gated(pytester: pytest.Pytester, ports: str) -> None:
+    regression = "[exact_match_strict_match]"
+    baseline(pytester, ports, gsm8k(0.80, 0.82), regression=regression)
+    result = session(pytester, ports, gsm8k(0.50, 0.50), "--profllm-baseline=base/results.db",
+                     regression=regression)
+    result.assert_outcomes(failed=1)
+    assert set(verdicts(pytester)) == {"exact_match_strict_match"}
+
+
+def test_a_baseline_that_compares_no_metric_of_the_session_is_an_error(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    # A gated metric no case measures compares nothing: README's exit status 4 and its line,
+    # never a silent pass.
+    baseline(pytester, ports, gsm8k(0.80, 0.82), regression="[f1]")
+    result = session(pytester, ports, gsm8k(0.80, 0.82), "--profllm-baseline=base/results.db",
+                     regression="[f1]")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stdout.fnmatch_lines(["*--profllm-baseline *base/results.db*nothing was compared*"])
+
+
+# --- a metric that cannot be judged is "not judged", and named ------------------------------
+
+
+def one_sample(value: float) -> dict[str, Any]:
+    # lm-eval at `limit: 1`: its standard error is "N/A".
+    return answer({"acc,none": value, "acc_stderr,none": "N/A"}, samples=1)
+
+
+def test_a_drop_without_a_standard_error_is_not_judged_and_named(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    # Issue 53: acc 1.0 -> 0.0 at limit 1 was `unchanged`, passed.
+    baseline(pytester, ports, one_sample(1.0), regression="[acc]", limit=1)
+    result = session(pytester, ports, one_sample(0.0), "--profllm-baseline=base/results.db",
+                     regression="[acc]", limit=1)
+    result.assert_outcomes(passed=1)
+    shown = verdicts(pytester)["acc"]
+    assert shown["verdict"] == "not-judged" and shown["change"] == -1.0
+    assert "standard error" in shown["reason"]
+    result.stdout.fnmatch_lines(
+        ["profllm: not judged (1): bench_acc.yaml::*: acc (*standard error*)"]
+    )
+    summary = (pytester.path / "results" / "summary.md").read_text()
+    assert "Not judged (1)" in summary and "not-judged" in summary
+    assert "unchanged" not in summary
+
+    required = session(pytester, ports, one_sample(0.0), "--profllm-baseline=base/results.db",
+                       "--profllm-require-baseline", regression="[acc]", limit=1)
+    required.assert_outcomes(failed=1)
+    required.stdout.fnmatch_lines(["*not judged (--profllm-require-baseline): acc not judged*"])
