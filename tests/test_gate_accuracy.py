@@ -6,13 +6,17 @@ shows; a metric that cannot be judged is `not-judged`, named in the summary, and
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import run_records, run_suites
 
 from pytest_profllm.plan.regression import gated_metric, measured, parse_regression
+from pytest_profllm.results.fingerprint import digest, digests, fingerprint
 
 SUITE = """
 server:
@@ -171,3 +175,91 @@ def test_a_drop_without_a_standard_error_is_not_judged_and_named(
                        "--profllm-require-baseline", regression="[acc]", limit=1)
     required.assert_outcomes(failed=1)
     required.stdout.fnmatch_lines(["*not judged (--profllm-require-baseline): acc not judged*"])
+
+
+# --- the fingerprint carries what changes what is measured ---------------------------------
+
+
+def accuracy_record(task_hash: str, lm_eval: str = "0.4.13") -> dict[str, Any]:
+    return {
+        "engine": {"name": "sim", "version": "0.1.0"},
+        "config": {"server": {"model": "m"}, "benchmark": {"kind": "accuracy", "task": "t"}},
+        "system": {}, "runtime": {"gpus": ["0"]},
+        "accuracy": {"task": "gsm8k", "task_hash": task_hash, "lm_eval_version": lm_eval},
+    }
+
+
+def test_the_fingerprint_carries_the_task_and_lm_evals_version() -> None:
+    same = digests(accuracy_record("t1"))
+    assert digests(accuracy_record("t1")) == same
+    other_task = digests(accuracy_record("t2"))
+    assert other_task[0] != same[0] and other_task[1] != same[1]
+    # Another lm-eval is another version: --profllm-baseline-any-version leaves it out.
+    other_lm_eval = digests(accuracy_record("t1", lm_eval="0.4.14"))
+    assert other_lm_eval[0] != same[0] and other_lm_eval[1] == same[1]
+    # A run without an accuracy block keeps the parts (and digests) it had.
+    serve = {key: value for key, value in accuracy_record("t1").items() if key != "accuracy"}
+    assert set(fingerprint(serve)) == {
+        "server", "benchmark", "engine", "device_model", "device_count", "engine_version",
+        "engine_args_version"}
+
+
+def test_a_changed_task_is_not_compared_with_the_old_tasks_baseline(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    # Issue 53: the task's data changed under the same name; the case was judged `acc
+    # regressed -72.5%` on an unchanged server.
+    baseline(pytester, ports, gsm8k(0.80, 0.82))
+    changed = {**gsm8k(0.30, 0.31), "task_hash": "t2"}
+    result = session(pytester, ports, changed, "--profllm-baseline=base/results.db")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # a baseline that matches nothing
+    assert {v["verdict"] for v in verdicts(pytester).values()} == {"no-baseline"}
+    result.stdout.fnmatch_lines(["*matches no run of this session's 1 gated case(s)*"])
+
+
+def _as_stored_before_the_task_part(db: Path) -> None:
+    """The baseline database as an older version stored it: each fingerprint without the
+    accuracy parts."""
+    with contextlib.closing(sqlite3.connect(db)) as connection, connection:
+        rows = connection.execute(
+            "SELECT g.run_id, f.parts FROM gate_runs g "
+            "JOIN gate_fingerprints f ON f.fingerprint = g.fingerprint").fetchall()
+        assert rows
+        for run_id, stored in rows:
+            parts = json.loads(stored)
+            for key in ("accuracy_task_hash", "lm_eval_version"):
+                del parts[key]
+            any_version = {k: v for k, v in parts.items() if not k.endswith("_version")}
+            connection.execute(
+                "UPDATE gate_runs SET fingerprint = ?, fingerprint_any_version = ? "
+                "WHERE run_id = ?", (digest(parts), digest(any_version), run_id))
+            connection.execute("INSERT OR REPLACE INTO gate_fingerprints VALUES (?, ?)",
+                               (digest(parts), json.dumps(parts)))
+
+
+def test_an_older_database_stays_the_baseline_of_the_same_task_only(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    baseline(pytester, ports, gsm8k(0.80, 0.82))
+    _as_stored_before_the_task_part(pytester.path / "base" / "results.db")
+    same_task = session(pytester, ports, gsm8k(0.50, 0.82), "--profllm-baseline=base/results.db")
+    same_task.assert_outcomes(failed=1)
+    assert verdicts(pytester)["exact_match_strict_match"]["verdict"] == "regressed"
+    for path in (pytester.path / "results").glob("*.json"):
+        path.unlink()
+    other = session(pytester, ports, {**gsm8k(0.50, 0.82), "task_hash": "t2"},
+                    "--profllm-baseline=base/results.db")
+    assert other.ret == pytest.ExitCode.USAGE_ERROR
+    assert {v["verdict"] for v in verdicts(pytester).values()} == {"no-baseline"}
+
+
+def test_resume_runs_an_accuracy_case_again(pytester: pytest.Pytester, ports: str) -> None:
+    # Issue 53: --profllm-resume matched by the same fingerprint, so a case whose task
+    # changed would have been skipped, its old task's record standing for it.
+    first = session(pytester, ports, gsm8k(0.80, 0.82))
+    first.assert_outcomes(passed=1)
+    again = session(pytester, ports, {**gsm8k(0.30, 0.31), "task_hash": "t2"},
+                    "--profllm-resume")
+    again.assert_outcomes(passed=1)
+    hashes = sorted(record["accuracy"]["task_hash"] for record in run_records(pytester))
+    assert hashes == ["t1", "t2"]
