@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import run_records, run_suites
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
+from pytest_profllm.load.accuracy import results_of
+from pytest_profllm.plan.metric_names import ACCURACY_METRICS
 from pytest_profllm.plan.regression import gated_metric, measured, parse_regression
 from pytest_profllm.results.fingerprint import digest, digests, fingerprint
 
@@ -96,6 +101,30 @@ def test_a_filtered_metric_can_be_named_as_its_record_names_it() -> None:
     for name in ("exact_match_strict_match_stderr", "exact_matchx", "accuracy_samples"):
         with pytest.raises(ValueError, match="cannot gate"):
             gated_metric(name, 0.0)
+
+
+@given(metric=st.sampled_from(sorted(ACCURACY_METRICS)),
+       filter_name=st.text(st.characters(codec="ascii"), max_size=30))
+def test_any_filter_gives_a_name_the_gate_takes_with_its_metrics_direction(
+    metric: str, filter_name: str
+) -> None:
+    # lm-eval's filter names come from task YAMLs: whatever one is, the name the record shows
+    # for it (load/accuracy.py) can be gated, the way its metric can. (A filter named
+    # "stderr" would be its metric's standard error: no task names one so.)
+    assume(not re.sub(r"[^A-Za-z0-9]+", "_", filter_name).strip("_").lower().endswith("stderr"))
+    [name] = [key for key in results_of(answer({f"{metric},{filter_name}": 0.5}))
+              if key not in ("accuracy_samples",) and not key.endswith("_stderr")]
+    gated = gated_metric(name, 0.0)
+    assert gated.by_stderr and gated.higher_is_better == ACCURACY_METRICS[metric]
+
+
+@given(name=st.text(max_size=40))
+def test_any_name_is_gated_or_refused_in_one_line(name: str) -> None:
+    try:
+        gated_metric(name, 0.0)
+    except ValueError as error:
+        assert "\n" not in str(error)
+        assert "cannot gate" in str(error) or "percentile" in str(error)
 
 
 def test_a_bare_metric_gates_each_of_its_filtered_variants_and_no_other_metric() -> None:
