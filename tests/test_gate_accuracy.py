@@ -292,3 +292,23 @@ def test_resume_runs_an_accuracy_case_again(pytester: pytest.Pytester, ports: st
     again.assert_outcomes(passed=1)
     hashes = sorted(record["accuracy"]["task_hash"] for record in run_records(pytester))
     assert hashes == ["t1", "t2"]
+
+
+def test_a_threshold_takes_a_filtered_metric_as_its_record_names_it(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    # The other gate, alike: `thresholds: {exact_match_strict_match: {min: 0.6}}` was an
+    # unknown metric.
+    path = pytester.path / "answer.json"
+    path.write_text(json.dumps(gsm8k(0.50, 0.82)))
+    pytester.makeconftest(CONFTEST.format(path=str(path)))
+    suite = SUITE.format(limit=200, regression="{}") + (
+        "thresholds:\n  exact_match_strict_match: {min: 0.6}\n"
+        "  exact_match_flexible_extract_stderr: {max: 0.05}\n"
+    )
+    pytester.makefile(".yaml", bench_acc=suite)
+    result = run_suites(pytester, ports, gpus=None, cache=False)
+    result.assert_outcomes(failed=1)
+    [record] = run_records(pytester)
+    assert [(v["metric"], v["passed"]) for v in record["verdicts"]] == [
+        ("exact_match_strict_match", False), ("exact_match_flexible_extract_stderr", True)]

@@ -114,6 +114,12 @@ ACCURACY_RESULTS = (
 )
 
 
+def is_accuracy_result(name: str) -> bool:
+    """Whether an accuracy case can record `name`: a metric (under a filter or not), its
+    standard error, or the samples scored."""
+    return name == ACCURACY_SAMPLES or accuracy_metric_of(name.removesuffix("_stderr")) is not None
+
+
 def accuracy_metric_of(name: str) -> str | None:
     """The lm-eval metric a result is named after: itself, or the longest metric it extends by
     a filter's name (`exact_match_strict_match`: exact_match); None for any other result,
