@@ -455,8 +455,9 @@ def add_options(parser: pytest.Parser) -> None:
         "--profllm-require-baseline",
         action="store_true",
         default=None,
-        help="a case with a `regression:` block and no baseline run fails instead of passing "
-        "as no-baseline (ini: profllm_require_baseline; default: off)",
+        help="a case with a `regression:` block and no baseline run, or a gated metric the "
+        "baseline cannot judge (not-judged: no standard error, one repeat), fails instead of "
+        "passing (ini: profllm_require_baseline; default: off)",
     )
     group.addoption(
         "--profllm-summary",

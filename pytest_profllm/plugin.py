@@ -42,6 +42,7 @@ from pytest_profllm.session.report import summary_lines
 from pytest_profllm.session.worker import OUTCOME_KEY, WORKER_KEY, worker_session
 
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+_GATE_ASKED = pytest.StashKey[bool]()
 _LEFTOVERS = pytest.StashKey[list[str]]()  # what killed sessions left, ended at the start
 _RESTORE_SIGTERM = pytest.StashKey[Callable[[], None]]()
 
@@ -286,6 +287,10 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         problems.append(describe_missed(outcome.missed))
     if outcome is not None and outcome.case.regression:
         outcome.regression = judge_case(item.config, outcome)
+        case = outcome.case
+        item.stash[_GATE_ASKED] = bool(outcome.results) and (
+            case.repeat_index == case.repeat_count - 1
+        )
         require = item.config.stash[GATE_CONFIG_KEY].require_baseline
         problems.append(regression_message(outcome.regression, require) or "")
     if any(problems):
@@ -305,6 +310,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     item.user_properties.append((worker.RECORD_PROPERTY, record))
     item.user_properties.extend(junit_properties(record))
     item.user_properties.append((worker.REQUESTS_PROPERTY, outcome.requests))
+    if item.stash.get(_GATE_ASKED, False):
+        item.user_properties.append((worker.GATE_ASKED_PROPERTY, True))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

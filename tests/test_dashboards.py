@@ -568,6 +568,34 @@ def test_runs_left_out_are_counted(tmp_path: Path) -> None:
                      "validity facet lists them)."]
 
 
+def test_a_skipped_run_is_not_counted_as_an_invalid_measurement(tmp_path: Path) -> None:
+    # Issue 53: accuracy cases skipped for a missing extra read as "2 of the 20 runs ... are
+    # not a valid measurement" on every dashboard. A skipped case measured nothing, wrongly
+    # or not: it is named as skipped, apart from the invalid ones.
+    records = sweep("s1", "01", 1.0)
+    for record in records[:2]:
+        record["status"] = "skipped"
+        record["message"] = "lm-eval is not installed"
+        record["results"] = {}
+    db = ingested(tmp_path, records)
+    with sqlite3.connect(db) as connection:
+        schema = filters.read_schema(connection)
+        notes = data_quality(connection, schema, Selection.parse([], schema))
+    assert not any("not a valid measurement" in note for note in notes)
+    [note] = notes
+    assert note.startswith(f"2 of the {len(records)} runs in this selection were skipped")
+    # With an invalid run beside them, each is counted apart.
+    records[2]["status"] = "error"
+    records[2]["results"] = {}
+    (tmp_path / "again").mkdir()
+    db = ingested(tmp_path / "again", records)
+    with sqlite3.connect(db) as connection:
+        schema = filters.read_schema(connection)
+        notes = data_quality(connection, schema, Selection.parse([], schema))
+    assert notes[0].startswith(f"1 of the {len(records)} runs in this selection are not a valid")
+    assert notes[1].startswith(f"2 of the {len(records)} runs in this selection were skipped")
+
+
 def test_latest_compares_with_the_newest_session_that_measured_its_cases(
         tmp_path: Path) -> None:
     # Issue 38: s3, between s1 and s4, failed in every case; the latest dashboard compared

@@ -113,12 +113,22 @@ thresholds:
     ) == [("failed", "total_output_tokens"), ("passed", None)]
 
 
+# A busy host: every paced client also falls short of its target rate (a reason named before
+# the lag's), as a loaded 2-core host makes it.
+BUSY_HOST = (
+    "import pytest_profllm.load.metrics as busy\nbusy.MIN_ACHIEVED_RATE_FRACTION = 2.0\n"
+)
+
+
 def test_client_that_fell_behind_is_invalid_not_passed(
     pytester: pytest.Pytester, ports: str
 ) -> None:
     # Any client CPU counts as saturated: the case must fail as invalid, apart from a miss.
+    # On a busy host the client's other reasons (lag, achieved rate) may come with it, in
+    # any order: the test asserts the reason is named, not where.
     pytester.makeconftest(
         "import pytest_profllm.load.metrics as metrics\nmetrics.MAX_CLIENT_CPU_PERCENT = 0.0\n"
+        + BUSY_HOST
     )
     pytester.makefile(
         ".yaml",
@@ -127,14 +137,14 @@ def test_client_that_fell_behind_is_invalid_not_passed(
     # One attempt: the rule itself (tests/test_cold_cache.py measures again).
     result = run_suites(pytester, ports, "--profllm-remeasure=0")
     result.assert_outcomes(failed=1)
+    # Invalid, for the client: its reasons may come in any order, and a busy host adds its own.
     result.stdout.fnmatch_lines(
-        [
-            "invalid measurement: client fell behind: client CPU saturated (*% of a core)"
-        ]
+        ["invalid measurement: client fell behind:*client CPU saturated (*% of a core)*"]
     )
     (record,) = run_records(pytester)
     assert record["status"] == "invalid"
-    assert record["message"].startswith("client fell behind: client CPU saturated")
+    assert record["message"].startswith("client fell behind: ")
+    assert "client CPU saturated" in record["message"]
     assert record["verdicts"] == []
     assert record["results"]["completed"] == 6
     assert "p99_schedule_lag_ms" in record["results"]
@@ -418,16 +428,21 @@ def test_a_client_later_than_the_lag_limit_makes_its_case_invalid(
         "benchmark:\n  num_prompts: 6\n  random_input_len: 16\n  random_output_len: 4\n"
         "  request_rate: 50\n",
     )
+    # As on a busy host, the achieved rate also falls short, and is named first.
+    pytester.makeconftest(BUSY_HOST)
     # No client sends within a microsecond of its schedule: the limit is the option's.
     result = run_suites(
         pytester, ports, "--profllm-max-schedule-lag=0.001", "--profllm-remeasure=0"
     )
     result.assert_outcomes(failed=1)
+    # Invalid, for the client's lateness: named among its reasons, wherever it stands.
     result.stdout.fnmatch_lines(
-        ["*invalid measurement: client fell behind: p99 schedule lag * ms is over 0.001 ms*"]
+        ["*invalid measurement: client fell behind:*p99 schedule lag * ms is over 0.001 ms*"]
     )
     [record] = run_records(pytester)
     assert record["status"] == "invalid"
+    assert record["message"].startswith("client fell behind: ")
+    assert "p99 schedule lag" in record["message"]
 
 
 @pytest.mark.parametrize("with_profile", [False, True], ids=["log", "profile-copy"])

@@ -163,9 +163,11 @@ def test_throughputs_are_compared_per_repeat_and_lower_is_worse() -> None:
     assert verdict.verdict == "regressed" and verdict.samples == 3
     assert verdict.ci_high is not None and verdict.ci_high < -0.05
     assert judge(throughput, noisy, base, SETTINGS).verdict == "unchanged"
-    # One repeat left (the other invalid) has no spread to judge the noise by.
+    # One repeat left (the other invalid) has no spread to judge the noise by: not judged,
+    # never `unchanged` (issue 53), and said why.
     alone = judge(throughput, slower[:1], base, SETTINGS)
-    assert alone.verdict == "unchanged" and alone.ci_low is None and alone.change is not None
+    assert alone.verdict == "not-judged" and alone.ci_low is None and alone.change is not None
+    assert alone.reason
 
 
 def requests_rows(ttft_s: float, count: int = 4) -> list[dict[str, Any]]:

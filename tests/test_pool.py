@@ -18,6 +18,7 @@ from pytest_profllm.hosts.pool import (
     PORT_BLOCK,
     HostPool,
     LeaseTimeout,
+    PoolEntryWarning,
     default_pool_dir,
     make_pool,
 )
@@ -357,3 +358,51 @@ def test_waiters_queue_so_a_large_lease_is_not_starved(
     large.kill()
     lease = pool.acquire(1, timeout=5)
     lease.release()
+
+
+@pytest.mark.parametrize("planted", ["folder", "symlink"])
+def test_an_entry_planted_under_a_port_lock_is_passed_over_with_a_warning(
+    tmp_path: Path, planted: str
+) -> None:
+    # Another user of the shared pool folder may plant anything under a lock's name: that
+    # block is not leasable, and the next one is leased.
+    port_range = ports(14, 2)
+    pool = virtual_pool(tmp_path, 1, port_range)
+    name = tmp_path / f"port-{port_range.start}.lock"
+    if planted == "folder":
+        name.mkdir()
+    else:
+        (tmp_path / "elsewhere").write_text("")
+        name.symlink_to(tmp_path / "elsewhere")
+    with pytest.warns(PoolEntryWarning) as warned:
+        lease = pool.acquire(1, timeout=1)
+    try:
+        assert lease.port == port_range.start + PORT_BLOCK
+    finally:
+        lease.release()
+    [warning] = warned.list
+    message = str(warning.message)
+    assert str(name) in message and "\n" not in message
+
+
+def test_an_entry_planted_under_every_gpu_lock_times_out_in_one_line(tmp_path: Path) -> None:
+    pool = virtual_pool(tmp_path, 2, ports(14, 1))
+    for name in pool.gpu_lock_names:
+        (tmp_path / f"gpu-{name}.lock").mkdir()
+    with pytest.warns(PoolEntryWarning), pytest.raises(LeaseTimeout) as raised:
+        pool.acquire(1, timeout=0.3)
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("lock", ["lease-queue", "server-start"])
+def test_an_entry_planted_under_a_single_lock_is_one_line(tmp_path: Path, lock: str) -> None:
+    # The queue and the start have one lock each, and no other to turn to.
+    pool = virtual_pool(tmp_path, 1, ports(14, 1))
+    (tmp_path / f"{lock}.lock").mkdir()
+    with pytest.raises(LeaseTimeout, match=f"{lock}.lock") as raised:
+        if lock == "lease-queue":
+            pool.acquire(1, timeout=0.3)
+        else:
+            with pool.serial_start(timeout=0.3):
+                pass
+    assert "\n" not in str(raised.value)

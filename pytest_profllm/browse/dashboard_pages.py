@@ -92,20 +92,26 @@ def _panel(connection: sqlite3.Connection, schema: Schema,
 def data_quality(connection: sqlite3.Connection, schema: Schema,
                  selection: Selection) -> list[str]:
     """What the selection holds that no chart draws: runs that are not a valid measurement
-    (errors, failed requests, a client that fell behind), counted, with a link's worth of
-    words. Only for chosen sessions: counting over every session of a big database is a
-    scan."""
+    (errors, failed requests, a client that fell behind), and runs skipped (never measured:
+    not an invalid measurement), each counted, with a link's worth of words. Only for chosen
+    sessions: counting over every session of a big database is a scan."""
     if selection.session_ids(schema) is None:
         return []
     where, params = selection.where(schema)
     row = connection.execute(
-        f"SELECT count(*), sum(validity != 'valid') FROM [{TABLE}] WHERE {where}", params
+        f"SELECT count(*), sum(validity != 'valid' AND status IS NOT 'skipped'), "
+        f"sum(status IS 'skipped') FROM [{TABLE}] WHERE {where}", params
     ).fetchone()
-    total, invalid = row[0] or 0, row[1] or 0
-    if not invalid:
-        return []
-    return [f"{invalid} of the {total} runs in this selection are not a valid measurement "
-            "and are left out of every chart (the landing table's validity facet lists them)."]
+    total, invalid, skipped = row[0] or 0, row[1] or 0, row[2] or 0
+    notes = []
+    if invalid:
+        notes.append(f"{invalid} of the {total} runs in this selection are not a valid "
+                     "measurement and are left out of every chart (the landing table's "
+                     "validity facet lists them).")
+    if skipped:
+        notes.append(f"{skipped} of the {total} runs in this selection were skipped, so "
+                     "measured nothing (the landing table's status facet lists them).")
+    return notes
 
 
 def _text(value: Any) -> str:

@@ -61,8 +61,8 @@ MAX_SESSIONS = 12
 MAX_POINTS = 1500
 # The regression gate's verdicts (gates/verdict.py), each always the same colour.
 _VERDICT_COLOURS = {
-    "domain": ["regressed", "improved", "unchanged", "no-baseline", "no verdict"],
-    "range": ["#c62828", "#2e7d32", "#1565c0", "#ef6c00", "#9e9e9e"],
+    "domain": ["regressed", "improved", "unchanged", "no-baseline", "not-judged", "no verdict"],
+    "range": ["#c62828", "#2e7d32", "#1565c0", "#ef6c00", "#6a1b9a", "#9e9e9e"],
 }
 _INF_ORDER = 1e300
 

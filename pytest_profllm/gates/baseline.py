@@ -20,9 +20,10 @@ from pytest_profllm.gates.samples import RunSamples, samples_of
 from pytest_profllm.hosts.files import read_only_uri
 from pytest_profllm.limits import load_json
 from pytest_profllm.results import gate_tables as tables
-from pytest_profllm.results.fingerprint import digests
+from pytest_profllm.results.fingerprint import digests, upgraded
 from pytest_profllm.results.ingest import read_record, record_files
 from pytest_profllm.results.record import is_valid, read_requests
+from pytest_profllm.results.table import TABLE
 
 
 def is_database(path: Path) -> bool:
@@ -89,11 +90,18 @@ class Baseline:
         with _reading(self.path) as db:
             if not _has_table(db, tables.RUNS):
                 return index
+            found: dict[str, _Found] = {}
             for digest, run_id, session, timestamp in db.execute(
                 f"SELECT {column}, run_id, session_id, timestamp FROM [{tables.RUNS}] "
                 f"WHERE {tables.valid_runs(db)}"
             ):
-                index.setdefault(digest, []).append(_Found(run_id, session or "", timestamp or ""))
+                found[run_id] = _Found(run_id, session or "", timestamp or "")
+                index.setdefault(digest, []).append(found[run_id])
+            for run_id, keys in _accuracy_runs_stored_before_their_task(db).items():
+                if run_id in found:
+                    index.setdefault(keys[0 if self.with_version else 1], []).append(
+                        found[run_id]
+                    )
         return index
 
     def _read_folder(self) -> dict[str, list[_Found]]:
@@ -161,6 +169,33 @@ def _latencies_from_rows(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
 def _reading(path: Path) -> closing[sqlite3.Connection]:
     """A read-only connection that waits up to 30 s for a writer's transaction."""
     return closing(sqlite3.connect(read_only_uri(path), uri=True, timeout=30))
+
+
+def _accuracy_runs_stored_before_their_task(
+    db: sqlite3.Connection,
+) -> dict[str, tuple[str, str]]:
+    """The accuracy runs of a database whose stored fingerprint predates the task's part
+    (results/fingerprint.py), by run id, with the digests their records have now: an older
+    database stays a baseline, for the same task only."""
+    if not all(_has_table(db, name) for name in (tables.FINGERPRINTS, TABLE)):
+        return {}
+    columns = {row[1] for row in db.execute(f"PRAGMA table_info([{TABLE}])")}
+    if not {"accuracy_task_hash", "accuracy_lm_eval_version"} <= columns:
+        return {}
+    keys = {}
+    for run_id, stored, task_hash, lm_eval_version in db.execute(
+        f"SELECT g.run_id, coalesce(f.parts, g.fingerprint_parts), b.accuracy_task_hash, "
+        f"b.accuracy_lm_eval_version FROM [{tables.RUNS}] g "
+        f"LEFT JOIN [{tables.FINGERPRINTS}] f ON f.fingerprint = g.fingerprint "
+        f"JOIN [{TABLE}] b ON b.run_id = g.run_id WHERE b.accuracy_task_hash IS NOT NULL"
+    ):
+        try:
+            parts = json.loads(stored)
+        except (TypeError, ValueError):
+            continue  # no parts kept: it matches as it was stored
+        if isinstance(parts, dict) and "accuracy_task_hash" not in parts:
+            keys[run_id] = upgraded(parts, task_hash, lm_eval_version)
+    return keys
 
 
 def _has_table(db: sqlite3.Connection, name: str) -> bool:

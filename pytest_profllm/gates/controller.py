@@ -35,6 +35,8 @@ class GateController:
     _runs: list[tuple[dict[str, Any], list[dict[str, Any]] | None]] = field(
         default_factory=list
     )
+    # Cases the gate was asked to judge, verdicts or none (a metric none of them measures).
+    asked: int = 0
 
     @property
     def gated(self) -> list[dict[str, Any]]:
@@ -53,8 +55,16 @@ class GateController:
         """A --profllm-baseline that matched no run of this session is an error, never green
         (except while --profllm-baseline-update makes it)."""
         gated, missing = self.gated, self.without_baseline
-        if self.gate.baseline is None or self.gate.update_baseline or not gated:
+        if self.gate.baseline is None or self.gate.update_baseline:
             return None
+        if not gated:
+            if not self.asked:
+                return None
+            return (
+                f"--profllm-baseline {self.gate.baseline}: nothing was compared: none of "
+                f"this session's {self.asked} gated case(s) measures a metric its "
+                "regression: block names (gate the names its record's results show)"
+            )
         if len(missing) < len(gated):
             return None
         return (
@@ -63,8 +73,14 @@ class GateController:
             "configuration? --profllm-baseline-any-version leaves the version out)"
         )
 
-    def receive(self, record: dict[str, Any], requests: list[dict[str, Any]] | None) -> None:
+    def receive(
+        self,
+        record: dict[str, Any],
+        requests: list[dict[str, Any]] | None,
+        asked: bool = False,
+    ) -> None:
         self.records.append(record)
+        self.asked += asked or bool(record.get("regression"))
         self._runs.append((record, requests))
         if requests is not None:
             benchmark_bridge.add_case(self.config, record, requests)
@@ -140,6 +156,11 @@ class GateController:
             names = [path.name if path.parent == first.parent else str(path) for path in also]
             beside = f" (also {', '.join(names)})" if also else ""
             terminalreporter.write_line(f"profllm: Markdown summary in {first}{beside}")
+        unjudged = summary.not_judged(self.records)
+        if unjudged:
+            terminalreporter.write_line(
+                f"profllm: not judged ({len(unjudged)}): {'; '.join(unjudged)}", yellow=True
+            )
         missing, gated = len(self.without_baseline), len(self.gated)
         if self.gate.baseline is not None and missing and not self.gate.update_baseline:
             terminalreporter.write_line(

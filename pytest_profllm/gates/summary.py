@@ -22,7 +22,13 @@ STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 
 
 def change_text(verdict: dict[str, Any]) -> str:
-    """`p99_ttft_ms +18.0% [+15.1, +21.2]`, or `p99_ttft_ms no baseline`."""
+    """`p99_ttft_ms +18.0% [+15.1, +21.2]`, `p99_ttft_ms no baseline`, or `acc -100.0% not
+    judged`."""
+    if verdict["verdict"] == "not-judged":
+        change = verdict.get("change")
+        return f"{verdict['metric']} " + ("" if change is None else f"{change:+.1%} ") + (
+            "not judged"
+        )
     if verdict.get("change") is None:
         return f"{verdict['metric']} " + (
             "no baseline" if verdict["verdict"] == "no-baseline" else "-"
@@ -224,11 +230,25 @@ def markdown(records: list[dict[str, Any]], engine: str, baseline: str | None) -
             + (f", against {baseline}." if baseline else ".")
             + " Changes are relative to the baseline, with the bootstrap interval in brackets."
         )
+    unjudged = not_judged(records)
+    if unjudged:
+        lines.append(f"Not judged ({len(unjudged)}), so neither passed nor failed by the gate: "
+                     + "; ".join(unjudged) + ".")
     lines += ["", "| " + " | ".join(header) + " |"]
     lines.append("|" + "|".join("---:" if _numeric(name) else "---" for name in header) + "|")
     for cells in table:
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def not_judged(records: list[dict[str, Any]]) -> list[str]:
+    """Each gated metric that could not be judged: `case: metric (why)`."""
+    return [
+        f"{record['case_id']}: {verdict['metric']} ({verdict.get('reason') or 'no interval'})"
+        for record in records
+        for verdict in record.get("regression") or []
+        if verdict["verdict"] == "not-judged"
+    ]
 
 
 def _numeric(column: str) -> bool:

@@ -1,7 +1,9 @@
 """Noise-aware verdicts: a bootstrap confidence interval (scipy.stats.bootstrap) of the relative
 change of one metric against the baseline. Regressed or improved only when the whole interval
 lies beyond the tolerance; otherwise unchanged. An accuracy's interval comes from lm-eval's
-standard errors instead, a capacity's from its searches' brackets.
+standard errors instead, a capacity's from its searches' brackets. A change with no interval
+(no standard error, one repeat, a search with no upper end) is `not-judged`, with the reason:
+never `unchanged`, which would hide any drop.
 
 Latencies are compared on per-request samples pooled over the repeats (a p99 is a statistic of
 requests); throughputs on one value per repeat (a run has one throughput).
@@ -23,7 +25,6 @@ from pytest_profllm.plan.regression import (
     BRACKETED_METRICS,
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
-    STDERR_METRICS,
     GatedMetric,
 )
 from pytest_profllm.results.record import GateVerdict, RegressionVerdict
@@ -85,22 +86,34 @@ def judge(
     if not base.size or not new.size:
         return verdict
     verdict.baseline = float(stat(base))
-    if verdict.baseline == 0 or verdict.value is None:
-        verdict.verdict = "unchanged"  # no relative change from zero
-        return verdict
+    if verdict.value is None:
+        return _not_judged(verdict, "no value")
+    if verdict.baseline == 0:
+        if verdict.value == 0:
+            verdict.verdict = "unchanged"  # zero then, zero now
+            return verdict
+        return _not_judged(verdict, "the baseline is 0: no relative change")
     verdict.change = verdict.value / verdict.baseline - 1
     if metric.name in BRACKETED_METRICS:
         interval = bracket_interval(metric.name, new_runs, baseline_runs)
-    elif metric.name in STDERR_METRICS:
+        why = "a search met at its highest load: its capacity has no upper end"
+    elif metric.by_stderr:
         interval = stderr_interval(metric.name, new_runs, baseline_runs, settings.confidence)
+        why = "no standard error (lm-eval's N/A, as with limit: 1)"
     else:
         interval = change_interval(stat, new, base, settings)
-    if interval is None:
         # One value (a repeat lost to an invalid measurement) has no spread to judge noise by.
-        verdict.verdict = "unchanged"
-        return verdict
+        why = "fewer than two values on a side: no spread to judge the noise by"
+    if interval is None:
+        return _not_judged(verdict, why)
     verdict.ci_low, verdict.ci_high = interval
     verdict.verdict = classify(metric, *interval)
+    return verdict
+
+
+def _not_judged(verdict: RegressionVerdict, reason: str) -> RegressionVerdict:
+    verdict.verdict = "not-judged"
+    verdict.reason = reason
     return verdict
 
 
@@ -178,7 +191,8 @@ def _mean_and_stderr(name: str, runs: list[RunSamples]) -> tuple[float, float] |
     standard error from lm-eval: the repeats' errors add in quadrature, over their count)."""
     pairs = [(run.results.get(name), run.results.get(f"{name}_stderr")) for run in runs]
     numbers = [
-        (v, e) for v, e in pairs if isinstance(v, int | float) and isinstance(e, int | float)
+        (v, e) for v, e in pairs
+        if isinstance(v, int | float) and isinstance(e, int | float) and math.isfinite(v + e)
     ]
     if not numbers or len(numbers) != len(pairs):
         return None
@@ -189,7 +203,8 @@ def _mean_and_stderr(name: str, runs: list[RunSamples]) -> tuple[float, float] |
 def _bracket(name: str, runs: list[RunSamples]) -> tuple[float, float] | None:
     lows = [run.results.get(f"{name}_low") for run in runs]
     highs = [run.results.get(f"{name}_high") for run in runs]
-    numbers = [v for v in (*lows, *highs) if isinstance(v, int | float)]
+    # A search with no upper end may say so with NaN (or inf): no end, so no interval.
+    numbers = [v for v in (*lows, *highs) if isinstance(v, int | float) and math.isfinite(v)]
     if not lows or len(numbers) != 2 * len(lows):
         return None
     return min(numbers[: len(lows)]), max(numbers[len(lows) :])
@@ -215,6 +230,9 @@ def describe(verdict: RegressionVerdict) -> str:
     """One line: metric, verdict, baseline and new values, change and interval."""
     if verdict.verdict == "no-baseline":
         return f"{verdict.metric}: no baseline"
+    if verdict.verdict == "not-judged":
+        change = "" if verdict.change is None else f" ({verdict.change:+.1%})"
+        return f"{verdict.metric} not judged{change}: {verdict.reason or 'no interval'}"
     base = "-" if verdict.baseline is None else f"{verdict.baseline:.4g}"
     value = "-" if verdict.value is None else f"{verdict.value:.4g}"
     text = f"{verdict.metric} {verdict.verdict}: baseline {base}, now {value}"

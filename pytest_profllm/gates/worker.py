@@ -11,7 +11,7 @@ from pytest_profllm.gates.baseline import Baseline
 from pytest_profllm.gates.config import GATE_CONFIG_KEY
 from pytest_profllm.gates.samples import RunSamples, samples_of
 from pytest_profllm.gates.verdict import describe, judge, values_of
-from pytest_profllm.plan.regression import gated_metric
+from pytest_profllm.plan.regression import gated_metric, measured
 from pytest_profllm.results.fingerprint import digests
 from pytest_profllm.results.record import RegressionVerdict
 from pytest_profllm.run.outcome import CaseOutcome
@@ -51,7 +51,9 @@ def judge_case(config: pytest.Config, outcome: CaseOutcome) -> list[RegressionVe
             pytest.fail(f"--profllm-baseline {baseline.path}: cannot be read: {error}",
                         pytrace=False)
     settings = config.stash[GATE_CONFIG_KEY].settings
-    gated = [gated_metric(name, tolerance) for name, tolerance in case.regression.items()]
+    asked = [gated_metric(name, tolerance) for name, tolerance in case.regression.items()]
+    # Each under the name the record shows: a bare lm-eval metric gates its filtered variants.
+    gated = measured(asked, {name for run in runs for name in run.results})
     # A metric the case does not measure is not gated on it, rather than judged `no-baseline`
     # for ever (and failed under --profllm-require-baseline): `regression: [acc]` over an
     # axis of accuracy tasks, one of which scores exact_match alone.
@@ -69,6 +71,12 @@ def regression_message(
         return "regression: " + "; ".join(describe(verdict) for verdict in regressed)
     if require_baseline and verdicts and all(v.verdict == "no-baseline" for v in verdicts):
         return "no baseline for this case (--profllm-require-baseline)"
+    # A baseline is required to judge: one that is there and cannot judge does not pass.
+    not_judged = [verdict for verdict in verdicts if verdict.verdict == "not-judged"]
+    if require_baseline and not_judged:
+        return "not judged (--profllm-require-baseline): " + "; ".join(
+            describe(verdict) for verdict in not_judged
+        )
     return None
 
 

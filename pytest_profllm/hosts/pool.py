@@ -18,6 +18,7 @@ import shutil
 import socket
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ _Taken = TypeVar("_Taken")
 
 class LeaseTimeout(Exception):
     """No GPUs or ports came free in time."""
+
+
+class PoolEntryWarning(UserWarning):
+    """Something that is not a lock file sits under a lock's name in the pool folder."""
 
 
 _SHARED_DIR_MODE = 0o1777  # as /tmp: all may create, none may remove another's files
@@ -158,6 +163,8 @@ class HostPool:
                 f"another server on this host was still starting after {timeout:.0f} s "
                 f"(lock {self.directory / 'server-start.lock'})"
             ) from None
+        except OSError as error:
+            raise LeaseTimeout(_not_a_lock(lock, error)) from None
         try:
             yield
         finally:
@@ -272,6 +279,9 @@ def in_turn(
         lock.acquire(timeout=timeout)
     except filelock.Timeout:
         raise timed_out("waiting in the lease queue") from None
+    except OSError as error:
+        # The queue has no second lock to turn to: nothing is leasable until it is removed.
+        raise LeaseTimeout(_not_a_lock(lock, error)) from None
     try:
         if queued is not None:
             queued()
@@ -296,12 +306,21 @@ def lock_file(directory: Path, name: str) -> filelock.BaseFileLock:
 
 
 def try_lock(lock: filelock.BaseFileLock) -> bool:
-    """Takes the lock if it is free; never waits."""
+    """Takes the lock if it is free; never waits. Something planted under its name in the
+    shared folder (a folder, a symlink, another user's unreadable file) makes it one that
+    cannot be taken, said in a warning: another user can at most keep us off it."""
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
         return False
+    except OSError as error:
+        warnings.warn(_not_a_lock(lock, error) + ": passed over", PoolEntryWarning, stacklevel=2)
+        return False
     return True
+
+
+def _not_a_lock(lock: filelock.BaseFileLock, error: OSError) -> str:
+    return f"{lock.lock_file} cannot be locked ({error.strerror or error}; not a lock file?)"
 
 
 def _port_free(port: int) -> bool:

@@ -31,6 +31,7 @@ from pytest_profllm.plan.suite import (
     describe_error,
     did_you_mean,
     fold_dotted_keys,
+    measures,
 )
 
 # Short names for the axes users sweep most; other axes use their words' initials.
@@ -330,7 +331,7 @@ def _check_thresholds(
 ) -> None:
     allowed = workload.result_names()
     for metric in suite.thresholds:
-        if metric not in allowed:
+        if not measures(workload, metric):
             where = at_line(source, lines.get(("thresholds", metric)))
             raise SuiteError(
                 f"{where}: unknown metric 'thresholds.{metric}'{did_you_mean(metric, allowed)}; "

@@ -5,6 +5,7 @@ benchmarks' results (`vllm bench throughput|latency`). The measuring code fills 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -111,3 +112,20 @@ ACCURACY_RESULTS = (
     *(name for metric in ACCURACY_METRICS for name in (metric, f"{metric}_stderr")),
     ACCURACY_SAMPLES,
 )
+
+
+def is_accuracy_result(name: str) -> bool:
+    """Whether an accuracy case can record `name`: a metric (under a filter or not), its
+    standard error, or the samples scored."""
+    return name == ACCURACY_SAMPLES or accuracy_metric_of(name.removesuffix("_stderr")) is not None
+
+
+def accuracy_metric_of(name: str) -> str | None:
+    """The lm-eval metric a result is named after: itself, or the longest metric it extends by
+    a filter's name (`exact_match_strict_match`: exact_match); None for any other result,
+    a standard error included."""
+    if name in ACCURACY_METRICS:
+        return name
+    if name.endswith("_stderr") or not re.fullmatch(r"[a-z0-9_]+", name):
+        return None
+    return max((m for m in ACCURACY_METRICS if name.startswith(f"{m}_")), key=len, default=None)

@@ -5,7 +5,8 @@ the direction that is worse, and how each is compared (per-request samples or pe
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 from pytest_profllm.plan import metric_names
 
@@ -28,9 +29,9 @@ PER_REPEAT_METRICS = {
     "capacity": True,
 }
 BRACKETED_METRICS = frozenset({"capacity"})
-# An accuracy case's metrics (lm-eval's): their interval comes from lm-eval's standard errors
-# (`<metric>_stderr`), and they have no tolerance of their own: a change outside the interval
-# is a change.
+# An accuracy case's metrics (lm-eval's, and each under a filter as `<metric>_<filter>`): their
+# interval comes from lm-eval's standard errors (`<name>_stderr`), and they have no tolerance
+# of their own: a change outside the interval is a change.
 STDERR_METRICS = metric_names.ACCURACY_METRICS
 DEFAULT_ACCURACY_TOLERANCE = 0.0
 _LATENCY = re.compile(
@@ -47,6 +48,8 @@ class GatedMetric:
     higher_is_better: bool
     latency: str | None  # ttft/tpot/itl/e2el: compared on per-request samples; None: per repeat
     statistic: str  # mean, median, std, or a percentile like 99.0; "mean" for per-repeat ones
+    # An lm-eval metric (under a filter or not): judged by its standard errors.
+    by_stderr: bool = False
 
     @property
     def per_repeat(self) -> bool:
@@ -63,17 +66,38 @@ def gated_metric(name: str, tolerance: float) -> GatedMetric:
         return GatedMetric(name, tolerance, False, match.group(3), statistic)
     if name in PER_REPEAT_METRICS:
         return GatedMetric(name, tolerance, PER_REPEAT_METRICS[name], None, "mean")
-    if name in STDERR_METRICS:
-        return GatedMetric(name, tolerance, STDERR_METRICS[name], None, "mean")
+    accuracy = metric_names.accuracy_metric_of(name)
+    if accuracy is not None:
+        return GatedMetric(name, tolerance, STDERR_METRICS[accuracy], None, "mean", True)
     raise ValueError(
         f"cannot gate {name!r}: allowed are {', '.join(PER_REPEAT_METRICS)} (per repeat), "
         "mean_/median_/std_/pNN_ of ttft, tpot, itl, e2el in ms (per request), "
-        f"e.g. p99_ttft_ms, and an accuracy case's {', '.join(STDERR_METRICS)}"
+        f"e.g. p99_ttft_ms, and an accuracy case's {', '.join(STDERR_METRICS)}, each also "
+        "under an lm-eval filter as its record names it (exact_match_strict_match)"
     )
 
 
+def measured(gated: Iterable[GatedMetric], results: Iterable[str]) -> list[GatedMetric]:
+    """The gated metrics a case's results hold, under the names its record shows. A bare
+    lm-eval metric gates itself and each of its filtered variants (`exact_match` gates
+    `exact_match_strict_match` and `exact_match_flexible_extract` of gsm8k), at its own
+    tolerance unless the block names the variant too."""
+    names = list(results)
+    chosen: dict[str, GatedMetric] = {}
+    named = {metric.name for metric in gated}
+    for metric in gated:
+        if metric.name in names:
+            chosen[metric.name] = metric
+        if metric.by_stderr and metric.name in STDERR_METRICS:
+            for name in names:
+                variant = name != metric.name and name not in named
+                if variant and metric_names.accuracy_metric_of(name) == metric.name:
+                    chosen.setdefault(name, replace(metric, name=name))
+    return list(chosen.values())
+
+
 def default_tolerance(name: str) -> float:
-    if name in STDERR_METRICS:
+    if metric_names.accuracy_metric_of(name) is not None:
         return DEFAULT_ACCURACY_TOLERANCE
     return DEFAULT_TOLERANCE if name in PER_REPEAT_METRICS else DEFAULT_LATENCY_TOLERANCE
 

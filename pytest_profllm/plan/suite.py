@@ -713,6 +713,14 @@ class AccuracyConfig(BaseModel):
         return list(metric_names.ACCURACY_RESULTS)
 
 
+def measures(workload: Any, name: str) -> bool:
+    """Whether a workload's case can record the result `name`: one of its names, or, for an
+    accuracy case, any metric under an lm-eval filter as its record names it."""
+    if isinstance(workload, AccuracyConfig) and metric_names.is_accuracy_result(name):
+        return True
+    return name in workload.result_names()
+
+
 # What `benchmark:` describes, by its `kind` (serve when absent).
 OfflineConfig = ThroughputConfig | LatencyConfig
 WorkloadConfig = BenchmarkConfig | ThroughputConfig | LatencyConfig | AccuracyConfig
@@ -1064,7 +1072,7 @@ def _check_benchmark(
     for workload in workloads or fallback:
         allowed = workload.result_names()
         for metric in thresholds:
-            if metric not in allowed:
+            if not measures(workload, str(metric)):
                 problems.add(
                     lines.get(("thresholds", metric)),
                     f"unknown metric 'thresholds.{metric}'{did_you_mean(str(metric), allowed)}; "

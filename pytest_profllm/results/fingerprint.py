@@ -1,7 +1,8 @@
 """A run's fingerprint: what must be equal for two runs to be compared. The effective server
 configuration, the workload, the engine and its version, the device model and count, and the
 simulated engine's clock where it is virtual, and the simulator's profile file where one
-priced the run.
+priced the run; for an accuracy case, its task as lm-eval ran it (the digest of its
+configuration and data) and lm-eval's version.
 
 The workload's `seed` is left out: it draws other prompts of the same distribution, which is
 the noise a gate must tolerate, not another workload.
@@ -95,7 +96,30 @@ def fingerprint(record: dict[str, Any], with_version: bool = True) -> dict[str, 
     if with_version:
         parts["engine_version"] = engine.get("version")
         parts["engine_args_version"] = (config.get("engine_args") or {}).get("vllm_version")
+    accuracy = record.get("accuracy")
+    if isinstance(accuracy, dict):
+        parts.update(accuracy_parts(accuracy.get("task_hash"), accuracy.get("lm_eval_version"),
+                                    with_version))
     return parts
+
+
+def accuracy_parts(
+    task_hash: Any, lm_eval_version: Any, with_version: bool = True
+) -> dict[str, Any]:
+    """An accuracy case's parts: a changed task (its data, its prompt) is another
+    measurement, and so is another lm-eval (its scoring). Only accuracy records have them, so
+    every other run's fingerprint stays what it was."""
+    parts = {"accuracy_task_hash": task_hash}
+    if with_version:
+        parts["lm_eval_version"] = lm_eval_version
+    return parts
+
+
+def upgraded(parts: dict[str, Any], task_hash: Any, lm_eval_version: Any) -> tuple[str, str]:
+    """Both digests of a stored run whose parts (with the versions) predate the accuracy
+    parts: what `digests` gives its record now."""
+    now = {**parts, **accuracy_parts(task_hash, lm_eval_version)}
+    return digest(now), digest({k: v for k, v in now.items() if k not in _VERSIONS})
 
 
 def digest(parts: dict[str, Any]) -> str:
@@ -125,7 +149,7 @@ def described(
     return _hash(canonical), _hash(_join(without)), canonical
 
 
-_VERSIONS = ("engine_version", "engine_args_version")
+_VERSIONS = ("engine_version", "engine_args_version", "lm_eval_version")
 
 
 def _cached_dump(block: dict[str, Any], cache: dict[Any, str] | None) -> str:

@@ -140,9 +140,10 @@ def _add_sample_columns(db: sqlite3.Connection) -> None:
 
 
 def gate_of(record: dict[str, Any]) -> str | None:
-    """The run's overall verdict: the worst of its metrics', None where nothing was gated."""
+    """The run's overall verdict: the worst of its metrics', None where nothing was gated. A
+    metric not judged comes before any judged: an unchanged beside it must not hide it."""
     verdicts = {v["verdict"] for v in record.get("regression") or []}
-    for verdict in ("regressed", "improved", "unchanged", "no-baseline"):
+    for verdict in ("regressed", "not-judged", "improved", "unchanged", "no-baseline"):
         if verdict in verdicts:
             return verdict
     return None

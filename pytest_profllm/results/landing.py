@@ -60,12 +60,14 @@ HEADLINE_METRICS = (
 # table has): indexed, as the swept axes are.
 LANDING_FACETS = ("server_model", "engine", "device", "suite", "status", "gate", "validity")
 # Derived from the regression gate's verdicts (the `regression` JSON of benchmark_runs):
-# `gate` is one word (regressed, improved, ok, no baseline; empty where nothing was gated),
+# `gate` is one word (regressed, not judged, improved, ok, no baseline; empty where nothing
+# was gated: a metric not judged is never folded into `ok`),
 # `gate_changes` says which metrics moved and by how much.
 _VERDICTS = "json_each(CASE WHEN json_valid(regression) THEN regression ELSE '[]' END)"
 _GATE_SQL = (
     "(SELECT CASE WHEN count(*) = 0 THEN NULL "
     "WHEN sum(json_extract(value, '$.verdict') = 'regressed') > 0 THEN 'regressed' "
+    "WHEN sum(json_extract(value, '$.verdict') = 'not-judged') > 0 THEN 'not judged' "
     "WHEN sum(json_extract(value, '$.verdict') = 'improved') > 0 THEN 'improved' "
     "WHEN sum(json_extract(value, '$.verdict') = 'no-baseline') = count(*) THEN 'no baseline' "
     f"ELSE 'ok' END FROM {_VERDICTS})"

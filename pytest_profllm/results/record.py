@@ -64,7 +64,8 @@ class Verdict(BaseModel):
     passed: bool
 
 
-GateVerdict = Literal["regressed", "improved", "unchanged", "no-baseline"]
+# `not-judged`: a baseline, but no interval to judge the change by (gates/verdict.py).
+GateVerdict = Literal["regressed", "improved", "unchanged", "no-baseline", "not-judged"]
 
 
 class RegressionVerdict(BaseModel):
@@ -84,6 +85,7 @@ class RegressionVerdict(BaseModel):
     samples: int = 0  # per-request samples (latencies) or repeats (throughputs), this run
     baseline_samples: int = 0
     baseline_session: str | None = None
+    reason: str | None = None  # why a change was not judged
 
 
 class RunConfig(BaseModel):

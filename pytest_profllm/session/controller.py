@@ -22,7 +22,12 @@ from pytest_profllm.results.record import write_record, write_requests
 from pytest_profllm.results.store import load_records
 from pytest_profllm.session.identity import RunIdentity, host_pool, session_turns
 from pytest_profllm.session.resume import REJUDGED_PROPERTY, RESUMED_PROPERTY, ResumeIndex
-from pytest_profllm.session.worker import RECORD_PROPERTY, REQUESTS_PROPERTY, STARTED_PROPERTY
+from pytest_profllm.session.worker import (
+    GATE_ASKED_PROPERTY,
+    RECORD_PROPERTY,
+    REQUESTS_PROPERTY,
+    STARTED_PROPERTY,
+)
 
 # How long the load at the end waits for another process's lock on the database.
 DB_LOCK_WAIT_S = 30.0
@@ -232,7 +237,7 @@ class ControllerReports:
         # into JUnit XML by the plugins that read user_properties after us.
         ours = (
             RECORD_PROPERTY, REQUESTS_PROPERTY, STARTED_PROPERTY, RESUMED_PROPERTY,
-            REJUDGED_PROPERTY,
+            REJUDGED_PROPERTY, GATE_ASKED_PROPERTY,
         )
         properties = dict(report.user_properties)
         if not any(name in properties for name in ours):
@@ -260,7 +265,10 @@ class ControllerReports:
             return
         requests = properties.get(REQUESTS_PROPERTY)
         problem = controller.receive(record, requests)  # type: ignore[arg-type]
-        self.config.stash[GATE_CONTROLLER_KEY].receive(record, requests)  # type: ignore[arg-type]
+        asked = bool(properties.get(GATE_ASKED_PROPERTY))
+        self.config.stash[GATE_CONTROLLER_KEY].receive(
+            record, requests, asked  # type: ignore[arg-type]
+        )
         if problem is not None:
             # The case fails, clearly; the session goes on with the next one.
             report.outcome = "failed"

@@ -7,7 +7,10 @@ a record by its suite (name and file: another suite's record of the same workloa
 none of its cases), the regression gate's fingerprint (results/fingerprint.py: the effective
 server configuration, the workload, the engine and its version, the device count), its whole
 workload (the seed included) and its repeat; the device model, known only once a server
-holds its GPUs, must be one this host has. A matching case is judged again by the suite as
+holds its GPUs, must be one this host has. An accuracy case always runs again: what its
+task is (lm-eval's digest of its configuration and data) is known only once lm-eval has loaded
+it, and a task changed under the same name must not stand for the old one. A matching case
+is judged again by the suite as
 it is now: its earlier figures against the current thresholds (a case whose figures now miss
 one fails, its record `failed` with the reason), and a case the regression gate judges
 against a baseline runs again (the gate compares per-request samples of every repeat). Each
@@ -122,6 +125,10 @@ def read_index(
         except (OSError, ValueError):
             continue  # not a record (a summary), or a damaged one: its case runs again
         if record.status not in _MEASURED or record.validity != "valid":
+            continue
+        if record.accuracy is not None:
+            # Its task is known by lm-eval's digest of it only once lm-eval has loaded it
+            # (results/fingerprint.py): a task changed since could not be told from the same.
             continue
         earlier = Earlier(
             record.run_id,

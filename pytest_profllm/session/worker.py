@@ -52,6 +52,10 @@ from pytest_profllm.session.xdist_scheduling import RANKS_KEY
 
 RECORD_PROPERTY = "profllm_record"
 REQUESTS_PROPERTY = "profllm_requests"
+# Set on the record of a case the gate was asked to judge (its last repeat, measured), whether
+# or not it measured a metric its `regression:` names: a baseline that compares none of them
+# compared nothing.
+GATE_ASKED_PROPERTY = "profllm_gate_asked"
 # The record a case gets if its worker dies (or the session is interrupted) before it ends;
 # it leaves with the setup report, so the controller has it before the case runs.
 STARTED_PROPERTY = "profllm_started"
