@@ -277,6 +277,37 @@ class Attempt(BaseModel):
     median_ttft_ms: float | None = None
     p99_schedule_lag_ms: float | None = None
     sim_step_lateness_p99_ms: float | None = None
+    client_overhead_ttft_ms: float | None = None
+
+
+class ServerQuantile(BaseModel):
+    """A quantile estimated from a histogram's buckets: the estimate, and the bucket's bounds
+    it lies between (upper null: the open bucket past the last bound)."""
+
+    estimate: float
+    lower: float
+    upper: float | None = None
+
+
+class ServerHistogram(BaseModel):
+    """One of vLLM's histograms over the measured load: its count, its exact mean, and its
+    median, p90 and p99 from the buckets, in `unit` (ms for times)."""
+
+    count: float
+    mean: float | None = None
+    unit: str
+    median: ServerQuantile | None = None
+    p90: ServerQuantile | None = None
+    p99: ServerQuantile | None = None
+
+
+class ServerView(BaseModel):
+    """The server's own view of the measured load (load/server_view.py), by histogram (ttft,
+    e2el, queue, prefill, decode, inference, itl, tpot, iteration_tokens, preemptions), and
+    why some or all are missing (`problem`: not vLLM, no /metrics, a restart)."""
+
+    problem: str | None = None
+    histograms: dict[str, ServerHistogram] = Field(default_factory=dict)
 
 
 class AccuracyMetric(BaseModel):
@@ -366,6 +397,10 @@ class BenchmarkRecord(BaseModel):
     # client or the simulated engine fell behind) is run again; each attempt keeps its
     # validity, reasons and headline figures. The results are the first valid attempt's.
     attempts: list[Attempt] = Field(default_factory=list)
+    # The server's own latency histograms over the measured load, with the buckets its
+    # quantiles lie in; its headline figures are also `results.server_*`. None: no serve
+    # load ran, or the record predates it.
+    server_view: ServerView | None = None
     # An accuracy case's evaluation (lm-eval): task, metrics with standard errors, samples,
     # versions and whether it was only a plumbing check (the simulated engine).
     accuracy: AccuracyResult | None = None
