@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from pytest_profllm.load.server_view import (
     bucket_key,
     client_overhead,
     histogram_window,
+    load_view,
     overhead_problem,
     quantile,
     result_keys,
@@ -163,3 +165,27 @@ def test_a_client_over_the_bound_is_the_host_s_fault() -> None:
     assert host_caused(over)  # measured again, as every host-made invalid case
     assert overhead_problem({"client_overhead_ttft_ms": 24.0}, 25.0) is None
     assert overhead_problem({"client_overhead_ttft_ms": None}, 25.0) is None
+
+
+def test_a_window_with_other_requests_gives_no_overhead_and_says_so() -> None:
+    """Warm-ups or another client in the window: the server's means are not the load's."""
+    before = _scrape({TTFT: [], "vllm:e2e_request_latency_seconds": []})
+    after = _scrape({TTFT: [0.05] * 8, "vllm:e2e_request_latency_seconds": [0.2] * 8})
+    client = {"completed": 6, "mean_ttft_ms": 55.0, "mean_e2el_ms": 210.0}
+    figures, view = load_view(before, after, client)
+    assert figures["server_ttft_count"] == 8
+    assert figures["client_overhead_ttft_ms"] is None
+    assert "8 requests" in view["problem"] and "completed 6" in view["problem"]
+    same, clean = load_view(before, after, {**client, "completed": 8})
+    assert same["client_overhead_ttft_ms"] == pytest.approx(5.0)
+    assert clean["problem"] is None
+
+
+def test_a_client_mean_under_the_servers_beyond_clock_noise_is_said() -> None:
+    before = _scrape({TTFT: [], "vllm:e2e_request_latency_seconds": []})
+    after = _scrape({TTFT: [0.05] * 4, "vllm:e2e_request_latency_seconds": [0.2] * 4})
+    client = {"completed": 4, "mean_ttft_ms": 45.0, "mean_e2el_ms": 199.5}
+    figures, view = load_view(before, after, client)
+    assert figures["client_overhead_ttft_ms"] == pytest.approx(-5.0)
+    assert "TTFT is 5.0 ms under the server's" in view["problem"]
+    assert "E2EL" not in view["problem"]  # 0.5 ms under: clock noise

@@ -55,7 +55,7 @@ from pytest_profllm.load.server_state import (
     shared_on_purpose,
     sim_fell_behind,
 )
-from pytest_profllm.load.server_view import client_overhead, server_view
+from pytest_profllm.load.server_view import load_view
 from pytest_profllm.plan.suite import BenchmarkConfig
 
 # Lists vLLM keeps only with --save-detailed (one entry per request).
@@ -331,9 +331,8 @@ def run_bench(
     result["invalid_reason"] = invalid
     # The server's own view of the load (null, with the reason, where it keeps none), and what
     # the client added to it: reported, not judged (a server elsewhere adds its network).
-    view, result["server_view"] = server_view(*window)
+    view, result["server_view"] = load_view(*window, result)
     result.update(view)
-    result.update(client_overhead(result))
     if not save_detailed:
         for key in DETAILED_KEYS:
             result.pop(key, None)

@@ -37,14 +37,22 @@ HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
 QUANTILES: tuple[tuple[str, float], ...] = (("median", 0.5), ("p90", 0.9), ("p99", 0.99))
 _STATISTICS = ("mean", *(name for name, _ in QUANTILES))
 
-# The default bound on what the client may add to the server's mean TTFT before its figures
-# measure the client (benchmarks/perf/client_overhead.py measured it; --profllm-max-client-
-# overhead sets it).
+# The default bound on what the client (and the API server's work outside vLLM's
+# histograms) may add to the server's mean TTFT before the figures measure the host
+# (--profllm-max-client-overhead sets it). Measured with benchmarks/perf/client_overhead.py
+# on the simulated engine, 2 shared cores: 1.0-1.8 ms at concurrency 1, 4.2-6.0 ms at 16 (all
+# valid runs); 39-275 ms at 256, where the host could not keep up (the simulator fell behind
+# too). vLLM measured its own Python client at 8-12 ms (concurrency 8, PR #54628): 25 ms is
+# twice that and four times ours at 16.
 DEFAULT_MAX_CLIENT_OVERHEAD_MS = 25.0
-# How far a client's mean may lie below the server's and still be the same clock's reading:
-# the server stamps arrival after the request's bytes reached it and the client stops its
-# clock after the bytes came back, so the client's interval contains the server's; only the
-# two clocks' rounding and the histograms' float sums separate them.
+# How far a client's mean may lie below the server's and still be the same requests' times:
+# the client starts its clock before it sends and stops it after the bytes came back, the
+# server stamps arrival after it read the request and the token before it sent it, so the
+# client's interval contains the server's. What separates them is the clocks: vLLM stamps
+# with time.time() (wall clock, which NTP may slew by up to 500 ppm: 0.5 ms over a 1 s
+# latency) and both sides' resolution (microseconds); 1 ms covers both for latencies up to
+# about a second. Measured on the simulated engine (one perf_counter clock), the client was
+# never below the server: 0.97 ms over it at the least (benchmarks/perf/client_overhead.py).
 CLOCK_NOISE_MS = 1.0
 OVERHEAD_PREFIX = "the client added"
 
@@ -182,9 +190,48 @@ def _figures(
     return detail
 
 
+def load_view(
+    before: Mapping[str, float] | None,
+    after: Mapping[str, float] | None,
+    results: Mapping[str, Any],
+) -> tuple[dict[str, float | None], dict[str, Any]]:
+    """`server_view` of a load's window with the client's overhead over it (`results`: the
+    client's figures), and where the window holds other requests too, the view says so."""
+    figures, view = server_view(before, after)
+    figures.update(client_overhead({**results, **figures}))
+    problems = [view["problem"], other_requests({**results, **figures})]
+    for metric in ("ttft", "e2el"):
+        overhead = figures[f"client_overhead_{metric}_ms"]
+        if overhead is not None and overhead < -CLOCK_NOISE_MS:
+            # The client's interval contains the server's: below it, the two did not time
+            # the same requests (or a clock was stepped).
+            problems.append(f"the client's mean {metric.upper()} is {-overhead:.1f} ms under "
+                            "the server's, beyond clock noise: not the same requests' times")
+    view["problem"] = "; ".join(problem for problem in problems if problem) or None
+    return figures, view
+
+
+def other_requests(results: Mapping[str, Any]) -> str | None:
+    """Why the server's window is not this load's alone: it finished another number of
+    requests than the client completed (warm-ups, another client on the server), so its
+    means are not the load's and no overhead is taken from them. None: the same count."""
+    served, completed = results.get("server_e2el_count"), results.get("completed")
+    if not isinstance(served, int | float) or not isinstance(completed, int | float):
+        return None
+    if served == completed:
+        return None
+    return (f"the server finished {served:.0f} requests in the load's window, the client "
+            f"completed {completed:.0f}: its means are not this load's alone")
+
+
 def client_overhead(results: Mapping[str, Any]) -> dict[str, float | None]:
-    """What the client and the HTTP path added to the server's mean TTFT and E2E (ms)."""
-    out: dict[str, float | None] = {}
+    """What the client and the HTTP path added to the server's mean TTFT and E2E (ms); null
+    where the server's window holds other requests too (`other_requests`)."""
+    out: dict[str, float | None] = dict.fromkeys(
+        ("client_overhead_ttft_ms", "client_overhead_e2el_ms")
+    )
+    if other_requests(results) is not None:
+        return out
     for metric in ("ttft", "e2el"):
         client, server = results.get(f"mean_{metric}_ms"), results.get(f"server_{metric}_mean_ms")
         out[f"client_overhead_{metric}_ms"] = (

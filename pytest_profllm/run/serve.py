@@ -35,9 +35,8 @@ from pytest_profllm.load.schedule import LoadResult, LoadSettings
 from pytest_profllm.load.server_state import empty_caches
 from pytest_profllm.load.server_view import (
     DEFAULT_MAX_CLIENT_OVERHEAD_MS,
-    client_overhead,
+    load_view,
     overhead_problem,
-    server_view,
 )
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.suite import MEDIA_DATASETS, BenchmarkConfig
@@ -96,9 +95,8 @@ def run_case(
                 load = _load(server, settings, prompts, outcome)
                 results, health = measure(load, bench, codec)
                 results.update(health)
-                view, outcome.server_view = server_view(*outcome.server_window)
+                view, outcome.server_view = load_view(*outcome.server_window, results)
                 results.update(view)
-                results.update(client_overhead(results))
                 reasons = invalid_reasons(
                     load, bench, health, max_schedule_lag_ms, outcome.server_window, own_hits
                 )
