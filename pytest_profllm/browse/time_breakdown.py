@@ -25,6 +25,8 @@ _PARTS = {
     "rest": "API server, HTTP and client",
 }
 _COLOURS = ("#7a9cc6", "#2a7", "#d90", "#bbb")
+# The narrowest part, as a share of the longest bar, that has its number written in it.
+_MIN_LABELLED = 0.04
 # The server's histograms as the table lists them (load/server_view.py's short names).
 _TABLE = (
     ("ttft", "TTFT"), ("e2el", "E2E"), ("queue", "queue"), ("prefill", "prefill"),
@@ -62,10 +64,16 @@ def breakdown(row: Mapping[str, Any]) -> Breakdown | None:
             f"{phase} {value:.1f}" for phase, value in pieces))
     if not parts:
         return None
+    # A part too narrow for its number keeps it in the tooltip and the caption only.
+    widest = max(part["end"] for part in parts)
+    for part in parts:
+        if part["end"] - part["start"] < _MIN_LABELLED * widest:
+            part["label"] = ""
     x = charts.field("start", "quantitative", "milliseconds (mean per request)")
     colour = charts.field("part", "nominal", "where the time went",
                           scale={"domain": list(_PARTS.values()), "range": list(_COLOURS)})
-    y = charts.field("bar", "nominal", "", sort=[bar for bar, _, _ in _BARS])
+    # The bars' names say what they are: no axis title.
+    y = {**charts.field("bar", "nominal", sort=[bar for bar, _, _ in _BARS]), "title": None}
     spec = charts.spec(
         parts, title="Where the time goes", height=110,
         layers=[
@@ -85,7 +93,8 @@ def breakdown(row: Mapping[str, Any]) -> Breakdown | None:
 
 def server_table(row: Mapping[str, Any]) -> tuple[list[dict[str, str]], str | None]:
     """The server's histograms over the load as table rows (count, mean, and each quantile
-    with its bucket's bounds), and why some or all are missing."""
+    as the bucket that holds it, with the estimate within it), and why some or all are
+    missing."""
     text = row.get("server_view")
     try:
         view = json.loads(text) if isinstance(text, str) else None
@@ -119,4 +128,6 @@ def _quantile(estimate: Any) -> str:
         return "-"
     upper = estimate.get("upper")
     bound = f"{upper:g}" if isinstance(upper, int | float) else "+Inf"
-    return f"{estimate['estimate']:.4g} ({estimate.get('lower', 0):g} .. {bound}]"
+    # The bucket first: vLLM's buckets are coarse (its latencies' first ends at 300 ms), so
+    # the interpolated estimate alone could read as a measured figure.
+    return f"({estimate.get('lower', 0):g} .. {bound}], est. {estimate['estimate']:.4g}"
