@@ -189,3 +189,19 @@ def test_a_client_mean_under_the_servers_beyond_clock_noise_is_said() -> None:
     assert figures["client_overhead_ttft_ms"] == pytest.approx(-5.0)
     assert "TTFT is 5.0 ms under the server's" in view["problem"]
     assert "E2EL" not in view["problem"]  # 0.5 ms under: clock noise
+
+
+_SECONDS = st.lists(st.floats(0.0, 3000.0, allow_nan=False), max_size=40)
+
+
+@given(_SECONDS, _SECONDS)
+def test_a_window_counts_exactly_what_came_in_it(earlier: list[float], within: list[float]) -> None:
+    """Counters that only grew: the window is the histogram of what was observed within it."""
+    window = histogram_window(
+        _scrape({TTFT: earlier}), _scrape({TTFT: earlier + within}), TTFT
+    )
+    alone = histogram_window({}, _scrape({TTFT: within}), TTFT)
+    assert window is not None and alone is not None and not window.reset
+    assert window.count == len(within)
+    assert window.buckets == alone.buckets
+    assert window.total == pytest.approx(sum(within), rel=1e-9, abs=1e-6)

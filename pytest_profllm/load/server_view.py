@@ -59,6 +59,11 @@ CLOCK_NOISE_MS = 1.0
 OVERHEAD_PREFIX = "the client added"
 
 
+def missing(problem: str) -> dict[str, Any]:
+    """The record's `server_view` block of a case that has none, saying why."""
+    return {"problem": problem, "histograms": {}}
+
+
 def result_keys() -> list[str]:
     """The record's `results` keys of the server's view, in order (also table columns)."""
     keys: list[str] = []
@@ -148,7 +153,7 @@ def server_view(
     reason where there are none)."""
     figures: dict[str, float | None] = dict.fromkeys(result_keys())
     if after is None:
-        return figures, {"problem": "the server's /metrics did not answer", "histograms": {}}
+        return figures, missing("the server's /metrics did not answer")
     histograms: dict[str, Any] = {}
     resets: list[str] = []
     for short, name, unit in HISTOGRAMS:
