@@ -48,7 +48,7 @@ def breakdown(row: Mapping[str, Any]) -> Breakdown | None:
     said: list[str] = []
     for bar, client_key, phases in _BARS:
         client = row.get(client_key)
-        read = [row.get(f"server_{phase}_mean_ms") for phase in phases]
+        read = [row.get(f"system_server_{phase}_mean_ms") for phase in phases]
         server = [float(value) for value in read if isinstance(value, int | float)]
         if not isinstance(client, int | float) or len(server) != len(phases):
             continue
@@ -95,7 +95,7 @@ def server_table(row: Mapping[str, Any]) -> tuple[list[dict[str, str]], str | No
     """The server's histograms over the load as table rows (count, mean, and each quantile
     as the bucket that holds it, with the estimate within it), and why some or all are
     missing."""
-    text = row.get("server_view")
+    text = row.get("engine_view")
     try:
         view = json.loads(text) if isinstance(text, str) else None
     except ValueError:

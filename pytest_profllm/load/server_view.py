@@ -64,14 +64,18 @@ def missing(problem: str) -> dict[str, Any]:
     return {"problem": problem, "histograms": {}}
 
 
+OVERHEAD_KEYS = ("client_overhead_ttft_ms", "client_overhead_e2el_ms")
+
+
 def result_keys() -> list[str]:
-    """The record's `results` keys of the server's view, in order (also table columns)."""
+    """The keys of the server's view (the record's `system.server_*`) and the client's
+    overhead over it (`results.client_overhead_*`), in order."""
     keys: list[str] = []
     for short, _, unit in HISTOGRAMS:
         suffix = "_ms" if unit == "ms" else ""
         keys.append(f"server_{short}_count")
         keys += [f"server_{short}_{statistic}{suffix}" for statistic in _STATISTICS]
-    return [*keys, "client_overhead_ttft_ms", "client_overhead_e2el_ms"]
+    return [*keys, *OVERHEAD_KEYS]
 
 
 def bucket_key(name: str, bound: float) -> str:

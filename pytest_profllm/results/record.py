@@ -156,6 +156,60 @@ class SystemInfo(BaseModel):
     server_prefix_cache_queries: float | None = None  # tokens looked up
     server_prefix_cache_hits: float | None = None  # tokens found
     server_prefix_cache_hit_rate: float | None = None
+    # The server's own view of the measured load (load/server_view.py): vLLM's histograms
+    # over its window, each as its count, exact mean, and median, p90 and p99 estimated
+    # from the buckets (the record's `server_view` has the bounds they lie between). Null
+    # where the server keeps none; `server_view.problem` says why.
+    server_ttft_count: float | None = None
+    server_ttft_mean_ms: float | None = None
+    server_ttft_median_ms: float | None = None
+    server_ttft_p90_ms: float | None = None
+    server_ttft_p99_ms: float | None = None
+    server_e2el_count: float | None = None
+    server_e2el_mean_ms: float | None = None
+    server_e2el_median_ms: float | None = None
+    server_e2el_p90_ms: float | None = None
+    server_e2el_p99_ms: float | None = None
+    server_queue_count: float | None = None
+    server_queue_mean_ms: float | None = None
+    server_queue_median_ms: float | None = None
+    server_queue_p90_ms: float | None = None
+    server_queue_p99_ms: float | None = None
+    server_prefill_count: float | None = None
+    server_prefill_mean_ms: float | None = None
+    server_prefill_median_ms: float | None = None
+    server_prefill_p90_ms: float | None = None
+    server_prefill_p99_ms: float | None = None
+    server_decode_count: float | None = None
+    server_decode_mean_ms: float | None = None
+    server_decode_median_ms: float | None = None
+    server_decode_p90_ms: float | None = None
+    server_decode_p99_ms: float | None = None
+    server_inference_count: float | None = None
+    server_inference_mean_ms: float | None = None
+    server_inference_median_ms: float | None = None
+    server_inference_p90_ms: float | None = None
+    server_inference_p99_ms: float | None = None
+    server_itl_count: float | None = None
+    server_itl_mean_ms: float | None = None
+    server_itl_median_ms: float | None = None
+    server_itl_p90_ms: float | None = None
+    server_itl_p99_ms: float | None = None
+    server_tpot_count: float | None = None
+    server_tpot_mean_ms: float | None = None
+    server_tpot_median_ms: float | None = None
+    server_tpot_p90_ms: float | None = None
+    server_tpot_p99_ms: float | None = None
+    server_iteration_tokens_count: float | None = None
+    server_iteration_tokens_mean: float | None = None
+    server_iteration_tokens_median: float | None = None
+    server_iteration_tokens_p90: float | None = None
+    server_iteration_tokens_p99: float | None = None
+    server_preemptions_count: float | None = None
+    server_preemptions_mean: float | None = None
+    server_preemptions_median: float | None = None
+    server_preemptions_p90: float | None = None
+    server_preemptions_p99: float | None = None
     # The simulated engine's steps over the measured run, and how late they ended on this
     # host: the mean, and the lateness at most 1 % of them exceeded (load/server_state.py).
     sim_steps: float | None = None
