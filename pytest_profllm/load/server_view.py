@@ -151,8 +151,9 @@ def quantile(q: float, buckets: tuple[tuple[float, float], ...]) -> Estimate | N
 def server_view(
     before: Mapping[str, float] | None, after: Mapping[str, float] | None
 ) -> tuple[dict[str, float | None], dict[str, Any]]:
-    """The server's view over a window: its `results` figures (`result_keys`, the client's
-    overhead left null for `client_overhead`) and the record's `server_view` block (each
+    """The server's view over a window: its figures (`result_keys`: the record's
+    `system.server_*`, and the client's overhead left null for `load_view`) and the record's
+    `server_view` block (each
     histogram's count, mean and quantiles with the bucket bounds they lie between, and the
     reason where there are none)."""
     figures: dict[str, float | None] = dict.fromkeys(result_keys())
