@@ -16,6 +16,7 @@ from pytest_profllm.gates.config import GateConfig
 from pytest_profllm.gates.verdict import GateSettings
 from pytest_profllm.hosts.devices import parse_cpu_sets
 from pytest_profllm.hosts.pool import PORT_BLOCK
+from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
 from pytest_profllm.plan.case import MAX_CASES
 from pytest_profllm.plan.regression import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
 from pytest_profllm.sim.hardware import UnknownDevice, device_profile
@@ -278,6 +279,16 @@ def add_options(parser: pytest.Parser) -> None:
         f"{DEFAULT_MAX_SCHEDULE_LAG_MS:g}); raise it on shared, oversubscribed runners",
     )
     group.addoption(
+        "--profllm-max-client-overhead",
+        metavar="MS",
+        type=parse_milliseconds,
+        default=None,
+        help="a case whose client mean TTFT is more than this over the server's own (vLLM's "
+        "vllm:time_to_first_token_seconds) is invalid, not passed: the host made the client "
+        "slow (ini: profllm_max_client_overhead; default: "
+        f"{DEFAULT_MAX_CLIENT_OVERHEAD_MS:g})",
+    )
+    group.addoption(
         "--profllm-remeasure",
         metavar="N",
         type=parse_remeasure,
@@ -402,6 +413,11 @@ def add_options(parser: pytest.Parser) -> None:
         default=f"{DEFAULT_MAX_SCHEDULE_LAG_MS:g}",
     )
     parser.addini(
+        "profllm_max_client_overhead",
+        "limit on the client's mean TTFT over the server's, milliseconds",
+        default=f"{DEFAULT_MAX_CLIENT_OVERHEAD_MS:g}",
+    )
+    parser.addini(
         "profllm_remeasure", "extra runs of a load the host made invalid",
         default=str(DEFAULT_REMEASURE),
     )
@@ -507,6 +523,7 @@ class Settings:
     suite_glob: str
     wait_for_busy_gpus: bool = True
     max_schedule_lag_ms: float = DEFAULT_MAX_SCHEDULE_LAG_MS
+    max_client_overhead_ms: float = DEFAULT_MAX_CLIENT_OVERHEAD_MS
     remeasure: int = DEFAULT_REMEASURE
     load_cores: bool = True  # loads hold host cores from the pool (hosts/cores.py)
     vllm_python: str | None = None
@@ -558,6 +575,9 @@ class Settings:
             wait_for_busy_gpus=_busy_gpus(str(pick("profllm_busy_gpus", "profllm_busy_gpus"))),
             max_schedule_lag_ms=parsed(  # type: ignore[arg-type]
                 "profllm_max_schedule_lag", "profllm_max_schedule_lag", parse_milliseconds
+            ),
+            max_client_overhead_ms=parsed(  # type: ignore[arg-type]
+                "profllm_max_client_overhead", "profllm_max_client_overhead", parse_milliseconds
             ),
             remeasure=parsed(  # type: ignore[arg-type]
                 "profllm_remeasure", "profllm_remeasure", parse_remeasure

@@ -58,6 +58,9 @@ def test_two_configurations_search_in_parallel(pytester: pytest.Pytester, ports:
         assert search["bracket"][1] is None or search["bracket"][1] > search["bracket"][0]
         assert search["limit"] == "median_ttft_ms"
         assert {p["decision"] for p in search["probes"]} <= {"meets", "misses", "unsure"}
+        # No server's view: a probe's runs each have a window of their own; the record says so.
+        assert "capacity searches" in record["server_view"]["problem"]
+        assert record["system"].get("server_ttft_mean_ms") is None
         assert any(p["decision"] == "meets" and p["load"] == search["capacity"]
                    for p in search["probes"])
         assert all(p["readings"][0]["slo"] == "median_ttft_ms" for p in search["probes"])

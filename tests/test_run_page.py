@@ -115,6 +115,37 @@ def test_the_page_of_a_real_run(real_run: Path) -> None:
     assert json.loads(download.content)["run_id"] == record["run_id"]
 
 
+def test_the_page_says_where_the_time_went(real_run: Path) -> None:
+    """The client's mean TTFT and E2E split by the server's own histograms: the bars' parts
+    add up to the client's means, and the server's view is a table with bucket bounds."""
+    (record,) = records(real_run)
+    results, server = record["results"], record["system"]
+    page = page_of(real_run / "results.db", record["run_id"])
+    parts = page.charts["time-breakdown"]["data"]["values"]
+    for bar, client in (("mean TTFT", "mean_ttft_ms"), ("mean E2E", "mean_e2el_ms")):
+        mine = {part["part"]: part["ms"] for part in parts if part["bar"] == bar}
+        assert sum(mine.values()) == pytest.approx(results[client])
+        assert mine["server: queue"] == pytest.approx(server["server_queue_mean_ms"])
+        assert mine["server: prefill"] == pytest.approx(server["server_prefill_mean_ms"])
+    decode = [p["ms"] for p in parts if p["bar"] == "mean E2E" and p["part"] == "server: decode"]
+    assert decode == [pytest.approx(server["server_decode_mean_ms"])]
+    names = [row["name"] for row in page.server_view]
+    assert names[:2] == ["TTFT", "E2E"] and page.server_view_problem is None
+    assert page.server_view[0]["count"] == "24"
+    (html,) = get(real_run / "results.db", f"/results/-/run/{record['run_id']}")
+    assert "Where the time goes" in html.text and 'id="time-breakdown"' in html.text
+
+
+def test_a_run_without_the_servers_view_says_why(tmp_path: Path) -> None:
+    record = make_record("r1", "s1", CASE, "2026-01-01T10:00:00+00:00")
+    record["server_view"] = {"problem": "the server's /metrics did not answer",
+                             "histograms": {}}
+    page = page_of(ingested(tmp_path, record), "r1")
+    assert "time-breakdown" not in page.charts
+    assert page.server_view == []
+    assert page.server_view_problem == "the server's /metrics did not answer"
+
+
 def ingested(folder: Path, *records_: dict[str, Any]) -> Path:
     for record in records_:
         (folder / f"{record['run_id']}.json").write_text(json.dumps(record))

@@ -68,6 +68,7 @@ def test_a_suite_on_the_virtual_clock(pytester: pytest.Pytester, ports: str) -> 
     for record in records:
         assert record["engine"]["clock"] == "virtual"
         assert record["status"] == "passed" and record["validity"] == "valid"
+        assert "no server" in record["server_view"]["problem"]
         # No server was started: no port, no process, no log.
         runtime = record["runtime"]
         assert runtime["port"] is None and runtime["server_pid"] is None

@@ -32,6 +32,7 @@ from pytest_profllm.browse.dashboard_view import Table as Table
 from pytest_profllm.browse.dashboard_view import View as View
 from pytest_profllm.browse.filters import Schema, Selection
 from pytest_profllm.browse.precision_dashboard import precision_dashboard
+from pytest_profllm.browse.queue_chart import queue_charts
 from pytest_profllm.results.table import MEASURED_RUNS, TABLE, quote
 
 # The columns that can name a series, in the order their values are written.
@@ -460,6 +461,7 @@ def load_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Se
             view.notes.append(crowded)
     if not points:
         view.notes.append("No valid measurement in this selection.")
+    queue_charts(connection, schema, selection, view)
     return view
 
 

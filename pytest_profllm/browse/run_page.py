@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pytest_profllm.browse import charts
+from pytest_profllm.browse.time_breakdown import breakdown, server_table
 from pytest_profllm.browse.upload import UPLOADS, stored_name
 from pytest_profllm.engine.registry import RegistryError, bundled
 from pytest_profllm.limits import MAX_TRACE_FILES
@@ -84,6 +85,10 @@ class RunPage:
     # An accuracy case's evaluation (record `accuracy`): what lm-eval scored, and how.
     accuracy: str | None = None
     plumbing_check: bool = False
+    # The server's own histograms over the load (browse/time_breakdown.py), and why some or
+    # all are missing.
+    server_view: list[dict[str, str]] = field(default_factory=list)
+    server_view_problem: str | None = None
 
     def add(self, chart_id: str, spec: dict[str, Any], caption: str) -> None:
         self.charts[chart_id] = spec
@@ -140,6 +145,9 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
                    and value not in (None, "", "[]")]
     _capacity(page)
     _accuracy(page)
+    if (split := breakdown(row)) is not None:
+        page.add("time-breakdown", split.spec, split.caption)
+    page.server_view, page.server_view_problem = server_table(row)
     _distributions(connection, page)
     _series(connection, page)
     return page

@@ -55,6 +55,7 @@ from pytest_profllm.load.server_state import (
     shared_on_purpose,
     sim_fell_behind,
 )
+from pytest_profllm.load.server_view import load_view
 from pytest_profllm.plan.suite import BenchmarkConfig
 
 # Lists vLLM keeps only with --save-detailed (one entry per request).
@@ -328,6 +329,10 @@ def run_bench(
     result["client_limit"] = load.client_limit
     result["verdict"] = "invalid" if invalid else "valid"
     result["invalid_reason"] = invalid
+    # The server's own view of the load (null, with the reason, where it keeps none), and what
+    # the client added to it: reported, not judged (a server elsewhere adds its network).
+    view, result["server_view"] = load_view(*window, result)
+    result.update(view)
     if not save_detailed:
         for key in DETAILED_KEYS:
             result.pop(key, None)
@@ -492,6 +497,23 @@ def result_path(
     return Path(result_dir or ".") / name
 
 
+def _server_view_rows(result: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The server's own means and what the client added to them, or why there are none."""
+    view = result.get("server_view") or {}
+    if view.get("problem") and result.get("server_ttft_mean_ms") is None:
+        return [("Server's view:", view["problem"])]
+    return [
+        (f"Server {title} (ms):", result.get(key))
+        for title, key in (
+            ("mean TTFT", "server_ttft_mean_ms"), ("mean queue", "server_queue_mean_ms"),
+            ("mean prefill", "server_prefill_mean_ms"), ("mean E2E", "server_e2el_mean_ms"),
+            ("client overhead, TTFT", "client_overhead_ttft_ms"),
+            ("client overhead, E2E", "client_overhead_e2el_ms"),
+        )
+        if result.get(key) is not None
+    ]
+
+
 def summary_lines(result: dict[str, Any]) -> list[str]:
     """The result as the table `vllm bench serve` prints, plus the client's health."""
     rows = [
@@ -507,8 +529,11 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     if result.get("request_goodput") is not None:
         rows.append(("Request goodput (req/s):", result["request_goodput"]))
     for key, value in result.items():
-        if key.endswith("_ms") and "schedule_lag" not in key and not key.startswith("std_"):
+        if key.endswith("_ms") and "schedule_lag" not in key and not key.startswith(
+            ("std_", "server_", "client_overhead_")
+        ):
             rows.append((f"{key}:", value))
+    rows += _server_view_rows(result)
     rows += [
         ("Schedule lag p99 (ms):", result["p99_schedule_lag_ms"]),
         ("Achieved request rate (req/s):", result["achieved_request_rate"]),

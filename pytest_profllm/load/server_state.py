@@ -62,10 +62,12 @@ KV_TOKENS = f"{CACHE_INFO}.kv_cache_size_tokens"
 def scrape_metrics(
     url: str, timeout: float = _SCRAPE_TIMEOUT_S, session: Any = None
 ) -> dict[str, float] | None:
-    """A Prometheus text endpoint as {sample name: value summed over its labels}, and each
-    numeric label of an info metric (`*_info`) as {NAME.LABEL: its largest value over the
-    engines}; None where it does not answer (an engine without /metrics is no error). A
-    `requests.Session` keeps the connection between scrapes."""
+    """A Prometheus text endpoint as {sample name: value summed over its labels}, each bucket
+    of a histogram as {NAME_bucket@BOUND: its count summed over the engines}
+    (load/server_view.py), and each numeric label of an info metric (`*_info`) as
+    {NAME.LABEL: its largest value over the engines}; None where it does not answer (an
+    engine without /metrics is no error). A `requests.Session` keeps the connection between
+    scrapes."""
     # Deferred: requests takes about 0.1 s to import, on every pytest run otherwise.
     import requests
     from prometheus_client.parser import text_string_to_metric_families
@@ -81,6 +83,11 @@ def scrape_metrics(
         for family in text_string_to_metric_families(response.text):
             for sample in family.samples:
                 values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+                if sample.name.endswith("_bucket") and "le" in sample.labels:
+                    # A bucket's count summed over every other label (the engines): its
+                    # bound, as a number, in the key ("0.5" and "0.50" are one bucket).
+                    key = f"{sample.name}@{float(sample.labels['le'])!r}"
+                    values[key] = values.get(key, 0.0) + float(sample.value)
                 if sample.name.endswith("_info"):
                     _keep_numeric_labels(values, sample.name, sample.labels)
     except ValueError:
@@ -299,7 +306,9 @@ def sim_fell_behind(
 
 # The reasons a measurement is invalid because of the host rather than the server: measured
 # again (run/remeasure.py), since another attempt may find the host quieter.
-HOST_REASON_PREFIXES = ("client fell behind", "the simulated engine fell behind")
+HOST_REASON_PREFIXES = (
+    "client fell behind", "the simulated engine fell behind", "the client added"
+)
 
 
 def host_caused(reason: str) -> bool:

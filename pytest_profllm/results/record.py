@@ -158,6 +158,60 @@ class SystemInfo(BaseModel):
     server_prefix_cache_queries: float | None = None  # tokens looked up
     server_prefix_cache_hits: float | None = None  # tokens found
     server_prefix_cache_hit_rate: float | None = None
+    # The server's own view of the measured load (load/server_view.py): vLLM's histograms
+    # over its window, each as its count, exact mean, and median, p90 and p99 estimated
+    # from the buckets (the record's `server_view` has the bounds they lie between). Null
+    # where the server keeps none; `server_view.problem` says why.
+    server_ttft_count: float | None = None
+    server_ttft_mean_ms: float | None = None
+    server_ttft_median_ms: float | None = None
+    server_ttft_p90_ms: float | None = None
+    server_ttft_p99_ms: float | None = None
+    server_e2el_count: float | None = None
+    server_e2el_mean_ms: float | None = None
+    server_e2el_median_ms: float | None = None
+    server_e2el_p90_ms: float | None = None
+    server_e2el_p99_ms: float | None = None
+    server_queue_count: float | None = None
+    server_queue_mean_ms: float | None = None
+    server_queue_median_ms: float | None = None
+    server_queue_p90_ms: float | None = None
+    server_queue_p99_ms: float | None = None
+    server_prefill_count: float | None = None
+    server_prefill_mean_ms: float | None = None
+    server_prefill_median_ms: float | None = None
+    server_prefill_p90_ms: float | None = None
+    server_prefill_p99_ms: float | None = None
+    server_decode_count: float | None = None
+    server_decode_mean_ms: float | None = None
+    server_decode_median_ms: float | None = None
+    server_decode_p90_ms: float | None = None
+    server_decode_p99_ms: float | None = None
+    server_inference_count: float | None = None
+    server_inference_mean_ms: float | None = None
+    server_inference_median_ms: float | None = None
+    server_inference_p90_ms: float | None = None
+    server_inference_p99_ms: float | None = None
+    server_itl_count: float | None = None
+    server_itl_mean_ms: float | None = None
+    server_itl_median_ms: float | None = None
+    server_itl_p90_ms: float | None = None
+    server_itl_p99_ms: float | None = None
+    server_tpot_count: float | None = None
+    server_tpot_mean_ms: float | None = None
+    server_tpot_median_ms: float | None = None
+    server_tpot_p90_ms: float | None = None
+    server_tpot_p99_ms: float | None = None
+    server_iteration_tokens_count: float | None = None
+    server_iteration_tokens_mean: float | None = None
+    server_iteration_tokens_median: float | None = None
+    server_iteration_tokens_p90: float | None = None
+    server_iteration_tokens_p99: float | None = None
+    server_preemptions_count: float | None = None
+    server_preemptions_mean: float | None = None
+    server_preemptions_median: float | None = None
+    server_preemptions_p90: float | None = None
+    server_preemptions_p99: float | None = None
     # The simulated engine's steps over the measured run, and how late they ended on this
     # host: the mean, and the lateness at most 1 % of them exceeded (load/server_state.py).
     sim_steps: float | None = None
@@ -279,6 +333,37 @@ class Attempt(BaseModel):
     median_ttft_ms: float | None = None
     p99_schedule_lag_ms: float | None = None
     sim_step_lateness_p99_ms: float | None = None
+    client_overhead_ttft_ms: float | None = None
+
+
+class ServerQuantile(BaseModel):
+    """A quantile estimated from a histogram's buckets: the estimate, and the bucket's bounds
+    it lies between (upper null: the open bucket past the last bound)."""
+
+    estimate: float
+    lower: float
+    upper: float | None = None
+
+
+class ServerHistogram(BaseModel):
+    """One of vLLM's histograms over the measured load: its count, its exact mean, and its
+    median, p90 and p99 from the buckets, in `unit` (ms for times)."""
+
+    count: float
+    mean: float | None = None
+    unit: str
+    median: ServerQuantile | None = None
+    p90: ServerQuantile | None = None
+    p99: ServerQuantile | None = None
+
+
+class ServerView(BaseModel):
+    """The server's own view of the measured load (load/server_view.py), by histogram (ttft,
+    e2el, queue, prefill, decode, inference, itl, tpot, iteration_tokens, preemptions), and
+    why some or all are missing (`problem`: not vLLM, no /metrics, a restart)."""
+
+    problem: str | None = None
+    histograms: dict[str, ServerHistogram] = Field(default_factory=dict)
 
 
 class AccuracyMetric(BaseModel):
@@ -368,6 +453,10 @@ class BenchmarkRecord(BaseModel):
     # client or the simulated engine fell behind) is run again; each attempt keeps its
     # validity, reasons and headline figures. The results are the first valid attempt's.
     attempts: list[Attempt] = Field(default_factory=list)
+    # The server's own latency histograms over the measured load, with the buckets its
+    # quantiles lie in; its headline figures are also `results.server_*`. None: no serve
+    # load ran, or the record predates it.
+    server_view: ServerView | None = None
     # An accuracy case's evaluation (lm-eval): task, metrics with standard errors, samples,
     # versions and whether it was only a plumbing check (the simulated engine).
     accuracy: AccuracyResult | None = None

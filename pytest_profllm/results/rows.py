@@ -213,6 +213,8 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         capacity.get("limit"),
         capacity or None,
         record.get("attempts") or None,
+        (record.get("server_view") or {}).get("problem"),
+        record.get("server_view") or None,
         accuracy.get("task"),
         accuracy.get("plumbing_check"),
         accuracy.get("lm_eval_version"),

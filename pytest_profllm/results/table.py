@@ -15,6 +15,7 @@ import typing
 from typing import Any
 
 from pytest_profllm.engine.registry import bundled
+from pytest_profllm.load.server_view import OVERHEAD_KEYS
 from pytest_profllm.plan import metric_names
 from pytest_profllm.plan.suite import (
     AccuracyConfig,
@@ -30,7 +31,7 @@ STANDARD_METRICS = metric_names.result_names(
     metric_names.LATENCY_METRICS, (50.0, 90.0, 95.0, 99.0)
 ) + list(metric_names.CLIENT_HEALTH_KEYS) + list(metric_names.CAPACITY_RESULTS) + list(
     metric_names.MULTIMODAL_RESULTS
-) + list(metric_names.ACCURACY_RESULTS)
+) + list(metric_names.ACCURACY_RESULTS) + list(OVERHEAD_KEYS)
 # A row is 5-10 KB (400+ columns, JSON of config classes): with SQLite's 4 KB pages each row
 # spills into overflow pages, which made loading twice as slow.
 PAGE_SIZE = 32_768
@@ -81,6 +82,11 @@ FIXED_COLUMNS: dict[str, str] = {
     "capacity_search": "TEXT",
     # Every run of the case's load, where the host made one invalid (record `attempts`).
     "attempts": "TEXT",
+    # The server's own latency histograms over the load (record `server_view`): why some or
+    # all are missing, and all of it (quantiles with the bucket bounds they lie between).
+    # Named `engine_`, as what the engine said: a `server_` column is an engine argument.
+    "engine_view_problem": "TEXT",
+    "engine_view": "TEXT",
     # An accuracy case's evaluation (record `accuracy`): lm-eval's task, whether the figure
     # is only a plumbing check (the simulated engine answered), lm-eval's version, the
     # task's hash, and all of it. Its metrics are result columns (acc, acc_stderr, ...).

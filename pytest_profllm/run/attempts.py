@@ -39,6 +39,7 @@ class Attempts:
             "median_ttft_ms": results.get("median_ttft_ms"),
             "p99_schedule_lag_ms": results.get("p99_schedule_lag_ms"),
             "sim_step_lateness_p99_ms": telemetry.get("sim_step_lateness_p99_ms"),
+            "client_overhead_ttft_ms": results.get("client_overhead_ttft_ms"),
         })
 
     def again(self, reasons: list[str]) -> bool:

@@ -21,6 +21,7 @@ from pytest_profllm.load.capacity import (
     slos_of,
 )
 from pytest_profllm.load.dataset import make_prompts
+from pytest_profllm.load.server_view import missing
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.metric_names import CLIENT_HEALTH_KEYS
 from pytest_profllm.plan.suite import CapacityConfig
@@ -88,6 +89,10 @@ def run_capacity(
         # page; it counts for nothing (no gate, no baseline, no history).
         outcome.invalid_reason = "; ".join(filter(None, (outcome.invalid_reason, changed)))
     outcome.prefix_cache = "; ".join(sorted(probes.cache_states)) or None
+    # Each run of a probe has a /metrics window of its own, with the cache emptied between
+    # them: the probe's pooled figures have no one window to set beside.
+    outcome.server_view = missing("not taken for capacity searches (a probe's runs each have "
+                                  "their own /metrics window)")
     outcome.results.update(found.results())
     outcome.verdicts = evaluate(case, outcome.results)
     outcome.finished_at = time.time()

@@ -87,6 +87,9 @@ class CaseOutcome:
     load_cores: CoreLease | None = None
     # The server's /metrics just before and just after the measured load (None: no answer).
     server_window: tuple[dict[str, float] | None, dict[str, float] | None] = (None, None)
+    # The server's own latency histograms over the measured load (load/server_view.py), and
+    # why there are none; None where no serve load ran.
+    server_view: dict[str, Any] | None = None
     # What the prefix cache held when the measured load began (load/server_state.py).
     prefix_cache: str | None = None
     # Every run of the load (run/attempts.py); empty for kinds that do not re-measure.
@@ -149,6 +152,7 @@ class CaseOutcome:
             series=self.series,
             capacity=self.capacity,
             by_turn=self.by_turn,
+            server_view=self.server_view,
             attempts=self.attempts,
             accuracy=self.accuracy,
         )

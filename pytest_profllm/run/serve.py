@@ -33,6 +33,12 @@ from pytest_profllm.load.dataset import (
 )
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
 from pytest_profllm.load.server_state import empty_caches
+from pytest_profllm.load.server_view import (
+    DEFAULT_MAX_CLIENT_OVERHEAD_MS,
+    OVERHEAD_KEYS,
+    load_view,
+    overhead_problem,
+)
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.suite import MEDIA_DATASETS, BenchmarkConfig
 from pytest_profllm.run.attempts import Attempts
@@ -61,6 +67,7 @@ def run_case(
     outcome: CaseOutcome,
     max_schedule_lag_ms: float | None = None,
     remeasure: int = 0,
+    max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS,
 ) -> CaseOutcome:
     """Start or reuse the server, send the workload from an emptied prefix cache (again, up to
     `remeasure` times, while the host makes the measurement invalid), compute metrics and
@@ -89,9 +96,16 @@ def run_case(
                 load = _load(server, settings, prompts, outcome)
                 results, health = measure(load, bench, codec)
                 results.update(health)
+                view, outcome.server_view = load_view(*outcome.server_window, results)
+                # The server's figures are system figures (`system_server_*` columns, beside
+                # its cache's); what the client added is a metric a threshold may name.
+                results.update({key: view.pop(key) for key in OVERHEAD_KEYS})
+                outcome.telemetry.update(view)
                 reasons = invalid_reasons(
                     load, bench, health, max_schedule_lag_ms, outcome.server_window, own_hits
                 )
+                if (slow := overhead_problem(results, max_client_overhead_ms)) is not None:
+                    reasons.append(slow)
                 attempts.add(
                     started_at, reasons, results, outcome.telemetry, outcome.prefix_cache
                 )

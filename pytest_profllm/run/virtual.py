@@ -34,6 +34,7 @@ from pytest_profllm.load.conversation import Conversations, Workload, make_workl
 from pytest_profllm.load.dataset import random_token_prompts
 from pytest_profllm.load.prompt import Codec, PromptRequest
 from pytest_profllm.load.schedule import LoadResult, arrival_offsets
+from pytest_profllm.load.server_view import missing
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.suite import MEDIA_DATASETS, BenchmarkConfig, CapacityConfig
 from pytest_profllm.run.capacity import keep_probe_at_capacity
@@ -225,6 +226,10 @@ def _measured(
     return load, run, summary, health
 
 
+# The virtual clock's client is the engine model's own: no server, no HTTP, nothing to add.
+VIRTUAL_VIEW = "the virtual clock has no server: its client's figures are the engine model's"
+
+
 def run_virtual_case(
     case: Case,
     outcome: CaseOutcome,
@@ -244,6 +249,7 @@ def run_virtual_case(
     outcome.prefix_cache = FRESH_ENGINE
     outcome.telemetry = dict(engine_figures(run))
     outcome.results = results
+    outcome.server_view = missing(VIRTUAL_VIEW)
     outcome.verdicts = evaluate(case, results)
     outcome.request_failures = metrics.request_failures(load.outcomes)
     outcome.requests = [request_row(i, o, load.clock_start) for i, o in enumerate(load.outcomes)]

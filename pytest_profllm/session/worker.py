@@ -221,7 +221,7 @@ class WorkerSession:
                 return run_offline(case, self.servers, outcome)
             return run_case(
                 case, self.servers, outcome, self.settings.max_schedule_lag_ms,
-                self.settings.remeasure,
+                self.settings.remeasure, self.settings.max_client_overhead_ms,
             )
         except BaseException as error:
             outcome.error = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -70,20 +70,36 @@ class SimState:
 
 
 class EmissionLog:
-    """One JSON line per streamed request: its `x-request-id`, when it arrived and when each
-    content message was written, in seconds on the host's monotonic clock (`perf_counter`,
-    which every process on the host shares), so a client's own timestamps can be compared."""
+    """One JSON line per streamed request: its `x-request-id`, when its stream began
+    (`received`) and when each content message was written, in seconds on the host's
+    monotonic clock (`perf_counter`, which every process on the host shares), so a client's
+    own timestamps can be compared; and its `timeline` as the engine stamped it for vLLM's
+    histograms (arrived, queued, scheduled, first_token, last_token), on the same clock."""
 
     def __init__(self, path: str) -> None:
         # Line-buffered: a reader sees each request as soon as its stream ended.
         self._handle = open(path, "a", buffering=1)  # noqa: SIM115 (closed at cleanup)
 
-    def add(self, request: web.Request, received: float, emitted: list[float]) -> None:
-        line = {
+    def add(
+        self,
+        request: web.Request,
+        received: float,
+        emitted: list[float],
+        sequence: Sequence | None = None,
+    ) -> None:
+        line: dict[str, Any] = {
             "request_id": request.headers.get("x-request-id"),
             "received": received,
             "emitted": emitted,
         }
+        if sequence is not None:
+            line["timeline"] = {
+                "arrived": sequence.arrived,
+                "queued": sequence.queued,
+                "scheduled": sequence.scheduled_at,
+                "first_token": sequence.first_token_at,
+                "last_token": sequence.last_token_at,
+            }
         self._handle.write(json.dumps(line) + "\n")
 
     def close(self) -> None:
@@ -490,7 +506,8 @@ async def _stream(
         request.app[_SCHEDULER].cancel(sequence)
         raise
     if state.emissions is not None:
-        state.emissions.add(request, received, emitted)
+        timed = sequence if isinstance(sequence, Sequence) else None
+        state.emissions.add(request, received, emitted, timed)
     return response
 
 

@@ -111,7 +111,11 @@ class Sequence:
     uid: int = 0  # stands for the prompt's token ids when there are none
     block_hashes: list[int] | None = None
     # Times on the scheduler's clock, for vLLM's request histograms and virtual runs.
+    # vLLM's timestamps (vllm/v1/metrics/stats.py): `arrived` when the API server got the
+    # request, `queued` when the engine did (after the API server's own work), then
+    # scheduled, first token and last token.
     arrived: float = 0.0
+    queued: float = 0.0
     scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -197,6 +201,7 @@ class Scheduler:
             max_tokens=max_tokens,
             prompt_ids=tuple(prompt_ids) if prompt_ids is not None else None,
             arrived=self.clock() if arrived is None else arrived,
+            queued=self.clock(),
             uid=next(self._uids),
         )
         self.stats.observe("vllm:request_params_n", 1)
@@ -399,7 +404,9 @@ class Scheduler:
         scheduled = sequence.scheduled_at if sequence.scheduled_at is not None else now
         stats.request_success["length"] += 1
         stats.observe("vllm:e2e_request_latency_seconds", now - sequence.arrived)
-        stats.observe("vllm:request_queue_time_seconds", scheduled - sequence.arrived)
+        # As vLLM: the queue is the engine's (queued to scheduled); the API server's time
+        # before it (arrival to queued) is in TTFT and E2E only.
+        stats.observe("vllm:request_queue_time_seconds", scheduled - sequence.queued)
         stats.observe("vllm:request_inference_time_seconds", now - scheduled)
         stats.observe("vllm:request_prefill_time_seconds", first - scheduled)
         stats.observe("vllm:request_decode_time_seconds", now - first)

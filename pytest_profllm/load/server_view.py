@@ -1,0 +1,264 @@
+"""The server's own view of a load: vLLM's latency histograms over the load's window.
+
+vLLM 0.33 (`vllm/v1/metrics/loggers.py`; timestamps in `vllm/v1/metrics/stats.py`) keeps a
+histogram per request phase: arrival to first token (TTFT), arrival to last token (E2E),
+queued to scheduled (queue), scheduled to first token (prefill), first to last token (decode),
+scheduled to last token (inference), and the gaps between tokens. Two scrapes of `/metrics`
+around a load (`scrape_metrics` keeps each bucket by its `le`, summed over the engines) give
+each histogram's change over the load: its `_sum`/`_count` an exact mean, its buckets the
+quantiles to within a bucket (estimated as Prometheus' `histogram_quantile` does: linearly
+within the bucket the rank falls in).
+
+`client_overhead` is what the client and the HTTP path added: the client's mean less the
+server's. `overhead_problem` makes a case whose client added more than the bound an invalid
+measurement, which the host caused (measured again, run/attempts.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# (short name, vLLM's histogram, the record's unit): seconds are kept in milliseconds.
+HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
+    ("ttft", "vllm:time_to_first_token_seconds", "ms"),
+    ("e2el", "vllm:e2e_request_latency_seconds", "ms"),
+    ("queue", "vllm:request_queue_time_seconds", "ms"),
+    ("prefill", "vllm:request_prefill_time_seconds", "ms"),
+    ("decode", "vllm:request_decode_time_seconds", "ms"),
+    ("inference", "vllm:request_inference_time_seconds", "ms"),
+    ("itl", "vllm:inter_token_latency_seconds", "ms"),
+    ("tpot", "vllm:request_time_per_output_token_seconds", "ms"),
+    ("iteration_tokens", "vllm:iteration_tokens_total", "tokens"),
+    ("preemptions", "vllm:request_num_preemptions", "preemptions"),
+)
+QUANTILES: tuple[tuple[str, float], ...] = (("median", 0.5), ("p90", 0.9), ("p99", 0.99))
+_STATISTICS = ("mean", *(name for name, _ in QUANTILES))
+
+# The default bound on what the client (and the API server's work outside vLLM's
+# histograms: reading the request, streaming the answer) may add to the server's mean TTFT
+# before the figures measure the host (--profllm-max-client-overhead sets it). Measured on
+# the simulated engine on 2 shared cores (benchmarks/perf/client_overhead.py and the smoke
+# suite): 1.0-1.8 ms at concurrency 1, 4.2-6.0 ms at 16, 12-16 ms for a burst of 32, all
+# valid runs; 39-275 ms at 256, where the host could not keep up (the simulator fell behind
+# too). vLLM measured its own Python client at 8-12 ms (concurrency 8, PR #54628). 50 ms is
+# three times the largest valid figure, so a burst on a small host passes, and a client the
+# host starved (tens to hundreds of ms) does not.
+DEFAULT_MAX_CLIENT_OVERHEAD_MS = 50.0
+# How far a client's mean may lie below the server's and still be the same requests' times:
+# the client starts its clock before it sends and stops it after the bytes came back, the
+# server stamps arrival after it read the request and the token before it sent it, so the
+# client's interval contains the server's. What separates them is the clocks: vLLM stamps
+# with time.time() (wall clock, which NTP may slew by up to 500 ppm: 0.5 ms over a 1 s
+# latency) and both sides' resolution (microseconds); 1 ms covers both for latencies up to
+# about a second. Measured on the simulated engine (one perf_counter clock), the client was
+# never below the server: 0.97 ms over it at the least (benchmarks/perf/client_overhead.py).
+CLOCK_NOISE_MS = 1.0
+OVERHEAD_PREFIX = "the client added"
+
+
+def missing(problem: str) -> dict[str, Any]:
+    """The record's `server_view` block of a case that has none, saying why."""
+    return {"problem": problem, "histograms": {}}
+
+
+OVERHEAD_KEYS = ("client_overhead_ttft_ms", "client_overhead_e2el_ms")
+
+
+def result_keys() -> list[str]:
+    """The keys of the server's view (the record's `system.server_*`) and the client's
+    overhead over it (`results.client_overhead_*`), in order."""
+    keys: list[str] = []
+    for short, _, unit in HISTOGRAMS:
+        suffix = "_ms" if unit == "ms" else ""
+        keys.append(f"server_{short}_count")
+        keys += [f"server_{short}_{statistic}{suffix}" for statistic in _STATISTICS]
+    return [*keys, *OVERHEAD_KEYS]
+
+
+def bucket_key(name: str, bound: float) -> str:
+    """The scrape's key of a histogram's cumulative bucket with upper bound `bound`."""
+    return f"{name}_bucket@{bound!r}"
+
+
+@dataclass(frozen=True)
+class Window:
+    """One histogram's change over a window: count, sum and the cumulative bucket counts by
+    upper bound (the last +Inf)."""
+
+    count: float
+    total: float
+    buckets: tuple[tuple[float, float], ...]
+    reset: bool = False  # the counters went back: only what was counted since the restart
+
+
+def histogram_window(
+    before: Mapping[str, float] | None, after: Mapping[str, float], name: str
+) -> Window | None:
+    """`name`'s change between two scrapes, or None where the later one has no such
+    histogram. A counter that went back (the server restarted within the window) makes the
+    later scrape the window on its own: what the restarted server counted."""
+    if f"{name}_count" not in after:
+        return None
+    prefix = f"{name}_bucket@"
+    bounds = sorted(float(key[len(prefix):]) for key in after if key.startswith(prefix))
+    old = before or {}
+
+    def change(key: str) -> float:
+        return after.get(key, 0.0) - old.get(key, 0.0)
+
+    keys = [f"{name}_count", f"{name}_sum", *(bucket_key(name, b) for b in bounds)]
+    reset = any(change(key) < 0 for key in keys if key != f"{name}_sum")
+    if reset:
+        old = {}
+    return Window(
+        count=change(f"{name}_count"),
+        total=change(f"{name}_sum"),
+        buckets=tuple((bound, change(bucket_key(name, bound))) for bound in bounds),
+        reset=reset,
+    )
+
+
+@dataclass(frozen=True)
+class Estimate:
+    value: float
+    lower: float  # the bucket's bounds the estimate lies between
+    upper: float  # +Inf where the rank fell beyond the last finite bound
+
+
+def quantile(q: float, buckets: tuple[tuple[float, float], ...]) -> Estimate | None:
+    """The q-quantile of cumulative buckets, as Prometheus' `histogram_quantile`: linear
+    within the bucket the rank falls in; the first bucket starts at 0 (vLLM's quantities are
+    never negative); a rank in the +Inf bucket is the last finite bound. None without
+    observations."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total = buckets[-1][1]
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for bound, cumulative in buckets:
+        if cumulative >= rank and cumulative > below:
+            if math.isinf(bound):
+                return Estimate(lower, lower, bound)
+            share = (rank - below) / (cumulative - below)
+            return Estimate(lower + (bound - lower) * share, lower, bound)
+        lower, below = bound, cumulative
+    return Estimate(lower, lower, math.inf)
+
+
+def server_view(
+    before: Mapping[str, float] | None, after: Mapping[str, float] | None
+) -> tuple[dict[str, float | None], dict[str, Any]]:
+    """The server's view over a window: its figures (`result_keys`: the record's
+    `system.server_*`, and the client's overhead left null for `load_view`) and the record's
+    `server_view` block (each
+    histogram's count, mean and quantiles with the bucket bounds they lie between, and the
+    reason where there are none)."""
+    figures: dict[str, float | None] = dict.fromkeys(result_keys())
+    if after is None:
+        return figures, missing("the server's /metrics did not answer")
+    histograms: dict[str, Any] = {}
+    resets: list[str] = []
+    for short, name, unit in HISTOGRAMS:
+        window = histogram_window(before, after, name)
+        if window is None:
+            continue
+        resets += [short] if window.reset else []
+        histograms[short] = _figures(short, unit, window, figures)
+    problem = None
+    if not histograms:
+        problem = "the server's /metrics has none of vLLM's latency histograms (not vLLM?)"
+    elif before is None:
+        problem = "no /metrics scrape before the load: the figures count since the server began"
+    elif resets:
+        problem = (f"the server's counters went back during the load (a restart): "
+                   f"{', '.join(resets)} count only since then")
+    return figures, {"problem": problem, "histograms": histograms}
+
+
+def _figures(
+    short: str, unit: str, window: Window, figures: dict[str, float | None]
+) -> dict[str, Any]:
+    scale = 1000.0 if unit == "ms" else 1.0
+    suffix = "_ms" if unit == "ms" else ""
+    figures[f"server_{short}_count"] = window.count
+    mean = window.total / window.count * scale if window.count > 0 else None
+    figures[f"server_{short}_mean{suffix}"] = mean
+    detail: dict[str, Any] = {"count": window.count, "mean": mean, "unit": unit}
+    for label, q in QUANTILES:
+        estimate = quantile(q, window.buckets)
+        if estimate is None:
+            detail[label] = None
+            continue
+        figures[f"server_{short}_{label}{suffix}"] = estimate.value * scale
+        detail[label] = {
+            "estimate": estimate.value * scale,
+            "lower": estimate.lower * scale,
+            # JSON has no infinity: an open bucket's upper bound is null.
+            "upper": None if math.isinf(estimate.upper) else estimate.upper * scale,
+        }
+    return detail
+
+
+def load_view(
+    before: Mapping[str, float] | None,
+    after: Mapping[str, float] | None,
+    results: Mapping[str, Any],
+) -> tuple[dict[str, float | None], dict[str, Any]]:
+    """`server_view` of a load's window with the client's overhead over it (`results`: the
+    client's figures), and where the window holds other requests too, the view says so."""
+    figures, view = server_view(before, after)
+    figures.update(client_overhead({**results, **figures}))
+    problems = [view["problem"], other_requests({**results, **figures})]
+    for metric in ("ttft", "e2el"):
+        overhead = figures[f"client_overhead_{metric}_ms"]
+        if overhead is not None and overhead < -CLOCK_NOISE_MS:
+            # The client's interval contains the server's: below it, the two did not time
+            # the same requests (or a clock was stepped).
+            problems.append(f"the client's mean {metric.upper()} is {-overhead:.1f} ms under "
+                            "the server's, beyond clock noise: not the same requests' times")
+    view["problem"] = "; ".join(problem for problem in problems if problem) or None
+    return figures, view
+
+
+def other_requests(results: Mapping[str, Any]) -> str | None:
+    """Why the server's window is not this load's alone: it finished another number of
+    requests than the client completed (warm-ups, another client on the server), so its
+    means are not the load's and no overhead is taken from them. None: the same count."""
+    served, completed = results.get("server_e2el_count"), results.get("completed")
+    if not isinstance(served, int | float) or not isinstance(completed, int | float):
+        return None
+    if served == completed:
+        return None
+    return (f"the server finished {served:.0f} requests in the load's window, the client "
+            f"completed {completed:.0f}: its means are not this load's alone")
+
+
+def client_overhead(results: Mapping[str, Any]) -> dict[str, float | None]:
+    """What the client and the HTTP path added to the server's mean TTFT and E2E (ms); null
+    where the server's window holds other requests too (`other_requests`)."""
+    out: dict[str, float | None] = dict.fromkeys(
+        ("client_overhead_ttft_ms", "client_overhead_e2el_ms")
+    )
+    if other_requests(results) is not None:
+        return out
+    for metric in ("ttft", "e2el"):
+        client, server = results.get(f"mean_{metric}_ms"), results.get(f"server_{metric}_mean_ms")
+        out[f"client_overhead_{metric}_ms"] = (
+            float(client) - float(server)
+            if isinstance(client, int | float) and isinstance(server, int | float)
+            else None
+        )
+    return out
+
+
+def overhead_problem(results: Mapping[str, Any], bound_ms: float | None) -> str | None:
+    """Why the client's figures measure the client: it added more than `bound_ms` to the
+    server's mean TTFT (None: within the bound, no bound, or no server view)."""
+    overhead = results.get("client_overhead_ttft_ms")
+    if bound_ms is None or not isinstance(overhead, int | float) or overhead <= bound_ms:
+        return None
+    return (f"{OVERHEAD_PREFIX} {overhead:.1f} ms to mean TTFT (bound {bound_ms:g} ms): "
+            "host busy")
