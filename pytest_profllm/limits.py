@@ -60,6 +60,14 @@ MAX_REQUEST_TOKENS = 10 << 20
 # A trace replay, after time scaling: longer than a day is a unit mistaken (ms for s), and
 # a case would wait that long.
 MAX_REPLAY_S = 24 * 3600.0
+# A GPU-hour price (--profllm-gpu-hour-price), USD: a rented H100 costs a few dollars an hour;
+# a million is far above any GPU's and keeps every cost figure finite (a price near 1e308
+# overflowed dollars per million tokens to inf, which JSON cannot hold).
+MAX_GPU_HOUR_PRICE_USD = 1_000_000.0
+# Re-measuring (--profllm-remeasure): more runs of one load than this only repeat a host that
+# stays busy; and the session's re-measuring stops once it has taken as long as the session's
+# first measurements (see run/remeasure_budget.py).
+MAX_REMEASURE = 10
 # Pixels of one image: above an 8K frame (33 M); 64 M pixels decode to 192 MB of RGB.
 MAX_IMAGE_PIXELS = 64_000_000
 
