@@ -72,6 +72,12 @@ MAX_GPU_HOUR_PRICE_USD = 1_000_000.0
 # stays busy; and the session's re-measuring stops once it has taken as long as the session's
 # first measurements (see run/remeasure_budget.py).
 MAX_REMEASURE = 10
+# What `profllm calibrate` replays of one run, many times over in its fit (each fold, each
+# step): its requests, and their tokens in and out. vLLM's own serving benchmarks send a few
+# thousand requests of a few thousand tokens; a row past these is left out and named (one of
+# 200,000,000 prompts held 2.2 GB, one request of 100,000,000 tokens ran for minutes).
+MAX_CALIBRATE_REQUESTS = 20_000
+MAX_CALIBRATE_TOKENS = 20_000_000
 # Pixels of one image: above an 8K frame (33 M); 64 M pixels decode to 192 MB of RGB.
 MAX_IMAGE_PIXELS = 64_000_000
 

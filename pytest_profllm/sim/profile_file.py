@@ -10,6 +10,7 @@ gate's fingerprint carries that digest: runs priced by two profiles are never co
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -197,7 +198,8 @@ def _parse(path: Path, content: bytes) -> tuple[DeviceProfile, ProfileFile]:
 
 def profile_toml(profile: DeviceProfile, fitted: FittedOn, comments: list[str]) -> str:
     """A profile file for `profile`, with `[fitted]` naming its runs, `comments` on top."""
-    lines = [f"# {line}" for line in comments]
+    # A comment is one line: a newline in a run id (a label) would end it and start TOML.
+    lines = [f"# {part}" for line in comments for part in line.splitlines() or [""]]
     head = {
         "name": profile.name,
         "memory_gib": profile.memory_gib,
@@ -231,4 +233,6 @@ def _toml_value(value: object) -> str:
         return str(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # JSON's string escapes are TOML's basic string's (\n, \", \\, \uXXXX): a run id with a
+    # newline or a control character stays one valid string. ensure_ascii: no raw surrogate.
+    return json.dumps(str(value).encode("utf-8", "replace").decode("utf-8"))
