@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from test_store import make_record
 
 from pytest_profllm.results.ingest import ingest, record_files
+from pytest_profllm.results.record import iter_requests
 
 
 def _write(folder: Path, records: list[dict[str, Any]]) -> None:
@@ -247,3 +248,11 @@ def test_a_request_file_with_more_rows_than_its_record_ran_is_refused_alone(
     ((path, reason),) = report.refused
     assert path.name == "run-many.json"
     assert f"run-many.requests.jsonl.gz:{ran + 1}" in reason and f"{ran:,}" in reason
+
+
+def test_an_offline_latency_runs_rows_are_request_samples(tmp_path: Path) -> None:
+    # offline/results.py writes an index and a latency per iteration, no success flag.
+    path = tmp_path / "run-lat.requests.jsonl.gz"
+    lines = b'{"index": 0, "latency_s": 0.5}\n{"index": 1, "latency_s": 0.4}\n'
+    path.write_bytes(gzip.compress(lines))
+    assert [row["latency_s"] for row in iter_requests(path)] == [0.5, 0.4]

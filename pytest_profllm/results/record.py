@@ -472,12 +472,13 @@ def write_requests(out_dir: Path, run_id: str, requests: list[dict[str, Any]]) -
 
 class RequestSample(BaseModel):
     """What a line of a request file must be to count as one of the run's requests
-    (`run.outcome.request_row` writes more, which is kept): its index and success, and
-    finite, non-negative times. A line that is not one (`{}`) is refused, never stored."""
+    (`run.outcome.request_row` writes more, which is kept): its index, and finite,
+    non-negative times. An offline latency run's rows are an index and a latency alone
+    (offline/results.py). A line that is not one (`{}`) is refused, never stored."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     index: int = Field(ge=0)
-    success: bool
+    success: bool | None = None
     output_tokens: int | None = Field(default=None, ge=0, le=MAX_REQUEST_TOKENS)
     ttft_s: float | None = Field(default=None, ge=0)
     latency_s: float | None = Field(default=None, ge=0)
