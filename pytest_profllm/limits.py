@@ -70,7 +70,7 @@ MAX_REPLAY_S = 24 * 3600.0
 MAX_GPU_HOUR_PRICE_USD = 1_000_000.0
 # Re-measuring (--profllm-remeasure): more runs of one load than this only repeat a host that
 # stays busy; and the session's re-measuring stops once it has taken as long as the session's
-# first measurements (see run/remeasure_budget.py).
+# first measurements (see load/remeasure_budget.py).
 MAX_REMEASURE = 10
 # What `profllm calibrate` replays of one run, many times over in its fit (each fold, each
 # step): its requests, and their tokens in and out. vLLM's own serving benchmarks send a few
