@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,29 @@ MAX_JSON_LINE_BYTES = 16 << 20
 # A per-request file (`RUN.requests.jsonl.gz`), decompressed: a probe of 1,000,000 requests with
 # their inter-token gaps stays below it; a few MB of gzip can expand to terabytes.
 MAX_REQUEST_FILE_BYTES = 1 << 30
+# Rows of a per-request file: never more than its record's completed + failed, and never more
+# than a probe may send; the file is read a row at a time, so a refused one costs no memory.
+MAX_REQUEST_ROWS = MAX_PROBE_REQUESTS
 # Tokens of one request (input and output): no model's context is longer (Llama 4 Scout's:
 # 10 M). Where the server's max_model_len is known, that is the limit.
 MAX_REQUEST_TOKENS = 10 << 20
 # A trace replay, after time scaling: longer than a day is a unit mistaken (ms for s), and
 # a case would wait that long.
 MAX_REPLAY_S = 24 * 3600.0
+# A GPU-hour price (--profllm-gpu-hour-price), USD: a rented H100 costs a few dollars an hour;
+# a million is far above any GPU's and keeps every cost figure finite (a price near 1e308
+# overflowed dollars per million tokens to inf, which JSON cannot hold).
+MAX_GPU_HOUR_PRICE_USD = 1_000_000.0
+# Re-measuring (--profllm-remeasure): more runs of one load than this only repeat a host that
+# stays busy; and the session's re-measuring stops once it has taken as long as the session's
+# first measurements (see load/remeasure_budget.py).
+MAX_REMEASURE = 10
+# What `profllm calibrate` replays of one run, many times over in its fit (each fold, each
+# step): its requests, and their tokens in and out. vLLM's own serving benchmarks send a few
+# thousand requests of a few thousand tokens; a row past these is left out and named (one of
+# 200,000,000 prompts held 2.2 GB, one request of 100,000,000 tokens ran for minutes).
+MAX_CALIBRATE_REQUESTS = 20_000
+MAX_CALIBRATE_TOKENS = 20_000_000
 # Pixels of one image: above an 8K frame (33 M); 64 M pixels decode to 192 MB of RGB.
 MAX_IMAGE_PIXELS = 64_000_000
 
@@ -140,17 +158,23 @@ def _nested_deeper(value: Any, limit: int) -> bool:
 
 
 def read_gzip_lines(path: Path) -> list[bytes]:
-    """The lines of a gzipped JSON-lines file, read as they decompress: InputLimitError, naming
-    the file (and line), where one line is over MAX_JSON_LINE_BYTES or the whole over
-    MAX_REQUEST_FILE_BYTES, before more is held; gzip's own errors (OSError, EOFError) where
-    it is not gzip."""
-    lines: list[bytes] = []
+    """The lines of a gzipped JSON-lines file, read as they decompress (`iter_gzip_lines`)."""
+    return list(iter_gzip_lines(path))
+
+
+def iter_gzip_lines(path: Path) -> Iterator[bytes]:
+    """The lines of a gzipped JSON-lines file, one at a time as they decompress, so that a
+    reader holds only what it keeps of each: InputLimitError, naming the file (and line),
+    where one line is over MAX_JSON_LINE_BYTES or the whole over MAX_REQUEST_FILE_BYTES, before
+    more is read; gzip's own errors (OSError, EOFError) where it is not gzip."""
     total = 0
+    number = 0
     with gzip.open(path, "rb") as handle:
         while line := handle.readline(MAX_JSON_LINE_BYTES + 1):
+            number += 1
             if len(line) > MAX_JSON_LINE_BYTES:
                 raise InputLimitError(
-                    f"{path.name}:{len(lines) + 1} is more than the {MAX_JSON_LINE_BYTES:,} "
+                    f"{path.name}:{number} is more than the {MAX_JSON_LINE_BYTES:,} "
                     "bytes a line may have, decompressed"
                 )
             total += len(line)
@@ -159,8 +183,7 @@ def read_gzip_lines(path: Path) -> list[bytes]:
                     f"{path.name} decompresses to more than the {MAX_REQUEST_FILE_BYTES:,} "
                     "bytes read"
                 )
-            lines.append(line)
-    return lines
+            yield line
 
 
 def check_pixels(width: int, height: int, *, what: str) -> None:

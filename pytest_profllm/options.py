@@ -16,6 +16,7 @@ from pytest_profllm.gates.config import GateConfig
 from pytest_profllm.gates.verdict import GateSettings
 from pytest_profllm.hosts.devices import parse_cpu_sets
 from pytest_profllm.hosts.pool import PORT_BLOCK
+from pytest_profllm.limits import MAX_GPU_HOUR_PRICE_USD, MAX_REMEASURE
 from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
 from pytest_profllm.plan.case import MAX_CASES
 from pytest_profllm.plan.regression import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
@@ -115,10 +116,11 @@ def parse_milliseconds(text: str) -> float:
 
 
 def parse_gpu_hour_price(text: str) -> float:
-    """A price in US dollars per GPU-hour: a finite number, 0 or more (`2.50`, `$2.50`)."""
+    """A price in US dollars per GPU-hour: 0 to MAX_GPU_HOUR_PRICE_USD (`2.50`, `$2.50`)."""
     return _number(
         text.strip().removeprefix("$"), "a price in USD per GPU-hour like 2.50",
-        lambda v: 0 <= v < math.inf, "a price is a finite number, 0 or more",
+        lambda v: 0 <= v <= MAX_GPU_HOUR_PRICE_USD,
+        f"a price is a number from 0 to {MAX_GPU_HOUR_PRICE_USD:,.0f} USD per GPU-hour",
     )
 
 
@@ -132,12 +134,16 @@ def parse_max_cases(text: str) -> int:
 
 
 def parse_remeasure(text: str) -> int:
-    """How many more times a load the host made invalid runs: a whole number, 0 or more."""
-    if not text.strip().isdigit():
+    """How many more times a load the host made invalid runs: 0 to MAX_REMEASURE."""
+    stripped = text.strip()
+    # isdigit first: int() of a thousands of digits long text is slow and refused by Python.
+    if not stripped.isascii() or not stripped.isdigit() or len(stripped) > 6 \
+            or int(stripped) > MAX_REMEASURE:
         raise argparse.ArgumentTypeError(
-            f"--profllm-remeasure: expected a count of runs (0 or more), got {text!r}"
+            f"--profllm-remeasure: expected a count of runs from 0 to {MAX_REMEASURE}, "
+            f"got {text!r}"
         )
-    return int(text)
+    return int(stripped)
 
 
 def parse_confidence(text: str) -> float:
@@ -295,7 +301,9 @@ def add_options(parser: pytest.Parser) -> None:
         default=None,
         help="run a case's load again, up to N more times, when the host made it invalid (the "
         "client or the simulated engine fell behind); every attempt stays in the record and "
-        "the first valid one counts (ini: profllm_remeasure; default: "
+        "the first valid one counts; at most "
+        f"{MAX_REMEASURE}, and a session's runs again stop once they took as long as its first "
+        "runs (ini: profllm_remeasure; default: "
         f"{DEFAULT_REMEASURE}; 0: never)",
     )
     group.addoption(

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pytest_profllm.cli.calibrate import (
     Calibration,
@@ -22,15 +24,17 @@ from pytest_profllm.cli.calibrate import (
     observation,
     read_runs,
     report_lines,
+    usable,
 )
 from pytest_profllm.cli.main import main
+from pytest_profllm.limits import MAX_CALIBRATE_REQUESTS
 from pytest_profllm.plan.suite import BenchmarkConfig
-from pytest_profllm.results.record import normalize
+from pytest_profllm.results.record import normalize, write_requests
 from pytest_profllm.results.store import load_records
 from pytest_profllm.sim.calibration import ROWS, observation_of, one_host_groups, random_lengths
 from pytest_profllm.sim.fit_records import METRICS, Observation, fit, predict
 from pytest_profllm.sim.hardware import device_profile
-from pytest_profllm.sim.profile_file import identity, load_profile_file
+from pytest_profllm.sim.profile_file import FittedOn, identity, load_profile_file, profile_toml
 from pytest_profllm.sim.virtual import ServerSettings
 
 MODEL = "Qwen/Qwen3-8B"
@@ -350,3 +354,108 @@ def test_a_run_that_fills_its_kv_cache_is_replayed_with_the_cache_its_server_had
         "x", "x", MODEL, replayed.requests, {}, max_concurrency=concurrency, seed=replayed.seed
     )
     assert predict(estimated, TRUE)["median_tpot_ms"] > 1.5 * measured["median_tpot_ms"]
+
+
+BENCH_CHANGES = st.fixed_dictionaries({}, optional={
+    "random_input_len": st.none() | st.integers(-5, 10**12) | st.floats() | st.text(max_size=3),
+    "random_output_len": st.none() | st.integers(-5, 10**12) | st.floats(),
+    "random_range_ratio": st.none() | st.floats(),
+    "num_prompts": st.integers(-5, 10**10) | st.floats() | st.none(),
+    "seed": st.integers() | st.text(max_size=3) | st.floats() | st.none(),
+    "request_rate": st.floats() | st.text(max_size=3),
+    "kind": st.sampled_from(["serve", "capacity", "throughput", "latency"]),
+})
+RESULT_CHANGES = st.fixed_dictionaries({}, optional={
+    name: st.floats() | st.integers(-5, 10**12) for name in METRICS
+})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bench=BENCH_CHANGES, results=RESULT_CHANGES, run_id=st.text(min_size=1, max_size=8))
+def test_any_row_ingest_accepts_is_replayed_or_named_in_one_line(
+    tmp_path_factory: pytest.TempPathFactory, bench: dict[str, Any], results: dict[str, Any],
+    run_id: str,
+) -> None:
+    good = a_record(0, 8, 256)
+    hostile = json.loads(json.dumps(good))
+    hostile["config"]["benchmark"].update(bench)
+    hostile["results"].update(results)
+    hostile["run_id"] = run_id
+    try:
+        record = normalize(hostile).model_dump(mode="json")
+    except ValueError:
+        return  # ingest refuses it: no row
+    db = tmp_path_factory.mktemp("rows") / "results.db"
+    try:
+        load_records(db, [record])
+    except ValueError:
+        return
+    rows = read_runs(db, None)
+    kept, left = usable(rows, db.parent)
+    assert len(kept) + len(left) == len(rows)  # each row replayed or named
+    for named, why in left:
+        assert named == run_id and why and "\n" not in why
+    for _, made in kept:
+        assert 1 <= len(made.requests) <= MAX_CALIBRATE_REQUESTS
+        assert all(math.isfinite(v) for v in made.measured.values())
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"random_input_len": None}, "bench_random_input_len"),
+        ({"seed": "x"}, "seed"),
+        ({"random_range_ratio": 7.5}, "ratio"),
+        ({"num_prompts": 200_000_000}, "200000000"),
+        ({"kind": "capacity"}, "capacity"),
+    ],
+)
+def test_a_row_that_cannot_be_replayed_is_left_out_and_named(
+    tmp_path: Path, change: dict[str, Any], named: str
+) -> None:
+    # Before: TypeError, ValueError, a math domain error, 2.2 GB of prompts drawn, or a
+    # capacity search fitted as one serving load.
+    hostile = a_record(9, 8, 256)
+    hostile["config"]["benchmark"].update(change)
+    db = tmp_path / "results.db"
+    load_records(db, [normalize(hostile).model_dump(mode="json")])
+    kept, left = usable(read_runs(db, None), tmp_path)
+    assert kept == []
+    ((run_id, why),) = left
+    assert run_id == "run-09" and named in why and "\n" not in why
+
+
+def test_a_requests_file_past_the_limits_leaves_the_run_replayed_from_its_flags(
+    tmp_path: Path,
+) -> None:
+    # Before: one line of 100,000,000 output tokens ran the fit for minutes.
+    record = a_record(3, 8, 256)
+    db = tmp_path / "results.db"
+    load_records(db, [record])
+    rows = [{"index": i, "success": True, "prompt_len": 256, "output_tokens": 100_000_000,
+             "intended_start_s": 0.0} for i in range(record["results"]["completed"])]
+    write_requests(tmp_path, "run-03", rows)
+    ((_, made),), left = usable(read_runs(db, None), tmp_path)
+    assert left == []
+    assert max(r.output_len for r in made.requests) < 10_000
+
+
+@pytest.mark.parametrize("where", ["folder", "missing"])
+def test_a_profile_path_that_cannot_be_written_is_one_line_before_the_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    db = a_database(tmp_path, GRID[:1])  # too few runs to fit: the path is checked first
+    output = tmp_path if where == "folder" else tmp_path / "nonexistent" / "dir" / "x.toml"
+    assert main(["calibrate", str(db), "-o", str(output)]) != 0
+    said = capsys.readouterr().err.strip()
+    assert str(output) in said and "\n" not in said and "cannot fit" not in said
+    assert not (tmp_path / "nonexistent").exists()
+
+
+def test_a_run_id_with_a_newline_writes_a_profile_that_reads_back(tmp_path: Path) -> None:
+    profile = device_profile("A100-80GB")
+    fitted = FittedOn(run_ids=["run\nid", 'q"\\\x07'], device="A100")
+    path = tmp_path / "p.toml"
+    path.write_text(profile_toml(profile, fitted, ["fitted on run\nid", "x = 1"]))
+    assert identity(path)["fitted"]["run_ids"] == ["run\nid", 'q"\\\x07']
+    assert load_profile_file(path).bf16_tflops == profile.bf16_tflops

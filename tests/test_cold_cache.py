@@ -4,17 +4,21 @@ window, and the rule that makes a case invalid when it measured an earlier load'
 
 from __future__ import annotations
 
+import argparse
 import http.server
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import run_records, run_suites, simulator
 
+from pytest_profllm.limits import MAX_REMEASURE
 from pytest_profllm.load.capacity import ServerProbes
 from pytest_profllm.load.dataset import TokenizerCodec, make_prompts
+from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.server_state import (
     PREFIX_HITS,
     PREFIX_QUERIES,
@@ -29,6 +33,7 @@ from pytest_profllm.load.server_state import (
     sim_late_name,
     sim_lateness,
 )
+from pytest_profllm.options import parse_remeasure
 from pytest_profllm.plan.suite import BenchmarkConfig, CapacityConfig
 from pytest_profllm.run.attempts import Attempts
 from pytest_profllm.sim.model_files import MODEL_DIR
@@ -332,3 +337,28 @@ def test_what_a_workloads_prompts_share_with_each_other_is_allowed_for() -> None
     assert cache_problem(*window(1000, 60), BenchmarkConfig(), own_hits=50) is None
     problem = cache_problem(*window(1000, 120), BenchmarkConfig(), own_hits=50)
     assert problem is not None and "50 of them its prompts share with each other" in problem
+
+
+def test_runs_again_stop_once_they_took_as_long_as_the_first_runs() -> None:
+    # A host that stays busy: every attempt is invalid for its sake. The session's runs again
+    # may take as long as its first runs, then the next case is not measured again, and its
+    # reason says why.
+    budget = RemeasureBudget()
+    behind = ["client fell behind: p99 schedule lag 31 ms is over 10 ms"]
+    first = Attempts(remeasure=10, budget=budget)
+    first.add(time.time() - 5.0, behind, {}, {}, None)  # a first run of 5 s
+    assert first.again(behind)
+    first.add(time.time() - 6.0, behind, {}, {}, None)  # a run again of 6 s: spent
+    assert not first.again(behind)
+    assert first.invalid_reason(behind) is not None
+    assert "re-measuring stopped" in first.invalid_reason(behind)  # type: ignore[operator]
+    later = Attempts(remeasure=10, budget=budget)
+    later.add(time.time() - 2.0, behind, {}, {}, None)  # its first run adds 2 s to the budget
+    assert later.again(behind)
+
+
+@pytest.mark.parametrize("count", ["11", "1000000", "9" * 5000, "-1", "٣"])
+def test_remeasure_over_its_bound_is_a_usage_error_naming_it(count: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=str(MAX_REMEASURE)):
+        parse_remeasure(count)
+    assert parse_remeasure(str(MAX_REMEASURE)) == MAX_REMEASURE

@@ -4,6 +4,7 @@ only: the real `pynvml` module's functions are replaced, nothing of ours."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sqlite3
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from test_datasette import make_record
 
 from pytest_profllm.browse.run_page import run_page
+from pytest_profllm.options import parse_gpu_hour_price
 from pytest_profllm.results.ingest import ingest
 from pytest_profllm.run.cost import case_cost, energy_per_output_token, priced_gpus
 from pytest_profllm.run.telemetry import Sampler
@@ -141,6 +143,24 @@ def test_cost_is_the_price_of_the_gpu_seconds_over_the_output_tokens(
     assert cost["problem"] is None
 
 
+@given(price=st.text(max_size=40) | st.floats().map(repr))
+def test_any_price_gives_finite_cost_figures_or_one_line(price: str) -> None:
+    # Any price the option takes prices any finite record with finite figures (or null ones
+    # with the reason); any other is refused as a usage error, before a case runs.
+    try:
+        value = parse_gpu_hour_price(price)
+    except argparse.ArgumentTypeError as refused:
+        assert "\n" not in str(refused) and "price" in str(refused)
+        return
+    for duration, tokens, gpus in [(1e-3, 1, 1), (1e308, 1, 1024), (3600.0, 10**9, 8)]:
+        cost = case_cost(value, {"duration": duration, "total_output_tokens": tokens}, gpus,
+                         "leased")
+        assert cost is not None
+        json.dumps(cost, allow_nan=False)  # no inf or NaN: the record stays plain JSON
+        if cost["usd_per_million_output_tokens"] is None:
+            assert cost["problem"]
+
+
 def test_nothing_to_price_gives_null_figures_with_the_reason() -> None:
     assert case_cost(None, {"duration": 1.0, "total_output_tokens": 5}, 1, "leased") is None
     on_cpu = case_cost(2.5, {"duration": 1.0, "total_output_tokens": 5}, *priced_gpus("cpu", 2))
@@ -209,14 +229,15 @@ def test_an_unpriced_run_has_no_cost(pytester: pytest.Pytester, ports: str) -> N
     json.dumps(record)  # the record stays plain JSON
 
 
+@pytest.mark.parametrize("price", ["-1", "1e308"])
 def test_a_bad_price_is_one_line_naming_the_option(
-    pytester: pytest.Pytester, ports: str
+    pytester: pytest.Pytester, ports: str, price: str
 ) -> None:
     pytester.makefile(".yaml", bench_priced=PRICED_SUITE)
-    result = run_suites(pytester, ports, "--profllm-gpu-hour-price=-1")
-    assert result.ret != 0
-    result.stderr.fnmatch_lines(
-        ["*--profllm-gpu-hour-price: a price is a finite number, 0 or more, got '-1'*"])
+    result = run_suites(pytester, ports, f"--profllm-gpu-hour-price={price}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--profllm-gpu-hour-price:*{price!r}*"])
+    assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
     pytester.makeini("[pytest]\nprofllm_gpu_hour_price = cheap\n")
     result = run_suites(pytester, ports)
     assert result.ret != 0

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from test_store import make_record
 
 from pytest_profllm.results.ingest import ingest, record_files
+from pytest_profllm.results.record import iter_requests
 
 
 def _write(folder: Path, records: list[dict[str, Any]]) -> None:
@@ -208,8 +209,50 @@ def test_a_request_file_that_expands_past_the_limit_is_refused_alone(
     bomb.write_bytes(gzip.compress(b"{}\n" * (1 << 20)))
     report = ingest(tmp_path / "x.db", record_files([tmp_path / "records"]))
     # Before: the file was decompressed whole into memory, and loaded.
-    assert [(path.name, reason) for path, reason in report.refused] == [
-        ("run-bomb.json",
-         "run-bomb.requests.jsonl.gz decompresses to more than the 1,048,576 bytes read")
-    ]
+    ((path, reason),) = report.refused
+    assert path.name == "run-bomb.json" and "run-bomb.requests.jsonl.gz" in reason
+    assert "\n" not in reason
     assert _loaded(tmp_path / "x.db") == {"run-a"}
+
+
+def _sample(index: int) -> bytes:
+    return json.dumps({"index": index, "success": True, "output_tokens": 2, "ttft_s": 0.1,
+                       "latency_s": 0.2, "itl_s": [0.1]}).encode() + b"\n"
+
+
+def test_a_request_file_of_lines_that_are_not_requests_is_refused_alone(
+    tmp_path: Path,
+) -> None:
+    # Before: 3,145,728 `{}` lines were stored as empty rows of request_samples.
+    _write(tmp_path / "records", [make_record("run-a"), make_record("run-empty")])
+    (tmp_path / "records" / "run-empty.requests.jsonl.gz").write_bytes(
+        gzip.compress(b"{}\n" * 1000))
+    report = ingest(tmp_path / "x.db", record_files([tmp_path / "records"]))
+    ((path, reason),) = report.refused
+    assert path.name == "run-empty.json"
+    assert "run-empty.requests.jsonl.gz:1" in reason and "not a request sample" in reason
+    assert _loaded(tmp_path / "x.db") == {"run-a"}
+
+
+def test_a_request_file_with_more_rows_than_its_record_ran_is_refused_alone(
+    tmp_path: Path,
+) -> None:
+    record = make_record("run-many")
+    ran = record["results"]["completed"] + record["results"]["failed"]
+    _write(tmp_path / "records", [make_record("run-a"), record])
+    requests = tmp_path / "records" / "run-many.requests.jsonl.gz"
+    requests.write_bytes(gzip.compress(b"".join(_sample(i) for i in range(ran))))
+    assert ingest(tmp_path / "x.db", record_files([tmp_path / "records"])).refused == []
+    requests.write_bytes(gzip.compress(b"".join(_sample(i) for i in range(ran + 5))))
+    report = ingest(tmp_path / "y.db", record_files([tmp_path / "records"]))
+    ((path, reason),) = report.refused
+    assert path.name == "run-many.json"
+    assert f"run-many.requests.jsonl.gz:{ran + 1}" in reason and f"{ran:,}" in reason
+
+
+def test_an_offline_latency_runs_rows_are_request_samples(tmp_path: Path) -> None:
+    # offline/results.py writes an index and a latency per iteration, no success flag.
+    path = tmp_path / "run-lat.requests.jsonl.gz"
+    lines = b'{"index": 0, "latency_s": 0.5}\n{"index": 1, "latency_s": 0.4}\n'
+    path.write_bytes(gzip.compress(lines))
+    assert [row["latency_s"] for row in iter_requests(path)] == [0.5, 0.4]

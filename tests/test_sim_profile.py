@@ -6,20 +6,27 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import hashlib
+import json
 import logging
+import math
 import sqlite3
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import run_records, run_suites
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_profllm.options import Settings, parse_sim_profile
 from pytest_profllm.results.fingerprint import digests
 from pytest_profllm.results.record import SIM_DEFAULT_DEVICE
 from pytest_profllm.sim.cli import main as sim_main
-from pytest_profllm.sim.hardware import DEFAULT_DEVICE, PROFILE_DIR, device_profile
+from pytest_profllm.sim.config import NoCacheMemory, build_setup
+from pytest_profllm.sim.hardware import DEFAULT_DEVICE, PROFILE_DIR, Overheads, device_profile
 from pytest_profllm.sim.profile_file import (
     FittedOn,
     ProfileFileError,
@@ -27,6 +34,7 @@ from pytest_profllm.sim.profile_file import (
     load_profile_file,
     profile_toml,
 )
+from pytest_profllm.sim.virtual import Request, ServerSettings, simulate
 
 FITTED = """
 [fitted]
@@ -87,6 +95,10 @@ math_inf = float("inf")
             "overheads.step_ms: Input should be greater than or equal to 0",
         ),
         (lambda t: t.replace("memory_gib = 79.6", "memory_gib = ="), "not a TOML file"),
+        # Past a float's range in the engine model: a case priced at 0 tokens/s, INTERNALERROR.
+        (lambda t: t.replace("bf16_tflops = 989", "bf16_tflops = inf"), "bf16_tflops: "),
+        (lambda t: t.replace("[overheads]", "host_cpu_factor = inf\n[overheads]"),
+         "host_cpu_factor: "),
     ],
 )
 def test_a_bad_profile_file_is_one_line_naming_it(
@@ -322,3 +334,64 @@ def test_a_run_simulated_on_another_gpu_is_not_gated_against_the_default(
         with sqlite3.connect(pytester.path / out / "results.db") as db:
             assert db.execute("SELECT device FROM benchmark_runs").fetchall() == [
                 (prefix + device,)]
+
+
+PROFILE_FIGURES = [
+    "memory_gib", "memory_bandwidth_gbs", "bf16_tflops", "fp8_tflops", "achieved_bf16_tflops",
+    "interconnect_gbs", "default_max_num_seqs", "default_max_num_batched_tokens",
+    "host_cpu_factor", *(f"overheads.{f.name}" for f in dataclasses.fields(Overheads)),
+]
+HOSTILE_NUMBERS = (
+    st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from([0.0, -0.0, 1e-300, 5e-324, 1e300, 1.7e308, math.inf, -math.inf, math.nan])
+    | st.integers(-(2**63), 2**63 - 1)
+    # The ends of what a profile may say (sim/profile_file.py), where the arithmetic is worst.
+    | st.sampled_from([1e-3, 0.01, 0.05, 1.0, 2.0, 64.0, 100.0, 1e4, 1e5, 1e6, 1 << 20, 1 << 24])
+    | st.floats(1e-3, 1e6)
+)
+
+
+def _toml_number(value: float | int) -> str:
+    if isinstance(value, int):
+        return str(value)
+    return {"inf": "inf", "-inf": "-inf", "nan": "nan"}.get(repr(value), repr(value))
+
+
+@settings(max_examples=80, deadline=None)
+@given(changes=st.dictionaries(st.sampled_from(PROFILE_FIGURES), HOSTILE_NUMBERS, max_size=4))
+def test_any_profile_is_refused_in_one_line_or_prices_with_finite_figures(
+    tmp_path_factory: pytest.TempPathFactory, changes: dict[str, float | int]
+) -> None:
+    shipped = tomllib.loads((PROFILE_DIR / "h100-sxm.toml").read_text())
+    overheads = shipped.pop("overheads", {})
+    for key, value in changes.items():
+        table, _, name = key.rpartition(".")
+        (overheads if table else shipped)[name] = value
+
+    def toml_value(value: object) -> str:
+        if isinstance(value, bool | str | list):
+            return json.dumps(value)  # TOML's strings, booleans and arrays read as JSON's
+        return _toml_number(value)  # type: ignore[arg-type]
+
+    text = "\n".join([*(f"{k} = {toml_value(v)}" for k, v in shipped.items()), "[overheads]",
+                      *(f"{k} = {toml_value(v)}" for k, v in overheads.items())])
+    path = tmp_path_factory.mktemp("profile") / "hostile.toml"
+    path.write_text(text + "\n")
+    try:
+        profile = load_profile_file(path)
+    except ProfileFileError as refused:
+        message = str(refused)
+        assert "\n" not in message and message.startswith(f"{path}: ")
+        assert any(key in message for key in changes)  # names the key it refuses
+        return
+    requests = [Request(prompt_len=200, output_len=20) for _ in range(8)]
+    for concurrency, tp in [(4, 1), (8, 2)]:
+        try:  # as the simulator and the virtual clock size a server
+            setup = build_setup("Qwen/Qwen3-8B", profile, tensor_parallel_size=tp)
+        except NoCacheMemory as unfit:  # the model leaves no cache on the GPU: one line
+            assert "\n" not in str(unfit)
+            continue
+        served = ServerSettings(num_gpu_blocks=setup.num_gpu_blocks)
+        figures = simulate(setup.engine, requests, served, max_concurrency=concurrency).summary()
+        assert all(math.isfinite(value) for value in figures.values()), figures
+        assert figures["output_throughput"] > 0

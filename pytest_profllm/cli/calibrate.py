@@ -13,12 +13,17 @@ import math
 import sqlite3
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from pytest_profllm.hosts.files import read_only_uri, write_atomic
+from pytest_profllm.limits import (
+    MAX_CALIBRATE_REQUESTS,
+    MAX_CALIBRATE_TOKENS,
+    MAX_REQUEST_TOKENS,
+)
 from pytest_profllm.results.record import read_requests
 from pytest_profllm.sim.batching import BLOCK_SIZE
 from pytest_profllm.sim.calibration import random_lengths, sharegpt_like
@@ -123,6 +128,74 @@ def base_profile(host: Host, name: str | None) -> DeviceProfile:
         ) from None
 
 
+def usable(
+    rows: list[dict[str, Any]], folder: Path | None
+) -> tuple[list[tuple[dict[str, Any], Observation]], list[tuple[str, str]]]:
+    """Each row as an observation, or left out with the reason (a row ingest accepted may
+    still be no serving run to replay, or hold figures no replay can use)."""
+    kept: list[tuple[dict[str, Any], Observation]] = []
+    left: list[tuple[str, str]] = []
+    for row in rows:
+        run_id = str(row.get("run_id"))
+        reason = _not_replayable(row)
+        if reason is None:
+            try:
+                made = observation(row, folder)
+            except (TypeError, ValueError, OverflowError, ArithmeticError, KeyError) as error:
+                reason = f"a column is not a figure to replay: {str(error).splitlines()[:1]}"
+            else:
+                reason = _over_limits(made)
+                if reason is None:
+                    kept.append((row, made))
+                    continue
+        left.append((run_id, reason))
+    return kept, left
+
+
+def _not_replayable(row: dict[str, Any]) -> str | None:
+    """Why a row is no serving run the engine model can replay, checked before any of it is
+    built (a count of 200,000,000 prompts would be drawn first)."""
+    kind = row.get("bench_kind") or "serve"
+    if kind != "serve":
+        return f"a {kind} run, not a serving run: its figures are not one load's"
+    count = row.get("bench_num_prompts") or row.get("completed") or 1
+    if not _number(count) or not 1 <= count <= MAX_CALIBRATE_REQUESTS:
+        return (f"{count!r} requests: calibrate replays 1 to {MAX_CALIBRATE_REQUESTS:,} "
+                "(limits.MAX_CALIBRATE_REQUESTS)")
+    if not _number(row.get("bench_seed") or 0):
+        return f"seed {row.get('bench_seed')!r} is not a whole number"
+    if row.get("bench_dataset_name") == "random":
+        for name in ("bench_random_input_len", "bench_random_output_len"):
+            value = row.get(name)
+            if not _number(value) or not 1 <= value <= MAX_REQUEST_TOKENS:
+                return f"{name} {value!r} is not a count of tokens"
+        ratio = row.get("bench_random_range_ratio") or 0.0
+        if not _number(ratio) or not 0 <= ratio < 1:
+            return f"bench_random_range_ratio {ratio!r} is not in [0, 1)"
+    for name in ("bench_request_rate", "bench_burstiness", *METRICS):
+        value = row.get(name)
+        if isinstance(value, float) and math.isnan(value):
+            return f"{name} is NaN"
+        if name in METRICS and isinstance(value, float) and math.isinf(value):
+            return f"{name} is infinite"
+    return None
+
+
+def _over_limits(made: Observation) -> str | None:
+    tokens = sum(r.prompt_len + r.output_len for r in made.requests)
+    if len(made.requests) > MAX_CALIBRATE_REQUESTS or tokens > MAX_CALIBRATE_TOKENS:
+        return (f"{len(made.requests):,} requests of {tokens:,} tokens: calibrate replays "
+                f"at most {MAX_CALIBRATE_REQUESTS:,} of {MAX_CALIBRATE_TOKENS:,} "
+                "(limits.py)")
+    return None
+
+
+def _number(value: Any) -> TypeGuard[int | float]:
+    """A finite number (a whole one where it is an int or a count stored as a float)."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
 def observation(row: dict[str, Any], folder: Path | None = None) -> Observation:
     """A row as the virtual clock replays it: its prompts' lengths and send times from its
     requests file where one is beside the database in `folder` (the requests that succeeded,
@@ -131,7 +204,7 @@ def observation(row: dict[str, Any], folder: Path | None = None) -> Observation:
     load and its server's settings from its columns."""
     count = int(row.get("bench_num_prompts") or row.get("completed") or 1)
     seed = int(row.get("bench_seed") or 0)
-    sent = _requests_sent(folder, str(row["run_id"])) if folder else None
+    sent = _requests_sent(folder, str(row["run_id"]), _expected(row)) if folder else None
     arrivals: tuple[float, ...] | None = None
     if sent:
         requests = [Request(prompt_len, output_len) for prompt_len, output_len, _ in sent]
@@ -152,9 +225,7 @@ def observation(row: dict[str, Any], folder: Path | None = None) -> Observation:
             float(row.get("total_input_tokens") or 0) / done or 217.0,
             float(row.get("total_output_tokens") or 0) / done or 202.0,
         )
-    measured = {
-        name: float(row[name]) for name in METRICS if isinstance(row.get(name), int | float)
-    }
+    measured = {name: float(row[name]) for name in METRICS if _number(row.get(name))}
     return Observation(
         label=str(row["run_id"]),
         configuration=f"{row.get('configuration')}::{row.get('workload')}",
@@ -187,12 +258,15 @@ def observation(row: dict[str, Any], folder: Path | None = None) -> Observation:
     )
 
 
-def _requests_sent(folder: Path, run_id: str) -> list[tuple[int, int, float]] | None:
+def _requests_sent(
+    folder: Path, run_id: str, expected: int | None = None
+) -> list[tuple[int, int, float]] | None:
     """(prompt length, output tokens, intended send time from the first) of each request of
     the run's requests file that succeeded, in send order; None where there is no readable
     file, no such request, or a figure that is not one (the run is replayed from its flags)."""
     try:
-        rows = read_requests(folder, run_id)
+        # The same reader as ingest: a line at a time, no more rows than the run's own.
+        rows = read_requests(folder, run_id, expected)
     except ValueError:
         return None
     sent = []
@@ -202,13 +276,22 @@ def _requests_sent(folder: Path, run_id: str) -> list[tuple[int, int, float]] | 
         prompt_len, output_len = item.get("prompt_len"), item.get("output_tokens")
         at = item.get("intended_start_s", item.get("start_s"))
         if not (_count(prompt_len) and _count(output_len) and isinstance(at, int | float)
-                and not isinstance(at, bool) and math.isfinite(at)):
+                and not isinstance(at, bool) and math.isfinite(at)
+                and prompt_len + output_len <= MAX_REQUEST_TOKENS):
             return None
         sent.append((int(prompt_len), int(output_len), float(at)))
     if not sent:
         return None
     first = min(at for _, _, at in sent)
     return sorted(((p, o, at - first) for p, o, at in sent), key=lambda item: item[2])
+
+
+def _expected(row: dict[str, Any]) -> int | None:
+    """The run's requests (completed + failed), where its row says."""
+    counts = [row.get("completed"), row.get("failed")]
+    if all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+        return sum(counts)  # type: ignore[arg-type]
+    return None
 
 
 def _count(value: Any) -> TypeGuard[int]:
@@ -225,6 +308,8 @@ class Calibration:
     # Where held_out are the runs --hold-out picked, predicted by the fit on the others (not
     # each configuration by a fit on the rest).
     hold_out: str | None = None
+    # (run id, why) of each row read that was not replayed: every row is fitted on or named.
+    left_out: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def profile(self) -> DeviceProfile:
@@ -251,9 +336,8 @@ def calibrate(
         held_ids = {str(row["run_id"]) for row in read_runs(db, narrowed, "--hold-out")}
         if not held_ids:
             raise CalibrationError(f"--hold-out {hold_out!r} picks none of the runs", 2)
-    observations = [
-        observation(row, db.parent) for row in rows if str(row["run_id"]) not in held_ids
-    ]
+    replayable, left_out = usable(rows, db.parent)
+    observations = [made for row, made in replayable if str(row["run_id"]) not in held_ids]
     found = problems(observations)
     if found:
         what = f"{len(observations)} runs" + (" outside --hold-out" if hold_out else "")
@@ -262,16 +346,15 @@ def calibrate(
     if hold_out:
         predicted_profile = fitted.profile(profile)
         held = []
-        for row in rows:
+        for row, run in replayable:
             if str(row["run_id"]) in held_ids:
-                run = observation(row, db.parent)
                 figures = predict(run, predicted_profile)
                 held.append(HeldOut(run, figures, errors(run, figures), fitted.params))
     else:
         # Each fold starts where the whole fit ended: it is near, and the folds run faster.
         held = leave_one_out(observations, profile, fitted.params, progress=progress)
     return Calibration(
-        host, profile, fitted, held, [o.label for o in observations], hold_out
+        host, profile, fitted, held, [o.label for o in observations], hold_out, left_out
     )
 
 
@@ -289,6 +372,7 @@ def report_lines(calibration: Calibration) -> list[str]:
         f"{calibration.host.model} on {calibration.host.device}, vLLM "
         f"{calibration.host.vllm_version}: {how} (measured -> predicted, error):"
     ]
+    lines += [f"  left out {run_id!r}: {why}" for run_id, why in calibration.left_out]
     for item in calibration.held_out:
         o = item.observation
         figures = "  ".join(

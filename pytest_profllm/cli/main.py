@@ -482,6 +482,8 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    if args.output is not None:
+        _check_output(args.output)  # before the fit, which takes minutes
     try:
         calibration = calibrate(args.db, args.where, args.base, hold_out=args.hold_out)
     except CalibrationError as error:
@@ -492,6 +494,15 @@ def _calibrate(args: argparse.Namespace) -> int:
         write_profile(calibration, args.output)
         print(f"profile written to {args.output}: --profllm-sim-profile {args.output}")
     return 0
+
+
+def _check_output(path: Path) -> None:
+    """A profile file may be written at `path`: not a folder, in a folder that exists (made
+    by nobody but the user: a mistyped path must not become folders)."""
+    if path.is_dir():
+        raise CliError(f"-o {path}: is a folder; name the profile file to write")
+    if not path.parent.is_dir():
+        raise CliError(f"-o {path}: no such folder {path.parent}")
 
 
 def _history(args: argparse.Namespace) -> int:

@@ -56,6 +56,7 @@ from pytest_profllm.load.dataset import (
     make_prompts,
 )
 from pytest_profllm.load.metrics import RequestOutcome
+from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.schedule import LoadResult, back_to_back
 from pytest_profllm.load.server_state import empty_caches, host_caused, scrape_metrics
 from pytest_profllm.plan.metric_names import CLIENT_HEALTH_KEYS
@@ -697,6 +698,7 @@ class ServerProbes:
         endpoint: str | None = None,
         remeasure: int = 0,
         holding: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+        budget: RemeasureBudget | None = None,
     ) -> None:
         self.bench = bench
         self.base_url = base_url
@@ -708,6 +710,7 @@ class ServerProbes:
         self.api_key = api_key
         self.max_schedule_lag_ms = max_schedule_lag_ms
         self.remeasure = remeasure
+        self.budget = budget or RemeasureBudget()  # the session's time for runs again
         self.holding = holding  # held from drawing a probe's prompts to its last run
         # load -> (config, load result, summary with health, /metrics around it) of its last run
         self.measured: dict[float, Measured] = {}
@@ -783,6 +786,7 @@ class ServerProbes:
         own_hits = workload_own_hits(chosen, config, self.codec)
         again: list[str] = []
         for attempt in range(self.remeasure + 1):
+            started = time.monotonic()
             self.cache_states.add(empty_caches(self.base_url, config, self.api_key).describe())
             before = scrape_metrics(metrics_url)
             result = self.drive(run_load(settings, chosen))
@@ -793,7 +797,11 @@ class ServerProbes:
                 result, config, health, self.max_schedule_lag_ms, window, own_hits
             )
             host = [reason for reason in reasons if host_caused(reason)]
+            self.budget.spent(time.monotonic() - started, again=attempt > 0)
             if not host or attempt == self.remeasure:
+                break
+            if not self.budget.allows():
+                host.append(self.budget.exhausted_reason())
                 break
             again.append("; ".join(host))
         samples = probe_samples(

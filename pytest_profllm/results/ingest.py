@@ -36,10 +36,9 @@ from pytest_profllm.limits import (
     MAX_SERVER_ARGUMENTS,
     InputLimitError,
     load_json,
-    read_gzip_lines,
 )
 from pytest_profllm.results.gate_tables import GateRows, gate_rows
-from pytest_profllm.results.record import normalize
+from pytest_profllm.results.record import expected_requests, normalize, read_requests
 from pytest_profllm.results.rows import RowBuilder, column_problem, record_digest
 from pytest_profllm.results.staging import BATCH, StagedRows, batched, stage
 from pytest_profllm.results.store import Load, LoadReport
@@ -344,7 +343,7 @@ def _read_batch(paths: list[Path], stored: frozenset[str]) -> _Batch:
                 known.append(digest)
             else:
                 record = parse_record(content, path)
-                requests = _requests_beside(path, record["run_id"])
+                requests = _requests_beside(path, record)
                 try:
                     gate = gate_rows(record, requests, fingerprints)
                 except (TypeError, KeyError) as error:
@@ -358,19 +357,7 @@ def _read_batch(paths: list[Path], stored: frozenset[str]) -> _Batch:
     return _Batch(len(paths), stage(rows.batches()), known, refused, gates)
 
 
-def _requests_beside(path: Path, run_id: str) -> list[dict[str, Any]] | None:
-    """The record's per-request rows, where its `.requests.jsonl.gz` lies beside it."""
-    beside = path.with_name(f"{run_id}.requests.jsonl.gz")
-    try:
-        lines = read_gzip_lines(beside)
-    except FileNotFoundError:
-        return None
-    except (OSError, EOFError) as error:  # gzip.BadGzipFile is an OSError
-        raise ValueError(f"{beside.name}: not a request file: {error}") from None
-    try:
-        requests = [orjson.loads(line) for line in lines if line.strip()]
-    except orjson.JSONDecodeError as error:
-        raise ValueError(f"{beside.name}: not JSON lines: {error}") from None
-    if not all(isinstance(row, dict) for row in requests):
-        raise ValueError(f"{beside.name}: a line is not a JSON object")
-    return requests
+def _requests_beside(path: Path, record: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The record's per-request rows, where its `.requests.jsonl.gz` lies beside it: read a
+    line at a time, no more rows than the record's own completed + failed (record.py)."""
+    return read_requests(path.parent, record["run_id"], expected_requests(record))

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pytest_profllm.hosts.files import write_atomic
-from pytest_profllm.limits import MAX_JSON_LINE_BYTES, load_json, read_gzip_lines
+from pytest_profllm.limits import (
+    MAX_JSON_LINE_BYTES,
+    MAX_REQUEST_ROWS,
+    MAX_REQUEST_TOKENS,
+    iter_gzip_lines,
+    load_json,
+)
 
 SCHEMA_VERSION: Literal[1] = 1
 # `invalid`: measured, but the client fell behind its schedule, so the figures measure the
@@ -554,19 +561,69 @@ def write_requests(out_dir: Path, run_id: str, requests: list[dict[str, Any]]) -
     return path
 
 
-def read_requests(folder: Path, run_id: str) -> list[dict[str, Any]] | None:
+class RequestSample(BaseModel):
+    """What a line of a request file must be to count as one of the run's requests
+    (`run.outcome.request_row` writes more, which is kept): its index, and finite,
+    non-negative times. An offline latency run's rows are an index and a latency alone
+    (offline/results.py). A line that is not one (`{}`) is refused, never stored."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    index: int = Field(ge=0)
+    success: bool | None = None
+    output_tokens: int | None = Field(default=None, ge=0, le=MAX_REQUEST_TOKENS)
+    ttft_s: float | None = Field(default=None, ge=0)
+    latency_s: float | None = Field(default=None, ge=0)
+    itl_s: list[Annotated[float, Field(ge=0)]] | None = None
+
+
+def expected_requests(record: dict[str, Any]) -> int | None:
+    """How many request rows a record's own results say its load had (completed + failed);
+    None where they do not say (an offline run, an accuracy case)."""
+    results = record.get("results")
+    if not isinstance(results, dict):
+        return None
+    counts = [results.get("completed"), results.get("failed")]
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+        return None
+    return sum(counts)  # type: ignore[arg-type]
+
+
+def read_requests(
+    folder: Path, run_id: str, expected: int | None = None
+) -> list[dict[str, Any]] | None:
     """The per-request records `write_requests` wrote for `run_id` in `folder`; None where
-    there is no such file. ValueError, naming the file, where it is not one (not gzip, a line
-    not a JSON object, over limits.py's sizes)."""
+    there is no such file. Read a line at a time: ValueError, naming the file and line, where
+    it is not one (not gzip, a line not a request sample, over limits.py's sizes), or where it
+    holds more rows than `expected` (the record's completed + failed) or MAX_REQUEST_ROWS, at
+    the first row over, before more is held."""
     path = folder / f"{run_id}.requests.jsonl.gz"
     if not path.exists():
         return None
+    return list(iter_requests(path, expected))
+
+
+def iter_requests(path: Path, expected: int | None = None) -> Iterator[dict[str, Any]]:
+    """The request samples of `path`, one at a time (see `read_requests`)."""
+    bound = min(expected, MAX_REQUEST_ROWS) if expected is not None else MAX_REQUEST_ROWS
+    rows = 0
     try:
-        lines = read_gzip_lines(path)
+        for number, line in enumerate(iter_gzip_lines(path), 1):
+            if not line.strip():
+                continue
+            rows += 1
+            if rows > bound:
+                said = (f"its record's {expected:,} requests (completed + failed)"
+                        if bound == expected else f"the {MAX_REQUEST_ROWS:,} a load may send")
+                raise ValueError(f"{path}:{number}: more request rows than {said}")
+            row = load_json(line, what=f"{path}:{number}", max_bytes=MAX_JSON_LINE_BYTES)
+            try:
+                RequestSample.model_validate(row)
+            except ValidationError as error:
+                first = error.errors()[0]
+                where = ".".join(str(part) for part in first["loc"]) or "the line"
+                raise ValueError(
+                    f"{path}:{number}: not a request sample: {where}: {first['msg']}"
+                ) from None
+            yield row
     except (OSError, EOFError) as error:  # gzip.BadGzipFile is an OSError
         raise ValueError(f"{path}: not a request file: {error}") from None
-    rows = [load_json(line, what=f"{path}:{number}", max_bytes=MAX_JSON_LINE_BYTES)
-            for number, line in enumerate(lines, 1) if line.strip()]
-    if not all(isinstance(row, dict) for row in rows):
-        raise ValueError(f"{path}: a line is not a JSON object")
-    return rows

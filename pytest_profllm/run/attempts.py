@@ -11,13 +11,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.server_state import host_caused
 
 
 @dataclass
 class Attempts:
     remeasure: int  # how many more runs the host's faults may cost
+    # The session's time for runs again, shared by its cases; a case's own by default.
+    budget: RemeasureBudget = field(default_factory=RemeasureBudget)
     kept: list[dict[str, Any]] = field(default_factory=list)
+    stopped: str | None = None  # why no more runs were made though the host's faults asked
 
     def add(
         self,
@@ -27,10 +31,12 @@ class Attempts:
         telemetry: dict[str, Any],
         prefix_cache: str | None,
     ) -> None:
+        duration_s = time.time() - started_at
+        self.budget.spent(duration_s, again=bool(self.kept))
         self.kept.append({
             "attempt": len(self.kept) + 1,
             "started_at": started_at,
-            "duration_s": time.time() - started_at,
+            "duration_s": duration_s,
             "validity": "invalid" if reasons else "valid",
             "reasons": reasons,
             "prefix_cache": prefix_cache,
@@ -44,20 +50,27 @@ class Attempts:
 
     def again(self, reasons: list[str]) -> bool:
         """Whether to run the load once more: the last attempt is invalid for the host's sake
-        alone (a server that miscounted tokens would do it again), and runs are left."""
-        return (
+        alone (a server that miscounted tokens would do it again), and runs are left, in the
+        case's count and in the session's time for runs again."""
+        wanted = (
             bool(reasons)
             and all(host_caused(reason) for reason in reasons)
             and len(self.kept) <= self.remeasure
         )
+        if wanted and not self.budget.allows():
+            self.stopped = self.budget.exhausted_reason()
+            return False
+        return wanted
 
     def invalid_reason(self, reasons: list[str]) -> str | None:
         """The case's reason to be invalid: the last attempt's, and where there were several,
         every attempt's, each named."""
         if not reasons:
             return None
+        stopped = [self.stopped] if self.stopped else []
         if len(self.kept) <= 1:
-            return "; ".join(reasons)
-        return "; ".join(
-            f"attempt {kept['attempt']}: {'; '.join(kept['reasons'])}" for kept in self.kept
-        )
+            return "; ".join([*reasons, *stopped])
+        return "; ".join([
+            *(f"attempt {kept['attempt']}: {'; '.join(kept['reasons'])}" for kept in self.kept),
+            *stopped,
+        ])

@@ -21,6 +21,7 @@ from pytest_profllm.load.capacity import (
     slos_of,
 )
 from pytest_profllm.load.dataset import make_prompts
+from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.server_view import missing
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.metric_names import CLIENT_HEALTH_KEYS
@@ -43,6 +44,7 @@ def run_capacity(
     outcome: CaseOutcome,
     max_schedule_lag_ms: float | None = None,
     remeasure: int = 0,
+    budget: RemeasureBudget | None = None,
 ) -> CaseOutcome:
     """Start or reuse the server, search its capacity (every probe run from an emptied cache
     with prompts of its own, load/capacity.py `ServerProbes`), and keep the probe at the
@@ -69,7 +71,7 @@ def run_capacity(
             bench, server.base_url, codec, prompts, served_name(case.server),
             api_key_of(case.server), max_schedule_lag_ms,
             drive=lambda load: asyncio.run(load_while_alive(server, load)),
-            remeasure=remeasure, holding=holding_cores,
+            remeasure=remeasure, holding=holding_cores, budget=budget,
         )
         gpu_ids = server.lease.gpus if server.device == "gpu" else ()
         with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:

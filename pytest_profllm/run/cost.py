@@ -10,6 +10,7 @@ server on CPU cores has no GPU-hours: its cost is null, with the reason.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -84,10 +85,15 @@ def case_cost(
                                    "to price"}
     gpu_seconds = gpus * float(duration)
     usd = price_usd / SECONDS_PER_HOUR * gpu_seconds
+    per_million = usd / tokens * PER_MILLION
+    # The price is bounded at start (limits.MAX_GPU_HOUR_PRICE_USD), but a record's duration
+    # is not: a figure past a float's range is null with the reason, never inf in JSON.
+    if not all(math.isfinite(v) for v in (gpu_seconds, usd, per_million)):
+        return {**cost, "problem": "the cost overflows a float at this price and duration"}
     return {
         **cost,
         "window_s": float(duration),
         "gpu_seconds": gpu_seconds,
         "usd": usd,
-        "usd_per_million_output_tokens": usd / tokens * PER_MILLION,
+        "usd_per_million_output_tokens": per_million,
     }

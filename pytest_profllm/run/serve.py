@@ -31,6 +31,7 @@ from pytest_profllm.load.dataset import (
     ServerCodec,
     TokenizerCodec,
 )
+from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
 from pytest_profllm.load.server_state import empty_caches
 from pytest_profllm.load.server_view import (
@@ -68,13 +69,14 @@ def run_case(
     max_schedule_lag_ms: float | None = None,
     remeasure: int = 0,
     max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS,
+    budget: RemeasureBudget | None = None,
 ) -> CaseOutcome:
     """Start or reuse the server, send the workload from an emptied prefix cache (again, up to
-    `remeasure` times, while the host makes the measurement invalid), compute metrics and
-    verdicts."""
+    `remeasure` times and within the session's `budget`, while the host makes the measurement
+    invalid), compute metrics and verdicts."""
     bench = case.benchmark
     assert isinstance(bench, BenchmarkConfig), "offline kinds run in offline.runner"
-    attempts = Attempts(remeasure)
+    attempts = Attempts(remeasure, budget or RemeasureBudget())
     with servers.serving(case) as server:
         outcome.server = server
         codec = codec_for(case, servers.engine, server.base_url)

@@ -21,6 +21,7 @@ from pytest_profllm.hosts.descriptors import raise_open_file_limit
 from pytest_profllm.hosts.nvml import GpuBusy
 from pytest_profllm.hosts.pool import HostPool, LeaseTimeout
 from pytest_profllm.load.accuracy import lm_eval_missing
+from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.offline.runner import run_offline
 from pytest_profllm.options import Settings
 from pytest_profllm.plan.case import Case
@@ -138,6 +139,8 @@ class WorkerSession:
     ranks: dict[str, int] = field(default_factory=dict)  # under xdist: the scheduler's order
     # The rate sweeps that saturated on this worker: their higher rates are skipped.
     saturation: SaturationStop = field(default_factory=lambda: SaturationStop(None))
+    # This worker's time for measuring again (--profllm-remeasure), shared by its cases.
+    remeasuring: RemeasureBudget = field(default_factory=RemeasureBudget)
 
     @functools.cached_property
     def pool(self) -> HostPool:
@@ -213,7 +216,7 @@ class WorkerSession:
             if case.kind == "capacity":
                 return run_capacity(
                     case, self.servers, outcome, self.settings.max_schedule_lag_ms,
-                    self.settings.remeasure,
+                    self.settings.remeasure, self.remeasuring,
                 )
             if case.kind == "accuracy":
                 return run_accuracy(case, self.servers, outcome)
@@ -221,7 +224,9 @@ class WorkerSession:
                 return run_offline(case, self.servers, outcome)
             return run_case(
                 case, self.servers, outcome, self.settings.max_schedule_lag_ms,
-                self.settings.remeasure, self.settings.max_client_overhead_ms,
+                self.settings.remeasure,
+                max_client_overhead_ms=self.settings.max_client_overhead_ms,
+                budget=self.remeasuring,
             )
         except BaseException as error:
             outcome.error = str(error).splitlines()[0] if str(error) else type(error).__name__

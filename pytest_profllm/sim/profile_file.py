@@ -10,18 +10,19 @@ gate's fingerprint carries that digest: runs priced by two profiles are never co
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
+    AllowInfNan,
     BaseModel,
     ConfigDict,
     Field,
-    NonNegativeFloat,
-    PositiveFloat,
-    PositiveInt,
     ValidationError,
     create_model,
 )
@@ -45,29 +46,65 @@ class FittedOn(BaseModel):
     date: str = ""
 
 
+def _within(low: float, high: float, *, low_open: bool = False) -> Any:
+    """A float from `low` (excluded where `low_open`) to `high`, NaN and infinity refused."""
+    bound = Field(gt=low, le=high) if low_open else Field(ge=low, le=high)
+    return Annotated[float, bound, AllowInfNan(False)]
+
+
+# What a profile may say, each within a range no device comes near the ends of (a datasheet's
+# figures are within a factor of 1,000 of the shipped ones). Past them the engine model's
+# arithmetic leaves a float's range: `bf16_tflops = inf` priced a case at 0 tokens/s and
+# ended the session (INTERNALERROR), `host_cpu_factor = inf` failed a case as out of KV cache.
+_FRACTION = _within(0.01, 2.0)  # an efficiency: fitted ones reach 1.5
+OVERHEAD_RANGES: dict[str, Any] = {
+    "step_ms": _within(0.0, 10_000.0),
+    "seq_us": _within(0.0, 1e6),
+    "bandwidth_efficiency": _FRACTION,
+    "compute_efficiency": _FRACTION,
+    "frontend_token_us": _within(0.0, 1e6),
+    "request_ms": _within(0.0, 1e6),
+    "allreduce_latency_us": _within(0.0, 1e6),
+    "moe_efficiency": _FRACTION,
+    "moe_bandwidth_efficiency": _FRACTION,
+    "weight_only_fp8_efficiency": _FRACTION,
+    "reserved_gib": _within(0.0, 100_000.0),
+}
+
+
+def _sharpness(value: float) -> float:
+    # inf is meaningful here (a plain roofline, what calibrate may write); a finite p-norm
+    # past 64 is the same as inf to a float's precision.
+    if not (value == math.inf or 1.0 <= value <= 64.0):
+        raise ValueError("should be from 1 to 64, or inf (a plain roofline)")
+    return value
+
+
 # Every figure of `Overheads` may be given, none other (a misspelt one would be ignored).
 OverheadsTable: type[BaseModel] = create_model(  # type: ignore[call-overload]
     "OverheadsTable",
     __config__=ConfigDict(extra="forbid"),
-    **{f.name: (NonNegativeFloat | None, None) for f in fields(Overheads)},
+    roofline_sharpness=(Annotated[float, AfterValidator(_sharpness)] | None, None),
+    **{f.name: (OVERHEAD_RANGES[f.name] | None, None) for f in fields(Overheads)
+       if f.name != "roofline_sharpness"},
 )
 
 
 class ProfileFile(BaseModel):
     """The TOML file: a shipped profile's keys, and `[fitted]`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = Field(min_length=1)
     aliases: list[str] = Field(default_factory=list)
-    memory_gib: PositiveFloat
-    memory_bandwidth_gbs: PositiveFloat
-    bf16_tflops: PositiveFloat
-    fp8_tflops: NonNegativeFloat = 0.0
-    achieved_bf16_tflops: NonNegativeFloat = 0.0
-    interconnect_gbs: PositiveFloat
-    default_max_num_seqs: PositiveInt
-    default_max_num_batched_tokens: PositiveInt
-    host_cpu_factor: PositiveFloat = 1.0
+    memory_gib: _within(0.0, 100_000.0, low_open=True)  # type: ignore[valid-type]
+    memory_bandwidth_gbs: _within(1.0, 1e6)  # type: ignore[valid-type]
+    bf16_tflops: _within(0.01, 1e6)  # type: ignore[valid-type]
+    fp8_tflops: _within(0.0, 1e6) = 0.0  # type: ignore[valid-type]
+    achieved_bf16_tflops: _within(0.0, 1e6) = 0.0  # type: ignore[valid-type]
+    interconnect_gbs: _within(0.1, 1e6)  # type: ignore[valid-type]
+    default_max_num_seqs: int = Field(ge=1, le=1 << 20)
+    default_max_num_batched_tokens: int = Field(ge=1, le=1 << 24)
+    host_cpu_factor: _within(0.01, 100.0) = 1.0  # type: ignore[valid-type]
     serial_host: bool = False
     overheads: OverheadsTable = Field(default_factory=OverheadsTable)
     fitted: FittedOn | None = None
@@ -161,7 +198,8 @@ def _parse(path: Path, content: bytes) -> tuple[DeviceProfile, ProfileFile]:
 
 def profile_toml(profile: DeviceProfile, fitted: FittedOn, comments: list[str]) -> str:
     """A profile file for `profile`, with `[fitted]` naming its runs, `comments` on top."""
-    lines = [f"# {line}" for line in comments]
+    # A comment is one line: a newline in a run id (a label) would end it and start TOML.
+    lines = [f"# {part}" for line in comments for part in line.splitlines() or [""]]
     head = {
         "name": profile.name,
         "memory_gib": profile.memory_gib,
@@ -195,4 +233,6 @@ def _toml_value(value: object) -> str:
         return str(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # JSON's string escapes are TOML's basic string's (\n, \", \\, \uXXXX): a run id with a
+    # newline or a control character stays one valid string. ensure_ascii: no raw surrogate.
+    return json.dumps(str(value).encode("utf-8", "replace").decode("utf-8"))
