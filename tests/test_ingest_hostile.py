@@ -256,3 +256,17 @@ def test_an_offline_latency_runs_rows_are_request_samples(tmp_path: Path) -> Non
     lines = b'{"index": 0, "latency_s": 0.5}\n{"index": 1, "latency_s": 0.4}\n'
     path.write_bytes(gzip.compress(lines))
     assert [row["latency_s"] for row in iter_requests(path)] == [0.5, 0.4]
+
+
+def test_a_refusal_is_one_line_when_the_record_names_a_metric_with_a_newline(
+    tmp_path: Path,
+) -> None:
+    # Found by the property above: `results.\n is inf` read as two lines.
+    record = make_record("run-nl")
+    record["results"]["\n"] = float("inf")
+    _write(tmp_path / "records", [make_record("run-a")])
+    (tmp_path / "records" / "run-nl.json").write_text(json.dumps(record, allow_nan=True))
+    report = ingest(tmp_path / "x.db", record_files([tmp_path / "records"]))
+    ((path, reason),) = report.refused
+    assert path.name == "run-nl.json" and "inf" in reason and "\n" not in reason
+    assert _loaded(tmp_path / "x.db") == {"run-a"}

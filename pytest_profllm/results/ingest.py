@@ -353,7 +353,8 @@ def _read_batch(paths: list[Path], stored: frozenset[str]) -> _Batch:
                 rows.add(record, digest)
                 gates[record["run_id"]] = gate
         except ValueError as error:
-            refused.append((path, str(error)))
+            # One line whatever the record holds: a key may itself carry a newline.
+            refused.append((path, str(error).replace("\r", "\\r").replace("\n", "\\n")))
     return _Batch(len(paths), stage(rows.batches()), known, refused, gates)
 
 
