@@ -80,11 +80,16 @@ def test_echo_with_logprobs_answers_vllms_shape_for_any_prompt(sim_url: str) -> 
 
 def _check_echo(sim_url: str, prompt: str, max_tokens: int) -> None:
     response = _complete(sim_url, prompt=prompt, echo=True, logprobs=1, max_tokens=max_tokens)
-    assert response.status_code == 200, response.text
-    choice = response.json()["choices"][0]
     ids = requests.post(
         sim_url + "/tokenize", json={"prompt": prompt, "add_special_tokens": False}, timeout=10
     ).json()["tokens"]
+    if not ids:
+        # A prompt of no tokens is refused as vLLM refuses it, never answered with an error 500.
+        assert response.status_code == 400, response.text
+        assert "prompt cannot be empty" in response.json()["error"]["message"]
+        return
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
     logprobs = choice["logprobs"]
     assert len(logprobs["tokens"]) == len(ids) + max_tokens
     assert choice["text"].startswith(prompt)
@@ -99,6 +104,14 @@ def _check_echo(sim_url: str, prompt: str, max_tokens: int) -> None:
     assert again.json()["choices"][0]["logprobs"]["token_logprobs"] == (
         logprobs["token_logprobs"][: len(ids)]
     )
+
+
+def test_a_prompt_of_no_tokens_is_refused_as_vllm_refuses_it(sim_url: str) -> None:
+    # Found by the property above: '\r' echoed with logprobs was an IndexError (a 500).
+    for prompt in ("\r", " ", "\n\t"):
+        for max_tokens in (0, 2):
+            _check_echo(sim_url, prompt, max_tokens)
+    assert _complete(sim_url, prompt="\r", max_tokens=2).status_code == 400
 
 
 def test_logprobs_without_echo_cover_the_output_only(sim_url: str) -> None:

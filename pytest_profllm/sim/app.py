@@ -376,6 +376,10 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         prompt_ids = state.tokenizer.encode(prompt, add_special_tokens=False).ids
     else:
         return _error("'prompt' must be a string or a list of token ids", 400)
+    if not prompt_ids:
+        # As vLLM: a prompt of no tokens (whitespace alone, to this tokenizer) is refused, not
+        # scored; echoing it indexed an empty list.
+        return _error("The decoder prompt cannot be empty", 400)
     prompt_len = len(prompt_ids)
     echo, logprobs = bool(body.get("echo")), body.get("logprobs")
     max_tokens = body.get("max_tokens", 16)
