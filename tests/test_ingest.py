@@ -341,3 +341,22 @@ def test_a_record_killed_mid_write_leaves_no_partial_file(
     status, out, err = run_ingest(capsys, tmp_path / "results.db", folder)
     assert (status, err) == (0, [])
     assert out.endswith("1 new, 0 unchanged, 0 refused")
+
+
+def test_two_files_of_one_run_with_other_content_are_a_conflict_naming_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: whichever came first was kept, "1 duplicate(s) counted once", exit 0.
+    folder = records_folder(tmp_path, "run-a")
+    other = make_record("run-a", status="failed")
+    (folder / "z-other-run-a.json").write_text(json.dumps(other))
+    status, out, err = run_ingest(capsys, tmp_path / "results.db", folder)
+    assert status == 1
+    assert "duplicate" not in out and "1 refused" in out
+    (line,) = [line for line in err if "refused" in line]
+    assert "z-other-run-a.json" in line and "run-a.json" in line.split("z-other-run-a.json")[1]
+    assert [row["status"] for row in table_rows(tmp_path / "results.db")] == ["passed"]
+    # Loaded again alone later, the changed record updates its row, as an upload says.
+    (folder / "run-a.json").unlink()
+    status, out, _ = run_ingest(capsys, tmp_path / "results.db", folder)
+    assert status == 0 and "1 updated" in out

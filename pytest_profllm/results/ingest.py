@@ -240,17 +240,18 @@ def ingest(
     with ExitStack() as stack:
         load = stack.enter_context(Load(db_path)) if db_path.exists() else None
         stored = load.stored_digests() if load is not None else {}
-        seen: set[str] = set()
+        seen: dict[str, tuple[str, Path]] = {}  # run id: the digest and file first loaded
         for batch in _read_batches(files, frozenset(stored)):
             report.refused += batch.refused
-            unchanged = _unseen(seen, [stored[digest] for digest in batch.stored])
-            report.duplicates += len(batch.stored) - len(unchanged)
+            unchanged = _unseen(
+                seen, [stored[digest] for digest in batch.stored], batch.stored, batch.paths,
+                report,
+            )
             if load is not None:
                 load.add_unchanged(len(unchanged))
             staged = batch.staged
             if staged is not None:
-                fresh = _unseen(seen, staged.run_ids)
-                report.duplicates += len(staged.run_ids) - len(fresh)
+                fresh = _unseen(seen, staged.run_ids, staged.digests, batch.paths, report)
                 if fresh:
                     if load is None:
                         load = stack.enter_context(Load(db_path))
@@ -264,14 +265,31 @@ def ingest(
     return report
 
 
-def _unseen(seen: set[str], run_ids: list[str]) -> list[int]:
-    """The positions of the run ids not seen before (now seen): a run id given twice, by the
-    same file named twice or a copy, is loaded once."""
+def _unseen(
+    seen: dict[str, tuple[str, Path]],
+    run_ids: list[str],
+    digests: list[str],
+    paths: dict[str, Path],
+    report: IngestReport,
+) -> list[int]:
+    """The positions of the run ids not seen before (now seen). A run id given twice with the
+    same bytes (the same file named twice, or a copy) is loaded once and counted a duplicate;
+    given twice with other bytes, the first file is loaded and the second refused, naming both:
+    which of the two is the run cannot be told, and keeping one silently hid the other."""
     fresh = []
-    for at, run_id in enumerate(run_ids):
-        if run_id not in seen:
-            seen.add(run_id)
+    for at, (run_id, digest) in enumerate(zip(run_ids, digests, strict=True)):
+        first = seen.get(run_id)
+        if first is None:
+            seen[run_id] = (digest, paths.get(digest, Path("?")))
             fresh.append(at)
+        elif first[0] == digest:
+            report.duplicates += 1
+        else:
+            report.refused.append((
+                paths.get(digest, Path("?")),
+                f"run {run_id!r} is also in {first[1]} with other content: that file was "
+                "loaded; remove or rename one of the two",
+            ))
     return fresh
 
 
@@ -285,6 +303,7 @@ class _Batch:
     stored: list[str]
     refused: list[tuple[Path, str]]
     gates: dict[str, GateRows] = field(default_factory=dict)  # by run id
+    paths: dict[str, Path] = field(default_factory=dict)  # each file read, by its digest
 
 
 # Reading, checking and staging a record costs ten times what copying it into the table
@@ -335,10 +354,12 @@ def _read_batch(paths: list[Path], stored: frozenset[str]) -> _Batch:
     known, refused = [], []
     gates: dict[str, GateRows] = {}
     fingerprints: dict[Any, str] = {}  # what the batch's records share of their fingerprints
+    read: dict[str, Path] = {}
     for path in paths:
         try:
             content = _read(path)
             digest = record_digest(content)
+            read.setdefault(digest, path)
             if digest in stored:
                 known.append(digest)
             else:
@@ -355,10 +376,15 @@ def _read_batch(paths: list[Path], stored: frozenset[str]) -> _Batch:
         except ValueError as error:
             # One line whatever the record holds: a key may itself carry a newline.
             refused.append((path, str(error).replace("\r", "\\r").replace("\n", "\\n")))
-    return _Batch(len(paths), stage(rows.batches()), known, refused, gates)
+    return _Batch(len(paths), stage(rows.batches()), known, refused, gates, read)
 
 
 def _requests_beside(path: Path, record: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The record's per-request rows, where its `.requests.jsonl.gz` lies beside it: read a
     line at a time, no more rows than the record's own completed + failed (record.py)."""
-    return read_requests(path.parent, record["run_id"], expected_requests(record))
+    run_id = record["run_id"]
+    if Path(run_id).name != run_id or run_id in ("", ".", ".."):
+        # A run id that is a path would name a request file outside the record's folder.
+        raise ValueError(f"run id {run_id!r} is not a file name: its request file could not "
+                         "lie beside it")
+    return read_requests(path.parent, run_id, expected_requests(record))
