@@ -215,6 +215,23 @@ def test_a_priced_run_has_its_cost_in_the_record_and_the_database(
                    pytest.approx(cost["usd_per_million_output_tokens"]), None)
 
 
+def test_the_virtual_clock_prices_the_same_simulated_gpus_as_the_real_time_simulator(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    # Before: null, "the server held no GPUs (vLLM on CPU cores)", where the real-time
+    # simulator counted its virtual GPUs for the same suite.
+    pytester.makefile(".yaml", bench_priced=PRICED_SUITE)
+    result = run_suites(pytester, ports, "--profllm-gpu-hour-price=2.50",
+                        "--profllm-sim-clock=virtual")
+    result.assert_outcomes(passed=1)
+    (record,) = run_records(pytester)
+    cost, results = record["cost"], record["results"]
+    assert record["engine"]["clock"] == "virtual"
+    assert (cost["gpus"], cost["gpus_counted"], cost["problem"]) == (2, "simulated", None)
+    assert cost["usd_per_million_output_tokens"] == pytest.approx(
+        2.5 / 3600 * 2 * results["duration"] / results["total_output_tokens"] * 1e6)
+
+
 def test_an_unpriced_run_has_no_cost(pytester: pytest.Pytester, ports: str) -> None:
     pytester.makefile(".yaml", bench_priced=PRICED_SUITE)
     result = run_suites(pytester, ports)

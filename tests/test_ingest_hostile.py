@@ -270,3 +270,29 @@ def test_a_refusal_is_one_line_when_the_record_names_a_metric_with_a_newline(
     ((path, reason),) = report.refused
     assert path.name == "run-nl.json" and "inf" in reason and "\n" not in reason
     assert _loaded(tmp_path / "x.db") == {"run-a"}
+
+
+@pytest.mark.parametrize(
+    ("block", "fields"),
+    [
+        ("cost", {"gpu_hour_price_usd": 2.0, "usd": -1.0}),
+        ("cost", {"gpu_hour_price_usd": 2.0, "usd_per_million_output_tokens": -1e6}),
+        ("system", {"gpu_energy_j": -100.0}),
+    ],
+    ids=["usd", "usd-per-million", "energy"],
+)
+def test_a_cost_or_energy_that_cannot_be_is_refused_naming_its_field(
+    tmp_path: Path, block: str, fields: dict[str, float]
+) -> None:
+    # Before: loaded, and the precision dashboard drew -499,999 USD per million tokens.
+    record = make_record("run-neg")
+    if block == "cost":
+        record["cost"] = fields
+    else:
+        record["system"].update(fields)
+    _write(tmp_path / "records", [make_record("run-a"), record])
+    report = ingest(tmp_path / "x.db", record_files([tmp_path / "records"]))
+    ((path, reason),) = report.refused
+    (field,) = [name for name in fields if name != "gpu_hour_price_usd"]
+    assert path.name == "run-neg.json" and f"{block}.{field}" in reason
+    assert _loaded(tmp_path / "x.db") == {"run-a"}

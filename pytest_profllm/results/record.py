@@ -138,10 +138,10 @@ class SystemInfo(BaseModel):
     # (results.total_output_tokens; serve cases only: a capacity case's energy is its whole
     # search's). Null without NVML GPUs; null with the reason in
     # `gpu_energy_problem` where a GPU's counter could not be read (boards before Volta).
-    gpu_energy_j: float | None = None
-    gpu_energy_window_s: float | None = None
-    mean_gpu_power_from_energy_w: float | None = None
-    gpu_energy_j_per_output_token: float | None = None
+    gpu_energy_j: float | None = Field(default=None, ge=0)
+    gpu_energy_window_s: float | None = Field(default=None, ge=0)
+    mean_gpu_power_from_energy_w: float | None = Field(default=None, ge=0)
+    gpu_energy_j_per_output_token: float | None = Field(default=None, ge=0)
     gpu_energy_problem: str | None = None
     # psutil: the server's whole process tree (API server, EngineCore, workers), and the client.
     mean_server_cpu_percent: float | None = None  # 100 = one core
@@ -284,12 +284,13 @@ class CostInfo(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     gpu_hour_price_usd: float = Field(ge=0)
-    gpus: int | None = None
+    # None of these can be negative: a record that says so is refused, not drawn.
+    gpus: int | None = Field(default=None, ge=0)
     gpus_counted: Literal["leased", "simulated"] | None = None
-    window_s: float | None = None
-    gpu_seconds: float | None = None
-    usd: float | None = None
-    usd_per_million_output_tokens: float | None = None
+    window_s: float | None = Field(default=None, ge=0)
+    gpu_seconds: float | None = Field(default=None, ge=0)
+    usd: float | None = Field(default=None, ge=0)
+    usd_per_million_output_tokens: float | None = Field(default=None, ge=0)
     problem: str | None = None
 
 

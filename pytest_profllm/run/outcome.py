@@ -25,7 +25,7 @@ from pytest_profllm.hosts.cores import CoreLease
 from pytest_profllm.hosts.devices import cpu_model
 from pytest_profllm.load import metrics
 from pytest_profllm.load.prompt import DatasetError
-from pytest_profllm.plan.case import Case
+from pytest_profllm.plan.case import Case, gpus_needed
 from pytest_profllm.results.record import BenchmarkRecord, RegressionVerdict, Status, Verdict
 from pytest_profllm.run.cost import case_cost, energy_per_output_token, priced_gpus
 from pytest_profllm.server.process import ServerProcess
@@ -159,8 +159,15 @@ class CaseOutcome:
         return record.model_dump(mode="json")
 
     def _leased_devices(self) -> int:
-        """How many GPUs (or virtual ones) the case's server leased: none before it had one."""
-        return len(self.server.lease.gpus) if self.server is not None else 0
+        """How many GPUs (or virtual ones) the case's server leased: none before it had one. On
+        the virtual clock no server leases anything, but the engine model serves on as many
+        simulated GPUs as the real-time simulator would lease (vLLM's count), and is priced so:
+        the same suite costs the same on either clock."""
+        if self.server is not None:
+            return len(self.server.lease.gpus)
+        if self.engine.clock == "virtual" and self.results:
+            return gpus_needed(self.case.server)
+        return 0
 
     def _measured_how(self) -> dict[str, Any]:
         """The runtime facts of how the load was measured: its prompts' seed, the prefix cache
