@@ -189,3 +189,36 @@ def test_any_upload_body_gets_a_4xx_or_loads_and_leaves_only_what_loaded(
     kept = {p.name for p in (folder / upload.UPLOADS).glob("*")}
     assert kept == {upload.stored_name(run_id) for run_id in loaded}
     assert run_ids(db) == {"existing"} | loaded
+
+
+def test_an_upload_over_the_limit_is_not_read_past_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: Datasette's post_body read the whole body first (a 400 MB chunked POST took the
+    # server from 83 MB to 864 MB) and only then said it was over the limit.
+    monkeypatch.setattr("pytest_profllm.browse.upload_views.MAX_UPLOAD_BYTES", 1 << 20)
+    db = results_db(tmp_path)
+    chunk, sent = b"x" * 65536, [0]
+
+    async def body() -> Any:  # chunked: no Content-Length; 64 MiB if read to its end
+        for _ in range(1024):
+            sent[0] += 1
+            yield chunk
+
+    async def run() -> httpx.Response:
+        datasette = Datasette([str(db)])
+        await datasette.invoke_startup()
+        cookies = {"ds_actor": datasette.sign({"a": {"id": "root"}}, "actor")}
+        page = await datasette.client.get("/results/-/upload", cookies=cookies)
+        token = page.cookies.get("ds_csrftoken") or ""
+        response: httpx.Response = await datasette.client.post(
+            "/results/-/upload", content=body(),
+            headers={"x-csrftoken": token, "x-profllm-filename": "big.json"},
+            cookies={**cookies, "ds_csrftoken": token})
+        return response
+
+    answer = asyncio.run(run())
+    assert answer.status_code == 413
+    assert answer.json()["outcome"] == "refused" and "1 MiB" in answer.json()["reason"]
+    assert sent[0] <= 17  # the 17th chunk passes 1 MiB: none after it was read
+    assert run_ids(db) == {"existing"}
