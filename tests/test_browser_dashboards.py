@@ -203,7 +203,8 @@ def test_three_questions_in_two_clicks(
     assert visit.clicks == 2
     with sqlite3.connect(db) as connection:
         slowest = connection.execute(
-            "SELECT run_id FROM runs ORDER BY p99_ttft_ms DESC LIMIT 1").fetchone()[0]
+            "SELECT run_id FROM runs WHERE validity = 'valid' ORDER BY p99_ttft_ms DESC "
+            "LIMIT 1").fetchone()[0]
     shown = urllib.parse.unquote(browser.evaluate("location.pathname"))
     assert shown.endswith(f"/-/run/{slowest}"), (shown, slowest)
     visit.shoot("slowest-run")

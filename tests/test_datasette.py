@@ -623,3 +623,27 @@ def test_the_comparisons_ask_for_a_before_b(results_db: Path) -> None:
     assert sessions.json()["query"]["params"] == {"session_a": "", "session_b": ""}
     assert list(sessions.json()["query"]["params"]) == ["session_a", "session_b"]
     assert list(runs.json()["query"]["params"]) == ["run_a", "run_b"]
+
+
+def test_the_rankings_quick_links_skip_invalid_runs(tmp_path: Path) -> None:
+    # Before: "highest output tok/s" opened on an invalid run, whose figure was the host's.
+    db_path = tmp_path / "results.db"
+    fast_but_invalid = make_record("run-invalid", "s1", CASE_A, "2026-01-01T10:00:00+00:00",
+                                   "invalid", throughput=1000.0, p99_ttft=900.0)
+    load_records(db_path, [
+        make_record("run-slow", "s1", CASE_A, "2026-01-01T10:01:00+00:00", throughput=5.0,
+                    p99_ttft=50.0),
+        make_record("run-fast", "s1", CASE_A, "2026-01-01T10:02:00+00:00", throughput=20.0,
+                    p99_ttft=5.0),
+        {**fast_but_invalid, "validity": "invalid"},
+    ])
+    (landing,) = get([db_path], f"/results/{LANDING}")
+    orders = dict(re.findall(r'<a href="([^"]+)">([^<]+)</a>',
+                             landing.text.split("profllm-order-links", 1)[1].split("</p>")[0]))
+    firsts = {}
+    for href, label in orders.items():
+        if label.startswith(("slowest", "highest")):
+            href = html.unescape(href).replace(f"/{LANDING}?", f"/{LANDING}.json?_shape=array&")
+            (page,) = get([db_path], href)
+            firsts[label] = page.json()[0]["run_id"]
+    assert firsts == {"slowest p99 TTFT": "run-slow", "highest output tok/s": "run-fast"}
