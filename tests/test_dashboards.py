@@ -625,6 +625,22 @@ def test_latest_compares_with_the_newest_session_that_measured_its_cases(
                                    "with a valid measurement of its cases: nothing to compare.")
 
 
+def test_latest_of_a_single_session_draws_no_empty_change_and_says_no_gate_ran(
+        tmp_path: Path) -> None:
+    # Before: an empty chart, a table headed "Every change against session -", and "Nothing
+    # regressed by the gate's verdicts" where no gate had judged anything.
+    db = ingested(tmp_path, sweep("s1", "01", 1.0))
+    with sqlite3.connect(db) as connection:
+        sql_functions.register(connection)
+        shown = view(connection, "latest")
+    assert not shown.charts
+    assert [table.title for table in shown.tables] == [
+        "Regressed (the regression gate's verdicts in the latest session)"]
+    (regressed,) = shown.tables
+    assert not regressed.rows and "No regression gate ran" in regressed.empty
+    assert "nothing to compare" in shown.notes[-1]
+
+
 def one_load(session: str, suite: str, case: str, index: int, *, server_key: str = "k",
              concurrency: int = 4, **server: Any) -> dict[str, Any]:
     """A case of a suite that does not sweep load: `concurrency` requests at a time."""

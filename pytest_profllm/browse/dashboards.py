@@ -949,7 +949,10 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
                                                  else None),
                          "run_id": now.run_id if now else None})
     gated = {metric for (_, metric) in gate}
-    shown = [m for m, _ in POINT_METRICS if m in gated or m == "output_throughput"]
+    # With no earlier session there is no change to draw: no empty chart, no table headed
+    # "against session -"; the note below says why.
+    shown = [m for m, _ in POINT_METRICS
+             if previous is not None and (m in gated or m == "output_throughput")]
     for metric in shown:
         of_metric = [r for r in rows if r["metric"] == metric]
         label = dict(POINT_METRICS)[metric]
@@ -983,10 +986,11 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
     _regressed(connection, schema, selection, latest, view)
     changed = sorted((r for r in rows if r["change_percent"] is not None),
                      key=lambda r: -abs(r["change_percent"]))
-    view.tables.append(Table(
-        f"Every change against session {previous or '-'}",
-        ["case", "metric", "previous", "latest", "change_percent", "gate", "run_id"],
-        changed[:200], empty="No case ran in both sessions."))
+    if previous is not None:
+        view.tables.append(Table(
+            f"Every change against session {previous}",
+            ["case", "metric", "previous", "latest", "change_percent", "gate", "run_id"],
+            changed[:200], empty="No case ran in both sessions."))
     passed_over = (f" Passed over, with no valid measurement of these cases: "
                    f"{_listed(pair.skipped)}." if pair.skipped else "")
     if not pair.measured:
@@ -1039,8 +1043,11 @@ def _regressed(connection: sqlite3.Connection, schema: Schema, selection: Select
                     "gate": verdict["verdict"] or "no verdict"}
     flagged = sorted((v for v in verdicts if v["verdict"] == "regressed"),
                      key=lambda v: -abs(v["change_percent"] or 0))
+    # "Nothing regressed" is a verdict: where no gate ran, say that instead.
     view.tables.append(Table(title, _REGRESSED_COLUMNS, flagged,
-                             empty="Nothing regressed by the gate's verdicts."))
+                             empty="Nothing regressed by the gate's verdicts." if verdicts
+                             else "No regression gate ran in this session (no "
+                             "--profllm-baseline, or no regression: block): nothing was judged."))
     for metric in dict.fromkeys(v["metric"] for v in flagged):
         of_metric = [v for v in verdicts if v["metric"] == metric]
         x = charts.field("change_percent", "quantitative", f"change of {metric} (%)")
