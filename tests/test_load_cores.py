@@ -23,7 +23,7 @@ from helpers import Holder, run_records, run_suites
 
 from pytest_profllm.engine.choice import EngineChoice
 from pytest_profllm.hosts import cores as cores_module
-from pytest_profllm.hosts.cores import CoreLease, LoadCores, thread_on, tree_on
+from pytest_profllm.hosts.cores import CoreLease, LoadCores, thread_on, tree_off, tree_on
 from pytest_profllm.hosts.devices import usable_cores
 from pytest_profllm.hosts.pool import LeaseTimeout, make_pool
 from pytest_profllm.options import Settings
@@ -216,6 +216,50 @@ def test_a_servers_every_process_and_thread_runs_on_its_cores() -> None:
         assert {thread: os.sched_getaffinity(thread) for thread in threads} == before
         with tree_on(None, [core]), tree_on(server.pid, []):
             assert {thread: os.sched_getaffinity(thread) for thread in threads} == before
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=10)
+        if server.stdout is not None:
+            server.stdout.close()
+
+
+def _cpus_allowed(pid: int) -> set[int]:
+    """A process's `Cpus_allowed_list` in /proc/PID/status, as a set of cores."""
+    line = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("Cpus_allowed_list:"))
+    cores: set[int] = set()
+    for part in line.split(":", 1)[1].strip().split(","):
+        low, _, high = part.partition("-")
+        cores.update(range(int(low), int(high or low) + 1))
+    return cores
+
+
+@pytest.mark.skipif(len(usable_cores()) < 2, reason="needs two usable cores")
+def test_every_process_of_a_vllm_server_keeps_off_the_clients_core() -> None:
+    # vLLM binds its CPU workers' threads itself; its API server and engine core were left on
+    # every core, the client's too (issue 51). A thread bound elsewhere keeps its bind.
+    client, *rest = usable_cores()
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER_TREE], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert server.stdout is not None
+        ready, _, _ = select.select([server.stdout], [], [], 15)
+        assert ready and server.stdout.readline().strip() == b"up"
+        root = psutil.Process(server.pid)
+        tree = [root, *root.children(recursive=True)]
+        threads = [t.id for p in tree for t in p.threads()]
+        assert all(client in _cpus_allowed(p.pid) for p in tree)
+        bound = next(t.id for t in root.threads() if t.id != root.pid)
+        os.sched_setaffinity(bound, {rest[-1]})  # as vLLM binds an OMP thread
+        before = {thread: os.sched_getaffinity(thread) for thread in threads}
+        with tree_off(server.pid, [client]):
+            assert all(client not in _cpus_allowed(p.pid) for p in tree)
+            after = {thread: os.sched_getaffinity(thread) for thread in threads}
+            assert all(client not in cores for cores in after.values())
+            assert after[bound] == {rest[-1]}
+        assert {thread: os.sched_getaffinity(thread) for thread in threads} == before
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGKILL)

@@ -150,6 +150,36 @@ def tree_on(pid: int | None, cores: Sequence[int]) -> Iterator[None]:
                     os.sched_setaffinity(thread_id, before)
 
 
+@contextlib.contextmanager
+def tree_off(pid: int | None, client: Sequence[int]) -> Iterator[None]:
+    """Every thread of the process and its children stays off the client's cores in the block:
+    a thread allowed on one of them loses those cores (or, allowed on nothing else, is left
+    as it is: it has nowhere else to run). A thread already off them is not touched, so
+    vLLM's own per-thread binds (VLLM_CPU_OMP_THREADS_BIND) stay as vLLM set them; its
+    API server and engine core, which vLLM does not bind, are the ones moved. Each moved
+    thread still there gets its affinity back after."""
+    moved: list[tuple[Path, int, set[int]]] = []
+    avoid = set(client)
+    if avoid and pid is not None:
+        for process in process_tree(pid):
+            with contextlib.suppress(psutil.Error):
+                for thread in process.threads():
+                    with contextlib.suppress(OSError):
+                        before = os.sched_getaffinity(thread.id)
+                        rest = before - avoid
+                        if rest and rest != before:
+                            os.sched_setaffinity(thread.id, rest)
+                            task = Path(f"/proc/{process.pid}/task/{thread.id}")
+                            moved.append((task, thread.id, before))
+    try:
+        yield
+    finally:
+        for task, thread_id, before in moved:
+            if task.exists():
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(thread_id, before)
+
+
 # The niceness a simulated server takes where it shares its client's cores: below the client,
 # as the GPU it stands for would take none of the client's CPU.
 SHARED_SERVER_NICENESS = 10

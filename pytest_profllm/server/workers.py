@@ -14,7 +14,14 @@ from pytest_profllm.engine.choice import EngineName
 from pytest_profllm.engine.install import VllmInstall
 from pytest_profllm.engine.registry import registry_for
 from pytest_profllm.hosts import nvml
-from pytest_profllm.hosts.cores import CoreLease, LoadCores, below_the_client, thread_on, tree_on
+from pytest_profllm.hosts.cores import (
+    CoreLease,
+    LoadCores,
+    below_the_client,
+    thread_on,
+    tree_off,
+    tree_on,
+)
 from pytest_profllm.hosts.devices import DeviceKind
 from pytest_profllm.hosts.pool import HostPool, Lease, SessionTurns
 from pytest_profllm.plan.case import Case
@@ -130,6 +137,9 @@ class WorkerServers:
             self.cores.hold(client, 1 if simulated else 0, self.lease_timeout) as lease,
             thread_on(lease.client),
             tree_on(server.pid, lease.server),
+            # vLLM's processes (API server, engine core, workers) keep off the client's
+            # cores: its workers are bound by vLLM, its API server and engine core were not.
+            tree_off(None if simulated else server.pid, lease.client),
         ):
             if simulated and set(lease.server) & set(lease.client):
                 below_the_client(server.pid)  # one core for both (a one-core host)
