@@ -56,6 +56,7 @@ from pytest_profllm.load.server_state import (
     sim_fell_behind,
 )
 from pytest_profllm.load.server_view import load_view
+from pytest_profllm.load.steady_state import steady_figures
 from pytest_profllm.plan.suite import BenchmarkConfig
 
 # Lists vLLM keeps only with --save-detailed (one entry per request).
@@ -201,6 +202,8 @@ def measure(
         pooling=config.is_pooling,
     )
     summary.update(metrics.multimodal_summary(load.outcomes))
+    if config.max_concurrency:
+        summary.update(steady_figures(load.outcomes, config.max_concurrency))
     health = metrics.client_health(
         load.outcomes,
         load.intended_offsets,

@@ -63,6 +63,19 @@ MULTIMODAL_RESULTS = (
     "mean_mm_audio_s_per_request",
 )
 
+# A closed-loop load's steady state (load/steady_state.py): the window where the requests in
+# flight stay at or above 95 % of max_concurrency, its length, requests and figures.
+STEADY_RESULTS = (
+    "steady_duration_s",
+    "steady_completed",
+    "steady_request_throughput",
+    "steady_output_throughput",
+    "steady_median_ttft_ms",
+    "steady_p99_ttft_ms",
+    "steady_median_tpot_ms",
+    "steady_p99_tpot_ms",
+)
+
 CLIENT_HEALTH_KEYS = (
     "mean_schedule_lag_ms",
     "median_schedule_lag_ms",

@@ -27,6 +27,13 @@ PER_REPEAT_METRICS = {
     "duration": False,
     # A capacity search's result: its interval comes from the brackets, not from repeats.
     "capacity": True,
+    # A closed loop's steady state (load/steady_state.py): one figure per repeat.
+    "steady_request_throughput": True,
+    "steady_output_throughput": True,
+    "steady_median_ttft_ms": False,
+    "steady_p99_ttft_ms": False,
+    "steady_median_tpot_ms": False,
+    "steady_p99_tpot_ms": False,
 }
 BRACKETED_METRICS = frozenset({"capacity"})
 # An accuracy case's metrics (lm-eval's, and each under a filter as `<metric>_<filter>`): their

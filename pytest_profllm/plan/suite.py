@@ -476,6 +476,8 @@ class BenchmarkConfig(BaseModel):
             names = [n for n in names if n not in ("total_output_tokens", "output_throughput")]
         if self.dataset_name in MEDIA_DATASETS:
             names += metric_names.MULTIMODAL_RESULTS
+        if self.max_concurrency:  # a closed loop has a steady state
+            names += metric_names.STEADY_RESULTS
         return names + list(metric_names.CLIENT_HEALTH_KEYS)
 
 
