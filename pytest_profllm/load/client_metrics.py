@@ -15,8 +15,10 @@ import bisect
 import contextlib
 import json
 import os
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pytest_profllm.load.metrics import RequestOutcome
@@ -227,13 +229,12 @@ def _observe_many(histogram: Any, samples: list[float]) -> None:
     (prometheus-client's own layout since 0.4: per-bucket, not cumulative, counts)."""
     if not samples:
         return
-    bounds = histogram._upper_bounds
-    counts = [0] * len(bounds)
-    for sample in samples:
-        counts[bisect.bisect_left(bounds, sample)] += 1
-    for index, count in enumerate(counts):
-        if count:
-            histogram._buckets[index].inc(count)
+    # Counted in C (map, bisect, Counter): a Python loop over the samples cost 0.1-0.2 us a
+    # message, a few per cent of the client's whole cost per message.
+    buckets = histogram._buckets
+    for index, count in Counter(map(partial(bisect.bisect_left, histogram._upper_bounds),
+                                    samples)).items():
+        buckets[index].inc(count)
     histogram._sum.inc(sum(samples))
 
 
