@@ -16,9 +16,13 @@ from typing import Any
 
 import pytest
 from helpers import records as records_in
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import sim_processes
+from pytest_profllm.load import client_metrics
 from pytest_profllm.options import parse_metrics_port
 
 SUITE = """
@@ -192,3 +196,17 @@ def test_a_metrics_port_out_of_range_is_refused(text: str) -> None:
 
 def test_a_metrics_port_parses() -> None:
     assert parse_metrics_port(" 9400 ") == 9400
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=0, max_value=1e5, allow_nan=False), max_size=300))
+def test_a_requests_itls_land_in_the_buckets_observe_puts_them_in(samples: list[float]) -> None:
+    """The per-request binning (one write per bucket) agrees with one observe() per sample."""
+    bounds = client_metrics.INTER_TOKEN_LATENCY_BUCKETS
+    one_by_one = Histogram("one_by_one", "", registry=None, buckets=bounds)
+    binned = Histogram("binned", "", registry=None, buckets=bounds)
+    for sample in samples:
+        one_by_one.observe(sample)
+    client_metrics._observe_many(binned, samples)
+    assert [b.get() for b in binned._buckets] == [b.get() for b in one_by_one._buckets]
+    assert binned._sum.get() == pytest.approx(one_by_one._sum.get())

@@ -15,10 +15,8 @@ import bisect
 import contextlib
 import json
 import os
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from pytest_profllm.load.metrics import RequestOutcome
@@ -229,13 +227,18 @@ def _observe_many(histogram: Any, samples: list[float]) -> None:
     (prometheus-client's own layout since 0.4: per-bucket, not cumulative, counts)."""
     if not samples:
         return
-    # Counted in C (map, bisect, Counter): a Python loop over the samples cost 0.1-0.2 us a
-    # message, a few per cent of the client's whole cost per message.
-    buckets = histogram._buckets
-    for index, count in Counter(map(partial(bisect.bisect_left, histogram._upper_bounds),
-                                    samples)).items():
-        buckets[index].inc(count)
-    histogram._sum.inc(sum(samples))
+    # Sorted once (in C), then one bisection per bucket bound: a Python step per sample cost
+    # 0.13 us a message, a few per cent of the client's whole cost per message.
+    ordered = sorted(samples)
+    below = 0
+    for bucket, bound in zip(histogram._buckets, histogram._upper_bounds, strict=True):
+        upto = bisect.bisect_right(ordered, bound)  # `le`: a sample on a bound is in its bucket
+        if upto > below:
+            bucket.inc(upto - below)
+            below = upto
+            if below == len(ordered):
+                break
+    histogram._sum.inc(sum(ordered))
 
 
 def recorder() -> CaseRecorder | None:
