@@ -146,6 +146,23 @@ def parse_remeasure(text: str) -> int:
     return int(stripped)
 
 
+def parse_metrics_port(text: str) -> int:
+    """The port of the session's own /metrics: a TCP port, 1 to 65535."""
+    value = text.strip()
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise argparse.ArgumentTypeError(
+            f"--profllm-metrics-port: expected a TCP port (1-65535), got {text!r}"
+        )
+    return int(value)
+
+
+def metrics_port(config: pytest.Config) -> int | None:
+    """--profllm-metrics-port, else its ini option, else None (off)."""
+    return _parsed(  # type: ignore[return-value]
+        config, "profllm_metrics_port", "profllm_metrics_port", parse_metrics_port
+    )
+
+
 def parse_confidence(text: str) -> float:
     """The regression gate's confidence level, in [0.5, 1)."""
     return _number(
@@ -295,6 +312,16 @@ def add_options(parser: pytest.Parser) -> None:
         f"{DEFAULT_MAX_CLIENT_OVERHEAD_MS:g})",
     )
     group.addoption(
+        "--profllm-metrics-port",
+        metavar="PORT",
+        type=parse_metrics_port,
+        default=None,
+        help="serve the client's own Prometheus metrics for the session on "
+        "http://127.0.0.1:PORT/metrics (requests, tokens, TTFT/TPOT/ITL/E2E histograms and "
+        "each running case's stage, by case, suite and server) (ini: profllm_metrics_port; "
+        "default: off)",
+    )
+    group.addoption(
         "--profllm-remeasure",
         metavar="N",
         type=parse_remeasure,
@@ -424,6 +451,7 @@ def add_options(parser: pytest.Parser) -> None:
         "profllm_max_client_overhead",
         "limit on the client's mean TTFT over the server's, milliseconds",
         default=f"{DEFAULT_MAX_CLIENT_OVERHEAD_MS:g}",
+        "profllm_metrics_port", "port of the client's own /metrics (default: off)", default=None
     )
     parser.addini(
         "profllm_remeasure", "extra runs of a load the host made invalid",

@@ -28,7 +28,15 @@ from pytest_profllm.gates.worker import (
 from pytest_profllm.hosts import nvml
 from pytest_profllm.plan.case import Case
 from pytest_profllm.run.outcome import describe_missed
-from pytest_profllm.session import collect, identity, interrupt, resume, saturation, worker
+from pytest_profllm.session import (
+    collect,
+    identity,
+    interrupt,
+    metrics_endpoint,
+    resume,
+    saturation,
+    worker,
+)
 from pytest_profllm.session import xdist_scheduling as scheduler
 from pytest_profllm.session.collect import CASE_FIXTURE, PROFLLM_MARKER, case_of
 from pytest_profllm.session.controller import (
@@ -45,6 +53,8 @@ _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 _GATE_ASKED = pytest.StashKey[bool]()
 _LEFTOVERS = pytest.StashKey[list[str]]()  # what killed sessions left, ended at the start
 _RESTORE_SIGTERM = pytest.StashKey[Callable[[], None]]()
+_METRICS = pytest.StashKey[metrics_endpoint.MetricsEndpoint]()
+METRICS_HOST = "127.0.0.1"  # the numbers name suites and cases: not for other hosts
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -96,6 +106,9 @@ def pytest_configure(config: pytest.Config) -> None:
                 lambda record: saturation.record_saturated(record, settings.saturation_margin),
             )
             config.stash[resume.RESUME_INDEX_KEY] = earlier
+        port = options.metrics_port(config)
+        if port is not None:  # before xdist starts its workers, which inherit the folder
+            config.stash[_METRICS] = metrics_endpoint.start(METRICS_HOST, port)
         config.stash[CONTROLLER_KEY] = ControllerSession(settings, run_identity, resume=earlier)
         # Only here: on an xdist worker it would take records out before they are sent.
         config.pluginmanager.register(ControllerReports(config), "profllm-reports")
@@ -136,6 +149,9 @@ def _say(config: pytest.Config, line: str) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    endpoint = config.stash.get(_METRICS, None)
+    if endpoint is not None:  # after the last record is written (pytest_sessionfinish)
+        endpoint.stop()
     restore = config.stash.get(_RESTORE_SIGTERM, None)
     if restore is not None:
         restore()

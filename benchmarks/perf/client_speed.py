@@ -288,14 +288,25 @@ class Clients:
         self.counter: Counter | None = None  # set while the zero-cost server runs
 
     def ours(
-        self, url: str, name: str, workload: dict[str, Any], processes: int = 1
+        self, url: str, name: str, workload: dict[str, Any], processes: int = 1,
+        env: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         result = self.out / f"ours-{name}.json"
         argv = [*PROFLLM, "bench", "--base-url", url, "--model", "m", "--tokenizer",
                 str(SIM_TOKENIZER), *workload_flags(workload), "--save-result",
                 "--result-dir", str(self.out), "--result-filename", result.name,
                 "--client-processes", str(processes)]
-        return run_client(argv, result, counter=self.counter, children=processes > 1)
+        return run_client(argv, result, env, counter=self.counter, children=processes > 1)
+
+    def ours_with_metrics(self, url: str, name: str, workload: dict[str, Any]) -> dict[str, Any]:
+        """Ours with --profllm-metrics-port's recording on (as in a pytest session, a case's
+        labels set), into a multiprocess folder of its own; the endpoint itself is not
+        scraped, as Prometheus would scrape it every few seconds."""
+        folder = self.out / "metrics"
+        folder.mkdir(exist_ok=True)
+        labels = json.dumps({"case": name, "suite": "client_speed", "server": "zero-cost"})
+        env = {**os.environ, "PROFLLM_METRICS_DIR": str(folder), "PROFLLM_METRICS_CASE": labels}
+        return self.ours(url, name, workload, env=env)
 
     def vllm(self, url: str, name: str, workload: dict[str, Any]) -> dict[str, Any] | None:
         if self.vllm_env is None:
@@ -313,12 +324,15 @@ class Clients:
 
 
 def speed(
-    clients: Clients, streams: list[int], messages: int, repeats: int, processes: int
+    clients: Clients, streams: list[int], messages: int, repeats: int, processes: int,
+    metrics: bool = False,
 ) -> None:
     print(f"\n(1) SSE messages/s consumed from a zero-cost server (~{messages} messages per run, "
           f"best of {repeats}, the clients taking turns), over the middle 90 % of the stream, and "
           "the client's CPU time per message there (sampled every 20 ms)")
     runs: list[tuple[str, Any]] = [("ours", clients.ours), ("vllm", clients.vllm)]
+    if metrics:  # --profllm-metrics-port's cost, taking turns with the plain run
+        runs.insert(1, ("ours+metrics", clients.ours_with_metrics))
     if processes > 1:
         def spread(url: str, name: str, workload: dict[str, Any]) -> dict[str, Any]:
             return clients.ours(url, name, workload, processes)
@@ -455,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="speed runs per client and size")
     parser.add_argument("--client-processes", type=int, default=2,
                         help="also run our client over this many processes (1: not)")
+    parser.add_argument("--metrics", action="store_true",
+                        help="also run ours with the client's Prometheus metrics on")
+    parser.add_argument("--no-parity", action="store_true", help="the speed part only")
     parser.add_argument("--parity-prompts", type=int, default=200)
     parser.add_argument("--parity-rate", type=float, default=20.0)
     args = parser.parse_args(argv)
@@ -470,7 +487,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="client-speed-") as out:
         clients = Clients(vllm_env, Path(out))
         streams = [int(n) for n in args.streams.split(",")]
-        speed(clients, streams, args.messages, args.repeats, args.client_processes)
+        speed(clients, streams, args.messages, args.repeats, args.client_processes,
+              args.metrics)
+        if args.no_parity:
+            return 0
         parity(clients, {
             "dataset_name": "random", "random_input_len": 128, "random_output_len": 64,
             "num_prompts": args.parity_prompts, "request_rate": args.parity_rate,

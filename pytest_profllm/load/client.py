@@ -26,6 +26,7 @@ import orjson
 
 from pytest_profllm.engine.secrets import bearer
 from pytest_profllm.hosts.descriptors import OUT_OF_DESCRIPTORS
+from pytest_profllm.load import client_metrics
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.http import StreamingClient
 from pytest_profllm.load.metrics import RequestOutcome
@@ -121,11 +122,19 @@ async def run_share(
     client = _client(settings, limit)
     send = pooling_request if settings.backend in POOLING_BACKENDS else stream_request
 
+    watch = client_metrics.recorder()  # None unless --profllm-metrics-port is on
+
     async def one(outcome: RequestOutcome, body: bytes, index: int) -> RequestOutcome:
         outcome.dispatch_time = time.perf_counter()
         async with semaphore:
             request_id = f"{settings.request_id_prefix}{index}"
-            return await send(client, path, body, outcome, settings, request_id)
+            if watch is None:
+                return await send(client, path, body, outcome, settings, request_id)
+            watch.sent(outcome, outcome.dispatch_time)
+            try:
+                return await send(client, path, body, outcome, settings, request_id)
+            finally:
+                watch.done(outcome)
 
     try:
         tasks = []

@@ -33,6 +33,7 @@ from pytest_profllm.hosts.processes import (
     process_tree,
     tagged_processes,
 )
+from pytest_profllm.load.client_metrics import without_session_metrics
 from pytest_profllm.server.launch import HOST
 
 LOG_TAIL_LINES = 50
@@ -143,7 +144,11 @@ class ServerProcess:
             self.started_at = time.time()
             self._process = subprocess.Popen(
                 self.argv,
-                env={**os.environ, **self.env, SERVER_ID_ENV: self._server_id},
+                env={
+                    **without_session_metrics(dict(os.environ)),
+                    **self.env,
+                    SERVER_ID_ENV: self._server_id,
+                },
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -20,6 +20,7 @@ from pytest_profllm.hosts.cores import LoadCores
 from pytest_profllm.hosts.descriptors import raise_open_file_limit
 from pytest_profllm.hosts.nvml import GpuBusy
 from pytest_profllm.hosts.pool import HostPool, LeaseTimeout
+from pytest_profllm.load import client_metrics
 from pytest_profllm.load.accuracy import lm_eval_missing
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.offline.runner import run_offline
@@ -209,25 +210,10 @@ class WorkerSession:
             outcome.skip_reason = reason
             outcome.finished_at = time.time()
             pytest.skip(reason)
+        labels = client_metrics.CaseLabels(case.case_id, case.suite, case.server_label)
         try:
-            if virtual:  # no server: the engine model runs in this process
-                run = run_virtual_capacity if case.kind == "capacity" else run_virtual_case
-                return run(case, outcome, self.settings.sim_device, self.settings.sim_profile)
-            if case.kind == "capacity":
-                return run_capacity(
-                    case, self.servers, outcome, self.settings.max_schedule_lag_ms,
-                    self.settings.remeasure, self.remeasuring,
-                )
-            if case.kind == "accuracy":
-                return run_accuracy(case, self.servers, outcome)
-            if case.kind != "serve":
-                return run_offline(case, self.servers, outcome)
-            return run_case(
-                case, self.servers, outcome, self.settings.max_schedule_lag_ms,
-                self.settings.remeasure,
-                max_client_overhead_ms=self.settings.max_client_overhead_ms,
-                budget=self.remeasuring,
-            )
+            with client_metrics.running(labels):
+                return self._run(case, outcome, virtual)
         except BaseException as error:
             outcome.error = str(error).splitlines()[0] if str(error) else type(error).__name__
             outcome.finished_at = time.time()
@@ -235,6 +221,27 @@ class WorkerSession:
         finally:
             # Also a case that failed after its load was measured says whether it saturated.
             self.saturation.note(case, outcome.results, outcome.series)
+
+    def _run(self, case: Case, outcome: CaseOutcome, virtual: bool) -> CaseOutcome:
+        """The case run by its kind, in this process or on the virtual clock."""
+        if virtual:  # no server: the engine model runs in this process
+            run = run_virtual_capacity if case.kind == "capacity" else run_virtual_case
+            return run(case, outcome, self.settings.sim_device, self.settings.sim_profile)
+        if case.kind == "capacity":
+            return run_capacity(
+                case, self.servers, outcome, self.settings.max_schedule_lag_ms,
+                self.settings.remeasure, self.remeasuring,
+            )
+        if case.kind == "accuracy":
+            return run_accuracy(case, self.servers, outcome)
+        if case.kind != "serve":
+            return run_offline(case, self.servers, outcome)
+        return run_case(
+            case, self.servers, outcome, self.settings.max_schedule_lag_ms,
+            self.settings.remeasure,
+            max_client_overhead_ms=self.settings.max_client_overhead_ms,
+            budget=self.remeasuring,
+        )
 
     def started_record(self, case: Case, nodeid: str) -> dict[str, Any]:
         """The record of this case if it never finishes: `error`, its reason filled in later."""

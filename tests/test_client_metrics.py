@@ -1,0 +1,212 @@
+"""The client's own Prometheus metrics (issue 54, `--profllm-metrics-port`): one endpoint for
+the session, fed by every xdist worker, whose counters at the end of a case equal its record.
+Shown on the simulated engine at -n 2, scraped from a hook after the last record is written
+and before the session ends."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import records as records_in
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import Histogram
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import sim_processes
+from pytest_profllm.load import client_metrics
+from pytest_profllm.options import parse_metrics_port
+
+SUITE = """
+server:
+  model: Qwen/Qwen3-0.6B
+  seed: [0, 1]
+benchmark:
+  num_prompts: 6
+  random_input_len: 16
+  random_output_len: 8
+  max_concurrency: 2
+thresholds:
+  failed: {max: 1}
+"""
+# After the last record is written (the controller writes each as its case ends), before
+# the endpoint stops (pytest_unconfigure).
+SCRAPE_HOOK = """
+import urllib.request
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    port = session.config.getoption("profllm_metrics_port")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        open("scrape.txt", "wb").write(answer.read())
+"""
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def _ports(offset: int) -> tuple[str, int]:
+    # Below the ranges conftest.py hands out (from PROFLLM_TEST_PORT_BASE up).
+    base = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) - 800 + offset
+    return f"{base}-{base + 49}", base + 60
+
+
+@pytest.fixture(scope="module")
+def scraped(
+    tmp_path_factory: pytest.TempPathFactory, worker_id: str, test_pool_dir: Path
+) -> Iterator[tuple[Samples, dict[int, dict[str, Any]], set[tuple[str, str, tuple[str, ...]]]]]:
+    folder = tmp_path_factory.mktemp("client_metrics")
+    (folder / "bench_metrics.yaml").write_text(SUITE)
+    (folder / "conftest.py").write_text(SCRAPE_HOOK)
+    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
+    ports, metrics_port = _ports(worker * 100)
+    env = {
+        **os.environ,
+        "PROFLLM_SIM_FAULTS": "close_request=3@seed=1",  # one failed request in one case
+        "PROFLLM_POOL_DIR": str(test_pool_dir),
+    }
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
+            f"--profllm-ports={ports}", "--profllm-out=results",
+            f"--profllm-metrics-port={metrics_port}", "--profllm-max-schedule-lag=1000"]
+    try:
+        done = subprocess.run(
+            argv, cwd=folder, env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+    finally:
+        leaked = sim_processes(ports)
+        for process in leaked:
+            process.kill()
+    assert not leaked, "a server outlived the run"
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    samples: Samples = {}
+    families = set()
+    for family in text_string_to_metric_families((folder / "scrape.txt").read_text()):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+            labels = tuple(sorted(k for k in sample.labels if k != "le"))
+            families.add((family.name, family.type, labels))
+    records = {r["config"]["server"]["seed"]: r for r in records_in(folder / "results")}
+    # The endpoint stopped with the session.
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", metrics_port), timeout=2).close()
+    yield samples, records, families
+
+
+def _value(samples: Samples, name: str, case: str, **labels: str) -> float:
+    return sum(
+        value
+        for found, value in samples.get(name, [])
+        if found.get("case") == case and all(found.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_a_cases_counters_equal_its_record(scraped: Any) -> None:
+    samples, records, _ = scraped
+    assert set(records) == {0, 1}
+    for record in records.values():
+        case, results = record["case_id"], record["results"]
+        assert _value(samples, "profllm_client_requests_completed_total", case) == (
+            results["completed"]
+        )
+        assert _value(samples, "profllm_client_requests_failed_total", case) == results["failed"]
+        assert _value(samples, "profllm_client_requests_sent_total", case) == (
+            results["completed"] + results["failed"]
+        )
+        assert _value(samples, "profllm_client_input_tokens_total", case) == (
+            results["total_input_tokens"]
+        )
+        assert _value(samples, "profllm_client_output_tokens_total", case) == (
+            results["total_output_tokens"]
+        )
+        assert _value(samples, "profllm_client_time_to_first_token_seconds_count", case) == (
+            results["completed"]
+        )
+        assert _value(samples, "profllm_client_requests_in_flight", case) == 0
+    # The faulty case's failure is counted under a reason.
+    assert records[1]["results"]["failed"] == 1
+    failed = [
+        labels for labels, value in samples["profllm_client_requests_failed_total"] if value
+    ]
+    assert [labels["case"] for labels in failed] == [records[1]["case_id"]]
+    assert failed[0]["reason"]
+
+
+def test_the_endpoints_names_and_labels(scraped: Any) -> None:
+    _, records, families = scraped
+    case_labels = ("case", "server", "suite")
+    expected = {
+        ("profllm_client_requests_sent", "counter", case_labels),
+        ("profllm_client_requests_completed", "counter", case_labels),
+        ("profllm_client_requests_failed", "counter", ("case", "reason", "server", "suite")),
+        ("profllm_client_input_tokens", "counter", case_labels),
+        ("profllm_client_output_tokens", "counter", case_labels),
+        ("profllm_client_requests_in_flight", "gauge", case_labels),
+        ("profllm_client_schedule_lag_seconds", "gauge", case_labels),
+        ("profllm_case_stage", "gauge", ("case", "server", "stage", "suite")),
+        ("profllm_client_time_to_first_token_seconds", "histogram", case_labels),
+        ("profllm_client_time_per_output_token_seconds", "histogram", case_labels),
+        ("profllm_client_inter_token_latency_seconds", "histogram", case_labels),
+        ("profllm_client_e2e_request_latency_seconds", "histogram", case_labels),
+    }
+    assert expected <= families
+    samples = scraped[0]
+    record = records[0]
+    labels = {k: v for k, v in samples["profllm_client_requests_sent_total"][0][0].items()}
+    assert labels["suite"] == record["suite"]
+    # vLLM's TTFT bounds, from 1 ms to 2560 s.
+    bounds = {
+        found["le"] for found, _ in samples["profllm_client_time_to_first_token_seconds_bucket"]
+    }
+    assert {"0.001", "2560.0", "+Inf"} <= bounds and len(bounds) == 23
+    # A finished case is in no stage.
+    assert all(value == 0 for _, value in samples["profllm_case_stage"])
+
+
+def test_a_taken_metrics_port_is_one_line(tmp_path: Path, test_pool_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+             f"--profllm-metrics-port={port}"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+            env={**os.environ, "PROFLLM_POOL_DIR": str(test_pool_dir)},
+        )
+    assert done.returncode == 4  # pytest's usage error
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, done.stderr
+    assert str(port) in errors[0] and "--profllm-metrics-port" in errors[0]
+    assert "Traceback" not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("text", ["0", "65536", "http", "-1", ""])
+def test_a_metrics_port_out_of_range_is_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="--profllm-metrics-port"):
+        parse_metrics_port(text)
+
+
+def test_a_metrics_port_parses() -> None:
+    assert parse_metrics_port(" 9400 ") == 9400
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=0, max_value=1e5, allow_nan=False), max_size=300))
+def test_a_requests_itls_land_in_the_buckets_observe_puts_them_in(samples: list[float]) -> None:
+    """The per-request binning (one write per bucket) agrees with one observe() per sample."""
+    bounds = client_metrics.INTER_TOKEN_LATENCY_BUCKETS
+    one_by_one = Histogram("one_by_one", "", registry=None, buckets=bounds)
+    binned = Histogram("binned", "", registry=None, buckets=bounds)
+    for sample in samples:
+        one_by_one.observe(sample)
+    client_metrics._observe_many(binned, samples)
+    assert [b.get() for b in binned._buckets] == [b.get() for b in one_by_one._buckets]
+    assert binned._sum.get() == pytest.approx(one_by_one._sum.get())
