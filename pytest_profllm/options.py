@@ -451,6 +451,8 @@ def add_options(parser: pytest.Parser) -> None:
         "profllm_max_client_overhead",
         "limit on the client's mean TTFT over the server's, milliseconds",
         default=f"{DEFAULT_MAX_CLIENT_OVERHEAD_MS:g}",
+    )
+    parser.addini(
         "profllm_metrics_port", "port of the client's own /metrics (default: off)", default=None
     )
     parser.addini(
