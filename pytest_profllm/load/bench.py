@@ -203,7 +203,10 @@ def measure(
     )
     summary.update(metrics.multimodal_summary(load.outcomes))
     if config.max_concurrency:
-        summary.update(steady_figures(load.outcomes, config.max_concurrency))
+        steady = steady_figures(load.outcomes, config.max_concurrency)
+        # A pooling request is one response: no token stream, so no TTFT or TPOT (as above).
+        summary.update({k: v for k, v in steady.items()
+                        if not (config.is_pooling and k.endswith(("_ttft_ms", "_tpot_ms")))})
     health = metrics.client_health(
         load.outcomes,
         load.intended_offsets,

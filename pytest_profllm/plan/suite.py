@@ -477,7 +477,8 @@ class BenchmarkConfig(BaseModel):
         if self.dataset_name in MEDIA_DATASETS:
             names += metric_names.MULTIMODAL_RESULTS
         if self.max_concurrency:  # a closed loop has a steady state
-            names += metric_names.STEADY_RESULTS
+            names += [n for n in metric_names.STEADY_RESULTS
+                      if not (self.is_pooling and n.endswith(("_ttft_ms", "_tpot_ms")))]
         return names + list(metric_names.CLIENT_HEALTH_KEYS)
 
 

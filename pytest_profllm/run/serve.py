@@ -102,7 +102,9 @@ def run_case(
                 view, outcome.server_view = load_view(*outcome.server_window, results)
                 # The server's figures are system figures (`system_server_*` columns, beside
                 # its cache's); what the client added is a metric a threshold may name.
-                results.update({key: view.pop(key) for key in OVERHEAD_KEYS})
+                # Only where there is one: a pooling load has no TTFT, hence no TTFT overhead.
+                overheads = {key: view.pop(key) for key in OVERHEAD_KEYS}
+                results.update({k: v for k, v in overheads.items() if v is not None})
                 outcome.telemetry.update(view)
                 reasons = invalid_reasons(
                     load, bench, health, max_schedule_lag_ms, outcome.server_window, own_hits
