@@ -3,7 +3,6 @@ requests in flight stay at or above 95 % of max_concurrency, and its figures."""
 
 from __future__ import annotations
 
-import itertools
 import sqlite3
 
 import pytest
@@ -67,9 +66,22 @@ def test_a_failed_request_in_the_window_is_not_counted() -> None:
         1 for o in load if o.success and o.start_time >= 0.1 and o.end_time <= 4.0)
 
 
+def test_the_handovers_of_a_closed_loop_do_not_end_its_steady_state() -> None:
+    # Each stream sends its next request 1 ms after one ends, as a real client does: 16 in
+    # flight dips to 15 at every handover, and the steady state still runs from the ramp-up's
+    # end to the drain's start.
+    load = [outcome(s * 0.01 + r * 1.001, s * 0.01 + r * 1.001 + 1.0)
+            for s in range(16) for r in range(4)]
+    start, end = steady_window(load, 16) or (0.0, 0.0)
+    # From the 16th stream's first send to the first stream's last end.
+    assert start == 0.15 and abs(end - 4.003) < 1e-9
+    # The middle rounds whole, and one request of each edge round.
+    assert steady_figures(load, 16)["steady_completed"] == 1 + 32 + 1
+
+
 @given(st.lists(st.tuples(st.floats(0, 100), st.floats(0.001, 10)), min_size=1, max_size=60),
        st.integers(1, 16))
-def test_the_window_holds_the_floor_throughout_and_its_requests_lie_inside(
+def test_the_window_runs_from_the_first_fill_to_the_last_fall_and_counts_whats_inside(
     spans: list[tuple[float, float]], concurrency: int
 ) -> None:
     load = [outcome(start, start + length) for start, length in spans]
@@ -80,12 +92,14 @@ def test_the_window_holds_the_floor_throughout_and_its_requests_lie_inside(
         return
     start, end = window
     floor = -(-95 * concurrency // 100)
-    # In flight at every instant strictly inside the window (checked at each event between).
-    instants = sorted({start, end, *(o.start_time for o in load), *(o.end_time for o in load)})
-    for left, right in itertools.pairwise(instants):
-        if start <= left and right <= end:
-            middle = (left + right) / 2
-            assert sum(o.start_time <= middle < o.end_time for o in load) >= floor
+
+    def in_flight(at: float) -> int:
+        return sum(o.start_time <= at < o.end_time for o in load)
+
+    # Never at the floor before the window, nor after it; at it as the window opens.
+    instants = sorted({*(o.start_time for o in load), *(o.end_time for o in load)})
+    assert all(in_flight(at) < floor for at in instants if at < start or at >= end)
+    assert in_flight(start) >= floor
     inside = [o for o in load if start <= o.start_time and o.end_time <= end]
     assert figures["steady_completed"] == len(inside)
     assert figures["steady_duration_s"] == end - start

@@ -5,7 +5,7 @@ does when it is as loaded as the load asks; the whole run's figures mix in the e
 fewer requests share the engine.
 
 A request belongs to the window when it started and ended inside it, so every request counted
-was served under the window's load. The window is the longest such stretch of the run.
+was served under the window's load.
 """
 
 from __future__ import annotations
@@ -25,26 +25,29 @@ def steady_window(
     outcomes: Sequence[RequestOutcome], max_concurrency: int,
     threshold: float = STEADY_STATE_THRESHOLD,
 ) -> tuple[float, float] | None:
-    """The longest stretch [start, end] in which at least `threshold` x `max_concurrency`
-    requests were in flight; None where the load never got there."""
+    """From the moment `threshold` x `max_concurrency` requests are first in flight (the
+    ramp-up's end) to the moment they last fall below it (the drain's start); None where the
+    load never got there. A closed loop sends its next request a moment after one ends: the
+    dips of those handovers inside the window are part of the steady state, not its end."""
     floor = max(1, math.ceil(threshold * max_concurrency))
-    # At one instant, starts before ends: a closed loop sends the next request as one ends,
-    # and that handover is no dip in the load.
+    # At one instant, starts before ends: a handover at one instant is no dip at all.
     events = sorted(
         [(o.start_time, 0) for o in outcomes if o.sent]
         + [(o.end_time, 1) for o in outcomes if o.sent]
     )
-    best: tuple[float, float] | None = None
-    in_flight, since = 0, None
+    first: float | None = None
+    last: float | None = None
+    in_flight = 0
     for time, kind in events:
+        was = in_flight
         in_flight += 1 if kind == 0 else -1
-        if in_flight >= floor and since is None:
-            since = time
-        elif in_flight < floor and since is not None:
-            if best is None or time - since > best[1] - best[0]:
-                best = (since, time)
-            since = None
-    return best if best is not None and best[1] > best[0] else None
+        if in_flight >= floor and first is None:
+            first = time
+        if was >= floor > in_flight:
+            last = time
+    if first is None or last is None or last <= first:
+        return None
+    return first, last
 
 
 def steady_figures(

@@ -63,8 +63,8 @@ MULTIMODAL_RESULTS = (
     "mean_mm_audio_s_per_request",
 )
 
-# A closed-loop load's steady state (load/steady_state.py): the window where the requests in
-# flight stay at or above 95 % of max_concurrency, its length, requests and figures.
+# A closed-loop load's steady state (load/steady_state.py): from the ramp-up's end (95 % of
+# max_concurrency in flight) to the drain's start, its length, requests and figures.
 STEADY_RESULTS = (
     "steady_duration_s",
     "steady_completed",
