@@ -195,8 +195,10 @@ time.sleep(30)
 """
 
 
-def test_a_servers_every_process_and_thread_runs_on_its_cores() -> None:
-    core = usable_cores()[-1]
+@pytest.fixture
+def server_tree() -> Iterator[psutil.Process]:
+    """SERVER_TREE running in its own process group (its root), killed whatever the test
+    does."""
     server = subprocess.Popen(
         [sys.executable, "-c", SERVER_TREE], stdout=subprocess.PIPE, start_new_session=True
     )
@@ -205,23 +207,34 @@ def test_a_servers_every_process_and_thread_runs_on_its_cores() -> None:
         ready, _, _ = select.select([server.stdout], [], [], 15)
         assert ready and server.stdout.readline().strip() == b"up"
         root = psutil.Process(server.pid)
-        tree = [root, *root.children(recursive=True)]
-        threads = [t.id for p in tree for t in p.threads()]
-        assert len(tree) == 2 and len(threads) >= 3
-        before = {thread: os.sched_getaffinity(thread) for thread in threads}
-        with tree_on(server.pid, [core]):
-            assert {thread: os.sched_getaffinity(thread) for thread in threads} == {
-                thread: {core} for thread in threads
-            }
-        assert {thread: os.sched_getaffinity(thread) for thread in threads} == before
-        with tree_on(None, [core]), tree_on(server.pid, []):
-            assert {thread: os.sched_getaffinity(thread) for thread in threads} == before
+        assert len(root.children(recursive=True)) == 1
+        yield root
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGKILL)
         server.wait(timeout=10)
         if server.stdout is not None:
             server.stdout.close()
+
+
+def _threads(root: psutil.Process) -> list[int]:
+    return [t.id for p in [root, *root.children(recursive=True)] for t in p.threads()]
+
+
+def test_a_servers_every_process_and_thread_runs_on_its_cores(
+    server_tree: psutil.Process,
+) -> None:
+    core = usable_cores()[-1]
+    threads = _threads(server_tree)
+    assert len(threads) >= 3
+    before = {thread: os.sched_getaffinity(thread) for thread in threads}
+    with tree_on(server_tree.pid, [core]):
+        assert {thread: os.sched_getaffinity(thread) for thread in threads} == {
+            thread: {core} for thread in threads
+        }
+    assert {thread: os.sched_getaffinity(thread) for thread in threads} == before
+    with tree_on(None, [core]), tree_on(server_tree.pid, []):
+        assert {thread: os.sched_getaffinity(thread) for thread in threads} == before
 
 
 def _cpus_allowed(pid: int) -> set[int]:
@@ -236,36 +249,24 @@ def _cpus_allowed(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(len(usable_cores()) < 2, reason="needs two usable cores")
-def test_every_process_of_a_vllm_server_keeps_off_the_clients_core() -> None:
+def test_every_process_of_a_vllm_server_keeps_off_the_clients_core(
+    server_tree: psutil.Process,
+) -> None:
     # vLLM binds its CPU workers' threads itself; its API server and engine core were left on
     # every core, the client's too (issue 51). A thread bound elsewhere keeps its bind.
     client, *rest = usable_cores()
-    server = subprocess.Popen(
-        [sys.executable, "-c", SERVER_TREE], stdout=subprocess.PIPE, start_new_session=True
-    )
-    try:
-        assert server.stdout is not None
-        ready, _, _ = select.select([server.stdout], [], [], 15)
-        assert ready and server.stdout.readline().strip() == b"up"
-        root = psutil.Process(server.pid)
-        tree = [root, *root.children(recursive=True)]
-        threads = [t.id for p in tree for t in p.threads()]
-        assert all(client in _cpus_allowed(p.pid) for p in tree)
-        bound = next(t.id for t in root.threads() if t.id != root.pid)
-        os.sched_setaffinity(bound, {rest[-1]})  # as vLLM binds an OMP thread
-        before = {thread: os.sched_getaffinity(thread) for thread in threads}
-        with tree_off(server.pid, [client]):
-            assert all(client not in _cpus_allowed(p.pid) for p in tree)
-            after = {thread: os.sched_getaffinity(thread) for thread in threads}
-            assert all(client not in cores for cores in after.values())
-            assert after[bound] == {rest[-1]}
-        assert {thread: os.sched_getaffinity(thread) for thread in threads} == before
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=10)
-        if server.stdout is not None:
-            server.stdout.close()
+    tree = [server_tree, *server_tree.children(recursive=True)]
+    threads = _threads(server_tree)
+    assert all(client in _cpus_allowed(p.pid) for p in tree)
+    bound = next(t.id for t in server_tree.threads() if t.id != server_tree.pid)
+    os.sched_setaffinity(bound, {rest[-1]})  # as vLLM binds an OMP thread
+    before = {thread: os.sched_getaffinity(thread) for thread in threads}
+    with tree_off(server_tree.pid, [client]):
+        assert all(client not in _cpus_allowed(p.pid) for p in tree)
+        after = {thread: os.sched_getaffinity(thread) for thread in threads}
+        assert all(client not in cores for cores in after.values())
+        assert after[bound] == {rest[-1]}
+    assert {thread: os.sched_getaffinity(thread) for thread in threads} == before
 
 
 def test_the_summary_adds_up_the_loads_waits(tmp_path: Path) -> None:

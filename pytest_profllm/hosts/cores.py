@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,24 +130,9 @@ def tree_on(pid: int | None, cores: Sequence[int]) -> Iterator[None]:
     process's affinity is its threads': sched_setaffinity's pid is one thread); each still
     there gets its own affinity back after. One that ends meanwhile is passed over: the
     server's own checks say when it is gone."""
-    pinned: list[tuple[Path, int, set[int]]] = []
-    if cores and pid is not None:
-        for process in process_tree(pid):
-            with contextlib.suppress(psutil.Error):
-                for thread in process.threads():
-                    with contextlib.suppress(OSError):
-                        before = os.sched_getaffinity(thread.id)
-                        os.sched_setaffinity(thread.id, cores)
-                        task = Path(f"/proc/{process.pid}/task/{thread.id}")
-                        pinned.append((task, thread.id, before))
-    try:
+    wanted = set(cores)
+    with _threads_moved(pid if cores else None, lambda before: wanted):
         yield
-    finally:
-        for task, thread_id, before in pinned:
-            # Only while it is still that process's thread: an ended thread's id may be reused.
-            if task.exists():
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(thread_id, before)
 
 
 @contextlib.contextmanager
@@ -158,23 +143,39 @@ def tree_off(pid: int | None, client: Sequence[int]) -> Iterator[None]:
     vLLM's own per-thread binds (VLLM_CPU_OMP_THREADS_BIND) stay as vLLM set them; its
     API server and engine core, which vLLM does not bind, are the ones moved. Each moved
     thread still there gets its affinity back after."""
-    moved: list[tuple[Path, int, set[int]]] = []
     avoid = set(client)
-    if avoid and pid is not None:
+
+    def off(before: set[int]) -> set[int] | None:
+        rest = before - avoid
+        return rest if rest and rest != before else None
+
+    with _threads_moved(pid if avoid else None, off):
+        yield
+
+
+@contextlib.contextmanager
+def _threads_moved(
+    pid: int | None, affinity: Callable[[set[int]], set[int] | None]
+) -> Iterator[None]:
+    """Each thread of the process tree gets `affinity(its own)` for the block (None: left
+    as it is), and its own back after, while it is still that process's thread."""
+    moved: list[tuple[Path, int, set[int]]] = []
+    if pid is not None:
         for process in process_tree(pid):
             with contextlib.suppress(psutil.Error):
                 for thread in process.threads():
                     with contextlib.suppress(OSError):
                         before = os.sched_getaffinity(thread.id)
-                        rest = before - avoid
-                        if rest and rest != before:
-                            os.sched_setaffinity(thread.id, rest)
+                        after = affinity(before)
+                        if after is not None:
+                            os.sched_setaffinity(thread.id, after)
                             task = Path(f"/proc/{process.pid}/task/{thread.id}")
                             moved.append((task, thread.id, before))
     try:
         yield
     finally:
         for task, thread_id, before in moved:
+            # Only while it is still that process's thread: an ended thread's id may be reused.
             if task.exists():
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(thread_id, before)
