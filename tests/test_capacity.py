@@ -120,6 +120,55 @@ def test_failed_requests_and_a_late_client_never_meet() -> None:
     assert decision != "meets" and reason is not None and "client fell behind" in reason
 
 
+def busy_host(run, above: float):  # type: ignore[no-untyped-def]
+    """`run` on a host that holds the client back at loads above `above`: those runs fall
+    behind, and their TTFTs carry the client's own delay."""
+
+    def probe(load: float, count: int, seed: int) -> ProbeSamples:
+        samples: ProbeSamples = run(load, count, seed)
+        if load > above:
+            samples.fell_behind = "client fell behind: p99 schedule lag 22.3 ms is over 10 ms"
+            samples.latencies["ttft"] = samples.latencies["ttft"] + 500.0
+        return samples
+
+    return probe
+
+
+def test_a_search_the_host_bounded_is_invalid_naming_the_host() -> None:
+    slos = slos_of({"p90_ttft_ms": 400.0})
+    settings = CapacitySearch(low=1, high=64)
+    quiet = search(queue_probe(40.0), slos, settings, 100, clock=lambda: 0.0)
+    assert quiet.capacity is not None and quiet.invalid_reason() is None
+    # The host holds the client back well below what the server carries: the search stops
+    # where the host did, and says so, whatever it found.
+    busy = search(busy_host(queue_probe(40.0), above=9.0), slos, settings, 100,
+                  clock=lambda: 0.0)
+    assert busy.capacity is not None and busy.capacity < quiet.capacity
+    reason = busy.invalid_reason()
+    assert reason is not None and reason.startswith("the host limited the capacity search")
+    assert "client fell behind" in reason and busy.describe() == reason
+    bounding = next(p for p in busy.probes if p.load == busy.high)
+    assert bounding.host is not None and bounding.as_record()["host"] == bounding.host
+
+
+def test_a_search_the_host_kept_from_any_capacity_is_invalid_not_none_found() -> None:
+    # Every probe unsure because the client fell behind (the issue's 32-sequence case): no
+    # capacity, and the reason is the host's, not the server's.
+    busy = search(busy_host(queue_probe(40.0), above=0.0), slos_of({"p90_ttft_ms": 400.0}),
+                  CapacitySearch(low=1, high=64), 100, clock=lambda: 0.0)
+    assert busy.capacity is None
+    reason = busy.invalid_reason()
+    assert reason is not None and "no capacity was bounded by the probe at 1 req/s" in reason
+
+
+def test_a_late_client_below_the_bound_does_not_void_the_search() -> None:
+    # The host fell behind only at loads the search did not end on (below the capacity, all
+    # re-measured until they met, here: none): the bound is the server's.
+    found = search(busy_host(queue_probe(40.0), above=1e9), slos_of({"p90_ttft_ms": 400.0}),
+                   CapacitySearch(low=1, high=64), 100, clock=lambda: 0.0)
+    assert found.high is not None and found.invalid_reason() is None
+
+
 def test_the_goodput_ratio_is_judged_on_its_binomial_interval() -> None:
     slos = [Slo("goodput_ratio", 0.9)]
     good = np.ones(500, dtype=bool)

@@ -120,3 +120,22 @@ def test_a_slowed_simulator_lowers_the_capacity_and_the_gate_says_regressed(
     assert verdict["metric"] == "capacity" and verdict["verdict"] == "regressed"
     assert verdict["ci_high"] < -0.10
     slow.stdout.fnmatch_lines(["*capacity regressed*"])
+
+
+def test_a_search_the_host_held_back_is_invalid_never_failed(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    # No client sends within a microsecond of its schedule: every probe falls behind, as on a
+    # host kept busy, and none is measured again. Before, the search found no capacity and the
+    # case failed its threshold (`capacity = missing < min 4`) with a valid badge.
+    suite = SUITE.replace("[2, 8]", "4").replace(
+        "low: 4, high: 200, precision: 25%", "low: 16, high: 64, precision: 90%")
+    pytester.makefile(".yaml", bench_cap=suite)
+    result = run_suites(pytester, ports, "--profllm-max-schedule-lag=0.001",
+                        "--profllm-remeasure=0", cache=False)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*invalid measurement: the host limited the capacity search*"])
+    (record,) = run_records(pytester)
+    assert record["status"] == "invalid" and record["validity"] == "invalid"
+    assert "client fell behind" in record["message"]
+    assert all(probe["host"] for probe in record["capacity"]["probes"])

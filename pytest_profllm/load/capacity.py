@@ -192,6 +192,9 @@ class Probe:
     decision: Decision
     reason: str | None
     readings: list[SloReading] = field(default_factory=list)
+    # Why the host may have made this probe's figures: its runs stayed invalid for the host's
+    # sake (the client or the simulated engine fell behind) after every run again.
+    host: str | None = None
 
     def as_record(self) -> dict[str, Any]:
         return asdict(self)
@@ -296,11 +299,36 @@ class CapacityResult:
         search), or None."""
         return None if self.recheck is None else self.recheck.changed(self.over)
 
+    def host_limited(self) -> str | None:
+        """Why the capacity found is the host's, not the server's, or None: the probe that
+        bounded the search from above (the lowest load that did not meet; where none met, the
+        lowest probed) ran while the host held the client or the simulated engine back. Its
+        miss, or its doubt, then says nothing of the server: a busy client sends late and reads
+        late, so a server that carries the load can look as though it did not."""
+        if self.high is None:
+            return None  # nothing bounded it: the highest load searched met
+        bounding = [probe for probe in self.probes if probe.load == self.high]
+        if not bounding or bounding[-1].host is None:
+            return None
+        probe = bounding[-1]
+        unit = _unit(self.over)
+        found = ("no capacity" if self.capacity is None
+                 else f"the capacity {_load(self.capacity)} {unit}")
+        return (
+            f"the host limited the capacity search: {found} was bounded by the probe at "
+            f"{_load(probe.load)} {unit} ({probe.decision}), where the {probe.host}"
+        )
+
+    def invalid_reason(self) -> str | None:
+        """Why the capacity found is no measurement of the server, or None: the server
+        changed during the search, or the host bounded it."""
+        return self.changed() or self.host_limited()
+
     def describe(self) -> str:
         """One line for the terminal: the capacity, its bracket, what limits it."""
         unit = _unit(self.over)
-        if (changed := self.changed()) is not None:
-            return changed
+        if (invalid := self.invalid_reason()) is not None:
+            return invalid
         checked = "" if self.recheck is None else f"; re-check {self.recheck.probe.decision}"
         if self.capacity is None:
             return (
@@ -514,6 +542,7 @@ def _probe_of(
         decision=decision,
         reason=reason,
         readings=readings,
+        host=samples.fell_behind,
     )
 
 
@@ -855,9 +884,9 @@ def search_server(
     result["capacity_search"] = found.as_record()
     result["prefix_cache"] = "; ".join(sorted(probes.cache_states))
     result["prompt_seed"] = config.seed
-    if (changed := found.changed()) is not None:
+    if (invalid := found.invalid_reason()) is not None:
         # As `profllm bench` says of a load the client set the pace of: ingested, invalid.
-        result["verdict"], result["invalid_reason"] = "invalid", changed
+        result["verdict"], result["invalid_reason"] = "invalid", invalid
     for key in DETAILED_KEYS:
         result.pop(key, None)
     return ServerSearch(found, result, load)

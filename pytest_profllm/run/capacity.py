@@ -86,10 +86,11 @@ def run_capacity(
         probe["remeasured"] = probes.remeasured.get(probe["load"], [])
     if outcome.capacity["recheck"] is not None:
         outcome.capacity["recheck"]["remeasured"] = probes.recheck_remeasured
-    if (changed := found.changed()) is not None:
-        # The number is kept in the record, as any invalid measurement's figures, for the run
-        # page; it counts for nothing (no gate, no baseline, no history).
-        outcome.invalid_reason = "; ".join(filter(None, (outcome.invalid_reason, changed)))
+    if (invalid := found.invalid_reason()) is not None:
+        # The server changed during the search, or the host bounded it. The number is kept in
+        # the record, as any invalid measurement's figures, for the run page; it counts for
+        # nothing (no gate, no baseline, no history).
+        outcome.invalid_reason = "; ".join(filter(None, (outcome.invalid_reason, invalid)))
     outcome.prefix_cache = "; ".join(sorted(probes.cache_states)) or None
     # Each run of a probe has a /metrics window of its own, with the cache emptied between
     # them: the probe's pooled figures have no one window to set beside.
