@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,10 @@ from pytest_profllm.engine.choice import EngineChoice
 from pytest_profllm.hosts import cores as cores_module
 from pytest_profllm.hosts.cores import CoreLease, LoadCores, thread_on, tree_off, tree_on
 from pytest_profllm.hosts.devices import usable_cores
-from pytest_profllm.hosts.pool import LeaseTimeout, make_pool
+from pytest_profllm.hosts.pool import Lease, LeaseTimeout, make_pool
 from pytest_profllm.options import Settings
+from pytest_profllm.run.outcome import client_core_shared
+from pytest_profllm.server.process import ServerProcess
 from pytest_profllm.session.controller import ControllerSession
 from pytest_profllm.session.identity import RunIdentity
 from pytest_profllm.session.report import summary_lines
@@ -267,6 +270,56 @@ def test_every_process_of_a_vllm_server_keeps_off_the_clients_core(
         assert all(client not in cores for cores in after.values())
         assert after[bound] == {rest[-1]}
     assert {thread: os.sched_getaffinity(thread) for thread in threads} == before
+
+
+@pytest.mark.skipif(len(usable_cores()) < 2, reason="needs two usable cores")
+def test_a_vllm_server_on_cpu_starts_pinned_to_its_core_sets(tmp_path: Path) -> None:
+    # Pinned at launch, before vLLM's code runs: its API server and engine core, and every
+    # process and thread they start later (which a pin during the load alone would miss
+    # until the next load), never run on the client's core.
+    client, *rest = usable_cores()
+    core_set = f"{rest[0]}-{rest[-1]}" if len(rest) > 1 else str(rest[0])
+    lease = Lease(gpus=(core_set,), gpu_uuids=(), port=1, internal_port=2, wait_s=0.0)
+    server = ServerProcess(key="k", label="l", engine="vllm", argv=[sys.executable, "-c",
+                           SERVER_TREE], env={}, log_path=tmp_path / "server.log", lease=lease,
+                           device="cpu")
+    server.start()
+    try:
+        assert server.pid is not None
+        log = tmp_path / "server.log"
+        for _ in range(150):  # bounded: 15 s for its "up"
+            if "up" in log.read_text().splitlines():
+                break
+            time.sleep(0.1)
+        tree = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+        assert all(_cpus_allowed(p.pid) == set(rest) for p in tree)
+        assert all(client not in os.sched_getaffinity(t) for t in _threads(tree[0]))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid or 0, signal.SIGKILL)
+        assert server._process is not None
+        server._process.wait(timeout=10)
+    # The simulator is not pinned at its start: a load pins it to the core it leases.
+    sim = ServerProcess(key="k", label="l", engine="sim", argv=[], env={},
+                        log_path=tmp_path / "sim.log", lease=lease, device="cpu")
+    assert sim.launch_cores() == set()
+
+
+def test_the_record_says_when_the_client_had_no_core_of_its_own() -> None:
+    lease = Lease(gpus=("1",), gpu_uuids=(), port=1, internal_port=2, wait_s=0.0)
+    vllm = ServerProcess(key="k", label="l", engine="vllm", argv=[], env={},
+                         log_path=Path("x.log"), lease=lease, device="cpu")
+    sim = ServerProcess(key="k", label="l", engine="sim", argv=[], env={},
+                        log_path=Path("x.log"), lease=lease, device="gpu")
+    assert client_core_shared(vllm, CoreLease((0,), (), 0.0)) is None
+    assert client_core_shared(sim, CoreLease((0,), (1,), 0.0)) is None
+    assert client_core_shared(sim, None) is None  # no load ran
+    off = client_core_shared(vllm, CoreLease((), (), 0.0))
+    assert off is not None and "--profllm-no-load-cores" in off
+    one_core = client_core_shared(sim, CoreLease((0,), (0,), 0.0))
+    assert one_core is not None and "core(s) 0" in one_core
+    # A vLLM core set that takes the client's core (a one-core host's only set).
+    assert client_core_shared(vllm, CoreLease((1,), (), 0.0)) is not None
 
 
 def test_the_summary_adds_up_the_loads_waits(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,6 +185,77 @@ def test_two_servers_two_workloads_on_cpu_cores(
     # It shared the first server: one start for its config.
     first = next(r for r in measured if r["config"]["server"]["max_num_seqs"] == 4)
     assert too_long["runtime"]["server_started_at"] == first["runtime"]["server_started_at"]
+
+
+def _cpus_allowed(pid: int) -> set[int]:
+    """`Cpus_allowed_list` of /proc/PID/status as a set of cores."""
+    line = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("Cpus_allowed_list:"))
+    cores: set[int] = set()
+    for part in line.split(":", 1)[1].strip().split(","):
+        low, _, high = part.partition("-")
+        cores.update(range(int(low), int(high or low) + 1))
+    return cores
+
+
+class VllmCores:
+    """Reads, every 0.2 s while it runs, `Cpus_allowed_list` of every process of every vLLM
+    server working under a folder (its API server and all it started: engine core,
+    workers)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.seen: dict[tuple[int, str], set[int]] = {}  # (pid, name) -> cores it may use
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> VllmCores:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            for api in _api_servers(self.workdir):
+                with contextlib.suppress(psutil.Error, OSError, StopIteration):
+                    for process in [api, *api.children(recursive=True)]:
+                        key = (process.pid, process.name())
+                        self.seen[key] = self.seen.get(key, set()) | _cpus_allowed(process.pid)
+
+
+@pytest.mark.skipif(len(usable_cores()) < 2, reason="needs a core for the client")
+def test_two_by_two_valid_with_every_vllm_process_off_the_clients_core(
+    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
+) -> None:
+    # Issue 51's suite: two configurations x two rates, 24 prompts of 32/16 tokens. Before,
+    # vLLM's API server and engine core ran on the client's core, and the client fell behind
+    # at 20 req/s (invalid after every run again).
+    pytester.makefile(
+        ".yaml",
+        bench_two=suite(
+            tiny_model,
+            "  max_num_seqs: [4, 16]\n",
+            "  num_prompts: 24\n  request_rate: [inf, 20]\n",
+        ).replace("random_output_len: 8", "random_output_len: 16"),
+    )
+    with VllmCores(pytester.path) as watched:
+        result = pytester.runpytest_subprocess(
+            *plugin_args(ports, "-n", "2", "--profllm-cpus=1", "-rA"), timeout=1200
+        )
+    result.assert_outcomes(passed=4)
+    records = run_records(pytester)
+    assert {r["validity"] for r in records} == {"valid"}
+    client = usable_cores()[0]
+    assert {r["runtime"]["load_cores"]["client"][0] for r in records} == {client}
+    assert all(r["runtime"]["client_core_shared"] is None for r in records)
+    # Every process of both servers, seen while they served: none may use the client's core.
+    assert len({name for _, name in watched.seen}) >= 2, watched.seen  # API server, engine
+    on_client = {key: cores for key, cores in watched.seen.items() if client in cores}
+    assert on_client == {}, on_client
+    print({f"{name}[{pid}]": sorted(cores) for (pid, name), cores in watched.seen.items()})
 
 
 def test_a_bad_engine_argument_fails_with_vllms_own_message(

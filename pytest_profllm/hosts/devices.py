@@ -72,7 +72,8 @@ def usable_cores() -> list[int]:
 
 def core_sets(spec: int | Sequence[str] | None, cores: Sequence[int]) -> tuple[str, ...]:
     """The pool's core sets, which never take the first usable core: it stays with the load
-    client and vLLM's API process (on a one-core host one set shares it). None: one set of
+    client (a vLLM server starts pinned to its sets, its API process too: server/process.py;
+    on a one-core host one set shares it). None: one set of
     every other usable core. A count splits the other cores into that many equal sets
     (left-over cores go to the client too). ValueError, with the fix, for more sets than that
     or sets that leave the client no core or name cores this process may not use."""

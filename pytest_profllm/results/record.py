@@ -248,6 +248,9 @@ class RuntimeInfo(BaseModel):
     # server's ({"client": [0], "server": [1]}); and the wait for them, in no measurement.
     load_cores: dict[str, list[int]] | None = None
     load_core_wait_s: float | None = None
+    # Why the load client had no core of its own while it measured (None: it had one): load
+    # cores off, a one-core host, a core set that takes the client's core.
+    client_core_shared: str | None = None
     # What the checks after stop found: processes that outlived the group, GPU memory held;
     # and a server that died or lost its port while in use.
     server_stop_problems: list[str] = Field(default_factory=list)

@@ -326,4 +326,19 @@ def describe_runtime(
         "server_log": server.log_path.name if server else None,
         "load_cores": cores.as_record() if cores else None,
         "load_core_wait_s": cores.wait_s if cores else None,
+        "client_core_shared": client_core_shared(server, cores),
     }
+
+
+def client_core_shared(server: ServerProcess | None, cores: CoreLease | None) -> str | None:
+    """Why the load client measured without a core of its own, or None (it had one, or the
+    case ran no load)."""
+    if server is None or cores is None:
+        return None
+    if not cores.client:
+        return "no load cores held (--profllm-no-load-cores): the client ran beside the server"
+    shared = set(cores.client) & (set(cores.server) | server.launch_cores())
+    if shared:
+        return (f"the server also ran on the client's core(s) "
+                f"{', '.join(map(str, sorted(shared)))} (a one-core host)")
+    return None

@@ -15,6 +15,7 @@ import sys
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import psutil
 
 from pytest_profllm.engine.choice import EngineName
 from pytest_profllm.engine.secrets import RedactedArgv, RedactedDict, redact_argv
-from pytest_profllm.hosts.devices import DeviceKind
+from pytest_profllm.hosts.devices import DeviceKind, cores_of
 from pytest_profllm.hosts.nvml import NvmlGpus, wait_gpu_memory_released
 from pytest_profllm.hosts.pool import Lease
 from pytest_profllm.hosts.processes import (
@@ -153,8 +154,27 @@ class ServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, so stop() reaches every child
-                preexec_fn=die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=self._in_child() if sys.platform == "linux" else None,
             )
+
+    def launch_cores(self) -> set[int]:
+        """The cores the whole server starts on: for vLLM on CPU its core sets, so its API
+        server and engine core (which vLLM does not bind) and every process they start stay
+        off the client's core, as its workers (bound by vLLM) do; none (no pin) otherwise."""
+        if self.engine != "vllm" or self.device != "cpu":
+            return set()
+        return {core for core_set in self.lease.gpus for core in cores_of(core_set)}
+
+    def _in_child(self) -> Callable[[], None]:
+        cores = self.launch_cores()
+
+        def setup() -> None:
+            die_with_parent()
+            if cores:
+                # Set before exec: every thread and child inherits it from the first.
+                os.sched_setaffinity(0, cores)
+
+        return setup
 
     def _unwritable_log(self, error: OSError) -> ServerStartError:
         """A log that cannot be written (a full disk, a file where its folder should be, a
