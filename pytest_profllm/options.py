@@ -15,6 +15,7 @@ from pytest_profllm.engine.choice import ENGINE_CHOICES, SIM_CLOCKS, Clock
 from pytest_profllm.gates.config import GateConfig
 from pytest_profllm.gates.verdict import GateSettings
 from pytest_profllm.hosts.devices import parse_cpu_sets
+from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU
 from pytest_profllm.hosts.pool import PORT_BLOCK
 from pytest_profllm.limits import MAX_GPU_HOUR_PRICE_USD, MAX_REMEASURE
 from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
@@ -113,6 +114,16 @@ def parse_seconds(text: str) -> float:
 
 def parse_milliseconds(text: str) -> float:
     return _number(text, "milliseconds", _positive, "expected a positive number of milliseconds")
+
+
+def parse_share(text: str) -> float:
+    """A share of a whole: `0.25` or `25%`, from 0 to 1."""
+    value = text.strip()
+    scale = 100.0 if value.endswith("%") else 1.0
+    return _number(
+        value.removesuffix("%"), "a share like 0.25 or 25%",
+        lambda v: 0 <= v / scale <= 1, "a share lies between 0 and 1 (0% and 100%)",
+    ) / scale
 
 
 def parse_gpu_hour_price(text: str) -> float:
@@ -312,6 +323,16 @@ def add_options(parser: pytest.Parser) -> None:
         f"{DEFAULT_MAX_CLIENT_OVERHEAD_MS:g})",
     )
     group.addoption(
+        "--profllm-max-foreign-cpu",
+        metavar="SHARE",
+        type=parse_share,
+        default=None,
+        help="a case whose load's cores (its client's, its server's) processes outside the "
+        "session used more than this share of while it ran is invalid, not passed: the host "
+        "was busy (ini: profllm_max_foreign_cpu; default: "
+        f"{DEFAULT_MAX_FOREIGN_CPU:g}; 1: off)",
+    )
+    group.addoption(
         "--profllm-metrics-port",
         metavar="PORT",
         type=parse_metrics_port,
@@ -453,6 +474,11 @@ def add_options(parser: pytest.Parser) -> None:
         default=f"{DEFAULT_MAX_CLIENT_OVERHEAD_MS:g}",
     )
     parser.addini(
+        "profllm_max_foreign_cpu",
+        "limit on the share of a load's cores that others used, 0 to 1",
+        default=f"{DEFAULT_MAX_FOREIGN_CPU:g}",
+    )
+    parser.addini(
         "profllm_metrics_port", "port of the client's own /metrics (default: off)", default=None
     )
     parser.addini(
@@ -562,6 +588,7 @@ class Settings:
     wait_for_busy_gpus: bool = True
     max_schedule_lag_ms: float = DEFAULT_MAX_SCHEDULE_LAG_MS
     max_client_overhead_ms: float = DEFAULT_MAX_CLIENT_OVERHEAD_MS
+    max_foreign_cpu: float = DEFAULT_MAX_FOREIGN_CPU
     remeasure: int = DEFAULT_REMEASURE
     load_cores: bool = True  # loads hold host cores from the pool (hosts/cores.py)
     vllm_python: str | None = None
@@ -616,6 +643,9 @@ class Settings:
             ),
             max_client_overhead_ms=parsed(  # type: ignore[arg-type]
                 "profllm_max_client_overhead", "profllm_max_client_overhead", parse_milliseconds
+            ),
+            max_foreign_cpu=parsed(  # type: ignore[arg-type]
+                "profllm_max_foreign_cpu", "profllm_max_foreign_cpu", parse_share
             ),
             remeasure=parsed(  # type: ignore[arg-type]
                 "profllm_remeasure", "profllm_remeasure", parse_remeasure

@@ -48,6 +48,7 @@ def suite_args(
         *([f"--profllm-out={out}"] if out else []),
         *([f"--profllm-gpus={gpus}"] if gpus else []),
         "--profllm-max-schedule-lag=1000",
+        "--profllm-max-foreign-cpu=1",
         *([] if load_cores else ["--profllm-no-load-cores"]),
         *([] if cache else ["-p", "no:cacheprovider"]),
     ]

@@ -18,7 +18,7 @@ from helpers import run_records, run_suites, simulator
 from pytest_profllm.limits import MAX_REMEASURE
 from pytest_profllm.load.capacity import ServerProbes
 from pytest_profllm.load.dataset import TokenizerCodec, make_prompts
-from pytest_profllm.load.remeasure_budget import RemeasureBudget
+from pytest_profllm.load.remeasure_budget import MIN_AGAIN_S, RemeasureBudget
 from pytest_profllm.load.server_state import (
     PREFIX_HITS,
     PREFIX_QUERIES,
@@ -346,15 +346,29 @@ def test_runs_again_stop_once_they_took_as_long_as_the_first_runs() -> None:
     budget = RemeasureBudget()
     behind = ["client fell behind: p99 schedule lag 31 ms is over 10 ms"]
     first = Attempts(remeasure=10, budget=budget)
-    first.add(time.time() - 5.0, behind, {}, {}, None)  # a first run of 5 s
+    first.add(time.time() - 100.0, behind, {}, {}, None)  # a first run of 100 s
     assert first.again(behind)
-    first.add(time.time() - 6.0, behind, {}, {}, None)  # a run again of 6 s: spent
+    first.add(time.time() - 101.0, behind, {}, {}, None)  # a run again of 101 s: spent
     assert not first.again(behind)
     assert first.invalid_reason(behind) is not None
     assert "re-measuring stopped" in first.invalid_reason(behind)  # type: ignore[operator]
     later = Attempts(remeasure=10, budget=budget)
     later.add(time.time() - 2.0, behind, {}, {}, None)  # its first run adds 2 s to the budget
     assert later.again(behind)
+
+
+def test_a_short_sessions_runs_again_have_a_floor() -> None:
+    # Loads of 2 s (real vLLM's 2 x 2 suite): one run again of 2 s would have used the whole
+    # budget. Under MIN_AGAIN_S the runs go on; past it they stop, saying so.
+    budget = RemeasureBudget()
+    behind = ["client fell behind: p99 schedule lag 10.3 ms is over 10 ms"]
+    attempts = Attempts(remeasure=10, budget=budget)
+    attempts.add(time.time() - 2.0, behind, {}, {}, None)
+    attempts.add(time.time() - 2.0, behind, {}, {}, None)
+    assert attempts.again(behind)
+    budget.spent(MIN_AGAIN_S, again=True)
+    assert not attempts.again(behind)
+    assert f"its floor of {MIN_AGAIN_S:.0f} s" in (attempts.invalid_reason(behind) or "")
 
 
 @pytest.mark.parametrize("count", ["11", "1000000", "9" * 5000, "-1", "٣"])

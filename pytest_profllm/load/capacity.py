@@ -35,6 +35,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from pytest_profllm.hosts.foreign_cpu import ForeignCpu, foreign_problem
 from pytest_profllm.load.bench import (
     DETAILED_KEYS,
     ServerWindow,
@@ -728,6 +729,8 @@ class ServerProbes:
         remeasure: int = 0,
         holding: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
         budget: RemeasureBudget | None = None,
+        load_cores: Callable[[], frozenset[int]] = frozenset,
+        max_foreign_cpu: float | None = None,
     ) -> None:
         self.bench = bench
         self.base_url = base_url
@@ -741,6 +744,10 @@ class ServerProbes:
         self.remeasure = remeasure
         self.budget = budget or RemeasureBudget()  # the session's time for runs again
         self.holding = holding  # held from drawing a probe's prompts to its last run
+        # The cores a run's load runs on while `holding` (none: not watched), and the share
+        # of them others may use before the run is the host's (hosts/foreign_cpu.py).
+        self.load_cores = load_cores
+        self.max_foreign_cpu = max_foreign_cpu
         # load -> (config, load result, summary with health, /metrics around it) of its last run
         self.measured: dict[float, Measured] = {}
         # load -> why each of its runs that the host made invalid was run again
@@ -818,13 +825,17 @@ class ServerProbes:
             started = time.monotonic()
             self.cache_states.add(empty_caches(self.base_url, config, self.api_key).describe())
             before = scrape_metrics(metrics_url)
+            foreign = ForeignCpu(self.load_cores())
             result = self.drive(run_load(settings, chosen))
+            share = foreign.share()
             window = (before, scrape_metrics(metrics_url))
             summary, health = measure(result, config, self.codec)
             summary.update(health)
             reasons = invalid_reasons(
                 result, config, health, self.max_schedule_lag_ms, window, own_hits
             )
+            if (busy := foreign_problem(share, self.max_foreign_cpu)) is not None:
+                reasons.append(busy)
             host = [reason for reason in reasons if host_caused(reason)]
             self.budget.spent(time.monotonic() - started, again=attempt > 0)
             if not host or attempt == self.remeasure:

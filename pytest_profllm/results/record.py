@@ -165,6 +165,9 @@ class SystemInfo(BaseModel):
     server_prefix_cache_queries: float | None = None  # tokens looked up
     server_prefix_cache_hits: float | None = None  # tokens found
     server_prefix_cache_hit_rate: float | None = None
+    # The share of the load's cores (client's, server's) that processes outside the session
+    # used while it ran, 0 to 1 (hosts/foreign_cpu.py); null without load cores.
+    host_foreign_cpu_share: float | None = Field(default=None, ge=0, le=1)
     # The server's own view of the measured load (load/server_view.py): vLLM's histograms
     # over its window, each as its count, exact mean, and median, p90 and p99 estimated
     # from the buckets (the record's `server_view` has the bounds they lie between). Null

@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 
+from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU
 from pytest_profllm.load import metrics
 from pytest_profllm.load.bench import invalid_reason
 from pytest_profllm.load.capacity import (
@@ -33,7 +34,13 @@ from pytest_profllm.run.outcome import (
     evaluate,
     request_row,
 )
-from pytest_profllm.run.serve import api_key_of, codec_for, load_while_alive, served_name
+from pytest_profllm.run.serve import (
+    api_key_of,
+    codec_for,
+    load_cores_of,
+    load_while_alive,
+    served_name,
+)
 from pytest_profllm.run.telemetry import Sampler
 from pytest_profllm.server.workers import WorkerServers
 
@@ -45,6 +52,7 @@ def run_capacity(
     max_schedule_lag_ms: float | None = None,
     remeasure: int = 0,
     budget: RemeasureBudget | None = None,
+    max_foreign_cpu: float | None = DEFAULT_MAX_FOREIGN_CPU,
 ) -> CaseOutcome:
     """Start or reuse the server, search its capacity (every probe run from an emptied cache
     with prompts of its own, load/capacity.py `ServerProbes`), and keep the probe at the
@@ -72,6 +80,8 @@ def run_capacity(
             api_key_of(case.server), max_schedule_lag_ms,
             drive=lambda load: asyncio.run(load_while_alive(server, load)),
             remeasure=remeasure, holding=holding_cores, budget=budget,
+            load_cores=lambda: load_cores_of(server, outcome.load_cores),
+            max_foreign_cpu=max_foreign_cpu,
         )
         gpu_ids = server.lease.gpus if server.device == "gpu" else ()
         with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:

@@ -17,6 +17,8 @@ from typing import Any
 
 from pytest_profllm.engine.registry import human_int
 from pytest_profllm.engine.secrets import Secret
+from pytest_profllm.hosts.cores import CoreLease
+from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU, ForeignCpu, foreign_problem
 from pytest_profllm.load import client_metrics, metrics
 from pytest_profllm.load.bench import (
     invalid_reasons,
@@ -70,6 +72,7 @@ def run_case(
     remeasure: int = 0,
     max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS,
     budget: RemeasureBudget | None = None,
+    max_foreign_cpu: float | None = DEFAULT_MAX_FOREIGN_CPU,
 ) -> CaseOutcome:
     """Start or reuse the server, send the workload from an emptied prefix cache (again, up to
     `remeasure` times and within the session's `budget`, while the host makes the measurement
@@ -96,7 +99,9 @@ def run_case(
                 outcome.prefix_cache = empty_caches(
                     server.base_url, bench, api_key_of(case.server)
                 ).describe()
+                foreign = ForeignCpu(load_cores_of(server, outcome.load_cores))
                 load = _load(server, settings, prompts, outcome)
+                share = foreign.share()
                 results, health = measure(load, bench, codec)
                 results.update(health)
                 view, outcome.server_view = load_view(*outcome.server_window, results)
@@ -106,11 +111,14 @@ def run_case(
                 overheads = {key: view.pop(key) for key in OVERHEAD_KEYS}
                 results.update({k: v for k, v in overheads.items() if v is not None})
                 outcome.telemetry.update(view)
+                outcome.telemetry["host_foreign_cpu_share"] = share
                 reasons = invalid_reasons(
                     load, bench, health, max_schedule_lag_ms, outcome.server_window, own_hits
                 )
                 if (slow := overhead_problem(results, max_client_overhead_ms)) is not None:
                     reasons.append(slow)
+                if (busy := foreign_problem(share, max_foreign_cpu)) is not None:
+                    reasons.append(busy)
                 attempts.add(
                     started_at, reasons, results, outcome.telemetry, outcome.prefix_cache
                 )
@@ -289,3 +297,10 @@ def served_name(server: dict[str, Any]) -> str:
     return str(names or server["model"])
 
 
+def load_cores_of(server: ServerProcess, cores: CoreLease | None) -> frozenset[int]:
+    """The cores a load's measurement ran on: its client's, and its server's where it holds
+    cores (a simulator's for the load, vLLM's core sets on CPU); none without load cores (the
+    client ran anywhere: nothing to watch)."""
+    if cores is None or not cores.client:
+        return frozenset()
+    return frozenset(cores.client) | frozenset(cores.server) | server.launch_cores()

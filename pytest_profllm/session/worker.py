@@ -231,6 +231,7 @@ class WorkerSession:
             return run_capacity(
                 case, self.servers, outcome, self.settings.max_schedule_lag_ms,
                 self.settings.remeasure, self.remeasuring,
+                max_foreign_cpu=self.settings.max_foreign_cpu,
             )
         if case.kind == "accuracy":
             return run_accuracy(case, self.servers, outcome)
@@ -241,6 +242,7 @@ class WorkerSession:
             self.settings.remeasure,
             max_client_overhead_ms=self.settings.max_client_overhead_ms,
             budget=self.remeasuring,
+            max_foreign_cpu=self.settings.max_foreign_cpu,
         )
 
     def started_record(self, case: Case, nodeid: str) -> dict[str, Any]:
