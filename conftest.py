@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -17,6 +21,12 @@ pytest_plugins = ["pytester"]
 pytest.register_assert_rewrite("helpers")
 
 _PORT_RANGES = itertools.count()
+
+# The sessions these tests start run side by side with each other (xdist) on a host they
+# oversubscribe: to each, the others are foreign load, which the plugin rightly calls a busy
+# host. What they test is the path, not the host, so the rule is off in every pytest they
+# start (the tests of the rule itself pass --profllm-max-foreign-cpu, which wins).
+os.environ["PROFLLM_MAX_FOREIGN_CPU"] = "1"
 
 
 @pytest.fixture(scope="session")
@@ -77,3 +87,63 @@ def sim_url(port_range: str, tmp_path: Path) -> Iterator[str]:
         first, tmp_path / "sim.log", "sim", "--enable-prompt-tokens-details", env=env
     ) as url:
         yield url
+
+
+REPO = Path(__file__).resolve().parent
+EXAMPLE_RUN_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class ExampleRun:
+    """README's main job as a test session ran it: the example suites copied to `folder`,
+    their records and results.db under `folder/results`, and what pytest printed."""
+
+    folder: Path
+    result: pytest.RunResult
+
+    @property
+    def results(self) -> Path:
+        return self.folder / "results"
+
+
+@pytest.fixture(scope="session")
+def example_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str,
+                test_pool_dir: Path) -> ExampleRun:
+    """README's main job (every example suite but lm-eval's accuracy one, at -n 2 on the
+    simulated engine, real time), run once for the whole test session: the first xdist
+    worker to ask runs it, under a file lock, and the others read what it left. Its checks
+    (tests/test_end_to_end.py) and its pages (tests/test_browser_dashboards.py) read the
+    same run: two runs of it took a fifth of the suite's time. Tests copy what they change."""
+    from filelock import FileLock
+    from helpers import pytest_argv
+
+    # xdist's workers each have a base folder under one the session made for them all.
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent
+    folder = shared / "example-run"
+    with FileLock(str(shared / "example-run.lock")):
+        done = folder / "returncode"
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            for suite in (REPO / "benchmarks").iterdir():
+                # The accuracy example runs where lm-eval is installed and is skipped
+                # elsewhere: tests/test_accuracy.py checks the skip on it.
+                if suite.suffix in (".yaml", ".py") and suite.name != "bench_accuracy.yaml":
+                    shutil.copy(suite, folder)
+            base = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + 8000
+            argv = pytest_argv(f"{base}-{base + 99}", "-n", "2", cache=False)
+            started = time.monotonic()
+            run = subprocess.run(argv, cwd=folder, capture_output=True, text=True,
+                                 timeout=EXAMPLE_RUN_TIMEOUT_S)
+            (folder / "stdout.txt").write_text(run.stdout)
+            (folder / "stderr.txt").write_text(run.stderr)
+            (folder / "duration").write_text(f"{time.monotonic() - started:.3f}")
+            done.write_text(str(run.returncode))
+    result = pytest.RunResult(
+        int(done.read_text()),
+        (folder / "stdout.txt").read_text().splitlines(),
+        (folder / "stderr.txt").read_text().splitlines(),
+        float((folder / "duration").read_text()),
+    )
+    return ExampleRun(folder, result)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -644,9 +645,7 @@ class Settings:
             max_client_overhead_ms=parsed(  # type: ignore[arg-type]
                 "profllm_max_client_overhead", "profllm_max_client_overhead", parse_milliseconds
             ),
-            max_foreign_cpu=parsed(  # type: ignore[arg-type]
-                "profllm_max_foreign_cpu", "profllm_max_foreign_cpu", parse_share
-            ),
+            max_foreign_cpu=_max_foreign_cpu(config),
             remeasure=parsed(  # type: ignore[arg-type]
                 "profllm_remeasure", "profllm_remeasure", parse_remeasure
             ),
@@ -713,6 +712,28 @@ def _busy_gpus(value: str) -> bool:
             f"ini option profllm_busy_gpus: {value!r} is not one of {', '.join(BUSY_GPU_CHOICES)}"
         )
     return value == "wait"
+
+
+# Sets --profllm-max-foreign-cpu's default where neither the option nor an ini file can reach:
+# a suite of tests that runs sessions side by side (each the others' foreign load), as this
+# project's own does, through pytester, which passes no PYTEST_ADDOPTS on.
+MAX_FOREIGN_CPU_ENV = "PROFLLM_MAX_FOREIGN_CPU"
+
+
+def _max_foreign_cpu(config: pytest.Config) -> float:
+    """The option, else the environment's `PROFLLM_MAX_FOREIGN_CPU`, else the ini value, else
+    the default."""
+    value = config.getoption("profllm_max_foreign_cpu")
+    if value is not None:
+        return float(value)
+    text = os.environ.get(MAX_FOREIGN_CPU_ENV, "").strip()
+    if text:
+        try:
+            return parse_share(text)
+        except argparse.ArgumentTypeError as error:
+            raise pytest.UsageError(f"{MAX_FOREIGN_CPU_ENV}: {error}") from None
+    ini = _parsed(config, "profllm_max_foreign_cpu", "profllm_max_foreign_cpu", parse_share)
+    return DEFAULT_MAX_FOREIGN_CPU if ini is None else float(ini)  # type: ignore[arg-type]
 
 
 def _parsed(config: pytest.Config, option: str, ini: str, parse: object) -> object:

@@ -1,7 +1,8 @@
 """The three questions people open the results with, answered from `/` in at most two clicks
 each, in a real browser (Debian's Chromium, headless), on three databases:
 - the README's example run (the example suites on the simulated engine, one session);
-- a mixed one: two suites run twice, the second session slowed, gated against the first;
+- a mixed one: two suites run twice on the virtual clock, the second session slowed, gated
+  against the first;
 - a generated one of 100,000 records (tests/generated_results.py).
 
 The questions: which configuration is best under a p99 TTFT bound (the Pareto dashboard and
@@ -28,6 +29,7 @@ from generated_results import generate
 from helpers import pytest_argv
 from test_browser import CHROMIUM, Browser, browser, free_port, wait_for
 
+from conftest import ExampleRun
 from pytest_profllm.browse import dashboards
 
 __all__ = ["browser"]  # the fixture, used by name
@@ -59,21 +61,25 @@ def _run(ports: str, out: Path, *args: str, env: dict[str, str] | None = None) -
 
 @pytest.fixture(scope="module")
 def databases(tmp_path_factory: pytest.TempPathFactory, worker_id: str,
-              test_pool_dir: Path) -> dict[str, Path]:
+              test_pool_dir: Path, example_run: ExampleRun) -> dict[str, Path]:
     ports = _ports(worker_id)
     root = tmp_path_factory.mktemp("databases")
+    # README's main job, run once for the test session (conftest.py): a copy, since the
+    # pages may write beside it.
     example = root / "example"
-    _run(ports, example, "benchmarks/")
+    shutil.copytree(example_run.results, example, ignore=shutil.ignore_patterns("logs"))
     suites = root / "suites"
     suites.mkdir()
     for suite in MIXED_SUITES.glob("*.yaml"):
         shutil.copy(suite, suites / f"bench_{suite.name}")
+    # On the virtual clock: the pages are under test, not the real-time client (which the
+    # example run has), and a slowed engine regresses there as deterministically.
     mixed, baseline = root / "mixed", root / "baseline"
     _run(ports, mixed, str(suites), f"--profllm-baseline={baseline}",
-         "--profllm-baseline-update")
+         "--profllm-baseline-update", "--profllm-sim-clock=virtual")
     # The second session is slowed: the gate calls its latencies regressed (the run fails).
     _run(ports, mixed, str(suites), f"--profllm-baseline={baseline}",
-         env={"PROFLLM_SIM_SLOWDOWN": "1.5"})
+         "--profllm-sim-clock=virtual", env={"PROFLLM_SIM_SLOWDOWN": "1.5"})
     large = root / "large"
     large.mkdir()
     assert generate(large / "results.db", LARGE) == LARGE

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -14,8 +13,9 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers import run_records, run_suites
+from helpers import records, run_records, run_suites
 
+from conftest import ExampleRun
 from pytest_profllm.sim.hardware import PROFILE_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,13 +32,10 @@ def db_rows(pytester: pytest.Pytester, sql: str) -> list[tuple[Any, ...]]:
         return db.execute(sql).fetchall()
 
 
-def test_example_suites_with_two_workers(pytester: pytest.Pytester, ports: str) -> None:
-    for suite in (REPO / "benchmarks").iterdir():
-        # The accuracy example runs where lm-eval is installed and is skipped elsewhere:
-        # tests/test_accuracy.py checks the skip on it, and runs such cases with lm-eval.
-        if suite.suffix in (".yaml", ".py") and suite.name != "bench_accuracy.yaml":
-            shutil.copy(suite, pytester.path)
-    result = run_suites(pytester, ports, "-n", "2")
+def test_example_suites_with_two_workers(example_run: ExampleRun) -> None:
+    # README's main job, run once for the session (conftest.py `example_run`; the browser's
+    # pages read the same run).
+    result = example_run.result
     result.assert_outcomes(passed=18)
     result.stdout.fnmatch_lines(
         [
@@ -47,9 +44,10 @@ def test_example_suites_with_two_workers(pytester: pytest.Pytester, ports: str) 
             "18 row(s) loaded into *results.db (table benchmark_runs)*",
         ]
     )
-    written = run_records(pytester)
+    written = records(example_run.results)
     assert len(written) == 18
-    assert db_rows(pytester, "select count(*) from benchmark_runs") == [(18,)]
+    with sqlite3.connect(example_run.results / "results.db") as db:
+        assert db.execute("select count(*) from benchmark_runs").fetchall() == [(18,)]
     assert {r["engine"]["name"] for r in written} == {"sim"}
     assert {r["status"] for r in written} == {"passed"}
     assert {r["runtime"]["worker"] for r in written} <= {"gw0", "gw1"}
@@ -66,8 +64,8 @@ def test_example_suites_with_two_workers(pytester: pytest.Pytester, ports: str) 
     assert len(starts) == 11
     assert all(len(times) == 1 for times in starts.values())
     # Per-request records beside each case record.
-    assert len(list((pytester.path / "results").glob("*.requests.jsonl.gz"))) == 18
-    assert len(list((pytester.path / "results" / "logs").glob("*.log"))) == 11
+    assert len(list(example_run.results.glob("*.requests.jsonl.gz"))) == 18
+    assert len(list((example_run.results / "logs").glob("*.log"))) == 11
     # Every record holds every engine argument of the registry, defaults included.
     for record in written:
         assert len(record["config"]["server"]) == 320
