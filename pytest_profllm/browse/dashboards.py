@@ -976,10 +976,14 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
     # With no earlier session there is no change to draw: no empty chart, no table headed
     # "against session -"; the note below says why.
     compared = {r["metric"] for r in rows if r["change_percent"] is not None}
-    shown = [m for m, _ in metrics if previous is not None and (
-        m in gated or m == "output_throughput" or (m == "capacity" and m in compared))]
+    shown = [m for m, _ in metrics if previous is not None and m in compared | {
+        r["metric"] for r in rows if r["gate"] == "regressed"} and (
+        m in gated or m in ("output_throughput", "capacity"))]
     for metric in shown:
-        of_metric = [r for r in rows if r["metric"] == metric]
+        # A bar is a change (or a regression): a case of one session alone drew an empty
+        # row, an earlier session's case under the latest session's heading.
+        of_metric = [r for r in rows if r["metric"] == metric and (
+            r["change_percent"] is not None or r["gate"] == "regressed")]
         label = dict(metrics)[metric]
         worse = "lower" if metric.endswith("throughput") or metric == "capacity" else "higher"
         # Hundreds of cases made a chart thousands of pixels tall, above the regressed
