@@ -137,3 +137,17 @@ def test_the_pages_say_one_session_per_suite(db: Path) -> None:
     assert page.status_code == 200
     assert "s3-smoke-8" in page.text and "s2-other-8" in page.text
     assert "s2-smoke-8" not in page.text
+
+
+def test_the_latest_page_counts_the_runs_of_its_own_session(tmp_path: Path) -> None:
+    # It shows s3 alone, but counted s2's skipped run beside it ("1 of the 4 runs ...").
+    records = three_sessions()
+    for record in records:
+        if record["run_id"] == "s2-other-2":
+            record["status"] = "skipped"
+            record["results"] = {}
+    db = ingested(tmp_path, records)
+    latest_page, load_page = pages(db, "/results/-/dashboards/latest",
+                                   "/results/-/dashboards/load")
+    assert "were skipped" not in latest_page.text
+    assert "1 of the 4 runs in this selection were skipped" in load_page.text

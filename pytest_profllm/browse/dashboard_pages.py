@@ -164,7 +164,7 @@ async def dashboard_page(datasette: Any, request: Any) -> Response:
         schema = schema_of(database, connection)
         selection = Selection.parse(pairs, schema)
         view = dashboard.build(connection, schema, selection, args)
-        view.notes += data_quality(connection, schema, selection)
+        view.notes += data_quality(connection, schema, view.counted or selection)
         widgets, ranges = _panel(connection, schema, selection)
         return {"schema": schema, "selection": selection, "view": view, "filters": widgets,
                 "ranges": ranges, "presets": filters.presets(connection)}

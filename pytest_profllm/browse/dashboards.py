@@ -932,6 +932,9 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
                        text=selection.text, match_any=selection.match_any,
                        sessions=[latest] + ([previous] if previous else []))
     points = load_points(connection, schema, pinned)
+    view.counted = Selection(values=selection.values, low=selection.low, high=selection.high,
+                             text=selection.text, match_any=selection.match_any,
+                             sessions=[latest])
     by_case: dict[tuple[Any, ...], dict[str, Point]] = defaultdict(dict)
     for point in points:
         by_case[(point.configuration, point.workload, point.series_key[2],
