@@ -270,7 +270,7 @@ def _charts(view: View, where: str, slug: str, members: list[dict[str, Any]],
     drawn = [m for m in members if m["accuracy"] is not None]
     y = charts.field("accuracy", "quantitative", f"{metric} (higher is better)",
                      scale=_accuracy_scale([m["accuracy"] for m in drawn]),
-                     axis={"format": ".2~f"})
+                     axis={"format": ".3~f"})
     for x_field, x_title, higher, chart in (
         ("output_throughput", "peak output tok/s", True, "throughput"),
         ("usd_per_million_output_tokens", "USD per million output tokens", False, "cost"),
