@@ -846,9 +846,9 @@ def test_latest_compares_a_capacity_case_by_its_capacity_and_marks_a_failed_case
     db = ingested(tmp_path, [before, after, *served])
     with sqlite3.connect(db) as connection:
         sql_functions.register(connection)
-        for run_id, capacity in (("s1-cap", 26.33), ("s2-cap", 14.67)):
+        for run_id, found in (("s1-cap", 26.33), ("s2-cap", 14.67)):
             connection.execute("UPDATE benchmark_runs SET capacity = ? WHERE run_id = ?",
-                               (capacity, run_id))
+                               (found, run_id))
         shown = view(connection, "latest")
     (capacity,) = values(shown.charts["latest-change-capacity"])
     assert (capacity["previous"], capacity["latest"], capacity["change_percent"]) == (
