@@ -826,3 +826,39 @@ def test_any_runs_draw_series_of_one_point_per_load_and_one_model_per_frontier(
             assert len({r["model"] for r in frontier}) <= 1
     finally:
         connection.close()
+
+
+def test_latest_compares_a_capacity_case_by_its_capacity_and_marks_a_failed_case(
+        tmp_path: Path) -> None:
+    # Issue 53, finding 14: 26.33 -> 14.67 req/s was not shown, and the failed capacity case
+    # was charted as +6.6 % (its output throughput, at whatever load its search ended).
+    case = "bench_capacity.yaml::qwen::random-capacity"
+    before = make_record("s1-cap", "s1", case, "2026-01-01T10:00:00+00:00", throughput=70.0)
+    after = make_record("s2-cap", "s2", case, "2026-01-02T10:00:00+00:00", "failed",
+                        throughput=74.62)
+    served = [make_record(f"{s}-serve", s, "bench_smoke.yaml::qwen::random", f"2026-01-0{d}"
+                          "T09:00:00+00:00", throughput=t)
+              for s, d, t in (("s1", 1, 10.0), ("s2", 2, 9.0))]
+    for record in (before, after):
+        record["suite"] = "capacity"
+    for record in served:
+        record["suite"] = "capacity"
+    db = ingested(tmp_path, [before, after, *served])
+    with sqlite3.connect(db) as connection:
+        sql_functions.register(connection)
+        for run_id, found in (("s1-cap", 26.33), ("s2-cap", 14.67)):
+            connection.execute("UPDATE benchmark_runs SET capacity = ? WHERE run_id = ?",
+                               (found, run_id))
+        shown = view(connection, "latest")
+    (capacity,) = values(shown.charts["latest-change-capacity"])
+    assert (capacity["previous"], capacity["latest"], capacity["change_percent"]) == (
+        26.33, 14.67, -44.3)
+    assert capacity["gate"] == "case failed"
+    assert capacity["status"] == "failed in the latest session"
+    # Its output throughput (+6.6 %) is no change of the case: not drawn, not listed.
+    throughput = values(shown.charts["latest-change-output_throughput"])
+    assert [row["run_id"] for row in throughput] == ["s2-serve"]
+    changes = {(r["run_id"], r["metric"]) for r in shown.tables[1].rows}
+    assert ("s2-cap", "output_throughput") not in changes
+    assert ("s2-cap", "capacity") in changes
+    assert any("1 case(s) failed" in note for note in shown.notes)

@@ -211,3 +211,75 @@ def test_accuracy_is_the_first_of_lm_evals_metrics_a_database_has() -> None:
     assert accuracy_of(schema("exact_match")) == quote("exact_match")
     # A database from before accuracy cases: the page says so in one line.
     assert accuracy_of(schema("output_throughput")) is None
+
+
+def test_each_figure_is_its_linked_runs_from_the_latest_session(tmp_path: Path) -> None:
+    # Issue 53, finding 12: the table showed 1721.5, a median over two sessions, linked to a
+    # run whose output_throughput was 1867.35.
+    made, accuracy = records()
+    for record in made:
+        if record["run_id"] in accuracy:
+            record["results"].update(acc=accuracy[record["run_id"]], acc_stderr=0.01)
+    again = []
+    for record in made:
+        if record["run_id"].startswith("qwen-fp8-rate"):
+            for repeat, factor in enumerate((1.1, 1.3, 1.2)):  # s2: three repeats, faster
+                copy = json.loads(json.dumps(record))
+                copy.update(run_id=f"{record['run_id']}-s2-{repeat}", session_id="s2",
+                            timestamp=f"2026-01-02T10:00:{repeat:02d}+00:00")
+                copy["results"]["output_throughput"] *= factor
+                again.append(copy)
+    for record in [*made, *again]:
+        (tmp_path / f"{record['run_id']}.json").write_text(json.dumps(record))
+    ingest(tmp_path / "results.db", sorted(tmp_path.glob("*.json")))
+    for connection in open_db(tmp_path / "results.db"):
+        figures = dict(connection.execute(
+            "SELECT run_id, output_throughput FROM benchmark_runs"))
+        for query in ("", "session=all", "session=s1&session=s2"):
+            rows = precision(connection, query).tables[0].rows
+            linked = [r for r in rows if r["throughput_run_id"]]
+            assert linked and all(
+                r["output_throughput"] == round(figures[r["throughput_run_id"]], 1)
+                for r in linked), query
+        # By default the suite's latest session, s2 (its fp8 loads alone): its median
+        # repeat (1.2 x 260), not a median over s1 and s2.
+        (fp8,) = precision(connection).tables[0].rows
+        assert (fp8["output_throughput"], fp8["throughput_run_id"]) == (
+            312.0, "qwen-fp8-rate1-s2-2")
+
+
+def test_one_point_per_accuracy_task_and_metric(tmp_path: Path) -> None:
+    # Issue 53, finding 13: profllm_arithmetic_mc (acc 0.275) and profllm_arithmetic_gen
+    # (exact_match 0.0) on one server were drawn as one `accuracy` of 0.1375.
+    made, accuracy = records()
+    for record in made:
+        if record["run_id"] in accuracy:
+            record["results"].update(acc=accuracy[record["run_id"]], acc_stderr=0.01)
+    (first,) = [r for r in made if r["run_id"] == "qwen-fp8-accuracy"]
+    generated = json.loads(json.dumps(first))
+    generated["run_id"] = "qwen-fp8-accuracy-gen"
+    generated["results"] = {"completed": 10, "failed": 0, "exact_match": 0.0}
+    made.append(generated)
+    for record in made:
+        (tmp_path / f"{record['run_id']}.json").write_text(json.dumps(record))
+    ingest(tmp_path / "results.db", sorted(tmp_path.glob("*.json")))
+    with sqlite3.connect(tmp_path / "results.db") as connection:
+        connection.execute("UPDATE benchmark_runs SET accuracy_task = 'profllm_arithmetic_' || "
+                           "CASE WHEN run_id LIKE '%-gen' THEN 'gen' ELSE 'mc' END "
+                           "WHERE run_id LIKE '%accuracy%'")
+    for connection in open_db(tmp_path / "results.db"):
+        view = precision(connection)
+        fp8 = sorted((r["task"], r["metric"], r["accuracy"], r["accuracy_run_id"])
+                     for r in view.tables[0].rows
+                     if r["model"] == QWEN
+                     and r["configuration"] == "quantization=fp8 · kv_cache_dtype=default")
+        assert fp8 == [("profllm_arithmetic_gen", "exact_match", 0.0, "qwen-fp8-accuracy-gen"),
+                       ("profllm_arithmetic_mc", "acc", 0.78, "qwen-fp8-accuracy")]
+        drawn = {r["accuracy"] for chart in view.charts.values()
+                 for r in chart["data"]["values"]}
+        assert 0.39 not in drawn  # the mean of the two, no task's score
+        assert "precision-throughput-Qwen_Qwen3_8B_profllm_arithmetic_gen_exact_match" in (
+            view.charts)
+        title = view.charts["precision-throughput-Qwen_Qwen3_8B_profllm_arithmetic_mc_acc"][
+            "title"]
+        assert "profllm_arithmetic_mc acc" in json.dumps(title)

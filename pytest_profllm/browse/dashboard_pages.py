@@ -64,10 +64,11 @@ def _panel(connection: sqlite3.Connection, schema: Schema,
     offering the values found in the selected sessions (with all sessions selected, in the
     newest PANEL_SESSIONS of them: counting values over every run of a big database takes
     seconds)."""
-    sessions = selection.session_ids(schema)
-    if sessions is None:
+    scoped = selection.scope(schema)
+    if scoped is None:
         sessions = [s.session_id for s in schema.sessions[:PANEL_SESSIONS]]
-    where, params = f"session_id IN ({', '.join('?' for _ in sessions)})", list(sessions)
+        scoped = f"session_id IN ({', '.join('?' for _ in sessions)})", list(sessions)
+    where, params = scoped
     columns = [*filters.FIXED_FILTERS]
     columns += [(axis, axis.removeprefix("server_").removeprefix("bench_"))
                 for axis in schema.axes if axis not in dict(filters.FIXED_FILTERS)]
@@ -163,7 +164,7 @@ async def dashboard_page(datasette: Any, request: Any) -> Response:
         schema = schema_of(database, connection)
         selection = Selection.parse(pairs, schema)
         view = dashboard.build(connection, schema, selection, args)
-        view.notes += data_quality(connection, schema, selection)
+        view.notes += data_quality(connection, schema, view.counted or selection)
         widgets, ranges = _panel(connection, schema, selection)
         return {"schema": schema, "selection": selection, "view": view, "filters": widgets,
                 "ranges": ranges, "presets": filters.presets(connection)}

@@ -37,6 +37,9 @@ class View:
     inputs: dict[str, tuple[str, str, list[str]]] = field(default_factory=dict)
     # Charts that take the page's whole width rather than half of it.
     wide: set[str] = field(default_factory=set)
+    # The runs the page's counts of runs left out are of, where not the filter panel's (the
+    # latest dashboard shows one session, not the latest of each suite).
+    counted: Selection | None = None
 
     def add(self, chart_id: str, spec: dict[str, Any], caption: str,
             wide: bool = False) -> None:

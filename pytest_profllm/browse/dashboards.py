@@ -51,6 +51,9 @@ POINT_METRICS = (
     ("median_tpot_ms", "median TPOT (ms)"),
     ("p99_tpot_ms", "p99 TPOT (ms)"),
 )
+# The latest dashboard compares these too: a capacity case's headline (its throughput is at
+# whatever load its search ended, so no like-for-like figure).
+CAPACITY_METRIC = ("capacity", "capacity (req/s or concurrent requests)")
 HISTORY_METRICS = (*POINT_METRICS, ("median_itl_ms", "median ITL (ms)"),
                    ("p99_e2el_ms", "p99 E2EL (ms)"))
 INF_LABEL = "inf"
@@ -60,10 +63,13 @@ MAX_SUITES = 10
 # bring (whole sessions are drawn: the newest until this many points are reached).
 MAX_SESSIONS = 12
 MAX_POINTS = 1500
+# A latest-dashboard bar of a case whose runs did not pass, where no gate verdict is on it.
+CASE_FAILED = "case failed"
 # The regression gate's verdicts (gates/verdict.py), each always the same colour.
 _VERDICT_COLOURS = {
-    "domain": ["regressed", "improved", "unchanged", "no-baseline", "not-judged", "no verdict"],
-    "range": ["#c62828", "#2e7d32", "#1565c0", "#ef6c00", "#6a1b9a", "#9e9e9e"],
+    "domain": ["regressed", "improved", "unchanged", "no-baseline", "not-judged", "no verdict",
+               CASE_FAILED],
+    "range": ["#c62828", "#2e7d32", "#1565c0", "#ef6c00", "#6a1b9a", "#9e9e9e", "#212121"],
 }
 _INF_ORDER = 1e300
 
@@ -84,6 +90,9 @@ class Point:
     context: Mapping[str, Any]
     # When its newest run started: run ids are not in time order within a session.
     timestamp: str = ""
+    # Its runs whose status is not `passed` (a threshold or SLO missed, the gate's verdict):
+    # valid measurements, but the latest dashboard marks such a case.
+    not_passed: int = 0
 
 
 def _finite(value: Any) -> float | None:
@@ -159,7 +168,7 @@ def workload_columns(schema: Schema) -> list[str]:
 def _points(connection: sqlite3.Connection, schema: Schema, selection: Selection,
             where: str, params: Sequence[Any]) -> list[Point]:
     have = schema.types
-    metrics = [name for name, _ in POINT_METRICS if name in have]
+    metrics = [name for name, _ in (*POINT_METRICS, CAPACITY_METRIC) if name in have]
     session = "'(blended)'" if selection.blend else "session_id"
     workload_naming = workload_columns(schema)
     throughput = "(" + (" OR ".join(f"{quote(m)} IS NOT NULL" for m in (
@@ -172,7 +181,8 @@ def _points(connection: sqlite3.Connection, schema: Schema, selection: Selection
         f"SELECT {', '.join(quote(c) for c in group if c != 'session_id')}, {session} AS "
         f"session, server_model, "
         + ", ".join(f"median({quote(m)}) AS {quote(m)}" for m in metrics)
-        + ", count(*) AS runs, max(run_id) AS run_id, max(timestamp) AS newest "
+        + ", count(*) AS runs, max(run_id) AS run_id, max(timestamp) AS newest, "
+        "sum(status IS NOT 'passed') AS not_passed "
         f"FROM [{MEASURED_RUNS}] WHERE {where} "
         # A pooling (embedding) model has no output tokens: a point is any throughput.
         f"AND {throughput} GROUP BY {', '.join(quote(c) for c in group)}"
@@ -201,6 +211,7 @@ def _points(connection: sqlite3.Connection, schema: Schema, selection: Selection
             run_id=row["run_id"],
             context=context,
             timestamp=str(row["newest"] or ""),
+            not_passed=int(row["not_passed"] or 0),
         ))
     return points
 
@@ -921,6 +932,9 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
                        text=selection.text, match_any=selection.match_any,
                        sessions=[latest] + ([previous] if previous else []))
     points = load_points(connection, schema, pinned)
+    view.counted = Selection(values=selection.values, low=selection.low, high=selection.high,
+                             text=selection.text, match_any=selection.match_any,
+                             sessions=[latest])
     by_case: dict[tuple[Any, ...], dict[str, Point]] = defaultdict(dict)
     for point in points:
         by_case[(point.configuration, point.workload, point.series_key[2],
@@ -932,10 +946,20 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
             "workload": point.workload}
     names = series_names(contexts)
     gate = _gate_verdicts(connection, [p.run_id for p in points if p.session == latest])
+    metrics = [*POINT_METRICS, *([CAPACITY_METRIC] if "capacity" in schema.types else [])]
     rows: list[dict[str, Any]] = []
+    failed_cases = 0
     for key, sessions in by_case.items():
         now, before = sessions.get(latest), sessions.get(previous or "")
-        for metric, label in POINT_METRICS:
+        # A capacity case is compared by its capacity: its throughput and latencies are at
+        # whatever load its search ended (a capacity that fell 44 % was charted as +6.6 %).
+        capacity_case = any(p.metrics.get("capacity") is not None for p in (now, before) if p)
+        failed = [which for which, p in (("latest", now), ("previous", before))
+                  if p is not None and p.not_passed]
+        failed_cases += bool(failed)
+        for metric, label in metrics:
+            if capacity_case != (metric == "capacity"):
+                continue
             value = now.metrics.get(metric) if now else None
             old = before.metrics.get(metric) if before else None
             change = 100.0 * (value - old) / old if value is not None and old else None
@@ -943,7 +967,10 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
             rows.append({"case": names[key], "metric": metric, "label": label,
                          "previous": _rounded(old), "latest": _rounded(value),
                          "change_percent": round(change, 1) if change is not None else None,
-                         "gate": verdict[0] if verdict else "no verdict",
+                         "status": (f"failed in the {' and the '.join(failed)} session"
+                                    if failed else "passed"),
+                         "gate": (verdict[0] if verdict else
+                                  CASE_FAILED if failed else "no verdict"),
                          "gate_change_percent": (round(100 * verdict[1], 1)
                                                  if verdict and verdict[1] is not None
                                                  else None),
@@ -951,12 +978,17 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
     gated = {metric for (_, metric) in gate}
     # With no earlier session there is no change to draw: no empty chart, no table headed
     # "against session -"; the note below says why.
-    shown = [m for m, _ in POINT_METRICS
-             if previous is not None and (m in gated or m == "output_throughput")]
+    compared = {r["metric"] for r in rows if r["change_percent"] is not None}
+    shown = [m for m, _ in metrics if previous is not None and m in compared | {
+        r["metric"] for r in rows if r["gate"] == "regressed"} and (
+        m in gated or m in ("output_throughput", "capacity"))]
     for metric in shown:
-        of_metric = [r for r in rows if r["metric"] == metric]
-        label = dict(POINT_METRICS)[metric]
-        worse = "lower" if metric.endswith("throughput") else "higher"
+        # A bar is a change (or a regression): a case of one session alone drew an empty
+        # row, an earlier session's case under the latest session's heading.
+        of_metric = [r for r in rows if r["metric"] == metric and (
+            r["change_percent"] is not None or r["gate"] == "regressed")]
+        label = dict(metrics)[metric]
+        worse = "lower" if metric.endswith("throughput") or metric == "capacity" else "higher"
         # Hundreds of cases made a chart thousands of pixels tall, above the regressed
         # table: the gate's regressions and the largest changes are the bars worth drawing.
         cases = len(of_metric)
@@ -977,9 +1009,10 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
                 "x": charts.field("change_percent", "quantitative", f"change of {label} (%)"),
                 "color": charts.field("gate", "nominal", "gate verdict", scale=_VERDICT_COLOURS),
                 "tooltip": charts.tooltips("case", "previous", "latest", "change_percent",
-                                           "gate", "run_id")}),
+                                           "gate", "status", "run_id")}),
             f"{which}: the change of its median {label} from the previous session "
-            f"({worse} is worse). Red: the regression gate called it regressed.",
+            f"({worse} is worse). Red: the regression gate called it regressed; black: the "
+            "case failed (its figures measured, but not passed) and no gate judged it.",
             # A bar's label names its whole case: in half the page, the labels left the bars
             # a few pixels.
             wide=True)
@@ -989,10 +1022,16 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
     if previous is not None:
         view.tables.append(Table(
             f"Every change against session {previous}",
-            ["case", "metric", "previous", "latest", "change_percent", "gate", "run_id"],
+            ["case", "metric", "previous", "latest", "change_percent", "gate", "status",
+             "run_id"],
             changed[:200], empty="No case ran in both sessions."))
     passed_over = (f" Passed over, with no valid measurement of these cases: "
                    f"{_listed(pair.skipped)}." if pair.skipped else "")
+    if failed_cases and previous is not None:
+        view.notes.append(f"{failed_cases} case(s) failed in the latest or the previous "
+                          f"session: their changes are marked {CASE_FAILED!r} (black) where "
+                          "no gate verdict is on them, never drawn as a passed case's change; "
+                          "runs that are not a valid measurement are left out.")
     if not pair.measured:
         view.notes.append(f"Session {latest} has no valid measurement (every case failed, or "
                           "measured the client): nothing to compare.")

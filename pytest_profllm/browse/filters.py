@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pytest_profllm.browse import latest
+from pytest_profllm.browse.latest import Session
 from pytest_profllm.results.landing import swept_axes
 from pytest_profllm.results.table import TABLE, quote
 
@@ -50,15 +52,6 @@ ALL_SESSIONS = "all"
 # Query-string keys a preset keeps (the rest, such as a CSRF token, are not a filter).
 _FILTER_PREFIXES = ("f.", "min.", "max.")
 _FILTER_KEYS = ("q", "match", "session", "blend")
-
-
-@dataclass(frozen=True)
-class Session:
-    session_id: str
-    first: str
-    last: str
-    runs: int
-    suites: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -160,16 +153,27 @@ class Selection:
             return None
         if self.sessions:
             return list(dict.fromkeys(self.sessions))
-        return latest_per_suite(schema.sessions)
+        return list(dict.fromkeys(
+            pair.session_id for pair in latest.latest_of_each_suite(schema.sessions)))
+
+    def scope(self, schema: Schema) -> tuple[str, list[Any]] | None:
+        """The runs of the sessions drawn, as a WHERE expression over `benchmark_runs` (None:
+        every run). By default the latest session of each suite, each with its suite's runs
+        only (browse/latest.py)."""
+        if ALL_SESSIONS in self.sessions:
+            return None
+        if not self.sessions:
+            return latest.scope(latest.latest_of_each_suite(schema.sessions))
+        sessions = list(dict.fromkeys(self.sessions))
+        return f"session_id IN ({', '.join('?' for _ in sessions)})", sessions
 
     def where(self, schema: Schema) -> tuple[str, list[Any]]:
         """The sessions and the conditions, as a WHERE expression over `benchmark_runs`."""
         conditions, params = self.conditions(schema)
-        sessions = self.session_ids(schema)
-        if sessions is None:
+        scoped = self.scope(schema)
+        if scoped is None:
             return conditions, params
-        marks = ", ".join("?" for _ in sessions)
-        return f"session_id IN ({marks}) AND {conditions}", [*sessions, *params]
+        return f"{scoped[0]} AND {conditions}", [*scoped[1], *params]
 
     def query_pairs(self) -> list[tuple[str, str]]:
         """The selection as a query string's pairs (what a preset keeps, and links carry)."""
@@ -232,15 +236,6 @@ def filter_pairs(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     """The pairs of a query string that are part of a selection."""
     return [(key, value) for key, value in pairs
             if key.startswith(_FILTER_PREFIXES) or key in _FILTER_KEYS]
-
-
-def latest_per_suite(sessions: Sequence[Session]) -> list[str]:
-    """For each suite, the newest session that ran it (`sessions` newest first)."""
-    chosen: dict[str, str] = {}
-    for session in sessions:
-        for suite in session.suites:
-            chosen.setdefault(suite, session.session_id)
-    return list(dict.fromkeys(chosen.values()))
 
 
 def read_schema(connection: sqlite3.Connection) -> Schema:

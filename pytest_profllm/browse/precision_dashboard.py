@@ -1,9 +1,11 @@
 """The precision-analysis dashboard: what a configuration's numeric precision (dtype,
 quantization, KV-cache dtype) gives up in accuracy for what it gains in output throughput and
-in cost per million output tokens. One chart per model for each, its frontier dashed.
+in cost per million output tokens. One chart per model and accuracy task and metric for
+each, its frontier dashed.
 
 Accuracy is lm-eval's metric as `kind: accuracy` cases record it in their results (the `acc`
-column of the `measured_runs` view for a multiple-choice task, else `exact_match`).
+column of the `measured_runs` view for a multiple-choice task, else `exact_match`), per task
+(`accuracy_task`): two tasks' scores are never one figure.
 Throughput and cost come from the serve cases of the same server: a configuration is one
 effective server configuration (`runtime_server_key`, the hash the plan gives it), on one
 engine and device, whichever suite measured it.
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,9 +37,11 @@ PRECISION_AXES = ("server_dtype", "server_quantization", "server_kv_cache_dtype"
 COST_COLUMN = "cost_usd_per_million_output_tokens"
 SIMULATED = " on the simulated engine (whose accuracy checks the path, not a model)"
 PRICE_COLUMN = "cost_gpu_hour_price_usd"
-_COLUMNS = ["model", "configuration", "accuracy", "output_throughput",
+_COLUMNS = ["model", "configuration", "task", "metric", "accuracy", "output_throughput",
             "usd_per_million_output_tokens", "gpu_hour_price_usd", "frontier", "device",
-            "engine", "accuracy_run_id", "throughput_run_id"]
+            "engine", "accuracy_run_id", "throughput_run_id", "cost_run_id"]
+# The load a serve case was measured at: a configuration's loads are told apart by them.
+_LOAD_COLUMNS = ("bench_request_rate", "bench_max_concurrency")
 
 
 def frontier(rows: Sequence[Mapping[str, Any]], x: str, y: str,
@@ -81,58 +84,92 @@ def accuracy_of(schema: Schema) -> str | None:
 
 def configurations(connection: sqlite3.Connection, schema: Schema, selection: Selection,
                    with_accuracy: bool) -> list[dict[str, Any]]:
-    """One row per configuration of the selection's valid runs: its median accuracy, the
-    highest output throughput any of its loads reached (medians over repeats), and the lowest
-    cost per million output tokens of its loads."""
+    """One row per configuration of the selection's valid runs and accuracy task and metric
+    (one row with neither where it has no accuracy): the accuracy, the highest output
+    throughput any of its loads reached and the lowest cost per million output tokens of its
+    loads.
+
+    Each figure is the figure of the run it names: the median run (the lower of the middle
+    two) of its load's or task's repeats in one session. A median over several sessions, or
+    over two tasks' metrics, is no run's figure and no task's score."""
     have = schema.types
     where, params = selection.where(schema)
     server = ("coalesce(runtime_server_key, configuration)" if "runtime_server_key" in have
               else "configuration")
+    metrics = [name for name in ACCURACY_COLUMNS if with_accuracy and name in have]
 
-    def column(name: str, aggregate: str) -> str:
-        return f"{aggregate}({quote(name)})" if name in have else "NULL"
+    def column(name: str) -> str:
+        return quote(name) if name in have else "NULL"
 
-    axes = [f"{column(axis, 'max')} AS {quote(axis)}" for axis in PRECISION_AXES]
-    expression = accuracy_of(schema)
-    accuracy = f"median({expression})" if with_accuracy and expression else "NULL"
     cursor = connection.execute(
-        f"SELECT {server} AS server, engine, device, max(server_model) AS model, "
-        f"max(configuration) AS configuration, {', '.join(axes)}, "
-        f"{column('output_throughput', 'median')} AS output_throughput, "
-        f"{column(COST_COLUMN, 'median')} AS cost, {column(PRICE_COLUMN, 'max')} AS price, "
-        f"{accuracy} AS accuracy, max(run_id) AS run_id "
-        f"FROM [{MEASURED_RUNS}] WHERE {where} "
-        f"GROUP BY server, engine, device, workload, "
-        + ", ".join(quote(c) for c in ("bench_request_rate", "bench_max_concurrency")
-                    if c in have), params)
+        f"SELECT {server} AS server, engine, device, server_model AS model, configuration, "
+        + "".join(f"{column(axis)} AS {quote(axis)}, " for axis in PRECISION_AXES)
+        + "session_id, timestamp, workload, "
+        + "".join(f"{column(c)} AS {quote(c)}, " for c in _LOAD_COLUMNS)
+        + f"{column('output_throughput')} AS output_throughput, {column(COST_COLUMN)} AS cost, "
+        f"{column(PRICE_COLUMN)} AS price, {column('accuracy_task')} AS task, run_id"
+        + "".join(f", {quote(m)} AS {quote(m)}" for m in metrics)
+        + f" FROM [{MEASURED_RUNS}] WHERE {where}", params)
     names = [d[0] for d in cursor.description]
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    runs: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for found in cursor:
         row = dict(zip(names, found, strict=True))
-        groups[(row["server"], row["engine"], row["device"])].append(row)
+        runs[(row["server"], row["engine"], row["device"])].append(row)
     rows = []
-    for members in groups.values():
-        first = members[0]
-        measured = [m for m in members if m["accuracy"] is not None]
-        fastest = max((m for m in members if m["output_throughput"] is not None),
+    for members in runs.values():
+        first = max(members, key=lambda m: str(m["timestamp"] or ""))
+        loads: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+        for member in members:
+            loads[(member["session_id"], member["workload"],
+                   *(member[c] for c in _LOAD_COLUMNS))].append(member)
+        fastest = max(filter(None, (_median_run(load, "output_throughput")
+                                    for load in loads.values())),
                       key=lambda m: m["output_throughput"], default=None)
-        cheapest = min((m for m in members if m["cost"] is not None),
+        cheapest = min(filter(None, (_median_run(load, "cost") for load in loads.values())),
                        key=lambda m: m["cost"], default=None)
-        rows.append({
+        base = {
             "model": str(first["model"] or "-"), "device": first["device"],
             "engine": first["engine"], "id": str(first["configuration"] or ""),
             **{axis: first[axis] for axis in PRECISION_AXES},
-            "accuracy": (statistics.median(m["accuracy"] for m in measured)
-                         if measured else None),
-            "accuracy_run_id": max((m["run_id"] for m in measured), default=None),
+            "task": None, "metric": None, "accuracy": None, "accuracy_run_id": None,
             "output_throughput": (round(fastest["output_throughput"], 1) if fastest
                                   else None),
             "throughput_run_id": fastest["run_id"] if fastest else None,
             "usd_per_million_output_tokens": round(cheapest["cost"], 4) if cheapest else None,
             "gpu_hour_price_usd": cheapest["price"] if cheapest else None,
+            "cost_run_id": cheapest["run_id"] if cheapest else None,
             "frontier": "",
-        })
+        }
+        scores = _accuracies(members, metrics)
+        rows += [{**base, **score} for score in scores] or [base]
     return rows
+
+
+def _median_run(runs: Sequence[dict[str, Any]], metric: str) -> dict[str, Any] | None:
+    """The run whose `metric` is the median of the runs' (the lower of the middle two)."""
+    measured = sorted((r for r in runs if r[metric] is not None), key=lambda r: r[metric])
+    return measured[(len(measured) - 1) // 2] if measured else None
+
+
+def _accuracies(runs: Sequence[dict[str, Any]], metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """One score per accuracy task and metric of a configuration's runs: the median run of
+    its newest session's repeats (a run is read by the first of `metrics` it has, as
+    `accuracy_of` does)."""
+    by_score: dict[tuple[Any, str], dict[str, list[dict[str, Any]]]] = defaultdict(
+        lambda: defaultdict(list))
+    for run in runs:
+        metric = next((m for m in metrics if run[m] is not None), None)
+        if metric is not None:
+            by_score[(run["task"], metric)][run["session_id"]].append(
+                {**run, "accuracy": run[metric]})
+    scores = []
+    for (task, metric), sessions in sorted(by_score.items(), key=lambda item: str(item[0])):
+        newest = max(sessions.values(), key=lambda s: max(str(r["timestamp"] or "") for r in s))
+        median = _median_run(newest, "accuracy")
+        if median is not None:
+            scores.append({"task": task, "metric": metric, "accuracy": median["accuracy"],
+                           "accuracy_run_id": median["run_id"]})
+    return scores
 
 
 def _name(row: Mapping[str, Any], axes: Sequence[str]) -> str:
@@ -159,17 +196,27 @@ def precision_dashboard(connection: sqlite3.Connection, schema: Schema, selectio
         facets[(row["model"], str(row["device"]), str(row["engine"]))].append(row)
     devices = {device for _, device, _ in facets}
     engines = {engine for _, _, engine in facets}
+    scores = {(r["task"], r["metric"]) for r in rows if r["metric"] is not None}
     for (model, device, engine), members in sorted(facets.items()):
-        # Named by the precision settings that differ within the chart, else all of them.
+        # Named by the precision settings that differ within the model, else all of them
+        # (the same in each of its task's charts).
         differing = [a for a in PRECISION_AXES
                      if len({_shown(m[a]) for m in members}) > 1] or list(PRECISION_AXES)
         named = _distinct([(m, _name(m, differing)) for m in members])
         where = model if len(devices) == 1 else f"{model} on {device}"
-        slug = re.sub(r"[^A-Za-z0-9]+", "_", where if len(engines) == 1 else f"{where} {engine}")
+        slug = where if len(engines) == 1 else f"{where} {engine}"
         if len(engines) > 1:
             where += f" ({engine})"
-        if with_accuracy:
-            _charts(view, where, slug, named, simulated=engine == "sim")
+        # A chart per accuracy task and metric: one task's acc and another's exact_match
+        # on one axis are no one score (their median was drawn as one "accuracy").
+        for task, metric in sorted(scores, key=str) if with_accuracy else ():
+            of_score = [m for m in named if (m["task"], m["metric"]) == (task, metric)]
+            if not of_score:
+                continue
+            title, name = (where, slug) if len(scores) == 1 else (
+                f"{where}, {_shown(task)} {metric}", f"{slug} {_shown(task)} {metric}")
+            _charts(view, title, re.sub(r"[^A-Za-z0-9]+", "_", name), of_score,
+                    simulated=engine == "sim", metric=str(metric))
     if with_accuracy and rows and not view.charts:
         view.notes.append("No configuration in this selection has both an accuracy and a "
                           "throughput measurement: nothing to draw.")
@@ -178,8 +225,8 @@ def precision_dashboard(connection: sqlite3.Connection, schema: Schema, selectio
                           "suites with --profllm-gpu-hour-price to draw accuracy against cost.")
     for row in rows:
         row.pop("id", None)
-    rows.sort(key=lambda r: (r["model"], -(r["accuracy"] or 0),
-                             -(r["output_throughput"] or 0)))
+    rows.sort(key=lambda r: (r["model"], _shown(r["task"]), str(r["metric"]),
+                             -(r["accuracy"] or 0), -(r["output_throughput"] or 0)))
     view.tables.append(Table(
         "Configurations: accuracy, peak output throughput and lowest cost per million output "
         "tokens", _COLUMNS, [{c: r.get(c) for c in _COLUMNS} for r in rows],
@@ -190,12 +237,13 @@ def precision_dashboard(connection: sqlite3.Connection, schema: Schema, selectio
 def _distinct(named: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
     """The rows with their `configuration` name, made distinct where the settings drawn do
     not tell two apart (the suite's own configuration name is added)."""
-    counts: dict[str, int] = defaultdict(int)
-    for _, name in named:
-        counts[name] += 1
+    # A configuration has a row per accuracy task: its rows are one configuration.
+    counts: dict[str, set[str]] = defaultdict(set)
+    for row, name in named:
+        counts[name].add(row["id"])
     out = []
     for row, name in named:
-        if counts[name] > 1:
+        if len(counts[name]) > 1:
             name = f"{name} ({row['id'].rsplit('::', 1)[-1]})"
         row["configuration"] = name
         out.append(row)
@@ -217,12 +265,12 @@ def _accuracy_scale(values: list[float]) -> dict[str, Any]:
 
 
 def _charts(view: View, where: str, slug: str, members: list[dict[str, Any]],
-            simulated: bool) -> None:
+            simulated: bool, metric: str) -> None:
     """Accuracy against throughput, and against cost where there is one, for one model."""
     drawn = [m for m in members if m["accuracy"] is not None]
-    y = charts.field("accuracy", "quantitative", "accuracy (higher is better)",
+    y = charts.field("accuracy", "quantitative", f"{metric} (higher is better)",
                      scale=_accuracy_scale([m["accuracy"] for m in drawn]),
-                     axis={"format": ".2~f"})
+                     axis={"format": ".3~f"})
     for x_field, x_title, higher, chart in (
         ("output_throughput", "peak output tok/s", True, "throughput"),
         ("usd_per_million_output_tokens", "USD per million output tokens", False, "cost"),
@@ -246,9 +294,10 @@ def _charts(view: View, where: str, slug: str, members: list[dict[str, Any]],
                           "color": {**charts.series_colour(count),
                                     "field": "configuration"},
                           "tooltip": charts.tooltips(
-                              "configuration", "accuracy", "output_throughput",
-                              "usd_per_million_output_tokens", "gpu_hour_price_usd",
-                              "accuracy_run_id", "throughput_run_id")}},
+                              "configuration", "task", "metric", "accuracy",
+                              "output_throughput", "usd_per_million_output_tokens",
+                              "gpu_hour_price_usd", "accuracy_run_id", "throughput_run_id",
+                              "cost_run_id")}},
         ]
         values = [{k: v for k, v in p.items() if k != "id"} for p in points]
         better = "Up and right" if higher else "Up and left"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_profllm.browse.latest import LATEST_SESSION_SQL
 from pytest_profllm.results import summaries
 from pytest_profllm.results.gate_tables import VERDICTS
 from pytest_profllm.results.landing import HEADLINE_METRICS
@@ -25,7 +26,8 @@ SERIES = (
     " || ']'"
 )
 SERIES_KEY = summaries.SERIES_KEY
-LATEST_SESSION = f"(SELECT session_id FROM {TABLE} ORDER BY timestamp DESC LIMIT 1)"
+# The latest session: browse/latest.py defines it for every page.
+LATEST_SESSION = LATEST_SESSION_SQL
 
 
 def _number(param: str, default: str = "1e308") -> str:
