@@ -158,7 +158,7 @@ def test_without_a_terminal_each_case_says_one_line_per_30_s_at_most(tmp_path: P
     said: list[list[str]] = []
     view = LogView(tmp_path, said.append, clock=lambda: now[0])
     running = _status("suite::a", worker="gw0", stage="loading", history=["loading"], total=10,
-                      done=4, load_started=990.0, target_rate=1.0)
+                      sent=5, done=4, load_started=990.0, target_rate=1.0)
     waiting = _status("suite::b", worker="gw1", stage="waiting", detail="1 GPU(s) and a port",
                       stage_since=1000.0, history=["waiting"])
     _write(tmp_path, "1", running)

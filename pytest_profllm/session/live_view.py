@@ -44,6 +44,7 @@ class RunningCase:
     stage_since: float
     warming_up: bool
     total: int
+    sent: int
     done: int
     failed: int
     load_started: float | None
@@ -78,6 +79,7 @@ def merge(statuses: list[dict[str, Any]]) -> list[RunningCase]:
             stage_since=lead.get("stage_since", 0.0),
             warming_up=any(p.get("warming_up") for p in parts),
             total=sum(p.get("total", 0) for p in parts),
+            sent=sum(p.get("sent", 0) for p in parts),
             done=sum(p.get("done", 0) for p in parts),
             failed=sum(p.get("failed", 0) for p in parts),
             load_started=min(started) if started else None,
@@ -114,12 +116,12 @@ def progress_text(case: RunningCase, now: float) -> str:
     if not case.total or case.load_started is None:
         return ""
     elapsed = max(now - case.load_started, 1e-9)
-    rate = case.done / elapsed
     parts = [f"{case.done}/{case.total}"]
     if case.failed:
         parts.append(f"{case.failed} failed")
+    # Sent, not done, against the target: whether the client keeps the schedule.
     target = f"/{case.target_rate:g}" if case.target_rate else ""
-    parts.append(f"{rate:.1f}{target} req/s")
+    parts.append(f"{case.sent / elapsed:.1f}{target} req/s")
     parts.append(f"lag {case.lag_s * 1000:.0f} ms")
     if case.median_ttft_ms is not None:
         parts.append(f"TTFT {case.median_ttft_ms:.0f} ms")
@@ -129,8 +131,8 @@ def progress_text(case: RunningCase, now: float) -> str:
         parts.append(f"run {_count(case.running)} wait {_count(case.waiting)}")
     if case.kv_cache_usage is not None:
         parts.append(f"KV {case.kv_cache_usage * 100:.0f}%")
-    if 0 < case.done < case.total and rate > 0:
-        parts.append(f"~{_duration((case.total - case.done) / rate)} left")
+    if 0 < case.done < case.total:
+        parts.append(f"~{_duration((case.total - case.done) * elapsed / case.done)} left")
     return "  ".join(parts)
 
 
