@@ -47,6 +47,7 @@ class CaseStatus:
     done: int = 0
     failed: int = 0
     load_started: float | None = None  # wall clock
+    last_sent: float | None = None  # wall clock: the achieved rate is over the sending
     target_rate: float | None = None  # req/s; None: as fast as it goes
     lag_s: float = 0.0  # how late the last request left against its schedule
     median_ttft_ms: float | None = None
@@ -205,7 +206,7 @@ class LoadProgress:
         self._ttft, self._tpot = found.ttft[status.case], found.tpot[status.case]
         with found.lock:
             status.total, status.sent, status.done, status.failed = total, 0, 0, 0
-            status.load_started, status.lag_s = found.clock(), 0.0
+            status.load_started, status.last_sent, status.lag_s = found.clock(), None, 0.0
             status.target_rate = rate if math.isfinite(rate) else None
             self._ttft.clear()
             self._tpot.clear()
@@ -213,6 +214,7 @@ class LoadProgress:
 
     def sent(self, lag_s: float) -> None:
         self._status.sent += 1
+        self._status.last_sent = self._found.clock()
         self._status.lag_s = max(0.0, lag_s)
         self._found.changed()
 

@@ -30,6 +30,7 @@ from pytest_profllm.options import LiveMode
 
 LOG_EVERY_S = 30.0
 REFRESH_PER_SECOND = 2.0
+LOAD_STAGES = ("loading", "searching", "remeasuring", "profiling")  # with a load's figures
 _BAR_WIDTH = 12
 
 
@@ -48,6 +49,7 @@ class RunningCase:
     done: int
     failed: int
     load_started: float | None
+    last_sent: float | None
     target_rate: float | None
     lag_s: float
     median_ttft_ms: float | None
@@ -83,6 +85,7 @@ def merge(statuses: list[dict[str, Any]]) -> list[RunningCase]:
             done=sum(p.get("done", 0) for p in parts),
             failed=sum(p.get("failed", 0) for p in parts),
             load_started=min(started) if started else None,
+            last_sent=max((p["last_sent"] for p in parts if p.get("last_sent")), default=None),
             target_rate=lead.get("target_rate") or next(
                 (p["target_rate"] for p in parts if p.get("target_rate")), None),
             lag_s=max(p.get("lag_s", 0.0) for p in parts),
@@ -112,16 +115,20 @@ def stage_text(case: RunningCase, now: float) -> str:
 
 
 def progress_text(case: RunningCase, now: float) -> str:
-    """The load's figures in one string; empty before a load began."""
-    if not case.total or case.load_started is None:
+    """The load's figures in one string; empty outside a load (a finished load's figures
+    would read as the next stage's)."""
+    if not case.total or case.load_started is None or case.stage not in LOAD_STAGES:
         return ""
     elapsed = max(now - case.load_started, 1e-9)
     parts = [f"{case.done}/{case.total}"]
     if case.failed:
         parts.append(f"{case.failed} failed")
-    # Sent, not done, against the target: whether the client keeps the schedule.
-    target = f"/{case.target_rate:g}" if case.target_rate else ""
-    parts.append(f"{case.sent / elapsed:.1f}{target} req/s")
+    # Sent, not done, against the target, over the sending: whether the client keeps the
+    # schedule.
+    target = f"/{case.target_rate:.3g}" if case.target_rate else ""
+    sending = (case.last_sent if case.sent >= case.total and case.last_sent else now)
+    rate = case.sent / max(sending - case.load_started, 1e-9)
+    parts.append(f"{rate:.1f}{target} req/s")
     parts.append(f"lag {case.lag_s * 1000:.0f} ms")
     if case.median_ttft_ms is not None:
         parts.append(f"TTFT {case.median_ttft_ms:.0f} ms")
