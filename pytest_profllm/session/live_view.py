@@ -308,7 +308,7 @@ class TerminalView:
 def _bar(case: RunningCase) -> Any:
     from rich.text import Text
 
-    if not case.total:
+    if not case.total or case.stage not in LOAD_STAGES:
         return Text("")
     filled = round(_BAR_WIDTH * case.done / case.total)
     bar = Text("━" * filled, style="green") + Text("─" * (_BAR_WIDTH - filled), style="dim")
