@@ -177,6 +177,8 @@ def set_stage(stage: str, detail: str = "") -> None:
         status.history.append(f"{stage}: {detail}" if detail else stage)
         if stage != "loading" and stage != FINISHED:
             status.warming_up = False
+        if stage in ("searching", "remeasuring"):  # a new load comes: the last one's figures go
+            status.total = status.sent = status.done = status.failed = 0
     found.changed()
 
 
