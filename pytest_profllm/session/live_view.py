@@ -355,11 +355,15 @@ def start(config: pytest.Config, mode: LiveMode) -> LiveSession | None:
         view: TerminalView | LogView = TerminalView(folder, writer, out)
     else:
         lock = threading.Lock()
+        seen = [0]  # how far pytest's unfinished line went when we last wrote
 
         def write(lines: list[str]) -> None:
             with lock:
-                # Off pytest's unfinished line (its progress dots), if there is one.
-                ended = "\n" if writer.width_of_current_line else ""
+                # Off pytest's unfinished line (its progress dots), once per stretch of it:
+                # pytest does not know we ended it, and a line it did not extend is ended.
+                width = writer.width_of_current_line
+                ended = "\n" if width and width != seen[0] else ""
+                seen[0] = width
                 out.write(ended + "\n".join(lines) + "\n")
                 out.flush()
 
