@@ -223,7 +223,7 @@ class _Passage:
         self.open_line = ""
 
     def write(self, text: str) -> int:
-        from rich.text import Text
+        from rich.text import Text  # deferred: rich only where the view draws
 
         with self.console:  # rich's lock: a refresh never draws between our writes
             *whole, self.open_line = (self.open_line + text).split("\n")
@@ -248,8 +248,8 @@ class TerminalView:
     """On a terminal: rich's Live, transient (it leaves nothing when it stops)."""
 
     def __init__(self, folder: Path, writer: Any, out: IO[str]) -> None:
-        from rich.console import Console
-        from rich.live import Live
+        from rich.console import Console  # deferred: rich only where the view draws
+        from rich.live import Live  # deferred: rich only where the view draws
 
         self.folder, self.writer = folder, writer
         self.console = Console(file=out, force_terminal=True, soft_wrap=True)
@@ -264,8 +264,8 @@ class TerminalView:
         )
 
     def render(self) -> Any:
-        from rich.console import Group
-        from rich.text import Text
+        from rich.console import Group  # deferred: rich only where the view draws
+        from rich.text import Text  # deferred: rich only where the view draws
 
         now = time.time()
         try:
@@ -306,7 +306,7 @@ class TerminalView:
 
 
 def _bar(case: RunningCase) -> Any:
-    from rich.text import Text
+    from rich.text import Text  # deferred: rich only where the view draws
 
     if not case.total or case.stage not in LOAD_STAGES:
         return Text("")
