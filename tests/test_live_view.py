@@ -227,3 +227,33 @@ def test_a_load_reports_its_requests_from_a_timer_not_per_request(
     (status,) = live_status.read_folder(tmp_path)
     assert status["stage"] == live_status.FINISHED
     assert status["history"] == ["loading", "waiting: load cores", "loading", "finished"]
+
+
+def test_pytests_writes_pass_through_whole_and_an_unfinished_line_waits(tmp_path: Path) -> None:
+    """What pytest's writer writes while the view draws: its whole lines printed above the
+    live lines as they were, its unfinished line (progress dots) drawn as the first live line,
+    and written as it stood when the view stops."""
+    import io
+
+    class Writer:  # pytest's TerminalWriter, as far as the view touches it
+        def __init__(self) -> None:
+            self._file: Any = io.StringIO()
+
+    writer, out = Writer(), io.StringIO()
+    original = writer._file
+    view = live_view.TerminalView(tmp_path, writer, out)
+    view.start()
+    try:
+        assert writer._file is view.passage
+        writer._file.write("bench_x.yaml ")
+        writer._file.write(".")
+        writer._file.write(".   [100%]\ncreated: 1/2\rcreated: 2/2 workers\n")
+        writer._file.write("tail")
+        assert view.passage.open_line == "tail"
+    finally:
+        view.stop()
+    assert writer._file is original
+    shown = _ANSI.sub("", out.getvalue())
+    assert "bench_x.yaml ..   [100%]\n" in shown
+    assert "created: 2/2 workers\n" in shown and "created: 1/2" not in shown
+    assert original.getvalue() == "tail"  # the unfinished line, where pytest's writer writes
