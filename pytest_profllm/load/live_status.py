@@ -68,7 +68,9 @@ class _Reporter:
         self.ttft: dict[str, deque[float]] = {}
         self.tpot: dict[str, deque[float]] = {}
         self.lock = threading.Lock()
-        self.dirty = threading.Event()
+        # A plain flag, not an Event: a request sets it without taking a lock; the timer
+        # looks at it twice a second.
+        self.dirty = False
         self.path = folder / f"{os.getpid()}.json"
         self.closed = False
         self.thread = threading.Thread(target=self._loop, name="profllm-live", daemon=True)
@@ -82,15 +84,15 @@ class _Reporter:
         return found
 
     def changed(self) -> None:
-        self.dirty.set()
+        self.dirty = True
 
     def _loop(self) -> None:
         while True:
-            self.dirty.wait()
-            self.dirty.clear()
-            with contextlib.suppress(OSError):  # a folder gone at the session's end
-                self.write()
             time.sleep(WRITE_INTERVAL_S)  # at most two writes a second
+            if self.dirty:
+                self.dirty = False
+                with contextlib.suppress(OSError):  # a folder gone at the session's end
+                    self.write()
 
     def write(self) -> None:
         with self.lock:
