@@ -236,6 +236,8 @@ def test_pytests_writes_pass_through_whole_and_an_unfinished_line_waits(tmp_path
     import io
 
     class Writer:  # pytest's TerminalWriter, as far as the view touches it
+        hasmarkup = True
+
         def __init__(self) -> None:
             self._file: Any = io.StringIO()
 

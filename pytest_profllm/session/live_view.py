@@ -252,7 +252,9 @@ class TerminalView:
         from rich.live import Live  # deferred: rich only where the view draws
 
         self.folder, self.writer = folder, writer
-        self.console = Console(file=out, force_terminal=True, soft_wrap=True)
+        # Colours as pytest's own (--color=no, NO_COLOR).
+        self.console = Console(file=out, force_terminal=True, soft_wrap=True,
+                               no_color=not writer.hasmarkup)
         self.passage = _Passage(writer._file, self.console)
         self.live = Live(
             get_renderable=self.render,
@@ -321,12 +323,17 @@ class LiveSession:
 
     folder: Path
     owned: bool  # made here (removed at the end), not given through the environment
+    out: IO[str] | None = None  # our own descriptor of the terminal, closed at the end
     view: TerminalView | LogView | None = None
 
     def stop(self) -> None:
         if self.view is not None:
             self.view.stop()
             self.view = None
+        if self.out is not None:
+            with contextlib.suppress(OSError):
+                self.out.close()
+            self.out = None
         if self.owned:
             os.environ.pop(live_status.DIR_ENV, None)
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -340,7 +347,7 @@ def start(config: pytest.Config, mode: LiveMode) -> LiveSession | None:
         return None
     writer = config.get_terminal_writer()
     quiet = config.get_verbosity() < 0
-    drawn = resolve_mode(mode, writer.hasmarkup and _isatty(writer._file), quiet)
+    drawn = resolve_mode(mode, _isatty(writer._file), quiet)
     if drawn == "off":
         return None
     given = os.environ.get(live_status.DIR_ENV)
@@ -351,6 +358,8 @@ def start(config: pytest.Config, mode: LiveMode) -> LiveSession | None:
     # The terminal itself, not fd 1: while a case runs in this process (-n 0) pytest
     # captures fd 1, and the view must not end up in the case's captured output.
     out = _terminal_of(writer._file)
+    if out is not writer._file:
+        live.out = out
     if drawn == "terminal":
         view: TerminalView | LogView = TerminalView(folder, writer, out)
     else:
