@@ -5,6 +5,7 @@ terminal one line per case, under xdist every worker's; without one a line per c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -224,6 +225,10 @@ def test_a_load_reports_its_requests_from_a_timer_not_per_request(
         with stages.during("waiting", "load cores"):
             assert found.cases["s::c"].stage == "waiting"
         assert found.cases["s::c"].stage == "loading"
+        live_status.warming_up(True)  # the client's warmups, before the measured load
+        (case,) = merge([dataclasses.asdict(found.cases["s::c"])])
+        assert live_view.stage_text(case, 0.0) == "loading (warming up)"
+        live_status.warming_up(False)
     (status,) = live_status.read_folder(tmp_path)
     assert status["stage"] == live_status.FINISHED
     assert status["history"] == ["loading", "waiting: load cores", "loading", "finished"]
