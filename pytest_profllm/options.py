@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -172,6 +173,22 @@ def metrics_port(config: pytest.Config) -> int | None:
     """--profllm-metrics-port, else its ini option, else None (off)."""
     return _parsed(  # type: ignore[return-value]
         config, "profllm_metrics_port", "profllm_metrics_port", parse_metrics_port
+    )
+
+
+LiveMode = Literal["on", "off", "auto"]
+LIVE_MODES: tuple[LiveMode, ...] = ("on", "off", "auto")
+
+
+def live_mode(config: pytest.Config) -> LiveMode:
+    """--profllm-live, else its ini option (`auto` by default: drawn on a terminal, a line
+    now and then without one)."""
+    value = config.getoption("profllm_live") or config.getini("profllm_live") or "auto"
+    for mode in LIVE_MODES:
+        if value == mode:
+            return mode
+    raise pytest.UsageError(
+        f"ini option profllm_live: {value!r} is not one of {', '.join(LIVE_MODES)}"
     )
 
 
@@ -344,6 +361,16 @@ def add_options(parser: pytest.Parser) -> None:
         "default: off)",
     )
     group.addoption(
+        "--profllm-live",
+        choices=LIVE_MODES,
+        default=None,
+        help="show each running case's stage and progress while the session runs. auto: on a "
+        "terminal one line per case, redrawn twice a second; without one (a CI log) a line "
+        "per case every 30 s at most, none with -q. on: the redrawn lines also where the "
+        "output is not a terminal (a pane being captured). off: nothing "
+        "(ini: profllm_live; default: auto)",
+    )
+    group.addoption(
         "--profllm-remeasure",
         metavar="N",
         type=parse_remeasure,
@@ -482,6 +509,8 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini(
         "profllm_metrics_port", "port of the client's own /metrics (default: off)", default=None
     )
+    parser.addini("profllm_live", "on, off or auto: the live view of running cases",
+                  default="auto")
     parser.addini(
         "profllm_remeasure", "extra runs of a load the host made invalid",
         default=str(DEFAULT_REMEASURE),

@@ -32,6 +32,7 @@ from pytest_profllm.session import (
     collect,
     identity,
     interrupt,
+    live_view,
     metrics_endpoint,
     resume,
     saturation,
@@ -54,6 +55,7 @@ _GATE_ASKED = pytest.StashKey[bool]()
 _LEFTOVERS = pytest.StashKey[list[str]]()  # what killed sessions left, ended at the start
 _RESTORE_SIGTERM = pytest.StashKey[Callable[[], None]]()
 _METRICS = pytest.StashKey[metrics_endpoint.MetricsEndpoint]()
+_LIVE = pytest.StashKey[live_view.LiveSession]()
 METRICS_HOST = "127.0.0.1"  # the numbers name suites and cases: not for other hosts
 
 
@@ -149,6 +151,7 @@ def _say(config: pytest.Config, line: str) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    _stop_live(config)
     endpoint = config.stash.get(_METRICS, None)
     if endpoint is not None:  # after the last record is written (pytest_sessionfinish)
         endpoint.stop()
@@ -330,7 +333,27 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         item.user_properties.append((worker.GATE_ASKED_PROPERTY, True))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    config = session.config
+    # The terminal reporter exists by now; xdist starts its workers later (its hook is
+    # trylast), and they inherit the live folder.
+    if hasattr(config, "workerinput") or config.option.collectonly:
+        return
+    live = live_view.start(config, options.live_mode(config))
+    if live is not None:
+        config.stash[_LIVE] = live
+
+
+def _stop_live(config: pytest.Config) -> None:
+    live = config.stash.get(_LIVE, None)
+    if live is not None:
+        live.stop()
+        del config.stash[_LIVE]
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    _stop_live(session.config)  # before the summary: nothing runs any more
     case_runner = session.config.stash.get(WORKER_KEY, None)
     if case_runner is not None:
         case_runner.close()

@@ -308,6 +308,14 @@ class Clients:
         env = {**os.environ, "PROFLLM_METRICS_DIR": str(folder), "PROFLLM_METRICS_CASE": labels}
         return self.ours(url, name, workload, env=env)
 
+    def ours_with_live(self, url: str, name: str, workload: dict[str, Any]) -> dict[str, Any]:
+        """Ours with --profllm-live's reporting on (a case's status written to the session's
+        live folder from a timer); nothing draws it, as the controller would twice a second."""
+        folder = self.out / "live"
+        folder.mkdir(exist_ok=True)
+        env = {**os.environ, "PROFLLM_LIVE_DIR": str(folder), "PROFLLM_LIVE_CASE": name}
+        return self.ours(url, name, workload, env=env)
+
     def vllm(self, url: str, name: str, workload: dict[str, Any]) -> dict[str, Any] | None:
         if self.vllm_env is None:
             return None
@@ -326,6 +334,7 @@ class Clients:
 def speed(
     clients: Clients, streams: list[int], messages: int, repeats: int, processes: int,
     metrics: bool = False,
+    live: bool = False,
 ) -> None:
     print(f"\n(1) SSE messages/s consumed from a zero-cost server (~{messages} messages per run, "
           f"best of {repeats}, the clients taking turns), over the middle 90 % of the stream, and "
@@ -333,6 +342,8 @@ def speed(
     runs: list[tuple[str, Any]] = [("ours", clients.ours), ("vllm", clients.vllm)]
     if metrics:  # --profllm-metrics-port's cost, taking turns with the plain run
         runs.insert(1, ("ours+metrics", clients.ours_with_metrics))
+    if live:  # --profllm-live's cost, likewise
+        runs.insert(1, ("ours+live", clients.ours_with_live))
     if processes > 1:
         def spread(url: str, name: str, workload: dict[str, Any]) -> dict[str, Any]:
             return clients.ours(url, name, workload, processes)
@@ -471,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run our client over this many processes (1: not)")
     parser.add_argument("--metrics", action="store_true",
                         help="also run ours with the client's Prometheus metrics on")
+    parser.add_argument("--live", action="store_true",
+                        help="also run ours with the live view's status reporting on")
     parser.add_argument("--no-parity", action="store_true", help="the speed part only")
     parser.add_argument("--parity-prompts", type=int, default=200)
     parser.add_argument("--parity-rate", type=float, default=20.0)
@@ -488,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         clients = Clients(vllm_env, Path(out))
         streams = [int(n) for n in args.streams.split(",")]
         speed(clients, streams, args.messages, args.repeats, args.client_processes,
-              args.metrics)
+              args.metrics, args.live)
         if args.no_parity:
             return 0
         parity(clients, {

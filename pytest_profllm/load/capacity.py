@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pytest_profllm.hosts.foreign_cpu import ForeignCpu, foreign_problem
+from pytest_profllm.load import stages
 from pytest_profllm.load.bench import (
     DETAILED_KEYS,
     ServerWindow,
@@ -792,6 +793,8 @@ class ServerProbes:
         )
 
     def __call__(self, load: float, count: int, seed: int) -> ProbeSamples:
+        probe = len(self.runs) + (load not in self.runs)  # its runs after the first count once
+        stages.enter("searching", f"probe {probe} at {_load(load)} {_unit(self.bench.search.over)}")
         with self.holding():
             samples, measured, own_hits, again = self._run(load, count, seed)
         self.measured[load], self.own_hits[load] = measured, own_hits
@@ -802,6 +805,7 @@ class ServerProbes:
 
     def recheck(self, load: float, count: int, seed: int) -> ProbeSamples:
         """The search's re-check at the capacity: a run as any other, kept apart."""
+        stages.enter("searching", f"re-check at {_load(load)} {_unit(self.bench.search.over)}")
         with self.holding():
             samples, self.rechecked, _, self.recheck_remeasured = self._run(load, count, seed)
         return samples
@@ -844,6 +848,8 @@ class ServerProbes:
                 host.append(self.budget.exhausted_reason())
                 break
             again.append("; ".join(host))
+            stages.enter("remeasuring", f"{_load(load)} {_unit(self.bench.search.over)}, "
+                         f"attempt {attempt + 2}")
         samples = probe_samples(
             result.outcomes, summary, health, self.bench.goodput, "; ".join(host) or None
         )

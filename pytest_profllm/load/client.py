@@ -26,7 +26,7 @@ import orjson
 
 from pytest_profllm.engine.secrets import bearer
 from pytest_profllm.hosts.descriptors import OUT_OF_DESCRIPTORS
-from pytest_profllm.load import client_metrics
+from pytest_profllm.load import client_metrics, live_status
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.http import StreamingClient
 from pytest_profllm.load.metrics import RequestOutcome
@@ -98,9 +98,11 @@ async def run_warmups(settings: LoadSettings, request: PromptRequest) -> None:
         async with warmup:
             await stream_request(client, path, body, RequestOutcome(prompt_len=0), settings)
 
+    live_status.warming_up(True)
     try:
         await asyncio.gather(*(warm() for _ in range(settings.num_warmups)))
     finally:
+        live_status.warming_up(False)
         client.close()
 
 
@@ -123,18 +125,26 @@ async def run_share(
     send = pooling_request if settings.backend in POOLING_BACKENDS else stream_request
 
     watch = client_metrics.recorder()  # None unless --profllm-metrics-port is on
+    live = live_status.load_progress(len(requests), settings.request_rate)  # --profllm-live
 
     async def one(outcome: RequestOutcome, body: bytes, index: int) -> RequestOutcome:
         outcome.dispatch_time = time.perf_counter()
         async with semaphore:
             request_id = f"{settings.request_id_prefix}{index}"
-            if watch is None:
+            if watch is None and live is None:
                 return await send(client, path, body, outcome, settings, request_id)
-            watch.sent(outcome, outcome.dispatch_time)
+            if watch is not None:
+                watch.sent(outcome, outcome.dispatch_time)
+            if live is not None:
+                live.sent(outcome.dispatch_time - outcome.intended_start)
             try:
                 return await send(client, path, body, outcome, settings, request_id)
             finally:
-                watch.done(outcome)
+                if watch is not None:
+                    watch.done(outcome)
+                if live is not None:
+                    live.done(outcome.success, outcome.ttft, outcome.latency,
+                              outcome.output_tokens)
 
     try:
         tasks = []

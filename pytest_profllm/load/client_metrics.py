@@ -25,7 +25,8 @@ DIR_ENV = "PROFLLM_METRICS_DIR"  # the controller's folder; unset: metrics are o
 LABELS_ENV = "PROFLLM_METRICS_CASE"  # the running case's labels, as JSON, for client processes
 PROMETHEUS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's own; never a server's
 LABELS = ("case", "suite", "server")
-STAGES = ("starting", "loading", "remeasuring", "profiling")
+# load/stages.py says what each means.
+STAGES = ("waiting", "starting", "loading", "searching", "remeasuring", "profiling")
 
 # vLLM 0.33.0's bounds (vllm/v1/metrics/loggers.py, from vllm/v1/metrics/buckets.py), so a
 # dashboard can set the client's histograms beside the server's, bucket for bucket.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_profllm.limits import MAX_REQUEST_TOKENS, InputLimitError, load_json
+from pytest_profllm.load import live_status
 from pytest_profllm.load.client import (
     ENDPOINTS,
     _client,
@@ -266,6 +268,8 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
     )
     client = _client(settings, limit)
     path = settings.endpoint or ENDPOINTS[settings.backend]
+    # --profllm-live: every turn a request; no target rate (the schedule is of conversations).
+    live = live_status.load_progress(sum(len(s.turns) for s in sessions), math.inf)
     started_at = time.time()
     cpu_start = time.thread_time()
     start = time.perf_counter()
@@ -299,10 +303,19 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
                 )
                 payload["messages"] = messages
                 request_id = f"{settings.request_id_prefix}{number}-{index + 1}"
+                if live is not None:
+                    live.sent(dispatched - due)
                 await stream_request(client, path, _encode(payload), outcome, settings, request_id)
                 outcomes.append(outcome)
+                if live is not None:
+                    live.done(outcome.success, outcome.ttft, outcome.latency,
+                              outcome.output_tokens)
                 if not outcome.success:
-                    outcomes += _not_sent(session, number, index + 1, outcome.end_time)
+                    lost = _not_sent(session, number, index + 1, outcome.end_time)
+                    if live is not None:
+                        for _ in lost:  # the turns it never sent fail with it
+                            live.done(False, 0.0, 0.0, None)
+                    outcomes += lost
                     break
                 messages.append({"role": "assistant", "content": outcome.generated_text})
                 history_len += outcome.output_tokens or turn.output_len

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
 from pytest_profllm.hosts.descriptors import ClientCap
+from pytest_profllm.load import live_status
 from pytest_profllm.load.client import run_share, run_warmups
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.metrics import RequestOutcome
@@ -107,6 +108,7 @@ def _worker(fd: int) -> None:
     outcomes = asyncio.run(run_share(settings, requests, offsets, indices, start, limit))
     pipe.send((indices, outcomes, time.thread_time() - cpu_start))
     pipe.close()
+    live_status.close()  # its share is done: a later load's counts must not add to these
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pytest_profllm.engine.registry import human_int
 from pytest_profllm.engine.secrets import Secret
 from pytest_profllm.hosts.cores import CoreLease
 from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU, ForeignCpu, foreign_problem
-from pytest_profllm.load import client_metrics, metrics
+from pytest_profllm.load import metrics, stages
 from pytest_profllm.load.bench import (
     invalid_reasons,
     load_settings,
@@ -82,7 +82,7 @@ def run_case(
     attempts = Attempts(remeasure, budget or RemeasureBudget())
     with servers.serving(case) as server:
         outcome.server = server
-        client_metrics.set_stage("loading")
+        stages.enter("loading")
         codec = codec_for(case, servers.engine, server.base_url)
         # The host's load cores are held from drawing the prompts (the client's own work, kept
         # off another case's load) to the last attempt; waiting for them comes first, outside
@@ -127,7 +127,7 @@ def run_case(
                 failing = metrics.served_problem(load.outcomes, results, allowed_failures(case))
                 if failing is not None or not attempts.again(reasons):
                     break
-                client_metrics.set_stage("remeasuring")
+                stages.enter("remeasuring", f"attempt {len(attempts.kept) + 1}")
     # The server lived through the load on its own port (serving checked): the figures count.
     outcome.results = results
     outcome.attempts = attempts.kept
@@ -138,7 +138,7 @@ def run_case(
     check_modality(case, load.outcomes)
     check_served(load.outcomes, outcome.results, allowed_failures(case))
     if case.profile and server.profile_dir is not None:
-        client_metrics.set_stage("profiling")
+        stages.enter("profiling")
         outcome.profiling = _profile(server, settings, prompts, outcome.run_id)
     outcome.finished_at = time.time()
     return outcome

@@ -22,6 +22,7 @@ import psutil
 
 from pytest_profllm.hosts.nvml import EnergyCount, GpuReading, NvmlGpus
 from pytest_profllm.hosts.processes import process_tree
+from pytest_profllm.load import live_status
 from pytest_profllm.load.server_state import (
     KV_BLOCK_SIZE,
     KV_BLOCKS,
@@ -464,4 +465,8 @@ class Sampler:
                 tokens_generated=scraped.get(TOKENS_GENERATED),
             )
         )
+        if scraped:
+            live_status.server_state(
+                scraped.get(RUNNING), scraped.get(WAITING), scraped.get(KV_CACHE_USAGE)
+            )
         self.sample_seconds += time.perf_counter() - began

@@ -20,7 +20,7 @@ from typing import Any
 
 from pytest_profllm.engine.command import serve_args
 from pytest_profllm.engine.registry import registry_for
-from pytest_profllm.load import metrics
+from pytest_profllm.load import metrics, stages
 from pytest_profllm.load.bench import measure
 from pytest_profllm.load.capacity import (
     Measured,
@@ -241,6 +241,7 @@ def run_virtual_case(
     bench = case.benchmark
     assert isinstance(bench, BenchmarkConfig), "offline kinds are skipped (skip_reason)"
     engine = VirtualEngine.of(case, sim_device, sim_profile)
+    stages.enter("loading", "virtual clock")
     codec = codec_for(case, "sim", "")  # the simulator's tokenizer is always a local one
     with dataset_refusals(case):
         prompts = virtual_prompts(bench, codec, context_of(case))

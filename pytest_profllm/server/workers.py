@@ -24,6 +24,7 @@ from pytest_profllm.hosts.cores import (
 )
 from pytest_profllm.hosts.devices import DeviceKind
 from pytest_profllm.hosts.pool import HostPool, Lease, SessionTurns
+from pytest_profllm.load import stages
 from pytest_profllm.plan.case import Case
 from pytest_profllm.server.launch import engine_args_for, launch, safe_name, server_name
 from pytest_profllm.server.process import (
@@ -133,14 +134,16 @@ class WorkerServers:
                 below_the_client(server.pid)  # no core of its own: it shares the client's
             yield CoreLease((), (), 0.0)
             return
-        with (
-            self.cores.hold(client, 1 if simulated else 0, self.lease_timeout) as lease,
-            thread_on(lease.client),
-            tree_on(server.pid, lease.server),
+        with contextlib.ExitStack() as held:
+            with stages.during("waiting", "load cores"):
+                lease = held.enter_context(
+                    self.cores.hold(client, 1 if simulated else 0, self.lease_timeout)
+                )
+            held.enter_context(thread_on(lease.client))
+            held.enter_context(tree_on(server.pid, lease.server))
             # vLLM's processes (API server, engine core, workers) keep off the client's
             # cores: its workers are bound by vLLM, its API server and engine core were not.
-            tree_off(None if simulated else server.pid, lease.client),
-        ):
+            held.enter_context(tree_off(None if simulated else server.pid, lease.client))
             if simulated and set(lease.server) & set(lease.client):
                 below_the_client(server.pid)  # one core for both (a one-core host)
             yield lease
@@ -185,6 +188,7 @@ class WorkerServers:
             restart_reason=self.restarts.get(key),
             device=self.device,
         )
+        stages.enter("starting", case.server_label)
         try:
             with self.pool.serial_start(timeout=self.lease_timeout + self.startup_timeout):
                 server.start()
@@ -204,6 +208,8 @@ class WorkerServers:
         """This case's devices and ports, in the scheduler's order, once they are idle; the
         server this worker holds goes back first. Also for offline cases (no server)."""
         self.release()
+        what = f"{case.gpus_needed} GPU(s) and a port" if case.gpus_needed else "a port"
+        stages.enter("waiting", what)
         lease = self._lease(case)
         try:
             lease.wait_s += nvml.wait_until_idle(

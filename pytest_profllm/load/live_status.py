@@ -1,0 +1,259 @@
+"""What each running case is doing now, for the live view (`--profllm-live`): its stage and its
+load's progress, written by the process that runs it to a small JSON file of its own in the
+session's live folder, which the controller reads (session/live_view.py).
+
+Files rather than xdist's channel: client subprocesses report too (each its own share of the
+requests), a worker that dies leaves what it said, and a live page can read the same folder.
+Each process writes `<pid>.json` atomically (write, then rename) from a timer thread at most
+twice a second and only when something changed: a request costs the client a few attribute
+updates and an append, never a write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+DIR_ENV = "PROFLLM_LIVE_DIR"  # the controller's folder; unset: the live view is off
+CASE_ENV = "PROFLLM_LIVE_CASE"  # the running case's id, for the client processes it starts
+WRITE_INTERVAL_S = 0.5
+FINISHED = "finished"  # the stage of a case that ended: kept in its file, shown no more
+_RECENT = 256  # the running medians are over the last this many requests
+
+
+@dataclass
+class CaseStatus:
+    """One case as one process sees it; the controller merges the processes of a case."""
+
+    case: str
+    worker: str = ""
+    stage: str = "starting"
+    detail: str = ""
+    stage_since: float = 0.0  # wall clock, so every process and the controller agree
+    history: list[str] = field(default_factory=list)  # every stage entered, "stage: detail"
+    warming_up: bool = False
+    total: int = 0
+    sent: int = 0
+    done: int = 0
+    failed: int = 0
+    load_started: float | None = None  # wall clock
+    last_sent: float | None = None  # wall clock: the achieved rate is over the sending
+    target_rate: float | None = None  # req/s; None: as fast as it goes
+    lag_s: float = 0.0  # how late the last request left against its schedule
+    median_ttft_ms: float | None = None
+    median_tpot_ms: float | None = None
+    running: float | None = None  # the server's own gauges, where it has /metrics
+    waiting: float | None = None
+    kv_cache_usage: float | None = None  # a fraction
+    updated: float = 0.0
+
+
+class _Reporter:
+    """This process's running cases, written by a daemon thread while any changed."""
+
+    def __init__(self, folder: Path, clock: Callable[[], float] = time.time) -> None:
+        self.folder = folder
+        self.clock = clock
+        self.cases: dict[str, CaseStatus] = {}
+        self.ttft: dict[str, deque[float]] = {}
+        self.tpot: dict[str, deque[float]] = {}
+        self.lock = threading.Lock()
+        # A plain flag, not an Event: a request sets it without taking a lock; the timer
+        # looks at it twice a second.
+        self.dirty = False
+        self.path = folder / f"{os.getpid()}.json"
+        self.closed = False
+        self.thread = threading.Thread(target=self._loop, name="profllm-live", daemon=True)
+        self.thread.start()
+
+    def status(self, case: str) -> CaseStatus:
+        found = self.cases.get(case)
+        if found is None:
+            found = self.cases[case] = CaseStatus(case, stage_since=self.clock())
+            self.ttft[case], self.tpot[case] = deque(maxlen=_RECENT), deque(maxlen=_RECENT)
+        return found
+
+    def changed(self) -> None:
+        self.dirty = True
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(WRITE_INTERVAL_S)  # at most two writes a second
+            if self.dirty:
+                self.dirty = False
+                with contextlib.suppress(OSError):  # a folder gone at the session's end
+                    self.write()
+
+    def write(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            now = self.clock()
+            for name, status in self.cases.items():
+                status.updated = now
+                status.median_ttft_ms = _median_ms(self.ttft[name])
+                status.median_tpot_ms = _median_ms(self.tpot[name])
+            payload = json.dumps({"pid": os.getpid(), "cases": [asdict(s) for s in
+                                                                  self.cases.values()]})
+            partial = self.path.with_suffix(".part")
+            partial.write_text(payload)
+            os.replace(partial, self.path)  # a reader sees the old file or the new, never half
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+
+def _median_ms(values: deque[float]) -> float | None:
+    return statistics.median(values) * 1000 if values else None
+
+
+_reporter: _Reporter | None = None
+_reporter_lock = threading.Lock()
+
+
+def reporter() -> _Reporter | None:
+    """This process's reporter, None where the live view is off."""
+    global _reporter
+    folder = os.environ.get(DIR_ENV)
+    if not folder:
+        return None
+    with _reporter_lock:
+        if _reporter is None or _reporter.folder != Path(folder):
+            _reporter = _Reporter(Path(folder))
+        return _reporter
+
+
+def _current() -> tuple[_Reporter, CaseStatus] | None:
+    found, case = reporter(), os.environ.get(CASE_ENV)
+    if found is None or not case:
+        return None
+    return found, found.status(case)
+
+
+@contextlib.contextmanager
+def running(case: str, worker: str) -> Iterator[None]:
+    """The case's status for this process and the client processes it starts; it is marked
+    finished when it ends (and written at once, so the view drops it without waiting)."""
+    found = reporter()
+    if found is None:
+        yield
+        return
+    os.environ[CASE_ENV] = case
+    with found.lock:
+        found.cases.pop(case, None)  # a repeat of the same case starts afresh
+        found.status(case).worker = worker
+    try:
+        yield
+    finally:
+        set_stage(FINISHED)
+        os.environ.pop(CASE_ENV, None)
+        with found.lock:
+            # Only the last finished case stays: the file holds what runs now.
+            for name in [n for n, s in found.cases.items() if s.stage == FINISHED and n != case]:
+                del found.cases[name], found.ttft[name], found.tpot[name]
+        with contextlib.suppress(OSError):
+            found.write()
+
+
+def set_stage(stage: str, detail: str = "") -> None:
+    """The running case entered `stage` (`detail`: which probe, which lease)."""
+    current = _current()
+    if current is None:
+        return
+    found, status = current
+    with found.lock:
+        status.stage, status.detail, status.stage_since = stage, detail, found.clock()
+        status.history.append(f"{stage}: {detail}" if detail else stage)
+        if stage != "loading" and stage != FINISHED:
+            status.warming_up = False
+        if stage in ("searching", "remeasuring"):  # a new load comes: the last one's figures go
+            status.total = status.sent = status.done = status.failed = 0
+    found.changed()
+
+
+def server_state(running: float | None, waiting: float | None, kv: float | None) -> None:
+    """The server's queues and KV-cache use, as its last /metrics scrape said."""
+    current = _current()
+    if current is None:
+        return
+    found, status = current
+    status.running, status.waiting, status.kv_cache_usage = running, waiting, kv
+    found.changed()
+
+
+def warming_up(on: bool) -> None:
+    current = _current()
+    if current is None:
+        return
+    current[1].warming_up = on
+    current[0].changed()
+
+
+class LoadProgress:
+    """One load's requests as they go, in this process: a few updates per request."""
+
+    def __init__(self, found: _Reporter, status: CaseStatus, total: int, rate: float) -> None:
+        self._found, self._status = found, status
+        self._ttft, self._tpot = found.ttft[status.case], found.tpot[status.case]
+        with found.lock:
+            status.total, status.sent, status.done, status.failed = total, 0, 0, 0
+            status.load_started, status.last_sent, status.lag_s = found.clock(), None, 0.0
+            status.target_rate = rate if math.isfinite(rate) else None
+            self._ttft.clear()
+            self._tpot.clear()
+        found.changed()
+
+    def sent(self, lag_s: float) -> None:
+        self._status.sent += 1
+        self._status.last_sent = self._found.clock()
+        self._status.lag_s = max(0.0, lag_s)
+        self._found.changed()
+
+    def done(self, success: bool, ttft: float, latency: float, output_tokens: int | None) -> None:
+        status = self._status
+        status.done += 1
+        if not success:
+            status.failed += 1
+        else:
+            self._ttft.append(ttft)
+            if (output_tokens or 0) > 1:  # vLLM's TPOT: (E2EL - TTFT) / (output - 1)
+                self._tpot.append((latency - ttft) / ((output_tokens or 2) - 1))
+        self._found.changed()
+
+
+def load_progress(total: int, rate: float) -> LoadProgress | None:
+    """A tracker of the running case's load in this process, None where the view is off."""
+    current = _current()
+    return None if current is None else LoadProgress(*current, total, rate)
+
+
+def close() -> None:
+    """This process's file removed (a client process whose share of a load ended: a later
+    load's counts must not add to its)."""
+    if _reporter is not None:
+        _reporter.close()
+
+
+def read_folder(folder: Path) -> list[dict[str, Any]]:
+    """Every process's cases in `folder`, as written (a file that vanished or is not JSON yet
+    is skipped: its process ended, or wrote the old way)."""
+    cases: list[dict[str, Any]] = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            cases.extend(json.loads(path.read_text()).get("cases", []))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return cases
