@@ -41,6 +41,7 @@ from pytest_profllm.plan.suite import BenchmarkConfig, CapacityConfig, CapacityS
 from pytest_profllm.results import store
 from pytest_profllm.results.ingest import IngestError, ingest, record_files
 from pytest_profllm.results.record import json_schema, write_requests
+from pytest_profllm.results.schema_version import NewerSchema
 from pytest_profllm.run.outcome import request_row
 from pytest_profllm.session.collect import CollectionFailed, collect_cases
 from pytest_profllm.sim.cli import main as sim_main
@@ -470,6 +471,8 @@ def _ingest(args: argparse.Namespace) -> int:
             report = ingest(args.db, files, advance)
         except IngestError as error:
             raise CliError(f"{error}: nothing loaded") from None
+        except NewerSchema as error:
+            raise CliError(str(error)) from None
         except (sqlite3.Error, OSError) as error:
             what = (f"still locked by another process after {store.BUSY_TIMEOUT_MS / 1000:g} s"
                     if "locked" in str(error)

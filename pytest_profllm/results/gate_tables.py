@@ -30,6 +30,7 @@ import orjson
 
 from pytest_profllm.results.fingerprint import described
 from pytest_profllm.results.record import is_valid
+from pytest_profllm.results.schema_version import refuse_newer
 
 RUNS = "gate_runs"
 SAMPLES = "request_samples"
@@ -88,6 +89,8 @@ def writing(db_path: Path) -> Iterator[sqlite3.Connection]:
         connection.execute("PRAGMA journal_mode = WAL")
         connection.execute("BEGIN IMMEDIATE")
         try:
+            # Only a load sets the version (it migrates every table); this refuses a newer one.
+            refuse_newer(connection, db_path)
             create(connection)
             yield connection
             connection.execute("COMMIT")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_profllm.results import gate_tables
+from pytest_profllm.results import gate_tables, schema_version
 from pytest_profllm.results.facet_counts import (
     FACET_COUNTS,
     correct_statistics,
@@ -90,6 +90,16 @@ def load_records(
     return load.report.stored
 
 
+def migrate(db_path: Path, busy_timeout_s: float | None = None) -> tuple[int, int]:
+    """An existing database brought to this plugin's schema (an empty load, in one
+    transaction); returns its schema version before and after."""
+    if not db_path.is_file():
+        raise FileNotFoundError(f"{db_path}: no such database")
+    with Load(db_path, busy_timeout_s) as load:
+        pass
+    return load.schema_before, schema_version.SCHEMA_VERSION
+
+
 class Load:
     """One loading transaction (`BEGIN IMMEDIATE`, so the digests read at its start stay
     true): staged rows go in batch by batch; leaving it without an error refreshes the swept
@@ -100,7 +110,7 @@ class Load:
         self.busy_timeout_s = BUSY_TIMEOUT_MS / 1000 if busy_timeout_s is None else busy_timeout_s
         self.report = LoadReport()
         self._fresh: list[str] = []
-        self._gate_tables = False
+        self.schema_before = 0
 
     def __enter__(self) -> Load:
         # A new database is written with a rollback journal, then set to WAL mode: in WAL
@@ -113,7 +123,12 @@ class Load:
             # Attached before the transaction: SQLite attaches nothing inside one.
             self.db.conn.execute(f"ATTACH ':memory:' AS {STAGE}")
             self.db.conn.execute("BEGIN IMMEDIATE")
+            # Before any migration step: a newer database is left as it is.
+            self.schema_before = schema_version.refuse_newer(self.db.conn, self.db_path)
             prepare_table(self.db)
+            # Every table a load or a session writes, so that the version set at the commit
+            # says what the database holds (gate_tables.create also migrates older ones).
+            gate_tables.create(self.db.conn)
             if not self._new:
                 # A new database gets its indexes after its rows: built once, sorted, they
                 # cost a fraction of keeping them up to date row by row.
@@ -173,13 +188,8 @@ class Load:
 
     def add_gates(self, runs: list[GateRows]) -> None:
         """The runs' rows of the gate's tables, in the same transaction as theirs."""
-        if not runs:
-            return
-        connection = self.db.conn
-        if not self._gate_tables:
-            gate_tables.create(connection)
-            self._gate_tables = True
-        gate_tables.write(connection, runs)
+        if runs:
+            gate_tables.write(self.db.conn, runs)
 
     def add_unchanged(self, count: int) -> None:
         """Records known by their digest to be stored as they are."""
@@ -220,6 +230,7 @@ class Load:
                 if rows_changed or not all(db[name].exists() for name in SUMMARIES):
                     refresh_summaries(db.conn)
                 correct_statistics(db.conn)  # after the ANALYZE refresh_landing ran
+                schema_version.stamp(db.conn)
                 db.conn.execute("COMMIT")
                 if self._new:
                     # Where another writer has it open already, the next load sets WAL mode.
