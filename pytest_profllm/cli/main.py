@@ -14,6 +14,7 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
+from pytest_profllm.cli import keeping
 from pytest_profllm.cli.calibrate import (
     CalibrationError,
     calibrate,
@@ -244,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         "configuration out in turn",
     )
     calibrate_.set_defaults(handler=_calibrate)
+    keeping.add_commands(commands)
 
     # `profllm sim ...` is handed to the simulator's own parser before this one (see main);
     # listed here for `profllm --help`.
@@ -397,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result: int = args.handler(args)
         return result
-    except CliError as error:
+    except (CliError, keeping.KeepingError) as error:
         prefix = f"profllm {args.command}: "
         print(prefix + str(error).replace("\n", "\n" + prefix), file=sys.stderr)
         return error.code

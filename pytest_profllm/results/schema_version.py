@@ -24,7 +24,9 @@ HISTORY: dict[int, str] = {
     7: "1cb9b20: `engine_sim_profile`, the profile file that priced a simulated run",
     8: "1277b7a: `facet_counts`, the counts each load takes of the faceted columns",
     9: "123b7ac: the `summary_*` tables of the canned queries",
-    10: "the version kept in PRAGMA user_version; every load makes all the tables",
+    10: "the version kept in PRAGMA user_version; every load makes all the tables; stored "
+    "fingerprints re-derived by today's rules (c6ecf25's random workloads held conversation "
+    "keys)",
 }
 SCHEMA_VERSION = max(HISTORY)
 

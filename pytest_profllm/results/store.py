@@ -129,6 +129,8 @@ class Load:
             # Every table a load or a session writes, so that the version set at the commit
             # says what the database holds (gate_tables.create also migrates older ones).
             gate_tables.create(self.db.conn)
+            if self.schema_before < schema_version.SCHEMA_VERSION and not self._new:
+                gate_tables.rederive_fingerprints(self.db.conn)
             if not self._new:
                 # A new database gets its indexes after its rows: built once, sorted, they
                 # cost a fraction of keeping them up to date row by row.
