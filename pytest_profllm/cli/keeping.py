@@ -38,8 +38,12 @@ def add_commands(commands: Any) -> None:
         "Read-only: it runs beside a session.",
     )
     check_.add_argument("db", type=Path, metavar="DB", help="a results.db")
-    check_.add_argument("--records", type=Path, metavar="DIR",
-                        help="the folder of its JSON records (default: the tables only)")
+    check_.add_argument(
+        "--records",
+        type=Path,
+        metavar="DIR",
+        help="the folder of its JSON records (default: the tables only)",
+    )
     check_.set_defaults(handler=_check)
 
     rebuild_ = commands.add_parser(
@@ -51,8 +55,14 @@ def add_commands(commands: Any) -> None:
         "reason; the rest are loaded), 2 when nothing could be written.",
     )
     rebuild_.add_argument("records", type=Path, metavar="DIR", help="the folder of records")
-    rebuild_.add_argument("-o", "--output", type=Path, required=True, metavar="DB",
-                          help="the database to write (must not exist)")
+    rebuild_.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        metavar="DB",
+        help="the database to write (must not exist)",
+    )
     rebuild_.set_defaults(handler=_rebuild)
 
     backup_ = commands.add_parser(
@@ -66,11 +76,18 @@ def add_commands(commands: Any) -> None:
     )
     backup_.add_argument("db", type=Path, metavar="DB", help="a results.db")
     backup_.add_argument("dest", type=Path, metavar="DEST", help="the backup file to write")
-    backup_.add_argument("--with-records", type=Path, metavar="DIR",
-                         help="the folder of DB's records, copied beside the backup "
-                         "(default: the database only)")
-    backup_.add_argument("--records-as", choices=("tar", "folder"), default="tar",
-                         help="how the records go beside it (default: tar)")
+    backup_.add_argument(
+        "--with-records",
+        type=Path,
+        metavar="DIR",
+        help="the folder of DB's records, copied beside the backup (default: the database only)",
+    )
+    backup_.add_argument(
+        "--records-as",
+        choices=("tar", "folder"),
+        default="tar",
+        help="how the records go beside it (default: tar)",
+    )
     backup_.set_defaults(handler=_backup)
 
     restore_ = commands.add_parser(
@@ -82,8 +99,12 @@ def add_commands(commands: Any) -> None:
         "Refuses, in one line, while another process holds DB (a session loading, Datasette "
         "reading).",
     )
-    restore_.add_argument("backup", type=Path, metavar="BACKUP", help="a file profllm backup "
-                          "wrote (or any results database)")
+    restore_.add_argument(
+        "backup",
+        type=Path,
+        metavar="BACKUP",
+        help="a file profllm backup wrote (or any results database)",
+    )
     restore_.add_argument("db", type=Path, metavar="DB", help="the database to replace or make")
     restore_.set_defaults(handler=_restore)
 
@@ -105,8 +126,12 @@ def _rebuild(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     with tqdm(unit="file", disable=None, leave=False) as bar:
+
+        def advance(count: int) -> None:
+            bar.update(count)
+
         try:
-            report = rebuild(args.records, args.output, bar.update)
+            report = rebuild(args.records, args.output, advance)
         except (RebuildError, IngestError) as error:
             raise KeepingError(str(error)) from None
         except (sqlite3.Error, OSError) as error:
@@ -133,8 +158,10 @@ def _backup(args: argparse.Namespace) -> int:
             raise KeepingError(str(error)) from None
         except OSError as error:
             raise KeepingError(f"{args.dest}: {error.strerror or error}") from None
-    line = (f"{report.path}: {report.runs} run(s), schema version {report.version}, "
-            f"{report.pages} page(s)")
+    line = (
+        f"{report.path}: {report.runs} run(s), schema version {report.version}, "
+        f"{report.pages} page(s)"
+    )
     if report.records is not None:
         line += f"; {report.record_files} record and request file(s) in {report.records}"
     print(line)
