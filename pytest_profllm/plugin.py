@@ -347,7 +347,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         controller.forget_turns()
         gates = session.config.stash.get(GATE_CONTROLLER_KEY, None)
         if gates is not None:
-            gates.finish(records_loaded=controller.load_problem is None)
+            gates.finish()
             if gates.gated_nothing() is not None:
                 # A gate that gated nothing is an error, never green.
                 session.exitstatus = pytest.ExitCode.USAGE_ERROR

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from pytest_profllm.results.facet_counts import (
     correct_statistics,
     refresh_facet_counts,
 )
-from pytest_profllm.results.gate_tables import GateRows
+from pytest_profllm.results.gate_tables import GateRows, gate_rows
 from pytest_profllm.results.landing import SweptAxes, refresh_landing
 from pytest_profllm.results.rows import RowBuilder
 from pytest_profllm.results.staging import STAGE, StagedRows, column_list, stage
@@ -75,10 +75,15 @@ def load_records(
     db_path: Path,
     records: Iterable[dict[str, Any]],
     busy_timeout_s: float = BUSY_TIMEOUT_MS / 1000,
+    requests: Mapping[str, list[dict[str, Any]] | None] | None = None,
 ) -> int:
     """Upsert records into `benchmark_runs` in one transaction (all or nothing: a full disk or
     an error leaves the database as it was); returns how many of them the table now holds
-    (new, changed or already there). Waits up to `busy_timeout_s` for another writer."""
+    (new, changed or already there). Waits up to `busy_timeout_s` for another writer.
+    `requests`: given, each record's rows of the gate's tables go in the same transaction,
+    with its per-request rows by run id (None or absent: not known; stored ones stay), so
+    that no moment (a backup, a kill) sees a run in one table and not the other."""
+    records = list(records)
     rows = RowBuilder()
     for record in records:
         rows.add(record)
@@ -87,6 +92,9 @@ def load_records(
         return 0
     with Load(db_path, busy_timeout_s) as load:
         load.add(staged)
+        if requests is not None:
+            load.add_gates([gate_rows(record, requests.get(record["run_id"]))
+                            for record in records])
     return load.report.stored
 
 
