@@ -144,6 +144,7 @@ def _rebuild(args: argparse.Namespace) -> int:
 
 
 def _backup(args: argparse.Namespace) -> int:
+    # Deferred: tqdm only for the progress bar.
     from tqdm import tqdm
 
     with tqdm(unit="page", disable=None, leave=False) as bar:
