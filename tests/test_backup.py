@@ -5,8 +5,8 @@ database; every refusal is one line."""
 
 from __future__ import annotations
 
-import subprocess
 import sqlite3
+import subprocess
 import sys
 import tarfile
 import time
@@ -171,7 +171,7 @@ def test_what_cannot_be_backed_up_is_one_line(
     newer = tmp_path / "newer.db"
     with sqlite3.connect(newer) as connection:
         connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    for args, line in [
+    cases: list[tuple[list[Path | str], str]] = [
         ([db, taken], f"{taken}: exists; name a new file for the backup"),
         ([tmp_path / "none.db", tmp_path / "b.db"], f"{tmp_path / 'none.db'}: no such database"),
         ([db, tmp_path / "no" / "b.db"], f"{tmp_path / 'no'}: no such folder"),
@@ -184,7 +184,8 @@ def test_what_cannot_be_backed_up_is_one_line(
             f"{newer}: schema version {SCHEMA_VERSION + 1} is newer "
             f"than this plugin's {SCHEMA_VERSION}: upgrade pytest-profllm to read or write it",
         ),
-    ]:
+    ]
+    for args, line in cases:
         assert cli_main(["backup", *map(str, args)]) == 2
         assert capsys.readouterr().err == f"profllm backup: {line}\n"
     assert not (tmp_path / "b.db").exists()
