@@ -30,10 +30,16 @@ from pytest_profllm.results.table import TABLE, column_types
 
 # The tables that hold one row per run, each beside `benchmark_runs`.
 _PER_RUN = (LANDING, gate_tables.RUNS)
+_GATE_TABLES = (
+    gate_tables.RUNS,
+    gate_tables.FINGERPRINTS,
+    gate_tables.SAMPLES,
+    gate_tables.VERDICTS,
+    gate_tables.SERIES,
+    gate_tables.CHANGE_POINTS,
+)
 # Every table a load or a session writes.
-TABLES = (TABLE, LANDING, AXES_TABLE, FACET_COUNTS, *SUMMARIES, gate_tables.RUNS,
-          gate_tables.FINGERPRINTS, gate_tables.SAMPLES, gate_tables.VERDICTS,
-          gate_tables.SERIES, gate_tables.CHANGE_POINTS)
+TABLES = (TABLE, LANDING, AXES_TABLE, FACET_COUNTS, *SUMMARIES, *_GATE_TABLES)
 # Problems listed before the summary; the rest are counted.
 _SHOWN = 50
 
@@ -66,8 +72,10 @@ class CheckReport:
         shown = [text for _, text in self.problems[:_SHOWN]]
         if len(self.problems) > _SHOWN:
             shown.append(f"... and {len(self.problems) - _SHOWN} more problem(s)")
-        what = (f"{self.db_path}: schema version {self.version}, {self.tables} table(s), "
-                f"{self.runs} run(s)")
+        what = (
+            f"{self.db_path}: schema version {self.version}, {self.tables} table(s), "
+            f"{self.runs} run(s)"
+        )
         if self.records is not None:
             what += f", {self.records} record file(s)"
         if not self.problems:
@@ -91,9 +99,11 @@ def check(db_path: Path, records: Path | None = None) -> CheckReport:
                 report.problem(f"integrity: {line}")
             return report  # what else it says cannot be trusted
         if report.version != schema_version.SCHEMA_VERSION:
-            report.problem(f"schema version {report.version}, not this plugin's "
-                           f"{schema_version.SCHEMA_VERSION}: the next load (a session, "
-                           "profllm ingest) migrates it")
+            report.problem(
+                f"schema version {report.version}, not this plugin's "
+                f"{schema_version.SCHEMA_VERSION}: the next load (a session, "
+                "profllm ingest) migrates it"
+            )
         try:
             present = _tables(db, report)
             if TABLE not in present:
@@ -128,8 +138,9 @@ def _columns(db: sqlite3.Connection, table: str) -> set[str]:
 
 def _tables(db: sqlite3.Connection, report: CheckReport) -> set[str]:
     """The plugin's tables present; a missing one, or a missing column, is a problem."""
-    present = {name for (name,) in db.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table'")} & set(TABLES)
+    present = {
+        name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+    } & set(TABLES)
     report.tables = len(present)
     for name in TABLES:
         if name not in present:
@@ -137,18 +148,15 @@ def _tables(db: sqlite3.Connection, report: CheckReport) -> set[str]:
     # What this plugin's code makes of each table, against what the database has.
     with closing(sqlite3.connect(":memory:")) as fresh:
         gate_tables.create(fresh)
-        wanted = {name: _columns(fresh, name) for name in gate_tables_names()}
+        wanted = {name: _columns(fresh, name) for name in _GATE_TABLES}
     wanted[TABLE] = set(column_types())
     for name, columns in wanted.items():
         if name in present and (missing := sorted(columns - _columns(db, name))):
-            report.problem(f"table {name} lacks column(s) {', '.join(missing[:10])}"
-                           + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
+            report.problem(
+                f"table {name} lacks column(s) {', '.join(missing[:10])}"
+                + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+            )
     return present
-
-
-def gate_tables_names() -> tuple[str, ...]:
-    return (gate_tables.RUNS, gate_tables.FINGERPRINTS, gate_tables.SAMPLES,
-            gate_tables.VERDICTS, gate_tables.SERIES, gate_tables.CHANGE_POINTS)
 
 
 @dataclass
@@ -189,12 +197,21 @@ def _against_records(
     stored, names = rows.by_run, rows.names
     files = record_files([folder])
     report.records = len(files)
-    gate = ({run_id: (fingerprint, results) for run_id, fingerprint, results in db.execute(
-        f"SELECT run_id, fingerprint, results FROM [{gate_tables.RUNS}]")}
-        if gate_tables.RUNS in present else {})
-    samples = (dict(db.execute(f"SELECT run_id, count(*) FROM [{gate_tables.SAMPLES}] "
-                               "GROUP BY run_id"))
-               if gate_tables.SAMPLES in present else {})
+    gate = (
+        {
+            run_id: (fingerprint, results)
+            for run_id, fingerprint, results in db.execute(
+                f"SELECT run_id, fingerprint, results FROM [{gate_tables.RUNS}]"
+            )
+        }
+        if gate_tables.RUNS in present
+        else {}
+    )
+    samples = (
+        dict(db.execute(f"SELECT run_id, count(*) FROM [{gate_tables.SAMPLES}] GROUP BY run_id"))
+        if gate_tables.SAMPLES in present
+        else {}
+    )
     seen: set[str] = set()
     for path in files:
         try:
@@ -206,8 +223,7 @@ def _against_records(
         seen.add(run_id)
         row = stored.get(run_id)
         if row is None:
-            report.problem(f"run {run_id}: its record {path.name} has no row in {TABLE}",
-                           run_id)
+            report.problem(f"run {run_id}: its record {path.name} has no row in {TABLE}", run_id)
             continue
         for problem in _differences(record, row, names, gate.get(run_id)):
             report.problem(f"run {run_id}: {problem} (record {path.name})", run_id)
@@ -217,8 +233,11 @@ def _against_records(
             report.problem(f"run {run_id}: its request file: {error}", run_id)
             continue
         if requests is not None and samples.get(run_id, 0) != len(requests):
-            report.problem(f"run {run_id}: {samples.get(run_id, 0)} request sample(s) "
-                           f"stored, its request file has {len(requests)}", run_id)
+            report.problem(
+                f"run {run_id}: {samples.get(run_id, 0)} request sample(s) "
+                f"stored, its request file has {len(requests)}",
+                run_id,
+            )
     for run_id in sorted(set(stored) - seen):
         report.problem(f"run {run_id}: no record file in {folder}", run_id)
 
@@ -232,13 +251,20 @@ def _differences(
     """How a run's stored rows differ from its record: figures, then fingerprint."""
     built = record_row(record)
     figures = [name for name in record.get("results") or {} if name in built]
-    changed = [name for name in figures
-               if not _same(built[name], row[names[name]] if name in names else None)]
+    changed = [
+        name
+        for name in figures
+        if not _same(built[name], row[names[name]] if name in names else None)
+    ]
     if changed:
-        shown = ", ".join(f"{name} {row[names[name]] if name in names else None!r} stored, "
-                          f"{built[name]!r} recorded" for name in changed[:3])
-        yield f"figures differ: {shown}" + (f" and {len(changed) - 3} more"
-                                            if len(changed) > 3 else "")
+        shown = ", ".join(
+            f"{name} {row[names[name]] if name in names else None!r} stored, "
+            f"{built[name]!r} recorded"
+            for name in changed[:3]
+        )
+        yield f"figures differ: {shown}" + (
+            f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        )
     if gate is None:
         return
     fingerprint, results = gate
