@@ -108,9 +108,9 @@ def check(db_path: Path, records: Path | None = None) -> CheckReport:
             present = _tables(db, report)
             if TABLE not in present:
                 return report
-            stored, names = _per_run(db, present, report)
+            stored = _per_run(db, present, report)
             if records is not None:
-                _against_records(db, present, _Rows(stored, names), records, report)
+                _against_records(db, present, stored, records, report)
         except sqlite3.DatabaseError as error:  # what the integrity check did not see
             report.problem(f"cannot read: {error}")
     return report
@@ -159,59 +159,34 @@ def _tables(db: sqlite3.Connection, report: CheckReport) -> set[str]:
     return present
 
 
-@dataclass
-class _Rows:
-    """benchmark_runs' rows by run id, and the position of each column in them."""
-
-    by_run: dict[str, tuple[Any, ...]]
-    names: dict[str, int]
-
-
-def _per_run(
-    db: sqlite3.Connection, present: set[str], report: CheckReport
-) -> tuple[dict[str, tuple[Any, ...]], dict[str, int]]:
-    """Every run's row (run id: row), and a problem for each run one of the per-run tables
-    lacks, or holds without a row in benchmark_runs."""
-    cursor = db.execute(f"SELECT * FROM [{TABLE}]")
-    names = [d[0] for d in cursor.description]
-    stored = {row[names.index("run_id")]: row for row in cursor}
+def _per_run(db: sqlite3.Connection, present: set[str], report: CheckReport) -> set[str]:
+    """Every run's id, and a problem for each run one of the per-run tables lacks, or holds
+    without a row in benchmark_runs. Ids only: from the run id index, not the 7 KB rows."""
+    stored = {run_id for (run_id,) in db.execute(f"SELECT run_id FROM [{TABLE}]")}
     report.runs = len(stored)
     for table in _PER_RUN:
         if table not in present:
             continue
         there = {run_id for (run_id,) in db.execute(f"SELECT run_id FROM [{table}]")}
-        for run_id in sorted(set(stored) - there):
+        for run_id in sorted(stored - there):
             report.problem(f"run {run_id}: no row in {table}", run_id)
-        for run_id in sorted(there - set(stored)):
+        for run_id in sorted(there - stored):
             report.problem(f"run {run_id}: a row in {table} but none in {TABLE}", run_id)
-    return stored, {name: at for at, name in enumerate(names)}
+    return stored
 
 
 def _against_records(
     db: sqlite3.Connection,
     present: set[str],
-    rows: _Rows,
+    stored: set[str],
     folder: Path,
     report: CheckReport,
 ) -> None:
-    stored, names = rows.by_run, rows.names
+    """Each record file against its rows, a run at a time (by primary key: a million 7 KB
+    rows are never held at once), then each stored run against the files."""
     files = record_files([folder])
     report.records = len(files)
-    gate = (
-        {
-            run_id: (fingerprint, results)
-            for run_id, fingerprint, results in db.execute(
-                f"SELECT run_id, fingerprint, results FROM [{gate_tables.RUNS}]"
-            )
-        }
-        if gate_tables.RUNS in present
-        else {}
-    )
-    samples = (
-        dict(db.execute(f"SELECT run_id, count(*) FROM [{gate_tables.SAMPLES}] GROUP BY run_id"))
-        if gate_tables.SAMPLES in present
-        else {}
-    )
+    has_gate, has_samples = gate_tables.RUNS in present, gate_tables.SAMPLES in present
     seen: set[str] = set()
     for path in files:
         try:
@@ -221,24 +196,38 @@ def _against_records(
             continue
         run_id = record["run_id"]
         seen.add(run_id)
-        row = stored.get(run_id)
+        cursor = db.execute(f"SELECT * FROM [{TABLE}] WHERE run_id = ?", (run_id,))
+        row = cursor.fetchone()
         if row is None:
             report.problem(f"run {run_id}: its record {path.name} has no row in {TABLE}", run_id)
             continue
-        for problem in _differences(record, row, names, gate.get(run_id)):
+        names = {d[0]: at for at, d in enumerate(cursor.description)}
+        gate = (
+            db.execute(
+                f"SELECT fingerprint, results FROM [{gate_tables.RUNS}] WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if has_gate
+            else None
+        )
+        for problem in _differences(record, row, names, gate):
             report.problem(f"run {run_id}: {problem} (record {path.name})", run_id)
         try:
             requests = read_requests(path.parent, run_id, expected_requests(record))
         except ValueError as error:
             report.problem(f"run {run_id}: its request file: {error}", run_id)
             continue
-        if requests is not None and samples.get(run_id, 0) != len(requests):
+        if requests is None or not has_samples:
+            continue
+        (count,) = db.execute(
+            f"SELECT count(*) FROM [{gate_tables.SAMPLES}] WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        if count != len(requests):
             report.problem(
-                f"run {run_id}: {samples.get(run_id, 0)} request sample(s) "
-                f"stored, its request file has {len(requests)}",
+                f"run {run_id}: {count} request sample(s) stored, its request file "
+                f"has {len(requests)}",
                 run_id,
             )
-    for run_id in sorted(set(stored) - seen):
+    for run_id in sorted(stored - seen):
         report.problem(f"run {run_id}: no record file in {folder}", run_id)
 
 
