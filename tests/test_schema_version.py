@@ -152,3 +152,17 @@ def test_a_newer_database_is_refused_by_a_session_before_any_case(
         "upgrade pytest-profllm to read or write it"
     ]
     assert "Traceback" not in result.stderr.str()
+
+
+@pytest.mark.parametrize("command", [["history"], ["calibrate"], ["check"], ["backup", "b.db"]])
+def test_a_newer_database_is_refused_by_every_command_that_reads_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    db = newer_database(tmp_path)
+    capsys.readouterr()
+    name, *rest = command
+    assert cli_main([name, str(db), *(str(tmp_path / arg) for arg in rest)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"profllm {name}: {db}: schema version {SCHEMA_VERSION + 1} is newer than this "
+        f"plugin's {SCHEMA_VERSION}: upgrade pytest-profllm to read or write it"
+    ]

@@ -42,7 +42,7 @@ from pytest_profllm.plan.suite import BenchmarkConfig, CapacityConfig, CapacityS
 from pytest_profllm.results import store
 from pytest_profllm.results.ingest import IngestError, ingest, record_files
 from pytest_profllm.results.record import json_schema, write_requests
-from pytest_profllm.results.schema_version import NewerSchema
+from pytest_profllm.results.schema_version import NewerSchema, refuse_newer_file
 from pytest_profllm.run.outcome import request_row
 from pytest_profllm.session.collect import CollectionFailed, collect_cases
 from pytest_profllm.sim.cli import main as sim_main
@@ -387,6 +387,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="independent runs a load must meet on (default: %(default)s)")
 
 
+# The commands whose DB argument is a results database they read or write.
+_READS_DB = frozenset(("ingest", "history", "calibrate", "check", "backup"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sim"]:
@@ -397,8 +401,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in _READS_DB:
+            # A database a newer plugin wrote: one line, before any command reads it.
+            refuse_newer_file(args.db)
         result: int = args.handler(args)
         return result
+    except NewerSchema as error:
+        print(f"profllm {args.command}: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except (CliError, keeping.KeepingError) as error:
         prefix = f"profllm {args.command}: "
         print(prefix + str(error).replace("\n", "\n" + prefix), file=sys.stderr)
