@@ -67,6 +67,7 @@ _EXIT_CODES = f"""exit status:
   {EXIT_NOTHING_MEASURED}  bench: nothing was measured, or a request failed (a non-200 status, an
      error in its stream, a stream cut or stalled), or no output token;
      calibrate: the runs are too few or too alike to fit (the line says which would help)
+     ingest, rebuild: a file was refused; check: a problem (the summary names the runs)
   {EXIT_USAGE}  a usage error: a bad flag, a bad suite, a file that cannot be read
   {EXIT_INVALID}  bench: an invalid measurement (the client fell behind its schedule, or the
      server's token counts cannot be believed)
