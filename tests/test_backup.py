@@ -265,3 +265,11 @@ def test_what_cannot_be_restored_is_one_line(
         assert capsys.readouterr().err == f"profllm restore: {line}\n"
     assert db.read_bytes() == before
     assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".")) == []
+
+
+def test_progress_counts_the_pages_up_to_all_of_them(db: Path, tmp_path: Path) -> None:
+    seen: list[tuple[int, int]] = []
+    report = backup(db, tmp_path / "b.db", lambda *told: seen.append(told), pages_per_step=4)
+    assert len(seen) > 1
+    assert [copied for copied, _ in seen] == sorted(copied for copied, _ in seen)
+    assert seen[-1] == (report.pages, report.pages)
