@@ -41,11 +41,19 @@ while not stop.exists():
 print(written)
 """
 
-# Holds the database the way a session's load does (a write transaction) until stdin closes.
+# Holds the database until stdin closes: as a session's load does (a write transaction), or
+# as Datasette does (a read-only connection reading).
 _HOLDER = """
 import sqlite3, sys
-connection = sqlite3.connect(sys.argv[1], isolation_level=None)
-connection.execute("BEGIN IMMEDIATE")
+from pathlib import Path
+if sys.argv[2] == "write":
+    connection = sqlite3.connect(sys.argv[1], isolation_level=None)
+    connection.execute("BEGIN IMMEDIATE")
+else:
+    connection = sqlite3.connect(Path(sys.argv[1]).resolve().as_uri() + "?mode=ro", uri=True,
+                                 isolation_level=None)
+    connection.execute("BEGIN")
+    connection.execute("SELECT count(*) FROM benchmark_runs").fetchone()
 print("held", flush=True)
 sys.stdin.read()
 """
@@ -215,7 +223,9 @@ def test_a_restore_puts_the_backup_in_place_and_leaves_no_log(
     assert rows(fresh) == 20
 
 
+@pytest.mark.parametrize("how", ["write", "read"])
 def test_a_restore_refuses_while_a_session_holds_the_database(
+    how: str,
     db: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -224,7 +234,7 @@ def test_a_restore_refuses_while_a_session_holds_the_database(
     dest = tmp_path / "backup.db"
     backup(db, dest)
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, str(db)],
+        [sys.executable, "-c", _HOLDER, str(db), how],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
