@@ -217,10 +217,14 @@ def test_a_restore_puts_the_backup_in_place_and_leaves_no_log(
     assert sorted(path.name for path in tmp_path.iterdir() if "results.db" in path.name) == [
         "results.db"
     ]
-    # Into a new file too.
+    # Into a new file too, where a log of another database was left without it.
     fresh = tmp_path / "fresh.db"
+    (tmp_path / "fresh.db-wal").write_bytes(
+        Path(str(db) + "-wal").read_bytes() if Path(str(db) + "-wal").exists() else b"x" * 64
+    )
     assert cli_main(["restore", str(dest), str(fresh)]) == 0
-    assert rows(fresh) == 20
+    assert not (tmp_path / "fresh.db-wal").exists()
+    assert rows(fresh) == 20 and not check(fresh).problems
 
 
 @pytest.mark.parametrize("how", ["write", "read"])

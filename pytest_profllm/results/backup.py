@@ -72,8 +72,9 @@ def backup(
         raise BackupError(f"{beside}: exists; name a new file for the backup")
     temp = dest.with_name(f".{dest.name}.backup-{os.getpid()}")
     try:
-        source = sqlite3.connect(db_path.resolve().as_uri() + "?mode=ro", uri=True,
-                                 isolation_level=None, timeout=30)
+        source = sqlite3.connect(
+            db_path.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None, timeout=30
+        )
     except sqlite3.Error as error:
         raise BackupError(f"{db_path}: cannot open: {error}") from None
     try:
@@ -85,8 +86,7 @@ def backup(
                 source.execute("BEGIN")
                 runs = _runs(source)
                 with closing(sqlite3.connect(temp)) as target:
-                    source.backup(target, pages=pages_per_step,
-                                  progress=_pages(progress))
+                    source.backup(target, pages=pages_per_step, progress=_pages(progress))
                 pages = _page_count(temp)
                 source.execute("COMMIT")
             except NewerSchema:
@@ -135,9 +135,12 @@ def _page_count(path: Path) -> int:
 def _copy_records(records: Path, beside: Path, records_as: str) -> int:
     """The record files and their request files, into a tar or a folder (written under a
     temporary name, renamed when whole)."""
-    files = [path for record in record_files([records])
-             for path in (record, record.with_name(record.stem + ".requests.jsonl.gz"))
-             if path.is_file()]
+    files = [
+        path
+        for record in record_files([records])
+        for path in (record, record.with_name(record.stem + ".requests.jsonl.gz"))
+        if path.is_file()
+    ]
     temp = beside.with_name(f".{beside.name}.{os.getpid()}")
     try:
         if records_as == "tar":
@@ -170,6 +173,10 @@ def restore(backup_path: Path, db_path: Path, wait_s: float = RESTORE_WAIT_S) ->
         version = _copy_checked(backup_path, temp)
         settle(temp)
         if not db_path.exists():
+            # A log left without its database would be replayed into the restored one.
+            for orphan in sidecars(db_path):
+                with contextlib.suppress(FileNotFoundError):
+                    orphan.unlink()
             os.replace(temp, db_path)
             return version
         _replace_held(temp, db_path, wait_s)
@@ -182,8 +189,9 @@ def restore(backup_path: Path, db_path: Path, wait_s: float = RESTORE_WAIT_S) ->
 
 def _copy_checked(backup_path: Path, temp: Path) -> int:
     try:
-        with closing(sqlite3.connect(backup_path.resolve().as_uri() + "?mode=ro",
-                                     uri=True)) as source:
+        with closing(
+            sqlite3.connect(backup_path.resolve().as_uri() + "?mode=ro", uri=True)
+        ) as source:
             version = refuse_newer(source, backup_path)
             problems = [row[0] for row in source.execute("PRAGMA quick_check(5)")]
             if problems != ["ok"]:
@@ -201,8 +209,10 @@ def _replace_held(temp: Path, db_path: Path, wait_s: float) -> None:
     """Renames `temp` over `db_path` while holding its exclusive lock. Leaving WAL mode
     needs every other connection gone (a session, a reader): its log is folded into the
     file and removed, so no stale log is left to be replayed into the restored database."""
-    held = (f"{db_path}: in use by another process (a session loading, Datasette reading): "
-            "stop it, then restore")
+    held = (
+        f"{db_path}: in use by another process (a session loading, Datasette reading): "
+        "stop it, then restore"
+    )
     connection = sqlite3.connect(db_path, timeout=wait_s, isolation_level=None)
     try:
         try:
@@ -219,4 +229,3 @@ def _replace_held(temp: Path, db_path: Path, wait_s: float) -> None:
         os.replace(temp, db_path)
     finally:
         connection.close()
-
