@@ -21,4 +21,3 @@ def settle(db_path: Path) -> None:
         connection.execute("PRAGMA journal_mode = DELETE")
     with open(db_path, "rb") as handle:
         os.fsync(handle.fileno())
-

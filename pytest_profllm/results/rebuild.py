@@ -24,8 +24,10 @@ def rebuild(
 ) -> IngestReport:
     """Loads every record file in the folder `records` into a new database at `db_path`."""
     if db_path.exists():
-        raise RebuildError(f"{db_path}: exists; rebuild writes a new database: name another "
-                           "file, or move this one away first")
+        raise RebuildError(
+            f"{db_path}: exists; rebuild writes a new database: name another "
+            "file, or move this one away first"
+        )
     if not records.is_dir():
         raise RebuildError(f"{records}: no such folder")
     files = record_files([records])
@@ -36,8 +38,9 @@ def rebuild(
     try:
         report = ingest(temp, files, progress)
         if not report.load.stored:
-            raise RebuildError(f"{records}: none of its {len(files)} file(s) is a record: "
-                               "nothing written")
+            raise RebuildError(
+                f"{records}: none of its {len(files)} file(s) is a record: nothing written"
+            )
         settle(temp)
         os.replace(temp, db_path)
     finally:
