@@ -5,6 +5,7 @@ database; every refusal is one line."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import pytest_argv
 from test_ingest import records_folder
 
 from pytest_profllm.cli.main import main as cli_main
@@ -287,3 +289,79 @@ def test_progress_counts_the_pages_up_to_all_of_them(db: Path, tmp_path: Path) -
     assert len(seen) > 1
     assert [copied for copied, _ in seen] == sorted(copied for copied, _ in seen)
     assert seen[-1] == (report.pages, report.pages)
+
+
+# A session's load that stops inside its transaction (its rows written, not committed) until
+# the test says go: the moment a backup runs beside it.
+_PAUSE_AT_LOAD = """
+import os, time
+from pathlib import Path
+from pytest_profllm.results import store
+
+if os.environ.get("PROFLLM_TEST_PAUSE_AT_LOAD"):
+    signals = Path(os.environ["PROFLLM_TEST_PAUSE_AT_LOAD"])
+    _add = store.Load.add
+
+    def add(self, staged, positions=None):
+        _add(self, staged, positions)
+        (signals / "writing").touch()
+        while not (signals / "go").exists():
+            time.sleep(0.05)
+
+    store.Load.add = add
+"""
+
+_SUITE = """
+server:
+  model: Qwen/Qwen3-8B
+  max_num_seqs: [4, 16]
+  max_model_len: 2048
+benchmark:
+  num_prompts: 10
+  random_input_len: 50
+  random_output_len: 5
+  request_rate: [10, inf]
+"""
+
+
+def test_a_backup_while_an_xdist_session_loads_is_whole_and_the_session_loses_nothing(
+    pytester: pytest.Pytester,
+    ports: str,
+    tmp_path: Path,
+    process: list[subprocess.Popen[str]],
+) -> None:
+    pytester.makeconftest(_PAUSE_AT_LOAD)
+    pytester.makefile(".yaml", bench_b=_SUITE)
+    args = ("-n", "2", "--profllm-engine", "sim", "--profllm-sim-clock", "virtual")
+    argv = pytest_argv(ports, *args, cache=False)
+    subprocess.run(argv, cwd=pytester.path, check=True, capture_output=True, timeout=600)
+    out = pytester.path / "results"
+    db = out / "results.db"
+    assert rows(db) == 4
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    session = subprocess.Popen(
+        argv,
+        cwd=pytester.path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PROFLLM_TEST_PAUSE_AT_LOAD": str(signals)},
+    )
+    process.append(session)
+    wait_for(
+        lambda: (signals / "writing").exists() or session.poll() is not None,
+        "the session's load",
+        timeout=600,
+    )
+    assert session.poll() is None, session.communicate()[0]
+    dest = tmp_path / "backup.db"
+    report = backup(db, dest)
+    (signals / "go").touch()
+    output = session.communicate(timeout=600)[0]
+    assert session.returncode == 0, output
+    # The backup is the database before the session's load: whole, its 4 runs.
+    assert report.runs == rows(dest) == 4 and not check(dest).problems
+    # The session lost nothing: its 4 runs went in, each row matching its record.
+    assert rows(db) == 8
+    assert not check(db, out).problems
