@@ -27,6 +27,7 @@ from pytest_profllm.gates.worker import (
 )
 from pytest_profllm.hosts import nvml
 from pytest_profllm.plan.case import Case
+from pytest_profllm.results import schema_version
 from pytest_profllm.run.outcome import describe_missed
 from pytest_profllm.session import (
     collect,
@@ -97,6 +98,12 @@ def pytest_configure(config: pytest.Config) -> None:
         problem = check_writable(settings)
         if problem is not None:
             raise pytest.UsageError(problem)
+        if settings.db_path is not None:
+            # Refused before any case runs, not at the load after the last.
+            try:
+                schema_version.refuse_newer_file(settings.db_path)
+            except schema_version.NewerSchema as error:
+                raise pytest.UsageError(str(error)) from None
         if settings.ray is not None:
             check_usage(config)
         config.stash[_LEFTOVERS] = identity.claim_session(settings)
@@ -363,7 +370,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         controller.forget_turns()
         gates = session.config.stash.get(GATE_CONTROLLER_KEY, None)
         if gates is not None:
-            gates.finish(records_loaded=controller.load_problem is None)
+            gates.finish()
             if gates.gated_nothing() is not None:
                 # A gate that gated nothing is an error, never green.
                 session.exitstatus = pytest.ExitCode.USAGE_ERROR

@@ -14,6 +14,7 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
+from pytest_profllm.cli import keeping
 from pytest_profllm.cli.calibrate import (
     CalibrationError,
     calibrate,
@@ -41,6 +42,7 @@ from pytest_profllm.plan.suite import BenchmarkConfig, CapacityConfig, CapacityS
 from pytest_profllm.results import store
 from pytest_profllm.results.ingest import IngestError, ingest, record_files
 from pytest_profllm.results.record import json_schema, write_requests
+from pytest_profllm.results.schema_version import NewerSchema, refuse_newer_file
 from pytest_profllm.run.outcome import request_row
 from pytest_profllm.session.collect import CollectionFailed, collect_cases
 from pytest_profllm.sim.cli import main as sim_main
@@ -65,6 +67,7 @@ _EXIT_CODES = f"""exit status:
   {EXIT_NOTHING_MEASURED}  bench: nothing was measured, or a request failed (a non-200 status, an
      error in its stream, a stream cut or stalled), or no output token;
      calibrate: the runs are too few or too alike to fit (the line says which would help)
+     ingest, rebuild: a file was refused; check: a problem (the summary names the runs)
   {EXIT_USAGE}  a usage error: a bad flag, a bad suite, a file that cannot be read
   {EXIT_INVALID}  bench: an invalid measurement (the client fell behind its schedule, or the
      server's token counts cannot be believed)
@@ -243,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         "configuration out in turn",
     )
     calibrate_.set_defaults(handler=_calibrate)
+    keeping.add_commands(commands)
 
     # `profllm sim ...` is handed to the simulator's own parser before this one (see main);
     # listed here for `profllm --help`.
@@ -384,6 +388,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="independent runs a load must meet on (default: %(default)s)")
 
 
+# The commands whose DB argument is a results database they read or write.
+_READS_DB = frozenset(("ingest", "history", "calibrate", "check", "backup"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sim"]:
@@ -394,9 +402,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in _READS_DB:
+            # A database a newer plugin wrote: one line, before any command reads it.
+            refuse_newer_file(args.db)
         result: int = args.handler(args)
         return result
-    except CliError as error:
+    except NewerSchema as error:
+        print(f"profllm {args.command}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except (CliError, keeping.KeepingError) as error:
         prefix = f"profllm {args.command}: "
         print(prefix + str(error).replace("\n", "\n" + prefix), file=sys.stderr)
         return error.code
@@ -470,6 +484,8 @@ def _ingest(args: argparse.Namespace) -> int:
             report = ingest(args.db, files, advance)
         except IngestError as error:
             raise CliError(f"{error}: nothing loaded") from None
+        except NewerSchema as error:
+            raise CliError(str(error)) from None
         except (sqlite3.Error, OSError) as error:
             what = (f"still locked by another process after {store.BUSY_TIMEOUT_MS / 1000:g} s"
                     if "locked" in str(error)

@@ -15,7 +15,6 @@ import pytest
 from pytest_profllm.gates import benchmark_bridge, earlier, summary
 from pytest_profllm.gates.baseline import is_database
 from pytest_profllm.gates.config import GateConfig
-from pytest_profllm.results import gate_tables as tables
 from pytest_profllm.results.record import is_valid, write_record, write_requests
 from pytest_profllm.results.store import load_records
 
@@ -101,28 +100,18 @@ class GateController:
         assert path is not None  # GateConfig refuses an update without a path
         if is_database(path):
             if path != self.db_path:
-                load_records(path, [record])
-                tables.load_runs(path, [(record, requests)])
+                load_records(path, [record], requests={record["run_id"]: requests})
             return
 
         write_record(path, record)
         if requests is not None:
             write_requests(path, record["run_id"], requests)
 
-    def finish(self, records_loaded: bool) -> None:
-        """The gate's tables, where the records went into the database (`records_loaded`), and
-        the Markdown summary. Called once the records are loaded."""
+    def finish(self) -> None:
+        """The Markdown summary. Called once the records are loaded (the session's load
+        writes the gate's tables, in the records' transaction)."""
         if not self.records:
             return
-        if self.db_path is not None and records_loaded:
-            try:
-                tables.load_runs(self.db_path, self._runs)
-            except (sqlite3.Error, OSError) as error:
-                self.problems.append(
-                    f"{self.db_path}: the gate's tables (samples, verdicts) not loaded: "
-                    f"{getattr(error, 'strerror', None) or error}; the records and their "
-                    "request files are the baseline to use instead"
-                )
         self.history_warnings = self._history_warnings()
         baseline = str(self.gate.baseline) if self.gate.baseline else None
         text = summary.markdown(self.records, self.engine, baseline)

@@ -122,6 +122,20 @@ def upgraded(parts: dict[str, Any], task_hash: Any, lm_eval_version: Any) -> tup
     return digest(now), digest({k: v for k, v in now.items() if k not in _VERSIONS})
 
 
+def rederived(parts: dict[str, Any]) -> tuple[str, str, str]:
+    """A stored run's digests (with the version, without) and canonical parts by today's
+    rules, from the parts an earlier version stored: its workload without the keys that are
+    not of it (the conversation keys that a random workload's fingerprint held for a while).
+    What the parts lack (clock, profile) such runs never had."""
+    now = dict(parts)
+    benchmark = parts.get("benchmark")
+    if isinstance(benchmark, dict):
+        now["benchmark"] = {key: value for key, value in benchmark.items()
+                            if _of_the_workload(key, benchmark)}
+    return digest(now), digest({k: v for k, v in now.items() if k not in _VERSIONS}), \
+        _canonical(now)
+
+
 def digest(parts: dict[str, Any]) -> str:
     return _hash(_canonical(parts))
 

@@ -28,8 +28,9 @@ from typing import Any
 
 import orjson
 
-from pytest_profllm.results.fingerprint import described
+from pytest_profllm.results.fingerprint import described, rederived
 from pytest_profllm.results.record import is_valid
+from pytest_profllm.results.schema_version import refuse_newer
 
 RUNS = "gate_runs"
 SAMPLES = "request_samples"
@@ -88,6 +89,8 @@ def writing(db_path: Path) -> Iterator[sqlite3.Connection]:
         connection.execute("PRAGMA journal_mode = WAL")
         connection.execute("BEGIN IMMEDIATE")
         try:
+            # Only a load sets the version (it migrates every table); this refuses a newer one.
+            refuse_newer(connection, db_path)
             create(connection)
             yield connection
             connection.execute("COMMIT")
@@ -137,6 +140,31 @@ def _add_sample_columns(db: sqlite3.Connection) -> None:
     for name in _LATER_SAMPLE_COLUMNS:
         if name not in columns:
             db.execute(f"ALTER TABLE [{SAMPLES}] ADD COLUMN {name} INTEGER")
+
+
+def rederive_fingerprints(db: sqlite3.Connection) -> int:
+    """Each stored run's fingerprints by today's rules, from its stored parts, in the open
+    transaction (a migration's step): runs stored while a rule differed would otherwise
+    never match today's runs of the same case. Returns how many changed."""
+    changed, parts = [], {}
+    for run_id, stored, kept in db.execute(
+        f"SELECT g.run_id, g.fingerprint, coalesce(f.parts, g.fingerprint_parts) "
+        f"FROM [{RUNS}] g LEFT JOIN [{FINGERPRINTS}] f ON f.fingerprint = g.fingerprint"
+    ).fetchall():
+        try:
+            old = json.loads(kept)
+        except (TypeError, ValueError):
+            continue  # no parts kept: it stays as it was stored
+        if not isinstance(old, dict):
+            continue
+        with_version, any_version, canonical = rederived(old)
+        if with_version != stored:
+            changed.append((with_version, any_version, run_id))
+            parts[with_version] = canonical
+    db.executemany(f"INSERT OR IGNORE INTO [{FINGERPRINTS}] VALUES (?, ?)", parts.items())
+    db.executemany(f"UPDATE [{RUNS}] SET fingerprint = ?, fingerprint_any_version = ? "
+                   "WHERE run_id = ?", changed)
+    return len(changed)
 
 
 def gate_of(record: dict[str, Any]) -> str | None:

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_profllm.results import gate_tables
+from pytest_profllm.results import gate_tables, schema_version
 from pytest_profllm.results.facet_counts import (
     FACET_COUNTS,
     correct_statistics,
     refresh_facet_counts,
 )
-from pytest_profllm.results.gate_tables import GateRows
+from pytest_profllm.results.gate_tables import GateRows, gate_rows
 from pytest_profllm.results.landing import SweptAxes, refresh_landing
 from pytest_profllm.results.rows import RowBuilder
 from pytest_profllm.results.staging import STAGE, StagedRows, column_list, stage
@@ -75,10 +75,15 @@ def load_records(
     db_path: Path,
     records: Iterable[dict[str, Any]],
     busy_timeout_s: float = BUSY_TIMEOUT_MS / 1000,
+    requests: Mapping[str, list[dict[str, Any]] | None] | None = None,
 ) -> int:
     """Upsert records into `benchmark_runs` in one transaction (all or nothing: a full disk or
     an error leaves the database as it was); returns how many of them the table now holds
-    (new, changed or already there). Waits up to `busy_timeout_s` for another writer."""
+    (new, changed or already there). Waits up to `busy_timeout_s` for another writer.
+    `requests`: given, each record's rows of the gate's tables go in the same transaction,
+    with its per-request rows by run id (None or absent: not known; stored ones stay), so
+    that no moment (a backup, a kill) sees a run in one table and not the other."""
+    records = list(records)
     rows = RowBuilder()
     for record in records:
         rows.add(record)
@@ -87,7 +92,20 @@ def load_records(
         return 0
     with Load(db_path, busy_timeout_s) as load:
         load.add(staged)
+        if requests is not None:
+            load.add_gates([gate_rows(record, requests.get(record["run_id"]))
+                            for record in records])
     return load.report.stored
+
+
+def migrate(db_path: Path, busy_timeout_s: float | None = None) -> tuple[int, int]:
+    """An existing database brought to this plugin's schema (an empty load, in one
+    transaction); returns its schema version before and after."""
+    if not db_path.is_file():
+        raise FileNotFoundError(f"{db_path}: no such database")
+    with Load(db_path, busy_timeout_s) as load:
+        pass
+    return load.schema_before, schema_version.SCHEMA_VERSION
 
 
 class Load:
@@ -100,7 +118,7 @@ class Load:
         self.busy_timeout_s = BUSY_TIMEOUT_MS / 1000 if busy_timeout_s is None else busy_timeout_s
         self.report = LoadReport()
         self._fresh: list[str] = []
-        self._gate_tables = False
+        self.schema_before = 0
 
     def __enter__(self) -> Load:
         # A new database is written with a rollback journal, then set to WAL mode: in WAL
@@ -113,7 +131,14 @@ class Load:
             # Attached before the transaction: SQLite attaches nothing inside one.
             self.db.conn.execute(f"ATTACH ':memory:' AS {STAGE}")
             self.db.conn.execute("BEGIN IMMEDIATE")
+            # Before any migration step: a newer database is left as it is.
+            self.schema_before = schema_version.refuse_newer(self.db.conn, self.db_path)
             prepare_table(self.db)
+            # Every table a load or a session writes, so that the version set at the commit
+            # says what the database holds (gate_tables.create also migrates older ones).
+            gate_tables.create(self.db.conn)
+            if self.schema_before < schema_version.SCHEMA_VERSION and not self._new:
+                gate_tables.rederive_fingerprints(self.db.conn)
             if not self._new:
                 # A new database gets its indexes after its rows: built once, sorted, they
                 # cost a fraction of keeping them up to date row by row.
@@ -173,13 +198,8 @@ class Load:
 
     def add_gates(self, runs: list[GateRows]) -> None:
         """The runs' rows of the gate's tables, in the same transaction as theirs."""
-        if not runs:
-            return
-        connection = self.db.conn
-        if not self._gate_tables:
-            gate_tables.create(connection)
-            self._gate_tables = True
-        gate_tables.write(connection, runs)
+        if runs:
+            gate_tables.write(self.db.conn, runs)
 
     def add_unchanged(self, count: int) -> None:
         """Records known by their digest to be stored as they are."""
@@ -220,6 +240,7 @@ class Load:
                 if rows_changed or not all(db[name].exists() for name in SUMMARIES):
                     refresh_summaries(db.conn)
                 correct_statistics(db.conn)  # after the ANALYZE refresh_landing ran
+                schema_version.stamp(db.conn)
                 db.conn.execute("COMMIT")
                 if self._new:
                     # Where another writer has it open already, the next load sets WAL mode.

@@ -58,6 +58,9 @@ class ControllerSession:
     settings: Settings
     identity: RunIdentity
     records: list[dict[str, Any]] = field(default_factory=list)
+    # Each received record's per-request rows (None: not known), by run id: loaded with the
+    # records, into the gate's tables, in the same transaction.
+    requests: dict[str, list[dict[str, Any]] | None] = field(default_factory=dict)
     loaded_rows: int | None = None
     unwritten: int = 0  # records that could not be written (a full disk)
     # Set when the database load at the end failed: what happened and how to load later.
@@ -112,6 +115,7 @@ class ControllerSession:
         """Keep a record and write it; returns why it could not be written, or None. A failed
         write (a full disk) fails this case, never the session: the next cases run."""
         self.records.append(record)
+        self.requests[record["run_id"]] = requests
         out = self.settings.out_dir
         if out is None:
             return None
@@ -169,7 +173,8 @@ class ControllerSession:
 
     def _load(self, db: Path, say: Callable[[str], None]) -> int:
         try:
-            return load_records(db, self.records, busy_timeout_s=_DB_FIRST_TRY_S)
+            return load_records(db, self.records, busy_timeout_s=_DB_FIRST_TRY_S,
+                                requests=self.requests)
         except sqlite3.OperationalError as error:
             if "locked" not in str(error):
                 raise
@@ -177,7 +182,8 @@ class ControllerSession:
             f"profllm: {db} is locked by another process; waiting up to {DB_LOCK_WAIT_S:.0f} s "
             f"to load {len(self.records)} record(s)"
         )
-        return load_records(db, self.records, busy_timeout_s=DB_LOCK_WAIT_S)
+        return load_records(db, self.records, busy_timeout_s=DB_LOCK_WAIT_S,
+                            requests=self.requests)
 
     def _load_failed(self, db: Path, error: BaseException) -> str:
         what = (

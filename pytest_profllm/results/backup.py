@@ -1,0 +1,231 @@
+"""`profllm backup` and `profllm restore`.
+
+A backup goes through SQLite's online backup API from inside one read transaction: in WAL
+mode sessions go on writing while it copies, and the copy is the database as it was when the
+backup began (a copy of the file could take half of a transaction, or none of its log). The
+record files and request samples may go beside it, as a tar or a folder.
+
+A restore puts a backup in place whole: copied beside the database, then renamed over it while
+it holds the database's exclusive lock, which it refuses to wait for: a session loading, or a
+reader (Datasette), holds the database, and a restore then says so in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import tarfile
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pytest_profllm.results.files import settle, sidecars
+from pytest_profllm.results.ingest import record_files
+from pytest_profllm.results.schema_version import NewerSchema, refuse_newer
+from pytest_profllm.results.table import TABLE
+
+# Pages copied a step (32 KiB each: 32 MiB), between which progress is told.
+PAGES_PER_STEP = 1024
+# How long a restore waits for the database's lock before it says who holds it.
+RESTORE_WAIT_S = 1.0
+
+
+class BackupError(Exception):
+    """A backup or restore that cannot be done, in one line."""
+
+
+@dataclass
+class BackupReport:
+    path: Path
+    version: int
+    runs: int  # benchmark_runs' rows at the backup's moment
+    pages: int
+    records: Path | None = None
+    record_files: int = 0
+
+
+def backup(
+    db_path: Path,
+    dest: Path,
+    progress: Callable[[int, int], None] | None = None,
+    records: Path | None = None,
+    records_as: Literal["tar", "folder"] = "tar",
+    pages_per_step: int = PAGES_PER_STEP,
+) -> BackupReport:
+    """Copies the database at `db_path` to `dest` (a new file) as it is at this moment;
+    `progress(copied, total)` in pages. `records`: a folder of record files, copied beside
+    it as DEST.records.tar or DEST.records/."""
+    if not db_path.is_file():
+        raise BackupError(f"{db_path}: no such database")
+    if dest.exists():
+        raise BackupError(f"{dest}: exists; name a new file for the backup")
+    if not dest.parent.is_dir():
+        raise BackupError(f"{dest.parent}: no such folder")
+    if records is not None and not records.is_dir():
+        raise BackupError(f"--with-records {records}: no such folder")
+    beside = dest.with_name(dest.name + (".records.tar" if records_as == "tar" else ".records"))
+    if records is not None and beside.exists():
+        raise BackupError(f"{beside}: exists; name a new file for the backup")
+    temp = dest.with_name(f".{dest.name}.backup-{os.getpid()}")
+    try:
+        source = sqlite3.connect(
+            db_path.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None, timeout=30
+        )
+    except sqlite3.Error as error:
+        raise BackupError(f"{db_path}: cannot open: {error}") from None
+    try:
+        with closing(source):
+            try:
+                version = refuse_newer(source, db_path)
+                # One read transaction over every step: the snapshot the copy is of, and the
+                # row count at its moment.
+                source.execute("BEGIN")
+                runs = _runs(source)
+                with closing(sqlite3.connect(temp)) as target:
+                    source.backup(target, pages=pages_per_step, progress=_pages(progress))
+                pages = _page_count(temp)
+                source.execute("COMMIT")
+            except NewerSchema:
+                raise
+            except sqlite3.DatabaseError as error:
+                raise BackupError(f"{db_path}: {error}") from None
+        settle(temp)
+        os.replace(temp, dest)
+    finally:
+        for path in (temp, *sidecars(temp)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    report = BackupReport(dest, version, runs, pages)
+    if records is not None:
+        report.records = beside
+        report.record_files = _copy_records(records, beside, records_as)
+    return report
+
+
+def _pages(
+    progress: Callable[[int, int], None] | None,
+) -> Callable[[int, int, int], None] | None:
+    if progress is None:
+        return None
+
+    def told(status: int, remaining: int, total: int) -> None:
+        progress(total - remaining, total)
+
+    return told
+
+
+def _runs(connection: sqlite3.Connection) -> int:
+    try:
+        count: int = connection.execute(f"SELECT count(*) FROM [{TABLE}]").fetchone()[0]
+    except sqlite3.OperationalError:  # no such table: a database no load has written yet
+        return 0
+    return count
+
+
+def _page_count(path: Path) -> int:
+    with closing(sqlite3.connect(path)) as connection:
+        pages: int = connection.execute("PRAGMA page_count").fetchone()[0]
+    return pages
+
+
+def _copy_records(records: Path, beside: Path, records_as: str) -> int:
+    """The record files and their request files, into a tar or a folder (written under a
+    temporary name, renamed when whole)."""
+    files = [
+        path
+        for record in record_files([records])
+        for path in (record, record.with_name(record.stem + ".requests.jsonl.gz"))
+        if path.is_file()
+    ]
+    temp = beside.with_name(f".{beside.name}.{os.getpid()}")
+    try:
+        if records_as == "tar":
+            with tarfile.open(temp, "w") as tar:
+                for path in files:
+                    tar.add(path, arcname=path.name)
+        else:
+            temp.mkdir()
+            for path in files:
+                shutil.copy2(path, temp / path.name)
+        os.replace(temp, beside)
+    finally:
+        if temp.is_dir():
+            shutil.rmtree(temp)
+        elif temp.exists():
+            temp.unlink()
+    return len(files)
+
+
+def restore(backup_path: Path, db_path: Path, wait_s: float = RESTORE_WAIT_S) -> int:
+    """Puts the backup at `backup_path` in place of the database at `db_path`, whole or not
+    at all; returns its schema version. Refuses a backup that is not a whole database, one
+    newer than this plugin, and a database another process holds."""
+    if not backup_path.is_file():
+        raise BackupError(f"{backup_path}: no such backup")
+    if not db_path.parent.is_dir():
+        raise BackupError(f"{db_path.parent}: no such folder")
+    temp = db_path.with_name(f".{db_path.name}.restore-{os.getpid()}")
+    try:
+        version = _copy_checked(backup_path, temp)
+        settle(temp)
+        if not db_path.exists():
+            # A log left without its database would be replayed into the restored one.
+            for orphan in sidecars(db_path):
+                with contextlib.suppress(FileNotFoundError):
+                    orphan.unlink()
+            os.replace(temp, db_path)
+            return version
+        _replace_held(temp, db_path, wait_s)
+    finally:
+        for path in (temp, *sidecars(temp)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    return version
+
+
+def _copy_checked(backup_path: Path, temp: Path) -> int:
+    try:
+        with closing(
+            sqlite3.connect(backup_path.resolve().as_uri() + "?mode=ro", uri=True)
+        ) as source:
+            version = refuse_newer(source, backup_path)
+            problems = [row[0] for row in source.execute("PRAGMA quick_check(5)")]
+            if problems != ["ok"]:
+                raise BackupError(f"{backup_path}: not a whole database: {problems[0]}")
+            with closing(sqlite3.connect(temp)) as target:
+                source.backup(target)
+    except NewerSchema:
+        raise
+    except sqlite3.DatabaseError as error:
+        raise BackupError(f"{backup_path}: {error}") from None
+    return version
+
+
+def _replace_held(temp: Path, db_path: Path, wait_s: float) -> None:
+    """Renames `temp` over `db_path` while holding its exclusive lock. Leaving WAL mode
+    needs every other connection gone (a session, a reader): its log is folded into the
+    file and removed, so no stale log is left to be replayed into the restored database."""
+    held = (
+        f"{db_path}: in use by another process (a session loading, Datasette reading): "
+        "stop it, then restore"
+    )
+    connection = sqlite3.connect(db_path, timeout=wait_s, isolation_level=None)
+    try:
+        try:
+            mode = connection.execute("PRAGMA journal_mode = DELETE").fetchone()[0]
+            if mode != "delete":
+                raise BackupError(held)
+            connection.execute("BEGIN EXCLUSIVE")
+        except sqlite3.OperationalError as error:
+            if "locked" in str(error) or "busy" in str(error):
+                raise BackupError(held) from None
+            raise BackupError(f"{db_path}: {error}") from None
+        except sqlite3.DatabaseError:
+            pass  # not a database: nobody can hold it; it is replaced all the same
+        os.replace(temp, db_path)
+    finally:
+        connection.close()
