@@ -188,8 +188,8 @@ def test_slos_turn_the_benchmark_into_a_capacity_search(
 ) -> None:
     code, result = bench(
         sim_url, tmp_path, "--tokenizer", str(MODEL_DIR), "--num-prompts", "40",
-        "--slo", "median_ttft_ms=2000", "--slo", "p90_tpot_ms=1000", "--search-low", "2",
-        "--search-high", "16", "--search-precision", "50%", "--search-confirm", "1",
+        "--slo", "median_ttft_ms=2000", "--slo", "p90_tpot_ms=1000", "--search-low", "20",
+        "--search-high", "160", "--search-precision", "50%", "--search-confirm", "1",
         "--search-min-duration-s", "1",
         # The search's logic is under test, not this host: a busy CI host once made every
         # probe here "unsure" (client and simulator behind) and the search found nothing.
@@ -235,7 +235,7 @@ def test_a_search_the_server_changed_under_exits_invalid(
     )
     code, _ = bench(
         sim_url, tmp_path, "--tokenizer", str(MODEL_DIR), "--num-prompts", "40",
-        "--slo", "median_ttft_ms=2000", "--search-low", "2", "--search-high", "8",
+        "--slo", "median_ttft_ms=2000", "--search-low", "20", "--search-high", "80",
         "--search-precision", "50%", "--search-confirm", "1", "--search-min-duration-s", "1",
     )  # fmt: skip
     assert code == EXIT_INVALID

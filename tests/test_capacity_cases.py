@@ -105,13 +105,16 @@ def test_two_configurations_search_in_parallel(pytester: pytest.Pytester, ports:
 def test_a_slowed_simulator_lowers_the_capacity_and_the_gate_says_regressed(
     pytester: pytest.Pytester, ports: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # On the virtual clock: the gate's verdict on a capacity is under test, not the real-time
+    # client (the test above searches in real time); the slowdown prices every step there too.
     pytester.makefile(".yaml", bench_cap=SUITE.replace("[2, 8]", "4"))
     base = run_suites(pytester, ports, "--profllm-baseline=base/results.db",
-                      "--profllm-baseline-update", out="base", cache=False)
+                      "--profllm-baseline-update", "--profllm-sim-clock=virtual", out="base",
+                      cache=False)
     base.assert_outcomes(passed=1)
     monkeypatch.setenv("PROFLLM_SIM_SLOWDOWN", "2.0")
-    slow = run_suites(pytester, ports, "--profllm-baseline=base/results.db", out="slow",
-                      cache=False)
+    slow = run_suites(pytester, ports, "--profllm-baseline=base/results.db",
+                      "--profllm-sim-clock=virtual", out="slow", cache=False)
     slow.assert_outcomes(failed=1)
     (before,) = run_records(pytester, "base")
     (after,) = run_records(pytester, "slow")
