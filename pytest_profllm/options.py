@@ -346,9 +346,9 @@ def add_options(parser: pytest.Parser) -> None:
         type=parse_share,
         default=None,
         help="a case whose load's cores (its client's, its server's) processes outside the "
-        "session used more than this share of while it ran is invalid, not passed: the host "
-        "was busy (ini: profllm_max_foreign_cpu; default: "
-        f"{DEFAULT_MAX_FOREIGN_CPU:g}; 1: off)",
+        "session used more than this share of while it ran (0 to 1) is invalid, not passed: "
+        "the host was busy (ini: profllm_max_foreign_cpu; env: PROFLLM_MAX_FOREIGN_CPU; "
+        "default: 1, off: a change the gate finds on a busy run is named so either way)",
     )
     group.addoption(
         "--profllm-metrics-port",

@@ -180,3 +180,17 @@ def test_a_hog_on_the_clients_core_makes_the_case_the_hosts(
     assert record["runtime"]["load_cores"]["client"] == [usable_cores()[0]]
     # The hog had at least half the client's core: a quarter of the load's two cores.
     assert record["system"]["host_foreign_cpu_share"] >= 0.2
+
+
+def test_a_change_found_on_a_busy_run_says_the_host_may_have_made_it() -> None:
+    from pytest_profllm.gates.verdict import describe
+    from pytest_profllm.results.record import RegressionVerdict
+
+    verdict = RegressionVerdict(metric="p99_ttft_ms", verdict="regressed", tolerance=0.05,
+                                higher_is_better=False, baseline=100.0, value=130.0,
+                                change=0.3, ci_low=0.2, ci_high=0.4, confidence=0.99)
+    assert "host busy" not in describe(verdict)
+    verdict.host_busy = 0.62
+    assert describe(verdict).endswith(
+        "; host busy: processes outside the session used 62% of the load's cores, the change "
+        "may be the host's")

@@ -243,4 +243,7 @@ def describe(verdict: RegressionVerdict) -> str:
             f" ({verdict.confidence:.0%} CI {verdict.ci_low:+.1%} .. {verdict.ci_high:+.1%}, "
             f"tolerance {verdict.tolerance:.0%})"
         )
+    if verdict.host_busy is not None:
+        text += (f"; host busy: processes outside the session used {verdict.host_busy:.0%} "
+                 "of the load's cores, the change may be the host's")
     return text

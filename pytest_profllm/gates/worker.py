@@ -11,12 +11,15 @@ from pytest_profllm.gates.baseline import Baseline
 from pytest_profllm.gates.config import GATE_CONFIG_KEY
 from pytest_profllm.gates.samples import RunSamples, samples_of
 from pytest_profllm.gates.verdict import describe, judge, values_of
+from pytest_profllm.hosts.foreign_cpu import FOREIGN_NOTE_SHARE
 from pytest_profllm.plan.regression import gated_metric, measured
 from pytest_profllm.results.fingerprint import digests
 from pytest_profllm.results.record import RegressionVerdict
 from pytest_profllm.run.outcome import CaseOutcome
 
 _PENDING = pytest.StashKey[dict[str, list[RunSamples]]]()
+# Others' share of each pending repeat's load cores (hosts/foreign_cpu.py), by fingerprint.
+_FOREIGN = pytest.StashKey[dict[str, list[float]]]()
 _BASELINE = pytest.StashKey[Baseline]()
 
 
@@ -39,9 +42,15 @@ def judge_case(config: pytest.Config, outcome: CaseOutcome) -> list[RegressionVe
     pending = config.stash.setdefault(_PENDING, {})
     runs = pending.setdefault(key, [])
     runs.append(samples_of(record, outcome.requests))
+    busy = config.stash.setdefault(_FOREIGN, {})
+    shares = busy.setdefault(key, [])
+    share = outcome.telemetry.get("host_foreign_cpu_share")
+    if isinstance(share, int | float):
+        shares.append(float(share))
     if case.repeat_index < case.repeat_count - 1:
         return []
     del pending[key]
+    del busy[key]
     baseline = baseline_of(config)
     baseline_runs: list[RunSamples] = []
     if baseline is not None:
@@ -57,8 +66,16 @@ def judge_case(config: pytest.Config, outcome: CaseOutcome) -> list[RegressionVe
     # A metric the case does not measure is not gated on it, rather than judged `no-baseline`
     # for ever (and failed under --profllm-require-baseline): `regression: [acc]` over an
     # axis of accuracy tasks, one of which scores exact_match alone.
-    return [judge(metric, runs, baseline_runs, settings)
-            for metric in gated if values_of(metric, runs).size]
+    verdicts = [judge(metric, runs, baseline_runs, settings)
+                for metric in gated if values_of(metric, runs).size]
+    # A change found on a run the host kept busy is named with it: the share alone moved no
+    # figure in benchmarks/perf/foreign_cpu.py, so it voids nothing, but a reader of a
+    # regression must know.
+    if shares and max(shares) > FOREIGN_NOTE_SHARE:
+        for verdict in verdicts:
+            if verdict.verdict in ("regressed", "improved"):
+                verdict.host_busy = round(max(shares), 4)
+    return verdicts
 
 
 def regression_message(

@@ -20,11 +20,15 @@ from dataclasses import dataclass, field
 
 import psutil
 
-# A load whose cores others used more than this share of is the host's measurement, not the
-# server's (`--profllm-max-foreign-cpu`): benchmarks/perf/foreign_cpu.py measured a CPU hog
-# pinned to a load's core at 0.36 to 0.50 of a 2-core load's time, and a quiet host under
-# 0.05.
-DEFAULT_MAX_FOREIGN_CPU = 0.25
+# `--profllm-max-foreign-cpu`'s default: off. benchmarks/perf/foreign_cpu.py, with a CPU hog
+# pinned to each core of a 2-core host in turn, measured shares of 0.42 to 0.95 of the load's
+# cores while the smoke suite's medians moved 2.7 % at most and its throughputs 1.4 % (the
+# simulated engine kept its pace; the schedule-lag and client-overhead rules judge the cases
+# where the host does move the figures). So a high share alone is no reason to call a case
+# invalid; a change the gate finds on such a run is named with it (`FOREIGN_NOTE_SHARE`).
+DEFAULT_MAX_FOREIGN_CPU = 1.0
+# Over this share, a change the gate finds says the host was busy: the change may be its.
+FOREIGN_NOTE_SHARE = 0.25
 FOREIGN_PREFIX = "host busy: processes outside the session used"
 
 

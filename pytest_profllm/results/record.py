@@ -93,6 +93,9 @@ class RegressionVerdict(BaseModel):
     baseline_samples: int = 0
     baseline_session: str | None = None
     reason: str | None = None  # why a change was not judged
+    # Where a change was found on a run whose load's cores others used more than a quarter of
+    # (hosts/foreign_cpu.py), that share (its repeats' highest): the change may be the host's.
+    host_busy: float | None = None
 
 
 class RunConfig(BaseModel):
