@@ -1,6 +1,7 @@
 """What the client adds to the server's own latency: `python benchmarks/perf/client_overhead.py`.
 
-Starts the simulated engine, runs `profllm bench` against it at each concurrency (default 1,
+Starts the simulated engine (or takes `--base-url` of a running server, such as vLLM's CPU
+build), runs `profllm bench` against it at each concurrency (default 1,
 16 and 256; `--repeats` runs of each) and prints, per run, the client's mean TTFT and E2E
 beside the server's (vLLM's `vllm:time_to_first_token_seconds` and
 `vllm:e2e_request_latency_seconds` over the run's window) and their difference, the overhead
@@ -64,9 +65,10 @@ def simulator(workdir: Path) -> Iterator[str]:
             process.wait()
 
 
-def bench(url: str, concurrency: int, prompts: int, output_len: int, workdir: Path) -> Any:
+def bench(url: str, concurrency: int, prompts: int, output_len: int, workdir: Path,
+          model: str = "sim") -> Any:
     out = workdir / f"c{concurrency}.json"
-    argv = [*PROFLLM, "bench", "--base-url", url, "--model", "sim",
+    argv = [*PROFLLM, "bench", "--base-url", url, "--model", model,
             "--num-prompts", str(prompts), "--random-input-len", "128",
             "--random-output-len", str(output_len), "--max-concurrency", str(concurrency),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result",
@@ -80,16 +82,22 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 256])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--base-url", help="a running server to measure instead of a "
+                        "simulated engine started here (vLLM's CPU build, say)")
+    parser.add_argument("--model", default="sim", help="its served model name")
     args = parser.parse_args()
     print(f"host: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     header = ("conc", "requests", "client TTFT", "server TTFT", "overhead TTFT",
               "client E2E", "server E2E", "overhead E2E", "verdict", "why")
     print(" | ".join(header))
-    with tempfile.TemporaryDirectory() as folder, simulator(Path(folder)) as url:
+    with tempfile.TemporaryDirectory() as folder, (
+        contextlib.nullcontext(args.base_url) if args.base_url else simulator(Path(folder))
+    ) as url:
         for concurrency in args.concurrency:
             prompts = max(32, 2 * concurrency)
             for _ in range(args.repeats):
-                result = bench(url, concurrency, prompts, args.output_len, Path(folder))
+                result = bench(url, concurrency, prompts, args.output_len, Path(folder),
+                               args.model)
                 if result is None:
                     print(f"{concurrency} | the run wrote no result")
                     continue
