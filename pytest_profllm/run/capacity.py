@@ -67,12 +67,15 @@ def run_capacity(
         with dataset_refusals(case):
             prompts = make_prompts(bench.model_copy(update={"num_prompts": per_probe}), codec)
 
+        waited_s = [0.0]  # the search's waits for load cores, which its time budget leaves out
+
         @contextlib.contextmanager
         def holding_cores() -> Iterator[None]:
             # Each probe holds the host's load cores from drawing its prompts to its last run,
             # and only then: waiting comes before its loads, and other cases' loads run
             # between probes.
             with servers.load_cores(server, bench.client_processes) as outcome.load_cores:
+                waited_s[0] += outcome.load_cores.wait_s
                 yield
 
         probes = ServerProbes(
@@ -85,8 +88,11 @@ def run_capacity(
         )
         gpu_ids = server.lease.gpus if server.device == "gpu" else ()
         with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:
+            # `max_time_s` is the search's own time: on a busy host its probes waited minutes
+            # for load cores, and the budget spent on waiting ended a search at a wide bracket.
             found = search(probes, slos, bench.search, bench.num_prompts, seed=bench.seed,
-                           recheck=probes.recheck)
+                           recheck=probes.recheck,
+                           clock=lambda: time.monotonic() - waited_s[0])
         outcome.telemetry = sampler.record()
         outcome.series = sampler.series()
     keep_probe_at_capacity(outcome, found, probes, max_schedule_lag_ms)
