@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import shutil
 import sqlite3
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import run_records, run_suites
+from helpers import pytest_argv, run_records, run_suites
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from conftest import sim_processes
 from pytest_profllm.load.accuracy import results_of
 from pytest_profllm.plan.metric_names import ACCURACY_METRICS
 from pytest_profllm.plan.regression import gated_metric, measured, parse_regression
@@ -83,6 +87,37 @@ def baseline(pytester: pytest.Pytester, ports: str, lm_eval: dict[str, Any],
     made.assert_outcomes(passed=1)
 
 
+@pytest.fixture(scope="module")
+def gsm8k_baseline(
+    tmp_path_factory: pytest.TempPathFactory, worker_id: str, test_pool_dir: Path
+) -> Path:
+    """`baseline(pytester, ports, gsm8k(0.80, 0.82))`'s folder, made once for the tests that
+    compare against it (each copies it into its own folder, as `copy_baseline` does)."""
+    folder = tmp_path_factory.mktemp("gsm8k-baseline")
+    path = folder / "answer.json"
+    path.write_text(json.dumps(gsm8k(0.80, 0.82)))
+    (folder / "conftest.py").write_text(CONFTEST.format(path=str(path)))
+    (folder / "bench_acc.yaml").write_text(SUITE.format(limit=200, regression="[exact_match]"))
+    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
+    # Ports apart from conftest.py's function-scoped ranges and test_request_accounting's.
+    low = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + 4100 + worker * 200
+    ports = f"{low}-{low + 99}"
+    argv = pytest_argv(ports, "--profllm-baseline=base/results.db", "--profllm-baseline-update",
+                       out="base", gpus=None, cache=False)
+    try:
+        made = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=300,
+                              check=False)
+    finally:
+        assert not sim_processes(ports)
+    assert made.returncode == 0 and "1 passed" in made.stdout, made.stdout[-3000:]
+    return folder / "base"
+
+
+def copy_baseline(pytester: pytest.Pytester, made: Path) -> None:
+    """The shared baseline in this test's folder, where `baseline` would have written it."""
+    shutil.copytree(made, pytester.path / "base")
+
+
 def verdicts(pytester: pytest.Pytester) -> dict[str, dict[str, Any]]:
     [record] = run_records(pytester)
     return {verdict["metric"]: verdict for verdict in record["regression"]}
@@ -140,11 +175,11 @@ def test_a_bare_metric_gates_each_of_its_filtered_variants_and_no_other_metric()
 
 
 def test_a_drop_under_an_lm_eval_filter_is_caught_by_the_bare_metric(
-    pytester: pytest.Pytester, ports: str
+    pytester: pytest.Pytester, ports: str, gsm8k_baseline: Path
 ) -> None:
     # Issue 53: gsm8k's exact_match,strict-match fell, and `regression: [exact_match]` ended
     # `1 passed`, rc 0, with no verdict at all.
-    baseline(pytester, ports, gsm8k(0.80, 0.82))
+    copy_baseline(pytester, gsm8k_baseline)
     result = session(pytester, ports, gsm8k(0.50, 0.81), "--profllm-baseline=base/results.db")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*regression: exact_match_strict_match regressed*"])
@@ -234,11 +269,11 @@ def test_the_fingerprint_carries_the_task_and_lm_evals_version() -> None:
 
 
 def test_a_changed_task_is_not_compared_with_the_old_tasks_baseline(
-    pytester: pytest.Pytester, ports: str
+    pytester: pytest.Pytester, ports: str, gsm8k_baseline: Path
 ) -> None:
     # Issue 53: the task's data changed under the same name; the case was judged `acc
     # regressed -72.5%` on an unchanged server.
-    baseline(pytester, ports, gsm8k(0.80, 0.82))
+    copy_baseline(pytester, gsm8k_baseline)
     changed = {**gsm8k(0.30, 0.31), "task_hash": "t2"}
     result = session(pytester, ports, changed, "--profllm-baseline=base/results.db")
     assert result.ret == pytest.ExitCode.USAGE_ERROR  # a baseline that matches nothing
@@ -267,9 +302,9 @@ def _as_stored_before_the_task_part(db: Path) -> None:
 
 
 def test_an_older_database_stays_the_baseline_of_the_same_task_only(
-    pytester: pytest.Pytester, ports: str
+    pytester: pytest.Pytester, ports: str, gsm8k_baseline: Path
 ) -> None:
-    baseline(pytester, ports, gsm8k(0.80, 0.82))
+    copy_baseline(pytester, gsm8k_baseline)
     _as_stored_before_the_task_part(pytester.path / "base" / "results.db")
     same_task = session(pytester, ports, gsm8k(0.50, 0.82), "--profllm-baseline=base/results.db")
     same_task.assert_outcomes(failed=1)

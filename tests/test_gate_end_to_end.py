@@ -1,7 +1,9 @@
 """The regression gate through real pytest runs on the simulated engine: a baseline run, then
 the same suite slowed down (PROFLLM_SIM_SLOWDOWN), barely slowed, or with another seed; the
 verdict in the failure, the record, the database, JUnit XML and the Markdown summary; and
-pytest-benchmark's --benchmark-compare-fail on the same slowdown under xdist."""
+pytest-benchmark's --benchmark-compare-fail on the same slowdown under xdist. The verdicts
+come from the virtual clock (PROFLLM_SIM_SLOWDOWN multiplies its steps as it does the real-time
+engine's), in seconds rather than minutes; the schedule-lag test needs the real-time client."""
 
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ regression:
 """
 )
 CASE = "bench_gate.yaml::sim-8b::random"
+# No server: the engine stepped in the worker's process (docs/simulated-engine/virtual-clock.md).
+VIRTUAL = "--profllm-sim-clock=virtual"
 
 
 def last_record(pytester: pytest.Pytester, out: str) -> dict[str, Any]:
@@ -52,6 +56,7 @@ def baseline(pytester: pytest.Pytester, ports: str) -> Path:
         ports,
         "--profllm-baseline=base/results.db",
         "--profllm-baseline-update",
+        VIRTUAL,
         out="base",
         gpus=None,
         cache=False,
@@ -72,6 +77,7 @@ def test_a_15_percent_slowdown_fails_the_gate(
         ports,
         f"--profllm-baseline={baseline}",
         "--junitxml=junit.xml",
+        VIRTUAL,
         out="slow",
         gpus=None,
         cache=False,
@@ -121,7 +127,8 @@ def test_a_1_percent_slowdown_passes(
 ) -> None:
     monkeypatch.setenv("PROFLLM_SIM_SLOWDOWN", "1.01")
     result = run_suites(
-        pytester, ports, f"--profllm-baseline={baseline}", out="new", gpus=None, cache=False
+        pytester, ports, f"--profllm-baseline={baseline}", VIRTUAL, out="new", gpus=None,
+        cache=False,
     )
     result.assert_outcomes(passed=2)
     verdicts = {v["verdict"] for v in last_record(pytester, "new")["regression"]}
@@ -133,7 +140,8 @@ def test_another_seed_unchanged_passes(
 ) -> None:
     pytester.makefile(".yaml", bench_gate=SUITE.format(seed=7))
     result = run_suites(
-        pytester, ports, f"--profllm-baseline={baseline}", out="new", gpus=None, cache=False
+        pytester, ports, f"--profllm-baseline={baseline}", VIRTUAL, out="new", gpus=None,
+        cache=False,
     )
     result.assert_outcomes(passed=2)
     record = last_record(pytester, "new")
@@ -167,6 +175,7 @@ def test_benchmark_compare_fail_under_xdist(
         "-n",
         "2",
         f"--benchmark-storage={storage}",
+        VIRTUAL,
         out="base",
         gpus=None,
         cache=False,
@@ -180,6 +189,7 @@ def test_benchmark_compare_fail_under_xdist(
         "-n",
         "2",
         f"--benchmark-storage={storage}",
+        VIRTUAL,
         "--benchmark-save=base",
         "--benchmark-json=base.json",
         out="base",
@@ -199,6 +209,7 @@ def test_benchmark_compare_fail_under_xdist(
         "-n",
         "2",
         f"--benchmark-storage={storage}",
+        VIRTUAL,
         "--benchmark-compare=0001",
         "--benchmark-compare-fail=mean:5%",
         out="slow",

@@ -1,7 +1,8 @@
 """What the results database's earlier sessions tell a gated session, as warnings that never
 change a verdict (gates/earlier.py): a session without --profllm-baseline is told it had a
 history to gate against; a baseline being written that the gate would call regressed against
-that history is named, in the terminal and the Markdown summary."""
+that history is named, in the terminal and the Markdown summary. Its sessions run on the virtual
+clock, which PROFLLM_SIM_SLOWDOWN slows as it does the real-time engine."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from helpers import run_suites
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_gate_end_to_end import SUITE
+from test_gate_end_to_end import SUITE, VIRTUAL
 from test_gate_verdict import SETTINGS, record, requests_rows
 
 from pytest_profllm.gates import earlier
@@ -30,11 +31,11 @@ def test_a_session_without_baseline_is_told_of_its_history(
     pytester: pytest.Pytester, ports: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makefile(".yaml", bench_gate=SUITE.format(seed=0))
-    first = run_suites(pytester, ports, gpus=None, cache=False)
+    first = run_suites(pytester, ports, VIRTUAL, gpus=None, cache=False)
     first.assert_outcomes(passed=2)
     assert "have earlier sessions" not in first.stdout.str()
     monkeypatch.setenv("PROFLLM_SIM_SLOWDOWN", "1.3")
-    slowed = run_suites(pytester, ports, gpus=None, cache=False)
+    slowed = run_suites(pytester, ports, VIRTUAL, gpus=None, cache=False)
     # Still a pass: without --profllm-baseline nothing is compared; the hint says how to.
     slowed.assert_outcomes(passed=2)
     slowed.stdout.fnmatch_lines([HINT + "--profllm-baseline *results/results.db"])
@@ -44,19 +45,19 @@ def test_a_slower_baseline_is_named_when_written(
     pytester: pytest.Pytester, ports: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makefile(".yaml", bench_gate=SUITE.format(seed=0))
-    history = run_suites(pytester, ports, gpus=None, cache=False)
+    history = run_suites(pytester, ports, VIRTUAL, gpus=None, cache=False)
     history.assert_outcomes(passed=2)
     # Each baseline is written into a fresh folder, so the gate itself has nothing to compare
     # and passes: only the history in results/results.db can tell the slowed one apart.
     normal = run_suites(
-        pytester, ports, "--profllm-baseline=base1/", "--profllm-baseline-update",
+        pytester, ports, "--profllm-baseline=base1/", "--profllm-baseline-update", VIRTUAL,
         gpus=None, cache=False,
     )
     normal.assert_outcomes(passed=2)
     assert "new baseline of" not in normal.stdout.str()
     monkeypatch.setenv("PROFLLM_SIM_SLOWDOWN", "1.3")
     slowed = run_suites(
-        pytester, ports, "--profllm-baseline=base2/", "--profllm-baseline-update",
+        pytester, ports, "--profllm-baseline=base2/", "--profllm-baseline-update", VIRTUAL,
         gpus=None, cache=False,
     )
     # A warning only: the update writes the baseline it was asked to.

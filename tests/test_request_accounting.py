@@ -72,7 +72,10 @@ def faulty_run(
     env = {**os.environ, "PROFLLM_SIM_FAULTS": spec, "PROFLLM_POOL_DIR": str(test_pool_dir)}
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
             f"--profllm-ports={ports}", "--profllm-out=results",
-            "--profllm-max-schedule-lag=1000"]
+            "--profllm-max-schedule-lag=1000",
+            # No host-core lease: on 2 cores it queues each worker's loads behind the other's,
+            # and these runs are about the requests' accounting.
+            "--profllm-no-load-cores"]
     try:
         done = subprocess.run(
             argv, cwd=folder, env=env, capture_output=True, text=True, timeout=300, check=False

@@ -101,9 +101,11 @@ def test_a_killed_campaign_is_finished_by_resume(
         for process in _owned_by(token) if token else []:
             process.kill()
 
-    # An uninterrupted run of the same suite has the same cases in its database.
+    # An uninterrupted run of the same suite has the same cases in its database (the cases
+    # are the suite's, whatever the clock: the virtual one runs them without a server).
     whole = subprocess.run(
-        pytest_argv(ports, out="whole", cache=False), cwd=pytester.path, env=env,
+        pytest_argv(ports, "--profllm-sim-clock=virtual", out="whole", cache=False),
+        cwd=pytester.path, env=env,
         capture_output=True, text=True, timeout=180, check=False,
     )
     assert whole.returncode == 0, whole.stdout[-3000:]

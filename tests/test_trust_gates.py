@@ -23,6 +23,9 @@ repeat: 2
 regression:
   output_throughput: 10%
 """
+# Sessions whose gate is the point run on the virtual clock (no server; PROFLLM_SIM_SLOWDOWN
+# slows it too); the faults of PROFLLM_SIM_FAULTS need the real-time engine.
+VIRTUAL = "--profllm-sim-clock=virtual"
 
 
 def test_an_all_failed_session_is_never_the_baseline(
@@ -59,19 +62,19 @@ def test_cases_without_a_baseline_are_counted_and_may_be_required(
 ) -> None:
     pytester.makefile(".yaml", bench_gated=SUITE)
     made = run_suites(
-        pytester, ports, "--profllm-baseline=base.db", "--profllm-baseline-update",
+        pytester, ports, "--profllm-baseline=base.db", "--profllm-baseline-update", VIRTUAL,
         out=None, gpus=None, timeout=180,
     )
     assert made.ret == pytest.ExitCode.OK, made.stdout.str()
     other = SUITE.replace("num_prompts: 8", "num_prompts: 6")
     pytester.makefile(".yaml", bench_other=other)
     again = run_suites(
-        pytester, ports, "--profllm-baseline=base.db", out=None, gpus=None, timeout=180
+        pytester, ports, "--profllm-baseline=base.db", VIRTUAL, out=None, gpus=None, timeout=180
     )
     again.stdout.fnmatch_lines(["*profllm: no baseline for 1 of 2 gated case(s)*"])
     assert again.ret == pytest.ExitCode.OK
     required = run_suites(
-        pytester, ports, "--profllm-baseline=base.db", "--profllm-require-baseline",
+        pytester, ports, "--profllm-baseline=base.db", "--profllm-require-baseline", VIRTUAL,
         out=None, gpus=None, timeout=180,
     )
     assert required.ret == pytest.ExitCode.TESTS_FAILED
@@ -112,7 +115,7 @@ def test_a_database_built_by_ingest_is_a_baseline_and_a_history(
 
     suite = SUITE + "  median_tpot_ms: 10%\n"
     pytester.makefile(".yaml", bench_gated=suite)
-    first = run_suites(pytester, ports, out="ci-artifacts", gpus=None, timeout=180)
+    first = run_suites(pytester, ports, VIRTUAL, out="ci-artifacts", gpus=None, timeout=180)
     assert first.ret == pytest.ExitCode.OK, first.stdout.str()
     # The documented CI workflow: artifacts through `profllm ingest` into one database.
     combined = pytester.path / "combined.db"
@@ -123,7 +126,7 @@ def test_a_database_built_by_ingest_is_a_baseline_and_a_history(
     assert main(["history", str(combined)]) == 0  # before: refused, no gate_runs table
     monkeypatch.setenv("PROFLLM_SIM_SLOWDOWN", "1.3")
     slowed = run_suites(
-        pytester, ports, f"--profllm-baseline={combined}", out=None, gpus=None, timeout=180
+        pytester, ports, f"--profllm-baseline={combined}", VIRTUAL, out=None, gpus=None, timeout=180
     )
     # Before: "(0 run(s))", every case no-baseline, exit 0 under the slowdown.
     assert slowed.ret == pytest.ExitCode.TESTS_FAILED, slowed.stdout.str()
