@@ -31,7 +31,7 @@ class Clocks:
         self.wall = 100.0
         self.busy = 0.0
         self.ours: dict[tuple[int, float], float] = {}
-        monkeypatch.setattr(foreign_cpu.time, "monotonic", lambda: self.wall)
+        monkeypatch.setattr(time, "monotonic", lambda: self.wall)
         monkeypatch.setattr(foreign_cpu, "_busy_seconds", lambda cores: self.busy)
         monkeypatch.setattr(foreign_cpu, "_session_seconds", lambda root, cores: dict(self.ours))
 
