@@ -361,6 +361,7 @@ class Sampler:
         self._guarded("starting", self._start)
         self._guarded("sampling", self._take)  # primes psutil's CPU counters: 0 the first time
         self.samples.clear()
+        live_status.series_start()  # the live page's series restarts with this one
         self._guarded("reading energy", lambda: self._read_energy(at_start=True))
         self._thread = threading.Thread(target=self._loop, name="profllm-telemetry", daemon=True)
         self._thread.start()
@@ -465,6 +466,9 @@ class Sampler:
                 tokens_generated=scraped.get(TOKENS_GENERATED),
             )
         )
+        # The live page's point: the one series() makes of this sample, so the page and the
+        # record's series show the same samples.
+        live_status.series_point(series(self.samples[-2:], origin=self.started)[-1])
         if scraped:
             live_status.server_state(
                 scraped.get(RUNNING), scraped.get(WAITING), scraped.get(KV_CACHE_USAGE)
