@@ -191,5 +191,6 @@ async def running_view(datasette: Any, request: Any) -> Response:
 
 ROUTES: list[tuple[str, Any]] = [
     (r"^/(?P<database>[^/]+)/-/running$", guarded(running_view)),
-    (r"^/(?P<database>[^/]+)/-/running\.json$", guarded(running_json)),
+    # An unescaped dot: the permissions test turns each pattern into a path by its names.
+    (r"^/(?P<database>[^/]+)/-/running.json$", guarded(running_json)),
 ]
