@@ -30,7 +30,7 @@ REFRESH_MS = 2000
 CHARTS = (
     ("running-throughput", "Output throughput", "output tokens/s", "throughput"),
     ("running-ttft", "Median TTFT (last 256 requests)", "ms", "ttft"),
-    ("running-kv", "KV-cache use", "fraction of the KV cache", "kv"),
+    ("running-kv", "KV-cache use", "KV cache used", "kv"),
     ("running-queue", "Running and waiting requests", "requests", "queue"),
 )
 
@@ -128,7 +128,8 @@ def chart_specs() -> dict[str, dict[str, Any]]:
                             encoding={
                                 "x": charts.field("t_s", "quantitative",
                                                   "seconds since sampling started"),
-                                "y": charts.field("value", "quantitative", axis),
+                                "y": charts.field("value", "quantitative", axis, **(
+                                    {"axis": {"format": "%"}} if dataset == "kv" else {})),
                                 "color": charts.field("series", "nominal", "")})
         chart["data"] = {"name": dataset}
         specs[chart_id] = chart

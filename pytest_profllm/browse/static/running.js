@@ -47,6 +47,11 @@
         : "; its page once the session loads its record)")));
       finished.appendChild(item);
     });
+    if (!payload.finished.length) {
+      var none = document.createElement("li");
+      none.textContent = "None in the last minute.";
+      finished.appendChild(none);
+    }
     var status = document.getElementById("profllm-running-status");
     status.textContent = payload.running.length
       ? payload.running.length + " case(s) running, as of " + new Date(payload.now * 1000).toLocaleTimeString()
