@@ -127,7 +127,8 @@ def chart_specs() -> dict[str, dict[str, Any]]:
                             mark={"type": "line", "tooltip": True},
                             encoding={
                                 "x": charts.field("t_s", "quantitative",
-                                                  "seconds since sampling started"),
+                                                  "seconds since sampling started",
+                                                  scale={"zero": True}),
                                 "y": charts.field("value", "quantitative", axis, **(
                                     {"axis": {"format": "%"}} if dataset == "kv" else {})),
                                 "color": charts.field("series", "nominal", "")})
