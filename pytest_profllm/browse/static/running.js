@@ -1,7 +1,8 @@
 // The "Running now" page: draws its table and charts from the JSON the page carries, then
 // fetches the same JSON every refresh_ms and replaces the table's rows and each chart's data
 // in place (vega's changeset: no page reload, no redraw of the chart's frame). Each chart's
-// element gets data-drawn="1" once drawn, the page data-refreshed="N" after each refresh.
+// element gets data-drawn="1" once drawn, the page data-refreshed="N" after each refresh and
+// data-points the points it was given (the browser test waits for them).
 (function () {
   "use strict";
   var views = {};
@@ -60,6 +61,8 @@
 
   function update(payload) {
     table(payload);
+    document.getElementById("profllm-running").setAttribute("data-points", String(
+      Object.keys(payload.data).reduce(function (n, k) { return n + payload.data[k].length; }, 0)));
     Object.keys(views).forEach(function (id) {
       var entry = views[id];
       var rows = payload.data[entry.dataset] || [];
