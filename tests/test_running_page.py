@@ -45,7 +45,7 @@ POINT = {"t_s": 0.5, "request_throughput": 4.0, "output_throughput": 32.0, "runn
 
 
 @pytest.fixture
-def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The live folder beside a results database with one run (r1), this process its writer."""
     results_db(tmp_path)
     folder = tmp_path / live_status.LIVE_FOLDER
@@ -61,7 +61,8 @@ def get(db: Path, path: str, actor: dict[str, Any] | None = None,
         datasette = Datasette([str(db)], metadata=metadata or {})
         await datasette.invoke_startup()
         cookies = {"ds_actor": datasette.sign({"a": actor}, "actor")} if actor else {}
-        return await datasette.client.get(path, cookies=cookies)
+        response: httpx.Response = await datasette.client.get(path, cookies=cookies)
+        return response
 
     return asyncio.run(run())
 
@@ -114,7 +115,8 @@ def test_a_finished_case_leaves_after_a_minute() -> None:
 
     def finished(now: float, tmp: Path) -> list[Any]:
         (tmp / "1.json").write_text(json.dumps({"cases": [ended]}))
-        return running_page.running_now(tmp, now)["finished"]
+        found: list[Any] = running_page.running_now(tmp, now)["finished"]
+        return found
 
     with contextlib.ExitStack() as stack:
         import tempfile
