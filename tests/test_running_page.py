@@ -107,23 +107,18 @@ def test_the_page_draws_from_the_json_and_the_landing_page_links_it(live: Path) 
     assert 'href="/results/-/running"' in get(db, "/results/runs").text
 
 
-def test_a_finished_case_leaves_after_a_minute() -> None:
+def test_a_finished_case_leaves_after_a_minute(tmp_path: Path) -> None:
+    nothing = running_page.running_now(None)
+    assert nothing["running"] == [] and nothing["finished"] == []
     ended = {"case": CASE, "worker": "gw0", "stage": live_status.FINISHED, "run_id": "r1",
              "ended": 100.0, "history": []}
-    folder_payload = running_page.running_now(None)
-    assert folder_payload["running"] == [] and folder_payload["finished"] == []
+    (tmp_path / "1.json").write_text(json.dumps({"cases": [ended]}))
 
-    def finished(now: float, tmp: Path) -> list[Any]:
-        (tmp / "1.json").write_text(json.dumps({"cases": [ended]}))
-        found: list[Any] = running_page.running_now(tmp, now)["finished"]
-        return found
+    def finished(now: float) -> list[str]:
+        return [f["run_id"] for f in running_page.running_now(tmp_path, now)["finished"]]
 
-    with contextlib.ExitStack() as stack:
-        import tempfile
-
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        assert [f["run_id"] for f in finished(100.0 + 59, tmp)] == ["r1"]
-        assert finished(100.0 + live_status.FINISHED_KEEP_S + 1, tmp) == []
+    assert finished(100.0 + 59) == ["r1"]
+    assert finished(100.0 + live_status.FINISHED_KEEP_S + 1) == []
 
 
 @pytest.mark.parametrize("path", ["/results/-/running", "/results/-/running.json"])
