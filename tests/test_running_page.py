@@ -70,8 +70,7 @@ def get(db: Path, path: str, actor: dict[str, Any] | None = None,
 def test_a_running_case_shows_with_its_stage_progress_and_series(live: Path) -> None:
     with live_status.running(CASE, "gw0", "r1"):
         live_status.set_stage("loading")
-        live_status.series_start()
-        live_status.series_point(POINT)
+        live_status.series_start(lambda: [POINT])
         progress = live_status.load_progress(10, 5.0)
         assert progress is not None
         progress.sent(0.0)

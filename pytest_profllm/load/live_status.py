@@ -9,8 +9,9 @@ twice a second and only when something changed: a request costs the client a few
 updates and an append, never a write.
 
 The same files feed the results database's "Running now" page (browse/running_page.py): the
-telemetry sampler's points over the run so far (the last `MAX_POINTS`, the points the record's
-series is made of), the running medians over time, and each finished case's run id for
+telemetry sampler's series so far (made by the function that makes the record's `series`, from
+the same samples, when the file is written), the running medians over time (the last
+`MAX_POINTS`), and each finished case's run id for
 `FINISHED_KEEP_S`, so the page links to its run page.
 """
 
@@ -35,7 +36,7 @@ WRITE_INTERVAL_S = 0.5
 FINISHED = "finished"  # the stage of a case that ended: kept in its file, shown no more
 _RECENT = 256  # the running medians are over the last this many requests
 LIVE_FOLDER = "live"  # beside a results database: where its "Running now" page reads
-MAX_POINTS = 600  # the points over the run a file keeps per case (5 minutes at 2 a second)
+MAX_POINTS = 600  # the running medians a file keeps per case (5 minutes at 2 a second)
 FINISHED_KEEP_S = 60.0  # how long a finished case stays in its file, with its run id
 # The telemetry series' fields a live file carries: what the "Running now" page draws.
 POINT_FIELDS = ("t_s", "request_throughput", "output_throughput", "running", "waiting",
@@ -70,7 +71,7 @@ class CaseStatus:
     run_id: str = ""  # the record's, for a link to its run page once it ended
     ended: float | None = None  # wall clock
     series_started: float | None = None  # wall clock of the telemetry series' origin
-    # The telemetry sampler's points so far (telemetry.series's, POINT_FIELDS of them), and
+    # The telemetry sampler's series so far (telemetry.series's, POINT_FIELDS of them), and
     # the running medians as they went (t_s from series_started).
     series: list[dict[str, float | None]] = field(default_factory=list)
     latency: list[dict[str, float | None]] = field(default_factory=list)
@@ -85,7 +86,8 @@ class _Reporter:
         self.cases: dict[str, CaseStatus] = {}
         self.ttft: dict[str, deque[float]] = {}
         self.tpot: dict[str, deque[float]] = {}
-        self.points: dict[str, deque[dict[str, float | None]]] = {}
+        # Each case's telemetry series as its sampler makes it: called when the file is written.
+        self.sources: dict[str, Callable[[], list[dict[str, float | None]]]] = {}
         self.latency: dict[str, deque[dict[str, float | None]]] = {}
         self.lock = threading.Lock()
         # A plain flag, not an Event: a request sets it without taking a lock; the timer
@@ -101,13 +103,13 @@ class _Reporter:
         if found is None:
             found = self.cases[case] = CaseStatus(case, stage_since=self.clock())
             self.ttft[case], self.tpot[case] = deque(maxlen=_RECENT), deque(maxlen=_RECENT)
-            self.points[case] = deque(maxlen=MAX_POINTS)
             self.latency[case] = deque(maxlen=MAX_POINTS)
         return found
 
     def forget(self, case: str) -> None:
         del self.cases[case], self.ttft[case], self.tpot[case]
-        del self.points[case], self.latency[case]
+        del self.latency[case]
+        self.sources.pop(case, None)
 
     def changed(self) -> None:
         self.dirty = True
@@ -135,7 +137,8 @@ class _Reporter:
                         "t_s": now - status.series_started,
                         "median_ttft_ms": status.median_ttft_ms,
                         "median_tpot_ms": status.median_tpot_ms})
-                status.series = list(self.points[name])
+                if (source := self.sources.get(name)) is not None:
+                    status.series = _points(source)
                 status.latency = list(self.latency[name])
             payload = json.dumps({"pid": os.getpid(), "cases": [asdict(s) for s in
                                                                   self.cases.values()]})
@@ -234,28 +237,36 @@ def server_state(running: float | None, waiting: float | None, kv: float | None)
     found.changed()
 
 
-def series_start() -> None:
-    """A telemetry sampler started for the running case: its points so far are dropped (a
-    load measured again, or the next probe's sampler, has a series of its own)."""
+def series_start(source: Callable[[], list[dict[str, float | None]]]) -> None:
+    """A telemetry sampler started for the running case: `source` gives its series so far
+    (telemetry.series over its samples), called at most twice a second, when the file is
+    written; the case's earlier series goes (a load measured again has a series of its own)."""
     current = _current()
     if current is None:
         return
     found, status = current
     with found.lock:
         status.series_started = found.clock()
-        found.points[status.case].clear()
+        status.series = []
+        found.sources[status.case] = source
         found.latency[status.case].clear()
     found.changed()
 
 
-def series_point(point: dict[str, float | None]) -> None:
-    """One point of the running case's telemetry series (telemetry.series's), as sampled."""
+def changed() -> None:
+    """Something the file shows changed (the sampler took a sample)."""
     current = _current()
-    if current is None:
-        return
-    found, status = current
-    found.points[status.case].append({name: point.get(name) for name in POINT_FIELDS})
-    found.changed()
+    if current is not None:
+        current[0].changed()
+
+
+def _points(source: Callable[[], list[dict[str, float | None]]]
+            ) -> list[dict[str, float | None]]:
+    try:
+        points = source()
+    except Exception:  # any: the live page's series never costs the case its telemetry
+        return []
+    return [{name: point.get(name) for name in POINT_FIELDS} for point in points]
 
 
 def warming_up(on: bool) -> None:

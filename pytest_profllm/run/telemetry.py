@@ -361,7 +361,9 @@ class Sampler:
         self._guarded("starting", self._start)
         self._guarded("sampling", self._take)  # primes psutil's CPU counters: 0 the first time
         self.samples.clear()
-        live_status.series_start()  # the live page's series restarts with this one
+        # The live page's series: the record's, of the samples so far (a copy: the thread
+        # appends while the live file is written).
+        live_status.series_start(lambda: series(list(self.samples), origin=self.started))
         self._guarded("reading energy", lambda: self._read_energy(at_start=True))
         self._thread = threading.Thread(target=self._loop, name="profllm-telemetry", daemon=True)
         self._thread.start()
@@ -466,9 +468,7 @@ class Sampler:
                 tokens_generated=scraped.get(TOKENS_GENERATED),
             )
         )
-        # The live page's point: the one series() makes of this sample, so the page and the
-        # record's series show the same samples.
-        live_status.series_point(series(self.samples[-2:], origin=self.started)[-1])
+        live_status.changed()  # a new point of the live page's series
         if scraped:
             live_status.server_state(
                 scraped.get(RUNNING), scraped.get(WAITING), scraped.get(KV_CACHE_USAGE)
