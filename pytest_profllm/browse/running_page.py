@@ -59,6 +59,8 @@ def running_now(folder: Path | None, now: float | None = None) -> dict[str, Any]
             ended = lead.get("ended") or lead.get("updated") or 0.0
             if now - ended <= live_status.FINISHED_KEEP_S and lead.get("run_id"):
                 finished.append({"case": case, "run_id": lead["run_id"], "ended": ended})
+                # Its whole series stays drawn for its minute: the curves its run page has.
+                _points(f"{case} (ended)", lead, parts, data)
             continue
         running.append(_row(case, lead, parts, now))
         _points(case, lead, parts, data)
