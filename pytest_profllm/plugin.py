@@ -347,7 +347,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # trylast), and they inherit the live folder.
     if hasattr(config, "workerinput") or config.option.collectonly:
         return
-    live = live_view.start(config, options.live_mode(config))
+    live = live_view.start(config, options.live_mode(config),
+                           config.stash[SETTINGS_KEY].db_path)
     if live is not None:
         config.stash[_LIVE] = live
 

@@ -27,6 +27,7 @@ from pytest_profllm.browse import (
     dashboard_pages,
     pages,
     run_views,
+    running_page,
     sql_functions,
     upload_views,
 )
@@ -160,6 +161,9 @@ def dashboard_links_html(database: str | None) -> str:
     base = "/" + quote(tilde_encode(database)) + "/-/dashboards/"
     links = " · ".join(f'<a href="{base}{d.name}" title="{escape(d.question)}">'
                        f"{escape(d.title)}</a>" for d in DASHBOARDS)
+    # What a session runs into this results folder now (browse/running_page.py).
+    links += (f' · <a href="{base[:-len("dashboards/")]}running" title="The cases a session '
+              'runs now, live">Running now</a>')
     return f'<p class="profllm-dashboard-links"><strong>Dashboards:</strong> {links}</p>'
 
 
@@ -496,7 +500,7 @@ def extra_js_urls(datasette: Any, database: str | None, table: str | None) -> An
 def register_routes() -> list[tuple[str, Any]]:
     # Our prepared pages, each module's own routes; then our 404 for the rest of our paths.
     return [*dashboard_pages.ROUTES, *run_views.ROUTES, *upload_views.ROUTES,
-            *pages.CATCH_ALL]
+            *running_page.ROUTES, *pages.CATCH_ALL]
 
 
 @hookimpl

@@ -7,6 +7,12 @@ requests), a worker that dies leaves what it said, and a live page can read the 
 Each process writes `<pid>.json` atomically (write, then rename) from a timer thread at most
 twice a second and only when something changed: a request costs the client a few attribute
 updates and an append, never a write.
+
+The same files feed the results database's "Running now" page (browse/running_page.py): the
+telemetry sampler's series so far (made by the function that makes the record's `series`, from
+the same samples, when the file is written), the running medians over time (the last
+`MAX_POINTS`), and each finished case's run id for
+`FINISHED_KEEP_S`, so the page links to its run page.
 """
 
 from __future__ import annotations
@@ -29,6 +35,12 @@ CASE_ENV = "PROFLLM_LIVE_CASE"  # the running case's id, for the client processe
 WRITE_INTERVAL_S = 0.5
 FINISHED = "finished"  # the stage of a case that ended: kept in its file, shown no more
 _RECENT = 256  # the running medians are over the last this many requests
+LIVE_FOLDER = "live"  # beside a results database: where its "Running now" page reads
+MAX_POINTS = 600  # the running medians a file keeps per case (5 minutes at 2 a second)
+FINISHED_KEEP_S = 60.0  # how long a finished case stays in its file, with its run id
+# The telemetry series' fields a live file carries: what the "Running now" page draws.
+POINT_FIELDS = ("t_s", "request_throughput", "output_throughput", "running", "waiting",
+                "kv_cache_usage")
 
 
 @dataclass
@@ -56,6 +68,13 @@ class CaseStatus:
     waiting: float | None = None
     kv_cache_usage: float | None = None  # a fraction
     updated: float = 0.0
+    run_id: str = ""  # the record's, for a link to its run page once it ended
+    ended: float | None = None  # wall clock
+    series_started: float | None = None  # wall clock of the telemetry series' origin
+    # The telemetry sampler's series so far (telemetry.series's, POINT_FIELDS of them), and
+    # the running medians as they went (t_s from series_started).
+    series: list[dict[str, float | None]] = field(default_factory=list)
+    latency: list[dict[str, float | None]] = field(default_factory=list)
 
 
 class _Reporter:
@@ -67,6 +86,9 @@ class _Reporter:
         self.cases: dict[str, CaseStatus] = {}
         self.ttft: dict[str, deque[float]] = {}
         self.tpot: dict[str, deque[float]] = {}
+        # Each case's telemetry series as its sampler makes it: called when the file is written.
+        self.sources: dict[str, Callable[[], list[dict[str, float | None]]]] = {}
+        self.latency: dict[str, deque[dict[str, float | None]]] = {}
         self.lock = threading.Lock()
         # A plain flag, not an Event: a request sets it without taking a lock; the timer
         # looks at it twice a second.
@@ -81,7 +103,13 @@ class _Reporter:
         if found is None:
             found = self.cases[case] = CaseStatus(case, stage_since=self.clock())
             self.ttft[case], self.tpot[case] = deque(maxlen=_RECENT), deque(maxlen=_RECENT)
+            self.latency[case] = deque(maxlen=MAX_POINTS)
         return found
+
+    def forget(self, case: str) -> None:
+        del self.cases[case], self.ttft[case], self.tpot[case]
+        del self.latency[case]
+        self.sources.pop(case, None)
 
     def changed(self) -> None:
         self.dirty = True
@@ -103,6 +131,15 @@ class _Reporter:
                 status.updated = now
                 status.median_ttft_ms = _median_ms(self.ttft[name])
                 status.median_tpot_ms = _median_ms(self.tpot[name])
+                if (status.stage != FINISHED and status.series_started is not None
+                        and status.median_ttft_ms is not None):
+                    self.latency[name].append({
+                        "t_s": now - status.series_started,
+                        "median_ttft_ms": status.median_ttft_ms,
+                        "median_tpot_ms": status.median_tpot_ms})
+                if (source := self.sources.get(name)) is not None:
+                    status.series = _points(source)
+                status.latency = list(self.latency[name])
             payload = json.dumps({"pid": os.getpid(), "cases": [asdict(s) for s in
                                                                   self.cases.values()]})
             partial = self.path.with_suffix(".part")
@@ -144,26 +181,32 @@ def _current() -> tuple[_Reporter, CaseStatus] | None:
 
 
 @contextlib.contextmanager
-def running(case: str, worker: str) -> Iterator[None]:
+def running(case: str, worker: str, run_id: str = "") -> Iterator[None]:
     """The case's status for this process and the client processes it starts; it is marked
-    finished when it ends (and written at once, so the view drops it without waiting)."""
+    finished when it ends (and written at once, so the view drops it without waiting), and
+    kept so, with its run id, for FINISHED_KEEP_S."""
     found = reporter()
     if found is None:
         yield
         return
     os.environ[CASE_ENV] = case
     with found.lock:
-        found.cases.pop(case, None)  # a repeat of the same case starts afresh
-        found.status(case).worker = worker
+        if case in found.cases:  # a repeat of the same case starts afresh
+            found.forget(case)
+        status = found.status(case)
+        status.worker, status.run_id = worker, run_id
     try:
         yield
     finally:
         set_stage(FINISHED)
         os.environ.pop(CASE_ENV, None)
         with found.lock:
-            # Only the last finished case stays: the file holds what runs now.
-            for name in [n for n, s in found.cases.items() if s.stage == FINISHED and n != case]:
-                del found.cases[name], found.ttft[name], found.tpot[name]
+            now = found.clock()
+            found.cases[case].ended = now
+            # A finished case stays a minute, for its link: the file holds what runs now.
+            for name in [n for n, s in found.cases.items() if s.stage == FINISHED
+                         and n != case and now - (s.ended or 0.0) > FINISHED_KEEP_S]:
+                found.forget(name)
         with contextlib.suppress(OSError):
             found.write()
 
@@ -192,6 +235,38 @@ def server_state(running: float | None, waiting: float | None, kv: float | None)
     found, status = current
     status.running, status.waiting, status.kv_cache_usage = running, waiting, kv
     found.changed()
+
+
+def series_start(source: Callable[[], list[dict[str, float | None]]]) -> None:
+    """A telemetry sampler started for the running case: `source` gives its series so far
+    (telemetry.series over its samples), called at most twice a second, when the file is
+    written; the case's earlier series goes (a load measured again has a series of its own)."""
+    current = _current()
+    if current is None:
+        return
+    found, status = current
+    with found.lock:
+        status.series_started = found.clock()
+        status.series = []
+        found.sources[status.case] = source
+        found.latency[status.case].clear()
+    found.changed()
+
+
+def changed() -> None:
+    """Something the file shows changed (the sampler took a sample)."""
+    current = _current()
+    if current is not None:
+        current[0].changed()
+
+
+def _points(source: Callable[[], list[dict[str, float | None]]]
+            ) -> list[dict[str, float | None]]:
+    try:
+        points = source()
+    except Exception:  # any: the live page's series never costs the case its telemetry
+        return []
+    return [{name: point.get(name) for name in POINT_FIELDS} for point in points]
 
 
 def warming_up(on: bool) -> None:

@@ -19,10 +19,11 @@ _now: tuple[str, str] | None = None  # this process's running case's stage and d
 
 
 @contextlib.contextmanager
-def running(labels: client_metrics.CaseLabels, worker: str) -> Iterator[None]:
-    """The case runs in this process (and the client processes it starts) for the block."""
+def running(labels: client_metrics.CaseLabels, worker: str, run_id: str = "") -> Iterator[None]:
+    """The case runs in this process (and the client processes it starts) for the block;
+    `run_id`: its record's, for the live page's link once it ended."""
     global _now
-    with client_metrics.running(labels), live_status.running(labels.case, worker):
+    with client_metrics.running(labels), live_status.running(labels.case, worker, run_id):
         _now = ("starting", "")
         try:
             yield

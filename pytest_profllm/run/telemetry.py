@@ -342,6 +342,9 @@ class Sampler:
     problem: str | None = None
     _failures: int = 0
     started: float | None = None  # perf_counter at start(): the origin of a search's series
+    # The series' origin where not the start (a load's `clock_start`, known once it ran): the
+    # live page's series takes it too, and ends as the record's.
+    origin: float | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _owns_gpus: bool = False
@@ -361,6 +364,9 @@ class Sampler:
         self._guarded("starting", self._start)
         self._guarded("sampling", self._take)  # primes psutil's CPU counters: 0 the first time
         self.samples.clear()
+        # The live page's series: the record's, of the samples so far (a copy: the thread
+        # appends while the live file is written).
+        live_status.series_start(lambda: self.series(samples=list(self.samples)))
         self._guarded("reading energy", lambda: self._read_energy(at_start=True))
         self._thread = threading.Thread(target=self._loop, name="profllm-telemetry", daemon=True)
         self._thread.start()
@@ -436,10 +442,15 @@ class Sampler:
             "telemetry_problem": problem,
         }
 
-    def series(self, origin: float | None = None) -> list[dict[str, float | None]]:
-        """The samples over time, from `origin` (a load's `clock_start`): the first sample
-        comes an interval after start(), so counting from it put every point late."""
-        return series(self.samples, origin=origin if origin is not None else self.started)
+    def series(self, origin: float | None = None, samples: Sequence[Sample] | None = None
+               ) -> list[dict[str, float | None]]:
+        """The samples over time, from `origin` (a load's `clock_start`; else `self.origin`,
+        else the start): the first sample comes an interval after start(), so counting from
+        it put every point late."""
+        if origin is not None:
+            self.origin = origin
+        return series(self.samples if samples is None else samples,
+                      origin=self.origin if self.origin is not None else self.started)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -465,6 +476,7 @@ class Sampler:
                 tokens_generated=scraped.get(TOKENS_GENERATED),
             )
         )
+        live_status.changed()  # a new point of the live page's series
         if scraped:
             live_status.server_state(
                 scraped.get(RUNNING), scraped.get(WAITING), scraped.get(KV_CACHE_USAGE)

@@ -339,22 +339,38 @@ class LiveSession:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def start(config: pytest.Config, mode: LiveMode) -> LiveSession | None:
+def folder_of(db_path: Path) -> Path:
+    """The live folder of a results database: `live/` beside it, where its "Running now" page
+    (browse/running_page.py) reads what runs."""
+    return db_path.parent / live_status.LIVE_FOLDER
+
+
+def start(config: pytest.Config, mode: LiveMode, db_path: Path | None = None
+          ) -> LiveSession | None:
     """The live view for this session, started where `mode` and the output say it draws;
-    the folder is set in the environment before xdist starts the workers, which inherit it."""
+    the folder is set in the environment before xdist starts the workers, which inherit it.
+    With a results database (`db_path`) the processes write beside it, for its "Running now"
+    page, also where nothing is drawn (-q, `| cat -q`); `off` writes nothing."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         return None
     writer = config.get_terminal_writer()
     quiet = config.get_verbosity() < 0
     drawn = resolve_mode(mode, _isatty(writer._file), quiet)
-    if drawn == "off":
+    if mode == "off" or (drawn == "off" and db_path is None):
         return None
     given = os.environ.get(live_status.DIR_ENV)
-    folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="profllm-live-"))
+    if given:
+        folder = Path(given)
+    elif db_path is not None:
+        folder = folder_of(db_path)
+    else:
+        folder = Path(tempfile.mkdtemp(prefix="profllm-live-"))
     folder.mkdir(parents=True, exist_ok=True)
     os.environ[live_status.DIR_ENV] = str(folder)
     live = LiveSession(folder, owned=not given)
+    if drawn == "off":
+        return live
     # The terminal itself, not fd 1: while a case runs in this process (-n 0) pytest
     # captures fd 1, and the view must not end up in the case's captured output.
     out = _terminal_of(writer._file)

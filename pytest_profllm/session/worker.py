@@ -212,7 +212,7 @@ class WorkerSession:
             pytest.skip(reason)
         labels = client_metrics.CaseLabels(case.case_id, case.suite, case.server_label)
         try:
-            with stages.running(labels, worker_name()):
+            with stages.running(labels, worker_name(), outcome.run_id):
                 return self._run(case, outcome, virtual)
         except BaseException as error:
             outcome.error = str(error).splitlines()[0] if str(error) else type(error).__name__
