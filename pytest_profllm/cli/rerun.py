@@ -275,10 +275,13 @@ def write_suite(rerun: Rerun, path: Path) -> Path:
     return path
 
 
-def rerun_command(rerun: Rerun, suite: Path, out: Path, baseline: Path) -> list[str]:
+def rerun_command(
+    rerun: Rerun, suite: Path, out: Path, baseline: Path, extra: list[str] | None = None
+) -> list[str]:
     return [
         sys.executable, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider",
         f"--profllm-out={out}", f"--profllm-baseline={baseline}", *rerun.pytest_options,
+        *(extra or []),
     ]
 
 
@@ -293,10 +296,13 @@ class Outcome:
     returncode: int
 
 
-def run(rerun: Rerun, suite: Path, out: Path, baseline: Path) -> Outcome:
+def run(
+    rerun: Rerun, suite: Path, out: Path, baseline: Path, extra: list[str] | None = None
+) -> Outcome:
     """Runs the suite under pytest (a child process) and reads the record it wrote."""
     before = set(out.glob("*.json")) if out.is_dir() else set()
-    process = subprocess.run(rerun_command(rerun, suite, out, baseline), check=False)
+    command = rerun_command(rerun, suite, out, baseline, extra)
+    process = subprocess.run(command, check=False)
     written = sorted(set(out.glob("*.json")) - before)
     if not written:
         return Outcome(None, False, {}, process.returncode)
@@ -362,6 +368,11 @@ def add_arguments(parser: Any) -> None:
         help="the re-run's --profllm-out (default: rerun-RUN_ID in the current folder)",
     )
     parser.add_argument(
+        "--pytest-option", action="append", default=[], metavar="OPTION",
+        help="one more option for the pytest run, repeatable: "
+        "--pytest-option=--profllm-ports=43000-43099",
+    )
+    parser.add_argument(
         "--secret", action="append", default=[], metavar="NAME=VALUE",
         help="the value of a server argument the record redacted (***), repeatable; "
         "api_key and hf_token also come from VLLM_API_KEY and HF_TOKEN",
@@ -392,14 +403,16 @@ def command(args: Any) -> int:
     if not plan.differences:
         print("this host: no difference from the record's environment")
     print(f"suite: {suite}")
-    print("command: " + " ".join(rerun_command(plan, suite, out, baseline)[2:]))
+    print("command: " + " ".join(rerun_command(plan, suite, out, baseline, args.pytest_option)[2:]))
     if args.no_run:
         return 0
-    outcome = run(plan, suite, out, baseline)
+    outcome = run(plan, suite, out, baseline, args.pytest_option)
     if outcome.record is None:
         print(f"the re-run wrote no record (pytest exit status {outcome.returncode})")
         return 1
-    print(f"new run {outcome.record['run_id']}: fingerprint {fingerprint_of(outcome.record)} "
+    new = outcome.record
+    print(f"new run {new['run_id']}: {new['status']}, {new.get('validity') or 'valid'}, "
+          f"fingerprint {fingerprint_of(new)} "
           + ("(the same)" if outcome.same_fingerprint else "(differs)"))
     for metric, verdict in outcome.verdicts.items():
         print(f"gate {metric}: {verdict}")
