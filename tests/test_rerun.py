@@ -233,3 +233,24 @@ def test_a_rerun_keeps_the_fingerprint_and_is_gated_unchanged(
     with sqlite3.connect(pytester.path / "again" / "results.db") as connection:
         (verdicts,) = connection.execute("SELECT regression FROM benchmark_runs").fetchone()
     assert "unchanged" in verdicts
+
+
+def test_the_run_page_shows_the_rerun_command(tmp_path: Path) -> None:
+    import asyncio
+
+    from datasette.app import Datasette
+
+    case = first_case(tmp_path, SUITES["serve"])
+    record = record_of(case, results={"completed": 12, "failed": 0})
+    db = database(tmp_path, record)
+
+    async def page() -> str:
+        datasette = Datasette([str(db)])
+        await datasette.invoke_startup()
+        response = await datasette.client.get(f"/results/-/run/{record['run_id']}")
+        assert response.status_code == 200
+        return response.text
+
+    html = asyncio.run(page())
+    assert "<h2>Re-run this case</h2>" in html
+    assert f"profllm rerun {record['run_id']} --db {db}" in html
