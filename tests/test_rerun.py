@@ -249,7 +249,7 @@ def test_the_run_page_shows_the_rerun_command(tmp_path: Path) -> None:
         await datasette.invoke_startup()
         response = await datasette.client.get(f"/results/-/run/{record['run_id']}")
         assert response.status_code == 200
-        return response.text
+        return str(response.text)
 
     html = asyncio.run(page())
     assert "<h2>Re-run this case</h2>" in html
