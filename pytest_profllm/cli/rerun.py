@@ -22,7 +22,11 @@ import pytest_profllm
 from pytest_profllm.engine.registry import bundled
 from pytest_profllm.engine.secrets import ENV_SECRETS, REDACTED
 from pytest_profllm.hosts.nvml import discover
-from pytest_profllm.plan.regression import default_tolerance
+from pytest_profllm.plan.regression import (
+    BRACKETED_METRICS,
+    PER_REPEAT_METRICS,
+    default_tolerance,
+)
 from pytest_profllm.plan.suite import BENCHMARK_KINDS, SuiteError, load_suite_file
 from pytest_profllm.results.fingerprint import digests
 from pytest_profllm.results.record import SIM_DEFAULT_DEVICE, normalize, sim_device
@@ -150,9 +154,13 @@ def benchmark_block(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def regression_block(record: dict[str, Any], kind: str) -> dict[str, float]:
-    """The record's gated metrics at their tolerances; where it was not gated, the default
-    gates of its kind that it measured."""
-    gated = {verdict["metric"]: verdict["tolerance"] for verdict in record.get("regression") or []}
+    """The record's gated metrics at their tolerances, but those judged per repeat (the
+    re-run is one case); where none is left, the default gates of its kind that it measured."""
+    # A throughput is judged on one value per repeat: one case cannot (a capacity can).
+    gated = {
+        verdict["metric"]: verdict["tolerance"] for verdict in record.get("regression") or []
+        if verdict["metric"] not in PER_REPEAT_METRICS or verdict["metric"] in BRACKETED_METRICS
+    }
     if gated:
         return gated
     results = record.get("results") or {}
