@@ -122,7 +122,7 @@ def test_the_derived_seed_is_written_and_defaults_are_left_out(tmp_path: Path) -
 
 
 def test_a_throughput_gated_over_repeats_becomes_the_latencies(tmp_path: Path) -> None:
-    case = first_case(tmp_path, SUITES["serve"] + "        repeat: 2\n")
+    case = first_case(tmp_path, SUITES["serve"].rstrip() + "\n        repeat: 2\n")
     verdict = {"metric": "output_throughput", "verdict": "unchanged", "tolerance": 0.05,
                "higher_is_better": True, "confidence": 0.99}
     record = record_of(case, regression=[verdict], results={"median_ttft_ms": 5.0})
