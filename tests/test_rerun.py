@@ -139,6 +139,16 @@ def test_a_changed_profile_file_and_another_plugin_are_named(tmp_path: Path) -> 
     record["engine"].update(
         version="0.0.9", sim_profile={"name": "mine", "path": str(profile), "sha256": "ab" * 32}
     )
+    record["system"].update(gpu_names=["NVIDIA H100 80GB HBM3"], driver_version="550.54")
+    record["engine"]["name"] = "vllm"
+    record["system"]["vllm_version"] = "0.11.0"
+    vllm_plan = rerun.plan_rerun(record)
+    assert "vLLM: 0.0.9 in the record, none here" in vllm_plan.differences
+    assert "GPU: NVIDIA H100 80GB HBM3 in the record, none here" in vllm_plan.differences
+    assert "driver: 550.54 in the record, none here" in vllm_plan.differences
+    record["engine"]["name"] = "sim"
+    del record["system"]["vllm_version"]
+    record["system"].update(gpu_names=[], driver_version=None)
     plan = rerun.plan_rerun(record)
     assert f"--profllm-sim-profile={profile}" in plan.pytest_options
     assert any(line.startswith("pytest-profllm: 0.0.9 in the record") for line in plan.differences)

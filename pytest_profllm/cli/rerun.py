@@ -424,5 +424,10 @@ def command(args: Any) -> int:
           + ("(the same)" if outcome.same_fingerprint else "(differs)"))
     for metric, verdict in outcome.verdicts.items():
         print(f"gate {metric}: {verdict}")
+    if not outcome.verdicts:
+        why = ("an offline kind measures no metric the gate judges from one run"
+               if plan.kind in ("throughput", "latency") else
+               "the new run measured none of the gated metrics validly")
+        print(f"gate: nothing judged ({why})")
     changed = any(verdict != "unchanged" for verdict in outcome.verdicts.values())
     return 0 if outcome.same_fingerprint and not changed and outcome.returncode == 0 else 1
