@@ -246,6 +246,11 @@ def differences(record: dict[str, Any]) -> list[str]:
     differ("GPU", ", ".join(system.get("gpu_names") or []),
            ", ".join(gpu.name for gpu in gpus.gpus))
     differ("driver", system.get("driver_version"), gpus.driver_version)
+    registry = (record.get("config") or {}).get("engine_args") or {}
+    if engine.get("name") == "sim" and registry.get("vllm_version"):
+        # The simulator's arguments are the bundled registry's (vLLM serves its own).
+        differ("engine-argument registry (vLLM)", registry.get("vllm_version"),
+               bundled().vllm_version)
     if engine.get("name") == "sim":  # the simulator's version is the plugin's
         differ("pytest-profllm", engine.get("version"), pytest_profllm.__version__)
     profile = engine.get("sim_profile")
@@ -320,11 +325,6 @@ def run(
     return Outcome(new, same, verdicts, process.returncode)
 
 
-def shown_command(run_id: str) -> str:
-    """The command the run page shows for a run (its database and records beside it)."""
-    return f"profllm rerun {run_id} --db results.db"
-
-
 def fingerprint_of(record: dict[str, Any]) -> str:
     return digests(record)[0]
 
@@ -343,13 +343,6 @@ def load_report(rerun: Rerun) -> list[str]:
     record = rerun.record
     return [f"run {record['run_id']}: {record['case_id']} ({rerun.kind}, engine "
             f"{record['engine']['name']}, fingerprint {fingerprint_of(record)})"]
-
-
-def check_suite(path: Path) -> None:
-    try:
-        load_suite_file(path)
-    except SuiteError as error:
-        raise RerunError(str(error).splitlines()[0]) from None
 
 
 def add_arguments(parser: Any) -> None:
