@@ -103,8 +103,9 @@ class RunPage:
 
 def rerun_command(run_id: str, database: Path | None) -> str:
     """The `profllm rerun` command that reproduces a run (cli/rerun.py), as the page shows it:
-    its database by path where Datasette has one, the records beside it."""
-    db = shlex.quote(str(database)) if database is not None else "results.db"
+    its database by file name (a page may be public: never the server's folders), the
+    records beside it."""
+    db = shlex.quote(database.name) if database is not None else "results.db"
     return f"profllm rerun {shlex.quote(run_id)} --db {db}"
 
 
