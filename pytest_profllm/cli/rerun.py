@@ -381,8 +381,9 @@ def add_arguments(parser: Any) -> None:
 
 
 def command(args: Any) -> int:
-    """`profllm rerun`: 0 where the re-run has the record's fingerprint and no gated metric
-    changed, 1 where it differs, RerunError (2) where it cannot be re-run."""
+    """`profllm rerun`: 0 where the re-run is a valid measurement with the record's
+    fingerprint and no gated metric changed, 1 where not, RerunError (2) where it cannot be
+    re-run."""
     record = find_record(args.run_id, args.db, args.records)
     plan = plan_rerun(record, parse_secrets(args.secret))
     out = args.out or Path(f"rerun-{args.run_id}")
@@ -423,4 +424,7 @@ def command(args: Any) -> int:
                "the new run measured none of the gated metrics validly")
         print(f"gate: nothing judged ({why})")
     changed = any(verdict != "unchanged" for verdict in outcome.verdicts.values())
-    return 0 if outcome.same_fingerprint and not changed and outcome.returncode == 0 else 1
+    # A skipped or invalid re-run reproduced nothing, whatever pytest's status.
+    measured = (new.get("validity") or "valid") == "valid"
+    same = outcome.same_fingerprint and not changed and measured
+    return 0 if same and outcome.returncode == 0 else 1
