@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +99,14 @@ class RunPage:
         """The charts (id, caption) of one section of the page."""
         return [(key, caption) for key, caption in self.captions.items()
                 if key.startswith(prefix)]
+
+
+def rerun_command(run_id: str, database: Path | None) -> str:
+    """The `profllm rerun` command that reproduces a run (cli/rerun.py), as the page shows it:
+    its database by file name (a page may be public: never the server's folders), the
+    records beside it."""
+    db = shlex.quote(database.name) if database is not None else "results.db"
+    return f"profllm rerun {shlex.quote(run_id)} --db {db}"
 
 
 def _exists(connection: sqlite3.Connection, table: str) -> bool:

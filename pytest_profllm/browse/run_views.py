@@ -56,8 +56,11 @@ async def _page_and_files(datasette: Any, request: Any, name: str, encoded: str
 
 async def run_view(datasette: Any, request: Any) -> Response:
     name = request.url_vars["database"]
-    _, page, files = await _page_and_files(datasette, request, name, request.url_vars["run_id"])
+    database, page, files = await _page_and_files(
+        datasette, request, name, request.url_vars["run_id"]
+    )
     base = run_url(datasette, name, page.run_id)
+    path = getattr(database, "path", None)
     return await render_page(datasette, request, "profllm_run.html", {
         "database": name,
         "page": page,
@@ -70,6 +73,7 @@ async def run_view(datasette: Any, request: Any) -> Response:
         "history_url": datasette.urls.database(name) + "/-/dashboards/history?case_id="
         + tilde_encode(str(page.row.get("case_id") or "")).replace("~", "%7E"),
         "baseline_urls": [(r, run_url(datasette, name, r)) for r in page.baseline_runs],
+        "rerun_command": run_page.rerun_command(page.run_id, Path(path) if path else None),
         "traces_url": f"/api/export/traces/{tilde_encode(page.run_id)}"
         if any(f.kind == "trace" for f in files) else None,
     }, charts=page.charts)

@@ -14,7 +14,7 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
-from pytest_profllm.cli import keeping
+from pytest_profllm.cli import keeping, rerun
 from pytest_profllm.cli.calibrate import (
     CalibrationError,
     calibrate,
@@ -247,6 +247,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate_.set_defaults(handler=_calibrate)
     keeping.add_commands(commands)
+
+    rerun_ = commands.add_parser(
+        "rerun",
+        help="re-run one past case from its record, gated against it",
+        description="Write the suite that reproduces one run's case from its record (server, "
+        "workload with its seed, thresholds, regression, engine and simulated device), name "
+        "each way this host differs from the record's, then run it with pytest, gated "
+        "against the run's database (or records). Exit status 0 where the new run has the "
+        "same fingerprint and every gated metric is unchanged, 1 where not, 2 where the run "
+        "cannot be re-run (one line says why).",
+    )
+    rerun.add_arguments(rerun_)
+    rerun_.set_defaults(handler=_rerun)
 
     # `profllm sim ...` is handed to the simulator's own parser before this one (see main);
     # listed here for `profllm --help`.
@@ -547,6 +560,13 @@ def _history(args: argparse.Namespace) -> int:
         found += findings
     history.save(args.db, found)
     return 0
+
+
+def _rerun(args: argparse.Namespace) -> int:
+    try:
+        return rerun.command(args)
+    except rerun.RerunError as error:
+        raise CliError(str(error)) from None
 
 
 def _schema(args: argparse.Namespace) -> int:

@@ -1,0 +1,430 @@
+"""`profllm rerun`: one past case, reproduced from its record as a suite, and run again gated
+against the run it came from (issue 55)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import math
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import pytest_profllm
+from pytest_profllm.engine.registry import bundled
+from pytest_profllm.engine.secrets import ENV_SECRETS, REDACTED
+from pytest_profllm.hosts.nvml import discover
+from pytest_profllm.plan.regression import (
+    BRACKETED_METRICS,
+    PER_REPEAT_METRICS,
+    default_tolerance,
+)
+from pytest_profllm.plan.suite import BENCHMARK_KINDS, SuiteError, load_suite_file
+from pytest_profllm.results.fingerprint import digests
+from pytest_profllm.results.record import SIM_DEFAULT_DEVICE, normalize, sim_device
+from pytest_profllm.results.table import TABLE
+
+# A run id as the plugin writes it (`20261128T104529-3f5965-7a0aaf4aa8`): never a path.
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# The kinds a suite can describe, and what `profllm bench` records are not (no suite ran them).
+REPRODUCIBLE_KINDS = ("serve", "capacity", "throughput", "latency", "accuracy")
+# Gated where the record's case had no `regression:` block: the per-request latencies, which
+# one run judges (a throughput needs two repeats a side); a capacity by its brackets.
+_DEFAULT_GATES = {
+    "serve": ("median_ttft_ms", "median_e2el_ms"),
+    "capacity": ("capacity",),
+    "accuracy": ("acc", "exact_match"),
+}
+# The options a secret can come from, besides its environment variable.
+SECRET_OPTION = "--secret NAME=VALUE"
+
+
+class RerunError(Exception):
+    """Why a run cannot be re-run: one line."""
+
+
+@dataclass
+class Rerun:
+    """A record turned into the suite and the pytest command that reproduce its case."""
+
+    record: dict[str, Any]
+    suite: dict[str, Any]
+    pytest_options: list[str]
+    differences: list[str] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return str(self.record["config"]["benchmark"].get("kind") or "serve")
+
+
+def find_record(run_id: str, db: Path | None, records: Path | None) -> dict[str, Any]:
+    """The record of `run_id`: its file in `records` (default: the database's folder), the
+    database saying the run exists where one is given. RerunError in one line otherwise."""
+    if "/" in run_id or "\\" in run_id or run_id.endswith(".json") or not _RUN_ID.match(run_id):
+        raise RerunError(
+            f"{run_id!r} is not a run id (a path or a file name?): give the run_id column of "
+            "benchmark_runs, e.g. 20261128T104529-3f5965-7a0aaf4aa8"
+        )
+    if db is not None:
+        if not db.is_file():
+            raise RerunError(f"{db}: no such database")
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+                row = connection.execute(
+                    f"SELECT run_id FROM [{TABLE}] WHERE run_id = ?", (run_id,)
+                ).fetchone()
+        except sqlite3.DatabaseError as error:
+            raise RerunError(f"{db}: not a results database ({error})") from None
+        if row is None:
+            raise RerunError(f"{db}: no run {run_id!r} in {TABLE}")
+    folder = records if records is not None else db.parent if db is not None else None
+    if folder is None:
+        raise RerunError("say where the run is: --db DB or --records DIR")
+    if not folder.is_dir():
+        raise RerunError(f"{folder}: no such folder of records")
+    path = folder / f"{run_id}.json"
+    if not path.is_file():
+        where = "its record file" if db is not None else "no run"
+        raise RerunError(f"{folder}: {where} {path.name} is missing; give --records DIR")
+    try:
+        return normalize(json.loads(path.read_text())).model_dump(mode="json")
+    except (OSError, ValueError) as error:
+        raise RerunError(f"{path}: not a record: {error}") from None
+
+
+def _axis_safe(value: Any) -> Any:
+    # A list in a suite's block is an axis: one value that is a list is an axis of one.
+    return [value] if isinstance(value, list) else value
+
+
+def _number(value: Any) -> Any:
+    # The record writes an infinite rate as "inf" (JSON has none); YAML has `.inf`.
+    if value in ("inf", "Infinity"):
+        return math.inf
+    return value
+
+
+def server_block(record: dict[str, Any], secrets: dict[str, str]) -> dict[str, Any]:
+    """The record's engine arguments that differ from the registry's defaults (the record
+    holds every one), with each redacted secret supplied from `secrets` or refused."""
+    server = dict(record["config"]["server"])
+    for name, value in server.items():
+        hidden = value == REDACTED or (isinstance(value, list) and REDACTED in value)
+        if not hidden:
+            continue
+        supplied = secrets.get(name) or os.environ.get(ENV_SECRETS.get(name, ""), "")
+        if not supplied:
+            variable = ENV_SECRETS.get(name)
+            also = f" or the environment variable {variable}" if variable else ""
+            raise RerunError(
+                f"server.{name} was redacted ({REDACTED}) in the record and cannot be "
+                f"reproduced: supply it with {SECRET_OPTION.replace('NAME', name)}{also}"
+            )
+        server[name] = supplied
+    defaults = bundled().defaults()
+    block = {
+        name: _axis_safe(value)
+        for name, value in server.items()
+        if name == "model" or name not in defaults or defaults[name] != value
+    }
+    return block
+
+
+def benchmark_block(record: dict[str, Any]) -> dict[str, Any]:
+    """The workload as a suite writes it: its kind, what differs from the kind's defaults
+    (a key of another dataset given at its default is refused by the suite), and the seed the
+    case's prompts were drawn from (derived or not)."""
+    bench = record["config"]["benchmark"]
+    kind = str(bench.get("kind") or "serve")
+    model = BENCHMARK_KINDS[kind]
+    defaults = model.model_construct().model_dump(mode="json")
+    block: dict[str, Any] = {"kind": kind}
+    for key, value in bench.items():
+        if key == "seed" or key not in defaults or defaults[key] != value:
+            block[key] = _axis_safe(_number(value))
+    return block
+
+
+def regression_block(record: dict[str, Any], kind: str) -> dict[str, float]:
+    """The record's gated metrics at their tolerances, but those judged per repeat (the
+    re-run is one case); where none is left, the default gates of its kind that it measured."""
+    # A throughput is judged on one value per repeat: one case cannot (a capacity can).
+    gated = {
+        verdict["metric"]: verdict["tolerance"] for verdict in record.get("regression") or []
+        if verdict["metric"] not in PER_REPEAT_METRICS or verdict["metric"] in BRACKETED_METRICS
+    }
+    if gated:
+        return gated
+    results = record.get("results") or {}
+    defaults = _DEFAULT_GATES.get("serve" if kind == "serve" else kind, ())
+    return {name: default_tolerance(name) for name in defaults if results.get(name) is not None}
+
+
+def check_reproducible(record: dict[str, Any]) -> str:
+    kind = str(record["config"]["benchmark"].get("kind") or "serve")
+    engine = record["engine"]["name"]
+    if engine not in ("sim", "vllm"):
+        raise RerunError(
+            f"run {record['run_id']} is a `profllm bench` result of a server profllm did not "
+            f"start (engine {engine}): no suite reproduces it"
+        )
+    if kind not in REPRODUCIBLE_KINDS:
+        raise RerunError(f"run {record['run_id']}: cannot reproduce a case of kind {kind!r}")
+    return kind
+
+
+def plan_rerun(record: dict[str, Any], secrets: dict[str, str] | None = None) -> Rerun:
+    """The suite and pytest options that reproduce `record`'s case, and how this host
+    differs from the one that ran it."""
+    kind = check_reproducible(record)
+    bench = record["config"]["benchmark"]
+    path = bench.get("dataset_path")
+    if isinstance(path, str) and path and not Path(path).exists():
+        raise RerunError(f"run {record['run_id']}: its dataset_path {path} no longer exists")
+    suite: dict[str, Any] = {
+        "name": record["suite"],
+        "description": f"re-run of {record['run_id']} ({record['case_id']})",
+        "server": server_block(record, secrets or {}),
+        "benchmark": benchmark_block(record),
+    }
+    if record.get("thresholds"):
+        suite["thresholds"] = {
+            metric: {bound: limit for bound, limit in bounds.items() if limit is not None}
+            for metric, bounds in record["thresholds"].items()
+        }
+    regression = regression_block(record, kind)
+    if regression:
+        suite["regression"] = {
+            name: f"{tolerance * 100:g}%" for name, tolerance in regression.items()
+        }
+    return Rerun(record, suite, engine_options(record["engine"]), differences(record))
+
+
+def engine_options(engine: dict[str, Any]) -> list[str]:
+    """The pytest options that pick the record's engine, clock and simulated device."""
+    options = [f"--profllm-engine={engine['name']}"]
+    if engine["name"] != "sim":
+        return options
+    options.append(f"--profllm-sim-clock={engine.get('clock') or 'real'}")
+    profile = engine.get("sim_profile")
+    if isinstance(profile, dict):
+        options.append(f"--profllm-sim-profile={profile['path']}")
+    elif (device := sim_device(engine)) not in (None, SIM_DEFAULT_DEVICE):
+        options.append(f"--profllm-sim-device={device}")
+    return options
+
+
+def _vllm_version() -> str | None:
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def differences(record: dict[str, Any]) -> list[str]:
+    """One line for each way this host differs from the record's: vLLM's version, the GPUs,
+    the driver, the plugin's version, a profile file whose bytes changed."""
+    lines: list[str] = []
+    system = record.get("system") or {}
+    engine = record.get("engine") or {}
+
+    def differ(what: str, then: Any, now: Any) -> None:
+        if then != now:
+            lines.append(f"{what}: {then or 'none'} in the record, {now or 'none'} here")
+
+    if engine.get("name") == "vllm" or system.get("vllm_version"):
+        differ("vLLM", engine.get("version") or system.get("vllm_version"), _vllm_version())
+    gpus = discover()
+    differ("GPU", ", ".join(system.get("gpu_names") or []),
+           ", ".join(gpu.name for gpu in gpus.gpus))
+    differ("driver", system.get("driver_version"), gpus.driver_version)
+    registry = (record.get("config") or {}).get("engine_args") or {}
+    if engine.get("name") == "sim" and registry.get("vllm_version"):
+        # The simulator's arguments are the bundled registry's (vLLM serves its own).
+        differ("engine-argument registry (vLLM)", registry.get("vllm_version"),
+               bundled().vllm_version)
+    if engine.get("name") == "sim":  # the simulator's version is the plugin's
+        differ("pytest-profllm", engine.get("version"), pytest_profllm.__version__)
+    profile = engine.get("sim_profile")
+    if isinstance(profile, dict):
+        path = Path(str(profile.get("path")))
+        try:
+            now: str | None = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            now = None
+        if now is None:
+            lines.append(f"profile file {path}: gone (the record's sha256 {profile.get('sha256')})")
+        elif now != profile.get("sha256"):
+            lines.append(
+                f"profile file {path}: sha256 {str(profile.get('sha256'))[:12]} in the record, "
+                f"{now[:12]} now"
+            )
+    return lines
+
+
+def suite_text(rerun: Rerun) -> str:
+    head = (
+        f"# Re-runs {rerun.record['run_id']} ({rerun.record['case_id']}), written by profllm "
+        "rerun.\n# Run it with: pytest THIS_FILE " + " ".join(rerun.pytest_options) + "\n"
+    )
+    return head + yaml.safe_dump(rerun.suite, sort_keys=False, default_flow_style=False)
+
+
+def write_suite(rerun: Rerun, path: Path) -> Path:
+    """Writes the suite and checks it reads back as a suite (SuiteError otherwise)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A supplied secret is in the file: readable by its owner alone.
+    path.touch(mode=0o600)
+    path.write_text(suite_text(rerun))
+    load_suite_file(path)
+    return path
+
+
+def rerun_command(
+    rerun: Rerun, suite: Path, out: Path, baseline: Path, extra: list[str] | None = None
+) -> list[str]:
+    return [
+        sys.executable, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider",
+        f"--profllm-out={out}", f"--profllm-baseline={baseline}", *rerun.pytest_options,
+        *(extra or []),
+    ]
+
+
+@dataclass
+class Outcome:
+    """What the re-run gave: its record, whether its fingerprint is the old one, the gate's
+    verdicts."""
+
+    record: dict[str, Any] | None
+    same_fingerprint: bool
+    verdicts: dict[str, str]
+    returncode: int
+
+
+def run(
+    rerun: Rerun, suite: Path, out: Path, baseline: Path, extra: list[str] | None = None
+) -> Outcome:
+    """Runs the suite under pytest (a child process) and reads the record it wrote."""
+    before = set(out.glob("*.json")) if out.is_dir() else set()
+    command = rerun_command(rerun, suite, out, baseline, extra)
+    process = subprocess.run(command, check=False)
+    written = sorted(set(out.glob("*.json")) - before)
+    if not written:
+        return Outcome(None, False, {}, process.returncode)
+    new = json.loads(written[-1].read_text())
+    same = digests(new)[0] == digests(rerun.record)[0]
+    verdicts = {item["metric"]: item["verdict"] for item in new.get("regression") or []}
+    return Outcome(new, same, verdicts, process.returncode)
+
+
+def fingerprint_of(record: dict[str, Any]) -> str:
+    return digests(record)[0]
+
+
+def parse_secrets(pairs: list[str]) -> dict[str, str]:
+    found = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise RerunError(f"--secret {pair.split('=')[0]!r}: expected NAME=VALUE")
+        found[name] = value
+    return found
+
+
+def load_report(rerun: Rerun) -> list[str]:
+    record = rerun.record
+    return [f"run {record['run_id']}: {record['case_id']} ({rerun.kind}, engine "
+            f"{record['engine']['name']}, fingerprint {fingerprint_of(record)})"]
+
+
+def add_arguments(parser: Any) -> None:
+    """`profllm rerun`'s arguments (an argparse parser)."""
+    parser.add_argument("run_id", metavar="RUN_ID", help="the run's id (benchmark_runs.run_id)")
+    parser.add_argument(
+        "--db", type=Path, metavar="DB",
+        help="the results.db that holds the run; its records are looked for beside it",
+    )
+    parser.add_argument(
+        "--records", type=Path, metavar="DIR",
+        help="the folder of the run's record (default: the database's folder)",
+    )
+    parser.add_argument(
+        "--write-suite", type=Path, metavar="FILE",
+        help="write the suite there (default: OUT/bench_rerun_RUN_ID.yaml)",
+    )
+    parser.add_argument(
+        "--no-run", action="store_true",
+        help="only write the suite (and print the differences and the command), run nothing",
+    )
+    parser.add_argument(
+        "--out", type=Path, metavar="DIR",
+        help="the re-run's --profllm-out (default: rerun-RUN_ID in the current folder)",
+    )
+    parser.add_argument(
+        "--pytest-option", action="append", default=[], metavar="OPTION",
+        help="one more option for the pytest run, repeatable: "
+        "--pytest-option=--profllm-ports=43000-43099",
+    )
+    parser.add_argument(
+        "--secret", action="append", default=[], metavar="NAME=VALUE",
+        help="the value of a server argument the record redacted (***), repeatable; "
+        "api_key and hf_token also come from VLLM_API_KEY and HF_TOKEN",
+    )
+
+
+def command(args: Any) -> int:
+    """`profllm rerun`: 0 where the re-run is a valid measurement with the record's
+    fingerprint and no gated metric changed, 1 where not, RerunError (2) where it cannot be
+    re-run."""
+    record = find_record(args.run_id, args.db, args.records)
+    plan = plan_rerun(record, parse_secrets(args.secret))
+    out = args.out or Path(f"rerun-{args.run_id}")
+    suite = args.write_suite or out / f"bench_rerun_{args.run_id}.yaml"
+    if suite.is_dir():
+        raise RerunError(f"--write-suite {suite}: is a folder; name the suite file to write")
+    try:
+        write_suite(plan, suite)
+    except SuiteError as error:
+        first = str(error).splitlines()[0]
+        raise RerunError(f"the suite written does not read back: {first}") from None
+    except OSError as error:
+        raise RerunError(f"--write-suite {suite}: {error}") from None
+    baseline = args.db if args.db is not None else args.records
+    for line in load_report(plan):
+        print(line)
+    for line in plan.differences:
+        print(f"differs: {line}")
+    if not plan.differences:
+        print("this host: no difference from the record's environment")
+    print(f"suite: {suite}")
+    print("command: " + " ".join(rerun_command(plan, suite, out, baseline, args.pytest_option)[2:]))
+    if args.no_run:
+        return 0
+    outcome = run(plan, suite, out, baseline, args.pytest_option)
+    if outcome.record is None:
+        print(f"the re-run wrote no record (pytest exit status {outcome.returncode})")
+        return 1
+    new = outcome.record
+    print(f"new run {new['run_id']}: {new['status']}, {new.get('validity') or 'valid'}, "
+          f"fingerprint {fingerprint_of(new)} "
+          + ("(the same)" if outcome.same_fingerprint else "(differs)"))
+    for metric, verdict in outcome.verdicts.items():
+        print(f"gate {metric}: {verdict}")
+    if not outcome.verdicts:
+        why = ("an offline kind measures no metric the gate judges from one run"
+               if plan.kind in ("throughput", "latency") else
+               "the new run measured none of the gated metrics validly")
+        print(f"gate: nothing judged ({why})")
+    changed = any(verdict != "unchanged" for verdict in outcome.verdicts.values())
+    # A skipped or invalid re-run reproduced nothing, whatever pytest's status.
+    measured = (new.get("validity") or "valid") == "valid"
+    same = outcome.same_fingerprint and not changed and measured
+    return 0 if same and outcome.returncode == 0 else 1
