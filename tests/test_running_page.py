@@ -235,3 +235,18 @@ def test_the_run_page_series_is_the_samples_the_live_page_showed(
     # The same samples, on the same axis (seconds from the load's start).
     kept = [{name: point[name] for name in live_status.POINT_FIELDS} for point in record["series"]]
     assert len(kept) > 3 and status["series"] == kept
+
+
+def test_a_session_run_inside_another_keeps_out_of_its_live_folder(
+    pytester: pytest.Pytester, ports: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A session that runs pytest (this project's own tests, under CI's `pytest -n 2`) leaves
+    # its live folder in the environment; the inner session wrote its cases there, so its own
+    # "Running now" page saw nothing and the outer view drew the inner cases.
+    outer = tmp_path / "outer-live"
+    outer.mkdir()
+    monkeypatch.setenv(live_status.DIR_ENV, str(outer))
+    monkeypatch.setenv("PROFLLM_LIVE_DIR_OF_SESSION", str(outer))
+    pytester.makefile(".yaml", bench_x=FOUR_SERVERS.replace("[0, 1, 2, 3]", "0"))
+    run_suites(pytester, ports, "-n", "0", "-q", gpus=1).assert_outcomes(passed=1)
+    assert list(outer.iterdir()) == []

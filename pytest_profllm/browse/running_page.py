@@ -21,7 +21,7 @@ from datasette.utils import tilde_encode
 from datasette.utils.asgi import Response
 
 from pytest_profllm.browse import charts
-from pytest_profllm.browse.pages import PageError, guarded, render_page, visible
+from pytest_profllm.browse.pages import PageError, guarded, not_ours, render_page, visible
 from pytest_profllm.load import live_status
 from pytest_profllm.results.table import TABLE
 
@@ -161,6 +161,9 @@ async def _database(datasette: Any, request: Any) -> tuple[str, Any]:
         raise PageError(404, f"No database named {name!r} is served")
     if not await visible(datasette, request.actor, name):
         raise PageError(403, f"You do not have permission to view {name}")
+    # No table yet is a first session's database; a table of another tool's is not ours.
+    if await database.table_exists(TABLE) and (why := await not_ours(database)):
+        raise PageError(404, f"{name} is not a results database: {why}")
     return name, database
 
 

@@ -336,7 +336,13 @@ class LiveSession:
             self.out = None
         if self.owned:
             os.environ.pop(live_status.DIR_ENV, None)
+            os.environ.pop(SET_BY_SESSION_ENV, None)
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# The live folder a session set for its own processes: a session that inherits it (one run
+# by a test of an enclosing session) makes its own instead of writing into that one.
+SET_BY_SESSION_ENV = "PROFLLM_LIVE_DIR_OF_SESSION"
 
 
 def folder_of(db_path: Path) -> Path:
@@ -360,6 +366,10 @@ def start(config: pytest.Config, mode: LiveMode, db_path: Path | None = None
     if mode == "off" or (drawn == "off" and db_path is None):
         return None
     given = os.environ.get(live_status.DIR_ENV)
+    if given and given == os.environ.get(SET_BY_SESSION_ENV):
+        # An enclosing session's folder (a session that runs pytest, as this project's tests
+        # do): inherited, not given; writing there would show our cases in its view.
+        given = None
     if given:
         folder = Path(given)
     elif db_path is not None:
@@ -367,7 +377,7 @@ def start(config: pytest.Config, mode: LiveMode, db_path: Path | None = None
     else:
         folder = Path(tempfile.mkdtemp(prefix="profllm-live-"))
     folder.mkdir(parents=True, exist_ok=True)
-    os.environ[live_status.DIR_ENV] = str(folder)
+    os.environ[live_status.DIR_ENV] = os.environ[SET_BY_SESSION_ENV] = str(folder)
     live = LiveSession(folder, owned=not given)
     if drawn == "off":
         return live
