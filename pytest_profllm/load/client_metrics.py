@@ -25,6 +25,10 @@ DIR_ENV = "PROFLLM_METRICS_DIR"  # the controller's folder; unset: metrics are o
 LABELS_ENV = "PROFLLM_METRICS_CASE"  # the running case's labels, as JSON, for client processes
 PROMETHEUS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's own; never a server's
 LABELS = ("case", "suite", "server")
+# A load's request accounting as its record names it. The counters count every load a case
+# ran, kept or run again: a record's `attempts` (and a capacity search's `requests_sent`)
+# carry these per load, and add up to them.
+REQUEST_TOTALS = ("completed", "failed", "total_input_tokens", "total_output_tokens")
 # load/stages.py says what each means.
 STAGES = ("waiting", "starting", "loading", "searching", "remeasuring", "profiling")
 
@@ -204,6 +208,11 @@ class CaseRecorder:
         self._sent.inc()
         self._in_flight.inc()
         self._lag.set(max(0.0, now - outcome.intended_start))
+
+    def lost(self, outcome: RequestOutcome) -> None:
+        """A request that was never sent (a conversation's turns after one that failed): a
+        failure of the load, as its record counts it, but never in flight."""
+        self._failed.labels(*self._labels, failure_reason(outcome)).inc()
 
     def done(self, outcome: RequestOutcome) -> None:
         self._in_flight.dec()

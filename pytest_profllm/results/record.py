@@ -345,6 +345,12 @@ class Attempt(BaseModel):
     validity: Validity
     reasons: list[str] = Field(default_factory=list)
     prefix_cache: str | None = None
+    # What this run sent, kept or not (the client's Prometheus counters count every run);
+    # null in records written before they were kept.
+    completed: int | None = Field(None, ge=0)
+    failed: int | None = Field(None, ge=0)
+    total_input_tokens: int | None = Field(None, ge=0)
+    total_output_tokens: int | None = Field(None, ge=0)
     request_throughput: float | None = None
     output_throughput: float | None = None
     median_ttft_ms: float | None = None

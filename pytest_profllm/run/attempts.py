@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_profllm.load.client_metrics import REQUEST_TOTALS
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.server_state import host_caused
 
@@ -40,6 +41,9 @@ class Attempts:
             "validity": "invalid" if reasons else "valid",
             "reasons": reasons,
             "prefix_cache": prefix_cache,
+            # What this attempt sent, kept or not: the client's Prometheus counters
+            # (--profllm-metrics-port) count every attempt, and these add up to them.
+            **{key: results.get(key) for key in REQUEST_TOTALS},
             "request_throughput": results.get("request_throughput"),
             "output_throughput": results.get("output_throughput"),
             "median_ttft_ms": results.get("median_ttft_ms"),

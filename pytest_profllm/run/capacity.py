@@ -102,6 +102,7 @@ def run_capacity(
         probe["remeasured"] = probes.remeasured.get(probe["load"], [])
     if outcome.capacity["recheck"] is not None:
         outcome.capacity["recheck"]["remeasured"] = probes.recheck_remeasured
+    outcome.capacity["requests_sent"] = probes.requests_sent
     if (invalid := found.invalid_reason()) is not None:
         # The server changed during the search, or the host bounded it. The number is kept in
         # the record, as any invalid measurement's figures, for the run page; it counts for
