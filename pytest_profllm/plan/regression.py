@@ -94,8 +94,9 @@ def gated_metric(name: str, tolerance: float) -> GatedMetric:
         f"cannot gate {name!r}: allowed are {', '.join(PER_REPEAT_METRICS)} (per repeat), "
         "mean_/median_/std_/pNN_ of ttft, tpot, itl, e2el in ms (per request), "
         "e.g. p99_ttft_ms, an offline latency case's avg_latency_ms and pNN_latency_ms "
-        f"(per iteration), e.g. p50_latency_ms, and an accuracy case's {', '.join(STDERR_METRICS)}, each also "
-        "under an lm-eval filter as its record names it (exact_match_strict_match)"
+        "(per iteration), e.g. p50_latency_ms, and an accuracy case's "
+        f"{', '.join(STDERR_METRICS)}, each also under an lm-eval filter as its record names "
+        "it (exact_match_strict_match)"
     )
 
 
