@@ -415,7 +415,7 @@ def _figures(verdict: dict[str, Any]) -> str:
     old, new, change = verdict.get("baseline"), verdict.get("value"), verdict.get("change")
     if not isinstance(old, int | float) or not isinstance(new, int | float):
         return ""
-    text = f" ({old:.4g} -> {new:.4g}"
+    text = f" ({old:.6g} -> {new:.6g}"
     if isinstance(change, int | float):
         text += f", {change:+.1%}"
     return text + ")"
