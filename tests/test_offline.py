@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import (
@@ -19,15 +20,20 @@ from helpers import (
     write_suite,
 )
 
+from pytest_profllm.cli.main import main as cli_main
 from pytest_profllm.cli.plan_preview import plan_document, plan_lines
+from pytest_profllm.gates.samples import samples_of
+from pytest_profllm.gates.verdict import GateSettings, judge
 from pytest_profllm.offline.commands import bench_args, engine_args, offline_command
 from pytest_profllm.offline.results import OfflineResultError, read_results
 from pytest_profllm.plan.case import Case, expand
+from pytest_profllm.plan.regression import gated_metric
 from pytest_profllm.plan.suite import (
     LatencyConfig,
     ThroughputConfig,
     validate_suite,
 )
+from pytest_profllm.results import gate_tables as tables
 
 DATA = Path(__file__).parent / "data" / "offline"
 
@@ -120,6 +126,146 @@ def test_thresholds_name_the_kinds_metrics(tmp_path: Path) -> None:
         "  tokens_per_second: {min: 10}\n",
         tmp_path,
     )
+
+
+# --- the regression gate -----------------------------------------------------------------
+
+
+def test_offline_metrics_are_gated_and_the_error_lists_them(tmp_path: Path) -> None:
+    latency = offline_cases(
+        "server: {model: m}\nbenchmark: {kind: latency}\n"
+        "regression: {avg_latency_ms: 5%, p50_latency_ms: null, p99_latency_ms: 20%}\n",
+        tmp_path,
+    )[0]
+    assert latency.regression == {
+        "avg_latency_ms": 0.05, "p50_latency_ms": 0.1, "p99_latency_ms": 0.2,
+    }
+    # Judged as per-request latencies: pooled iteration samples, lower is better.
+    avg, p99 = gated_metric("avg_latency_ms", 0.1), gated_metric("p99_latency_ms", 0.1)
+    assert (avg.latency, avg.statistic, avg.higher_is_better) == ("e2el", "mean", False)
+    assert (p99.latency, p99.statistic, p99.per_repeat) == ("e2el", "99", False)
+    throughput = offline_cases(
+        "server: {model: m}\nbenchmark: {kind: throughput}\nrepeat: 2\n"
+        "regression: [requests_per_second, tokens_per_second, elapsed_time]\n",
+        tmp_path,
+    )
+    assert throughput[0].regression == {
+        "requests_per_second": 0.05, "tokens_per_second": 0.05, "elapsed_time": 0.05,
+    }
+    assert gated_metric("tokens_per_second", 0.05).per_repeat
+    assert gated_metric("tokens_per_second", 0.05).higher_is_better
+    assert not gated_metric("elapsed_time", 0.05).higher_is_better
+    # One value per repeat: one repeat cannot be judged, and the suite says so.
+    assert "regression: tokens_per_second is compared on one value per repeat: set 'repeat: 2'" \
+        in offline_error(
+            "server: {model: m}\nbenchmark: {kind: throughput}\nregression: [tokens_per_second]\n",
+            tmp_path,
+        )
+    assert "p100_latency_ms: a percentile lies strictly between 0 and 100" in offline_error(
+        "server: {model: m}\nbenchmark: {kind: latency}\nregression: {p100_latency_ms: 5%}\n",
+        tmp_path,
+    )
+    message = offline_error(
+        "server: {model: m}\nbenchmark: {kind: latency}\nregression: {latency_ms: 5%}\n",
+        tmp_path,
+    )
+    assert "cannot gate 'latency_ms'" in message
+    assert "avg_latency_ms and pNN_latency_ms" in message
+    assert "requests_per_second, tokens_per_second, elapsed_time (per repeat)" in message
+
+
+def test_latency_iterations_are_the_gates_samples() -> None:
+    results, rows = read_results("latency", DATA / "latency.json")
+    seconds = json.loads((DATA / "latency.json").read_text())["latencies"]
+    record = {"run_id": "r", "results": results}
+    pooled = samples_of(record, rows).latencies["e2el"]
+    assert pooled.tolist() == pytest.approx([s * 1000 for s in seconds])
+    stored = tables.sample_rows("r", rows)
+    assert [(row[2], row[6]) for row in stored] == [(1, s * 1000) for s in seconds]
+    # A file written before iterations said they succeeded is read the same.
+    bare = [{"index": i, "latency_s": s} for i, s in enumerate(seconds)]
+    assert samples_of(record, bare).latencies["e2el"].tolist() == pooled.tolist()
+    assert tables.sample_rows("r", bare) == stored
+    # The record's figures are the gate's statistics of those samples.
+    avg = gated_metric("avg_latency_ms", 0.1)
+    run = samples_of(record, rows)
+    assert judge(avg, [run], [run], GateSettings()).value == pytest.approx(
+        results["avg_latency_ms"]
+    )
+
+
+OFFLINE_GATED = {
+    "bench_latency": "server: {model: m}\n"
+    "benchmark: {kind: latency, batch_size: 2, input_len: 16, output_len: 4,\n"
+    "            num_iters_warmup: 1, num_iters: 20}\n"
+    "regression: [avg_latency_ms, p90_latency_ms]\n",
+    "bench_throughput": "server: {model: m}\n"
+    "benchmark: {kind: throughput, input_len: 16, output_len: 4, num_prompts: 8}\n",
+}
+
+
+def gate_session(
+    pytester: pytest.Pytester, ports: str, out: str, *args: str
+) -> dict[str, dict[str, Any]]:
+    """One session over pytester's suites into `out`; the gated metrics' verdicts, by case."""
+    result = pytester.runpytest_subprocess(
+        f"--profllm-ports={ports}", f"--profllm-out={out}", "--profllm-max-schedule-lag=1000",
+        "--profllm-no-load-cores", "-p", "no:cacheprovider", *args, timeout=300,
+    )
+    result.stdout.no_fnmatch_line("*Traceback*")
+    return {
+        record["case_id"].split("::")[-1]: {v["metric"]: v for v in record["regression"]}
+        for record in run_records(pytester, out) if record.get("regression")
+    }
+
+
+def test_offline_cases_are_gated_on_iterations_and_repeats(
+    pytester: pytest.Pytester, ports: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The baseline: each kind once, as a suite without a gate runs it.
+    pytester.makefile(".yaml", **OFFLINE_GATED)
+    first = gate_session(pytester, ports, "first")
+    assert {metric: v["verdict"] for metric, v in first["latency"].items()} == {
+        "avg_latency_ms": "no-baseline", "p90_latency_ms": "no-baseline"}
+    assert list(first) == ["latency"]
+    with sqlite3.connect(pytester.path / "first" / "results.db") as db:
+        (latency_run,) = db.execute(
+            "SELECT run_id FROM benchmark_runs WHERE bench_kind = 'latency'").fetchone()
+        stored = db.execute(
+            "SELECT request_index, success, e2el_ms FROM request_samples WHERE run_id = ? "
+            "ORDER BY request_index", (latency_run,)).fetchall()
+    assert len(stored) == 20 and all(ok == 1 and ms > 0 for _, ok, ms in stored)
+    # `profllm ingest` and `rebuild` of the records store the same samples.
+    for command in (["ingest", "ingested.db", "first"],
+                    ["rebuild", "first", "-o", "rebuilt.db"]):
+        assert cli_main(command) == 0
+        with sqlite3.connect(pytester.path / command[-1 if command[0] == "rebuild" else 1]) as db:
+            assert db.execute(
+                "SELECT request_index, success, e2el_ms FROM request_samples WHERE run_id = ? "
+                "ORDER BY request_index", (latency_run,)).fetchall() == stored
+
+    # The same engine: latencies unchanged; throughput gated over 3 repeats against 1.
+    pytester.makefile(".yaml", bench_throughput=OFFLINE_GATED["bench_throughput"]
+                      + "repeat: 3\nregression: [tokens_per_second, elapsed_time]\n")
+    again = gate_session(pytester, ports, "second", "--profllm-baseline=first/results.db")
+    assert {v["verdict"] for v in again["latency"].values()} == {"unchanged"}
+    assert again["latency"]["avg_latency_ms"]["samples"] == 20
+    assert again["latency"]["avg_latency_ms"]["baseline_samples"] == 20
+    throughput = again["throughput-random-r3"]
+    assert {v["verdict"] for v in throughput.values()} == {"not-judged"}
+    assert throughput["tokens_per_second"]["reason"].startswith("fewer than two values")
+    assert (throughput["tokens_per_second"]["samples"],
+            throughput["tokens_per_second"]["baseline_samples"]) == (3, 1)
+
+    # Twice as slow: the latencies regress; 3 repeats against 3 are judged.
+    monkeypatch.setenv("PROFLLM_SIM_SLOWDOWN", "2")
+    slow = gate_session(pytester, ports, "third", "--profllm-baseline=second/results.db")
+    assert {v["verdict"] for v in slow["latency"].values()} == {"regressed"}
+    assert slow["latency"]["p90_latency_ms"]["change"] > 0.5
+    judged = slow["throughput-random-r3"]
+    assert judged["tokens_per_second"]["ci_low"] is not None
+    assert judged["tokens_per_second"]["verdict"] in ("regressed", "unchanged", "improved")
+    assert judged["elapsed_time"]["baseline_samples"] == 3
 
 
 # --- the command ------------------------------------------------------------------------

@@ -131,6 +131,45 @@ def test_a_throughput_gated_over_repeats_becomes_the_latencies(tmp_path: Path) -
     rerun.write_suite(plan, tmp_path / "bench_again.yaml")  # one case: re-validates
 
 
+def test_per_repeat_gates_follow_the_sessions_repeats(tmp_path: Path) -> None:
+    case = first_case(tmp_path, SUITES["throughput"])
+    results = {"tokens_per_second": 900.0, "requests_per_second": 10.0, "elapsed_time": 1.0}
+    record = record_of(case, results=results)
+    # Run once: nothing a single re-run can judge, and one line says why.
+    once = rerun.plan_rerun(record)
+    assert "regression" not in once.suite and "repeat" not in once.suite
+    assert once.notes == [
+        "not gated: tokens_per_second, requests_per_second: judged on one value per repeat, "
+        "and the record's session ran this case once (a verdict needs two repeats a side)"
+    ]
+    # Run three times: the suite repeats it as often and gates its throughputs.
+    thrice = rerun.plan_rerun(record, repeats=3)
+    assert thrice.suite["repeat"] == 3 and not thrice.notes
+    assert thrice.suite["regression"] == {"tokens_per_second": "5%", "requests_per_second": "5%"}
+    rerun.write_suite(thrice, tmp_path / "bench_thrice.yaml")  # re-validates
+    # A latency run's iterations are judged from one run: gated by default.
+    latency = record_of(first_case(tmp_path, SUITES["latency"]),
+                        results={"avg_latency_ms": 30.0, "p50_latency_ms": 29.0})
+    assert rerun.plan_rerun(latency).suite["regression"] == {
+        "p50_latency_ms": "10%", "avg_latency_ms": "10%"
+    }
+
+
+def test_the_sessions_repeats_are_read_from_its_runs_of_the_fingerprint(tmp_path: Path) -> None:
+    case = first_case(tmp_path, SUITES["throughput"])
+    runs = [record_of(case, run_id=f"20261128T000000-abcdef-00000000{i}{i}", repeat_index=i)
+            for i in range(3)]
+    other = record_of(case, run_id="20261128T000000-abcdef-0000000099", repeat_index=5,
+                      session_id="another")
+    for record in (*runs, other):
+        (tmp_path / f"{record['run_id']}.json").write_text(json.dumps(record))
+    db = tmp_path / "results.db"
+    assert main(["ingest", str(db), str(tmp_path)]) == 0
+    assert rerun.session_repeats(runs[0], db, tmp_path) == 3
+    assert rerun.session_repeats(runs[0], None, tmp_path) == 3
+    assert rerun.session_repeats(runs[1], None, None) == 2  # its own index, at least
+
+
 def test_a_changed_profile_file_and_another_plugin_are_named(tmp_path: Path) -> None:
     profile = tmp_path / "mine.toml"
     profile.write_text("changed\n")
@@ -253,6 +292,61 @@ def test_a_rerun_keeps_the_fingerprint_and_is_gated_unchanged(
     with sqlite3.connect(pytester.path / "again" / "results.db") as connection:
         (verdicts,) = connection.execute("SELECT regression FROM benchmark_runs").fetchone()
     assert "unchanged" in verdicts
+
+
+def test_a_latency_rerun_is_gated_on_its_iterations(pytester: pytest.Pytester, ports: str) -> None:
+    pytester.makefile(".yaml", bench_original=SUITES["latency"].replace("num_iters: 3",
+                                                                        "num_iters: 20"))
+    result = run_suites(pytester, ports, "--profllm-engine=sim", gpus=None, cache=False)
+    assert result.ret == 0, result.stdout.str()
+    (old,) = run_records(pytester)
+    done = rerun_cli(pytester, ports, old["run_id"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    (new,) = run_records(pytester, "again")
+    assert digests(new) == digests(old)
+    verdicts = {v["metric"]: v for v in new["regression"]}
+    assert {m: v["verdict"] for m, v in verdicts.items()} == {
+        "p50_latency_ms": "unchanged", "avg_latency_ms": "unchanged"}
+    assert verdicts["avg_latency_ms"]["samples"] == verdicts["avg_latency_ms"][
+        "baseline_samples"] == 20
+    assert "gate avg_latency_ms: unchanged (" in done.stdout
+
+
+def test_a_throughput_run_of_three_repeats_reruns_three_and_is_judged(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makefile(".yaml", bench_original=SUITES["throughput"].rstrip() + "\n"
+                      "        repeat: 3\n")
+    result = run_suites(pytester, ports, "--profllm-engine=sim", gpus=None, cache=False)
+    assert result.ret == 0, result.stdout.str()
+    old = run_records(pytester)[0]
+    done = rerun_cli(pytester, ports, old["run_id"])
+    assert "repeats: 3, as the record's session ran the case" in done.stdout
+    again = run_records(pytester, "again")
+    assert len(again) == 3 and all(digests(new) == digests(old) for new in again)
+    (last,) = [new for new in again if new["repeat_index"] == 2]
+    verdicts = {v["metric"]: v for v in last["regression"]}
+    assert sorted(verdicts) == ["requests_per_second", "tokens_per_second"]
+    for verdict in verdicts.values():
+        assert verdict["verdict"] in ("unchanged", "improved", "regressed")
+        assert (verdict["samples"], verdict["baseline_samples"]) == (3, 3)
+        assert f"gate {verdict['metric']}: {verdict['verdict']} (" in done.stdout
+    assert done.returncode == (0 if {v["verdict"] for v in verdicts.values()} == {"unchanged"}
+                               else 1), done.stdout + done.stderr
+
+
+def test_a_throughput_run_once_reruns_ungated_and_says_why(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makefile(".yaml", bench_original=SUITES["throughput"])
+    result = run_suites(pytester, ports, "--profllm-engine=sim", gpus=None, cache=False)
+    assert result.ret == 0, result.stdout.str()
+    (old,) = run_records(pytester)
+    done = rerun_cli(pytester, ports, old["run_id"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the record's session ran this case once" in done.stdout
+    assert ("gate: nothing judged (not gated: tokens_per_second, requests_per_second: judged "
+            "on one value per repeat") in done.stdout
 
 
 def test_the_run_page_shows_the_rerun_command(tmp_path: Path) -> None:

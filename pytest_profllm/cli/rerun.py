@@ -29,6 +29,7 @@ from pytest_profllm.plan.regression import (
 )
 from pytest_profllm.plan.suite import BENCHMARK_KINDS, SuiteError, load_suite_file
 from pytest_profllm.results.fingerprint import digests
+from pytest_profllm.results.gate_tables import RUNS as GATE_RUNS
 from pytest_profllm.results.record import SIM_DEFAULT_DEVICE, normalize, sim_device
 from pytest_profllm.results.table import TABLE
 
@@ -36,12 +37,15 @@ from pytest_profllm.results.table import TABLE
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # The kinds a suite can describe, and what `profllm bench` records are not (no suite ran them).
 REPRODUCIBLE_KINDS = ("serve", "capacity", "throughput", "latency", "accuracy")
-# Gated where the record's case had no `regression:` block: the per-request latencies, which
-# one run judges (a throughput needs two repeats a side); a capacity by its brackets.
+# Gated where the record's case had no `regression:` block: the per-request latencies (an
+# offline latency run's per-iteration ones), which one run judges; a capacity by its brackets;
+# an offline throughput per repeat, where the record's session ran the case twice or more.
 _DEFAULT_GATES = {
     "serve": ("median_ttft_ms", "median_e2el_ms"),
     "capacity": ("capacity",),
     "accuracy": ("acc", "exact_match"),
+    "latency": ("p50_latency_ms", "avg_latency_ms"),
+    "throughput": ("tokens_per_second", "requests_per_second"),
 }
 # The options a secret can come from, besides its environment variable.
 SECRET_OPTION = "--secret NAME=VALUE"
@@ -59,6 +63,8 @@ class Rerun:
     suite: dict[str, Any]
     pytest_options: list[str]
     differences: list[str] = field(default_factory=list)
+    # What the re-run does not gate, and why (one line each).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -153,19 +159,83 @@ def benchmark_block(record: dict[str, Any]) -> dict[str, Any]:
     return block
 
 
-def regression_block(record: dict[str, Any], kind: str) -> dict[str, float]:
-    """The record's gated metrics at their tolerances, but those judged per repeat (the
-    re-run is one case); where none is left, the default gates of its kind that it measured."""
-    # A throughput is judged on one value per repeat: one case cannot (a capacity can).
-    gated = {
-        verdict["metric"]: verdict["tolerance"] for verdict in record.get("regression") or []
-        if verdict["metric"] not in PER_REPEAT_METRICS or verdict["metric"] in BRACKETED_METRICS
-    }
+def _per_repeat(name: str) -> bool:
+    return name in PER_REPEAT_METRICS and name not in BRACKETED_METRICS
+
+
+def gated_metrics(record: dict[str, Any], kind: str) -> dict[str, float]:
+    """The record's gated metrics at their tolerances; where it gated none, the default
+    gates of its kind that it measured."""
+    gated = {verdict["metric"]: verdict["tolerance"] for verdict in record.get("regression") or []}
     if gated:
         return gated
     results = record.get("results") or {}
-    defaults = _DEFAULT_GATES.get("serve" if kind == "serve" else kind, ())
+    defaults = _DEFAULT_GATES.get(kind, ())
     return {name: default_tolerance(name) for name in defaults if results.get(name) is not None}
+
+
+def regression_block(record: dict[str, Any], kind: str, repeats: int = 1) -> dict[str, float]:
+    """The metrics the re-run gates (`gated_metrics`): with one repeat, not those judged on
+    one value per repeat (a throughput needs two a side); where none of the record's own is
+    left, the default gates of its kind that one run can judge."""
+    gated = gated_metrics(record, kind)
+    if repeats >= 2:
+        return gated
+    kept = {name: tolerance for name, tolerance in gated.items() if not _per_repeat(name)}
+    if kept or not record.get("regression"):
+        return kept
+    return {name: tolerance for name, tolerance in gated_metrics({**record, "regression": []},
+                                                                 kind).items()
+            if not _per_repeat(name)}
+
+
+def dropped_note(record: dict[str, Any], kind: str, repeats: int) -> str | None:
+    """One line on the per-repeat metrics a one-repeat re-run does not gate; None where none."""
+    if repeats >= 2:
+        return None
+    dropped = [name for name in gated_metrics(record, kind) if _per_repeat(name)]
+    if not dropped:
+        return None
+    return (f"not gated: {', '.join(dropped)}: judged on one value per repeat, and the "
+            "record's session ran this case once (a verdict needs two repeats a side)")
+
+
+def session_repeats(record: dict[str, Any], db: Path | None, folder: Path | None) -> int:
+    """How many repeats the record's session ran of its case: its runs of the record's
+    fingerprint in that session (the database's gate_runs, or the folder's records), at least
+    the record's own repeat index + 1."""
+    known = int(record.get("repeat_index") or 0) + 1
+    session = record.get("session_id")
+    if not session:
+        return known
+    if db is not None:
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+                row = connection.execute(
+                    f"SELECT max(repeat_index) + 1 FROM [{GATE_RUNS}] WHERE session_id = ? "
+                    f"AND fingerprint = (SELECT fingerprint FROM [{GATE_RUNS}] WHERE run_id = ?)",
+                    (session, record["run_id"]),
+                ).fetchone()
+        except sqlite3.DatabaseError:
+            row = None  # a database without the gate's tables: the record alone says
+        return max(known, int(row[0])) if row and row[0] is not None else known
+    if folder is None or not folder.is_dir():
+        return known
+    key = digests(record)[0]
+    for path in folder.glob("*.json"):
+        try:
+            other = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(other, dict) or other.get("session_id") != session:
+            continue
+        try:
+            same = digests(other)[0] == key
+        except (KeyError, TypeError, ValueError):
+            continue
+        if same and isinstance(other.get("repeat_index"), int):
+            known = max(known, other["repeat_index"] + 1)
+    return known
 
 
 def check_reproducible(record: dict[str, Any]) -> str:
@@ -181,9 +251,13 @@ def check_reproducible(record: dict[str, Any]) -> str:
     return kind
 
 
-def plan_rerun(record: dict[str, Any], secrets: dict[str, str] | None = None) -> Rerun:
+def plan_rerun(
+    record: dict[str, Any], secrets: dict[str, str] | None = None, repeats: int = 1
+) -> Rerun:
     """The suite and pytest options that reproduce `record`'s case, and how this host
-    differs from the one that ran it."""
+    differs from the one that ran it. `repeats`: how many its session ran (session_repeats);
+    with two or more the suite repeats the case as often, and keeps its per-repeat gates
+    (the baseline is all the record's session's runs of its fingerprint)."""
     kind = check_reproducible(record)
     bench = record["config"]["benchmark"]
     path = bench.get("dataset_path")
@@ -200,12 +274,16 @@ def plan_rerun(record: dict[str, Any], secrets: dict[str, str] | None = None) ->
             metric: {bound: limit for bound, limit in bounds.items() if limit is not None}
             for metric, bounds in record["thresholds"].items()
         }
-    regression = regression_block(record, kind)
+    if repeats >= 2:
+        suite["repeat"] = repeats
+    regression = regression_block(record, kind, repeats)
     if regression:
         suite["regression"] = {
             name: f"{tolerance * 100:g}%" for name, tolerance in regression.items()
         }
-    return Rerun(record, suite, engine_options(record["engine"]), differences(record))
+    note = dropped_note(record, kind, repeats)
+    return Rerun(record, suite, engine_options(record["engine"]), differences(record),
+                 [note] if note else [])
 
 
 def engine_options(engine: dict[str, Any]) -> list[str]:
@@ -307,6 +385,7 @@ class Outcome:
     same_fingerprint: bool
     verdicts: dict[str, str]
     returncode: int
+    runs: int = 1  # the records written (one per repeat)
 
 
 def run(
@@ -319,10 +398,27 @@ def run(
     written = sorted(set(out.glob("*.json")) - before)
     if not written:
         return Outcome(None, False, {}, process.returncode)
-    new = json.loads(written[-1].read_text())
-    same = digests(new)[0] == digests(rerun.record)[0]
+    records = [json.loads(path.read_text()) for path in written]
+    # With repeats, the last one holds the verdicts (over all of them); run ids of one second
+    # do not sort by time.
+    new = max(records, key=lambda r: (r.get("repeat_index") or 0, r.get("timestamp") or ""))
+    same = all(digests(r)[0] == digests(rerun.record)[0] for r in records)
     verdicts = {item["metric"]: item["verdict"] for item in new.get("regression") or []}
-    return Outcome(new, same, verdicts, process.returncode)
+    invalid = [r for r in records if (r.get("validity") or "valid") != "valid"]
+    if invalid:
+        new = {**new, "validity": invalid[0]["validity"]}
+    return Outcome(new, same, verdicts, process.returncode, len(records))
+
+
+def _figures(verdict: dict[str, Any]) -> str:
+    """`, old -> new (+x.x %)` where the verdict has both figures."""
+    old, new, change = verdict.get("baseline"), verdict.get("value"), verdict.get("change")
+    if not isinstance(old, int | float) or not isinstance(new, int | float):
+        return ""
+    text = f" ({old:.6g} -> {new:.6g}"
+    if isinstance(change, int | float):
+        text += f", {change:+.1%}"
+    return text + ")"
 
 
 def fingerprint_of(record: dict[str, Any]) -> str:
@@ -385,7 +481,9 @@ def command(args: Any) -> int:
     fingerprint and no gated metric changed, 1 where not, RerunError (2) where it cannot be
     re-run."""
     record = find_record(args.run_id, args.db, args.records)
-    plan = plan_rerun(record, parse_secrets(args.secret))
+    folder = args.records if args.records is not None else args.db.parent if args.db else None
+    repeats = session_repeats(record, args.db, folder)
+    plan = plan_rerun(record, parse_secrets(args.secret), repeats)
     out = args.out or Path(f"rerun-{args.run_id}")
     suite = args.write_suite or out / f"bench_rerun_{args.run_id}.yaml"
     if suite.is_dir():
@@ -404,6 +502,11 @@ def command(args: Any) -> int:
         print(f"differs: {line}")
     if not plan.differences:
         print("this host: no difference from the record's environment")
+    if repeats >= 2:
+        print(f"repeats: {repeats}, as the record's session ran the case (the baseline: "
+              "all its runs of the fingerprint)")
+    for line in plan.notes:
+        print(line)
     print(f"suite: {suite}")
     print("command: " + " ".join(rerun_command(plan, suite, out, baseline, args.pytest_option)[2:]))
     if args.no_run:
@@ -413,15 +516,20 @@ def command(args: Any) -> int:
         print(f"the re-run wrote no record (pytest exit status {outcome.returncode})")
         return 1
     new = outcome.record
-    print(f"new run {new['run_id']}: {new['status']}, {new.get('validity') or 'valid'}, "
+    runs = f" (the last of {outcome.runs} repeats)" if outcome.runs > 1 else ""
+    print(f"new run {new['run_id']}{runs}: {new['status']}, {new.get('validity') or 'valid'}, "
           f"fingerprint {fingerprint_of(new)} "
           + ("(the same)" if outcome.same_fingerprint else "(differs)"))
+    figures = {v["metric"]: v for v in new.get("regression") or []}
     for metric, verdict in outcome.verdicts.items():
-        print(f"gate {metric}: {verdict}")
+        print(f"gate {metric}: {verdict}{_figures(figures.get(metric) or {})}")
     if not outcome.verdicts:
-        why = ("an offline kind measures no metric the gate judges from one run"
-               if plan.kind in ("throughput", "latency") else
-               "the new run measured none of the gated metrics validly")
+        if not plan.suite.get("regression"):
+            why = plan.notes[0] if plan.notes else (
+                f"nothing the record gated or a {plan.kind} case's default gates name was "
+                "measured by it")
+        else:
+            why = "the new run measured none of the gated metrics validly"
         print(f"gate: nothing judged ({why})")
     changed = any(verdict != "unchanged" for verdict in outcome.verdicts.values())
     # A skipped or invalid re-run reproduced nothing, whatever pytest's status.

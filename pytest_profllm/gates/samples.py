@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pytest_profllm.results.record import request_succeeded
+
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -23,13 +25,14 @@ class RunSamples:
 
 def latencies_from_requests(requests: list[dict[str, Any]]) -> dict[str, FloatArray]:
     """vllm bench serve's definitions over successful requests: TTFT, E2EL, TPOT for requests
-    with more than one output token, ITL pooled over requests."""
+    with more than one output token, ITL pooled over requests. An offline latency run's
+    iterations (an index and a latency each) are E2EL samples alone."""
     ttft: list[float] = []
     e2el: list[float] = []
     tpot: list[float] = []
     itl: list[float] = []
     for row in requests:
-        if not row.get("success"):
+        if not request_succeeded(row):
             continue
         first, latency = row.get("ttft_s"), row.get("latency_s")
         if latency is None:

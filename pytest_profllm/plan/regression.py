@@ -34,6 +34,10 @@ PER_REPEAT_METRICS = {
     "steady_p99_ttft_ms": False,
     "steady_median_tpot_ms": False,
     "steady_p99_tpot_ms": False,
+    # An offline throughput run's (`vllm bench throughput`): one figure per repeat.
+    "requests_per_second": True,
+    "tokens_per_second": True,
+    "elapsed_time": False,
 }
 BRACKETED_METRICS = frozenset({"capacity"})
 # An accuracy case's metrics (lm-eval's, and each under a filter as `<metric>_<filter>`): their
@@ -44,6 +48,10 @@ DEFAULT_ACCURACY_TOLERANCE = 0.0
 _LATENCY = re.compile(
     r"^(mean|median|std|p(\d+(?:\.\d+)?))_(" + "|".join(metric_names.LATENCY_METRICS) + r")_ms$"
 )
+# An offline latency run's (`vllm bench latency`): its iterations' latencies are its samples,
+# kept as the E2EL of the per-request rows; avg is their mean, pNN a percentile of them.
+_ITERATION_LATENCY = re.compile(r"^(avg|p(\d+(?:\.\d+)?))_latency_ms$")
+ITERATION_SAMPLES = "e2el"
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,12 @@ def gated_metric(name: str, tolerance: float) -> GatedMetric:
         if match.group(2) is not None and not 0 < float(match.group(2)) < 100:
             raise ValueError(f"{name}: a percentile lies strictly between 0 and 100")
         return GatedMetric(name, tolerance, False, match.group(3), statistic)
+    match = _ITERATION_LATENCY.match(name)
+    if match is not None:
+        if match.group(2) is not None and not 0 < float(match.group(2)) < 100:
+            raise ValueError(f"{name}: a percentile lies strictly between 0 and 100")
+        statistic = "mean" if match.group(1) == "avg" else match.group(2)
+        return GatedMetric(name, tolerance, False, ITERATION_SAMPLES, statistic)
     if name in PER_REPEAT_METRICS:
         return GatedMetric(name, tolerance, PER_REPEAT_METRICS[name], None, "mean")
     accuracy = metric_names.accuracy_metric_of(name)
@@ -79,8 +93,10 @@ def gated_metric(name: str, tolerance: float) -> GatedMetric:
     raise ValueError(
         f"cannot gate {name!r}: allowed are {', '.join(PER_REPEAT_METRICS)} (per repeat), "
         "mean_/median_/std_/pNN_ of ttft, tpot, itl, e2el in ms (per request), "
-        f"e.g. p99_ttft_ms, and an accuracy case's {', '.join(STDERR_METRICS)}, each also "
-        "under an lm-eval filter as its record names it (exact_match_strict_match)"
+        "e.g. p99_ttft_ms, an offline latency case's avg_latency_ms and pNN_latency_ms "
+        "(per iteration), e.g. p50_latency_ms, and an accuracy case's "
+        f"{', '.join(STDERR_METRICS)}, each also under an lm-eval filter as its record names "
+        "it (exact_match_strict_match)"
     )
 
 

@@ -8,6 +8,7 @@ and `profllm ingest` both fill them, so any results database is a baseline and a
 - `request_samples`: one row per request of a run (TTFT, TPOT, E2EL, ITL list, in ms), the
   per-request samples a later run's latency verdicts resample; for a conversation workload
   also its conversation, turn and the prompt tokens found in the prefix cache (else null);
+  for an offline latency run, one row per measured iteration, its latency as the E2EL;
 - `regression_verdicts`: one row per gated metric of a run: verdict, baseline and new value,
   change and its confidence interval;
 - `change_points`: what `profllm history` found.
@@ -29,7 +30,7 @@ from typing import Any
 import orjson
 
 from pytest_profllm.results.fingerprint import described, rederived
-from pytest_profllm.results.record import is_valid
+from pytest_profllm.results.record import is_valid, request_succeeded
 from pytest_profllm.results.schema_version import refuse_newer
 
 RUNS = "gate_runs"
@@ -183,7 +184,7 @@ def sample_rows(run_id: str, requests: list[dict[str, Any]]) -> list[tuple[Any, 
         first, latency, tokens = row.get("ttft_s"), row.get("latency_s"), row.get("output_tokens")
         ttft = e2el = tpot = None
         # A pooling request has an E2EL and no first token (its ttft_s is null).
-        if row.get("success") and latency is not None:
+        if request_succeeded(row) and latency is not None:
             e2el = latency * 1000
             if first is not None:
                 ttft = first * 1000
@@ -193,7 +194,7 @@ def sample_rows(run_id: str, requests: list[dict[str, Any]]) -> list[tuple[Any, 
             (
                 run_id,
                 row.get("index"),
-                int(bool(row.get("success"))),
+                int(request_succeeded(row)),
                 tokens,
                 ttft,
                 tpot,

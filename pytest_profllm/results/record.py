@@ -592,6 +592,16 @@ class RequestSample(BaseModel):
     itl_s: list[Annotated[float, Field(ge=0)]] | None = None
 
 
+def request_succeeded(row: dict[str, Any]) -> bool:
+    """Whether a request row is a success: its `success`, or, for an offline latency run's
+    row (an index and a latency, no flag: vLLM keeps only the iterations that finished), that
+    it has a latency. The gate pools those latencies as a serve run's E2EL."""
+    success = row.get("success")
+    if success is None:
+        return "ttft_s" not in row and row.get("latency_s") is not None
+    return bool(success)
+
+
 def expected_requests(record: dict[str, Any]) -> int | None:
     """How many request rows a record's own results say its load had (completed + failed);
     None where they do not say (an offline run, an accuracy case)."""
