@@ -91,27 +91,58 @@ def sim_url(port_range: str, tmp_path: Path) -> Iterator[str]:
 
 REPO = Path(__file__).resolve().parent
 EXAMPLE_RUN_TIMEOUT_S = 900
+# The example suites whose cases run on the virtual clock in the tests' example run: the two
+# that take most of its time in real time (a capacity search of probes of at least 3 s each,
+# a trace replayed for 10 s), both modelled by it. Their real-time client is tested where it
+# is the subject (tests/test_capacity*.py, tests/test_trace.py), and README's main job itself
+# runs in real time in CI's own stage (.ci/run).
+EXAMPLE_VIRTUAL_SUITES = ("bench_capacity.yaml", "bench_trace.yaml")
 
 
 @dataclass(frozen=True)
 class ExampleRun:
-    """README's main job as a test session ran it: the example suites copied to `folder`,
-    their records and results.db under `folder/results`, and what pytest printed."""
+    """README's main job as the tests run it: the example suites copied to `folder` (but
+    EXAMPLE_VIRTUAL_SUITES, in `virtual_folder`), their records and results.db under
+    `folder/results`; `result` is what the real-time session (at -n 2) printed, `virtual`
+    what the virtual-clock session of EXAMPLE_VIRTUAL_SUITES, run first, printed."""
 
     folder: Path
     result: pytest.RunResult
+    virtual: pytest.RunResult
 
     @property
     def results(self) -> Path:
         return self.folder / "results"
 
 
+def _run_example(argv: list[str], cwd: Path, log: Path) -> pytest.RunResult:
+    """Runs `argv` in `cwd` once: its output and duration kept under `log` (a folder)."""
+    done = log / "returncode"
+    if not done.exists():
+        log.mkdir(exist_ok=True)
+        started = time.monotonic()
+        run = subprocess.run(argv, cwd=cwd, capture_output=True, text=True,
+                             timeout=EXAMPLE_RUN_TIMEOUT_S)
+        (log / "stdout.txt").write_text(run.stdout)
+        (log / "stderr.txt").write_text(run.stderr)
+        (log / "duration").write_text(f"{time.monotonic() - started:.3f}")
+        done.write_text(str(run.returncode))
+    return pytest.RunResult(
+        int(done.read_text()),
+        (log / "stdout.txt").read_text().splitlines(),
+        (log / "stderr.txt").read_text().splitlines(),
+        float((log / "duration").read_text()),
+    )
+
+
 @pytest.fixture(scope="session")
 def example_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str,
                 test_pool_dir: Path) -> ExampleRun:
-    """README's main job (every example suite but lm-eval's accuracy one, at -n 2 on the
-    simulated engine, real time), run once for the whole test session: the first xdist
-    worker to ask runs it, under a file lock, and the others read what it left. Its checks
+    """README's main job (every example suite but lm-eval's accuracy one, on the simulated
+    engine), run once for the whole test session: the first xdist worker to ask runs it,
+    under a file lock, and the others read what it left. The capacity and trace suites run on
+    the virtual clock (EXAMPLE_VIRTUAL_SUITES: in real time they took three quarters of the
+    run), the others at -n 2 in real time, both sessions into one results folder. Its checks
     (tests/test_end_to_end.py) and its pages (tests/test_browser_dashboards.py) read the
     same run: two runs of it took a fifth of the suite's time. Tests copy what they change."""
     from filelock import FileLock
@@ -122,28 +153,24 @@ def example_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str,
     if worker_id != "master":
         shared = shared.parent
     folder = shared / "example-run"
+    virtual_folder = shared / "example-run-virtual"
     with FileLock(str(shared / "example-run.lock")):
-        done = folder / "returncode"
-        if not done.exists():
-            folder.mkdir(exist_ok=True)
+        if not folder.exists():
+            folder.mkdir()
+            virtual_folder.mkdir()
             for suite in (REPO / "benchmarks").iterdir():
                 # The accuracy example runs where lm-eval is installed and is skipped
                 # elsewhere: tests/test_accuracy.py checks the skip on it.
                 if suite.suffix in (".yaml", ".py") and suite.name != "bench_accuracy.yaml":
-                    shutil.copy(suite, folder)
-            base = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + 8000
-            argv = pytest_argv(f"{base}-{base + 99}", "-n", "2", cache=False)
-            started = time.monotonic()
-            run = subprocess.run(argv, cwd=folder, capture_output=True, text=True,
-                                 timeout=EXAMPLE_RUN_TIMEOUT_S)
-            (folder / "stdout.txt").write_text(run.stdout)
-            (folder / "stderr.txt").write_text(run.stderr)
-            (folder / "duration").write_text(f"{time.monotonic() - started:.3f}")
-            done.write_text(str(run.returncode))
-    result = pytest.RunResult(
-        int(done.read_text()),
-        (folder / "stdout.txt").read_text().splitlines(),
-        (folder / "stderr.txt").read_text().splitlines(),
-        float((folder / "duration").read_text()),
-    )
-    return ExampleRun(folder, result)
+                    into = virtual_folder if suite.name in EXAMPLE_VIRTUAL_SUITES else folder
+                    shutil.copy(suite, into)
+        base = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + 8000
+        ports = f"{base}-{base + 99}"
+        out = str(folder / "results")
+        virtual = _run_example(
+            pytest_argv(ports, "-n", "0", "--profllm-sim-clock=virtual", out=out, cache=False),
+            virtual_folder, shared / "example-run-virtual-log")
+        result = _run_example(pytest_argv(ports, "-n", "2", out=out, cache=False), folder,
+                              shared / "example-run-log")
+    return ExampleRun(folder, result, virtual)
+

@@ -53,7 +53,9 @@ def _ports(worker_id: str) -> str:
 
 
 def _run(ports: str, out: Path, *args: str, env: dict[str, str] | None = None) -> None:
-    argv = pytest_argv(ports, *args, "-n", "2", "-q", out=str(out), cache=False)
+    # One process: its ten cases take a second on the virtual clock, two xdist workers
+    # took ten more to start.
+    argv = pytest_argv(ports, *args, "-n", "0", "-q", out=str(out), cache=False)
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={**os.environ, **(env or {})})
     assert (out / "results.db").exists(), done.stdout[-3000:] + done.stderr[-3000:]

@@ -553,7 +553,12 @@ async def _fault_in_stream(
     request.app[_SCHEDULER].cancel(sequence)
     if number == faults.stall_request:
         log.warning("stall_request: request %d stalls after its first token", number)
-        await asyncio.Event().wait()  # until the client gives up and the handler is cancelled
+        # Until the client gives up and closes the connection: aiohttp does not cancel a
+        # handler whose client left, and one still waiting held the server's shutdown (SIGTERM)
+        # until the runner's SIGKILL, 15 s later.
+        while request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(0.1)
+        raise ConnectionResetError("simulated fault stall_request: the client closed it")
     log.warning("close_request: request %d's stream is cut after its first token", number)
     if request.transport is not None:
         request.transport.close()
