@@ -17,22 +17,24 @@ from pytest_profllm.browse.dashboards import BY_NAME
 from pytest_profllm.browse.filters import Selection
 from pytest_profllm.browse.run_page import run_page
 
-# Short requests at modest rates (under 30 req/s, which a loaded 2-core host paces): a probe
+# Short requests at modest rates (under 40 req/s, which a loaded 2-core host paces): a probe
 # of 40 requests takes a few seconds. The batch
-# limit sets the capacity: 2 sequences carry far fewer requests per second than 8.
+# limit sets the capacity: 2 sequences carry half the requests per second that 4 do.
 SUITE = """
 server:
   model: sim-8b
-  max_num_seqs: [2, 8]
+  max_num_seqs: [2, 4]
   enable_prefix_caching: false
 benchmark:
   kind: capacity
   num_prompts: 40
   random_input_len: 128
-  random_output_len: 24
+  random_output_len: 12
   slo: {median_ttft_ms: 120}
-  # One run per load (no confirming run): these tests are about the path, not the noise.
-  search: {low: 4, high: 200, precision: 25%, confirm: 1, min_duration_s: 0.5, max_time_s: 60}
+  # One run per load (no confirming run, no extension of an unsure one): these tests are
+  # about the path, not the noise (test_capacity.py extends unsure probes).
+  search: {low: 8, high: 128, precision: 25%, confirm: 1, min_duration_s: 0.5, max_time_s: 60,
+           max_extension: 1}
 thresholds:
   capacity: {min: 4}
 regression:
@@ -50,7 +52,7 @@ def test_two_configurations_search_in_parallel(pytester: pytest.Pytester, ports:
     result = run_suites(pytester, ports, "-n", "2", "-rA", cache=False)
     result.assert_outcomes(passed=2)
     records = {r["config"]["server"]["max_num_seqs"]: r for r in run_records(pytester)}
-    small, large = records[2], records[8]
+    small, large = records[2], records[4]
     for record in (small, large):
         search = record["capacity"]
         assert record["validity"] == "valid"
@@ -107,7 +109,7 @@ def test_a_slowed_simulator_lowers_the_capacity_and_the_gate_says_regressed(
 ) -> None:
     # On the virtual clock: the gate's verdict on a capacity is under test, not the real-time
     # client (the test above searches in real time); the slowdown prices every step there too.
-    pytester.makefile(".yaml", bench_cap=SUITE.replace("[2, 8]", "4"))
+    pytester.makefile(".yaml", bench_cap=SUITE.replace("[2, 4]", "4"))
     base = run_suites(pytester, ports, "--profllm-baseline=base/results.db",
                       "--profllm-baseline-update", "--profllm-sim-clock=virtual", out="base",
                       cache=False)
@@ -131,8 +133,8 @@ def test_a_search_the_host_held_back_is_invalid_never_failed(
     # No client sends within a microsecond of its schedule: every probe falls behind, as on a
     # host kept busy, and none is measured again. Before, the search found no capacity and the
     # case failed its threshold (`capacity = missing < min 4`) with a valid badge.
-    suite = SUITE.replace("[2, 8]", "4").replace(
-        "low: 4, high: 200, precision: 25%", "low: 16, high: 64, precision: 90%")
+    suite = SUITE.replace("[2, 4]", "4").replace(
+        "low: 8, high: 128, precision: 25%", "low: 16, high: 64, precision: 90%")
     pytester.makefile(".yaml", bench_cap=suite)
     result = run_suites(pytester, ports, "--profllm-max-schedule-lag=0.001",
                         "--profllm-remeasure=0", cache=False)

@@ -539,7 +539,7 @@ def test_a_locked_database_costs_the_load_not_the_session(
     pytester: pytest.Pytester, ports: str
 ) -> None:
     pytester.makeconftest(
-        "import pytest_profllm.session.controller as controller\ncontroller.DB_LOCK_WAIT_S = 2\n"
+        "import pytest_profllm.session.controller as controller\ncontroller.DB_LOCK_WAIT_S = 1\n"
     )
     pytester.makefile(".yaml", bench_locked="server:\n  model: sim-locked\n" + SMALL)
     out = pytester.path / "results"
@@ -548,15 +548,17 @@ def test_a_locked_database_costs_the_load_not_the_session(
     holder = sqlite3.connect(db, isolation_level=None)
     try:
         holder.execute("begin exclusive")
-        result = run_suites(pytester, ports, "-n", "2")
+        # Under xdist the controller loads the records; the three cases share one server,
+        # hence one worker: a second would start idle.
+        result = run_suites(pytester, ports, "-n", "1")
     finally:
         holder.close()
     result.assert_outcomes(passed=3)
     assert result.ret == pytest.ExitCode.OK  # every test passed: the load is not a test
     result.stdout.fnmatch_lines(
         [
-            f"profllm: {db} is locked by another process; waiting up to 2 s to load 3 record(s)",
-            f"profllm: {db}: still locked by another process after 2 s: nothing loaded; the 3 "
+            f"profllm: {db} is locked by another process; waiting up to 1 s to load 3 record(s)",
+            f"profllm: {db}: still locked by another process after 1 s: nothing loaded; the 3 "
             f"JSON record(s) in {out} are complete: load them with: profllm ingest {db} {out}",
         ]
     )

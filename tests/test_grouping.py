@@ -31,6 +31,31 @@ thresholds:
 """
 SERVERS = 6
 CASES = 18
+# Two sessions at once: one server per tensor-parallel size (a tp 4 server holds every GPU of
+# the pool), two cases each, in each session.
+TWO_SESSIONS_SUITE = MIXED_TP_SUITE.replace("[8, 16]", "8").replace("[4, 6, 8]", "[4, 6]")
+TWO_SESSIONS_SERVERS = 3
+TWO_SESSIONS_CASES = 6
+# Each worker of either session waits (a minute at most) until a worker of the other session
+# is up before it starts a server: the sessions' servers are alive at the same time, whichever
+# session the busy host started first.
+BARRIER_CONFTEST = """
+import os
+import time
+from pathlib import Path
+
+
+def pytest_sessionstart(session):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    here = Path(str(session.config.rootpath))
+    (here / f"up-{worker}").touch()
+    other = here.parent / ("second" if here.name == "first" else "first")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(other.glob("up-gw*")):
+        time.sleep(0.05)
+"""
 
 
 @dataclass(frozen=True)
@@ -104,13 +129,16 @@ def pytest_command(ports: str, out: str, *args: str) -> list[str]:
     ]
 
 
-def assert_all_passed_without_collisions(records: list[dict[str, Any]], sessions: int) -> None:
-    assert len(records) == CASES * sessions
+def assert_all_passed_without_collisions(
+    records: list[dict[str, Any]], sessions: int, configurations: int = SERVERS,
+    cases: int = CASES,
+) -> None:
+    assert len(records) == cases * sessions
     assert {r["status"] for r in records} == {"passed"}
     servers = lifetimes(records)
     # One start per server configuration in each session, on one worker.
-    assert len(servers) == SERVERS * sessions
-    assert len({(s.session, s.server_key) for s in servers}) == SERVERS * sessions
+    assert len(servers) == configurations * sessions
+    assert len({(s.session, s.server_key) for s in servers}) == configurations * sessions
     assert not collisions(servers), collisions(servers)
     for server in servers:
         assert len(server.gpus) in (1, 2, 4)
@@ -148,7 +176,8 @@ def test_two_sessions_at_once_on_one_host_share_nothing(
     # Both sessions lease from the same host-wide pool folder (PROFLLM_POOL_DIR of the tests).
     for name in ("first", "second"):
         (pytester.path / name).mkdir()
-        (pytester.path / name / "bench_mixed.yaml").write_text(MIXED_TP_SUITE)
+        (pytester.path / name / "bench_mixed.yaml").write_text(TWO_SESSIONS_SUITE)
+        (pytester.path / name / "conftest.py").write_text(BARRIER_CONFTEST)
     runs = [
         subprocess.Popen(
             pytest_command(ports, "results", "-n", "2"),
@@ -170,7 +199,8 @@ def test_two_sessions_at_once_on_one_host_share_nothing(
     assert [run.returncode for run in runs] == [0, 0], outputs
     records = run_records(pytester, "first/results") + run_records(pytester, "second/results")
     assert len({r["session_id"] for r in records}) == 2
-    assert_all_passed_without_collisions(records, sessions=2)
+    assert_all_passed_without_collisions(
+        records, sessions=2, configurations=TWO_SESSIONS_SERVERS, cases=TWO_SESSIONS_CASES)
     # The two sessions really ran at the same time: some servers of one were alive while
     # servers of the other were (else this would prove nothing about sharing).
     servers = lifetimes(records)

@@ -17,7 +17,8 @@ from helpers import pytest_argv, records
 
 from pytest_profllm.hosts.processes import OWNER_ENV
 
-# Four cases of one server, a second or so each: the session is killed between them.
+# Four cases of one server, 0.6 s or so each (the three after the first take well over the
+# 50 ms poll that sees the first one end): the session is killed between them.
 SUITE = """
 server:
   model: Qwen/Qwen3-0.6B
@@ -25,7 +26,7 @@ benchmark:
   num_prompts: 12
   random_input_len: 16
   random_output_len: [8, 9, 10, 11]
-  request_rate: 10
+  request_rate: 20
 """
 
 

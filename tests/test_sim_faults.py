@@ -62,6 +62,10 @@ def faulty_run(
             f"--profllm-ports={ports}",
             "--profllm-out=results",
             "--profllm-startup-timeout=12",
+            # Two workers: a server's wait (the 12 s start-up timeout, a stalled stream's
+            # 4 s, a slow start) overlaps the other servers' starts and cases.
+            "-n",
+            "2",
             "--profllm-max-schedule-lag=1000",
             "-W",
             "always::pytest_profllm.server.process.ServerStopWarning",
