@@ -144,3 +144,38 @@ def test_a_search_the_host_held_back_is_invalid_never_failed(
     assert record["status"] == "invalid" and record["validity"] == "invalid"
     assert "client fell behind" in record["message"]
     assert all(probe["host"] for probe in record["capacity"]["probes"])
+
+
+# A serve suite and a capacity suite with the same server settings: in real time the capacity
+# case runs on the serve case's server, started once (the example run's capacity suite shares
+# the smoke suite's servers this way; the tests' example run puts capacity on the virtual clock).
+SHARED_SERVER = """
+server:
+  model: sim-8b
+  max_num_seqs: 4
+  enable_prefix_caching: false
+"""
+
+
+def test_a_capacity_case_runs_on_the_server_a_serve_case_started(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makefile(
+        ".yaml",
+        bench_a_serve=SHARED_SERVER + "benchmark: {num_prompts: 4, random_input_len: 16,"
+        " random_output_len: 4}\n",
+        bench_b_cap=SHARED_SERVER + "benchmark: {kind: capacity, num_prompts: 8,"
+        " random_input_len: 16, random_output_len: 4, slo: {median_ttft_ms: 2000},"
+        " search: {low: 32, high: 64, precision: 50%, confirm: 1, min_duration_s: 0.2,"
+        " max_probes: 2}}\n",
+    )
+    result = run_suites(pytester, ports, "-n", "0", cache=False)
+    result.assert_outcomes(passed=2)
+    records = run_records(pytester)
+    assert sorted(r["config"]["benchmark"].get("kind") or "serve" for r in records) == [
+        "capacity", "serve"
+    ]
+    assert {r["engine"]["clock"] for r in records} == {"real"}
+    assert len({r["runtime"]["server_key"] for r in records}) == 1
+    assert len({r["runtime"]["server_started_at"] for r in records}) == 1
+    assert len(list((pytester.path / "results" / "logs").glob("*.log"))) == 1
