@@ -43,7 +43,10 @@ def bench(
         [
             "bench", "--base-url", url, "--model", model, "--num-prompts", "6",
             "--random-input-len", "16", "--random-output-len", "5", "--save-result",
-            "--result-dir", str(tmp_path), "--result-filename", "out.json", *flags,
+            "--result-dir", str(tmp_path), "--result-filename", "out.json",
+            # What these tests check is not whether this host keeps a 10 ms schedule: a busy
+            # one made the plain runs exit 3 (client fell behind). A test may pass its own.
+            "--max-schedule-lag", "1000", *flags,
         ]
     )  # fmt: skip
     path = tmp_path / "out.json"
