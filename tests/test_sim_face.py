@@ -2,7 +2,9 @@
 CPU build serving a tiny Llama), compared by status code, JSON key sets (every level) and
 /metrics families. A difference is a bug of the simulator.
 
-Marked `real_vllm`: skipped (one line) without PROFLLM_VLLM_CPU_PYTHON.
+One vLLM server serves the whole module, which also holds the server's view on real vLLM
+(`profllm bench`'s means from vLLM's histograms). Marked `real_vllm`: skipped (one line)
+without PROFLLM_VLLM_CPU_PYTHON.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from real_vllm import (
     free_port,
     one_at_a_time,
     require_vllm_cpu_python,
-    tiny_llama,
+    shared_tiny_llama,
     vllm_cpu_server,
 )
+from test_server_view_sim import check_means_of_the_window
 
 pytestmark = pytest.mark.real_vllm
 
@@ -139,18 +142,26 @@ def metric_families(base_url: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require_vllm_cpu_python()
-    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    return shared_tiny_llama(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One vLLM server of the tiny model for this module's tests (a start costs tens of
+    seconds of CPU); stopped and reaped after the module's last test."""
+    workdir = tmp_path_factory.mktemp("vllm-server")
+    with one_at_a_time(), vllm_cpu_server(tiny_model, workdir) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def faces(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model: Path, vllm_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Any, Any]]:
     """What vLLM and the simulator answered, each serving the tiny model under its path."""
     workdir = tmp_path_factory.mktemp("face")
     model = str(tiny_model)
-    with one_at_a_time(), vllm_cpu_server(tiny_model, workdir) as vllm_url:
-        vllm = answers(vllm_url, model), metric_families(vllm_url)
+    vllm = answers(vllm_url, model), metric_families(vllm_url)
     with sim_server(tiny_model, workdir) as sim_url:
         sim = answers(sim_url, model), metric_families(sim_url)
     yield vllm, sim
@@ -209,3 +220,13 @@ def test_metric_families_are_vllms(faces: tuple[Any, Any]) -> None:
         assert name in vllm_families, f"{name} is not a vLLM 0.32.0 metric family"
         assert kind == vllm_families[name], f"{name}: {kind} in the simulator, " \
             f"{vllm_families[name]} in vLLM"
+
+
+def test_vllms_means_of_the_window(tiny_model: Path, vllm_url: str, tmp_path: Path) -> None:
+    # The server's view on real vLLM: the means `profllm bench` reports from vLLM's own
+    # histograms agree with two raw scrapes of its /metrics around the run (deltas, so the
+    # module's other requests to the same server do not count). Was
+    # tests/test_real_vllm_server_view.py, with a server of its own.
+    check_means_of_the_window(
+        vllm_url, tmp_path, "--tokenizer", str(tiny_model), "--ignore-eos", model=str(tiny_model)
+    )
