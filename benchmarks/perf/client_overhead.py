@@ -66,15 +66,20 @@ def simulator(workdir: Path) -> Iterator[str]:
 
 
 def bench(url: str, concurrency: int, prompts: int, output_len: int, workdir: Path,
-          model: str = "sim") -> Any:
+          model: str = "sim", tokenizer: str | None = None) -> Any:
     out = workdir / f"c{concurrency}.json"
     argv = [*PROFLLM, "bench", "--base-url", url, "--model", model,
+            *(["--tokenizer", tokenizer] if tokenizer else []),
             "--num-prompts", str(prompts), "--random-input-len", "128",
             "--random-output-len", str(output_len), "--max-concurrency", str(concurrency),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result",
             "--result-dir", str(workdir), "--result-filename", out.name]
-    subprocess.run(argv, check=False, capture_output=True, timeout=RUN_TIMEOUT_S)
-    return json.loads(out.read_text()) if out.exists() else None
+    done = subprocess.run(argv, check=False, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    if not out.exists():  # say why, in one line
+        print(f"# c={concurrency}: {(done.stderr.strip().splitlines() or ['?'])[-1][:200]}")
+        return None
+    return json.loads(out.read_text())
 
 
 def main() -> None:
@@ -85,6 +90,8 @@ def main() -> None:
     parser.add_argument("--base-url", help="a running server to measure instead of a "
                         "simulated engine started here (vLLM's CPU build, say)")
     parser.add_argument("--model", default="sim", help="its served model name")
+    parser.add_argument("--tokenizer", help="the model's tokenizer folder, where the server "
+                        "is not the simulated engine (which tokenizes for the client)")
     args = parser.parse_args()
     print(f"host: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     header = ("conc", "requests", "client TTFT", "server TTFT", "overhead TTFT",
@@ -97,7 +104,7 @@ def main() -> None:
             prompts = max(32, 2 * concurrency)
             for _ in range(args.repeats):
                 result = bench(url, concurrency, prompts, args.output_len, Path(folder),
-                               args.model)
+                               args.model, args.tokenizer)
                 if result is None:
                     print(f"{concurrency} | the run wrote no result")
                     continue
