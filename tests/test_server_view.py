@@ -167,6 +167,19 @@ def test_a_client_over_the_bound_is_the_host_s_fault() -> None:
     assert overhead_problem({"client_overhead_ttft_ms": None}, 25.0) is None
 
 
+def test_the_overhead_bound_grows_with_the_servers_own_ttft() -> None:
+    # vLLM's CPU build at 256 streams, idle host: 62.5 ms over a server mean of 566 ms.
+    heavy = {"client_overhead_ttft_ms": 62.5}
+    assert overhead_problem(heavy, 50.0) is not None  # the fixed bound alone: "host busy"
+    assert overhead_problem(heavy, 50.0, 565.7) is None  # 15 %: 84.9 ms
+    over = overhead_problem({"client_overhead_ttft_ms": 90.0}, 50.0, 565.7)
+    assert over is not None and "bound 84.9 ms, 15% of the server's 565.7 ms" in over
+    assert host_caused(over)
+    # A light load keeps the fixed bound: 15 % of 60 ms is under it.
+    assert overhead_problem({"client_overhead_ttft_ms": 51.0}, 50.0, 60.0) is not None
+    assert overhead_problem({"client_overhead_ttft_ms": 49.0}, 50.0, 60.0) is None
+
+
 def test_a_window_with_other_requests_gives_no_overhead_and_says_so() -> None:
     """Warm-ups or another client in the window: the server's means are not the load's."""
     before = _scrape({TTFT: [], "vllm:e2e_request_latency_seconds": []})
