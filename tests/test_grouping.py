@@ -31,29 +31,40 @@ thresholds:
 """
 SERVERS = 6
 CASES = 18
-# Two sessions at once: one server per tensor-parallel size (a tp 4 server holds every GPU of
-# the pool), two cases each, in each session.
-TWO_SESSIONS_SUITE = MIXED_TP_SUITE.replace("[8, 16]", "8").replace("[4, 6, 8]", "[4, 6]")
-TWO_SESSIONS_SERVERS = 3
-TWO_SESSIONS_CASES = 6
-# Each worker of either session waits (a minute at most) until a worker of the other session
-# is up before it starts a server: the sessions' servers are alive at the same time, whichever
-# session the busy host started first.
+# Two sessions at once: a one- and a two-GPU server each, two cases each. Together they need six
+# GPUs of the pool's four, so the sessions contend for the same GPUs and ports.
+TWO_SESSIONS_SUITE = (
+    MIXED_TP_SUITE.replace("[1, 2, 4]", "[1, 2]").replace("[8, 16]", "8")
+    .replace("[4, 6, 8]", "[4, 6]")
+)
+TWO_SESSIONS_SERVERS = 2
+TWO_SESSIONS_CASES = 4
+# Proof that the sessions overlapped, whichever one the host started first: after each case
+# (its server still alive) a worker leaves a marker; a one-GPU server's first case then waits
+# (two minutes at most) for a marker of the other session. Only one-GPU servers wait: with one
+# GPU held, the other session's servers still fit in the three left, so nobody waits forever.
 BARRIER_CONFTEST = """
 import os
 import time
 from pathlib import Path
 
+import pytest
 
-def pytest_sessionstart(session):
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker is None:
+waited = False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield
+    global waited
+    here = Path(str(item.config.rootpath))
+    (here / f"served-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}").touch()
+    if waited or "-tp1::" not in item.nodeid:
         return
-    here = Path(str(session.config.rootpath))
-    (here / f"up-{worker}").touch()
+    waited = True
     other = here.parent / ("second" if here.name == "first" else "first")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(other.glob("up-gw*")):
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(other.glob("served-*")):
         time.sleep(0.05)
 """
 
