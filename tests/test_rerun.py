@@ -295,8 +295,9 @@ def test_a_rerun_keeps_the_fingerprint_and_is_gated_unchanged(
 
 
 def test_a_latency_rerun_is_gated_on_its_iterations(pytester: pytest.Pytester, ports: str) -> None:
-    pytester.makefile(".yaml", bench_original=SUITES["latency"].replace("num_iters: 3",
-                                                                        "num_iters: 20"))
+    # 20 iterations of 8 output tokens: samples enough for the gate, each about 60 ms.
+    pytester.makefile(".yaml", bench_original=SUITES["latency"].replace(
+        "num_iters: 3", "num_iters: 20, input_len: 16, output_len: 8"))
     result = run_suites(pytester, ports, "--profllm-engine=sim", gpus=None, cache=False)
     assert result.ret == 0, result.stdout.str()
     (old,) = run_records(pytester)
