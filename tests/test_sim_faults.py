@@ -61,8 +61,11 @@ def faulty_run(
         result = pytester.runpytest_subprocess(
             f"--profllm-ports={ports}",
             "--profllm-out=results",
-            "--profllm-startup-timeout=12",
-            # Two workers: a server's wait (the 12 s start-up timeout, a stalled stream's
+            # never_healthy holds the pool's serial start for the whole timeout, so every later
+            # start waits on it: 6 s still leaves the 1.5 s slow starter (and a loaded host's
+            # ~0.5 s starts) far inside it.
+            "--profllm-startup-timeout=6",
+            # Two workers: a server's wait (the start-up timeout, a stalled stream's
             # 4 s, a slow start) overlaps the other servers' starts and cases.
             "-n",
             "2",
@@ -98,7 +101,7 @@ def test_each_fault_shows_the_user_a_clear_outcome(
     assert "likely cause: out of GPU memory" in records[1]["message"]
     # never healthy: the start-up timeout, with the log's tail.
     assert records[3]["status"] == "error"
-    assert "was not ready on /health within 12 s" in records[3]["message"]
+    assert "was not ready on /health within 6 s" in records[3]["message"]
     # dies after two requests: the case fails and says the server died.
     assert records[4]["status"] in ("failed", "error")
     assert records[4]["results"].get("completed", 0) <= 2

@@ -59,13 +59,22 @@ def refuse_newer(connection: sqlite3.Connection, db_path: Path | str) -> int:
     return version
 
 
+# How long the check before a session waits on a locked database; past it, the load at the end
+# still refuses a newer schema.
+_LOCKED_WAIT_S = 0.5
+
+
 def refuse_newer_file(db_path: Path) -> None:
     """NewerSchema where the file at `db_path` is a database newer than this plugin; a
     missing file, or one that is not a database, is left to whatever opens it next."""
     if not db_path.is_file():
         return
     try:
-        connection = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
+        # Not sqlite's default 5 s: a database another process holds locked would stall the
+        # session's start that long, then skip the check anyway; a commit takes milliseconds.
+        connection = sqlite3.connect(
+            f"{db_path.resolve().as_uri()}?mode=ro", uri=True, timeout=_LOCKED_WAIT_S
+        )
     except sqlite3.Error:
         return
     try:
