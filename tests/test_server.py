@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 import warnings
@@ -266,6 +267,32 @@ def test_same_server_key_reuses_the_running_server(workers: WorkerServers) -> No
     assert workers.server_for(second) is server
     assert workers.starts == 1
     assert "max_num_seqs=8" in server.log_path.read_text()
+
+
+# Another session's vLLM server, starting: it holds the host's start turn until killed.
+HOLD_START_TURN = """
+import sys, time
+from pathlib import Path
+from pytest_profllm.hosts.pool import lock_file
+with lock_file(Path(sys.argv[1]), "server-start"):
+    print("holding", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_simulated_server_starts_while_a_vllm_server_has_the_start_turn(
+    workers: WorkerServers, pool: HostPool
+) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_START_TURN, str(pool.directory)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        (first, *_) = cases({"model": MODEL, "max_num_seqs": 8})
+        server = workers.server_for(first)  # a turn to wait for would time out (2 s + start)
+        assert server.alive() and server.ready_at is not None
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_new_server_key_swaps_the_server(workers: WorkerServers) -> None:

@@ -159,6 +159,15 @@ class WorkerServers:
         server.lease.release()
         return error
 
+    def _start_turn(self) -> contextlib.AbstractContextManager[None]:
+        """Held while a server starts. vLLM sizes its KV cache from the device memory it finds
+        free, so two vLLM starts at once size it wrongly: they take turns host-wide. The
+        simulated engine sizes it from its device profile, so its starts need no turn (and a
+        simulator that never gets healthy holds nobody else's start up)."""
+        if self.engine == "sim":
+            return contextlib.nullcontext()
+        return self.pool.serial_start(timeout=self.lease_timeout + self.startup_timeout)
+
     def _start(self, case: Case) -> ServerProcess:
         key = case.server_key
         lease = self.lease_devices(case)
@@ -190,7 +199,7 @@ class WorkerServers:
         )
         stages.enter("starting", case.server_label)
         try:
-            with self.pool.serial_start(timeout=self.lease_timeout + self.startup_timeout):
+            with self._start_turn():
                 server.start()
                 self.starts += 1
                 server.wait_ready(self.startup_timeout)
