@@ -100,12 +100,13 @@ def sim_url(port_range: str, tmp_path: Path) -> Iterator[str]:
 
 REPO = Path(__file__).resolve().parent
 EXAMPLE_RUN_TIMEOUT_S = 900
-# The example suites whose cases run on the virtual clock in the tests' example run: the two
-# that take most of its time in real time (a capacity search of probes of at least 3 s each,
-# a trace replayed for 10 s), both modelled by it. Their real-time client is tested where it
-# is the subject (tests/test_capacity*.py, tests/test_trace.py), and README's main job itself
-# runs in real time in CI's own stage (.ci/run).
-EXAMPLE_VIRTUAL_SUITES = ("bench_capacity.yaml", "bench_trace.yaml")
+# The example suites whose cases run on the virtual clock in the tests' example run: the
+# three that take most of its time in real time (a capacity search of probes of at least 3 s
+# each, a trace replayed for 10 s, four tensor-parallel loads of ~11 s together), all modelled
+# by it. Their real-time client is tested where it is the subject (tests/test_capacity*.py,
+# tests/test_trace.py; multi-GPU servers in tests/test_scheduler.py), and README's main job
+# itself runs in real time in CI's own stage (.ci/run).
+EXAMPLE_VIRTUAL_SUITES = ("bench_capacity.yaml", "bench_parallel.yaml", "bench_trace.yaml")
 
 
 @dataclass(frozen=True)
@@ -149,9 +150,9 @@ def example_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str,
                 test_pool_dir: Path) -> ExampleRun:
     """README's main job (every example suite but lm-eval's accuracy one, on the simulated
     engine), run once for the whole test session: the first xdist worker to ask runs it,
-    under a file lock, and the others read what it left. The capacity and trace suites run on
-    the virtual clock (EXAMPLE_VIRTUAL_SUITES: in real time they took three quarters of the
-    run), the others at -n 2 in real time, both sessions into one results folder. Its checks
+    under a file lock, and the others read what it left. The capacity, parallel and trace
+    suites run on the virtual clock (EXAMPLE_VIRTUAL_SUITES: in real time they took most of
+    the run), the others at -n 2 in real time, both sessions into one results folder. Its checks
     (tests/test_end_to_end.py) and its pages (tests/test_browser_dashboards.py) read the
     same run: two runs of it took a fifth of the suite's time. Tests copy what they change."""
     from filelock import FileLock

@@ -34,24 +34,24 @@ def db_rows(pytester: pytest.Pytester, sql: str) -> list[tuple[Any, ...]]:
 
 def test_example_suites_with_two_workers(example_run: ExampleRun) -> None:
     # README's main job, run once for the session (conftest.py `example_run`; the browser's
-    # pages read the same run): the capacity and trace suites on the virtual clock, the
+    # pages read the same run): the capacity, parallel and trace suites on the virtual clock, the
     # others in real time at -n 2, into one results folder.
     virtual = example_run.virtual
-    virtual.assert_outcomes(passed=4)
+    virtual.assert_outcomes(passed=8)
     virtual.stdout.fnmatch_lines(
         [
             "profllm: engine sim (--profllm-sim-clock virtual*",
             "*profllm benchmark results*",
-            "4 row(s) loaded into *results.db (table benchmark_runs)*",
+            "8 row(s) loaded into *results.db (table benchmark_runs)*",
         ]
     )
     result = example_run.result
-    result.assert_outcomes(passed=14)
+    result.assert_outcomes(passed=10)
     result.stdout.fnmatch_lines(
         [
             "profllm: engine sim (auto: *",
             "*profllm benchmark results*",
-            "14 row(s) loaded into *results.db (table benchmark_runs)*",
+            "10 row(s) loaded into *results.db (table benchmark_runs)*",
         ]
     )
     written = records(example_run.results)
@@ -66,7 +66,7 @@ def test_example_suites_with_two_workers(example_run: ExampleRun) -> None:
     real = by_clock.pop("real")
     virtual_records = by_clock.pop("virtual")
     assert not by_clock
-    assert sorted({r["suite"] for r in virtual_records}) == ["capacity", "trace"]
+    assert sorted({r["suite"] for r in virtual_records}) == ["capacity", "parallel", "trace"]
     assert {r["runtime"]["worker"] for r in real} <= {"gw0", "gw1"}
     # One start per server configuration: its cases all saw the same server start.
     starts: dict[str, set[float]] = {}
@@ -76,7 +76,7 @@ def test_example_suites_with_two_workers(example_run: ExampleRun) -> None:
         )
     # The conversation suite's sets enable_prompt_tokens_details, so it is a server of its
     # own; the multimodal and pooling suites' models are their own.
-    assert len(starts) == 9
+    assert len(starts) == 7
     assert all(len(times) == 1 for times in starts.values())
     # The capacity suite's server is the smoke suite's (the same arguments): in real time
     # its cases share the smoke cases' servers, which the server key decides.
@@ -85,7 +85,7 @@ def test_example_suites_with_two_workers(example_run: ExampleRun) -> None:
     assert len(smoke) == 2 and capacity == smoke
     # Per-request records beside each case record.
     assert len(list(example_run.results.glob("*.requests.jsonl.gz"))) == 18
-    assert len(list((example_run.results / "logs").glob("*.log"))) == 9
+    assert len(list((example_run.results / "logs").glob("*.log"))) == 7
     # Every record holds every engine argument of the registry, defaults included.
     for record in written:
         assert len(record["config"]["server"]) == 320
