@@ -11,6 +11,7 @@ import contextlib
 import gzip
 import itertools
 import json
+import os
 import random
 import sqlite3
 import time
@@ -213,7 +214,12 @@ def test_ttft_falls_on_later_turns_only_with_prefix_caching(
     codec = TokenizerCodec.load(str(MODEL_DIR))
     details = "--enable-prompt-tokens-details"  # so usage says what the cache found
     flags = (details,) if caching else (details, "--no-enable-prefix-caching")
-    with _simulator(port_range, tmp_path, *flags) as url:
+    # Three times slower steps: a 3000-token prefill takes about 480 ms, not 160, so what a
+    # busy host adds to every TTFT (98 ms against 159 once, with a core kept busy) cannot
+    # hide the fall, or fake one.
+    slow = {**os.environ, "PROFLLM_SIM_SLOWDOWN": "3"}
+    with simulator(int(port_range.split("-")[0]) + 90, tmp_path / "sim-slow.log", "sim", *flags,
+                   env=slow) as url:
         load = LoadSettings(base_url=url, model="sim", backend="openai-chat", max_concurrency=1)
         result = asyncio.run(run_load(load, _long_history(codec, 3, seed=int(caching))))
     assert all(outcome.success for outcome in result.outcomes)
