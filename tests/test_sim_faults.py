@@ -61,9 +61,8 @@ def faulty_run(
         result = pytester.runpytest_subprocess(
             f"--profllm-ports={ports}",
             "--profllm-out=results",
-            # never_healthy holds the pool's serial start for the whole timeout, so every later
-            # start waits on it: 6 s still leaves the 1.5 s slow starter (and a loaded host's
-            # ~0.5 s starts) far inside it.
+            # never_healthy's case lasts the whole timeout: 6 s still leaves the 1.5 s slow
+            # starter (and a loaded host's ~0.5 s starts) far inside it.
             "--profllm-startup-timeout=6",
             # Two workers: a server's wait (the start-up timeout, a stalled stream's
             # 4 s, a slow start) overlaps the other servers' starts and cases.
