@@ -167,7 +167,8 @@ def _listening(port: int) -> bool:
 
 @pytest.fixture
 def foreign(port_range: str, tmp_path: Path) -> Iterator[tuple[int, Path]]:
-    """A stranger's healthy HTTP server on the first port of the range, reaped afterwards."""
+    """A stranger's healthy HTTP server on the first free port of the range, reaped
+    afterwards."""
     # The first port of the range a stranger can take: a process of an earlier test of this
     # worker, given the same range, may still hold the first (a setup error once, on a busy host).
     first = int(port_range.split("-")[0])
