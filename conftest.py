@@ -48,13 +48,46 @@ def test_pool_dir() -> Iterator[Path]:
         yield directory
 
 
+# The fixtures of a whole module or session that run pytest sessions of their own: each has
+# ranges of 100 ports apart from every test's (`shared_ports`).
+SHARED_PORT_USERS = (
+    "request_accounting", "gate_accuracy", "browser_dashboards", "run_page", "client_metrics",
+    "example_run",
+)
+
+
+def _port_layout(worker_id: str) -> tuple[int, int, int]:
+    """(the first port of this run, this worker's index, how many workers the run has).
+    PROFLLM_TEST_PORT_BASE keeps two checkouts' test runs on one host apart."""
+    base = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000"))
+    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
+    # xdist sets the count in its workers, so the layout grows with -n and no range is shared.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return base, worker, max(workers, worker + 1)
+
+
+# Each worker takes turns over this many ranges of 100 ports. At the default base and -n 4
+# every range is below Linux's ephemeral ports (32768 up), where a client connection's own
+# port could take a server's.
+WORKER_PORT_RANGES = 10
+
+
+def shared_ports(user: str, worker_id: str) -> str:
+    """100 ports for `user` (one of SHARED_PORT_USERS) on this worker: above every worker's
+    test ranges (`port_range`), one block per user and worker."""
+    base, worker, workers = _port_layout(worker_id)
+    first = base + workers * WORKER_PORT_RANGES * 100
+    start = first + (SHARED_PORT_USERS.index(user) * workers + worker) * 100
+    return f"{start}-{start + 99}"
+
+
 @pytest.fixture
 def port_range(worker_id: str, test_pool_dir: Path) -> str:
-    """100 ports no other test of this run uses, so a leak is easy to pin on its test."""
-    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
-    # PROFLLM_TEST_PORT_BASE keeps two checkouts' test runs on one host apart.
-    base = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000"))
-    start = base + worker * 2000 + (next(_PORT_RANGES) % 20) * 100
+    """100 ports no other test of this run uses, so a leak is easy to pin on its test: each
+    worker takes turns over WORKER_PORT_RANGES ranges of its own."""
+    base, worker, _ = _port_layout(worker_id)
+    turn = next(_PORT_RANGES) % WORKER_PORT_RANGES
+    start = base + (worker * WORKER_PORT_RANGES + turn) * 100
     return f"{start}-{start + 99}"
 
 
@@ -174,8 +207,8 @@ def example_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str,
                 if suite.suffix in (".yaml", ".py") and suite.name != "bench_accuracy.yaml":
                     into = virtual_folder if suite.name in EXAMPLE_VIRTUAL_SUITES else folder
                     shutil.copy(suite, into)
-        base = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + 8000
-        ports = f"{base}-{base + 99}"
+        # One session runs it for all workers: the first worker's block.
+        ports = shared_ports("example_run", "gw0")
         out = str(folder / "results")
         virtual = _run_example(
             pytest_argv(ports, "-n", "0", "--profllm-sim-clock=virtual", out=out, cache=False),

@@ -29,7 +29,7 @@ from generated_results import generate
 from helpers import pytest_argv
 from test_browser import CHROMIUM, Browser, browser, free_port, wait_for
 
-from conftest import ExampleRun
+from conftest import ExampleRun, shared_ports
 from pytest_profllm.browse import dashboards
 
 __all__ = ["browser"]  # the fixture, used by name
@@ -46,12 +46,6 @@ pytestmark = [
 LARGE = 100_000
 
 
-def _ports(worker_id: str) -> str:
-    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
-    start = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + 6000 + worker * 200
-    return f"{start}-{start + 99}"
-
-
 def _run(ports: str, out: Path, *args: str, env: dict[str, str] | None = None) -> None:
     # One process: its ten cases take a second on the virtual clock, two xdist workers
     # took ten more to start.
@@ -64,7 +58,7 @@ def _run(ports: str, out: Path, *args: str, env: dict[str, str] | None = None) -
 @pytest.fixture(scope="module")
 def databases(tmp_path_factory: pytest.TempPathFactory, worker_id: str,
               test_pool_dir: Path, example_run: ExampleRun) -> dict[str, Path]:
-    ports = _ports(worker_id)
+    ports = shared_ports("browser_dashboards", worker_id)
     root = tmp_path_factory.mktemp("databases")
     # README's main job, run once for the test session (conftest.py): a copy, since the
     # pages may write beside it.

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from prometheus_client import Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import sim_processes
+from conftest import shared_ports, sim_processes
 from pytest_profllm.load import client_metrics
 from pytest_profllm.options import parse_metrics_port
 
@@ -53,10 +53,11 @@ def pytest_sessionfinish(session):
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
-def _ports(offset: int) -> tuple[str, int]:
-    # Below the ranges conftest.py hands out (from PROFLLM_TEST_PORT_BASE up).
-    base = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) - 800 + offset
-    return f"{base}-{base + 49}", base + 60
+def _ports(worker_id: str, half: int) -> tuple[str, int]:
+    """50 ports of this file's block (conftest.py's `shared_ports`) and a metrics port: the
+    first half for the module's session, the second for the test that runs its own."""
+    block = int(shared_ports("client_metrics", worker_id).split("-")[0]) + half * 50
+    return f"{block}-{block + 39}", block + 45
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +67,7 @@ def scraped(
     folder = tmp_path_factory.mktemp("client_metrics")
     (folder / "bench_metrics.yaml").write_text(SUITE)
     (folder / "conftest.py").write_text(SCRAPE_HOOK)
-    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
-    ports, metrics_port = _ports(worker * 100)
+    ports, metrics_port = _ports(worker_id, 0)
     env = {
         **os.environ,
         "PROFLLM_SIM_FAULTS": "close_request=3@seed=1",  # one failed request in one case
@@ -174,8 +174,7 @@ def test_counters_add_up_the_loads_every_attempt_and_probe_sent(
     for name, benchmark in MANY_LOADS.items():
         (tmp_path / name).write_text(SERVER + benchmark + "\n")
     (tmp_path / "conftest.py").write_text(SCRAPE_HOOK)
-    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
-    ports, metrics_port = _ports(worker * 100 + 50)
+    ports, metrics_port = _ports(worker_id, 1)
     env = {**os.environ, "PROFLLM_POOL_DIR": str(test_pool_dir)}
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0",
             f"--profllm-ports={ports}", "--profllm-out=results",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import sqlite3
@@ -21,7 +20,7 @@ from helpers import pytest_argv, run_records, run_suites
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from conftest import sim_processes
+from conftest import shared_ports, sim_processes
 from pytest_profllm.load.accuracy import results_of
 from pytest_profllm.plan.metric_names import ACCURACY_METRICS
 from pytest_profllm.plan.regression import gated_metric, measured, parse_regression
@@ -98,10 +97,7 @@ def gsm8k_baseline(
     path.write_text(json.dumps(gsm8k(0.80, 0.82)))
     (folder / "conftest.py").write_text(CONFTEST.format(path=str(path)))
     (folder / "bench_acc.yaml").write_text(SUITE.format(limit=200, regression="[exact_match]"))
-    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
-    # Ports apart from conftest.py's function-scoped ranges and test_request_accounting's.
-    low = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + 4100 + worker * 200
-    ports = f"{low}-{low + 99}"
+    ports = shared_ports("gate_accuracy", worker_id)
     argv = pytest_argv(ports, "--profllm-baseline=base/results.db", "--profllm-baseline-update",
                        out="base", gpus=None, cache=False)
     try:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from helpers import records as records_in
 
-from conftest import sim_processes
+from conftest import shared_ports, sim_processes
 from pytest_profllm.sim.faults import FaultSpecError, parse_faults
 
 Run = tuple[subprocess.CompletedProcess[str], dict[int, dict[str, Any]]]
@@ -64,10 +64,7 @@ def faulty_run(
     folder = tmp_path_factory.mktemp("accounting")
     (folder / "bench_strict.yaml").write_text(STRICT)
     (folder / "bench_tolerant.yaml").write_text(TOLERANT)
-    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
-    # Ports apart from the function-scoped ranges of conftest.py.
-    low = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + 4000 + worker * 200
-    ports = f"{low}-{low + 99}"
+    ports = shared_ports("request_accounting", worker_id)
     spec = ",".join(f"{fault}@seed={seed}" for seed, fault in FAULTS.items())
     env = {**os.environ, "PROFLLM_SIM_FAULTS": spec, "PROFLLM_POOL_DIR": str(test_pool_dir)}
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import os
 import re
 import sqlite3
 import subprocess
@@ -23,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_datasette import make_record
 
+from conftest import shared_ports
 from pytest_profllm.browse import run_page
 from pytest_profllm.results.ingest import ingest
 from pytest_profllm.results.store import load_records
@@ -48,8 +48,7 @@ def page_of(db: Path, run_id: str) -> run_page.RunPage:
 def real_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str,
              test_pool_dir: Path) -> Path:
     """A small suite run on the simulator: its results folder."""
-    worker = int(worker_id[2:]) if worker_id.startswith("gw") else 0
-    start = int(os.environ.get("PROFLLM_TEST_PORT_BASE", "25000")) + 7000 + worker * 200
+    ports = shared_ports("run_page", worker_id)
     folder = tmp_path_factory.mktemp("run")
     write_suite(folder, """\
         server: {model: Qwen/Qwen3-8B, max_num_seqs: 8}
@@ -57,7 +56,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str,
                     request_rate: 16}
         thresholds: {completed: {min: 24}}
         """)
-    argv = pytest_argv(f"{start}-{start + 99}", "-p", "no:cacheprovider", out="results")
+    argv = pytest_argv(ports, "-p", "no:cacheprovider", out="results")
     done = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
     return folder / "results"

@@ -39,7 +39,8 @@ def simulator(
 ) -> contextlib.AbstractContextManager[str]:
     """A simulated engine serving `model` on 127.0.0.1; stopped and reaped whatever happens."""
     key = abs(hash((model, args)))
-    first = int(port_range.split("-")[0]) + 100 + key % 50
+    # Inside the test's own range, above `sim_url`'s ports (+50 and the four after).
+    first = int(port_range.split("-")[0]) + 60 + key % 35
     return helpers.simulator(first, tmp_path / f"sim-{key % 10_000}.log", model, *args)
 
 
