@@ -274,13 +274,14 @@ class Scheduler:
         # As vLLM V1's scheduler: a step that had to preempt admits no waiting request (the
         # one just preempted would come straight back and be preempted again: a thrash).
         preempted = self._grow_decoders()
-        decoding = [s for s in self.running if not s.in_prefill]
+        decoding = [s for s in self.running if s.prefilled >= s.context_len]  # not in_prefill
         budget = self.max_num_batched_tokens - len(decoding)
         prefill: list[tuple[Sequence, int]] = []
         # A running prefill's next chunk gets its blocks, or the newest running sequences give
         # way (itself last), as a decode's next token does.
         for sequence in list(self.running):
-            if not (sequence.in_prefill and budget > 0 and sequence in self.running):
+            in_prefill = sequence.prefilled < sequence.context_len  # inlined: every step
+            if not (in_prefill and budget > 0 and sequence in self.running):
                 continue
             chunk = self._chunk(sequence, budget)
             while chunk and not self._allocate(sequence, chunk):
@@ -372,10 +373,16 @@ class Scheduler:
                 self._remember(sequence)
                 # Its prefill completed this step: it emits its first token with the decoders.
                 emitting.append(sequence)
+        # The decoders of a step mostly share their last token's step, so their gaps are
+        # counted once per distinct gap: this is the simulator's hottest loop.
+        gaps: dict[float, int] = {}
         for sequence in emitting:
-            self._emit(sequence, now)
+            self._emit(sequence, now, gaps)
+        for gap, times in gaps.items():
+            self.stats.observe("vllm:inter_token_latency_seconds", gap, times)
 
-    def _emit(self, sequence: Sequence, now: float) -> None:
+    def _emit(self, sequence: Sequence, now: float, gaps: dict[float, int]) -> None:
+        """One token of `sequence` at `now`; its inter-token gap is added to `gaps`."""
         sequence.generated += 1
         self.generation_tokens += 1
         if sequence.first_token_at is None:
@@ -383,7 +390,7 @@ class Scheduler:
             self.stats.observe("vllm:time_to_first_token_seconds", now - sequence.arrived)
         elif sequence.last_token_at is not None:
             gap = now - sequence.last_token_at
-            self.stats.observe("vllm:inter_token_latency_seconds", gap)
+            gaps[gap] = gaps.get(gap, 0) + 1
             if self.itl_log is not None:
                 self.itl_log.append(gap)
             if sequence.gaps is not None:
@@ -429,10 +436,16 @@ class Scheduler:
         """Give each decoding sequence room for its next token, preempting the newest running
         sequences (itself last) when the cache is full; whether any was preempted."""
         preempted = False
+        block_size = self.block_size
         for sequence in list(self.running):
-            if sequence.in_prefill:  # also a sequence preempted in this loop (prefilled = 0)
+            # Still in prefill (also a sequence preempted in this loop: prefilled = 0). The
+            # property and _blocks_for are inlined: once per decoder per step.
+            if sequence.prefilled < sequence.context_len:
                 continue
-            need = self._blocks_for(sequence.prompt_len + sequence.generated + 1) - sequence.blocks
+            tokens = sequence.prompt_len + sequence.generated + 1
+            need = -(-tokens // block_size) - sequence.blocks
+            if not need:
+                continue  # its next token fits in its last block
             while need > self.num_gpu_blocks - self.used_blocks:
                 victim = self.running[-1]
                 self._preempt(victim)

@@ -50,9 +50,10 @@ class Histogram:
     def __post_init__(self) -> None:
         self.counts = [0] * (len(self.bounds) + 1)
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
+    def observe(self, value: float, times: int = 1) -> None:
+        """`value`, seen `times` times (a decode step's tokens share their gap)."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += times
+        self.total += value * times
 
     def buckets(self) -> list[tuple[str, float]]:
         """Cumulative counts by upper bound, as Prometheus writes them."""
@@ -118,5 +119,5 @@ class EngineStats:
         }
         self.request_success = dict.fromkeys(FINISHED_REASONS, 0)
 
-    def observe(self, name: str, value: float) -> None:
-        self.histograms[name].observe(value)
+    def observe(self, name: str, value: float, times: int = 1) -> None:
+        self.histograms[name].observe(value, times)
