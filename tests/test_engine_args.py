@@ -15,8 +15,9 @@ import pytest
 
 from pytest_profllm.cli.main import main
 from pytest_profllm.engine import registry
+from pytest_profllm.engine.human_int import human_int
 from pytest_profllm.engine.in_vllm import DUMP_ARGS_SCRIPT
-from pytest_profllm.engine.registry import DATA_FILE, Registry, bundled, human_int, registry_for
+from pytest_profllm.engine.registry import DATA_FILE, Registry, bundled, registry_for
 from pytest_profllm.plan.suite import SuiteError, validate_suite
 
 # --- the bundled registry -----------------------------------------------------------------

@@ -21,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_profllm.sim.batching import ConstantStepCost, Scheduler, Sequence
 from pytest_profllm.sim.cli import main
-from pytest_profllm.sim.instruments import add_dev_routes, dev_mode_from_env
+from pytest_profllm.sim.instruments import add_dev_routes
+from pytest_profllm.sim.profiler_config import dev_mode_from_env
 
 T = TypeVar("T")
 PROMPT = list(range(1000, 1100))  # 100 token ids: 6 full blocks, 96 tokens the cache can hold

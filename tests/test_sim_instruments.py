@@ -16,7 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_profllm.sim.batching import ConstantStepCost, Scheduler
-from pytest_profllm.sim.instruments import ProfilerConfigError, ProfilerSettings, add_routes
+from pytest_profllm.sim.instruments import add_routes
+from pytest_profllm.sim.profiler_config import ProfilerConfigError, ProfilerSettings
 
 T = TypeVar("T")
 

@@ -14,7 +14,8 @@ from typing import Any
 from helpers import PARSE_EACH_ARGV, needs_vllm_python, vllm_parse
 
 from pytest_profllm.engine.command import serve_command, serve_env
-from pytest_profllm.engine.registry import Option, Registry, bundled, human_int
+from pytest_profllm.engine.human_int import human_int
+from pytest_profllm.engine.registry import Option, Registry, bundled
 from pytest_profllm.plan.case import expand
 from pytest_profllm.plan.suite import load_suite_file
 

@@ -19,7 +19,6 @@ import importlib.util
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import warnings
@@ -38,16 +37,13 @@ from pydantic import (
 )
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
+from pytest_profllm.engine.human_int import human_int
 from pytest_profllm.engine.in_vllm import DUMP_ARGS_SCRIPT
 from pytest_profllm.engine.install import VllmInstall, own_distribution
 from pytest_profllm.hosts.files import write_atomic
 
 DATA_FILE = Path(__file__).parent / "data" / "engine_args.json"
 _GENERATE_TIMEOUT_S = 600
-# vLLM's human-readable integers: 25.6k, 1K (binary), 2M, ...
-_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 class RegistryError(Exception):
@@ -352,21 +348,6 @@ def _python_type(value_type: Any) -> Any:
         typed.__pydantic_config__ = ConfigDict(extra="forbid")
         return typed
     return Any
-
-
-def human_int(text: str, allow_auto: bool = False) -> int | None:
-    """vLLM's reading of `25.6k` (decimal), `1K` (binary) and plain digits; None if neither."""
-    text = text.strip()
-    if allow_auto and text.lower() in ("auto", "-1"):
-        return -1
-    if text.isdigit():
-        return int(text)
-    match = _HUMAN_INT.fullmatch(text)
-    if match is None:
-        return None
-    number, suffix = match.groups()
-    scale = _DECIMAL.get(suffix) or _BINARY[suffix]
-    return int(float(number) * scale)
 
 
 def _json_value(value: Any, takes_list: bool = False) -> Any:

@@ -29,7 +29,8 @@ from pydantic import (
     model_validator,
 )
 
-from pytest_profllm.engine.registry import bundled, human_int
+from pytest_profllm.engine.human_int import human_int
+from pytest_profllm.engine.registry import bundled
 from pytest_profllm.engine.secrets import ENV_SECRETS, REDACTED, RedactedDict, is_secret
 from pytest_profllm.limits import (
     MAX_PROBE_REQUESTS,

@@ -15,7 +15,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from pytest_profllm.engine.registry import human_int
+from pytest_profllm.engine.human_int import human_int
 from pytest_profllm.engine.secrets import Secret
 from pytest_profllm.hosts.cores import CoreLease
 from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU, ForeignCpu, foreign_problem

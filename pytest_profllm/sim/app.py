@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -17,7 +18,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import orjson
 from aiohttp import web
 
@@ -25,8 +25,9 @@ import pytest_profllm
 from pytest_profllm.sim.audio import AudioError, AudioFacts, wav_seconds
 from pytest_profllm.sim.batching import Scheduler, Sequence
 from pytest_profllm.sim.faults import Faults
-from pytest_profllm.sim.instruments import ProfilerSettings, add_dev_routes, add_routes
+from pytest_profllm.sim.instruments import add_dev_routes, add_routes
 from pytest_profllm.sim.logprobs import MAX_LOGPROBS, completion_logprobs, prompt_logprobs
+from pytest_profllm.sim.profiler_config import ProfilerSettings
 from pytest_profllm.sim.vision import (
     ImageError,
     VisionFacts,
@@ -132,6 +133,9 @@ def build_app(
     # As vLLM: a generating runner serves completions and chat, a pooling runner embeddings
     # and rerank; the other routes are not there (404).
     if state.runner == "pooling":
+        # numpy draws the embeddings (`_vector`): loaded now, before the step loop runs, and
+        # only for a pooling model (it was about 0.05 s of every server's start).
+        importlib.import_module("numpy")
         app.router.add_post("/v1/embeddings", _embeddings)
         for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
             app.router.add_post(path, _rerank)
@@ -707,6 +711,8 @@ def _vector(text: object, width: int) -> list[float]:
     with numpy: the handler runs on the step loop's thread, and a vector of a thousand Python
     draws per input made the loop's steps end late (vLLM's API server builds its responses in
     another process than its engine)."""
+    import numpy as np  # loaded by build_app for a pooling model
+
     seed = int.from_bytes(hashlib.sha256(repr(text).encode()).digest()[:8])
     values = np.random.default_rng(seed).standard_normal(width)
     norm = float(np.linalg.norm(values)) or 1.0

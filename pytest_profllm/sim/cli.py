@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
 
-from pytest_profllm.engine.registry import human_int
+from pytest_profllm.engine.human_int import human_int
 from pytest_profllm.engine.secrets import redact_argv
 from pytest_profllm.sim.batching import Scheduler
 from pytest_profllm.sim.config import SimSetup, build_setup
@@ -41,13 +41,13 @@ from pytest_profllm.sim.faults import (
     parse_faults,
 )
 from pytest_profllm.sim.hardware import DEFAULT_DEVICE, GIB, DeviceProfile, profiles
-from pytest_profllm.sim.instruments import (
+from pytest_profllm.sim.model_files import MODEL_DIR, SPECIAL_TOKENS
+from pytest_profllm.sim.profile_file import load_profile_file
+from pytest_profllm.sim.profiler_config import (
     ProfilerConfigError,
     ProfilerSettings,
     dev_mode_from_env,
 )
-from pytest_profllm.sim.model_files import MODEL_DIR, SPECIAL_TOKENS
-from pytest_profllm.sim.profile_file import load_profile_file
 from pytest_profllm.sim.stats import EngineStats
 
 if TYPE_CHECKING:
@@ -386,12 +386,10 @@ async def _serve(
     faults: Faults,
     dev_mode: bool = False,
 ) -> None:
-    # Deferred: aiohttp (about 0.17 s) only when the simulator serves; `profllm plan`
-    # and the offline benchmarks import this module for its parser.
+    # Deferred: aiohttp (about 0.1 s) only when the simulator serves; `profllm plan`, the
+    # virtual clock and the offline benchmarks import this module for its parser.
     from aiohttp import web
 
-    # Deferred: aiohttp (about 0.17 s) only when the simulator serves; `profllm plan`
-    # and the offline benchmarks import this module for its parser.
     from pytest_profllm.sim.app import SimState, build_app
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))

@@ -40,64 +40,24 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from pytest_profllm.sim.batching import LATE_STEP_THRESHOLDS_MS, Scheduler
+from pytest_profllm.sim.profiler_config import DEV_MODE_ENV, ProfilerSettings
 from pytest_profllm.sim.stats import HISTOGRAMS
 
 # The rank suffix vLLM's workers put in their trace names (single GPU, no parallelism).
 _WORKER_TRACE_NAME = "dp0_pp0_tp0_dcp0_ep0_rank0"
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 # What vLLM's FastAPI (pydantic, lax mode) takes for a boolean query parameter.
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 
 log = logging.getLogger("profllm.sim")
-
-
-class ProfilerConfigError(ValueError):
-    """A `--profiler-config` vLLM would reject; the message says why, as vLLM's does."""
-
-
-@dataclass(frozen=True)
-class ProfilerSettings:
-    profiler: str | None = None
-    torch_profiler_dir: str = ""
-    torch_profiler_use_gzip: bool = True
-
-    @classmethod
-    def from_json(cls, text: str | None) -> ProfilerSettings:
-        if not text:
-            return cls()
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ProfilerConfigError(f"--profiler-config is not valid JSON: {error}") from None
-        if not isinstance(data, dict):
-            raise ProfilerConfigError("--profiler-config takes a JSON object")
-        profiler = data.get("profiler")
-        if profiler not in (None, "torch", "cuda", "proton"):
-            raise ProfilerConfigError(
-                f"profiler: input should be 'torch', 'cuda' or 'proton', got {profiler!r}"
-            )
-        directory = str(data.get("torch_profiler_dir") or "")
-        if directory and profiler != "torch":
-            raise ProfilerConfigError(
-                "torch_profiler_dir is only applicable when profiler is set to 'torch'"
-            )
-        if profiler == "torch" and not directory:
-            raise ProfilerConfigError("torch_profiler_dir must be set when profiler is 'torch'")
-        return cls(
-            profiler=profiler,
-            torch_profiler_dir=os.path.abspath(os.path.expanduser(directory)) if directory else "",
-            torch_profiler_use_gzip=bool(data.get("torch_profiler_use_gzip", True)),
-        )
 
 
 def add_routes(
@@ -108,17 +68,6 @@ def add_routes(
         session = _ProfileSession(scheduler, profiler)
         app.router.add_post("/start_profile", session.start)
         app.router.add_post("/stop_profile", session.stop)
-
-
-def dev_mode_from_env(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether the development routes are served: `VLLM_SERVER_DEV_MODE` read as vLLM reads it
-    (an integer, 0 when unset). ValueError for what vLLM could not read either (it would not
-    start)."""
-    text = environ.get(DEV_MODE_ENV, "0")
-    try:
-        return bool(int(text))
-    except ValueError:
-        raise ValueError(f"{DEV_MODE_ENV}={text!r}: expected an integer (0 or 1)") from None
 
 
 def add_dev_routes(app: web.Application, scheduler: Scheduler) -> None:
