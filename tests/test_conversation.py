@@ -201,7 +201,7 @@ def _long_history(codec: TokenizerCodec, count: int, seed: int) -> Conversations
 
     return Conversations(
         [
-            Conversation(tuple(Turn(text(3000 if t == 0 else 10), 0, 8) for t in range(4)))
+            Conversation(tuple(Turn(text(3000 if t == 0 else 10), 0, 2) for t in range(4)))
             for _ in range(count)
         ]
     )
@@ -214,10 +214,12 @@ def test_ttft_falls_on_later_turns_only_with_prefix_caching(
     codec = TokenizerCodec.load(str(MODEL_DIR))
     details = "--enable-prompt-tokens-details"  # so usage says what the cache found
     flags = (details,) if caching else (details, "--no-enable-prefix-caching")
-    # Three times slower steps: a 3000-token prefill takes about 480 ms, not 160, so what a
-    # busy host adds to every TTFT (98 ms against 159 once, with a core kept busy) cannot
-    # hide the fall, or fake one.
-    slow = {**os.environ, "PROFLLM_SIM_SLOWDOWN": "3"}
+    # Slower steps, so that what a busy host adds to every TTFT cannot hide the fall, or fake
+    # one: with a core kept busy it added up to 200 ms (at -n 4: 259 ms against 420 once,
+    # three times slower). Ten times slower, the first turn's 3000-token prefill takes about
+    # 1.3 s. Without the cache every turn prefills the history again, and three times slower
+    # (0.4 s) holds its bound: the host adds about as much to each turn.
+    slow = {**os.environ, "PROFLLM_SIM_SLOWDOWN": "10" if caching else "3"}
     with simulator(int(port_range.split("-")[0]) + 90, tmp_path / "sim-slow.log", "sim", *flags,
                    env=slow) as url:
         load = LoadSettings(base_url=url, model="sim", backend="openai-chat", max_concurrency=1)
