@@ -266,6 +266,7 @@ def test_dataset_mistakes_are_one_line_naming_the_key(
     assert message in error and "bench_x.yaml" in error
 
 
+@pytest.mark.vllm_python
 @needs_vllm_python
 def test_vllm_bench_serve_parses_every_new_datasets_rendered_options(tmp_path: Path) -> None:
     configs = [

@@ -283,6 +283,7 @@ def test_the_new_keys_leave_other_workloads_fingerprints_as_they_were() -> None:
     assert of(spec_json) != of({**spec_json, "spec_bench_category": "qa"})
 
 
+@pytest.mark.vllm_python
 @needs_vllm_python
 def test_vllm_bench_serve_parses_the_rendered_multimodal_and_pooling_options() -> None:
     configs = [

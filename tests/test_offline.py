@@ -505,6 +505,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.vllm_python
 @needs_vllm_python
 def test_rendered_commands_are_accepted_by_vllms_own_parsers(tmp_path: Path) -> None:
     server = {"model": "Qwen/Qwen3-8B", "max_num_seqs": 32, "enforce_eager": True, "api_key": "k"}

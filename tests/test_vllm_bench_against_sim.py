@@ -20,7 +20,7 @@ from pytest_profllm.sim.model_files import MODEL_DIR
 
 NUM_PROMPTS = 12
 
-pytestmark = needs_vllm_python
+pytestmark = [pytest.mark.vllm_python, needs_vllm_python]
 
 
 @pytest.mark.parametrize(

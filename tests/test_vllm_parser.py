@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import PARSE_EACH_ARGV, needs_vllm_python, vllm_parse
 
 from pytest_profllm.engine.command import serve_command, serve_env
@@ -47,7 +48,7 @@ parser = make_arg_parser(FlexibleArgumentParser())
     + PARSE_EACH_ARGV
 )
 
-pytestmark = needs_vllm_python
+pytestmark = [pytest.mark.vllm_python, needs_vllm_python]
 
 
 def args_after_serve(server: dict[str, Any]) -> list[str]:
