@@ -184,11 +184,12 @@ def test_a_failed_turn_ends_its_conversation_and_every_turn_is_accounted_for() -
 
 
 def _simulator(
-    port_range: str, tmp_path: Path, *args: str
+    port_range: str, tmp_path: Path, *args: str, env: dict[str, str] | None = None
 ) -> contextlib.AbstractContextManager[str]:
-    """A simulated engine on 127.0.0.1 with `args`; stopped and reaped whatever happens."""
+    """A simulated engine on 127.0.0.1 with `args` (and `env`, where given); stopped and reaped
+    whatever happens."""
     first = int(port_range.split("-")[0]) + 60 + 10 * len(args)
-    return simulator(first, tmp_path / f"sim{len(args)}.log", "sim", *args)
+    return simulator(first, tmp_path / f"sim{len(args)}.log", "sim", *args, env=env)
 
 
 def _long_history(codec: TokenizerCodec, count: int, seed: int) -> Conversations:
@@ -220,8 +221,7 @@ def test_ttft_falls_on_later_turns_only_with_prefix_caching(
     # 1.3 s. Without the cache every turn prefills the history again, and three times slower
     # (0.4 s) holds its bound: the host adds about as much to each turn.
     slow = {**os.environ, "PROFLLM_SIM_SLOWDOWN": "10" if caching else "3"}
-    with simulator(int(port_range.split("-")[0]) + 90, tmp_path / "sim-slow.log", "sim", *flags,
-                   env=slow) as url:
+    with _simulator(port_range, tmp_path, *flags, env=slow) as url:
         load = LoadSettings(base_url=url, model="sim", backend="openai-chat", max_concurrency=1)
         result = asyncio.run(run_load(load, _long_history(codec, 3, seed=int(caching))))
     assert all(outcome.success for outcome in result.outcomes)
