@@ -61,7 +61,7 @@ def test_result_has_vllm_keys_and_per_request_records(sim_url: str, tmp_path: Pa
     assert (result["completed"], result["total_input_tokens"]) == (6, 96)
     assert result["total_output_tokens"] == 30
     assert result["request_goodput"] == pytest.approx(result["request_throughput"])
-    assert result["verdict"] == "valid"
+    assert result["validity"] == "valid"
     assert set(metric_names.CLIENT_HEALTH_KEYS) <= set(result)
     assert "ttfts" not in result  # only with --save-detailed, as vLLM
     with gzip.open(tmp_path / "out.requests.jsonl.gz", "rt") as handle:
@@ -116,7 +116,7 @@ def test_client_that_fell_behind_exits_3(
     code, result = bench(sim_url, tmp_path, "--tokenizer", str(MODEL_DIR))
     assert code == 3
     assert result is not None
-    assert result["verdict"] == "invalid"
+    assert result["validity"] == "invalid"
     assert result["invalid_reason"].startswith("client fell behind: client CPU saturated")
     assert "invalid measurement: client fell behind" in capsys.readouterr().err
 
@@ -344,5 +344,5 @@ def test_the_schedule_lag_limit_is_the_users(sim_url: str, tmp_path: Path) -> No
     code, result = bench(sim_url, tmp_path, "--tokenizer", str(MODEL_DIR), "--request-rate",
                          "50", "--max-schedule-lag", "0.000001")
     assert code == EXIT_INVALID and result is not None
-    assert result["verdict"] == "invalid"
+    assert result["validity"] == "invalid"
     assert "is over 1e-06 ms" in result["invalid_reason"], result["invalid_reason"]

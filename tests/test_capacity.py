@@ -30,6 +30,7 @@ from pytest_profllm.load.capacity import (
 )
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.schedule import LoadResult
+from pytest_profllm.load.validity import Judgement
 from pytest_profllm.plan.regression import gated_metric
 from pytest_profllm.plan.suite import CapacityConfig, CapacitySearch
 from pytest_profllm.run.capacity import keep_probe_at_capacity
@@ -318,19 +319,20 @@ def test_a_capacity_records_figures_of_all_the_probes_runs() -> None:
                             random_output_len=4, slo={"median_ttft_ms": 200},
                             search=CapacitySearch(low=1, high=10, confirm=2))
     probes = ServerProbes(config, "http://127.0.0.1:9", _WordCodec(),  # type: ignore[arg-type]
-                          [], "m", None, None)
+                          [], "m", None)
     earlier, first, last = _run(100.0, 0.5), _run(200.0, 0.2), _run(300.0, 0.05)
     for run in (earlier, first, last):  # an earlier probe at the same load, then this one's
         summary, health = measure(run, config, probes.codec)  # as ServerProbes keeps them
-        probes.runs.setdefault(5.0, []).append((config, run, summary | health, (None, None)))
-        probes.measured[5.0] = (config, run, summary | health, (None, None))
+        measured = (config, run, summary | health, (None, None), Judgement())
+        probes.runs.setdefault(5.0, []).append(measured)
+        probes.measured[5.0] = measured
     probe = Probe(load=5.0, requests=20, completed=20, failed=0, achieved_rate=5.0,
                   duration_s=4.0, decision="meets", reason=None)
     found = CapacityResult("request_rate", 5.0, 5.0, None, None, "precision", [probe],
                            {"median_ttft_ms": 200.0}, 1.0)
     outcome = SimpleNamespace(results={}, requests=[], invalid_reason=None,
                               request_failures=None)
-    keep_probe_at_capacity(outcome, found, probes, None)  # type: ignore[arg-type]
+    keep_probe_at_capacity(outcome, found, probes)  # type: ignore[arg-type]
     assert outcome.results["completed"] == probe.requests == 20
     assert outcome.results["median_ttft_ms"] == pytest.approx(125.0)  # of 200s and 50s
     assert outcome.results["request_throughput"] == pytest.approx(20 / 4.0)

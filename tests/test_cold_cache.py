@@ -16,6 +16,7 @@ import pytest
 from helpers import run_records, run_suites, simulator
 
 from pytest_profllm.limits import MAX_REMEASURE
+from pytest_profllm.load.attempts import Attempts
 from pytest_profllm.load.capacity import ServerProbes
 from pytest_profllm.load.dataset import TokenizerCodec, make_prompts
 from pytest_profllm.load.remeasure_budget import MIN_AGAIN_S, RemeasureBudget
@@ -33,9 +34,9 @@ from pytest_profllm.load.server_state import (
     sim_late_name,
     sim_lateness,
 )
+from pytest_profllm.load.validity import Invalid, InvalidKind, Rules
 from pytest_profllm.options import parse_remeasure
 from pytest_profllm.plan.suite import BenchmarkConfig, CapacityConfig
-from pytest_profllm.run.attempts import Attempts
 from pytest_profllm.sim.model_files import MODEL_DIR
 
 
@@ -243,7 +244,8 @@ def test_remeasure_zero_gives_one_attempt(pytester: pytest.Pytester, ports: str)
 
 def test_attempts_measure_again_only_for_the_host_and_keep_each() -> None:
     attempts = Attempts(remeasure=2)
-    behind = ["client fell behind: p99 schedule lag 31 ms is over 10 ms"]
+    behind = [Invalid(InvalidKind.CLIENT_FELL_BEHIND,
+                      "client fell behind: p99 schedule lag 31 ms is over 10 ms")]
     attempts.add(0.0, behind, {"request_throughput": 5.0}, {}, "emptied before the load")
     assert attempts.again(behind)
     attempts.add(1.0, [], {"request_throughput": 6.0}, {}, "emptied before the load")
@@ -252,16 +254,20 @@ def test_attempts_measure_again_only_for_the_host_and_keep_each() -> None:
     assert [a["validity"] for a in attempts.kept] == ["invalid", "valid"]
     assert attempts.kept[1]["request_throughput"] == 6.0
     # A server's miscount is not the host's: another run would miscount again.
-    assert not Attempts(2).again(["token counts disagree: ..."])
-    assert not Attempts(2).again([*behind, "token counts disagree: ..."])
+    miscount = Invalid(InvalidKind.TOKEN_COUNTS, "token counts disagree: ...")
+    assert not Attempts(2).again([miscount])
+    assert not Attempts(2).again([*behind, miscount])
     # Runs out after 1 + remeasure attempts, and then names every attempt's reasons.
     spent = Attempts(remeasure=1)
-    late = ["the simulated engine fell behind by 20 ms or more on 3.0% of its 100 steps"]
+    late = [Invalid(InvalidKind.SIMULATOR_LATENESS,
+                    "the simulated engine fell behind by 20 ms or more on 3.0% of its 100 steps")]
     spent.add(0.0, behind, {}, {}, None)
     assert spent.again(behind)
     spent.add(1.0, late, {}, {}, None)
     assert not spent.again(late)
     assert spent.invalid_reason(late) == f"attempt 1: {behind[0]}; attempt 2: {late[0]}"
+    assert [a["reason_kinds"] for a in spent.kept] == [["client_fell_behind"],
+                                                        ["simulator_lateness"]]
 
 
 def late_counters(steps: float, late_over: dict[int, float]) -> dict[str, float]:
@@ -308,12 +314,14 @@ def test_capacity_probe_runs_start_cold_with_prompts_of_their_own(
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     with simulator(first_port, tmp_path / "sim.log", "sim", env=env) as url:
         first = make_prompts(config, codec)
-        probes = ServerProbes(config, url, codec, first, "sim", None, 1000.0)
+        probes = ServerProbes(config, url, codec, first, "sim", None,
+                              Rules(max_schedule_lag_ms=1000.0))
         assert probes.prompts_for(12, config.seed) == first
         assert probes.prompts_for(12, config.seed + 1) != first
         for seed in (config.seed, config.seed + 1, config.seed):
             probes(8.0, 12, seed)
-            _, _, _, (before, after) = probes.measured[8.0]
+            _, _, _, (before, after), judged = probes.measured[8.0]
+            assert InvalidKind.CACHE not in {reason.kind for reason in judged.reasons}
             assert cache_problem(before, after, config) is None
             assert before is not None and after is not None
             assert after[PREFIX_QUERIES] > before[PREFIX_QUERIES]
@@ -344,7 +352,8 @@ def test_runs_again_stop_once_they_took_as_long_as_the_first_runs() -> None:
     # may take as long as its first runs, then the next case is not measured again, and its
     # reason says why.
     budget = RemeasureBudget()
-    behind = ["client fell behind: p99 schedule lag 31 ms is over 10 ms"]
+    behind = [Invalid(InvalidKind.CLIENT_FELL_BEHIND,
+                      "client fell behind: p99 schedule lag 31 ms is over 10 ms")]
     first = Attempts(remeasure=10, budget=budget)
     first.add(time.time() - 100.0, behind, {}, {}, None)  # a first run of 100 s
     assert first.again(behind)
@@ -361,7 +370,8 @@ def test_a_short_sessions_runs_again_have_a_floor() -> None:
     # Loads of 2 s (real vLLM's 2 x 2 suite): one run again of 2 s would have used the whole
     # budget. Under MIN_AGAIN_S the runs go on; past it they stop, saying so.
     budget = RemeasureBudget()
-    behind = ["client fell behind: p99 schedule lag 10.3 ms is over 10 ms"]
+    behind = [Invalid(InvalidKind.CLIENT_FELL_BEHIND,
+                      "client fell behind: p99 schedule lag 10.3 ms is over 10 ms")]
     attempts = Attempts(remeasure=10, budget=budget)
     attempts.add(time.time() - 2.0, behind, {}, {}, None)
     attempts.add(time.time() - 2.0, behind, {}, {}, None)

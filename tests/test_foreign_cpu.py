@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pytest_profllm.hosts import foreign_cpu
 from pytest_profllm.hosts.devices import usable_cores
 from pytest_profllm.hosts.foreign_cpu import ForeignCpu, foreign_problem
-from pytest_profllm.load.server_state import host_caused
+from pytest_profllm.load.validity import InvalidKind
 from pytest_profllm.options import parse_share
 
 
@@ -140,7 +140,7 @@ def test_over_the_bound_is_the_hosts_invalid_measurement() -> None:
     problem = foreign_problem(0.42, 0.25)
     assert problem == ("host busy: processes outside the session used 42% of the load's "
                        "cores (bound 25%)")
-    assert host_caused(problem)  # measured again, as a late client is
+    assert InvalidKind.FOREIGN_CPU.host_caused  # measured again, as a late client is
 
 
 @pytest.mark.parametrize(("text", "share"), [("0.25", 0.25), ("25%", 0.25), ("1", 1.0),

@@ -122,13 +122,14 @@ def test_a_request_the_client_could_not_open_is_no_server_failure() -> None:
         "the server's failure"
     )
     # The case's validity names the client's limit, never "server failed".
-    from pytest_profllm.load.bench import invalid_reasons
+    from pytest_profllm.load.validity import InvalidKind, LoadFacts, Rules, judge
     from pytest_profllm.plan.suite import BenchmarkConfig
 
     load = LoadResult(outcomes, 1.0, 0.0, 0.0, intended_offsets=[0.0] * 4, open_file_limit=256)
     health = metrics.client_health(outcomes, [0.0] * 4, 0.0, 1.0, 0.0)
-    (reason,) = invalid_reasons(load, BenchmarkConfig(), health)
-    assert reason.startswith("client ran out of file descriptors on 1 of 4 requests")
+    (reason,) = judge(LoadFacts(load, BenchmarkConfig(), health, {}), (None, None), Rules()).reasons
+    assert reason.kind is InvalidKind.CLIENT_DESCRIPTORS and not reason.host_caused
+    assert reason.text.startswith("client ran out of file descriptors on 1 of 4 requests")
 
 
 def _low_limit() -> None:

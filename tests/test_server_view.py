@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_profllm.load.server_state import host_caused, scrape_metrics
+from pytest_profllm.load.server_state import scrape_metrics
 from pytest_profllm.load.server_view import (
     OVERHEAD_PREFIX,
     bucket_key,
@@ -21,6 +21,7 @@ from pytest_profllm.load.server_view import (
     result_keys,
     server_view,
 )
+from pytest_profllm.load.validity import InvalidKind
 from pytest_profllm.sim.stats import TIME_TO_FIRST_TOKEN_BUCKETS, Histogram
 
 TTFT = "vllm:time_to_first_token_seconds"
@@ -162,7 +163,7 @@ def test_a_client_over_the_bound_is_the_host_s_fault() -> None:
     assert over is not None
     assert over.startswith(OVERHEAD_PREFIX)
     assert "31.2 ms" in over and "25 ms" in over and "host busy" in over
-    assert host_caused(over)  # measured again, as every host-made invalid case
+    assert InvalidKind.CLIENT_OVERHEAD.host_caused  # measured again, as every host-made one
     assert overhead_problem({"client_overhead_ttft_ms": 24.0}, 25.0) is None
     assert overhead_problem({"client_overhead_ttft_ms": None}, 25.0) is None
 
@@ -174,7 +175,6 @@ def test_the_overhead_bound_grows_with_the_servers_own_ttft() -> None:
     assert overhead_problem(heavy, 50.0, 565.7) is None  # 15 %: 84.9 ms
     over = overhead_problem({"client_overhead_ttft_ms": 90.0}, 50.0, 565.7)
     assert over is not None and "bound 84.9 ms, 15% of the server's 565.7 ms" in over
-    assert host_caused(over)
     # A light load keeps the fixed bound: 15 % of 60 ms is under it.
     assert overhead_problem({"client_overhead_ttft_ms": 51.0}, 50.0, 60.0) is not None
     assert overhead_problem({"client_overhead_ttft_ms": 49.0}, 50.0, 60.0) is None

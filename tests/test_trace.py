@@ -354,7 +354,8 @@ def test_a_two_request_trace_is_not_judged_by_its_timers_jitter(
     """Two requests 1 ms apart: the second dispatched a fraction of a millisecond late made
     the achieved rate half the target, and the replay `client fell behind` (issue 38, 9c).
     A client never later than the lag limit (here a wide 100 ms) kept its schedule."""
-    from pytest_profllm.load.bench import invalid_reasons, measure
+    from pytest_profllm.load.bench import measure
+    from pytest_profllm.load.validity import LoadFacts, Rules, judge
 
     path = write_trace(tmp_path / "t.jsonl", [
         {"timestamp": t, "input_length": 16, "output_length": 2} for t in (0, 1)
@@ -365,7 +366,9 @@ def test_a_two_request_trace_is_not_judged_by_its_timers_jitter(
     _, health = measure(load, config, codec)
     assert all(outcome.success for outcome in load.outcomes)
     assert health["max_schedule_lag_ms"] is not None and health["max_schedule_lag_ms"] < 100
-    assert invalid_reasons(load, config, health, max_p99_lag_ms=100) == []
+    judged = judge(LoadFacts(load, config, health, {}), (None, None),
+                   Rules(max_schedule_lag_ms=100))
+    assert judged.reasons == []
 
 
 # No max_model_len in the suite, so the trace's lengths are not refused up front (a suite's

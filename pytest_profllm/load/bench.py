@@ -1,8 +1,9 @@
 """One benchmark against a running server, as `vllm bench serve` runs it: prompts, load,
 metrics, and a result with vLLM's keys. `profllm bench` is a thin wrapper over `run_bench`.
 
-Unlike vLLM's client, a benchmark of nothing is an error (`BenchFailed`), and a client that
-fell behind its schedule says so in `verdict` and `invalid_reason`.
+Unlike vLLM's client, a benchmark of nothing is an error (`BenchFailed`), and a load that is
+no measurement (load/validity.py, as a suite's case is judged) says so in `validity` and
+`invalid_reason`, with the rules that could not be applied here in `rules_not_applied`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import secrets
 import socket
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -48,15 +49,21 @@ from pytest_profllm.load.processes import run_in_processes
 from pytest_profllm.load.schedule import LoadResult, LoadSettings, arrival_offsets
 from pytest_profllm.load.server_state import (
     CacheState,
-    cache_problem,
     empty_caches,
     own_prefix_hits,
     scrape_metrics,
     shared_on_purpose,
-    sim_fell_behind,
 )
 from pytest_profllm.load.server_view import load_view
 from pytest_profllm.load.steady_state import steady_figures
+from pytest_profllm.load.validity import (
+    Judgement,
+    LoadFacts,
+    Rules,
+    ServerWindow,
+    judge,
+    on_this_host,
+)
 from pytest_profllm.plan.suite import BenchmarkConfig
 
 # Lists vLLM keeps only with --save-detailed (one entry per request).
@@ -72,8 +79,6 @@ DETAILED_KEYS = (
 
 
 C = TypeVar("C", bound=BenchmarkConfig)
-# A server's /metrics just before and just after a load (None where it did not answer).
-ServerWindow = tuple[dict[str, float] | None, dict[str, float] | None]
 
 
 class BenchFailed(Exception):
@@ -243,30 +248,6 @@ def server_engine(base_url: str, api_key: str | None = None) -> dict[str, str | 
     return {"name": "unknown", "version": None}
 
 
-def invalid_reasons(
-    load: LoadResult,
-    config: BenchmarkConfig,
-    health: Mapping[str, Any],
-    max_p99_lag_ms: float | None = None,
-    window: ServerWindow = (None, None),
-    own_hits: float = 0.0,
-) -> list[str]:
-    """Why a finished load's figures are not a valid measurement (none: they are): token
-    counts that cannot be believed, a client that set the pace instead of the server, a
-    simulated engine that fell behind its own clock, or a prompt cache that an earlier load
-    filled. `window` is the server's /metrics just before and after the load."""
-    lag_limit_ms = metrics.MAX_P99_SCHEDULE_LAG_S * 1000 if max_p99_lag_ms is None else (
-        max_p99_lag_ms)
-    reasons = (
-        metrics.client_out_of_descriptors(load.outcomes, load.open_file_limit),
-        metrics.inconsistent_counts(load.outcomes, config.ignore_eos),
-        metrics.client_fell_behind(health, max_p99_lag_ms),
-        sim_fell_behind(*window, lag_limit_ms),
-        cache_problem(*window, config, own_hits),
-    )
-    return [reason for reason in reasons if reason]
-
-
 def workload_own_hits(workload: Workload, config: BenchmarkConfig, codec: Codec) -> int:
     """What a cold cache could find of the workload's prompts in each other (none counted for
     a workload that shares prefixes on purpose: its cache figures are not judged)."""
@@ -277,20 +258,6 @@ def workload_own_hits(workload: Workload, config: BenchmarkConfig, codec: Codec)
         else codec.encode(request.prompt)
         for request in workload
     )
-
-
-def invalid_reason(
-    load: LoadResult,
-    config: BenchmarkConfig,
-    health: Mapping[str, Any],
-    max_p99_lag_ms: float | None = None,
-    window: ServerWindow = (None, None),
-    own_hits: float = 0.0,
-) -> str | None:
-    """`invalid_reasons` as one line, or None."""
-    return "; ".join(
-        invalid_reasons(load, config, health, max_p99_lag_ms, window, own_hits)
-    ) or None
 
 
 def run_bench(
@@ -323,26 +290,65 @@ def run_bench(
     before = scrape_metrics(metrics_url)
     load = asyncio.run(run_load(settings, workload))
     window = (before, scrape_metrics(metrics_url))
-    summary, health = measure(load, config, codec)
-    if (problem := metrics.served_problem(load.outcomes, summary, max_failed)) is not None:
-        raise BenchFailed(problem)
     own = workload_own_hits(workload, config, codec)
-    invalid = invalid_reason(load, config, health, max_schedule_lag_ms, window, own)
-    result = result_json(config, model, tokenizer, label, load, summary, health, codec)
+    result, judgement = judged_result(
+        load, config, codec, window, own, base_url, max_schedule_lag_ms, max_failed,
+        model=model, tokenizer=tokenizer, label=label,
+    )
     result["engine"] = server_engine(base_url, api_key)
     result["prefix_cache"] = cache.describe()
     result["prompt_seed"] = config.seed
     result["client_limit"] = load.client_limit
-    result["verdict"] = "invalid" if invalid else "valid"
-    result["invalid_reason"] = invalid
-    # The server's own view of the load (null, with the reason, where it keeps none), and what
-    # the client added to it: reported, not judged (a server elsewhere adds its network).
-    view, result["server_view"] = load_view(*window, result)
-    result.update(view)
+    invalid = judgement.line()
     if not save_detailed:
         for key in DETAILED_KEYS:
             result.pop(key, None)
     return BenchResult(result, load, invalid)
+
+
+def judged_result(
+    load: LoadResult,
+    config: BenchmarkConfig,
+    codec: Codec,
+    window: ServerWindow,
+    own_hits: int,
+    base_url: str,
+    max_schedule_lag_ms: float | None,
+    max_failed: int = 0,
+    *,
+    model: str,
+    tokenizer: str | None = None,
+    label: str | None = None,
+) -> tuple[dict[str, Any], Judgement]:
+    """A finished load's result (vLLM's keys, the client's health, the server's view) and
+    its judgement, judged as a suite's case is (load/validity.py) with the rules that apply
+    here; BenchFailed for a benchmark of nothing."""
+    summary, health = measure(load, config, codec)
+    if (problem := metrics.served_problem(load.outcomes, summary, max_failed)) is not None:
+        raise BenchFailed(problem)
+    result = result_json(config, model, tokenizer, label, load, summary, health, codec)
+    judgement = judge_bench(
+        LoadFacts(load, config, health, result, own_hits), window, base_url, max_schedule_lag_ms
+    )
+    result["validity"] = judgement.validity
+    result["invalid_reason"] = judgement.line()
+    result["rules_not_applied"] = judgement.not_applied
+    # The server's own view of the load (null, with the reason, where it keeps none), and what
+    # the client added to it.
+    view, result["server_view"] = load_view(*window, result)
+    result.update(view)
+    return result, judgement
+
+
+def judge_bench(
+    facts: LoadFacts, window: ServerWindow, base_url: str, max_schedule_lag_ms: float | None
+) -> Judgement:
+    """`profllm bench`'s judgement of a load: a suite case's rules at their defaults, except
+    where they cannot apply (no load cores leased apart from the server's; the client's
+    overhead where the server is on another host), which the judgement names."""
+    rules = Rules(max_schedule_lag_ms=max_schedule_lag_ms,
+                  server_on_this_host=on_this_host(base_url))
+    return judge(facts, window, rules)
 
 
 def prompts_of_its_own(config: C, cache: CacheState) -> C:
@@ -544,7 +550,7 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         ("Schedule lag p99 (ms):", result["p99_schedule_lag_ms"]),
         ("Achieved request rate (req/s):", result["achieved_request_rate"]),
         ("Client CPU (% of a core):", result["client_cpu_percent"]),
-        ("Verdict:", result["verdict"]),
+        ("Validity:", result["validity"]),
     ]
     if result.get("prefix_cache"):
         rows.append(("Prefix cache:", result["prefix_cache"]))

@@ -35,13 +35,12 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from pytest_profllm.hosts.foreign_cpu import ForeignCpu, foreign_problem
+from pytest_profllm.hosts.foreign_cpu import ForeignCpu
 from pytest_profllm.load import stages
+from pytest_profllm.load.attempts import Attempts
 from pytest_profllm.load.bench import (
     DETAILED_KEYS,
-    ServerWindow,
     check_reachable,
-    invalid_reasons,
     load_settings,
     measure,
     prompts_of_its_own,
@@ -61,7 +60,17 @@ from pytest_profllm.load.dataset import (
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.schedule import LoadResult, back_to_back
-from pytest_profllm.load.server_state import empty_caches, host_caused, scrape_metrics
+from pytest_profllm.load.server_state import empty_caches, scrape_metrics
+from pytest_profllm.load.validity import (
+    DEFAULT_RULES,
+    Judgement,
+    LoadFacts,
+    Rules,
+    ServerWindow,
+    judge,
+    on_this_host,
+    texts,
+)
 from pytest_profllm.plan.metric_names import CLIENT_HEALTH_KEYS
 from pytest_profllm.plan.suite import GOODPUT_SLO, CapacityConfig, CapacitySearch
 
@@ -704,8 +713,9 @@ def _float(value: float | int | None) -> float | None:
     return None if value is None else float(value)
 
 
-# A run's config, load, summary (with health) and the server's /metrics around it.
-Measured = tuple[CapacityConfig, LoadResult, dict[str, Any], ServerWindow]
+# A run's config, load, summary (with health), the server's /metrics around it, and the
+# judge's answer on it.
+Measured = tuple[CapacityConfig, LoadResult, dict[str, Any], ServerWindow, Judgement]
 
 
 class ServerProbes:
@@ -725,14 +735,13 @@ class ServerProbes:
         prompts: list[PromptRequest],
         model: str,
         api_key: str | None,
-        max_schedule_lag_ms: float | None,
+        rules: Rules = DEFAULT_RULES,
         drive: Callable[[Coroutine[Any, Any, LoadResult]], LoadResult] = asyncio.run,
         endpoint: str | None = None,
         remeasure: int = 0,
         holding: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
         budget: RemeasureBudget | None = None,
         load_cores: Callable[[], frozenset[int]] = frozenset,
-        max_foreign_cpu: float | None = None,
     ) -> None:
         self.bench = bench
         self.base_url = base_url
@@ -742,14 +751,13 @@ class ServerProbes:
         self.first_prompts = prompts  # drawn from the workload's own seed: the first run's
         self.model = model
         self.api_key = api_key
-        self.max_schedule_lag_ms = max_schedule_lag_ms
+        self.rules = rules  # what counts as a measurement (load/validity.py)
         self.remeasure = remeasure
         self.budget = budget or RemeasureBudget()  # the session's time for runs again
         self.holding = holding  # held from drawing a probe's prompts to its last run
-        # The cores a run's load runs on while `holding` (none: not watched), and the share
-        # of them others may use before the run is the host's (hosts/foreign_cpu.py).
+        # The cores a run's load runs on while `holding` (none: not watched: others' use of
+        # them is judged by `rules`, hosts/foreign_cpu.py).
         self.load_cores = load_cores
-        self.max_foreign_cpu = max_foreign_cpu
         # load -> (config, load result, summary with health, /metrics around it) of its last run
         self.measured: dict[float, Measured] = {}
         # load -> why each of its runs that the host made invalid was run again
@@ -773,7 +781,7 @@ class ServerProbes:
         (each run sends its config's num_prompts)."""
         runs: list[Measured] = []
         for run in reversed(self.runs.get(probe.load, [])):
-            if sum(config.num_prompts for config, *_ in runs) >= probe.requests:
+            if sum(run[0].num_prompts for run in runs) >= probe.requests:
                 break
             runs.insert(0, run)
         return runs
@@ -784,7 +792,7 @@ class ServerProbes:
         kept before: half a confirmed probe's requests, its figures not the probe's)."""
         runs = self.probe_runs(probe)
         config = runs[-1][0]
-        load = back_to_back([result for _, result, _, _ in runs])
+        load = back_to_back([run[1] for run in runs])
         summary, health = measure(load, config, self.codec)
         summary.update(health)
         return config, load, summary
@@ -817,8 +825,9 @@ class ServerProbes:
     def _run(
         self, load: float, count: int, seed: int
     ) -> tuple[ProbeSamples, Measured, int, list[str]]:
-        """One run (and its runs again): its samples, what it measured, what its prompts find
-        of each other in a cold cache, and why it was run again."""
+        """One run (and its runs again, as any load's: `Attempts`): its samples, what it
+        measured, what its prompts find of each other in a cold cache, and why it was run
+        again."""
         over = self.bench.search.over
         value: float | int = int(load) if over == "max_concurrency" else load
         config = self.bench.model_copy(update={over: value, "num_prompts": count, "seed": seed})
@@ -828,10 +837,11 @@ class ServerProbes:
         )
         metrics_url = f"{self.base_url.rstrip('/')}/metrics"
         own_hits = workload_own_hits(chosen, config, self.codec)
-        again: list[str] = []
-        for attempt in range(self.remeasure + 1):
-            started = time.monotonic()
-            self.cache_states.add(empty_caches(self.base_url, config, self.api_key).describe())
+        attempts = Attempts(self.remeasure, self.budget)
+        while True:
+            started = time.time()
+            cache = empty_caches(self.base_url, config, self.api_key).describe()
+            self.cache_states.add(cache)
             before = scrape_metrics(metrics_url)
             foreign = ForeignCpu(self.load_cores())
             result = self.drive(run_load(settings, chosen))
@@ -841,25 +851,34 @@ class ServerProbes:
             summary.update(health)
             for key in REQUEST_TOTALS:
                 self.requests_sent[key] += int(summary.get(key) or 0)
-            reasons = invalid_reasons(
-                result, config, health, self.max_schedule_lag_ms, window, own_hits
+            judgement = judge(
+                LoadFacts(result, config, health, summary, own_hits, share), window, self.rules
             )
-            if (busy := foreign_problem(share, self.max_foreign_cpu)) is not None:
-                reasons.append(busy)
-            host = [reason for reason in reasons if host_caused(reason)]
-            self.budget.spent(time.monotonic() - started, again=attempt > 0)
-            if not host or attempt == self.remeasure:
+            reasons = judgement.reasons
+            attempts.add(started, reasons, summary, {}, cache)
+            if not attempts.again(reasons):
                 break
-            if not self.budget.allows():
-                host.append(self.budget.exhausted_reason())
-                break
-            again.append("; ".join(host))
             stages.enter("remeasuring", f"{_load(load)} {_unit(self.bench.search.over)}, "
-                         f"attempt {attempt + 2}")
+                         f"attempt {len(attempts.kept) + 1}")
+        host = texts(attempts.host_reasons(reasons))
+        again = ["; ".join(kept["reasons"]) for kept in attempts.kept[:-1]]
         samples = probe_samples(
             result.outcomes, summary, health, self.bench.goodput, "; ".join(host) or None
         )
-        return samples, (config, result, summary, window), own_hits, again
+        return samples, (config, result, summary, window, judgement), own_hits, again
+
+
+def search_invalid_reason(found: CapacityResult, probes: ServerProbes) -> str | None:
+    """Why a search's capacity is no measurement of the server: each run of the probe kept
+    at the capacity as the judge found it (each run judged on its own: between runs the caches
+    were emptied, so a /metrics window over all of them would count that too), then the
+    search's own reasons (the server changed, or the host bounded it)."""
+    reasons: list[str] = []
+    if found.capacity is not None:
+        for run in probes.probe_runs(found.kept()):
+            reasons.extend(texts(run[4].reasons))
+    kept = "; ".join(dict.fromkeys(reasons)) or None
+    return "; ".join(filter(None, (kept, found.invalid_reason()))) or None
 
 
 @dataclass
@@ -895,8 +914,10 @@ def search_server(
     per_probe = requests_per_probe(slos, config.num_prompts)
     config = prompts_of_its_own(config, empty_caches(base_url, config, api_key))
     prompts = make_prompts(config.model_copy(update={"num_prompts": per_probe}), codec)
-    probes = ServerProbes(config, base_url, codec, prompts, name, api_key,
-                          max_schedule_lag_ms, endpoint=endpoint)
+    rules = Rules(max_schedule_lag_ms=max_schedule_lag_ms,
+                  server_on_this_host=on_this_host(base_url))
+    probes = ServerProbes(config, base_url, codec, prompts, name, api_key, rules,
+                          endpoint=endpoint)
     found = search(probes, slos, config.search, config.num_prompts, seed=config.seed,
                    on_probe=on_probe, recheck=probes.recheck)
     probe_config, load, summary = probes.pooled(found.kept())
@@ -907,9 +928,12 @@ def search_server(
     result["capacity_search"] = found.as_record()
     result["prefix_cache"] = "; ".join(sorted(probes.cache_states))
     result["prompt_seed"] = config.seed
-    if (invalid := found.invalid_reason()) is not None:
-        # As `profllm bench` says of a load the client set the pace of: ingested, invalid.
-        result["verdict"], result["invalid_reason"] = "invalid", invalid
+    # As a capacity case is judged (run/capacity.py): ingested, invalid where it is not one.
+    invalid = search_invalid_reason(found, probes)
+    result["validity"] = "invalid" if invalid else "valid"
+    result["invalid_reason"] = invalid
+    # What the judge could not apply here, each with why (the last run of the kept probe).
+    result["rules_not_applied"] = probes.probe_runs(found.kept())[-1][4].not_applied
     for key in DETAILED_KEYS:
         result.pop(key, None)
     return ServerSearch(found, result, load)

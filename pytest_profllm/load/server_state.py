@@ -304,17 +304,6 @@ def sim_fell_behind(
     )
 
 
-# The reasons a measurement is invalid because of the host rather than the server: measured
-# again (run/remeasure.py), since another attempt may find the host quieter.
-HOST_REASON_PREFIXES = (
-    "client fell behind", "the simulated engine fell behind", "the client added", "host busy"
-)
-
-
-def host_caused(reason: str) -> bool:
-    return reason.startswith(HOST_REASON_PREFIXES)
-
-
 def empty_prefix_cache(base_url: str, api_key: str | None = None) -> CacheState:
     """Empties the server's prefix cache before a load that sends no media and never keeps
     it warm (an accuracy case's evaluation); what was done, never an exception."""

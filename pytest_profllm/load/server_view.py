@@ -11,7 +11,7 @@ within the bucket the rank falls in).
 
 `client_overhead` is what the client and the HTTP path added: the client's mean less the
 server's. `overhead_problem` makes a case whose client added more than the bound an invalid
-measurement, which the host caused (measured again, run/attempts.py).
+measurement, which the host caused (measured again, load/attempts.py).
 """
 
 from __future__ import annotations

@@ -162,8 +162,8 @@ def _is_bench_result(data: dict[str, Any]) -> bool:
 # `profllm bench` result keys that are workload parameters (the rest are metrics or lists).
 _BENCH_PARAMETERS = ("backend", "num_prompts", "request_rate", "burstiness", "max_concurrency",
                      "ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps")
-_BENCH_NOT_METRICS = {"date", "endpoint_type", "label", "model_id", "tokenizer_id", "verdict",
-                      "invalid_reason", "engine", *_BENCH_PARAMETERS}
+_BENCH_NOT_METRICS = {"date", "endpoint_type", "label", "model_id", "tokenizer_id", "validity",
+                      "verdict", "invalid_reason", "engine", *_BENCH_PARAMETERS}
 
 
 def bench_record(result: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -184,7 +184,8 @@ def bench_record(result: dict[str, Any], path: Path) -> dict[str, Any]:
     concurrency = result.get("max_concurrency")
     workload = f"rate-{rate}" + (f"-concurrency{concurrency}" if concurrency else "")
     model = str(result["model_id"])
-    invalid = result.get("verdict") == "invalid"
+    # `verdict` is what bench results written before `validity` called it.
+    invalid = (result.get("validity") or result.get("verdict")) == "invalid"
     engine = _bench_engine(result.get("engine"))
     benchmark = {key: result[key] for key in _BENCH_PARAMETERS if result.get(key) is not None}
     metrics_ = {

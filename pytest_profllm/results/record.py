@@ -344,6 +344,9 @@ class Attempt(BaseModel):
     duration_s: float | None = None
     validity: Validity
     reasons: list[str] = Field(default_factory=list)
+    # Each reason's rule (load/validity.py `InvalidKind`), in the order of `reasons`; empty in
+    # records written before the rules were named.
+    reason_kinds: list[str] = Field(default_factory=list)
     prefix_cache: str | None = None
     # What this run sent, kept or not (the client's Prometheus counters count every run);
     # null in records written before they were kept.

@@ -11,21 +11,20 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU
 from pytest_profllm.load import metrics
-from pytest_profllm.load.bench import invalid_reason
 from pytest_profllm.load.capacity import (
     CapacityResult,
     ServerProbes,
     requests_per_probe,
     search,
+    search_invalid_reason,
     slos_of,
 )
 from pytest_profllm.load.dataset import make_prompts
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.server_view import missing
+from pytest_profllm.load.validity import DEFAULT_RULES, Rules
 from pytest_profllm.plan.case import Case
-from pytest_profllm.plan.metric_names import CLIENT_HEALTH_KEYS
 from pytest_profllm.plan.suite import CapacityConfig
 from pytest_profllm.run.outcome import (
     CaseFailed,
@@ -49,10 +48,9 @@ def run_capacity(
     case: Case,
     servers: WorkerServers,
     outcome: CaseOutcome,
-    max_schedule_lag_ms: float | None = None,
+    rules: Rules = DEFAULT_RULES,
     remeasure: int = 0,
     budget: RemeasureBudget | None = None,
-    max_foreign_cpu: float | None = DEFAULT_MAX_FOREIGN_CPU,
 ) -> CaseOutcome:
     """Start or reuse the server, search its capacity (every probe run from an emptied cache
     with prompts of its own, load/capacity.py `ServerProbes`), and keep the probe at the
@@ -80,11 +78,10 @@ def run_capacity(
 
         probes = ServerProbes(
             bench, server.base_url, codec, prompts, served_name(case.server),
-            api_key_of(case.server), max_schedule_lag_ms,
+            api_key_of(case.server), rules,
             drive=lambda load: asyncio.run(load_while_alive(server, load)),
             remeasure=remeasure, holding=holding_cores, budget=budget,
             load_cores=lambda: load_cores_of(server, outcome.load_cores),
-            max_foreign_cpu=max_foreign_cpu,
         )
         gpu_ids = server.lease.gpus if server.device == "gpu" else ()
         with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:
@@ -95,7 +92,7 @@ def run_capacity(
                            clock=lambda: time.monotonic() - waited_s[0])
         outcome.telemetry = sampler.record()
         outcome.series = sampler.series()
-    keep_probe_at_capacity(outcome, found, probes, max_schedule_lag_ms)
+    keep_probe_at_capacity(outcome, found, probes)
     outcome.capacity = found.as_record()
     for probe in outcome.capacity["probes"]:
         # Why runs of this probe were measured again (the host made them invalid).
@@ -103,11 +100,6 @@ def run_capacity(
     if outcome.capacity["recheck"] is not None:
         outcome.capacity["recheck"]["remeasured"] = probes.recheck_remeasured
     outcome.capacity["requests_sent"] = probes.requests_sent
-    if (invalid := found.invalid_reason()) is not None:
-        # The server changed during the search, or the host bounded it. The number is kept in
-        # the record, as any invalid measurement's figures, for the run page; it counts for
-        # nothing (no gate, no baseline, no history).
-        outcome.invalid_reason = "; ".join(filter(None, (outcome.invalid_reason, invalid)))
     outcome.prefix_cache = "; ".join(sorted(probes.cache_states)) or None
     # Each run of a probe has a /metrics window of its own, with the cache emptied between
     # them: the probe's pooled figures have no one window to set beside.
@@ -120,14 +112,14 @@ def run_capacity(
 
 
 def keep_probe_at_capacity(
-    outcome: CaseOutcome,
-    found: CapacityResult,
-    probes: ServerProbes,
-    max_schedule_lag_ms: float | None,
+    outcome: CaseOutcome, found: CapacityResult, probes: ServerProbes
 ) -> None:
     """The figures, requests and validity of the probe at the capacity (else the first, which
     says why no load met), over all its runs. A search whose every request failed measured
-    nothing."""
+    nothing. Where the capacity is no measurement of the server (a run of its probe was
+    invalid, the server changed during the search, or the host bounded it), the number is
+    kept in the record, as any invalid measurement's figures, for the run page; it counts for
+    nothing (no gate, no baseline, no history)."""
     probe = found.kept()
     _, load, summary = probes.pooled(probe)
     if not summary.get("completed"):
@@ -138,13 +130,6 @@ def keep_probe_at_capacity(
     outcome.requests = [
         request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
     ]
+    outcome.invalid_reason = search_invalid_reason(found, probes)
     if found.capacity is not None:
-        # Each run judged on its own: between runs the caches were emptied, so a /metrics
-        # window over all of them would count that too.
-        reasons = []
-        for run_config, run, run_summary, window in probes.probe_runs(probe):
-            health = {k: v for k, v in run_summary.items() if k in CLIENT_HEALTH_KEYS}
-            reasons.append(invalid_reason(run, run_config, health, max_schedule_lag_ms, window,
-                                          probes.own_hits.get(probe.load, 0)))
-        outcome.invalid_reason = "; ".join(dict.fromkeys(r for r in reasons if r)) or None
         outcome.request_failures = metrics.request_failures(load.outcomes)

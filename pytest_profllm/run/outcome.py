@@ -92,7 +92,7 @@ class CaseOutcome:
     server_view: dict[str, Any] | None = None
     # What the prefix cache held when the measured load began (load/server_state.py).
     prefix_cache: str | None = None
-    # Every run of the load (run/attempts.py); empty for kinds that do not re-measure.
+    # Every run of the load (load/attempts.py); empty for kinds that do not re-measure.
     attempts: list[dict[str, Any]] = field(default_factory=list)
     # Where the client's open-file limit capped its connections, the line that says so.
     client_limit: str | None = None

@@ -18,10 +18,10 @@ from typing import Any
 from pytest_profllm.engine.human_int import human_int
 from pytest_profllm.engine.secrets import Secret
 from pytest_profllm.hosts.cores import CoreLease
-from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU, ForeignCpu, foreign_problem
+from pytest_profllm.hosts.foreign_cpu import ForeignCpu
 from pytest_profllm.load import metrics, stages
+from pytest_profllm.load.attempts import Attempts
 from pytest_profllm.load.bench import (
-    invalid_reasons,
     load_settings,
     measure,
     run_load,
@@ -36,15 +36,17 @@ from pytest_profllm.load.dataset import (
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
 from pytest_profllm.load.server_state import empty_caches
-from pytest_profllm.load.server_view import (
-    DEFAULT_MAX_CLIENT_OVERHEAD_MS,
-    OVERHEAD_KEYS,
-    load_view,
-    overhead_problem,
+from pytest_profllm.load.server_view import OVERHEAD_KEYS, load_view
+from pytest_profllm.load.validity import (
+    DEFAULT_RULES,
+    Judgement,
+    LoadFacts,
+    Rules,
+    ServerWindow,
+    judge,
 )
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.suite import MEDIA_DATASETS, BenchmarkConfig
-from pytest_profllm.run.attempts import Attempts
 from pytest_profllm.run.outcome import (
     CaseFailed,
     CaseOutcome,
@@ -68,11 +70,9 @@ def run_case(
     case: Case,
     servers: WorkerServers,
     outcome: CaseOutcome,
-    max_schedule_lag_ms: float | None = None,
+    rules: Rules = DEFAULT_RULES,
     remeasure: int = 0,
-    max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS,
     budget: RemeasureBudget | None = None,
-    max_foreign_cpu: float | None = DEFAULT_MAX_FOREIGN_CPU,
 ) -> CaseOutcome:
     """Start or reuse the server, send the workload from an emptied prefix cache (again, up to
     `remeasure` times and within the session's `budget`, while the host makes the measurement
@@ -102,31 +102,13 @@ def run_case(
                 foreign = ForeignCpu(load_cores_of(server, outcome.load_cores))
                 load = _load(server, settings, prompts, outcome)
                 share = foreign.share()
-                results, health = measure(load, bench, codec)
-                results.update(health)
-                view, outcome.server_view = load_view(*outcome.server_window, results)
-                # The server's figures are system figures (`system_server_*` columns, beside
-                # its cache's); what the client added is a metric a threshold may name.
-                # Only where there is one: a pooling load has no TTFT, hence no TTFT overhead.
-                overheads = {key: view.pop(key) for key in OVERHEAD_KEYS}
-                results.update({k: v for k, v in overheads.items() if v is not None})
-                outcome.telemetry.update(view)
+                judged = judge_attempt(
+                    load, bench, codec, outcome.server_window, own_hits, share, rules
+                )
+                results, outcome.server_view = judged.results, judged.server_view
+                outcome.telemetry.update(judged.view)
                 outcome.telemetry["host_foreign_cpu_share"] = share
-                reasons = invalid_reasons(
-                    load, bench, health, max_schedule_lag_ms, outcome.server_window, own_hits
-                )
-                # The default bound grows with the server's own TTFT; one the user set holds.
-                server_ttft = outcome.telemetry.get("server_ttft_mean_ms")
-                default_bound = max_client_overhead_ms == DEFAULT_MAX_CLIENT_OVERHEAD_MS
-                slow = overhead_problem(
-                    results, max_client_overhead_ms,
-                    float(server_ttft) if default_bound and isinstance(server_ttft, int | float)
-                    else None,
-                )
-                if slow is not None:
-                    reasons.append(slow)
-                if (busy := foreign_problem(share, max_foreign_cpu)) is not None:
-                    reasons.append(busy)
+                reasons = judged.judgement.reasons
                 attempts.add(
                     started_at, reasons, results, outcome.telemetry, outcome.prefix_cache
                 )
@@ -150,6 +132,37 @@ def run_case(
         outcome.profiling = _profile(server, settings, prompts, outcome.run_id)
     outcome.finished_at = time.time()
     return outcome
+
+
+@dataclasses.dataclass
+class JudgedAttempt:
+    results: dict[str, Any]  # vLLM's metrics, the client's health and what it added
+    view: dict[str, Any]  # the server's own figures (system figures)
+    server_view: dict[str, Any]  # the record's `server_view` block
+    judgement: Judgement
+
+
+def judge_attempt(
+    load: LoadResult,
+    bench: BenchmarkConfig,
+    codec: Codec,
+    window: ServerWindow,
+    own_hits: int,
+    foreign_share: float | None,
+    rules: Rules,
+) -> JudgedAttempt:
+    """One attempt's figures and the judge's answer on them, as a case keeps them."""
+    results, health = measure(load, bench, codec)
+    results.update(health)
+    view, server_view = load_view(*window, results)
+    # The server's figures are system figures (`system_server_*` columns, beside its
+    # cache's); what the client added is a metric a threshold may name. Only where there is
+    # one: a pooling load has no TTFT, hence no TTFT overhead.
+    overheads = {key: view.pop(key) for key in OVERHEAD_KEYS}
+    results.update({k: v for k, v in overheads.items() if v is not None})
+    judgement = judge(LoadFacts(load, bench, health, results, own_hits, foreign_share),
+                      window, rules)
+    return JudgedAttempt(results, view, server_view, judgement)
 
 
 def context_of(case: Case) -> int | None:

@@ -35,6 +35,7 @@ from pytest_profllm.load.dataset import random_token_prompts
 from pytest_profllm.load.prompt import Codec, PromptRequest
 from pytest_profllm.load.schedule import LoadResult, arrival_offsets
 from pytest_profllm.load.server_view import missing
+from pytest_profllm.load.validity import LoadFacts, Rules, ServerWindow, judge
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.suite import MEDIA_DATASETS, BenchmarkConfig, CapacityConfig
 from pytest_profllm.run.capacity import keep_probe_at_capacity
@@ -228,6 +229,9 @@ def _measured(
 
 # The virtual clock's client is the engine model's own: no server, no HTTP, nothing to add.
 VIRTUAL_VIEW = "the virtual clock has no server: its client's figures are the engine model's"
+# What the judge may hold a virtual run to: its token counts, never the host's timing.
+VIRTUAL_RULES = Rules(virtual_clock=True)
+NO_WINDOW: ServerWindow = (None, None)
 
 
 def run_virtual_case(
@@ -246,7 +250,10 @@ def run_virtual_case(
     with dataset_refusals(case):
         prompts = virtual_prompts(bench, codec, context_of(case))
     assert not isinstance(prompts, Conversations), "conversations are skipped (skip_reason)"
-    load, run, results, _ = _measured(engine, prompts, bench, codec)
+    load, run, results, health = _measured(engine, prompts, bench, codec)
+    outcome.invalid_reason = judge(
+        LoadFacts(load, bench, health, results), NO_WINDOW, VIRTUAL_RULES
+    ).line()
     outcome.prefix_cache = FRESH_ENGINE
     outcome.telemetry = dict(engine_figures(run))
     outcome.results = results
@@ -268,7 +275,7 @@ class VirtualProbes(ServerProbes):
         self, bench: CapacityConfig, engine: VirtualEngine, codec: Codec,
         prompts: list[PromptRequest],
     ) -> None:
-        super().__init__(bench, "", codec, prompts, "", None, None)
+        super().__init__(bench, "", codec, prompts, "", None, VIRTUAL_RULES)
         self.engine = engine
 
     def prompts_for(self, count: int, seed: int) -> list[PromptRequest]:
@@ -290,8 +297,9 @@ class VirtualProbes(ServerProbes):
             self.engine, self.prompts_for(count, seed), config, self.codec
         )
         self.cache_states.add(FRESH_ENGINE)
+        judgement = judge(LoadFacts(result, config, health, summary), NO_WINDOW, VIRTUAL_RULES)
         samples = probe_samples(result.outcomes, summary, health, self.bench.goodput, None)
-        return samples, (config, result, summary, (None, None)), 0, []
+        return samples, (config, result, summary, NO_WINDOW, judgement), 0, []
 
 
 def run_virtual_capacity(
@@ -315,7 +323,7 @@ def run_virtual_capacity(
     probes = VirtualProbes(bench, engine, codec, prompts)
     found = search(probes, slos, bench.search, bench.num_prompts, seed=bench.seed,
                    recheck=probes.recheck, steady_engine=True)
-    keep_probe_at_capacity(outcome, found, probes, None)
+    keep_probe_at_capacity(outcome, found, probes)
     outcome.capacity = found.as_record()
     for probe in outcome.capacity["probes"]:
         probe["remeasured"] = []

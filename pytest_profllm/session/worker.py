@@ -23,6 +23,7 @@ from pytest_profllm.hosts.pool import HostPool, LeaseTimeout
 from pytest_profllm.load import client_metrics, stages
 from pytest_profllm.load.accuracy import lm_eval_missing
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
+from pytest_profllm.load.validity import Rules
 from pytest_profllm.offline.runner import run_offline
 from pytest_profllm.options import Settings
 from pytest_profllm.plan.case import Case
@@ -229,19 +230,23 @@ class WorkerSession:
             return run(case, outcome, self.settings.sim_device, self.settings.sim_profile)
         if case.kind == "capacity":
             return run_capacity(
-                case, self.servers, outcome, self.settings.max_schedule_lag_ms,
-                self.settings.remeasure, self.remeasuring,
-                max_foreign_cpu=self.settings.max_foreign_cpu,
+                case, self.servers, outcome, self.rules, self.settings.remeasure,
+                self.remeasuring,
             )
         if case.kind == "accuracy":
             return run_accuracy(case, self.servers, outcome)
         if case.kind != "serve":
             return run_offline(case, self.servers, outcome)
         return run_case(
-            case, self.servers, outcome, self.settings.max_schedule_lag_ms,
-            self.settings.remeasure,
+            case, self.servers, outcome, self.rules, self.settings.remeasure, self.remeasuring
+        )
+
+    @property
+    def rules(self) -> Rules:
+        """What counts as a measurement in this session (load/validity.py)."""
+        return Rules(
+            max_schedule_lag_ms=self.settings.max_schedule_lag_ms,
             max_client_overhead_ms=self.settings.max_client_overhead_ms,
-            budget=self.remeasuring,
             max_foreign_cpu=self.settings.max_foreign_cpu,
         )
 

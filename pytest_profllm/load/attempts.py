@@ -13,7 +13,7 @@ from typing import Any
 
 from pytest_profllm.load.client_metrics import REQUEST_TOTALS
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
-from pytest_profllm.load.server_state import host_caused
+from pytest_profllm.load.validity import Invalid, InvalidKind, texts
 
 
 @dataclass
@@ -22,12 +22,12 @@ class Attempts:
     # The session's time for runs again, shared by its cases; a case's own by default.
     budget: RemeasureBudget = field(default_factory=RemeasureBudget)
     kept: list[dict[str, Any]] = field(default_factory=list)
-    stopped: str | None = None  # why no more runs were made though the host's faults asked
+    stopped: Invalid | None = None  # why no more runs were made though the host's faults asked
 
     def add(
         self,
         started_at: float,
-        reasons: list[str],
+        reasons: list[Invalid],
         results: dict[str, Any],
         telemetry: dict[str, Any],
         prefix_cache: str | None,
@@ -39,7 +39,8 @@ class Attempts:
             "started_at": started_at,
             "duration_s": duration_s,
             "validity": "invalid" if reasons else "valid",
-            "reasons": reasons,
+            "reasons": texts(reasons),
+            "reason_kinds": [reason.kind.value for reason in reasons],
             "prefix_cache": prefix_cache,
             # What this attempt sent, kept or not: the client's Prometheus counters
             # (--profllm-metrics-port) count every attempt, and these add up to them.
@@ -52,28 +53,34 @@ class Attempts:
             "client_overhead_ttft_ms": results.get("client_overhead_ttft_ms"),
         })
 
-    def again(self, reasons: list[str]) -> bool:
+    def again(self, reasons: list[Invalid]) -> bool:
         """Whether to run the load once more: the last attempt is invalid for the host's sake
         alone (a server that miscounted tokens would do it again), and runs are left, in the
         case's count and in the session's time for runs again."""
         wanted = (
             bool(reasons)
-            and all(host_caused(reason) for reason in reasons)
+            and all(reason.host_caused for reason in reasons)
             and len(self.kept) <= self.remeasure
         )
         if wanted and not self.budget.allows():
-            self.stopped = self.budget.exhausted_reason()
+            self.stopped = Invalid(InvalidKind.BUDGET_SPENT, self.budget.exhausted_reason())
             return False
         return wanted
 
-    def invalid_reason(self, reasons: list[str]) -> str | None:
+    def host_reasons(self, reasons: list[Invalid]) -> list[Invalid]:
+        """The host's part of the last attempt's reasons, with the spent budget where it
+        stopped the runs again."""
+        return [reason for reason in reasons if reason.host_caused] + (
+            [self.stopped] if self.stopped else [])
+
+    def invalid_reason(self, reasons: list[Invalid]) -> str | None:
         """The case's reason to be invalid: the last attempt's, and where there were several,
         every attempt's, each named."""
         if not reasons:
             return None
-        stopped = [self.stopped] if self.stopped else []
+        stopped = [self.stopped.text] if self.stopped else []
         if len(self.kept) <= 1:
-            return "; ".join([*reasons, *stopped])
+            return "; ".join([*texts(reasons), *stopped])
         return "; ".join([
             *(f"attempt {kept['attempt']}: {'; '.join(kept['reasons'])}" for kept in self.kept),
             *stopped,

@@ -1,0 +1,241 @@
+"""The one judge of what counts as a measurement (load/validity.py): a suite's case and
+`profllm bench` judge the same load alike, and measuring again follows the rules' kinds,
+never their wording."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pytest_profllm.load import validity
+from pytest_profllm.load.attempts import Attempts
+from pytest_profllm.load.bench import BenchFailed, judged_result
+from pytest_profllm.load.dataset import TokenizerCodec
+from pytest_profllm.load.metrics import RequestOutcome
+from pytest_profllm.load.schedule import LoadResult
+from pytest_profllm.load.server_state import (
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    SIM_LATE_BOUNDS_MS,
+    SIM_STEPS,
+    sim_late_name,
+)
+from pytest_profllm.load.validity import (
+    Invalid,
+    InvalidKind,
+    Judgement,
+    LoadFacts,
+    Rules,
+    judge,
+    on_this_host,
+)
+from pytest_profllm.plan.suite import BenchmarkConfig
+from pytest_profllm.run.serve import judge_attempt
+from pytest_profllm.sim.model_files import MODEL_DIR
+
+CODEC = TokenizerCodec.load(str(MODEL_DIR))
+LOOPBACK = "http://127.0.0.1:8000"
+TTFT = "vllm:time_to_first_token_seconds"
+E2E = "vllm:e2e_request_latency_seconds"
+
+
+@st.composite
+def outcomes(draw: st.DrawFn) -> list[RequestOutcome]:
+    count = draw(st.integers(1, 12))
+    rate_gap = draw(st.sampled_from([0.0, 0.001, 0.01, 0.1]))
+    made = []
+    for index in range(count):
+        intended = index * rate_gap
+        lag = draw(st.floats(0.0, 0.05))
+        ttft = draw(st.floats(0.001, 0.5))
+        tokens = draw(st.integers(1, 8))
+        success = draw(st.booleans()) if index else True  # one answered, at least
+        latency = ttft + draw(st.floats(0.0, 0.5))
+        made.append(RequestOutcome(
+            prompt_len=draw(st.integers(1, 64)),
+            success=success,
+            output_tokens=draw(st.sampled_from([tokens, tokens + 3, None])) if success else None,
+            output_len=tokens,
+            ttft=ttft if success else 0.0,
+            latency=latency if success else 0.0,
+            itl=[(latency - ttft) / tokens] * (tokens - 1) if success else [],
+            intended_start=intended,
+            dispatch_time=intended + lag,
+            start_time=intended + lag,
+            end_time=intended + lag + latency,
+            status=200 if success else 500,
+            error="" if success else "server error",
+            generated_text="x" * tokens if success else "",
+        ))
+    return made
+
+
+@st.composite
+def windows(draw: st.DrawFn, completed: int) -> validity.ServerWindow:
+    """A server's /metrics before and after a load: TTFT and E2E histograms, the prefix
+    cache's counters and, sometimes, the simulated engine's step counters."""
+    if draw(st.booleans()):
+        return (None, None)
+    before: dict[str, float] = {}
+    after: dict[str, float] = {}
+    served = draw(st.sampled_from([completed, completed + 1]))
+    for name in (TTFT, E2E):
+        before[f"{name}_count"], before[f"{name}_sum"] = 0.0, 0.0
+        after[f"{name}_count"] = float(served)
+        after[f"{name}_sum"] = draw(st.floats(0.0, 0.5)) * served
+    queries = float(draw(st.integers(0, 4000)))
+    before[PREFIX_QUERIES], before[PREFIX_HITS] = 0.0, 0.0
+    after[PREFIX_QUERIES], after[PREFIX_HITS] = queries, float(draw(st.integers(0, int(queries))))
+    if draw(st.booleans()):
+        steps = float(draw(st.integers(1, 500)))
+        before[SIM_STEPS], after[SIM_STEPS] = 0.0, steps
+        late = 0.0
+        for bound in reversed(SIM_LATE_BOUNDS_MS):
+            late = min(steps, late + draw(st.integers(0, 5)))
+            after[sim_late_name(bound)] = late
+    return before, after
+
+
+def _load(made: list[RequestOutcome]) -> LoadResult:
+    duration = max(outcome.end_time for outcome in made) or 1.0
+    return LoadResult(
+        made, duration, 0.0, 0.0, cpu_seconds=0.1 * duration,
+        intended_offsets=[outcome.intended_start for outcome in made],
+    )
+
+
+def _kinds_and_texts(judgement: Judgement) -> list[tuple[InvalidKind, str]]:
+    return [(reason.kind, reason.text) for reason in judgement.reasons]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_case_and_profllm_bench_judge_the_same_load_alike(data: st.DataObject) -> None:
+    made = data.draw(outcomes())
+    load = _load(made)
+    window = data.draw(windows(sum(outcome.success for outcome in made)))
+    lag = data.draw(st.sampled_from([None, 0.5, 10.0, 1000.0]))
+    ignore_eos = data.draw(st.booleans())
+    config = BenchmarkConfig(num_prompts=len(made), ignore_eos=ignore_eos)
+    own_hits = data.draw(st.integers(0, 100))
+    try:
+        result, bench = judged_result(load, config, CODEC, window, own_hits, LOOPBACK, lag,
+                                      max_failed=len(made), model="sim")
+    except BenchFailed:
+        return  # a benchmark of nothing: no figures to judge (a case fails on it too)
+    # The case's rules where the session sets only the lag bound, its load cores not watched
+    # (as bench's, which leases none).
+    case = judge_attempt(load, config, CODEC, window, own_hits, None,
+                         Rules(max_schedule_lag_ms=lag)).judgement
+    assert _kinds_and_texts(bench) == _kinds_and_texts(case)
+    assert result["validity"] == case.validity
+    assert result["invalid_reason"] == case.line()
+    assert bench.not_applied == case.not_applied
+
+
+def _reworded(function: Any) -> Any:
+    """A rule's message function whose every line reads otherwise."""
+    def reworded(*args: Any, **kwargs: Any) -> str | None:
+        text = function(*args, **kwargs)
+        return None if text is None else f"REWORDED {text[::-1]}"
+    return reworded
+
+
+RULE_MESSAGES = ("client_out_of_descriptors", "inconsistent_counts", "client_fell_behind")
+VALIDITY_MESSAGES = ("sim_fell_behind", "cache_problem", "overhead_problem", "foreign_problem")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_rewording_any_reason_changes_no_remeasure_decision(
+    data: st.DataObject, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = data.draw(outcomes())
+    load = _load(made)
+    window = data.draw(windows(sum(outcome.success for outcome in made)))
+    config = BenchmarkConfig(num_prompts=len(made))
+    share = data.draw(st.sampled_from([None, 0.0, 0.5, 0.9]))
+    rules = Rules(max_schedule_lag_ms=data.draw(st.sampled_from([0.5, 10.0])),
+                  max_client_overhead_ms=data.draw(st.sampled_from([0.001, 50.0])))
+    facts = LoadFacts(load, config, {**_health(load)}, {"mean_ttft_ms": 30.0, "completed":
+                      sum(o.success for o in made)}, 0, share)
+    first = judge(facts, window, rules)
+    with monkeypatch.context() as patched:
+        for name in RULE_MESSAGES:
+            patched.setattr(validity.metrics, name, _reworded(getattr(validity.metrics, name)))
+        for name in VALIDITY_MESSAGES:
+            patched.setattr(validity, name, _reworded(getattr(validity, name)))
+        second = judge(facts, window, rules)
+    assert [r.kind for r in first.reasons] == [r.kind for r in second.reasons]
+    assert all(r.text.startswith("REWORDED") for r in second.reasons)
+    for remeasure in (0, 1, 3):
+        assert Attempts(remeasure).again(first.reasons) == Attempts(remeasure).again(
+            second.reasons)
+
+
+def _health(load: LoadResult) -> dict[str, Any]:
+    from pytest_profllm.load import metrics
+
+    return metrics.client_health(load.outcomes, load.intended_offsets, load.clock_start,
+                                 load.duration, load.cpu_seconds)
+
+
+@given(kinds=st.lists(st.sampled_from(list(InvalidKind)), min_size=1, max_size=5),
+       words=st.lists(st.text(max_size=40), min_size=5, max_size=5))
+def test_measuring_again_follows_the_kinds_alone(
+    kinds: list[InvalidKind], words: list[str]
+) -> None:
+    reasons = [Invalid(kind, words[index]) for index, kind in enumerate(kinds)]
+    expected = all(kind.host_caused for kind in kinds)
+    assert Attempts(remeasure=2).again(reasons) == expected
+    attempts = Attempts(remeasure=2)
+    assert attempts.host_reasons(reasons) == [r for r in reasons if r.kind.host_caused]
+
+
+def test_the_host_caused_kinds_are_the_hosts() -> None:
+    host = {kind for kind in InvalidKind if kind.host_caused}
+    assert host == {InvalidKind.CLIENT_FELL_BEHIND, InvalidKind.SIMULATOR_LATENESS,
+                    InvalidKind.CLIENT_OVERHEAD, InvalidKind.FOREIGN_CPU}
+
+
+def test_rules_that_cannot_apply_say_why() -> None:
+    made = [RequestOutcome(prompt_len=4, success=True, output_tokens=2, output_len=2, ttft=0.01,
+                           latency=0.02, itl=[0.01], end_time=0.02, status=200)]
+    load = _load(made)
+    facts = LoadFacts(load, BenchmarkConfig(num_prompts=1), _health(load), {})
+    elsewhere = judge(facts, ({}, {}), Rules(server_on_this_host=False))
+    assert elsewhere.valid
+    assert "network" in elsewhere.not_applied[InvalidKind.CLIENT_OVERHEAD]
+    assert "leased" in elsewhere.not_applied[InvalidKind.FOREIGN_CPU]
+    virtual = judge(facts, (None, None), Rules(virtual_clock=True))
+    assert set(virtual.not_applied) == {
+        InvalidKind.CLIENT_FELL_BEHIND, InvalidKind.SIMULATOR_LATENESS, InvalidKind.CACHE,
+        InvalidKind.CLIENT_OVERHEAD, InvalidKind.FOREIGN_CPU}
+
+
+@pytest.mark.parametrize(("url", "here"), [
+    ("http://127.0.0.1:8000", True), ("http://localhost:1", True), ("http://[::1]:80", True),
+    ("http://10.0.0.5:8000", False), ("https://api.example.com", False),
+])
+def test_a_server_on_this_host_is_a_loopback_one(url: str, here: bool) -> None:
+    assert on_this_host(url) is here
+
+
+def test_an_overhead_over_the_bound_is_judged_only_on_this_host() -> None:
+    made = [RequestOutcome(prompt_len=4, success=True, output_tokens=2, output_len=2, ttft=0.2,
+                           latency=0.3, itl=[0.1], end_time=0.3, status=200)]
+    load = _load(made)
+    window = ({f"{TTFT}_count": 0.0, f"{TTFT}_sum": 0.0, f"{E2E}_count": 0.0, f"{E2E}_sum": 0.0},
+              {f"{TTFT}_count": 1.0, f"{TTFT}_sum": 0.01, f"{E2E}_count": 1.0,
+               f"{E2E}_sum": 0.1})
+    facts = LoadFacts(load, BenchmarkConfig(num_prompts=1), _health(load),
+                      {"mean_ttft_ms": 200.0, "mean_e2el_ms": 300.0, "completed": 1})
+    here = judge(facts, window, Rules())
+    assert [r.kind for r in here.reasons] == [InvalidKind.CLIENT_OVERHEAD]
+    assert math.isclose(190.0, float(here.reasons[0].text.split()[3]))
+    assert judge(facts, window, Rules(server_on_this_host=False)).valid
