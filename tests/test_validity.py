@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_profllm.load import validity
+from pytest_profllm.load import metrics, validity
 from pytest_profllm.load.attempts import Attempts
 from pytest_profllm.load.bench import BenchFailed, judged_result
 from pytest_profllm.load.dataset import TokenizerCodec
@@ -167,7 +167,7 @@ def test_rewording_any_reason_changes_no_remeasure_decision(
     first = judge(facts, window, rules)
     with monkeypatch.context() as patched:
         for name in RULE_MESSAGES:
-            patched.setattr(validity.metrics, name, _reworded(getattr(validity.metrics, name)))
+            patched.setattr(metrics, name, _reworded(getattr(metrics, name)))
         for name in VALIDITY_MESSAGES:
             patched.setattr(validity, name, _reworded(getattr(validity, name)))
         second = judge(facts, window, rules)
@@ -179,8 +179,6 @@ def test_rewording_any_reason_changes_no_remeasure_decision(
 
 
 def _health(load: LoadResult) -> dict[str, Any]:
-    from pytest_profllm.load import metrics
-
     return metrics.client_health(load.outcomes, load.intended_offsets, load.clock_start,
                                  load.duration, load.cpu_seconds)
 
