@@ -1,4 +1,4 @@
-"""Suite files (`suite.py`) and their expansion into cases (`plan.py`)."""
+"""Suite files (plan/suite.py) and their expansion into cases (plan/case.py)."""
 
 from __future__ import annotations
 

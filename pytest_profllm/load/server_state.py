@@ -305,7 +305,8 @@ def sim_fell_behind(
 
 
 # The reasons a measurement is invalid because of the host rather than the server: measured
-# again (run/remeasure.py), since another attempt may find the host quieter.
+# again (run/attempts.py; a capacity search's probes in load/capacity.py), since another
+# attempt may find the host quieter.
 HOST_REASON_PREFIXES = (
     "client fell behind", "the simulated engine fell behind", "the client added", "host busy"
 )
