@@ -1,7 +1,8 @@
 """The package's shape is a checked fact (docs/developing/architecture.md): the import-linter
 contract in pyproject.toml holds and catches an upward import, no module takes part in an import
 circle, and every import left inside a function says why. Its prose cannot rot: every file a
-comment or docstring names exists, and tests name their subject rather than an issue number."""
+comment or docstring names exists, tests name their subject rather than an issue number, and
+every test file is on the map of tests by stage (docs/developing/tests.md)."""
 
 from __future__ import annotations
 
@@ -244,3 +245,14 @@ def test_no_test_docstring_or_comment_names_an_issue_number() -> None:
         "issue #22",
     ]
 
+
+def test_every_test_file_is_on_the_map_of_tests_by_stage() -> None:
+    # docs/developing/tests.md says which test files exercise which stage; a test file not in
+    # its table, or a row naming a file that is gone, is the map gone stale.
+    page = (ROOT / "docs" / "developing" / "tests.md").read_text()
+    table = "\n".join(line for line in page.splitlines() if line.startswith("| "))
+    mapped = re.findall(r"`(test_\w+\.py)`", table)
+    files = sorted(path.name for path in (ROOT / "tests").glob("test_*.py"))
+    assert sorted(set(files) - set(mapped)) == [], "test files missing from the map"
+    assert sorted(set(mapped) - set(files)) == [], "the map names test files that are gone"
+    assert len(mapped) == len(set(mapped)), "a test file is under two stages"
