@@ -28,7 +28,7 @@ VLLM_PYTHON = os.environ.get("PROFLLM_VLLM_PYTHON", "")
 needs_vllm_python = pytest.mark.skipif(
     not (VLLM_PYTHON and os.access(VLLM_PYTHON, os.X_OK)),
     reason="no vLLM Python: set PROFLLM_VLLM_PYTHON to one that imports vLLM "
-    "(shared/tools/vllm-cpu-env.sh builds a CPU-only one)",
+    "(.ci/vllm-env.sh parser builds a CPU-only one)",
 )
 
 

@@ -167,8 +167,8 @@ def test_the_gate_judges_accuracy_by_the_two_standard_errors() -> None:
     assert lower.ci_high is not None and lower.ci_high < 0
     assert judge(acc, [_run(0.76, 0.02)], base, settings).verdict == "unchanged"
     assert judge(acc, [_run(0.90, 0.02)], base, settings).verdict == "improved"
-    # No standard error on a side (lm-eval's "N/A"): no interval, so not judged (issue 53:
-    # it was `unchanged`, and passed acc 1.0 -> 0.0), with the reason.
+    # No standard error on a side (lm-eval's "N/A"): no interval, so not judged (it
+    # was once `unchanged`, and passed acc 1.0 -> 0.0), with the reason.
     no_error = RunSamples("r", "s", "t", {"acc": 0.5, "acc_stderr": None})
     unjudged = judge(acc, [no_error], base, settings)
     assert unjudged.verdict == "not-judged" and unjudged.change == pytest.approx(0.5 / 0.8 - 1)

@@ -1,14 +1,20 @@
 """The package's shape is a checked fact (docs/developing/architecture.md): the import-linter
 contract in pyproject.toml holds and catches an upward import, no module takes part in an import
-circle, and every import left inside a function says why."""
+circle, and every import left inside a function says why. Its prose cannot rot: every file a
+comment or docstring names exists, tests name their subject rather than an issue number, and
+every test file is on the map of tests by stage (docs/developing/tests.md)."""
 
 from __future__ import annotations
 
 import ast
+import glob
+import io
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import grimp
@@ -101,3 +107,152 @@ def test_the_map_names_every_package_and_top_level_module() -> None:
         name for name in modules if f"`{name}`" not in table and f"`{name}.py`" not in table
     ]
     assert missing == []
+
+
+# The Python files whose prose is checked: the package, the tests, the root conftest.py and the
+# benchmark scripts.
+SOURCES = sorted(
+    [
+        *PACKAGE.rglob("*.py"),
+        *(ROOT / "tests").rglob("*.py"),
+        ROOT / "conftest.py",
+        *(ROOT / "benchmarks").rglob("*.py"),
+    ]
+)
+
+
+def prose(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every comment and every module, class and function docstring of `path`."""
+    source = path.read_text()
+    found = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                found.append((first.lineno, first.value.value))
+    return found
+
+
+# What counts as a path of this repository, in prose: a token of letters, digits and `_.*-`
+# with at least one `/` inside, not starting with one (`/metrics`, `/proc/stat` are routes and
+# host files), that ends with one of FILE_ENDINGS or starts with one of TOP_FOLDERS. A token
+# without a slash (`limits.py`, `test_sim_cost.py`) is not checked: it names a module the
+# reader finds by its name. Trailing `.` and `,` are punctuation.
+TOP_FOLDERS = ("benchmarks/", "docs/", "pytest_profllm/", "tests/", ".ci/")
+FILE_ENDINGS = (".py", ".md", ".yaml", ".yml", ".toml", ".json")
+PATH_TOKEN = re.compile(r"(?<![\w./*-])([\w.*-]+(?:/[\w.*-]*)+)")
+# Other projects' files, named where we follow them: vLLM's source (`vllm/v1/metrics/...`) and
+# its own benchmarks folder, pytest's and xdist's (`src/_pytest/...`, `xdist/...`),
+# Datasette's, and shared/, the folder of published runs and tools kept beside the clone.
+FOREIGN = ("vllm/", "benchmarks/kernels/", "src/", "xdist/", "datasette/", "shared/")
+
+
+def named_paths(text: str) -> list[str]:
+    """The repository paths `text` names, by the rule above (foreign ones included)."""
+    paths = (token.rstrip(".,") for token in PATH_TOKEN.findall(text))
+    return [path for path in paths if path.endswith(FILE_ENDINGS) or path.startswith(TOP_FOLDERS)]
+
+
+def is_example(path: str) -> bool:
+    """A made-up path, for illustration: a part named `x`, ending `_x` or in capitals
+    (`x/bench.yaml`, `benchmarks/bench_x.yaml`, `tests/data/schema_versions/NAME`)."""
+    stems = [part.split(".")[0] for part in path.split("/") if part not in ("", ".ci")]
+    return any(stem == "x" or stem.endswith("_x") or stem.isupper() for stem in stems)
+
+
+def exists(path: str, beside: Path) -> bool:
+    """Whether `path` is a file or folder (a glob may match several) under the repository's
+    root, under the package (`run/serve.py`) or beside the file that names it (engine/'s
+    modules name the scripts of its `in_vllm/` folder so). `x/y.py` also exists as the package
+    `x/y/`, for a module split into one."""
+    candidates = [path, path.removesuffix(".py")] if path.endswith(".py") else [path]
+    return any(
+        glob.glob(str(base / candidate))
+        for base in (ROOT, PACKAGE, beside)
+        for candidate in candidates
+    )
+
+
+def dangling(path: Path, text: str) -> list[str]:
+    """The paths `text` (prose of the file `path`) names that are not in the repository."""
+    return [
+        named
+        for named in named_paths(text)
+        if not (named.startswith(FOREIGN) or is_example(named) or exists(named, path.parent))
+    ]
+
+
+def test_every_file_a_comment_or_docstring_names_exists() -> None:
+    # A renamed or split module leaves its old name in the prose that pointed at it.
+    missing = [
+        f"{path.relative_to(ROOT)}:{line}: {named}"
+        for path in SOURCES
+        for line, text in prose(path)
+        for named in dangling(path, text)
+    ]
+    assert missing == []
+
+
+def test_the_path_check_sees_a_missing_file_and_passes_over_the_rest() -> None:
+    beside = PACKAGE / "load" / "bench.py"
+    text = (
+        "Re-measured in run/remeasure.py (now run/attempts.py), see tests/test_suite.py,"
+        " docs/options.md, .ci/run and `tests/test_capacity*.py`; vLLM's"
+        " vllm/v1/metrics/loggers.py; served at /metrics; in and out: 32/16 tokens; an example"
+        " x/bench.yaml; the package plan/suite.py, split or not; beside it, server_state.py."
+    )
+    assert named_paths(text) == [
+        "run/remeasure.py",
+        "run/attempts.py",
+        "tests/test_suite.py",
+        "docs/options.md",
+        ".ci/run",
+        "tests/test_capacity*.py",
+        "vllm/v1/metrics/loggers.py",
+        "x/bench.yaml",
+        "plan/suite.py",
+    ]
+    assert dangling(beside, text) == ["run/remeasure.py"]
+    assert exists("data/accuracy", PACKAGE / "load")
+    assert exists("pytest_profllm/sim.py", ROOT)  # the module as the package it was split into
+
+
+# This project's issues are named by subject, never by number: a bare "issue N" or "issue #N"
+# (or "issues N"). Another project's is `<project> #N` (xdist #1386, vLLM PR #13932), which
+# this does not match.
+ISSUE_NUMBER = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+
+
+def test_no_test_docstring_or_comment_names_an_issue_number() -> None:
+    tests = [path for path in SOURCES if not path.is_relative_to(PACKAGE)]
+    named = [
+        f"{path.relative_to(ROOT)}:{line}: {match}"
+        for path in tests
+        for line, text in prose(path)
+        for match in ISSUE_NUMBER.findall(text)
+    ]
+    assert named == []
+    assert ISSUE_NUMBER.findall("Issue 38. Before: (issue #22) xdist #1386") == [
+        "Issue 38",
+        "issue #22",
+    ]
+
+
+def test_every_test_file_is_on_the_map_of_tests_by_stage() -> None:
+    # docs/developing/tests.md says which test files exercise which stage; a test file not in
+    # its table, or a row naming a file that is gone, is the map gone stale.
+    page = (ROOT / "docs" / "developing" / "tests.md").read_text()
+    table = "\n".join(line for line in page.splitlines() if line.startswith("| "))
+    mapped = re.findall(r"`(test_\w+\.py)`", table)
+    files = sorted(path.name for path in (ROOT / "tests").glob("test_*.py"))
+    assert sorted(set(files) - set(mapped)) == [], "test files missing from the map"
+    assert sorted(set(mapped) - set(files)) == [], "the map names test files that are gone"
+    assert len(mapped) == len(set(mapped)), "a test file is under two stages"

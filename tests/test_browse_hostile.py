@@ -1,4 +1,4 @@
-"""The Datasette plugin touches only what is ours (issue 22): redirects are built from a
+"""The Datasette plugin touches only what is ours: redirects are built from a
 database it serves, never from the raw path; another database's `runs` table and settings are
 left alone; file names are quoted; a streamed CSV pages on the unique run id, whatever the
 query string says."""
@@ -106,7 +106,7 @@ def test_a_streamed_csv_has_every_row_once(tmp_path: Path, query: str) -> None:
     assert len(set(run_ids)) == 2000
 
 
-# Issue 38: the prepared pages on foreign databases, odd query strings and missing things.
+# The prepared pages on foreign databases, odd query strings and missing things.
 
 CASE = "bench_smoke.yaml::qwen3-8b::random"
 

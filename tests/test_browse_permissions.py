@@ -1,7 +1,7 @@
-"""Every page of the plugin asks Datasette for the permissions Datasette's own pages ask
-(issue 38): a database private to root by Datasette's own `allow` block answers 403 to
-anyone else on every route the plugin registers, uploads included; root gets through. The
-routes are listed from the plugin's own `register_routes`, so a new route cannot escape."""
+"""Every page of the plugin asks Datasette for the permissions Datasette's own pages ask: a
+database private to root by Datasette's own `allow` block answers 403 to anyone else on every
+route the plugin registers, uploads included; root gets through. The routes are listed
+from the plugin's own `register_routes`, so a new route cannot escape."""
 
 from __future__ import annotations
 

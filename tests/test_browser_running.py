@@ -1,4 +1,4 @@
-"""The "Running now" page in a real browser (issue 54): drawn from the JSON it carries, then
+"""The "Running now" page in a real browser: drawn from the JSON it carries, then
 refreshed in place from its JSON route as the live files change, without a reload."""
 
 from __future__ import annotations

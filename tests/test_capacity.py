@@ -313,7 +313,7 @@ def _run(clock: float, ttft_s: float, count: int = 10, duration: float = 2.0) ->
 
 
 def test_a_capacity_records_figures_of_all_the_probes_runs() -> None:
-    # Issue 39: a probe confirmed on two runs (706 requests, median TTFT 130.6 ms) was
+    # Once, a probe confirmed on two runs (706 requests, median TTFT 130.6 ms) was
     # recorded with its last run's figures alone (353 requests, 221 ms).
     config = CapacityConfig(kind="capacity", num_prompts=10, random_input_len=16,
                             random_output_len=4, slo={"median_ttft_ms": 200},

@@ -139,7 +139,7 @@ def test_plan_json_redacts_secrets_left_in_argv(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     # watermark_config has no variable to travel in: it stays in argv, shown as ***. Several
-    # API keys would too, so they are refused (issue 22): any local user reads a command line.
+    # API keys would too, so they are refused: any local user reads a command line.
     path = tmp_path / "bench_keys.yaml"
     path.write_text("server:\n  model: m\n  watermark_config: {key: wm-secret}\n")
     code, out, _ = run_main(capsys, "plan", str(path), "--json")

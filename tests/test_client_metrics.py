@@ -1,4 +1,4 @@
-"""The client's own Prometheus metrics (issue 54, `--profllm-metrics-port`): one endpoint for
+"""The client's own Prometheus metrics (`--profllm-metrics-port`): one endpoint for
 the session, fed by every xdist worker, whose counters at the end of a case equal its record.
 Shown on the simulated engine at -n 2, scraped from a hook after the last record is written
 and before the session ends."""

@@ -1,4 +1,4 @@
-"""The client against a generated misbehaving server (issue 22): truncated, stalled and cut
+"""The client against a generated misbehaving server: truncated, stalled and cut
 streams, error events, lines that are not JSON, lying, negative or string usage, and error
 statuses. Whatever the server does, no exception escapes the client, and a request completes
 only if its stream ended normally; a count that is not a count is never believed."""

@@ -362,7 +362,7 @@ def test_the_shipped_file_is_what_its_generator_makes_and_is_installed() -> None
             "conversation 0, message 1: output_tokens 1,000,000,000,000 is more than the "
             "10,485,760 tokens a request may have",
         ),
-        # Issue 38. Before: a RecursionError.
+        # Deeper than limits.py allows: one line, once a RecursionError.
         ("[" * 100_000 + "]" * 100_000, "nests JSON deeper than 64 levels"),
         ('[{"conversations": [{"from": "gpt", "value": "b"}]}]', "no conversation with a user"),
         (

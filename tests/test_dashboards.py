@@ -569,7 +569,7 @@ def test_runs_left_out_are_counted(tmp_path: Path) -> None:
 
 
 def test_a_skipped_run_is_not_counted_as_an_invalid_measurement(tmp_path: Path) -> None:
-    # Issue 53: accuracy cases skipped for a missing extra read as "2 of the 20 runs ... are
+    # Accuracy cases skipped for a missing extra read as "2 of the 20 runs ... are
     # not a valid measurement" on every dashboard. A skipped case measured nothing, wrongly
     # or not: it is named as skipped, apart from the invalid ones.
     records = sweep("s1", "01", 1.0)
@@ -598,7 +598,7 @@ def test_a_skipped_run_is_not_counted_as_an_invalid_measurement(tmp_path: Path) 
 
 def test_latest_compares_with_the_newest_session_that_measured_its_cases(
         tmp_path: Path) -> None:
-    # Issue 38: s3, between s1 and s4, failed in every case; the latest dashboard compared
+    # Session s3, between s1 and s4, failed in every case; the latest dashboard compared
     # s4 with it and said "No case ran in both sessions".
     failed = sweep("s3", "03", 1.0)
     for record in failed:
@@ -830,7 +830,7 @@ def test_any_runs_draw_series_of_one_point_per_load_and_one_model_per_frontier(
 
 def test_latest_compares_a_capacity_case_by_its_capacity_and_marks_a_failed_case(
         tmp_path: Path) -> None:
-    # Issue 53, finding 14: 26.33 -> 14.67 req/s was not shown, and the failed capacity case
+    # A capacity that fell, 26.33 -> 14.67 req/s, was not shown, and the failed capacity case
     # was charted as +6.6 % (its output throughput, at whatever load its search ended).
     case = "bench_capacity.yaml::qwen::random-capacity"
     before = make_record("s1-cap", "s1", case, "2026-01-01T10:00:00+00:00", throughput=70.0)

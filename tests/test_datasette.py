@@ -250,7 +250,7 @@ def test_charts_over_two_sessions_of_a_case_show_per_run_values_not_their_sum(
     # Case A ran in session s1 at 11 req/s and in s2 at 21 req/s: no chart may show 32.
     history = points_of(results_db, "history", case_id=CASE_A)
     assert [(row["session"], row["value"]) for row in history] == [("s1", 110.0), ("s2", 210.0)]
-    # Case B's run of s2 is an `error`: its figures are no data point (issue 22).
+    # Case B's run of s2 is an `error`: its figures are no data point.
     latest = points_of(results_db, "load")
     assert {(row["session"], row["workload"], row["output_throughput"]) for row in latest} == {
         ("s2", CASE_A.rsplit("::", 1)[1], 210.0)}
@@ -588,7 +588,7 @@ def test_canned_queries_run_on_records_with_custom_percentiles(tmp_path: Path) -
 
 
 def test_a_run_whose_requests_all_failed_is_no_data_point(tmp_path: Path) -> None:
-    # Issue 22: a `failed` run that measured nothing (every request failed: completed 0,
+    # Once, a `failed` run that measured nothing (every request failed: completed 0,
     # metrics 0.0) halved the median of the throughput and Pareto charts and was a "best" or
     # "latest" configuration. A run that missed a threshold stays a point.
     dead = make_record("s3-a", "s3", CASE_A, "2026-01-03T10:00:00+00:00", "failed",

@@ -1,6 +1,6 @@
 """The gate on accuracy cases, without lm-eval: a conftest answers for lm-eval (its figures as
 load/accuracy.py's child returns them), so whole sessions run, are gated and end as users see
-them. The rule (issue 53): every metric a case measures can be gated under the name its record
+them. The rule: every metric a case measures can be gated under the name its record
 shows; a metric that cannot be judged is `not-judged`, named in the summary, and failed by
 --profllm-require-baseline; the fingerprint carries what changes what is measured."""
 
@@ -123,7 +123,7 @@ def verdicts(pytester: pytest.Pytester) -> dict[str, dict[str, Any]]:
 
 
 def test_a_filtered_metric_can_be_named_as_its_record_names_it() -> None:
-    # Issue 53: `cannot gate 'exact_match_strict_match'`.
+    # Once refused: `cannot gate 'exact_match_strict_match'`.
     assert parse_regression(["exact_match_strict_match"]) == {"exact_match_strict_match": 0.0}
     metric = gated_metric("exact_match_strict_match", 0.0)
     assert metric.higher_is_better and metric.by_stderr
@@ -173,7 +173,7 @@ def test_a_bare_metric_gates_each_of_its_filtered_variants_and_no_other_metric()
 def test_a_drop_under_an_lm_eval_filter_is_caught_by_the_bare_metric(
     pytester: pytest.Pytester, ports: str, gsm8k_baseline: Path
 ) -> None:
-    # Issue 53: gsm8k's exact_match,strict-match fell, and `regression: [exact_match]` ended
+    # Once, gsm8k's exact_match,strict-match fell, and `regression: [exact_match]` ended
     # `1 passed`, rc 0, with no verdict at all.
     copy_baseline(pytester, gsm8k_baseline)
     result = session(pytester, ports, gsm8k(0.50, 0.81), "--profllm-baseline=base/results.db")
@@ -216,7 +216,7 @@ def one_sample(value: float) -> dict[str, Any]:
 def test_a_drop_without_a_standard_error_is_not_judged_and_named(
     pytester: pytest.Pytester, ports: str
 ) -> None:
-    # Issue 53: acc 1.0 -> 0.0 at limit 1 was `unchanged`, passed.
+    # Once, acc 1.0 -> 0.0 at limit 1 was `unchanged`, passed.
     baseline(pytester, ports, one_sample(1.0), regression="[acc]", limit=1)
     result = session(pytester, ports, one_sample(0.0), "--profllm-baseline=base/results.db",
                      regression="[acc]", limit=1)
@@ -267,7 +267,7 @@ def test_the_fingerprint_carries_the_task_and_lm_evals_version() -> None:
 def test_a_changed_task_is_not_compared_with_the_old_tasks_baseline(
     pytester: pytest.Pytester, ports: str, gsm8k_baseline: Path
 ) -> None:
-    # Issue 53: the task's data changed under the same name; the case was judged `acc
+    # Once, the task's data changed under the same name; the case was judged `acc
     # regressed -72.5%` on an unchanged server.
     copy_baseline(pytester, gsm8k_baseline)
     changed = {**gsm8k(0.30, 0.31), "task_hash": "t2"}
@@ -314,7 +314,7 @@ def test_an_older_database_stays_the_baseline_of_the_same_task_only(
 
 
 def test_resume_runs_an_accuracy_case_again(pytester: pytest.Pytester, ports: str) -> None:
-    # Issue 53: --profllm-resume matched by the same fingerprint, so a case whose task
+    # Once, --profllm-resume matched by the same fingerprint, so a case whose task
     # changed would have been skipped, its old task's record standing for it.
     first = session(pytester, ports, gsm8k(0.80, 0.82))
     first.assert_outcomes(passed=1)

@@ -164,7 +164,7 @@ def test_throughputs_are_compared_per_repeat_and_lower_is_worse() -> None:
     assert verdict.ci_high is not None and verdict.ci_high < -0.05
     assert judge(throughput, noisy, base, SETTINGS).verdict == "unchanged"
     # One repeat left (the other invalid) has no spread to judge the noise by: not judged,
-    # never `unchanged` (issue 53), and said why.
+    # never `unchanged`, and said why.
     alone = judge(throughput, slower[:1], base, SETTINGS)
     assert alone.verdict == "not-judged" and alone.ci_low is None and alone.change is not None
     assert alone.reason
@@ -382,7 +382,7 @@ def test_datasette_canned_query_finds_the_change(tmp_path: Path) -> None:
 
 
 def test_a_deep_record_in_a_baseline_folder_is_one_line(tmp_path: Path) -> None:
-    # Issue 38. Before: RecursionError, an INTERNALERROR of the session.
+    # Deeper than limits.py allows. Once: RecursionError, an INTERNALERROR of the session.
     write_record(tmp_path, record("a", "10:00:00"))
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ValueError) as caught:

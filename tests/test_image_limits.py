@@ -1,4 +1,4 @@
-"""Image pixels are limited (issue 38, limits.MAX_IMAGE_PIXELS), read from the header before
+"""Image pixels are limited (limits.MAX_IMAGE_PIXELS), read from the header before
 any decoding, where a dataset's images are read (load/multimodal.py) and where the simulator
 prices them (sim/vision.py): a decompression bomb is one line naming the file, never Pillow's
 DecompressionBombError traceback."""

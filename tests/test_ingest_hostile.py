@@ -1,4 +1,4 @@
-"""Ingest refuses a bad record alone (issue 22): a column name with any character loads, an
+"""Ingest refuses a bad record alone: a column name with any character loads, an
 over-wide record is refused with its reason, and generated hostile records never stop the
 good ones beside them from loading."""
 
@@ -117,8 +117,8 @@ def _deep(depth: int) -> str:
 
 
 def test_deep_nesting_nul_keys_and_rowid_refuse_their_file_alone(tmp_path: Path) -> None:
-    # Issue 38. Before: a 100,000-deep file stopped the ingest with a RecursionError (no
-    # database); a NUL in a key loaded nothing at all (exit 2).
+    # Deeper than limits.py allows. Once: a 100,000-deep file stopped the ingest with a
+    # RecursionError (no database); a NUL in a key loaded nothing at all (exit 2).
     folder = tmp_path / "records"
     _write(folder, [make_record("run-a"), make_record("run-b")])
     (folder / "deep.json").write_text(_deep(100_000))

@@ -89,7 +89,7 @@ def test_the_latest_session_of_each_suite_is_one_session_per_suite() -> None:
 @pytest.mark.parametrize("name", sorted(set(BY_NAME) - {"history", "latest"}))
 def test_every_dashboard_draws_each_suite_from_its_latest_session_only(
         connection: sqlite3.Connection, name: str) -> None:
-    # Issue 53, finding 12: s2 was drawn whole because `other` last ran in it, so smoke was
+    # Once, s2 was drawn whole because `other` last ran in it, so smoke was
     # drawn twice (bars from s2, lines from s3) and its medians were over two sessions.
     view = build(connection, name)
     shown = run_ids([view.charts, [table.rows for table in view.tables]])

@@ -1,4 +1,4 @@
-"""What a session killed outright leaves (issue 22): SIGKILL to the controller runs none of
+"""What a session killed outright leaves: SIGKILL to the controller runs none of
 its clean-up, so its turn folder in the pool and the processes its servers started outside
 their group stay behind. The next session ends and removes them, and says so."""
 

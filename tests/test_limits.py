@@ -1,4 +1,4 @@
-"""limits.py (issue 38): a depth- and size-checked JSON read that never recurses per level,
+"""limits.py: a depth- and size-checked JSON read that never recurses per level,
 and the pixel limit of an image."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The live view (issue 54, `--profllm-live`): each running case's stage and progress, written
+"""The live view (`--profllm-live`): each running case's stage and progress, written
 by the processes that run it into the session's live folder and drawn by the controller: on a
 terminal one line per case, under xdist every worker's; without one a line per case every
 30 s at most, and nothing with -q."""

@@ -256,7 +256,7 @@ def test_every_process_of_a_vllm_server_keeps_off_the_clients_core(
     server_tree: psutil.Process,
 ) -> None:
     # vLLM binds its CPU workers' threads itself; its API server and engine core were left on
-    # every core, the client's too (issue 51). A thread bound elsewhere keeps its bind.
+    # every core, the client's too. A thread bound elsewhere keeps its bind.
     client, *rest = usable_cores()
     tree = [server_tree, *server_tree.children(recursive=True)]
     threads = _threads(server_tree)

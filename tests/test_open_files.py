@@ -1,4 +1,4 @@
-"""The load client under the open-file limit (issue 38): every connection is a descriptor, so a
+"""The load client under the open-file limit: every connection is a descriptor, so a
 load caps its connections to what the limit leaves free and says so; a request the client
 could not open a connection for is the client's, never a failure of the server's."""
 

@@ -214,7 +214,7 @@ def test_accuracy_is_the_first_of_lm_evals_metrics_a_database_has() -> None:
 
 
 def test_each_figure_is_its_linked_runs_from_the_latest_session(tmp_path: Path) -> None:
-    # Issue 53, finding 12: the table showed 1721.5, a median over two sessions, linked to a
+    # Once, the table showed 1721.5, a median over two sessions, linked to a
     # run whose output_throughput was 1867.35.
     made, accuracy = records()
     for record in made:
@@ -249,7 +249,7 @@ def test_each_figure_is_its_linked_runs_from_the_latest_session(tmp_path: Path) 
 
 
 def test_one_point_per_accuracy_task_and_metric(tmp_path: Path) -> None:
-    # Issue 53, finding 13: profllm_arithmetic_mc (acc 0.275) and profllm_arithmetic_gen
+    # Once, profllm_arithmetic_mc (acc 0.275) and profllm_arithmetic_gen
     # (exact_match 0.0) on one server were drawn as one `accuracy` of 0.1375.
     made, accuracy = records()
     for record in made:

@@ -107,7 +107,7 @@ def test_five_suites_on_two_servers_on_cpu_cores(
     # - same: the same prompts twice on the first server (a set seed, two repeats): the second
     #   repeat would be answered from vLLM's prefix cache, were it not emptied before each.
     # - too_long: the first server, a prompt longer than max_model_len: vLLM's 400.
-    # - two: issue 51's suite, two configurations x two rates, 24 prompts of 32/16 tokens.
+    # - two: the client's own core, two configurations x two rates, 24 prompts of 32/16 tokens.
     #   Before, vLLM's API server and engine core ran on the client's core, and the client fell
     #   behind at 20 req/s (invalid after every run again). Where a core is left for the client.
     # - images: images to the text-only Llama (the first server) get vLLM's own refusal, in

@@ -1,4 +1,4 @@
-"""Every request is accounted for (issue 22): a request completes only when its stream ends
+"""Every request is accounted for: a request completes only when its stream ends
 normally with token counts that can be believed. A failed request fails its case unless the
 suite allows it; counts the server made up make the measurement invalid. Shown on the
 simulated engine, a real server process, with its faults on demand."""

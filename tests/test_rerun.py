@@ -1,4 +1,4 @@
-"""`profllm rerun` (issue 55): the suite a record reproduces (re-validated, with the record's
+"""`profllm rerun`: the suite a record reproduces (re-validated, with the record's
 configuration and seed), the differences from this host, its refusals in one line, and whole
 re-runs on the simulated engine that keep the fingerprint and are gated `unchanged`."""
 

@@ -200,8 +200,8 @@ def test_a_resumed_case_is_judged_by_the_suite_as_it_is_now(
     assert suites == {"rs", "other"}
 
 def test_a_deep_file_in_the_out_folder_is_passed_over(tmp_path: Path) -> None:
-    # Issue 38. Before: RecursionError, an INTERNALERROR of `--profllm-resume`. A damaged
-    # file is not a record: its case runs again.
+    # Deeper than limits.py allows. Once: RecursionError, an INTERNALERROR of
+    # `--profllm-resume`. A damaged file is not a record: its case runs again.
     from pytest_profllm.session.resume import read_index
 
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)

@@ -233,7 +233,7 @@ def test_downloads_never_leave_the_results_folder(tmp_path: Path) -> None:
 
 
 def test_a_run_links_its_own_servers_log_of_its_session(tmp_path: Path) -> None:
-    # Issue 39: the log link was every `*-{server_key}.log`: another suite's server with the
+    # Once, the log link was every `*-{server_key}.log`: another suite's server with the
     # same key, in a file that gathered every session's output.
     folder = tmp_path / "results"
     (folder / "logs").mkdir(parents=True)
@@ -283,7 +283,7 @@ def test_run_ids_with_odd_characters_have_pages(tmp_path: Path) -> None:
 
 
 def test_a_record_cannot_name_the_database_as_its_file(tmp_path: Path) -> None:
-    # Issue 38: a record naming results.db (or a link to it, or another folder's file) as
+    # Once, a record naming results.db (or a link to it, or another folder's file) as
     # its trace made the whole database downloadable from the run's page.
     folder = tmp_path / "results"
     (folder / "profiles").mkdir(parents=True)

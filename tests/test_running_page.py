@@ -1,4 +1,4 @@
-"""The "Running now" page of a results database (issue 54): the cases a session runs into the
+"""The "Running now" page of a results database: the cases a session runs into the
 results folder, read from the live files beside the database, with their telemetry so far;
 a case that ended links to its run page; the page and its JSON follow Datasette's
 permissions; and a real `datasette serve` read in a loop while a session at -n 4 writes

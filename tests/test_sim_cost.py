@@ -107,9 +107,9 @@ def test_new_device_profiles_answer_to_their_names() -> None:
 
 
 def test_high_concurrency_reaches_its_roofline_and_more_streams_carry_more() -> None:
-    """Issue 26's case: Qwen3-8B on one H100 SXM, 256 in / 128 out, everything sent at once.
-    1,000 streams run within 20 % of the roofline bound on the profile's own figures, and
-    carry at least what 256 streams do."""
+    """Qwen3-8B on one H100 SXM, 256 in / 128 out, everything sent at once: 1,000 streams run
+    within 20 % of the roofline bound on the profile's own figures, and carry at least what 256
+    streams do."""
     engine = _engine()
     got = {
         streams: simulate(engine, [Request(256, 128)] * streams).summary()["output_throughput"]
@@ -422,7 +422,7 @@ def test_routed_experts_take_about_what_vllms_kernel_benchmark_measured(
 
 
 def test_a_deep_model_config_is_one_line_naming_it(tmp_path: Path) -> None:
-    # Issue 38. Before: a RecursionError from the simulator's start.
+    # Deeper than limits.py allows. Once: a RecursionError from the simulator's start.
     (tmp_path / "config.json").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(ValueError) as caught:
         resolve_model(str(tmp_path))

@@ -226,8 +226,8 @@ def test_metric_families_are_vllms(faces: tuple[Any, Any]) -> None:
 def test_vllms_means_of_the_window(tiny_model: Path, vllm_url: str, tmp_path: Path) -> None:
     # The server's view on real vLLM: the means `profllm bench` reports from vLLM's own
     # histograms agree with two raw scrapes of its /metrics around the run (deltas, so the
-    # module's other requests to the same server do not count). Was
-    # tests/test_real_vllm_server_view.py, with a server of its own.
+    # module's other requests to the same server do not count), on the module's shared
+    # server rather than one of its own.
     check_means_of_the_window(
         vllm_url, tmp_path, "--tokenizer", str(tiny_model), "--ignore-eos", model=str(tiny_model)
     )

@@ -1,4 +1,4 @@
-"""Suite files (`suite.py`) and their expansion into cases (`plan.py`)."""
+"""Suite files (plan/suite.py) and their expansion into cases (plan/case.py)."""
 
 from __future__ import annotations
 
@@ -361,7 +361,7 @@ def test_unknown_threshold_key_lists_min_and_max(tmp_path: Path) -> None:
                                         "strictly between 0 and 100"]),
         # One bad value on an axis is reported at the axis' key.
         ("num_prompts: [10, many]", ["benchmark.num_prompts:", "(got 'many')"]),
-        # Issue 38: lengths no request may have (a prompt of 10**9 tokens took 5.4 GB).
+        # Lengths no request may have (limits.py; a prompt of 10**9 tokens took 5.4 GB).
         ("random_input_len: 1000000000", ["benchmark.random_input_len:",
                                           "less than or equal to 10485760"]),
         ("conversation_output_len: 1000000000", ["benchmark.conversation_output_len:",

@@ -1,4 +1,4 @@
-"""Every number that enters is finite, and suites have limits (issue 22): a non-finite
+"""Every number that enters is finite, and suites have limits: a non-finite
 threshold, goodput or sampling value, a YAML alias bomb, a key given twice and a matrix of
 millions are each one line naming the file (and line), refused before anything expands.
 Generated suites are collected or refused with such a line, never with another exception."""

@@ -373,9 +373,9 @@ benchmark:
 def test_a_case_whose_telemetry_fails_keeps_its_record(
     pytester: pytest.Pytester, ports: str
 ) -> None:
-    """Issue 38: an EMFILE in the sampler thread became a teardown error, and the out folder
-    kept only logs/. The case now passes, its record and results.db are written, and the
-    record says telemetry was incomplete."""
+    """Out of file descriptors: an EMFILE in the sampler thread once became a teardown error,
+    and the out folder kept only logs/. The case now passes, its record and results.db are
+    written, and the record says telemetry was incomplete."""
     from helpers import run_records, run_suites
 
     pytester.makeconftest(BROKEN_SAMPLER)

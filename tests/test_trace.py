@@ -131,8 +131,8 @@ def test_a_csv_trace(tmp_path: Path, codec: TokenizerCodec) -> None:
         ("t.csv", "0,5,2\n1,five,2\n", "t.csv:2: input_len 'five' is not a number"),
         ("t.csv", "0,5,2\n1,5.5,2\n", "t.csv:2: the input length 5.5 is not a whole number"),
         ("t.csv", "2,5,2\n1,5,2\n", "t.csv:2: timestamps must not go back"),
-        # Issue 38. Before: 5.4 GB of memory and a MemoryError after 53 s; a case waiting
-        # for ever; a RecursionError.
+        # Beyond limits.py's limits, each one line. Once: 5.4 GB of memory and a MemoryError
+        # after 53 s; a case waiting for ever; a RecursionError.
         ("t.jsonl", '{"timestamp": 0, "input_length": 1000000000, "output_length": 2}\n',
          "t.jsonl:1: input length 1,000,000,000 and output length 2 exceed the most tokens a "
          "request may have (10,485,760)"),
@@ -352,7 +352,7 @@ def test_a_two_request_trace_is_not_judged_by_its_timers_jitter(
     sim_url: str, tmp_path: Path
 ) -> None:
     """Two requests 1 ms apart: the second dispatched a fraction of a millisecond late made
-    the achieved rate half the target, and the replay `client fell behind` (issue 38, 9c).
+    the achieved rate half the target, and the replay `client fell behind`.
     A client never later than the lag limit (here a wide 100 ms) kept its schedule."""
     from pytest_profllm.load.bench import measure
     from pytest_profllm.load.validity import LoadFacts, Rules, judge
@@ -388,7 +388,7 @@ def test_a_trace_the_server_refuses_fails_for_that_first(
 ) -> None:
     """Two of three requests ask for more output than the model's length: the server refuses
     them with a 400, fast. The case fails for that, leading with the server's message; no
-    `client fell behind` and no measuring again (issue 38, 9d)."""
+    `client fell behind` and no measuring again."""
     from helpers import run_records, run_suites
 
     trace = write_trace(pytester.path / "t.jsonl", [

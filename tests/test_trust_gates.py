@@ -1,4 +1,4 @@
-"""A gate that gates nothing is an error, never green (issue 22): a failed session never
+"""A gate that gates nothing is an error, never green: a failed session never
 becomes a baseline, a baseline that matches no run of the session fails it, cases without a
 baseline are counted (and fail on request), and a baseline that is no baseline is one line."""
 
@@ -136,7 +136,7 @@ def test_a_database_built_by_ingest_is_a_baseline_and_a_history(
 def test_a_deep_record_in_a_baseline_folder_is_one_usage_line(
     pytester: pytest.Pytester, ports: str
 ) -> None:
-    # Issue 38. Before: RecursionError, an INTERNALERROR.
+    # Deeper than limits.py allows. Once: RecursionError, an INTERNALERROR.
     pytester.makefile(".yaml", bench_gated=SUITE)
     (pytester.path / "base").mkdir()
     (pytester.path / "base" / "deep.json").write_text("[" * 100_000 + "]" * 100_000)

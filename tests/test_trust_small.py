@@ -1,5 +1,5 @@
-"""Smaller findings of issue 22: a relative dataset_path is read beside its suite, and two
-sessions writing into one folder keep both Markdown summaries."""
+"""A relative dataset_path is read beside its suite, and two sessions writing into one folder
+keep both Markdown summaries."""
 
 from __future__ import annotations
 

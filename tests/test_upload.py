@@ -133,7 +133,7 @@ def test_any_bytes_get_a_reason_and_write_nothing(tmp_path: Path, content: bytes
 
 def test_a_file_that_fails_to_load_is_a_4xx_in_one_line_and_leaves_nothing(
         tmp_path: Path) -> None:
-    # Issue 38: a NUL in a key made loading fail inside SQLite: a 500, and the file stayed in
+    # Once, a NUL in a key made loading fail inside SQLite: a 500, and the file stayed in
     # uploads/ although nothing was loaded.
     db = results_db(tmp_path)
     record = make_record("nul", "s2", CASE, "2026-01-02T10:00:00+00:00")

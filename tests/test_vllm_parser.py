@@ -2,7 +2,7 @@
 vLLM the registry was read from, to the values the suite asked for.
 
 vLLM runs in a Python of its own, named by PROFLLM_VLLM_PYTHON (`.ci/run` builds a CPU-only one
-with `shared/tools/vllm-cpu-env.sh`); without one these tests are skipped and say why.
+with `.ci/vllm-env.sh parser`); without one these tests are skipped and say why.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How trustworthy the regression gate is on the simulated engine: false alarms on unchanged
 runs, detection of known slowdowns (PROFLLM_SIM_SLOWDOWN), over many seeds, at the gate's
-default settings (tolerance, confidence level, resamples: gates/spec.py).
+default settings (tolerance, confidence level, resamples: plan/regression.py).
 
     python benchmarks/perf/gate_power.py [--seeds 20] [--num-prompts 10,20] [--repeats 2,3]
                                          [--slowdowns 1.05,1.1,1.15]

@@ -3,7 +3,7 @@ arguments that differ from vLLM's defaults first), its workload and headline met
 distributions of its per-request latencies, its telemetry over time, and its files.
 
 `run_page` reads it all from a sqlite3 connection (tested without a browser); `run_files`
-finds the run's files in the results folder and nowhere else (browse/downloads.py serves
+finds the run's files in the results folder and nowhere else (browse/run_views.py serves
 them).
 """
 

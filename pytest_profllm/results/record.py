@@ -475,7 +475,7 @@ class BenchmarkRecord(BaseModel):
     # A conversation workload (`dataset_name: conversation`): its figures by turn. The
     # per-request rows say each request's conversation, turn and cached tokens.
     by_turn: list[TurnSummary] | None = None
-    # Every run of the load (run/remeasure.py): a measurement the host made invalid (the
+    # Every run of the load (run/attempts.py): a measurement the host made invalid (the
     # client or the simulated engine fell behind) is run again; each attempt keeps its
     # validity, reasons and headline figures. The results are the first valid attempt's.
     attempts: list[Attempt] = Field(default_factory=list)

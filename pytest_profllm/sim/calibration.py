@@ -363,7 +363,7 @@ GRID: dict[str, tuple[float, ...]] = {
     "compute_efficiency": (0.4, 0.5, 0.65, 0.8),
     "roofline_sharpness": (1.5, 2.0, 3.0, math.inf),
     # At most 40 us: beyond it 1,000 streams of an 8B model on one H100 turn CPU-bound below
-    # 80 % of their roofline (issue 26's case); the medians are the same at 40 and 80.
+    # 80 % of their roofline (tests/test_sim_cost.py); the medians are the same at 40 and 80.
     "seq_us": (0.0, 20.0, 40.0),
     "step_ms": (0.6, 1.0, 1.6, 2.5, 4.0),
     "bandwidth_efficiency": (0.7, 0.8),
