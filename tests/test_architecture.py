@@ -204,14 +204,14 @@ def test_every_file_a_comment_or_docstring_names_exists() -> None:
 def test_the_path_check_sees_a_missing_file_and_passes_over_the_rest() -> None:
     beside = PACKAGE / "load" / "bench.py"
     text = (
-        "Re-measured in run/remeasure.py (now run/attempts.py), see tests/test_suite.py,"
+        "Re-measured in run/remeasure.py (now load/attempts.py), see tests/test_suite.py,"
         " docs/options.md, .ci/run and `tests/test_capacity*.py`; vLLM's"
         " vllm/v1/metrics/loggers.py; served at /metrics; in and out: 32/16 tokens; an example"
         " x/bench.yaml; the package plan/suite.py, split or not; beside it, server_state.py."
     )
     assert named_paths(text) == [
         "run/remeasure.py",
-        "run/attempts.py",
+        "load/attempts.py",
         "tests/test_suite.py",
         "docs/options.md",
         ".ci/run",

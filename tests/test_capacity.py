@@ -1,4 +1,4 @@
-"""The SLO capacity search (load/capacity.py) on probes whose truth is known, its settings in a
+"""The SLO capacity search (load/capacity/) on probes whose truth is known, its settings in a
 suite, and the gate's interval from its brackets. The search through real pytest runs on the
 simulated engine is in test_capacity_cases.py."""
 

@@ -1,4 +1,4 @@
-"""The capacity search's re-check (load/capacity.py `Recheck`): one more run at the capacity
+"""The capacity search's re-check (load/capacity/search.py `Recheck`): one more run at the capacity
 after the search, which a server that changed while it was searched misses. On fake probes
 whose truth is known (steady and drifting servers), as a property over generated response
 curves, and through a real pytest run against the simulator's `drift` fault

@@ -4,7 +4,7 @@
     python benchmarks/perf/capacity_holds.py --check 8=9.35 64=20.1 [--slo p90_ttft_ms=400]
 
 For each batch limit and SLO: a capacity search (`profllm bench --slo`'s code,
-`load/capacity.py:search_server`) against a fresh simulated server, in real time; then, for
+`load/capacity/probes.py:search_server`) against a fresh simulated server, in real time; then, for
 0.8x and 1.3x the capacity found, a plain benchmark (`load/bench.py:run_bench`) with prompts no
 probe sent, each against a fresh server of its own. The capacity holds when the SLO is met at
 0.8x and missed at 1.3x. Qwen3-8B on the simulator's H100-SXM, 512 prompt and 64 output tokens.

@@ -9,7 +9,7 @@ configuration (model on device) and SLO set:
 1. The true capacity by a dense sweep: the loads on a 1 % grid around the boundary, each
    measured on 8 seeds' requests pooled (eight times a probe's sample), the highest load
    below the first that misses an SLO.
-2. The search, for a workload of 1,000 prompts (`pytest_profllm/load/capacity.py`, the
+2. The search, for a workload of 1,000 prompts (`pytest_profllm/load/capacity/`, the
    code a capacity case runs) with 20 seeds: its capacity's error against the truth, its
    probe count, and its false "meets": a probe that said "meets" at a load above the true
    capacity.

@@ -224,7 +224,7 @@ def _capacity(page: RunPage) -> None:
                                "decision": probe.get("decision"), "probe": number})
     recheck = search.get("recheck")
     if isinstance(recheck, dict):
-        # The search's answer run once more after it (load/capacity.py `Recheck`).
+        # The search's answer run once more after it (load/capacity/search.py `Recheck`).
         page.probes.append(_probe_row("re-check", recheck))
         page.capacity += (
             f" Re-checked after the search at {_shown(recheck.get('load'))} {unit}: "
@@ -242,7 +242,7 @@ def _recheck_verdict(recheck: dict[str, Any]) -> str:
     if recheck.get("agrees") is not False:
         return "it agrees."
     if recheck.get("steady_engine"):
-        # The virtual clock (load/capacity.py `search`'s steady_engine): no server to change.
+        # The virtual clock (load/capacity/search.py `search`'s steady_engine): no server to change.
         return ("it missed: the engine cannot change, so that load counts as missed and the "
                 "capacity is the highest load below it that met.")
     return ("it missed: the server changed during the search, so the capacity is no "

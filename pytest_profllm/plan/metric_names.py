@@ -49,7 +49,7 @@ def percentiles_for(metric: str, percentiles: Sequence[float]) -> list[float]:
     return sorted(wanted)
 
 
-# A capacity case's result (load/capacity.py): the highest load that met every SLO, and its
+# A capacity case's result (load/capacity/): the highest load that met every SLO, and its
 # bracket [the highest load that met, the lowest that missed].
 CAPACITY_RESULTS = ("capacity", "capacity_low", "capacity_high")
 

@@ -463,7 +463,7 @@ class BenchmarkRecord(BaseModel):
     # `series`: seconds from the start, throughput, queues, KV cache, GPU or CPU and memory),
     # at most 300 points: the run page's time series (table `run_series`).
     series: list[dict[str, float | None]] = Field(default_factory=list)
-    # A capacity case's search (load/capacity.py): `over`, `capacity`, `bracket` [the highest
+    # A capacity case's search (load/capacity/): `over`, `capacity`, `bracket` [the highest
     # load that met every SLO, the lowest that missed], `limit` (the SLO that missed), why it
     # `stopped`, the `slo` and every probe (load, requests, achieved rate, each SLO's value
     # with its interval, decision), and the `recheck`: the capacity run once more after the
@@ -475,7 +475,7 @@ class BenchmarkRecord(BaseModel):
     # A conversation workload (`dataset_name: conversation`): its figures by turn. The
     # per-request rows say each request's conversation, turn and cached tokens.
     by_turn: list[TurnSummary] | None = None
-    # Every run of the load (run/attempts.py): a measurement the host made invalid (the
+    # Every run of the load (load/attempts.py): a measurement the host made invalid (the
     # client or the simulated engine fell behind) is run again; each attempt keeps its
     # validity, reasons and headline figures. The results are the first valid attempt's.
     attempts: list[Attempt] = Field(default_factory=list)

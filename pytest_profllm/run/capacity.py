@@ -1,5 +1,5 @@
 """Running one capacity case: one server, the workload probed at loads the search chooses
-(load/capacity.py), and a record whose result is the capacity with its bracket and whose
+(load/capacity/), and a record whose result is the capacity with its bracket and whose
 figures are those of the probe at the capacity, over all its runs. A capacity that the
 search's re-check missed (the server changed while it was searched) is an invalid measurement.
 """
@@ -53,7 +53,7 @@ def run_capacity(
     budget: RemeasureBudget | None = None,
 ) -> CaseOutcome:
     """Start or reuse the server, search its capacity (every probe run from an emptied cache
-    with prompts of its own, load/capacity.py `ServerProbes`), and keep the probe at the
+    with prompts of its own, load/capacity/probes.py `ServerProbes`), and keep the probe at the
     capacity."""
     bench = case.benchmark
     assert isinstance(bench, CapacityConfig)

@@ -6,7 +6,7 @@ sleeping (`sim/virtual.py`), with no server, port or HTTP.
 The requests are those the real client would send (the workload's dataset, each prompt's
 token ids as the simulator would count them), on the client's own arrival schedule; the
 figures come from per-request times through the client's metric code (`load/bench.measure`).
-A capacity case runs the same search (`load/capacity.py`) with probes on the virtual clock.
+A capacity case runs the same search (`load/capacity/`) with probes on the virtual clock.
 What a virtual run cannot have (GPU and process telemetry, the client's CPU) stays null.
 """
 
