@@ -21,10 +21,10 @@ import orjson
 # staying far below Python's recursion limit (json and pydantic recurse per level).
 MAX_JSON_DEPTH = 64
 
-# A capacity search (plan/suite.py `CapacitySearch`): its lowest rate, below which a probe's
-# arrival gaps (1 / rate) run to hours and a tiny rate's arithmetic under- or overflows; and
-# the requests one probe run may send (high x min_duration_s for a rate, 10 x high for a
-# concurrency), which are all drawn before the probe starts.
+# A capacity search (plan/suite/capacity.py `CapacitySearch`): its lowest rate, below which a
+# probe's arrival gaps (1 / rate) run to hours and a tiny rate's arithmetic under- or
+# overflows; and the requests one probe run may send (high x min_duration_s for a rate,
+# 10 x high for a concurrency), which are all drawn before the probe starts.
 MIN_SEARCH_RATE = 0.001
 MAX_PROBE_REQUESTS = 1_000_000
 

@@ -1,4 +1,4 @@
-"""The dashboards (browse/dashboards.py) and their filter panel (browse/filters.py): the data
+"""The dashboards (browse/dashboards/) and their filter panel (browse/filters.py): the data
 each chart draws, on records of known values, and the pages Datasette serves."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from test_datasette import make_record
 
 from pytest_profllm.browse import charts, dashboards, filters, sql_functions
 from pytest_profllm.browse.dashboard_pages import WRITE_ACTION, data_quality
-from pytest_profllm.browse.dashboards import BY_NAME, pareto_frontier
+from pytest_profllm.browse.dashboards import BY_NAME, common, history, pareto_frontier
 from pytest_profllm.browse.filters import Selection
 from pytest_profllm.results.ingest import ingest
 
@@ -113,7 +113,7 @@ def test_load_charts_follow_the_axis_each_suite_sweeps(connection: sqlite3.Conne
     concurrency = values(shown.charts["load-tp-max_concurrency-output_throughput"])
     # The rate sweep has its infinite rate, at the end of the axis, not left out.
     assert sorted({(r["load"], r["load_order"]) for r in rate}, key=lambda x: x[1]) == [
-        ("8", 8.0), ("16", 16.0), ("inf", dashboards._INF_ORDER)]
+        ("8", 8.0), ("16", 16.0), ("inf", common._INF_ORDER)]
     assert {r["load"] for r in concurrency} == {"4", "16"}
     # Series are named by the axis that differs within the suite, not by a case id.
     assert {r["series"] for r in rate} == {"max_num_seqs=8", "max_num_seqs=16"}
@@ -327,8 +327,8 @@ def test_history_says_which_metrics_it_has_and_offers_capacity(tmp_path: Path) -
     assert shown.charts["history"]["layer"][0]["encoding"]["x"]["axis"]["format"] == (
         "%Y-%m-%d %H:%M:%S")
     day = "2026-01-01T17:03:0{}+00:00"
-    assert dashboards._time_format([day.format(0), day.format(2)]) == "%H:%M:%S"
-    assert dashboards._time_format([day.format(0), "2026-01-01T21:00:00+00:00"]) == "%H:%M"
+    assert history._time_format([day.format(0), day.format(2)]) == "%H:%M:%S"
+    assert history._time_format([day.format(0), "2026-01-01T21:00:00+00:00"]) == "%H:%M"
 
 
 def test_scaling_efficiency_against_the_smallest_tp(connection: sqlite3.Connection) -> None:
@@ -493,7 +493,7 @@ def test_presets_are_saved_by_a_writer_and_opened_by_anyone(mixed_db: Path,
 def test_all_sessions_draw_the_newest_apart_and_say_so(
     connection: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dashboards, "MAX_SESSIONS", 1)
+    monkeypatch.setattr(common, "MAX_SESSIONS", 1)
     shown = view(connection, "load", "session=all")
     sessions = {r["session"] for chart in shown.charts.values() for r in values(chart)}
     assert sessions == {"s2"}
@@ -529,8 +529,8 @@ def test_all_sessions_take_whole_sessions_newest_first_until_a_limit(
 ) -> None:
     # However the sessions are read (in chunks sized by the points found so far), the page
     # draws the newest sessions with points, whole, while under both limits.
-    monkeypatch.setattr(dashboards, "MAX_SESSIONS", most_sessions)
-    monkeypatch.setattr(dashboards, "MAX_POINTS", most_points)
+    monkeypatch.setattr(common, "MAX_SESSIONS", most_sessions)
+    monkeypatch.setattr(common, "MAX_POINTS", most_points)
     with contextlib.closing(sqlite3.connect(many_sessions)) as connection:
         sql_functions.register(connection)
         schema = filters.read_schema(connection)

@@ -1,4 +1,4 @@
-"""The precision-analysis dashboard (browse/precision_dashboard.py): accuracy against peak
+"""The precision-analysis dashboard (browse/dashboards/precision.py): accuracy against peak
 output throughput and against cost per million output tokens, per configuration, a chart per
 model with its frontier; and its one line where no accuracy was measured. Accuracy rows are
 inserted into a test database under the dashboard's own column name."""
@@ -20,12 +20,12 @@ from test_datasette import make_record
 
 from pytest_profllm.browse import filters, sql_functions
 from pytest_profllm.browse.dashboards import BY_NAME, View
-from pytest_profllm.browse.filters import Selection
-from pytest_profllm.browse.precision_dashboard import (
+from pytest_profllm.browse.dashboards.precision import (
     NO_ACCURACY_SELECTED,
     accuracy_of,
     frontier,
 )
+from pytest_profllm.browse.filters import Selection
 from pytest_profllm.results.ingest import ingest
 from pytest_profllm.results.table import quote
 from pytest_profllm.run.cost import case_cost

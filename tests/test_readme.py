@@ -18,7 +18,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 OPTIONS_PAGE = REPO / "docs" / "options.md"
-# Where a path the documentation names must exist (a bare `plan/suite.py` is inside the package).
+# Where a path the documentation names must exist (a bare `plan/case.py` is inside the package).
 TOP_FOLDERS = ("benchmarks", "tests", "pytest_profllm", ".ci", "docs")
 
 

@@ -1,6 +1,6 @@
 """The dashboards' pages: `/{database}/-/dashboards` (the list, and the saved filters) and
 `/{database}/-/dashboards/{name}` (one dashboard under its filter panel). The SQL and the
-charts are browse/dashboards.py's; this module reads the request, runs them on Datasette's
+charts are in browse/dashboards/; this module reads the request, runs them on Datasette's
 connection and renders the page."""
 
 from __future__ import annotations

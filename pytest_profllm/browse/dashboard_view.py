@@ -1,4 +1,4 @@
-"""What a dashboard page shows (browse/dashboards.py builds it, browse/dashboard_pages.py
+"""What a dashboard page shows (browse/dashboards/ builds it, browse/dashboard_pages.py
 renders it): charts with captions, tables and notes; and a dashboard itself, a function from
 a selection to that."""
 

@@ -1,5 +1,5 @@
 """The canned queries of the Datasette plugin, as SQL over `benchmark_runs` (the charts are
-the dashboards', browse/dashboards.py).
+the dashboards', browse/dashboards/).
 
 Queries that aggregate combine repeats and history with a median (`median()`, which the
 plugin registers on every connection), never a sum, over valid measurements only. They read
