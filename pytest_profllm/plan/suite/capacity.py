@@ -1,5 +1,5 @@
 """A capacity case (`kind: capacity`): the serve workload with its SLOs, and how the search
-for the highest load that meets them runs (load/capacity.py)."""
+for the highest load that meets them runs (load/capacity/)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def slo_problem(name: str, target: float) -> str | None:
 
 class CapacitySearch(BaseModel):
     """How a capacity case searches: over which load, in what range, to what precision, and
-    within what budget (load/capacity.py)."""
+    within what budget (load/capacity/)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -63,7 +63,7 @@ class CapacitySearch(BaseModel):
     # An unsure probe is extended with more requests, up to this many times its first count.
     max_extension: int = Field(4, ge=1)
     # Independent runs whose pooled samples a load must meet on to count as meeting
-    # (load/capacity.py: near the capacity one run's tail varies from run to run more than
+    # (load/capacity/: near the capacity one run's tail varies from run to run more than
     # its own interval says).
     confirm: int = Field(2, ge=1)
 
@@ -111,7 +111,7 @@ class CapacitySearch(BaseModel):
 
 class CapacityConfig(BenchmarkConfig):
     """A capacity case: the serve workload, probed at rising loads on one server until the
-    highest load that meets every SLO is bracketed (load/capacity.py)."""
+    highest load that meets every SLO is bracketed (load/capacity/)."""
 
     kind: Literal["capacity"] = "capacity"  # type: ignore[assignment]
     slo: dict[str, FiniteFloat]

@@ -162,7 +162,7 @@ class BenchmarkConfig(BaseModel):
     # Ours, not vLLM's: spread the client over processes when one event loop cannot keep up.
     client_processes: int = Field(1, ge=1)
     # Ours: keep what earlier cases left in the server's prefix cache (default: each case,
-    # repeat and capacity probe starts from an emptied cache, run/cache.py).
+    # repeat and capacity probe starts from an emptied cache, load/server_state.py).
     warm_cache: bool = False
 
     @field_validator("percentile_metrics")
