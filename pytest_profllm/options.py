@@ -15,7 +15,7 @@ import pytest
 
 from pytest_profllm.engine.choice import ENGINE_CHOICES, SIM_CLOCKS, Clock
 from pytest_profllm.gates.config import GateConfig
-from pytest_profllm.gates.verdict import GateSettings
+from pytest_profllm.gates.regression import GateSettings
 from pytest_profllm.hosts.devices import parse_cpu_sets
 from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU
 from pytest_profllm.hosts.pool import PORT_BLOCK

@@ -20,8 +20,8 @@ from packaging.version import Version
 
 from pytest_profllm.browse.run_page import run_page
 from pytest_profllm.cli.main import main as cli_main
+from pytest_profllm.gates.regression import GateSettings, judge_regression
 from pytest_profllm.gates.samples import RunSamples
-from pytest_profllm.gates.verdict import GateSettings, judge
 from pytest_profllm.load.accuracy import INSTALL_HINT, results_of, task_hash
 from pytest_profllm.load.accuracy_task import DATA_FILE, SHIPPED_TASKS, render, task_config
 from pytest_profllm.plan.regression import gated_metric, parse_regression
@@ -162,15 +162,15 @@ def test_the_gate_judges_accuracy_by_the_two_standard_errors() -> None:
     assert acc.higher_is_better and acc.tolerance == 0
     settings = GateSettings()  # 99 %: z = 2.58; sqrt(0.02^2 + 0.02^2) = 0.028, times z: 0.073
     base = [_run(0.80, 0.02)]
-    lower = judge(acc, [_run(0.70, 0.02)], base, settings)
+    lower = judge_regression(acc, [_run(0.70, 0.02)], base, settings)
     assert lower.verdict == "regressed"
     assert lower.ci_high is not None and lower.ci_high < 0
-    assert judge(acc, [_run(0.76, 0.02)], base, settings).verdict == "unchanged"
-    assert judge(acc, [_run(0.90, 0.02)], base, settings).verdict == "improved"
+    assert judge_regression(acc, [_run(0.76, 0.02)], base, settings).verdict == "unchanged"
+    assert judge_regression(acc, [_run(0.90, 0.02)], base, settings).verdict == "improved"
     # No standard error on a side (lm-eval's "N/A"): no interval, so not judged (it
     # was once `unchanged`, and passed acc 1.0 -> 0.0), with the reason.
     no_error = RunSamples("r", "s", "t", {"acc": 0.5, "acc_stderr": None})
-    unjudged = judge(acc, [no_error], base, settings)
+    unjudged = judge_regression(acc, [no_error], base, settings)
     assert unjudged.verdict == "not-judged" and unjudged.change == pytest.approx(0.5 / 0.8 - 1)
     assert unjudged.reason is not None and "standard error" in unjudged.reason
 

@@ -14,8 +14,8 @@ from helpers import suite_error, write_suite
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pytest_profllm.gates.regression import GateSettings, judge_regression
 from pytest_profllm.gates.samples import RunSamples
-from pytest_profllm.gates.verdict import GateSettings, judge
 from pytest_profllm.load.bench import measure
 from pytest_profllm.load.capacity import (
     CapacityResult,
@@ -220,14 +220,14 @@ def test_a_capacity_10_percent_lower_regresses_with_the_brackets_interval() -> N
                                                   "capacity_high": high})
 
     base = [run(40.0, 41.9, "base")]
-    verdict = judge(metric, [run(36.0, 37.7, "new")], base, GateSettings())
+    verdict = judge_regression(metric, [run(36.0, 37.7, "new")], base, GateSettings())
     assert verdict.verdict == "regressed"
     assert verdict.ci_low == pytest.approx(36.0 / 41.9 - 1)
     assert verdict.ci_high == pytest.approx(37.7 / 40.0 - 1)
-    same = judge(metric, [run(39.0, 40.9, "new")], base, GateSettings())
+    same = judge_regression(metric, [run(39.0, 40.9, "new")], base, GateSettings())
     assert same.verdict == "unchanged"
     # A search that met at its highest load has no upper end: no interval to judge by.
-    open_ended = judge(metric, [run(30.0, math.nan, "new")], base, GateSettings())
+    open_ended = judge_regression(metric, [run(30.0, math.nan, "new")], base, GateSettings())
     assert open_ended.verdict == "not-judged" and open_ended.reason
 
 

@@ -183,7 +183,7 @@ def test_a_hog_on_the_clients_core_makes_the_case_the_hosts(
 
 
 def test_a_change_found_on_a_busy_run_says_the_host_may_have_made_it() -> None:
-    from pytest_profllm.gates.verdict import describe
+    from pytest_profllm.gates.regression import describe
     from pytest_profllm.results.record import RegressionVerdict
 
     verdict = RegressionVerdict(metric="p99_ttft_ms", verdict="regressed", tolerance=0.05,

@@ -17,7 +17,7 @@ from helpers import run_suites
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_gate_end_to_end import SUITE, VIRTUAL
-from test_gate_verdict import SETTINGS, record, requests_rows
+from test_gate_regression import SETTINGS, record, requests_rows
 
 from pytest_profllm.gates import earlier
 from pytest_profllm.gates.baseline import Baseline

@@ -22,8 +22,8 @@ from helpers import (
 
 from pytest_profllm.cli.main import main as cli_main
 from pytest_profllm.cli.plan_preview import plan_document, plan_lines
+from pytest_profllm.gates.regression import GateSettings, judge_regression
 from pytest_profllm.gates.samples import samples_of
-from pytest_profllm.gates.verdict import GateSettings, judge
 from pytest_profllm.offline.commands import bench_args, engine_args, offline_command
 from pytest_profllm.offline.results import OfflineResultError, read_results
 from pytest_profllm.plan.case import Case, expand
@@ -189,7 +189,7 @@ def test_latency_iterations_are_the_gates_samples() -> None:
     # The record's figures are the gate's statistics of those samples.
     avg = gated_metric("avg_latency_ms", 0.1)
     run = samples_of(record, rows)
-    assert judge(avg, [run], [run], GateSettings()).value == pytest.approx(
+    assert judge_regression(avg, [run], [run], GateSettings()).value == pytest.approx(
         results["avg_latency_ms"]
     )
 

@@ -22,8 +22,8 @@ from contextlib import AbstractContextManager
 
 from sim_server import simulator  # this folder's
 
+from pytest_profllm.gates.regression import GateSettings, judge_regression
 from pytest_profllm.gates.samples import RunSamples, latencies_from_requests
-from pytest_profllm.gates.verdict import GateSettings, judge
 from pytest_profllm.load.bench import load_settings, measure, run_load
 from pytest_profllm.load.dataset import TokenizerCodec, make_prompts
 from pytest_profllm.load.server_state import empty_caches
@@ -86,7 +86,9 @@ def regressed(
     new: list[RunSamples], base: list[RunSamples], settings: GateSettings
 ) -> dict[str, bool]:
     return {
-        name: judge(gated_metric(name, tolerance), new, base, settings).verdict == "regressed"
+        name: judge_regression(
+            gated_metric(name, tolerance), new, base, settings
+        ).verdict == "regressed"
         for name, tolerance in parse_regression(list(GATED)).items()
     }
 

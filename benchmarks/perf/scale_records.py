@@ -8,7 +8,7 @@ its figures come from the per-request samples with vLLM's definitions
 multiplicative noise on its whole sample set (order statistics stay ordered). A few sessions
 run one configuration slowed by 15 to 30 % (the engine model's `slowdown`), and the gate judges
 each session against the one before, as `--profllm-baseline` would: a latency's bootstrap
-interval (`gates/verdict.py`), computed once per case on the simulated samples and scaled by
+interval (`gates/regression.py`), computed once per case on the simulated samples and scaled by
 the two sessions' noise (a percentile interval of stat(a x) / stat(b y) is a / b times that of
 stat(x) / stat(y), the resamples being the same). Thresholds, verdicts and statuses follow the
 plugin's rules; `check` counts the records that break them.
@@ -205,7 +205,7 @@ def _series(steps: list[tuple[float, float, int, int, float, int, int]],
 
 def ratio_interval(metric_name: str, new: Measured, base: Measured) -> tuple[float, float]:
     """The gate's percentile bootstrap interval of stat(new) / stat(base) (not less one)."""
-    from pytest_profllm.gates.verdict import GateSettings, change_interval, statistic_of
+    from pytest_profllm.gates.regression import GateSettings, change_interval, statistic_of
     from pytest_profllm.plan.regression import gated_metric
 
     metric = gated_metric(metric_name, GATED[metric_name])
@@ -386,7 +386,7 @@ def scaled(results: dict[str, Any], factor: float) -> dict[str, Any]:
 def _record(run: _Run, common: _Common, rng: random.Random, baseline: _Last | None,
             ratios: dict[tuple[Shape, Shape, str], tuple[float, float]],
             measured: dict[Shape, Measured]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
-    from pytest_profllm.gates.verdict import classify
+    from pytest_profllm.gates.regression import classify
     from pytest_profllm.gates.worker import regression_message
     from pytest_profllm.load.metrics import RequestOutcome, compute
     from pytest_profllm.plan.regression import gated_metric

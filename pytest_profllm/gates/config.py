@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_profllm.gates.verdict import GateSettings
+from pytest_profllm.gates.regression import GateSettings
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_profllm.gates.baseline import Baseline
+from pytest_profllm.gates.regression import GateSettings, judge_regression
 from pytest_profllm.gates.samples import RunSamples, samples_of
 from pytest_profllm.gates.summary import change_text
-from pytest_profllm.gates.verdict import GateSettings, judge
 from pytest_profllm.plan.regression import gated_metric
 from pytest_profllm.results.fingerprint import digests
 from pytest_profllm.results.record import is_valid
@@ -64,7 +64,7 @@ def slower_than_history(
             continue
         source, history = found
         verdicts = [
-            judge(
+            judge_regression(
                 gated_metric(v["metric"], v["tolerance"]),
                 repeats[digests(record)[0]],
                 history,

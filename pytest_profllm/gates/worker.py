@@ -9,8 +9,8 @@ import pytest
 
 from pytest_profllm.gates.baseline import Baseline
 from pytest_profllm.gates.config import GATE_CONFIG_KEY
+from pytest_profllm.gates.regression import describe, judge_regression, values_of
 from pytest_profllm.gates.samples import RunSamples, samples_of
-from pytest_profllm.gates.verdict import describe, judge, values_of
 from pytest_profllm.hosts.foreign_cpu import FOREIGN_NOTE_SHARE
 from pytest_profllm.plan.regression import gated_metric, measured
 from pytest_profllm.results.fingerprint import digests
@@ -66,7 +66,7 @@ def judge_case(config: pytest.Config, outcome: CaseOutcome) -> list[RegressionVe
     # A metric the case does not measure is not gated on it, rather than judged `no-baseline`
     # for ever (and failed under --profllm-require-baseline): `regression: [acc]` over an
     # axis of accuracy tasks, one of which scores exact_match alone.
-    verdicts = [judge(metric, runs, baseline_runs, settings)
+    verdicts = [judge_regression(metric, runs, baseline_runs, settings)
                 for metric in gated if values_of(metric, runs).size]
     # A change found on a run the host kept busy is named with it: the share alone moved no
     # figure in benchmarks/perf/foreign_cpu.py, so it voids nothing, but a reader of a

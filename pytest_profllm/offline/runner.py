@@ -16,7 +16,7 @@ from pytest_profllm.offline.commands import offline_command, offline_env
 from pytest_profllm.offline.results import OfflineResultError, read_results
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.suite import LatencyConfig, ThroughputConfig
-from pytest_profllm.run.outcome import CaseFailed, CaseOutcome, evaluate
+from pytest_profllm.run.outcome import CaseFailed, CaseOutcome, check_thresholds
 from pytest_profllm.run.telemetry import Sampler
 from pytest_profllm.server.launch import safe_name, server_env, server_name
 from pytest_profllm.server.process import LOG_TAIL_LINES, ServerProcess
@@ -113,6 +113,6 @@ def run_offline(
         # Whatever is left of its process group (vLLM's EngineCore, workers) goes too.
         process.stop(grace=5.0)
         lease.release()
-    outcome.verdicts = evaluate(case, outcome.results)
+    outcome.verdicts = check_thresholds(case, outcome.results)
     outcome.finished_at = time.time()
     return outcome

@@ -71,12 +71,12 @@ class Verdict(BaseModel):
     passed: bool
 
 
-# `not-judged`: a baseline, but no interval to judge the change by (gates/verdict.py).
+# `not-judged`: a baseline, but no interval to judge the change by (gates/regression.py).
 GateVerdict = Literal["regressed", "improved", "unchanged", "no-baseline", "not-judged"]
 
 
 class RegressionVerdict(BaseModel):
-    """One metric of a case against its baseline (gates/verdict.py). `change` is relative
+    """One metric of a case against its baseline (gates/regression.py). `change` is relative
     (new / baseline - 1); the interval is a bootstrap confidence interval of it."""
 
     metric: str

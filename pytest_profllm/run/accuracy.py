@@ -20,8 +20,7 @@ from pytest_profllm.load.server_state import empty_prefix_cache
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.suite import AccuracyConfig
 from pytest_profllm.results.record import AccuracyResult
-from pytest_profllm.run.outcome import CaseFailed, CaseOutcome
-from pytest_profllm.run.outcome import evaluate as judge_thresholds
+from pytest_profllm.run.outcome import CaseFailed, CaseOutcome, check_thresholds
 from pytest_profllm.run.serve import api_key_of, served_name
 from pytest_profllm.server.launch import safe_name, server_name
 from pytest_profllm.server.workers import WorkerServers
@@ -53,7 +52,7 @@ def run_accuracy(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> Ca
             raise CaseFailed(str(error)) from None
     outcome.results = results_of(answer)
     outcome.accuracy = accuracy_record(answer, bench, simulated=servers.engine == "sim")
-    outcome.verdicts = judge_thresholds(case, outcome.results)
+    outcome.verdicts = check_thresholds(case, outcome.results)
     outcome.finished_at = time.time()
     return outcome
 

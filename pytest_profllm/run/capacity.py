@@ -29,8 +29,8 @@ from pytest_profllm.plan.suite import CapacityConfig
 from pytest_profllm.run.outcome import (
     CaseFailed,
     CaseOutcome,
+    check_thresholds,
     dataset_refusals,
-    evaluate,
     request_row,
 )
 from pytest_profllm.run.serve import (
@@ -106,7 +106,7 @@ def run_capacity(
     outcome.server_view = missing("not taken for capacity searches (a probe's runs each have "
                                   "their own /metrics window)")
     outcome.results.update(found.results())
-    outcome.verdicts = evaluate(case, outcome.results)
+    outcome.verdicts = check_thresholds(case, outcome.results)
     outcome.finished_at = time.time()
     return outcome
 

@@ -219,7 +219,7 @@ def _bad_float(value: object) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-def evaluate(case: Case, results: dict[str, float | int | None]) -> list[Verdict]:
+def check_thresholds(case: Case, results: dict[str, float | int | None]) -> list[Verdict]:
     verdicts = []
     for name, threshold in case.thresholds.items():
         value = results.get(name)

@@ -50,8 +50,8 @@ from pytest_profllm.plan.suite import MEDIA_DATASETS, BenchmarkConfig
 from pytest_profllm.run.outcome import (
     CaseFailed,
     CaseOutcome,
+    check_thresholds,
     dataset_refusals,
-    evaluate,
     request_row,
 )
 from pytest_profllm.run.profiling import (
@@ -121,7 +121,7 @@ def run_case(
     # The server lived through the load on its own port (serving checked): the figures count.
     outcome.results = results
     outcome.attempts = attempts.kept
-    outcome.verdicts = evaluate(case, outcome.results)
+    outcome.verdicts = check_thresholds(case, outcome.results)
     outcome.invalid_reason = attempts.invalid_reason(reasons)
     outcome.request_failures = metrics.request_failures(load.outcomes)
     outcome.by_turn = by_turn(load.outcomes)

@@ -31,7 +31,7 @@ from pytest_profllm.limits import MAX_RECORD_BYTES, load_json
 from pytest_profllm.plan.case import Case
 from pytest_profllm.results.fingerprint import digest, fingerprint
 from pytest_profllm.results.record import normalize
-from pytest_profllm.run.outcome import describe_missed, evaluate
+from pytest_profllm.run.outcome import check_thresholds, describe_missed
 
 # A skipped case's user property: the run id whose record stands for it.
 RESUMED_PROPERTY = "profllm_resumed"
@@ -149,7 +149,7 @@ def describe(earlier: Earlier) -> str:
 def rejudged(case: Case, earlier: Earlier) -> dict[str, Any] | None:
     """What the earlier record of `case` says when judged by the case's current thresholds,
     where they now fail it (None: they pass)."""
-    verdicts = evaluate(case, earlier.results)
+    verdicts = check_thresholds(case, earlier.results)
     missed = [verdict for verdict in verdicts if not verdict.passed]
     if not missed:
         return None

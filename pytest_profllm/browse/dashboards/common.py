@@ -41,7 +41,7 @@ MAX_SESSIONS = 12
 MAX_POINTS = 1500
 # A latest-dashboard bar of a case whose runs did not pass, where no gate verdict is on it.
 CASE_FAILED = "case failed"
-# The regression gate's verdicts (gates/verdict.py), each always the same colour.
+# The regression gate's verdicts (gates/regression.py), each always the same colour.
 _VERDICT_COLOURS = {
     "domain": ["regressed", "improved", "unchanged", "no-baseline", "not-judged", "no verdict",
                CASE_FAILED],

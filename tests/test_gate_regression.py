@@ -20,9 +20,9 @@ from pytest_profllm.browse.change_points import ChangePointsAggregate
 from pytest_profllm.cli.main import main as cli_main
 from pytest_profllm.gates.baseline import Baseline
 from pytest_profllm.gates.history import Point, change_points
+from pytest_profllm.gates.regression import GateSettings, describe, judge_regression
 from pytest_profllm.gates.samples import RunSamples
 from pytest_profllm.gates.summary import KEY_METRICS, markdown, terminal_lines
-from pytest_profllm.gates.verdict import GateSettings, describe, judge
 from pytest_profllm.options import parse_confidence, parse_resamples
 from pytest_profllm.plan.regression import gated_metric, parse_regression, parse_tolerance
 from pytest_profllm.plan.suite import SuiteError, validate_suite
@@ -138,17 +138,16 @@ def test_latency_verdicts_need_the_whole_interval_beyond_the_tolerance() -> None
     same = runs([rng.normal(10, 0.5, 200) for _ in range(2)], [101, 99])
     faster = runs([rng.normal(8.5, 0.5, 200) for _ in range(2)], [115, 116])
     tpot = gated_metric("median_tpot_ms", 0.05)
-    verdict = judge(tpot, slower, base, SETTINGS)
+    verdict = judge_regression(tpot, slower, base, SETTINGS)
     assert verdict.verdict == "regressed"
     assert verdict.ci_low is not None and verdict.ci_low > 0.05
     assert verdict.change == pytest.approx(0.15, abs=0.02)
-    assert judge(tpot, same, base, SETTINGS).verdict == "unchanged"
-    assert judge(tpot, faster, base, SETTINGS).verdict == "improved"
+    assert judge_regression(tpot, same, base, SETTINGS).verdict == "unchanged"
+    assert judge_regression(tpot, faster, base, SETTINGS).verdict == "improved"
     # A 15 % change against a 20 % tolerance is inside it, whatever the interval.
-    assert judge(gated_metric("median_tpot_ms", 0.2), slower, base, SETTINGS).verdict == (
-        "unchanged"
-    )
-    assert judge(tpot, slower, [], SETTINGS).verdict == "no-baseline"
+    within = judge_regression(gated_metric("median_tpot_ms", 0.2), slower, base, SETTINGS)
+    assert within.verdict == "unchanged"
+    assert judge_regression(tpot, slower, [], SETTINGS).verdict == "no-baseline"
     text = describe(verdict)
     assert text.startswith("median_tpot_ms regressed: baseline 10")
     assert "99% CI +" in text and "tolerance 5%" in text
@@ -159,13 +158,13 @@ def test_throughputs_are_compared_per_repeat_and_lower_is_worse() -> None:
     slower = runs([np.ones(3)] * 3, [86, 87, 86.5])
     noisy = runs([np.ones(3)] * 3, [80, 120, 100])
     throughput = gated_metric("output_throughput", 0.05)
-    verdict = judge(throughput, slower, base, SETTINGS)
+    verdict = judge_regression(throughput, slower, base, SETTINGS)
     assert verdict.verdict == "regressed" and verdict.samples == 3
     assert verdict.ci_high is not None and verdict.ci_high < -0.05
-    assert judge(throughput, noisy, base, SETTINGS).verdict == "unchanged"
+    assert judge_regression(throughput, noisy, base, SETTINGS).verdict == "unchanged"
     # One repeat left (the other invalid) has no spread to judge the noise by: not judged,
     # never `unchanged`, and said why.
-    alone = judge(throughput, slower[:1], base, SETTINGS)
+    alone = judge_regression(throughput, slower[:1], base, SETTINGS)
     assert alone.verdict == "not-judged" and alone.ci_low is None and alone.change is not None
     assert alone.reason
 

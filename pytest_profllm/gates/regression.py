@@ -63,7 +63,7 @@ def values_of(metric: GatedMetric, runs: list[RunSamples]) -> FloatArray:
     return np.asarray([v for v in values if isinstance(v, int | float)], dtype=np.float64)
 
 
-def judge(
+def judge_regression(
     metric: GatedMetric,
     new_runs: list[RunSamples],
     baseline_runs: list[RunSamples],
