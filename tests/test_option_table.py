@@ -10,19 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_profllm.options import (
-    OPTIONS,
-    OneOf,
-    Option,
-    Settings,
-    Table,
-    parse_max_cases,
-    parse_seconds,
-    parse_switch,
-    value_of,
-)
-from pytest_profllm.options.declare import register
+from pytest_profllm.options import Settings, Table, parse_max_cases, parse_seconds, value_of
+from pytest_profllm.options.declare import Option, register
 from pytest_profllm.options.docs_table import END, START, markdown_table, with_table
+from pytest_profllm.options.parsers import OneOf, parse_switch
+from pytest_profllm.options.table import OPTIONS
 
 REPO = Path(__file__).resolve().parent.parent
 OPTIONS_PAGE = REPO / "docs" / "options.md"

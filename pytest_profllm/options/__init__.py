@@ -7,10 +7,9 @@ a session (`declare.value_of`: the command line, else the ini file, else the def
 
 from __future__ import annotations
 
-from pytest_profllm.options.declare import Option, value_of
+from pytest_profllm.options.declare import value_of
 from pytest_profllm.options.parsers import (
     DEFAULT_PORTS,
-    OneOf,
     parse_confidence,
     parse_cpus,
     parse_gpu_hour_price,
@@ -27,40 +26,23 @@ from pytest_profllm.options.parsers import (
     parse_share,
     parse_sim_device,
     parse_sim_profile,
-    parse_switch,
 )
 from pytest_profllm.options.settings import Settings, gate_config
 from pytest_profllm.options.table import (
-    BUSY_GPU_CHOICES,
     DEFAULT_LEASE_TIMEOUT,
-    DEFAULT_MAX_SCHEDULE_LAG_MS,
-    DEFAULT_REMEASURE,
-    DEFAULT_SATURATION_MARGIN,
     DEFAULT_STARTUP_TIMEOUT,
     DEFAULT_SUITE_GLOB,
-    LIVE_MODES,
-    MAX_FOREIGN_CPU_ENV,
-    OPTIONS,
     LiveMode,
     Table,
     add_options,
 )
 
 __all__ = [
-    "BUSY_GPU_CHOICES",
     "DEFAULT_LEASE_TIMEOUT",
-    "DEFAULT_MAX_SCHEDULE_LAG_MS",
     "DEFAULT_PORTS",
-    "DEFAULT_REMEASURE",
-    "DEFAULT_SATURATION_MARGIN",
     "DEFAULT_STARTUP_TIMEOUT",
     "DEFAULT_SUITE_GLOB",
-    "LIVE_MODES",
-    "MAX_FOREIGN_CPU_ENV",
-    "OPTIONS",
     "LiveMode",
-    "OneOf",
-    "Option",
     "Settings",
     "Table",
     "add_options",
@@ -81,6 +63,5 @@ __all__ = [
     "parse_share",
     "parse_sim_device",
     "parse_sim_profile",
-    "parse_switch",
     "value_of",
 ]

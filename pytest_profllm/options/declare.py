@@ -96,11 +96,10 @@ def _add_flag(group: pytest.OptionGroup, option: Option[Any]) -> None:
     elif option.choices is not None:
         # argparse checks the choices itself: its message lists them.
         group.addoption(option.flag, choices=option.choices, default=None, help=help_text)
-    elif option.parse is str:
-        group.addoption(option.flag, metavar=option.metavar, default=None, help=help_text)
     else:
+        parse = None if option.parse is str else option.parse  # str: the text as given
         group.addoption(
-            option.flag, metavar=option.metavar, type=option.parse, default=None, help=help_text
+            option.flag, metavar=option.metavar, type=parse, default=None, help=help_text
         )
 
 
