@@ -115,7 +115,7 @@ def pytest_configure(config: pytest.Config) -> None:
                 lambda record: saturation.record_saturated(record, settings.saturation_margin),
             )
             config.stash[resume.RESUME_INDEX_KEY] = earlier
-        port = options.metrics_port(config)
+        port = options.value_of(config, options.Table.metrics_port)
         if port is not None:  # before xdist starts its workers, which inherit the folder
             config.stash[_METRICS] = metrics_endpoint.start(METRICS_HOST, port)
         config.stash[CONTROLLER_KEY] = ControllerSession(settings, run_identity, resume=earlier)
@@ -347,7 +347,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # trylast), and they inherit the live folder.
     if hasattr(config, "workerinput") or config.option.collectonly:
         return
-    live = live_view.start(config, options.live_mode(config),
+    live = live_view.start(config, options.value_of(config, options.Table.live),
                            config.stash[SETTINGS_KEY].db_path)
     if live is not None:
         config.stash[_LIVE] = live

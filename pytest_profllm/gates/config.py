@@ -1,5 +1,5 @@
 """The regression gate's settings for a session, as the `profllm` options set them
-(options.py), kept in the pytest config's stash for the gate's worker and controller sides."""
+(options/), kept in the pytest config's stash for the gate's worker and controller sides."""
 
 from __future__ import annotations
 
