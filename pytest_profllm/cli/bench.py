@@ -308,8 +308,9 @@ def _bench_capacity(config: CapacityConfig, base_url: str, args: argparse.Namesp
         path = result_path(config, args.model, args.label, args.result_dir, args.result_filename)
         write_atomic(path, json.dumps(done.result).encode())
         print(f"result: {path}")
-    if (invalid := done.found.invalid_reason()) is not None:
-        # Its capacity is no measurement of the server: exit as any invalid measurement does.
+    if (invalid := done.result["invalid_reason"]) is not None:
+        # Its capacity is no measurement of the server (judged as a capacity case is): exit
+        # as any invalid measurement does.
         print(f"profllm bench: invalid measurement: {invalid}", file=sys.stderr)
         return EXIT_INVALID
     return EXIT_OK if done.found.capacity is not None else EXIT_NOTHING_MEASURED
