@@ -204,9 +204,9 @@ def test_a_load_reports_its_requests_from_a_timer_not_per_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(live_status.DIR_ENV, str(tmp_path))
-    from pytest_profllm.load import client_metrics, stages
+    from pytest_profllm.load import prometheus_counters, stages
 
-    with stages.running(client_metrics.CaseLabels("s::c", "s", "srv"), "gw3"):
+    with stages.running(prometheus_counters.CaseLabels("s::c", "s", "srv"), "gw3"):
         stages.enter("loading")
         progress = live_status.load_progress(3, 2.0)
         assert progress is not None

@@ -50,7 +50,6 @@ from pytest_profllm.load.bench import (
     server_engine,
     workload_own_hits,
 )
-from pytest_profllm.load.client_metrics import REQUEST_TOTALS
 from pytest_profllm.load.dataset import (
     Codec,
     PromptRequest,
@@ -59,6 +58,7 @@ from pytest_profllm.load.dataset import (
     make_prompts,
 )
 from pytest_profllm.load.metrics import RequestOutcome
+from pytest_profllm.load.prometheus_counters import REQUEST_TOTALS
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.schedule import LoadResult, back_to_back
 from pytest_profllm.load.server_state import empty_caches, host_caused, scrape_metrics

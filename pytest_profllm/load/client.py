@@ -26,7 +26,7 @@ import orjson
 
 from pytest_profllm.engine.secrets import bearer
 from pytest_profllm.hosts.descriptors import OUT_OF_DESCRIPTORS
-from pytest_profllm.load import client_metrics, live_status
+from pytest_profllm.load import live_status, prometheus_counters
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.http import StreamingClient
 from pytest_profllm.load.metrics import RequestOutcome
@@ -124,7 +124,7 @@ async def run_share(
     client = _client(settings, limit)
     send = pooling_request if settings.backend in POOLING_BACKENDS else stream_request
 
-    watch = client_metrics.recorder()  # None unless --profllm-metrics-port is on
+    watch = prometheus_counters.recorder()  # None unless --profllm-metrics-port is on
     live = live_status.load_progress(len(requests), settings.request_rate)  # --profllm-live
 
     async def one(outcome: RequestOutcome, body: bytes, index: int) -> RequestOutcome:

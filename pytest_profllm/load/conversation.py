@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_profllm.limits import MAX_REQUEST_TOKENS, InputLimitError, load_json
-from pytest_profllm.load import client_metrics, live_status
+from pytest_profllm.load import live_status, prometheus_counters
 from pytest_profllm.load.client import (
     ENDPOINTS,
     _client,
@@ -270,7 +270,7 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
     path = settings.endpoint or ENDPOINTS[settings.backend]
     # --profllm-live: every turn a request; no target rate (the schedule is of conversations).
     live = live_status.load_progress(sum(len(s.turns) for s in sessions), math.inf)
-    watch = client_metrics.recorder()  # None unless --profllm-metrics-port is on
+    watch = prometheus_counters.recorder()  # None unless --profllm-metrics-port is on
     started_at = time.time()
     cpu_start = time.thread_time()
     start = time.perf_counter()
