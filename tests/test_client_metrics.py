@@ -22,7 +22,7 @@ from prometheus_client import Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import shared_ports, sim_processes
-from pytest_profllm.load import client_metrics
+from pytest_profllm.load import prometheus_counters
 from pytest_profllm.options import parse_metrics_port
 
 SUITE = """
@@ -162,7 +162,7 @@ MANY_LOADS = {
 def _sent_by(record: dict[str, Any]) -> dict[str, int]:
     """What a case's loads sent, by its record: the capacity search's every run, else every
     attempt (one where it was measured once)."""
-    keys = client_metrics.REQUEST_TOTALS
+    keys = prometheus_counters.REQUEST_TOTALS
     if record.get("capacity"):
         return {key: record["capacity"]["requests_sent"][key] for key in keys}
     return {key: sum(attempt[key] for attempt in record["attempts"]) for key in keys}
@@ -282,11 +282,11 @@ def test_a_metrics_port_parses() -> None:
 @given(st.lists(st.floats(min_value=0, max_value=1e5, allow_nan=False), max_size=300))
 def test_a_requests_itls_land_in_the_buckets_observe_puts_them_in(samples: list[float]) -> None:
     """The per-request binning (one write per bucket) agrees with one observe() per sample."""
-    bounds = client_metrics.INTER_TOKEN_LATENCY_BUCKETS
+    bounds = prometheus_counters.INTER_TOKEN_LATENCY_BUCKETS
     one_by_one = Histogram("one_by_one", "", registry=None, buckets=bounds)
     binned = Histogram("binned", "", registry=None, buckets=bounds)
     for sample in samples:
         one_by_one.observe(sample)
-    client_metrics._observe_many(binned, samples)
+    prometheus_counters._observe_many(binned, samples)
     assert [b.get() for b in binned._buckets] == [b.get() for b in one_by_one._buckets]
     assert binned._sum.get() == pytest.approx(one_by_one._sum.get())

@@ -15,6 +15,7 @@ import pytest
 from helpers import run_suites
 
 from pytest_profllm.load import live_status
+from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.session import live_view
 from pytest_profllm.session.live_view import LogView, merge, resolve_mode
 
@@ -204,16 +205,17 @@ def test_a_load_reports_its_requests_from_a_timer_not_per_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(live_status.DIR_ENV, str(tmp_path))
-    from pytest_profllm.load import client_metrics, stages
+    from pytest_profllm.load import prometheus_counters, stages
 
-    with stages.running(client_metrics.CaseLabels("s::c", "s", "srv"), "gw3"):
+    with stages.running(prometheus_counters.CaseLabels("s::c", "s", "srv"), "gw3"):
         stages.enter("loading")
         progress = live_status.load_progress(3, 2.0)
         assert progress is not None
+        answered = RequestOutcome(16, success=True, ttft=0.05, latency=0.25, output_tokens=5)
         for _ in range(3):
-            progress.sent(0.001)
-        progress.done(True, 0.05, 0.25, 5)
-        progress.done(False, 0.0, 0.0, None)
+            progress.sent(RequestOutcome(16, intended_start=1.0, dispatch_time=1.001))
+        progress.done(answered)
+        progress.done(RequestOutcome(16))
         found = live_status.reporter()
         assert found is not None
         found.write()  # what the timer writes

@@ -27,6 +27,7 @@ from test_browse_permissions import PRIVATE, results_db
 
 from pytest_profllm.browse import running_page
 from pytest_profllm.load import live_status
+from pytest_profllm.load.metrics import RequestOutcome
 
 CASE = "bench_x.yaml::qwen3-0.6b::random"
 # Four servers at once, each case's load long enough (30 requests at 10/s) to be seen running.
@@ -73,8 +74,8 @@ def test_a_running_case_shows_with_its_stage_progress_and_series(live: Path) -> 
         live_status.series_start(lambda: [POINT])
         progress = live_status.load_progress(10, 5.0)
         assert progress is not None
-        progress.sent(0.0)
-        progress.done(True, 0.05, 0.2, 8)
+        progress.sent(RequestOutcome(16))
+        progress.done(RequestOutcome(16, success=True, ttft=0.05, latency=0.2, output_tokens=8))
         live_status.reporter().write()  # type: ignore[union-attr]
         answer = get(live.parent / "results.db", "/results/-/running.json").json()
         ((row,),) = [answer["running"]]

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_profllm.load.client_metrics import REQUEST_TOTALS
+from pytest_profllm.load.prometheus_counters import REQUEST_TOTALS
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.validity import Invalid, InvalidKind, texts
 

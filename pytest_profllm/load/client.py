@@ -26,7 +26,7 @@ import orjson
 
 from pytest_profllm.engine.secrets import bearer
 from pytest_profllm.hosts.descriptors import OUT_OF_DESCRIPTORS
-from pytest_profllm.load import client_metrics, live_status
+from pytest_profllm.load import live_status, request_observer
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.http import StreamingClient
 from pytest_profllm.load.metrics import RequestOutcome
@@ -124,27 +124,17 @@ async def run_share(
     client = _client(settings, limit)
     send = pooling_request if settings.backend in POOLING_BACKENDS else stream_request
 
-    watch = client_metrics.recorder()  # None unless --profllm-metrics-port is on
-    live = live_status.load_progress(len(requests), settings.request_rate)  # --profllm-live
+    observer = request_observer.for_load(len(requests), settings.request_rate)
 
     async def one(outcome: RequestOutcome, body: bytes, index: int) -> RequestOutcome:
         outcome.dispatch_time = time.perf_counter()
         async with semaphore:
             request_id = f"{settings.request_id_prefix}{index}"
-            if watch is None and live is None:
-                return await send(client, path, body, outcome, settings, request_id)
-            if watch is not None:
-                watch.sent(outcome, outcome.dispatch_time)
-            if live is not None:
-                live.sent(outcome.dispatch_time - outcome.intended_start)
+            observer.sent(outcome)
             try:
                 return await send(client, path, body, outcome, settings, request_id)
             finally:
-                if watch is not None:
-                    watch.done(outcome)
-                if live is not None:
-                    live.done(outcome.success, outcome.ttft, outcome.latency,
-                              outcome.output_tokens)
+                observer.done(outcome)
 
     try:
         tasks = []

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_profllm.limits import MAX_REQUEST_TOKENS, InputLimitError, load_json
-from pytest_profllm.load import client_metrics, live_status
+from pytest_profllm.load import request_observer
 from pytest_profllm.load.client import (
     ENDPOINTS,
     _client,
@@ -268,9 +268,8 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
     )
     client = _client(settings, limit)
     path = settings.endpoint or ENDPOINTS[settings.backend]
-    # --profllm-live: every turn a request; no target rate (the schedule is of conversations).
-    live = live_status.load_progress(sum(len(s.turns) for s in sessions), math.inf)
-    watch = client_metrics.recorder()  # None unless --profllm-metrics-port is on
+    # Every turn a request; no target rate (the schedule is of conversations).
+    observer = request_observer.for_load(sum(len(s.turns) for s in sessions), math.inf)
     started_at = time.time()
     cpu_start = time.thread_time()
     start = time.perf_counter()
@@ -304,28 +303,18 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
                 )
                 payload["messages"] = messages
                 request_id = f"{settings.request_id_prefix}{number}-{index + 1}"
-                if live is not None:
-                    live.sent(dispatched - due)
-                if watch is not None:
-                    watch.sent(outcome, dispatched)
+                observer.sent(outcome)
                 try:
                     await stream_request(
                         client, path, _encode(payload), outcome, settings, request_id
                     )
                 finally:
-                    if watch is not None:
-                        watch.done(outcome)
+                    observer.done(outcome)
                 outcomes.append(outcome)
-                if live is not None:
-                    live.done(outcome.success, outcome.ttft, outcome.latency,
-                              outcome.output_tokens)
                 if not outcome.success:
                     lost = _not_sent(session, number, index + 1, outcome.end_time)
                     for never in lost:  # the turns it never sent fail with it
-                        if live is not None:
-                            live.done(False, 0.0, 0.0, None)
-                        if watch is not None:
-                            watch.lost(never)
+                        observer.lost(never)
                     outcomes += lost
                     break
                 messages.append({"role": "assistant", "content": outcome.generated_text})

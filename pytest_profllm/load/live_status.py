@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_profllm.load.metrics import RequestOutcome
+
 DIR_ENV = "PROFLLM_LIVE_DIR"  # the controller's folder; unset: the live view is off
 CASE_ENV = "PROFLLM_LIVE_CASE"  # the running case's id, for the client processes it starts
 WRITE_INTERVAL_S = 0.5
@@ -278,7 +280,8 @@ def warming_up(on: bool) -> None:
 
 
 class LoadProgress:
-    """One load's requests as they go, in this process: a few updates per request."""
+    """One load's requests as they go, in this process: a listener of its requests
+    (load/request_observer.py), a few updates per request."""
 
     def __init__(self, found: _Reporter, status: CaseStatus, total: int, rate: float) -> None:
         self._found, self._status = found, status
@@ -291,21 +294,28 @@ class LoadProgress:
             self._tpot.clear()
         found.changed()
 
-    def sent(self, lag_s: float) -> None:
+    def sent(self, outcome: RequestOutcome) -> None:
         self._status.sent += 1
         self._status.last_sent = self._found.clock()
-        self._status.lag_s = max(0.0, lag_s)
+        self._status.lag_s = outcome.schedule_lag
         self._found.changed()
 
-    def done(self, success: bool, ttft: float, latency: float, output_tokens: int | None) -> None:
+    def done(self, outcome: RequestOutcome) -> None:
         status = self._status
         status.done += 1
-        if not success:
+        if not outcome.success:
             status.failed += 1
         else:
+            ttft, output_tokens = outcome.ttft, outcome.output_tokens or 0
             self._ttft.append(ttft)
-            if (output_tokens or 0) > 1:  # vLLM's TPOT: (E2EL - TTFT) / (output - 1)
-                self._tpot.append((latency - ttft) / ((output_tokens or 2) - 1))
+            if output_tokens > 1:  # vLLM's TPOT: (E2EL - TTFT) / (output - 1)
+                self._tpot.append((outcome.latency - ttft) / (output_tokens - 1))
+        self._found.changed()
+
+    def lost(self, outcome: RequestOutcome) -> None:
+        """A request never sent: done, and failed, as the load's record counts it."""
+        self._status.done += 1
+        self._status.failed += 1
         self._found.changed()
 
 

@@ -34,7 +34,7 @@ from pytest_profllm.hosts.processes import (
     process_tree,
     tagged_processes,
 )
-from pytest_profllm.load.client_metrics import without_session_metrics
+from pytest_profllm.load.prometheus_counters import without_session_metrics
 from pytest_profllm.server.launch import HOST
 
 LOG_TAIL_LINES = 50

@@ -1,7 +1,7 @@
 """The session's `/metrics` endpoint (`--profllm-metrics-port`), served by the controller.
 
 The numbers come from every process of the session through prometheus-client's multiprocess
-folder (see `load/client_metrics.py` for why); this module makes the folder, tells the
+folder (see `load/prometheus_counters.py` for why); this module makes the folder, tells the
 children where it is (an environment variable they inherit, set before xdist starts its
 workers), serves it, and stops serving at the session's end.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pytest_profllm.load import client_metrics
+from pytest_profllm.load import prometheus_counters
 
 
 @dataclass
@@ -36,7 +36,7 @@ class MetricsEndpoint:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
-        os.environ.pop(client_metrics.DIR_ENV, None)
+        os.environ.pop(prometheus_counters.DIR_ENV, None)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -59,5 +59,5 @@ def start(host: str, port: int) -> MetricsEndpoint:
             f"({error.strerror or error}); pick a free port"
         ) from None
     # Children (xdist workers, client processes) inherit it; this process records too (-n 0).
-    os.environ[client_metrics.DIR_ENV] = folder
+    os.environ[prometheus_counters.DIR_ENV] = folder
     return MetricsEndpoint(host, port, folder, server, thread)

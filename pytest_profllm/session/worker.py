@@ -20,7 +20,7 @@ from pytest_profllm.hosts.cores import LoadCores
 from pytest_profllm.hosts.descriptors import raise_open_file_limit
 from pytest_profllm.hosts.nvml import GpuBusy
 from pytest_profllm.hosts.pool import HostPool, LeaseTimeout
-from pytest_profllm.load import client_metrics, stages
+from pytest_profllm.load import prometheus_counters, stages
 from pytest_profllm.load.accuracy import lm_eval_missing
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.validity import Rules
@@ -211,7 +211,7 @@ class WorkerSession:
             outcome.skip_reason = reason
             outcome.finished_at = time.time()
             pytest.skip(reason)
-        labels = client_metrics.CaseLabels(case.case_id, case.suite, case.server_label)
+        labels = prometheus_counters.CaseLabels(case.case_id, case.suite, case.server_label)
         try:
             with stages.running(labels, worker_name(), outcome.run_id):
                 return self._run(case, outcome, virtual)

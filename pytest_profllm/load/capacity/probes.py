@@ -39,7 +39,6 @@ from pytest_profllm.load.capacity.statistics import (
     requests_per_probe,
     slos_of,
 )
-from pytest_profllm.load.client_metrics import REQUEST_TOTALS
 from pytest_profllm.load.dataset import (
     Codec,
     PromptRequest,
@@ -47,6 +46,7 @@ from pytest_profllm.load.dataset import (
     TokenizerCodec,
     make_prompts,
 )
+from pytest_profllm.load.prometheus_counters import REQUEST_TOTALS
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.schedule import LoadResult, back_to_back
 from pytest_profllm.load.server_state import empty_caches, scrape_metrics

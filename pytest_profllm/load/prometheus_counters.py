@@ -187,7 +187,8 @@ def set_stage(stage: str | None) -> None:
 
 
 class CaseRecorder:
-    """One load's instruments bound to its case's labels: two calls per request."""
+    """One load's instruments bound to its case's labels: a listener of its requests
+    (load/request_observer.py), two calls per request."""
 
     def __init__(self, found: Instruments, labels: CaseLabels) -> None:
         values = labels.values()
@@ -204,10 +205,10 @@ class CaseRecorder:
         self._itl = found.itl.labels(*values)
         self._e2e = found.e2e.labels(*values)
 
-    def sent(self, outcome: RequestOutcome, now: float) -> None:
+    def sent(self, outcome: RequestOutcome) -> None:
         self._sent.inc()
         self._in_flight.inc()
-        self._lag.set(max(0.0, now - outcome.intended_start))
+        self._lag.set(outcome.schedule_lag)
 
     def lost(self, outcome: RequestOutcome) -> None:
         """A request that was never sent (a conversation's turns after one that failed): a
