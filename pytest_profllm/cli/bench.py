@@ -248,18 +248,8 @@ def _bench(args: argparse.Namespace) -> int:
     if isinstance(config, CapacityConfig):
         return _bench_capacity(config, base_url, args)
     try:
-        done = run_bench(
-            config,
-            base_url,
-            args.model,
-            served_model_name=args.served_model_name,
-            tokenizer=args.tokenizer,
-            api_key=os.environ.get("OPENAI_API_KEY"),
-            endpoint=args.endpoint,
-            label=args.label,
-            save_detailed=args.save_detailed,
-            max_schedule_lag_ms=args.max_schedule_lag,
-        )
+        done = run_bench(config, base_url, args.model, save_detailed=args.save_detailed,
+                         **_target(args))
     except ServerUnreachable as error:
         raise CliError(str(error), EXIT_UNREACHABLE) from None
     except BenchFailed as error:
@@ -282,6 +272,19 @@ def _bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _target(args: argparse.Namespace) -> dict[str, Any]:
+    """What a load and a search both take of the command line: the server's names, the
+    tokenizer, the key, the endpoint, the label and the lag bound."""
+    return {
+        "served_model_name": args.served_model_name,
+        "tokenizer": args.tokenizer,
+        "api_key": os.environ.get("OPENAI_API_KEY"),
+        "endpoint": args.endpoint,
+        "label": args.label,
+        "max_schedule_lag_ms": args.max_schedule_lag,
+    }
+
+
 def _bench_capacity(config: CapacityConfig, base_url: str, args: argparse.Namespace) -> int:
     def show(probe: Probe) -> None:
         print(describe_probe(probe, config.search.over), flush=True)
@@ -291,13 +294,8 @@ def _bench_capacity(config: CapacityConfig, base_url: str, args: argparse.Namesp
             config,
             base_url,
             args.model,
-            served_model_name=args.served_model_name,
-            tokenizer=args.tokenizer,
-            api_key=os.environ.get("OPENAI_API_KEY"),
-            endpoint=args.endpoint,
-            label=args.label,
             on_probe=show,
-            max_schedule_lag_ms=args.max_schedule_lag,
+            **_target(args),
         )
     except ServerUnreachable as error:
         raise CliError(str(error), EXIT_UNREACHABLE) from None
