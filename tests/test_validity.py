@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pytest_profllm.load import metrics, validity
 from pytest_profllm.load.attempts import Attempts
-from pytest_profllm.load.bench import BenchFailed, judged_result
+from pytest_profllm.load.bench import BenchFailed, bench_rules, judged_result
 from pytest_profllm.load.dataset import TokenizerCodec
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.schedule import LoadResult
@@ -123,8 +123,9 @@ def test_a_case_and_profllm_bench_judge_the_same_load_alike(data: st.DataObject)
     config = BenchmarkConfig(num_prompts=len(made), ignore_eos=ignore_eos)
     own_hits = data.draw(st.integers(0, 100))
     try:
-        result, bench = judged_result(load, config, CODEC, window, own_hits, LOOPBACK, lag,
-                                      max_failed=len(made), model="sim")
+        result, bench = judged_result(load, config, CODEC, window, own_hits,
+                                      bench_rules(LOOPBACK, lag), max_failed=len(made),
+                                      model="sim")
     except BenchFailed:
         return  # a benchmark of nothing: no figures to judge (a case fails on it too)
     # The case's rules where the session sets only the lag bound, its load cores not watched

@@ -29,6 +29,7 @@ from pytest_profllm.load.bench import (
 )
 from pytest_profllm.load.capacity import Probe, describe_probe, search_server
 from pytest_profllm.load.dataset import DatasetError
+from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
 from pytest_profllm.plan.suite import BenchmarkConfig, CapacityConfig, CapacitySearch
 from pytest_profllm.results.record import write_requests
 from pytest_profllm.run.outcome import request_row
@@ -150,6 +151,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "requests later than this after their scheduled times (p99), or whose simulated "
         "engine fell this far behind, is invalid; raise it on a busy host (not a vLLM flag; "
         "default: 10)")
+    add("--max-client-overhead", type=float, metavar="MS", default=DEFAULT_MAX_CLIENT_OVERHEAD_MS,
+        help="a load to which the client added more than this to the server's own mean TTFT "
+        "is invalid, where the server is on this host (not a vLLM flag; default: "
+        f"{DEFAULT_MAX_CLIENT_OVERHEAD_MS:g}, or 15%% of the server's mean TTFT where larger, "
+        "as --profllm-max-client-overhead)")
     add("--label")
     add("--save-result", action="store_true", help="write the result JSON (and per-request "
         "records beside it, .requests.jsonl.gz)")
@@ -282,6 +288,7 @@ def _target(args: argparse.Namespace) -> dict[str, Any]:
         "endpoint": args.endpoint,
         "label": args.label,
         "max_schedule_lag_ms": args.max_schedule_lag,
+        "max_client_overhead_ms": args.max_client_overhead,
     }
 
 

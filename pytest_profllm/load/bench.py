@@ -54,7 +54,7 @@ from pytest_profllm.load.server_state import (
     scrape_metrics,
     shared_on_purpose,
 )
-from pytest_profllm.load.server_view import load_view
+from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS, load_view
 from pytest_profllm.load.steady_state import steady_figures
 from pytest_profllm.load.validity import (
     Judgement,
@@ -273,6 +273,7 @@ def run_bench(
     save_detailed: bool = False,
     max_failed: int = 0,
     max_schedule_lag_ms: float | None = None,
+    max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS,
 ) -> BenchResult:
     """Run `config` against the server at `base_url`; raises BenchFailed for a benchmark of
     nothing (every request failed, a non-200 status, no output tokens), ServerUnreachable
@@ -291,8 +292,9 @@ def run_bench(
     load = asyncio.run(run_load(settings, workload))
     window = (before, scrape_metrics(metrics_url))
     own = workload_own_hits(workload, config, codec)
+    rules = bench_rules(base_url, max_schedule_lag_ms, max_client_overhead_ms)
     result, judgement = judged_result(
-        load, config, codec, window, own, base_url, max_schedule_lag_ms, max_failed,
+        load, config, codec, window, own, rules, max_failed,
         model=model, tokenizer=tokenizer, label=label,
     )
     result["engine"] = server_engine(base_url, api_key)
@@ -312,8 +314,7 @@ def judged_result(
     codec: Codec,
     window: ServerWindow,
     own_hits: int,
-    base_url: str,
-    max_schedule_lag_ms: float | None,
+    rules: Rules,
     max_failed: int = 0,
     *,
     model: str,
@@ -327,9 +328,7 @@ def judged_result(
     if (problem := metrics.served_problem(load.outcomes, summary, max_failed)) is not None:
         raise BenchFailed(problem)
     result = result_json(config, model, tokenizer, label, load, summary, health, codec)
-    judgement = judge_bench(
-        LoadFacts(load, config, health, result, own_hits), window, base_url, max_schedule_lag_ms
-    )
+    judgement = judge(LoadFacts(load, config, health, result, own_hits), window, rules)
     result["validity"] = judgement.validity
     result["invalid_reason"] = judgement.line()
     result["rules_not_applied"] = judgement.not_applied
@@ -340,15 +339,17 @@ def judged_result(
     return result, judgement
 
 
-def judge_bench(
-    facts: LoadFacts, window: ServerWindow, base_url: str, max_schedule_lag_ms: float | None
-) -> Judgement:
-    """`profllm bench`'s judgement of a load: a suite case's rules at their defaults, except
-    where they cannot apply (no load cores leased apart from the server's; the client's
-    overhead where the server is on another host), which the judgement names."""
-    rules = Rules(max_schedule_lag_ms=max_schedule_lag_ms,
-                  server_on_this_host=on_this_host(base_url))
-    return judge(facts, window, rules)
+def bench_rules(
+    base_url: str,
+    max_schedule_lag_ms: float | None,
+    max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS,
+) -> Rules:
+    """`profllm bench`'s rules: a suite case's, with the bounds its flags set, except where
+    they cannot apply (no load cores are leased apart from the server's; the client's overhead
+    where the server is on another host), which its judgement names."""
+    return Rules(max_schedule_lag_ms=max_schedule_lag_ms,
+                 max_client_overhead_ms=max_client_overhead_ms,
+                 server_on_this_host=on_this_host(base_url))
 
 
 def prompts_of_its_own(config: C, cache: CacheState) -> C:

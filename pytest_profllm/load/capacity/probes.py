@@ -17,6 +17,7 @@ from pytest_profllm.load import stages
 from pytest_profllm.load.attempts import Attempts
 from pytest_profllm.load.bench import (
     DETAILED_KEYS,
+    bench_rules,
     check_reachable,
     load_settings,
     measure,
@@ -50,6 +51,7 @@ from pytest_profllm.load.prometheus_counters import REQUEST_TOTALS
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.schedule import LoadResult, back_to_back
 from pytest_profllm.load.server_state import empty_caches, scrape_metrics
+from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
 from pytest_profllm.load.validity import (
     DEFAULT_RULES,
     Judgement,
@@ -57,7 +59,6 @@ from pytest_profllm.load.validity import (
     Rules,
     ServerWindow,
     judge,
-    on_this_host,
     texts,
 )
 from pytest_profllm.plan.metric_names import CLIENT_HEALTH_KEYS
@@ -253,6 +254,7 @@ def search_server(
     label: str | None = None,
     on_probe: Callable[[Probe], None] | None = None,
     max_schedule_lag_ms: float | None = None,
+    max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS,
 ) -> ServerSearch:
     """`profllm bench` with SLOs: the search against the server at `base_url`."""
     check_reachable(base_url)
@@ -264,8 +266,7 @@ def search_server(
     per_probe = requests_per_probe(slos, config.num_prompts)
     config = prompts_of_its_own(config, empty_caches(base_url, config, api_key))
     prompts = make_prompts(config.model_copy(update={"num_prompts": per_probe}), codec)
-    rules = Rules(max_schedule_lag_ms=max_schedule_lag_ms,
-                  server_on_this_host=on_this_host(base_url))
+    rules = bench_rules(base_url, max_schedule_lag_ms, max_client_overhead_ms)
     probes = ServerProbes(config, base_url, codec, prompts, name, api_key, rules,
                           endpoint=endpoint)
     found = search(probes, slos, config.search, config.num_prompts, seed=config.seed,
