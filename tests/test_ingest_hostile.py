@@ -385,3 +385,22 @@ def test_a_fifo_under_a_request_files_name_is_refused_with_its_record(tmp_path: 
         "files are read",
     )]
     assert _loaded(tmp_path / "x.db") == {"run-a"}
+
+
+def test_nan_and_infinity_written_as_strings_are_refused_naming_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: stored, as NULL and as Infinity, and `profllm check` then called the row wrong.
+    folder = tmp_path / "records"
+    nan, inf = make_record("run-nan"), make_record("run-inf")
+    nan["results"]["median_ttft_ms"] = "NaN"
+    inf["results"]["output_throughput"] = "-Infinity"
+    _write(folder, [make_record("run-a"), nan, inf])
+    assert cli_main(["ingest", str(tmp_path / "x.db"), str(folder)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"profllm ingest: refused {folder / 'run-inf.json'}: results.output_throughput is "
+        "'-Infinity', not a finite number: metrics must be finite numbers",
+        f"profllm ingest: refused {folder / 'run-nan.json'}: results.median_ttft_ms is 'NaN', "
+        "not a finite number: metrics must be finite numbers",
+    ]
+    assert _loaded(tmp_path / "x.db") == {"run-a"}

@@ -165,6 +165,20 @@ def _check_finite(data: Any) -> None:
     for name, value in (results.items() if isinstance(results, dict) else ()):
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"results.{name} is {value}: metrics must be finite numbers")
+        if isinstance(value, str) and not _finite_text(value):
+            # The record's model reads "NaN" and "Infinity" as numbers, and the table would
+            # store them as NULL and Infinity.
+            raise ValueError(f"results.{name} is {value!r}, not a finite number: metrics "
+                             "must be finite numbers")
+
+
+def _finite_text(text: str) -> bool:
+    """Whether a metric given as text is not one that reads as NaN or an infinity (text that
+    is no number at all is the model's to refuse)."""
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return True
 
 
 def _is_bench_result(data: dict[str, Any]) -> bool:
