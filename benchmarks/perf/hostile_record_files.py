@@ -53,7 +53,7 @@ def measure(command: list[str]) -> tuple[float, float, str]:
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         return seconds, -1.0, (done.stderr.strip().splitlines() or ["?"])[-1]
-    peak_kb, line = (done.stdout.splitlines() + ["", ""])[:2]
+    peak_kb, line = [*done.stdout.splitlines(), "", ""][:2]
     return seconds, int(peak_kb) / 1024, line
 
 
