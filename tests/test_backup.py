@@ -167,6 +167,46 @@ def test_the_records_go_beside_the_backup(
     assert not check(dest, unpacked).problems
 
 
+@pytest.mark.parametrize("records_as", ["tar", "folder"])
+def test_a_link_out_of_the_records_folder_is_left_out_with_a_line(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], records_as: str
+) -> None:
+    # Before: `notes.json -> /etc/passwd` went into the tar, as `passwd`.
+    records = tmp_path / "records"
+    secret = tmp_path / "outside" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("not for the backup")
+    (records / "notes.json").symlink_to(secret)
+    (records / "run-00.requests.jsonl.gz").rename(tmp_path / "moved.gz")
+    (records / "run-00.requests.jsonl.gz").symlink_to(tmp_path / "moved.gz")
+    os.mkfifo(records / "pipe.json")
+    dest = tmp_path / "backup.db"
+    argv = ["backup", str(db), str(dest), "--with-records", str(records), "--records-as",
+            records_as]
+    assert cli_main(argv) == 0
+    captured = capsys.readouterr()
+    where = records.resolve()
+    assert captured.err.splitlines() == [
+        f"profllm backup: skipped {where / 'notes.json'}: a link (to {secret.resolve()}); only "
+        "regular files inside the folder are copied",
+        f"profllm backup: skipped {where / 'pipe.json'}: a FIFO, not a regular file: only "
+        "regular files are read; not copied",
+        f"profllm backup: skipped {where / 'run-00.requests.jsonl.gz'}: a link (to "
+        f"{(tmp_path / 'moved.gz').resolve()}); only regular files inside the folder are copied",
+    ]
+    assert "; 39 record and request file(s) in " in captured.out
+    beside = dest.with_name("backup.db.records" + (".tar" if records_as == "tar" else ""))
+    if records_as == "tar":
+        with tarfile.open(beside) as tar:
+            members = tar.getmembers()
+        assert all(member.isfile() for member in members)
+        names = [member.name for member in members]
+    else:
+        names = [path.name for path in beside.iterdir()]
+    assert len(names) == 39 and "notes.json" not in names and "pipe.json" not in names
+    assert "run-00.requests.jsonl.gz" not in names and "secret.txt" not in names
+
+
 def _pages(path: Path) -> int:
     with sqlite3.connect(path) as connection:
         count: int = connection.execute("PRAGMA page_count").fetchone()[0]

@@ -16,15 +16,15 @@ import contextlib
 import os
 import shutil
 import sqlite3
+import stat
 import tarfile
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pytest_profllm.results.files import settle, sidecars
-from pytest_profllm.results.ingest import record_files
+from pytest_profllm.results.files import not_regular, settle, sidecars
 from pytest_profllm.results.schema_version import NewerSchema, refuse_newer
 from pytest_profllm.results.table import TABLE
 
@@ -46,6 +46,7 @@ class BackupReport:
     pages: int
     records: Path | None = None
     record_files: int = 0
+    skipped: list[str] = field(default_factory=list)  # files of the records left out, why
 
 
 def backup(
@@ -102,7 +103,7 @@ def backup(
     report = BackupReport(dest, version, runs, pages)
     if records is not None:
         report.records = beside
-        report.record_files = _copy_records(records, beside, records_as)
+        report.record_files, report.skipped = _copy_records(records, beside, records_as)
     return report
 
 
@@ -132,32 +133,82 @@ def _page_count(path: Path) -> int:
     return pages
 
 
-def _copy_records(records: Path, beside: Path, records_as: str) -> int:
+def _copy_records(records: Path, beside: Path, records_as: str) -> tuple[int, list[str]]:
     """The record files and their request files, into a tar or a folder (written under a
-    temporary name, renamed when whole)."""
-    files = [
-        path
-        for record in record_files([records])
-        for path in (record, record.with_name(record.stem + ".requests.jsonl.gz"))
-        if path.is_file()
-    ]
+    temporary name, renamed when whole); the count copied, and a line for each file left out.
+
+    Only regular files inside the folder go in: a link (`notes.json -> /etc/passwd`) is left
+    out with a line, never followed, and each file is checked by the descriptor it is copied
+    from, so that what was checked is what is copied."""
+    files, skipped = _regular_records(records)
     temp = beside.with_name(f".{beside.name}.{os.getpid()}")
+    copied = 0
     try:
-        if records_as == "tar":
-            with tarfile.open(temp, "w") as tar:
-                for path in files:
-                    tar.add(path, arcname=path.name)
-        else:
-            temp.mkdir()
+        with contextlib.ExitStack() as stack:
+            tar = None
+            if records_as == "tar":
+                tar = stack.enter_context(tarfile.open(temp, "w"))
+            else:
+                temp.mkdir()
             for path in files:
-                shutil.copy2(path, temp / path.name)
+                left_out = _copy_one(path, tar, temp)
+                if left_out is None:
+                    copied += 1
+                else:
+                    skipped.append(left_out)
         os.replace(temp, beside)
     finally:
         if temp.is_dir():
             shutil.rmtree(temp)
         elif temp.exists():
             temp.unlink()
-    return len(files)
+    return copied, skipped
+
+
+def _copy_one(path: Path, tar: tarfile.TarFile | None, folder: Path) -> str | None:
+    """Copies the file at `path` into the tar, else into `folder`, from a descriptor that
+    follows no link and is a regular file's; else the line that says why not."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:  # a link put there since the folder was read: ELOOP
+        return f"{path}: {error.strerror or error}; not copied"
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return f"{path}: {not_regular(path)}; not copied"
+        if tar is not None:
+            tar.addfile(tar.gettarinfo(arcname=path.name, fileobj=handle), handle)
+        else:
+            with open(folder / path.name, "xb") as out:
+                shutil.copyfileobj(handle, out)
+            shutil.copystat(path, folder / path.name, follow_symlinks=False)
+    return None
+
+
+def _regular_records(records: Path) -> tuple[list[Path], list[str]]:
+    """The record files of the folder and the request files beside them that are regular
+    files inside it; a line for each left out (a link, a FIFO, a device, a folder)."""
+    folder = records.resolve()
+    files: list[Path] = []
+    skipped: list[str] = []
+    with os.scandir(folder) as entries:
+        found = {entry.name: entry for entry in entries}
+    for name in sorted(found):
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        for entry in (found[name], found.get(name[: -len(".json")] + ".requests.jsonl.gz")):
+            if entry is None:
+                continue
+            path = folder / entry.name
+            if entry.is_symlink():
+                skipped.append(f"{path}: a link (to {os.path.realpath(path)}); only regular "
+                               "files inside the folder are copied")
+            elif not entry.is_file(follow_symlinks=False):
+                skipped.append(f"{path}: {not_regular(path)}; not copied")
+            elif not path.resolve().is_relative_to(folder):
+                skipped.append(f"{path}: outside {folder}; not copied")
+            else:
+                files.append(path)
+    return files, skipped
 
 
 def restore(backup_path: Path, db_path: Path, wait_s: float = RESTORE_WAIT_S) -> int:
