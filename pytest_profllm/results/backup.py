@@ -5,9 +5,11 @@ mode sessions go on writing while it copies, and the copy is the database as it 
 backup began (a copy of the file could take half of a transaction, or none of its log). The
 record files and request samples may go beside it, as a tar or a folder.
 
-A restore puts a backup in place whole: copied beside the database, then renamed over it while
-it holds the database's exclusive lock, which it refuses to wait for: a session loading, or a
-reader (Datasette), holds the database, and a restore then says so in one line.
+A restore checks the backup (a results database this plugin knows, whole) and writes it into
+the database in place, through the same API, in one write transaction: readers (Datasette) go
+on reading and see the restored database at their next read, a session's load waits for it as
+for any writer, and the database stays in WAL mode. Replacing the file instead left a reader
+serving the deleted one, and a load beside it failed (`attempt to write a readonly database`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import shutil
 import sqlite3
 import stat
 import tarfile
+import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -26,12 +29,14 @@ from typing import Literal
 
 from pytest_profllm.results.files import not_regular, settle, sidecars
 from pytest_profllm.results.schema_version import NewerSchema, refuse_newer
+from pytest_profllm.results.store import BUSY_TIMEOUT_MS
 from pytest_profllm.results.table import TABLE
 
 # Pages copied a step (32 KiB each: 32 MiB), between which progress is told.
 PAGES_PER_STEP = 1024
-# How long a restore waits for the database's lock before it says who holds it.
-RESTORE_WAIT_S = 1.0
+# How long a restore waits for another writer (a session's load) before it says who holds the
+# database: as long as a load waits for one.
+RESTORE_WAIT_S = BUSY_TIMEOUT_MS / 1000
 
 
 class BackupError(Exception):
@@ -212,11 +217,17 @@ def _regular_records(records: Path) -> tuple[list[Path], list[str]]:
 
 
 def restore(backup_path: Path, db_path: Path, wait_s: float = RESTORE_WAIT_S) -> int:
-    """Puts the backup at `backup_path` in place of the database at `db_path`, whole or not
-    at all; returns its schema version. Refuses a backup that is not a whole database, one
-    newer than this plugin, and a database another process holds."""
-    if not backup_path.is_file():
-        raise BackupError(f"{backup_path}: no such backup")
+    """Puts the content of the backup at `backup_path` in place of the database at `db_path`,
+    whole or not at all; returns its schema version. Refuses, changing nothing, a backup that
+    is not a results database this plugin knows (not a regular file, empty, not SQLite,
+    failing SQLite's integrity check, without the plugin's table, newer than this plugin),
+    and a database another process holds for writing longer than `wait_s`.
+
+    The database is written in place, through SQLite's backup API, in one write transaction
+    (not a file renamed over it): a reader (Datasette) keeps its file and sees the restored
+    database at its next read, a session's load waits for the restore as for any writer, and
+    the database stays in WAL mode."""
+    _refuse_unreadable(backup_path)
     if not db_path.parent.is_dir():
         raise BackupError(f"{db_path.parent}: no such folder")
     temp = db_path.with_name(f".{db_path.name}.restore-{os.getpid()}")
@@ -224,13 +235,9 @@ def restore(backup_path: Path, db_path: Path, wait_s: float = RESTORE_WAIT_S) ->
         version = _copy_checked(backup_path, temp)
         settle(temp)
         if not db_path.exists():
-            # A log left without its database would be replayed into the restored one.
-            for orphan in sidecars(db_path):
-                with contextlib.suppress(FileNotFoundError):
-                    orphan.unlink()
-            os.replace(temp, db_path)
-            return version
-        _replace_held(temp, db_path, wait_s)
+            _replace_whole(temp, db_path)
+        else:
+            _restore_into(temp, db_path, wait_s)
     finally:
         for path in (temp, *sidecars(temp)):
             with contextlib.suppress(FileNotFoundError):
@@ -238,15 +245,50 @@ def restore(backup_path: Path, db_path: Path, wait_s: float = RESTORE_WAIT_S) ->
     return version
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _refuse_unreadable(backup_path: Path) -> None:
+    """A backup that is not a regular file, is empty or is not SQLite's (SQLite would take an
+    empty file for an empty database, and restore it)."""
+    try:
+        mode = os.stat(backup_path).st_mode
+    except FileNotFoundError:
+        raise BackupError(f"{backup_path}: no such backup") from None
+    except OSError as error:
+        raise BackupError(f"{backup_path}: {error.strerror or error}") from None
+    if not stat.S_ISREG(mode):
+        raise BackupError(f"{backup_path}: {not_regular(backup_path, mode)}")
+    try:
+        with open(backup_path, "rb") as handle:
+            head = handle.read(len(_SQLITE_HEADER))
+    except OSError as error:
+        raise BackupError(f"{backup_path}: {error.strerror or error}") from None
+    if not head:
+        raise BackupError(f"{backup_path}: empty (0 bytes): not a backup")
+    if head != _SQLITE_HEADER:
+        raise BackupError(f"{backup_path}: not an SQLite database")
+
+
 def _copy_checked(backup_path: Path, temp: Path) -> int:
+    """The backup checked (SQLite's integrity check, the schema version, the plugin's table)
+    and copied to `temp`; its schema version."""
     try:
         with closing(
             sqlite3.connect(backup_path.resolve().as_uri() + "?mode=ro", uri=True)
         ) as source:
             version = refuse_newer(source, backup_path)
-            problems = [row[0] for row in source.execute("PRAGMA quick_check(5)")]
+            try:
+                problems = [row[0] for row in source.execute("PRAGMA integrity_check(5)")]
+            except sqlite3.DatabaseError as error:  # a page so broken the check stops
+                problems = [str(error)]
             if problems != ["ok"]:
                 raise BackupError(f"{backup_path}: not a whole database: {problems[0]}")
+            columns = {row[1] for row in source.execute(f"PRAGMA table_info([{TABLE}])")}
+            if "run_id" not in columns:
+                raise BackupError(
+                    f"{backup_path}: not a results database: it has no table {TABLE}"
+                )
             with closing(sqlite3.connect(temp)) as target:
                 source.backup(target)
     except NewerSchema:
@@ -256,27 +298,89 @@ def _copy_checked(backup_path: Path, temp: Path) -> int:
     return version
 
 
-def _replace_held(temp: Path, db_path: Path, wait_s: float) -> None:
-    """Renames `temp` over `db_path` while holding its exclusive lock. Leaving WAL mode
-    needs every other connection gone (a session, a reader): its log is folded into the
-    file and removed, so no stale log is left to be replayed into the restored database."""
+def _replace_whole(temp: Path, db_path: Path) -> None:
+    """`temp`, set to WAL mode, renamed to `db_path`, where no database is (none, or a file
+    that is not one: no process can be using it)."""
+    # A log left without its database would be replayed into the restored one.
+    for orphan in sidecars(db_path):
+        with contextlib.suppress(FileNotFoundError):
+            orphan.unlink()
+    with closing(sqlite3.connect(temp, isolation_level=None)) as connection:
+        connection.execute("PRAGMA journal_mode = WAL")
+    # The last connection gone, the log is folded in and removed; the file says WAL.
+    with open(temp, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temp, db_path)
+
+
+class _StillHeld(Exception):
+    """Another process held the database's write lock past the restore's wait."""
+
+
+def _restore_into(temp: Path, db_path: Path, wait_s: float) -> None:
+    """The content of `temp` copied into the database at `db_path` in place, in one write
+    transaction (SQLite's backup API), waiting up to `wait_s` for another writer."""
     held = (
-        f"{db_path}: in use by another process (a session loading, Datasette reading): "
-        "stop it, then restore"
+        f"{db_path}: held by another process for over {wait_s:g} s (a session loading, "
+        "or a reader in rollback-journal mode): restore again once it is done"
     )
-    connection = sqlite3.connect(db_path, timeout=wait_s, isolation_level=None)
+    live = sqlite3.connect(db_path, timeout=wait_s, isolation_level=None)
     try:
         try:
-            mode = connection.execute("PRAGMA journal_mode = DELETE").fetchone()[0]
-            if mode != "delete":
+            live.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            pages = live.execute("PRAGMA page_count").fetchone()[0]
+            # A database left in rollback-journal mode (by an older restore, say) is set to
+            # WAL mode, in which readers never block the restore, nor it them.
+            if pages and live.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
                 raise BackupError(held)
-            connection.execute("BEGIN EXCLUSIVE")
+            page_size = live.execute("PRAGMA page_size").fetchone()[0]
         except sqlite3.OperationalError as error:
-            if "locked" in str(error) or "busy" in str(error):
+            if _busy(error):
                 raise BackupError(held) from None
             raise BackupError(f"{db_path}: {error}") from None
         except sqlite3.DatabaseError:
-            pass  # not a database: nobody can hold it; it is replaced all the same
-        os.replace(temp, db_path)
+            # Not a database: no process can be using it; it is replaced whole.
+            live.close()
+            _replace_whole(temp, db_path)
+            return
+        if pages:
+            # In WAL mode the backup API cannot change the page size: the copy takes the
+            # database's.
+            _page_size(temp, page_size)
+        deadline = time.monotonic() + wait_s
+
+        def waiting(status: int, remaining: int, total: int) -> None:
+            if status in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) and (
+                time.monotonic() > deadline
+            ):
+                raise _StillHeld
+
+        try:
+            with closing(sqlite3.connect(temp)) as source:
+                # One step: the whole copy is one write transaction of the database.
+                source.backup(live, progress=waiting)
+            if not pages:
+                live.execute("PRAGMA journal_mode = WAL")
+            live.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except _StillHeld:
+            raise BackupError(held) from None
+        except sqlite3.OperationalError as error:
+            if _busy(error):
+                raise BackupError(held) from None
+            raise BackupError(f"{db_path}: {error}") from None
+        except sqlite3.DatabaseError as error:
+            raise BackupError(f"{db_path}: {error}") from None
     finally:
-        connection.close()
+        live.close()
+
+
+def _busy(error: sqlite3.Error) -> bool:
+    return "locked" in str(error) or "busy" in str(error)
+
+
+def _page_size(path: Path, page_size: int) -> None:
+    """The database at `path` (in rollback-journal mode) rewritten with pages of `page_size`."""
+    with closing(sqlite3.connect(path, isolation_level=None)) as connection:
+        if connection.execute("PRAGMA page_size").fetchone()[0] != page_size:
+            connection.execute(f"PRAGMA page_size = {int(page_size)}")
+            connection.execute("VACUUM")
