@@ -1,7 +1,7 @@
 """`profllm backup` and `profllm restore`: a backup taken while another process writes is the
 database at the backup's moment and passes `profllm check`, and the writer loses nothing; the
-records go beside it; a restore is whole or nothing, and refuses while a process holds the
-database; every refusal is one line."""
+records go beside it; a restore is whole or nothing, written in place, so that a reader sees
+it and a session's load waits for it; every refusal is one line."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import sqlite3
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from helpers import pytest_argv
 from test_ingest import records_folder
 
 from pytest_profllm.cli.main import main as cli_main
-from pytest_profllm.results.backup import backup
+from pytest_profllm.results.backup import BackupError, backup, restore
 from pytest_profllm.results.check import check
 from pytest_profllm.results.schema_version import SCHEMA_VERSION
 from pytest_profllm.results.table import TABLE
@@ -43,19 +45,11 @@ while not stop.exists():
 print(written)
 """
 
-# Holds the database until stdin closes: as a session's load does (a write transaction), or
-# as Datasette does (a read-only connection reading).
+# Holds the database's write lock until stdin closes, as a session's load does.
 _HOLDER = """
 import sqlite3, sys
-from pathlib import Path
-if sys.argv[2] == "write":
-    connection = sqlite3.connect(sys.argv[1], isolation_level=None)
-    connection.execute("BEGIN IMMEDIATE")
-else:
-    connection = sqlite3.connect(Path(sys.argv[1]).resolve().as_uri() + "?mode=ro", uri=True,
-                                 isolation_level=None)
-    connection.execute("BEGIN")
-    connection.execute("SELECT count(*) FROM benchmark_runs").fetchone()
+connection = sqlite3.connect(sys.argv[1], isolation_level=None)
+connection.execute("BEGIN IMMEDIATE")
 print("held", flush=True)
 sys.stdin.read()
 """
@@ -167,6 +161,46 @@ def test_the_records_go_beside_the_backup(
     assert not check(dest, unpacked).problems
 
 
+@pytest.mark.parametrize("records_as", ["tar", "folder"])
+def test_a_link_out_of_the_records_folder_is_left_out_with_a_line(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], records_as: str
+) -> None:
+    # Before: `notes.json -> /etc/passwd` went into the tar, as `passwd`.
+    records = tmp_path / "records"
+    secret = tmp_path / "outside" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("not for the backup")
+    (records / "notes.json").symlink_to(secret)
+    (records / "run-00.requests.jsonl.gz").rename(tmp_path / "moved.gz")
+    (records / "run-00.requests.jsonl.gz").symlink_to(tmp_path / "moved.gz")
+    os.mkfifo(records / "pipe.json")
+    dest = tmp_path / "backup.db"
+    argv = ["backup", str(db), str(dest), "--with-records", str(records), "--records-as",
+            records_as]
+    assert cli_main(argv) == 0
+    captured = capsys.readouterr()
+    where = records.resolve()
+    assert captured.err.splitlines() == [
+        f"profllm backup: skipped {where / 'notes.json'}: a link (to {secret.resolve()}); only "
+        "regular files inside the folder are copied",
+        f"profllm backup: skipped {where / 'pipe.json'}: a FIFO, not a regular file: only "
+        "regular files are read; not copied",
+        f"profllm backup: skipped {where / 'run-00.requests.jsonl.gz'}: a link (to "
+        f"{(tmp_path / 'moved.gz').resolve()}); only regular files inside the folder are copied",
+    ]
+    assert "; 39 record and request file(s) in " in captured.out
+    beside = dest.with_name("backup.db.records" + (".tar" if records_as == "tar" else ""))
+    if records_as == "tar":
+        with tarfile.open(beside) as tar:
+            members = tar.getmembers()
+        assert all(member.isfile() for member in members)
+        names = [member.name for member in members]
+    else:
+        names = [path.name for path in beside.iterdir()]
+    assert len(names) == 39 and "notes.json" not in names and "pipe.json" not in names
+    assert "run-00.requests.jsonl.gz" not in names and "secret.txt" not in names
+
+
 def _pages(path: Path) -> int:
     with sqlite3.connect(path) as connection:
         count: int = connection.execute("PRAGMA page_count").fetchone()[0]
@@ -201,6 +235,12 @@ def test_what_cannot_be_backed_up_is_one_line(
     assert not (tmp_path / "b.db").exists()
 
 
+def journal_mode(db: Path) -> str:
+    with closing(sqlite3.connect(db)) as connection:
+        mode: str = connection.execute("PRAGMA journal_mode").fetchone()[0]
+    return mode
+
+
 def test_a_restore_puts_the_backup_in_place_and_leaves_no_log(
     db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -210,15 +250,18 @@ def test_a_restore_puts_the_backup_in_place_and_leaves_no_log(
     assert cli_main(["ingest", str(db), str(records_folder(tmp_path / "later", "run-z"))]) == 0
     assert rows(db) == 21
     capsys.readouterr()
+    inode = db.stat().st_ino
     assert cli_main(["restore", str(dest), str(db)]) == 0
     assert capsys.readouterr().out == (
         f"{db}: restored from {dest} (schema version {SCHEMA_VERSION})\n"
     )
-    assert rows(db) == 20
-    assert not check(db, tmp_path / "records").problems
     assert sorted(path.name for path in tmp_path.iterdir() if "results.db" in path.name) == [
         "results.db"
     ]
+    # Written in place, and left in WAL mode (before: renamed over, in rollback-journal mode).
+    assert db.stat().st_ino == inode and journal_mode(db) == "wal"
+    assert rows(db) == 20
+    assert not check(db, tmp_path / "records").problems
     # Into a new file too, where a log of another database was left without it.
     fresh = tmp_path / "fresh.db"
     (tmp_path / "fresh.db-wal").write_bytes(
@@ -226,12 +269,61 @@ def test_a_restore_puts_the_backup_in_place_and_leaves_no_log(
     )
     assert cli_main(["restore", str(dest), str(fresh)]) == 0
     assert not (tmp_path / "fresh.db-wal").exists()
+    assert journal_mode(fresh) == "wal"
     assert rows(fresh) == 20 and not check(fresh).problems
 
 
-@pytest.mark.parametrize("how", ["write", "read"])
-def test_a_restore_refuses_while_a_session_holds_the_database(
-    how: str,
+# A reader as Datasette is one: a read-only connection, holding a read transaction open; each
+# line on stdin ends it and reads again. Prints each count.
+_READER = """
+import sqlite3, sys
+from pathlib import Path
+connection = sqlite3.connect(Path(sys.argv[1]).resolve().as_uri() + "?mode=ro", uri=True,
+                             isolation_level=None)
+def count():
+    connection.execute("BEGIN")
+    print(connection.execute("SELECT count(*) FROM benchmark_runs").fetchone()[0], flush=True)
+count()
+for _ in sys.stdin:
+    connection.execute("COMMIT")
+    count()
+"""
+
+
+def test_a_reader_reading_through_restores_sees_each_restored_database(
+    db: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    process: list[subprocess.Popen[str]],
+) -> None:
+    # Before: the second restore renamed a file over the one the reader had open, and the
+    # reader went on serving the deleted file (2 runs where the file held 4).
+    dest = tmp_path / "backup.db"
+    backup(db, dest)
+    reader = subprocess.Popen([sys.executable, "-c", _READER, str(db)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    process.append(reader)
+    assert reader.stdin is not None and reader.stdout is not None
+
+    def read_again() -> int:
+        assert reader.stdin is not None and reader.stdout is not None
+        reader.stdin.write("\n")
+        reader.stdin.flush()
+        return int(reader.stdout.readline())
+
+    assert int(reader.stdout.readline()) == 20
+    for turn in range(2):
+        later = records_folder(tmp_path / f"later-{turn}", "run-y", "run-z")
+        assert cli_main(["ingest", str(db), str(later)]) == 0
+        assert read_again() == 22
+        # The reader's read transaction is open while the restore writes.
+        assert cli_main(["restore", str(dest), str(db)]) == 0
+        assert read_again() == 20 == rows(db)
+    capsys.readouterr()
+    assert journal_mode(db) == "wal"
+
+
+def test_a_restore_waits_for_a_sessions_load_and_refuses_past_its_wait(
     db: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -239,23 +331,66 @@ def test_a_restore_refuses_while_a_session_holds_the_database(
 ) -> None:
     dest = tmp_path / "backup.db"
     backup(db, dest)
+    assert cli_main(["ingest", str(db), str(records_folder(tmp_path / "later", "run-z"))]) == 0
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, str(db), how],
+        [sys.executable, "-c", _HOLDER, str(db)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     process.append(holder)
     assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-    before = db.read_bytes()
-    assert cli_main(["restore", str(dest), str(db)]) == 2
-    assert capsys.readouterr().err == (
-        f"profllm restore: {db}: in use by another process (a session loading, Datasette "
-        "reading): stop it, then restore\n"
+    with pytest.raises(BackupError) as refused:
+        restore(dest, db, wait_s=0.2)
+    assert str(refused.value) == (
+        f"{db}: held by another process for over 0.2 s (a session loading, or a reader in "
+        "rollback-journal mode): restore again once it is done"
     )
-    assert db.read_bytes() == before
-    holder.communicate("", timeout=60)
+    assert rows(db) == 21
+    # The load ends while the restore waits: the restore goes on.
+    threading.Timer(0.5, lambda: holder.communicate("", timeout=60)).start()
     assert cli_main(["restore", str(dest), str(db)]) == 0
+    assert rows(db) == 20
+
+
+# Loads of one record each, as a session's are, counting those that fail (with why).
+_LOADS = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from test_store import make_record
+from pytest_profllm.results.store import load_records
+
+db, loads = Path(sys.argv[1]), int(sys.argv[2])
+failed = []
+for at in range(loads):
+    run_id = f"w-{at:05d}"
+    try:
+        load_records(db, [make_record(run_id)], requests={run_id: [{"index": 0, "success": True}]})
+    except Exception as error:
+        failed.append(repr(error))
+print(len(failed), failed[:3])
+"""
+
+
+def test_restores_beside_a_sessions_loads_fail_none_of_them(
+    db: Path, tmp_path: Path, process: list[subprocess.Popen[str]]
+) -> None:
+    # Before: 1-11 of 1,000 loads failed (attempt to write a readonly database, database disk
+    # image is malformed) while restores renamed files over the database.
+    dest = tmp_path / "backup.db"
+    backup(db, dest)
+    writer = subprocess.Popen([sys.executable, "-c", _LOADS, str(db), "50", str(TESTS)],
+                              stdout=subprocess.PIPE, text=True)
+    process.append(writer)
+    restores = 0
+    while writer.poll() is None and restores < 500:
+        restore(dest, db)
+        restores += 1
+    out = writer.communicate(timeout=120)[0]
+    assert writer.returncode == 0 and out.startswith("0 "), out
+    assert restores >= 1, restores
+    assert not check(db).problems and journal_mode(db) == "wal"
 
 
 def test_what_cannot_be_restored_is_one_line(
@@ -266,10 +401,30 @@ def test_what_cannot_be_restored_is_one_line(
     newer = tmp_path / "newer.db"
     with sqlite3.connect(newer) as connection:
         connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    before = db.read_bytes()
+    empty = tmp_path / "empty.db"
+    empty.touch()  # a copy that failed
+    other = tmp_path / "other.db"
+    with closing(sqlite3.connect(other)) as connection:
+        connection.execute("CREATE TABLE notes (text)")
+    broken = tmp_path / "broken.db"
+    backup(db, broken)
+    with closing(sqlite3.connect(broken)) as connection:
+        page_size = connection.execute("PRAGMA page_size").fetchone()[0]
+        root = connection.execute(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'gate_runs'"
+        ).fetchone()[0]
+    with broken.open("r+b") as handle:  # the table's root page: a b-tree page no more
+        handle.seek((root - 1) * page_size)
+        handle.write(b"\x0d" + b"\xff" * 64)
+    fifo = tmp_path / "fifo.db"
+    os.mkfifo(fifo)
+    before = rows(db)
     for args, line in [
         ([tmp_path / "none.db", db], f"{tmp_path / 'none.db'}: no such backup"),
-        ([text, db], f"{text}: file is not a database"),
+        ([text, db], f"{text}: not an SQLite database"),
+        ([empty, db], f"{empty}: empty (0 bytes): not a backup"),
+        ([other, db], f"{other}: not a results database: it has no table benchmark_runs"),
+        ([fifo, db], f"{fifo}: a FIFO, not a regular file: only regular files are read"),
         (
             [newer, db],
             f"{newer}: schema version {SCHEMA_VERSION + 1} is newer than this "
@@ -279,7 +434,11 @@ def test_what_cannot_be_restored_is_one_line(
     ]:
         assert cli_main(["restore", *map(str, args)]) == 2
         assert capsys.readouterr().err == f"profllm restore: {line}\n"
-    assert db.read_bytes() == before
+    assert cli_main(["restore", str(broken), str(db)]) == 2
+    assert capsys.readouterr().err == (
+        f"profllm restore: {broken}: not a whole database: database disk image is malformed\n"
+    )
+    assert rows(db) == before
     assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".")) == []
 
 

@@ -4,6 +4,7 @@ databases of earlier versions pass once migrated; what cannot be checked is one 
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
 from pathlib import Path
@@ -235,3 +236,29 @@ def test_a_session_killed_mid_write_is_named_by_check_and_restored_by_rebuild(
             "4 record file(s): ok"
         ],
     )
+
+
+@pytest.mark.parametrize(
+    ("field", "to", "line"),
+    [
+        ("status", "failed", "status 'passed' stored, 'failed' recorded"),
+        ("validity", "invalid", "validity 'valid' stored, 'invalid' recorded"),
+    ],
+)
+def test_a_record_edited_to_another_status_or_validity_is_a_problem(
+    loaded: tuple[Path, Path], capsys: pytest.CaptureFixture[str], field: str, to: str,
+    line: str,
+) -> None:
+    # Before: every figure was the same, so check said ok while the row said passed, valid.
+    db, folder = loaded
+    path = folder / "run-b.json"
+    record = json.loads(path.read_text())
+    assert record[field] != to
+    record[field] = to
+    if field == "validity":
+        record["validity_reasons"] = ["edited"]
+    path.write_text(json.dumps(record))
+    status, out, _ = run_check(capsys, db, "--records", folder)
+    assert status == 1
+    assert out[:-1] == [f"run run-b: {line} (record run-b.json)"]
+    assert out[-1].endswith("1 problem(s) in 1 run(s): run-b")

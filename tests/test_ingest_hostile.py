@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import sqlite3
 from pathlib import Path
@@ -16,6 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_store import make_record
 
+from pytest_profllm.cli.main import main as cli_main
+from pytest_profllm.limits import InputLimitError
+from pytest_profllm.results.files import read_regular
 from pytest_profllm.results.ingest import ingest, record_files
 from pytest_profllm.results.record import iter_requests
 
@@ -295,4 +299,108 @@ def test_a_cost_or_energy_that_cannot_be_is_refused_naming_its_field(
     ((path, reason),) = report.refused
     (field,) = [name for name in fields if name != "gpu_hour_price_usd"]
     assert path.name == "run-neg.json" and f"{block}.{field}" in reason
+    assert _loaded(tmp_path / "x.db") == {"run-a"}
+
+
+# --- files that are not regular files, or far over the limit ---------------------------------
+
+
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The bytes each os.read returned, from now on."""
+    counted: list[int] = []
+    read = os.read
+
+    def counting(fd: int, size: int) -> bytes:
+        data = read(fd, size)
+        counted.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "read", counting)
+    return counted
+
+
+def test_a_fifo_a_device_a_folder_and_a_huge_file_are_refused_in_one_line_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: /dev/zero ended in MemoryError, the FIFO hung the read, and the 1.5 GB file was
+    # read whole (1.6 GB of memory) before its size was refused.
+    folder = tmp_path / "records"
+    _write(folder, [make_record("run-a")])
+    (folder / "zero.json").symlink_to("/dev/zero")
+    (folder / "root.json").symlink_to("/")
+    os.mkfifo(folder / "fifo.json")
+    with open(folder / "big.json", "wb") as handle:
+        handle.truncate(1_500_000_000)  # sparse: no disk
+    counted = _count_reads(monkeypatch)
+    assert cli_main(["ingest", str(tmp_path / "x.db"), str(folder)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"profllm ingest: refused {folder / 'big.json'}: the file is 1,500,000,000 bytes, "
+        "more than the 67,108,864 read",
+        f"profllm ingest: refused {folder / 'fifo.json'}: a FIFO, not a regular file: only "
+        "regular files are read",
+        f"profllm ingest: refused {folder / 'root.json'}: a link to a folder (/), not a regular "
+        "file: only regular files are read",
+        f"profllm ingest: refused {folder / 'zero.json'}: a link to a character device "
+        "(/dev/zero), not a regular file: only regular files are read",
+    ]
+    assert captured.out.endswith(": 1 new, 0 unchanged, 4 refused\n")
+    assert _loaded(tmp_path / "x.db") == {"run-a"}
+    # Only the good record was read: the rest were refused by what fstat said.
+    assert sum(counted) < 100_000
+
+
+def test_no_more_than_the_limit_and_one_byte_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limit = 10_000
+    path = tmp_path / "grows.json"
+    path.write_bytes(b" " * (50 * limit))
+    counted = _count_reads(monkeypatch)
+    with pytest.raises(InputLimitError, match="is 500,000 bytes, more than the 10,000 read"):
+        read_regular(path, limit)
+    assert counted == []
+    # A file that grew after its size was taken (or says 0, as /proc's do) is read no
+    # further than the limit and one byte.
+    fstat = os.fstat
+    monkeypatch.setattr(os, "fstat", lambda fd: os.stat_result(
+        (*fstat(fd)[:6], 10, *fstat(fd)[7:])))
+    with pytest.raises(InputLimitError, match="is more than the 10,000 bytes read"):
+        read_regular(path, limit)
+    assert sum(counted) == limit + 1
+    counted.clear()
+    path.write_bytes(b"{}")
+    assert read_regular(path, limit) == b"{}" and sum(counted) == 2
+
+
+def test_a_fifo_under_a_request_files_name_is_refused_with_its_record(tmp_path: Path) -> None:
+    # gzip.open of a FIFO waits for a writer: the load would hang.
+    folder = tmp_path / "records"
+    _write(folder, [make_record("run-a"), make_record("run-b")])
+    os.mkfifo(folder / "run-b.requests.jsonl.gz")
+    report = ingest(tmp_path / "x.db", record_files([folder]))
+    assert [(path.name, reason) for path, reason in report.refused] == [(
+        "run-b.json",
+        "its request file run-b.requests.jsonl.gz: a FIFO, not a regular file: only regular "
+        "files are read",
+    )]
+    assert _loaded(tmp_path / "x.db") == {"run-a"}
+
+
+def test_nan_and_infinity_written_as_strings_are_refused_naming_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: stored, as NULL and as Infinity, and `profllm check` then called the row wrong.
+    folder = tmp_path / "records"
+    nan, inf = make_record("run-nan"), make_record("run-inf")
+    nan["results"]["median_ttft_ms"] = "NaN"
+    inf["results"]["output_throughput"] = "-Infinity"
+    _write(folder, [make_record("run-a"), nan, inf])
+    assert cli_main(["ingest", str(tmp_path / "x.db"), str(folder)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"profllm ingest: refused {folder / 'run-inf.json'}: results.output_throughput is "
+        "'-Infinity', not a finite number: metrics must be finite numbers",
+        f"profllm ingest: refused {folder / 'run-nan.json'}: results.median_ttft_ms is 'NaN', "
+        "not a finite number: metrics must be finite numbers",
+    ]
     assert _loaded(tmp_path / "x.db") == {"run-a"}

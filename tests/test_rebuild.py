@@ -5,6 +5,7 @@ one line."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import string
 from pathlib import Path
@@ -197,3 +198,28 @@ def test_bad_files_are_refused_and_the_rest_rebuilt(tmp_path: Path) -> None:
     with pytest.raises(RebuildError, match="none of its 1 file"):
         rebuild(tmp_path / "bad", tmp_path / "other.db")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["bad", "new.db", "records"]
+
+
+def test_a_fifo_or_a_device_among_the_records_is_refused_and_never_hangs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: the FIFO hung the rebuild for good, and /dev/zero ended in MemoryError.
+    folder = records_folder(tmp_path, "run-a")
+    os.mkfifo(folder / "fifo.json")
+    (folder / "zero.json").symlink_to("/dev/zero")
+    assert cli_main(["rebuild", str(folder), "-o", str(tmp_path / "new.db")]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"profllm rebuild: refused {folder / 'fifo.json'}: a FIFO, not a regular file: only "
+        "regular files are read",
+        f"profllm rebuild: refused {folder / 'zero.json'}: a link to a character device "
+        "(/dev/zero), not a regular file: only regular files are read",
+    ]
+    assert captured.out.endswith(": 1 new, 0 unchanged, 2 refused\n")
+    # Nothing but them: each refusal is still said, above the one line of the refusal.
+    (folder / "run-a.json").unlink()
+    assert cli_main(["rebuild", str(folder), "-o", str(tmp_path / "other.db")]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and lines[-1] == (
+        f"profllm rebuild: {folder}: none of its 2 file(s) is a record: nothing written"
+    )

@@ -255,6 +255,32 @@ def test_a_redacted_secret_is_asked_for_by_name(
     assert suite.stat().st_mode & 0o077 == 0  # the secret's file: its owner's alone
 
 
+def test_an_existing_suite_file_is_refused_and_replaced_only_with_force_its_owners_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: the user's 0644 file was overwritten without a word, and kept its mode, so the
+    # suite's api_key was readable by everyone.
+    monkeypatch.setenv("VLLM_API_KEY", "k-secret")
+    case = first_case(tmp_path, SUITES["serve"])
+    record = record_of(case)
+    record["config"]["server"]["api_key"] = "***"
+    (tmp_path / f"{record['run_id']}.json").write_text(json.dumps(record))
+    suite = tmp_path / "mine.yaml"
+    suite.write_text("# the user's own notes\n")
+    suite.chmod(0o644)
+    argv = [record["run_id"], "--records", str(tmp_path), "--no-run", "--write-suite",
+            str(suite)]
+    assert refusal(capsys, *argv) == (
+        f"profllm rerun: --write-suite {suite}: exists; name a new file, or pass --force to "
+        "replace it"
+    )
+    assert suite.read_text() == "# the user's own notes\n"
+    assert main(["rerun", *argv, "--force"]) == 0
+    assert "api_key: k-secret" in suite.read_text()
+    assert suite.stat().st_mode & 0o777 == 0o600
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".")) == []
+
+
 # --- whole re-runs on the simulated engine ----------------------------------------------------
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from pytest_profllm.cli.errors import CliError, refuse_newer_database
@@ -55,6 +56,8 @@ def _backup(args: argparse.Namespace) -> int:
             raise CliError(str(error)) from None
         except OSError as error:
             raise CliError(f"{args.dest}: {error.strerror or error}") from None
+    for skipped in report.skipped:
+        print(f"profllm backup: skipped {skipped}", file=sys.stderr)
     line = (
         f"{report.path}: {report.runs} run(s), schema version {report.version}, "
         f"{report.pages} page(s)"

@@ -18,10 +18,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         description="Check DB: SQLite's integrity check, its schema version, every table a "
         "session or profllm ingest writes (with its columns), and that every run has its row "
         "in each per-run table. With --records, also every row against its record file "
-        "(present, the same fingerprint and figures, its request samples) and every record "
-        "file against its row. Prints the problems, one a line, then a summary; exit status "
-        "1 on any problem (the summary names the runs), 2 when DB cannot be read at all. "
-        "Read-only: it runs beside a session.",
+        "(present, the same status, validity, fingerprint and figures, its request samples) "
+        "and every record file against its row. Prints the problems, one a line, then a "
+        "summary; exit status 1 on any problem (the summary names the runs), 2 when DB "
+        "cannot be read at all. Read-only: it runs beside a session.",
     )
     check_.add_argument("db", type=Path, metavar="DB", help="a results.db")
     check_.add_argument(

@@ -45,12 +45,19 @@ def _rebuild(args: argparse.Namespace) -> int:
 
         try:
             report = rebuild(args.records, args.output, advance)
-        except (RebuildError, IngestError) as error:
+        except RebuildError as error:
+            _refused(error.refused)
+            raise CliError(str(error)) from None
+        except IngestError as error:
             raise CliError(str(error)) from None
         except (sqlite3.Error, OSError) as error:
             what = getattr(error, "strerror", None) or str(error)
             raise CliError(f"{args.output}: {what}: nothing written") from None
-    for path, reason in report.refused:
-        print(f"profllm rebuild: refused {path}: {reason}", file=sys.stderr)
+    _refused(report.refused)
     print(report.summary(args.output))
     return 1 if report.refused else 0
+
+
+def _refused(refused: list[tuple[Path, str]]) -> None:
+    for path, reason in refused:
+        print(f"profllm rebuild: refused {path}: {reason}", file=sys.stderr)

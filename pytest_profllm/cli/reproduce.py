@@ -12,6 +12,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -357,11 +358,20 @@ def suite_text(rerun: Rerun) -> str:
 
 
 def write_suite(rerun: Rerun, path: Path) -> Path:
-    """Writes the suite and checks it reads back as a suite (SuiteError otherwise)."""
+    """Writes the suite, its owner's alone, and checks it reads back as a suite (SuiteError
+    otherwise). A file already there is replaced whole (the caller decides whether it may be)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    # A supplied secret is in the file: readable by its owner alone.
-    path.touch(mode=0o600)
-    path.write_text(suite_text(rerun))
+    # A supplied secret is in the file: readable by its owner alone. mkstemp makes the file
+    # 0600, beside the target, and the rename gives the target that file: an existing file's
+    # mode (0644, say) is never kept, and no reader sees a part.
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(suite_text(rerun))
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
     load_suite_file(path)
     return path
 

@@ -4,6 +4,7 @@ and the run are reproduce.py's)."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     rerun_.add_argument(
         "--write-suite", type=Path, metavar="FILE",
-        help="write the suite there (default: OUT/bench_rerun_RUN_ID.yaml)",
+        help="write the suite there, a new file unless --force (default: "
+        "OUT/bench_rerun_RUN_ID.yaml); it is its owner's alone (0600)",
+    )
+    rerun_.add_argument(
+        "--force", action="store_true",
+        help="replace the --write-suite FILE where it exists (default: refuse)",
     )
     rerun_.add_argument(
         "--no-run", action="store_true",
@@ -82,6 +88,11 @@ def _rerun(args: argparse.Namespace) -> int:
     suite = args.write_suite or out / f"bench_rerun_{args.run_id}.yaml"
     if suite.is_dir():
         raise CliError(f"--write-suite {suite}: is a folder; name the suite file to write")
+    # A file the user named may be theirs: replaced only when they say so. The default one,
+    # in OUT, is this command's own.
+    if args.write_suite is not None and os.path.lexists(suite) and not args.force:
+        raise CliError(f"--write-suite {suite}: exists; name a new file, or pass --force to "
+                       "replace it")
     try:
         write_suite(plan, suite)
     except SuiteError as error:

@@ -1,5 +1,5 @@
-"""`profllm restore BACKUP DB`: a backup put in place of a results database, whole or not at
-all (results/backup.py)."""
+"""`profllm restore BACKUP DB`: a backup written into a results database in place, whole or not
+at all (results/backup.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     restore_ = commands.add_parser(
         "restore",
         help="put a backup in place of a results database, whole or not at all",
-        description="Check BACKUP (a whole database, of a schema this plugin knows), copy it "
-        "beside DB and rename it over DB while holding DB's exclusive lock: DB is the old "
-        "database or the backup, never a mix, and no write-ahead log of the old one is left. "
-        "Refuses, in one line, while another process holds DB (a session loading, Datasette "
-        "reading).",
+        description="Check BACKUP (a regular file, an SQLite database that passes its "
+        "integrity check, with the plugin's tables, of a schema this plugin knows), then write "
+        "it into DB in place through SQLite's backup API, in one write transaction: DB is the "
+        "old database or the backup, never a mix; readers (Datasette) see the backup at their "
+        "next query, a session's load waits for it, and DB stays in WAL mode. Waits up to 30 s "
+        "for a load under way. Refuses in one line, exit status 2, changing nothing.",
     )
     restore_.add_argument(
         "backup",

@@ -2,7 +2,8 @@
 records say. SQLite's integrity check, the schema version, every table a load and a session
 write (with the columns this plugin gives them), every run in each of the tables that hold one
 row per run, and, given the records, every row against its record file (present, the same
-fingerprint and figures, its request samples) and every record file against its row.
+status, validity, fingerprint and figures, its request samples) and every record file
+against its row.
 
 The database is opened read-only: a check changes nothing, and runs beside a session.
 """
@@ -40,6 +41,8 @@ _GATE_TABLES = (
 )
 # Every table a load or a session writes.
 TABLES = (TABLE, LANDING, AXES_TABLE, FACET_COUNTS, *SUMMARIES, *_GATE_TABLES)
+# What a run's row says of its outcome, compared with its record's.
+_VERDICTS = ("status", "validity")
 # Problems listed before the summary; the rest are counted.
 _SHOWN = 50
 
@@ -237,8 +240,13 @@ def _differences(
     names: dict[str, int],
     gate: tuple[str, str] | None,
 ) -> Iterator[str]:
-    """How a run's stored rows differ from its record: figures, then fingerprint."""
+    """How a run's stored rows differ from its record: its status and validity, figures,
+    then fingerprint."""
     built = record_row(record)
+    # A record edited from passed to failed, or valid to invalid, keeps every figure.
+    for name in _VERDICTS:
+        if name in names and built[name] != row[names[name]]:
+            yield f"{name} {row[names[name]]!r} stored, {built[name]!r} recorded"
     figures = [name for name in record.get("results") or {} if name in built]
     changed = [
         name

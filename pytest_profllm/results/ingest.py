@@ -16,9 +16,11 @@ stored record is counted unchanged without being parsed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -37,6 +39,7 @@ from pytest_profllm.limits import (
     InputLimitError,
     load_json,
 )
+from pytest_profllm.results.files import not_regular, read_regular
 from pytest_profllm.results.gate_tables import GateRows, gate_rows
 from pytest_profllm.results.record import expected_requests, normalize, read_requests
 from pytest_profllm.results.rows import RowBuilder, column_problem, record_digest
@@ -70,7 +73,8 @@ class IngestReport:
 
 def record_files(paths: Iterable[Path]) -> list[Path]:
     """The files named, or the record files found in the folders named (per-request files,
-    hidden and temporary files left out); each file once."""
+    hidden and temporary files left out); each file once. A link to a regular file is that
+    file; a link to anything else keeps its own name, which its refusal then gives."""
     found: dict[Path, None] = {}
     for path in paths:
         if path.is_dir():
@@ -84,10 +88,19 @@ def record_files(paths: Iterable[Path]) -> list[Path]:
                                and not entry.name.startswith("."))
             for name, is_link in names:
                 child = folder / name
-                found.setdefault(child.resolve() if is_link else child, None)
+                found.setdefault(_target(child) if is_link else child, None)
         else:
-            found.setdefault(path.resolve() if path.exists() else path, None)
+            found.setdefault(_target(path), None)
     return list(found)
+
+
+def _target(path: Path) -> Path:
+    """The file a link names, where that is a regular file; else the path as given."""
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return path
+    return path.resolve() if regular else path
 
 
 def read_record(path: Path) -> dict[str, Any]:
@@ -96,10 +109,9 @@ def read_record(path: Path) -> dict[str, Any]:
 
 
 def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        raise ValueError(f"cannot read: {error.strerror or error}") from None
+    # A regular file only, and no more than the limit + 1 bytes of it: a FIFO would hang the
+    # read, /dev/zero fill memory, and a 1.5 GB file cost its size before being refused.
+    return read_regular(path, MAX_RECORD_BYTES)
 
 
 def parse_record(content: bytes, path: Path) -> dict[str, Any]:
@@ -153,6 +165,20 @@ def _check_finite(data: Any) -> None:
     for name, value in (results.items() if isinstance(results, dict) else ()):
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"results.{name} is {value}: metrics must be finite numbers")
+        if isinstance(value, str) and not _finite_text(value):
+            # The record's model reads "NaN" and "Infinity" as numbers, and the table would
+            # store them as NULL and Infinity.
+            raise ValueError(f"results.{name} is {value!r}, not a finite number: metrics "
+                             "must be finite numbers")
+
+
+def _finite_text(text: str) -> bool:
+    """Whether a metric given as text is not one that reads as NaN or an infinity (text that
+    is no number at all is the model's to refuse)."""
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return True
 
 
 def _is_bench_result(data: dict[str, Any]) -> bool:
@@ -388,4 +414,9 @@ def _requests_beside(path: Path, record: dict[str, Any]) -> list[dict[str, Any]]
         # A run id that is a path would name a request file outside the record's folder.
         raise ValueError(f"run id {run_id!r} is not a file name: its request file could not "
                          "lie beside it")
+    # A FIFO under its name would hang the read, a device feed it without end.
+    beside = path.parent / f"{run_id}.requests.jsonl.gz"
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(os.stat(beside).st_mode):
+            raise ValueError(f"its request file {beside.name}: " + not_regular(beside))
     return read_requests(path.parent, run_id, expected_requests(record))

@@ -16,7 +16,12 @@ from pytest_profllm.results.ingest import IngestReport, ingest, record_files
 
 
 class RebuildError(Exception):
-    """A rebuild that cannot be done (the target exists, no records)."""
+    """A rebuild that cannot be done (the target exists, no records); `refused`: the files
+    refused on the way, each with its reason."""
+
+    def __init__(self, message: str, refused: list[tuple[Path, str]] | None = None) -> None:
+        super().__init__(message)
+        self.refused = refused or []
 
 
 def rebuild(
@@ -39,7 +44,8 @@ def rebuild(
         report = ingest(temp, files, progress)
         if not report.load.stored:
             raise RebuildError(
-                f"{records}: none of its {len(files)} file(s) is a record: nothing written"
+                f"{records}: none of its {len(files)} file(s) is a record: nothing written",
+                report.refused,
             )
         settle(temp)
         os.replace(temp, db_path)
