@@ -321,23 +321,22 @@ def _bench_capacity(config: CapacityConfig, base_url: str, args: argparse.Namesp
     return EXIT_OK if done.found.capacity is not None else EXIT_NOTHING_MEASURED
 
 
-def _slos(pairs: list[str]) -> dict[str, float]:
-    slos = {}
+def _pairs(pairs: list[str], separator: str, flag: str, form: str) -> dict[str, float]:
+    """`--slo NAME=VALUE` and `--goodput KEY:MS`, repeated, as a mapping; a bad pair is one
+    line naming the flag and the form it takes."""
+    read = {}
     for pair in pairs:
-        key, _, value = pair.partition("=")
+        key, _, value = pair.partition(separator)
         try:
-            slos[key.strip()] = float(value)
+            read[key.strip()] = float(value)
         except ValueError:
-            raise CliError(f"--slo: {pair!r} is not NAME=VALUE (e.g. p99_ttft_ms=500)") from None
-    return slos
+            raise CliError(f"{flag}: {pair!r} is not {form}") from None
+    return read
+
+
+def _slos(pairs: list[str]) -> dict[str, float]:
+    return _pairs(pairs, "=", "--slo", "NAME=VALUE (e.g. p99_ttft_ms=500)")
 
 
 def _goodput(pairs: list[str]) -> dict[str, float]:
-    goodput = {}
-    for pair in pairs:
-        key, _, value = pair.partition(":")
-        try:
-            goodput[key.strip()] = float(value)
-        except ValueError:
-            raise CliError(f"--goodput: {pair!r} is not KEY:MILLISECONDS") from None
-    return goodput
+    return _pairs(pairs, ":", "--goodput", "KEY:MILLISECONDS")
