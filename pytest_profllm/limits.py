@@ -80,6 +80,25 @@ MAX_CALIBRATE_REQUESTS = 20_000
 MAX_CALIBRATE_TOKENS = 20_000_000
 # Pixels of one image: above an 8K frame (33 M); 64 M pixels decode to 192 MB of RGB.
 MAX_IMAGE_PIXELS = 64_000_000
+# A server's Prometheus `/metrics` (load/scrape.py), read before and after every load and every
+# half second during it. vLLM 0.33's families for one engine are 46 KB (447 lines, as the
+# simulated engine serves them), 1.9 MB for 64 data-parallel engines, parsed in 0.8 s on a busy
+# 2-core host (benchmarks/perf/metrics_scrape.py): 8 MiB is four times that, and parses
+# within the deadline. A body over it is not read further (a 200 MB one took `profllm bench`
+# to 1.29 GB).
+MAX_METRICS_BYTES = 8 << 20
+# One line of it, in characters: vLLM's longest (vllm:cache_config_info's labels) is under
+# 1 KB. The parser reads a line of many labels at about 6 us a character (a 340 KB line took
+# 2.1 s), so a longer line is left out, naming its metric, and the deadline is checked often.
+MAX_METRICS_LINE_CHARS = 16 << 10
+# Distinct series, samples summed over their labels: vLLM 0.33 has about 450 (names and bucket
+# bounds) however many engines it runs; 8 MiB of tiny distinct names would be a million.
+MAX_METRICS_SERIES = 10_000
+# The whole scrape (connecting, the answer, the body, its parsing), in seconds. requests'
+# timeout of 2 s was per read, so a body that trickled a line every 0.5 s never ended (a case
+# ran until SIGTERM). 5 s leaves a server whose event loop is busy with a load time to answer,
+# and keeps a case's two scrapes around its load within 10 s whatever the server sends.
+METRICS_DEADLINE_S = 5.0
 
 
 class InputLimitError(ValueError):

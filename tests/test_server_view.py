@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_profllm.load.server_state import scrape_metrics
+from pytest_profllm.load.scrape import parse_metrics
 from pytest_profllm.load.server_view import (
     OVERHEAD_PREFIX,
+    Window,
     bucket_key,
     client_overhead,
     histogram_window,
@@ -45,7 +46,7 @@ def test_a_window_is_the_change_between_two_scrapes() -> None:
     before = _scrape({TTFT: [0.003, 0.05]})
     after = _scrape({TTFT: [0.003, 0.05, 0.07, 0.07, 0.09]})
     window = histogram_window(before, after, TTFT)
-    assert window is not None and not window.reset
+    assert isinstance(window, Window) and not window.reset
     assert window.count == 3
     assert math.isclose(window.total, 0.23)
     figures, view = server_view(before, after)
@@ -60,7 +61,7 @@ def test_a_restarted_server_counts_from_its_restart() -> None:
     before = _scrape({TTFT: [0.003] * 10})
     after = _scrape({TTFT: [0.2, 0.4]})  # fewer than before: its counters began again
     window = histogram_window(before, after, TTFT)
-    assert window is not None and window.reset
+    assert isinstance(window, Window) and window.reset
     assert window.count == 2 and math.isclose(window.total, 0.6)
     figures, view = server_view(before, after)
     assert math.isclose(figures["server_ttft_mean_ms"] or 0, 300.0)
@@ -95,18 +96,8 @@ def test_engines_are_summed() -> None:
 
 
 def _parse(text: str) -> dict[str, float]:
-    class _Response:
-        status_code = 200
-
-        def __init__(self, body: str) -> None:
-            self.text = body
-
-    class _Session:
-        def get(self, url: str, timeout: float) -> _Response:
-            return _Response(text)
-
-    scraped = scrape_metrics("http://127.0.0.1:1/metrics", session=_Session())
-    assert scraped is not None
+    scraped = parse_metrics(text)
+    assert scraped.unread is None and not scraped.left_out
     return scraped
 
 
@@ -214,7 +205,7 @@ def test_a_window_counts_exactly_what_came_in_it(earlier: list[float], within: l
         _scrape({TTFT: earlier}), _scrape({TTFT: earlier + within}), TTFT
     )
     alone = histogram_window({}, _scrape({TTFT: within}), TTFT)
-    assert window is not None and alone is not None and not window.reset
+    assert isinstance(window, Window) and isinstance(alone, Window) and not window.reset
     assert window.count == len(within)
     assert window.buckets == alone.buckets
     assert window.total == pytest.approx(sum(within), rel=1e-9, abs=1e-6)

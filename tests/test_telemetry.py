@@ -280,8 +280,10 @@ def test_a_cache_size_that_is_no_count_is_left_out() -> None:
 
 
 def test_no_metrics_endpoint_gives_null_figures() -> None:
-    assert scrape_metrics("http://127.0.0.1:9/metrics", timeout=0.5) is None
+    unanswered = scrape_metrics("http://127.0.0.1:9/metrics", deadline_s=0.5)
+    assert unanswered == {} and unanswered.unread and "did not answer" in unanswered.unread
     assert set(server_metric_deltas(None, None).values()) == {None}
+    assert set(server_metric_deltas(unanswered, unanswered).values()) == {None}
 
 
 class _Flaky:

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pytest_profllm.engine.secrets import bearer
+from pytest_profllm.load.scrape import Scraped as Scraped
+from pytest_profllm.load.scrape import scrape_metrics as scrape_metrics
+from pytest_profllm.load.scrape import usable
 from pytest_profllm.plan.suite import BenchmarkConfig
 
 # vLLM 0.33.0's names (vllm/v1/metrics/loggers.py); counters carry prometheus_client's `_total`.
@@ -47,63 +48,15 @@ MAX_UNINTENDED_HIT_RATE = 0.05
 SIM_LATE_STEP_SHARE = 0.01
 SIM_MIN_LATE_STEPS = 3
 _RESET_TIMEOUT_S = 30.0
-_SCRAPE_TIMEOUT_S = 2.0
 
 
 # vLLM's cache configuration as an info metric (a gauge of 1 whose labels carry the facts):
 # the KV cache's blocks, their size in tokens and (vLLM 0.32 has it) its capacity in tokens, as the
-# engine sized them at start. `scrape_metrics` keeps such labels as NAME.LABEL.
+# engine sized them at start. `scrape_metrics` (load/scrape.py) keeps such labels as NAME.LABEL.
 CACHE_INFO = "vllm:cache_config_info"
 KV_BLOCKS = f"{CACHE_INFO}.num_gpu_blocks"
 KV_BLOCK_SIZE = f"{CACHE_INFO}.block_size"
 KV_TOKENS = f"{CACHE_INFO}.kv_cache_size_tokens"
-
-
-def scrape_metrics(
-    url: str, timeout: float = _SCRAPE_TIMEOUT_S, session: Any = None
-) -> dict[str, float] | None:
-    """A Prometheus text endpoint as {sample name: value summed over its labels}, each bucket
-    of a histogram as {NAME_bucket@BOUND: its count summed over the engines}
-    (load/server_view.py), and each numeric label of an info metric (`*_info`) as
-    {NAME.LABEL: its largest value over the engines}; None where it does not answer (an
-    engine without /metrics is no error). A `requests.Session` keeps the connection between
-    scrapes."""
-    # Deferred: requests takes about 0.1 s to import, on every pytest run otherwise.
-    import requests
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        response = (session or requests).get(url, timeout=timeout)
-    except requests.RequestException:
-        return None
-    if response.status_code != 200:
-        return None
-    values: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(response.text):
-            for sample in family.samples:
-                values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
-                if sample.name.endswith("_bucket") and "le" in sample.labels:
-                    # A bucket's count summed over every other label (the engines): its
-                    # bound, as a number, in the key ("0.5" and "0.50" are one bucket).
-                    key = f"{sample.name}@{float(sample.labels['le'])!r}"
-                    values[key] = values.get(key, 0.0) + float(sample.value)
-                if sample.name.endswith("_info"):
-                    _keep_numeric_labels(values, sample.name, sample.labels)
-    except ValueError:
-        return None
-    return values
-
-
-def _keep_numeric_labels(values: dict[str, float], name: str, labels: dict[str, str]) -> None:
-    for label, text in labels.items():
-        try:
-            number = float(text)
-        except ValueError:  # "None", "True", "auto": not a figure
-            continue
-        if math.isfinite(number):
-            key = f"{name}.{label}"
-            values[key] = max(values.get(key, number), number)
 
 
 @dataclass(frozen=True)
@@ -239,11 +192,15 @@ def cache_problem(
     """Why a load's figures measure an earlier load's prefix cache, or None: a workload that
     shares nothing on purpose found more than 5 % of its prompt tokens in the cache, beyond
     the `own_hits` its prompts could find in each other (`own_prefix_hits`)."""
+    before, after = usable(before), usable(after)
     if shared_on_purpose(config) is not None or before is None or after is None:
         return None
     queries = after.get(PREFIX_QUERIES, 0.0) - before.get(PREFIX_QUERIES, 0.0)
     hits = after.get(PREFIX_HITS, 0.0) - before.get(PREFIX_HITS, 0.0)
-    if queries <= 0 or (hits - own_hits) / queries <= MAX_UNINTENDED_HIT_RATE:
+    # Counters that went back (a restart), or more hits than lookups: nothing to judge by.
+    if queries <= 0 or not 0 <= hits <= queries:
+        return None
+    if (hits - own_hits) / queries <= MAX_UNINTENDED_HIT_RATE:
         return None
     own = f"; {own_hits:.0f} of them its prompts share with each other" if own_hits else ""
     return (
@@ -258,16 +215,22 @@ def sim_lateness(
 ) -> dict[str, float | None]:
     """The simulated engine's steps over a load and how late they ended: the mean, and the
     lateness that at most 1 % of the steps exceeded (to the next of its bounds; None beyond
-    the last). Empty figures where the server is not the simulated engine."""
+    the last). Empty figures where the server is not the simulated engine, and where its
+    counters went back (a restart)."""
+    empty: dict[str, float | None] = {"sim_steps": None, "sim_step_lateness_mean_ms": None,
+                                      "sim_step_lateness_p99_ms": None}
+    before, after = usable(before), usable(after)
     if before is None or after is None or SIM_STEPS not in after:
-        return {"sim_steps": None, "sim_step_lateness_mean_ms": None,
-                "sim_step_lateness_p99_ms": None}
+        return empty
     steps = after[SIM_STEPS] - before.get(SIM_STEPS, 0.0)
     lateness = after.get(SIM_LATENESS_SUM, 0.0) - before.get(SIM_LATENESS_SUM, 0.0)
+    late = [after.get(sim_late_name(bound), 0.0) - before.get(sim_late_name(bound), 0.0)
+            for bound in SIM_LATE_BOUNDS_MS]
+    if steps < 0 or lateness < 0 or min(late) < 0:
+        return empty
     p99: float | None = None
-    for bound in SIM_LATE_BOUNDS_MS:
-        late = after.get(sim_late_name(bound), 0.0) - before.get(sim_late_name(bound), 0.0)
-        if steps <= 0 or late / steps <= SIM_LATE_STEP_SHARE:
+    for bound, count in zip(SIM_LATE_BOUNDS_MS, late, strict=True):
+        if steps <= 0 or count / steps <= SIM_LATE_STEP_SHARE:
             p99 = float(bound)
             break
     return {
@@ -283,6 +246,7 @@ def sim_fell_behind(
     """Why the simulated engine's figures measure a busy host, or None: over 1 % of its steps,
     and three or more, ended more than `limit_ms` after they were due (its tokens came that
     much late)."""
+    before, after = usable(before), usable(after)
     if before is None or after is None or SIM_STEPS not in after:
         return None
     steps = after[SIM_STEPS] - before.get(SIM_STEPS, 0.0)

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_profllm.load.scrape import left_out, unread_reason, usable
+
 # (short name, vLLM's histogram, the record's unit): seconds are kept in milliseconds.
 HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
     ("ttft", "vllm:time_to_first_token_seconds", "ms"),
@@ -91,6 +93,62 @@ def bucket_key(name: str, bound: float) -> str:
 
 
 @dataclass(frozen=True)
+class Histogram:
+    """One histogram as one scrape has it: its count, its sum and its cumulative bucket counts
+    by upper bound (the last +Inf)."""
+
+    count: float
+    total: float
+    buckets: tuple[tuple[float, float], ...]
+
+
+def read_histogram(scraped: Mapping[str, float], name: str) -> Histogram | str | None:
+    """`name` as one scrape has it; why it cannot be believed (a text); or None where the
+    scrape has no such histogram. A histogram is believed only as Prometheus defines one:
+    finite, whole, never negative counts, buckets that only grow with their bound, and the
+    +Inf bucket equal to the count."""
+    why = left_out(scraped, name)
+    if why is not None:
+        return why
+    count, total = scraped.get(f"{name}_count"), scraped.get(f"{name}_sum")
+    if count is None:
+        return None
+    if total is None:
+        return "it has a _count and no _sum"
+    prefix = f"{name}_bucket@"
+    buckets = tuple(sorted(
+        (float(key[len(prefix):]), value) for key, value in scraped.items()
+        if key.startswith(prefix)
+    ))
+    numbers = (("_count", count), ("_sum", total),
+               *((f"_bucket {bound!r}", value) for bound, value in buckets))
+    for what, value in numbers:
+        if not math.isfinite(value) or value < 0:
+            return f"its {what} is {value!r}"
+    for what, value in numbers:
+        if what != "_sum" and value != int(value):
+            return f"its {what} is {value!r}, not a whole count"
+    if not buckets:
+        return Histogram(count, total, buckets)  # a mean without quantiles
+    if not math.isinf(buckets[-1][0]):
+        return "it has no +Inf bucket"
+    for (bound, cumulative), (_, below) in zip(buckets[1:], buckets, strict=False):
+        if cumulative < below:
+            return (f"its buckets are not cumulative ({below:.0f} up to the one below "
+                    f"{bound!r}, {cumulative:.0f} up to it)")
+    if buckets[-1][1] != count:
+        return f"its +Inf bucket ({buckets[-1][1]:.0f}) is not its _count ({count:.0f})"
+    # Each observation is at least its bucket's lower bound: a smaller sum was never observed.
+    # (prometheus_client adds to the sum before the bucket, so a scrape's sum may run ahead of
+    # its buckets by an observation, never behind; floats' rounding is allowed for.)
+    least = sum(lower * (cumulative - below) for (lower, below), (_, cumulative)
+                in zip(((0.0, 0.0), *buckets), buckets, strict=False))
+    if total < least * (1 - 1e-9):
+        return f"its _sum ({total!r}) is less than its buckets hold at least ({least!r})"
+    return Histogram(count, total, buckets)
+
+
+@dataclass(frozen=True)
 class Window:
     """One histogram's change over a window: count, sum and the cumulative bucket counts by
     upper bound (the last +Inf)."""
@@ -101,31 +159,37 @@ class Window:
     reset: bool = False  # the counters went back: only what was counted since the restart
 
 
+_NONE = Histogram(0.0, 0.0, ())
+
+
 def histogram_window(
     before: Mapping[str, float] | None, after: Mapping[str, float], name: str
-) -> Window | None:
-    """`name`'s change between two scrapes, or None where the later one has no such
-    histogram. A counter that went back (the server restarted within the window) makes the
-    later scrape the window on its own: what the restarted server counted."""
-    if f"{name}_count" not in after:
-        return None
-    prefix = f"{name}_bucket@"
-    bounds = sorted(float(key[len(prefix):]) for key in after if key.startswith(prefix))
-    old = before or {}
-
-    def change(key: str) -> float:
-        return after.get(key, 0.0) - old.get(key, 0.0)
-
-    keys = [f"{name}_count", f"{name}_sum", *(bucket_key(name, b) for b in bounds)]
-    reset = any(change(key) < 0 for key in keys if key != f"{name}_sum")
-    if reset:
-        old = {}
-    return Window(
-        count=change(f"{name}_count"),
-        total=change(f"{name}_sum"),
-        buckets=tuple((bound, change(bucket_key(name, bound))) for bound in bounds),
-        reset=reset,
+) -> Window | str | None:
+    """`name`'s change between two scrapes; why it cannot be believed (a text); or None where
+    the later one has no such histogram. Any of its counters that went back (its count, its
+    sum, a bucket), or bounds that changed, mean the server restarted within the window: the
+    later scrape is the window on its own, what the restarted server counted."""
+    now = read_histogram(after, name)
+    if now is None or isinstance(now, str):
+        return now
+    then = read_histogram(before, name) if before is not None else None
+    if isinstance(then, str):
+        return f"before the load, {then}"
+    then = then or _NONE
+    reset = then is not _NONE and (
+        [bound for bound, _ in then.buckets] != [bound for bound, _ in now.buckets]
+        or now.count < then.count or now.total < then.total
+        or any(new < old for (_, new), (_, old) in zip(now.buckets, then.buckets, strict=True))
     )
+    if reset:
+        then = _NONE
+    old = dict(then.buckets)
+    buckets = tuple((bound, value - old.get(bound, 0.0)) for bound, value in now.buckets)
+    for (bound, cumulative), (_, below) in zip(buckets[1:], buckets, strict=False):
+        if cumulative < below:
+            return (f"its buckets did not grow as one histogram's over the load (up to "
+                    f"{bound!r}: {cumulative:.0f}, fewer than the {below:.0f} below it)")
+    return Window(now.count - then.count, now.total - then.total, buckets, reset)
 
 
 @dataclass(frozen=True)
@@ -160,52 +224,85 @@ def server_view(
 ) -> tuple[dict[str, float | None], dict[str, Any]]:
     """The server's view over a window: its figures (`result_keys`: the record's
     `system.server_*`, and the client's overhead left null for `load_view`) and the record's
-    `server_view` block (each
-    histogram's count, mean and quantiles with the bucket bounds they lie between, and the
-    reason where there are none)."""
+    `server_view` block (each histogram's count, mean and quantiles with the bucket bounds they
+    lie between, and the reason where there are none). A histogram that cannot be believed
+    (load/scrape.py's rule, `read_histogram`'s) has null figures, and the problem says why."""
+    figures, view, _ = _server_view(before, after)
+    return figures, view
+
+
+def _server_view(
+    before: Mapping[str, float] | None, after: Mapping[str, float] | None
+) -> tuple[dict[str, float | None], dict[str, Any], list[str]]:
+    """`server_view`, and the histograms whose counters went back within the window."""
     figures: dict[str, float | None] = dict.fromkeys(result_keys())
-    if after is None:
-        return figures, missing("the server's /metrics did not answer")
+    if usable(after) is None:
+        return figures, missing(f"the server's /metrics {unread_reason(after)}"), []
+    assert after is not None
+    # A scrape before the load that could not be read: as good as none, and the reason kept.
+    before_unread = (unread_reason(before)
+                     if before is not None and usable(before) is None else None)
+    before = usable(before)
     histograms: dict[str, Any] = {}
     resets: list[str] = []
+    unbelieved: list[str] = []
     for short, name, unit in HISTOGRAMS:
         window = histogram_window(before, after, name)
         if window is None:
             continue
-        resets += [short] if window.reset else []
-        histograms[short] = _figures(short, unit, window, figures)
-    problem = None
-    if not histograms:
-        problem = "the server's /metrics has none of vLLM's latency histograms (not vLLM?)"
+        detail = window if isinstance(window, str) else _figures(short, unit, window, figures)
+        if isinstance(detail, str):
+            unbelieved.append(f"{short} ({detail})")
+            continue
+        resets += [short] if isinstance(window, Window) and window.reset else []
+        histograms[short] = detail
+    problems: list[str] = []
+    if not histograms and not unbelieved:
+        problems.append("the server's /metrics has none of vLLM's latency histograms (not vLLM?)")
     elif before is None:
-        problem = "no /metrics scrape before the load: the figures count since the server began"
-    elif resets:
-        problem = (f"the server's counters went back during the load (a restart): "
-                   f"{', '.join(resets)} count only since then")
-    return figures, {"problem": problem, "histograms": histograms}
+        why = f" (it {before_unread})" if before_unread else ""
+        problems.append(f"no /metrics scrape before the load{why}: the figures count since "
+                        "the server began")
+    if resets:
+        problems.append(f"the server's counters went back during the load (a restart): "
+                        f"{', '.join(resets)} count only since then")
+    if unbelieved:
+        problems.append("left out, not to be believed: " + "; ".join(unbelieved))
+    return figures, {"problem": "; ".join(problems) or None, "histograms": histograms}, resets
 
 
 def _figures(
     short: str, unit: str, window: Window, figures: dict[str, float | None]
-) -> dict[str, Any]:
+) -> dict[str, Any] | str:
+    """The record's figures of one histogram's window (written into `figures`) and its
+    `server_view` entry; or why there are none (a figure past what a float holds)."""
     scale = 1000.0 if unit == "ms" else 1.0
     suffix = "_ms" if unit == "ms" else ""
-    figures[f"server_{short}_count"] = window.count
     mean = window.total / window.count * scale if window.count > 0 else None
-    figures[f"server_{short}_mean{suffix}"] = mean
+    found: dict[str, float | None] = {
+        f"server_{short}_count": window.count, f"server_{short}_mean{suffix}": mean,
+    }
     detail: dict[str, Any] = {"count": window.count, "mean": mean, "unit": unit}
     for label, q in QUANTILES:
         estimate = quantile(q, window.buckets)
         if estimate is None:
             detail[label] = None
             continue
-        figures[f"server_{short}_{label}{suffix}"] = estimate.value * scale
+        found[f"server_{short}_{label}{suffix}"] = estimate.value * scale
         detail[label] = {
             "estimate": estimate.value * scale,
             "lower": estimate.lower * scale,
             # JSON has no infinity: an open bucket's upper bound is null.
             "upper": None if math.isinf(estimate.upper) else estimate.upper * scale,
         }
+    overflow = [key for key, value in found.items()
+                if value is not None and not math.isfinite(value)]
+    if overflow or any(
+        not math.isfinite(value) for entry in detail.values() if isinstance(entry, dict)
+        for value in entry.values() if value is not None
+    ):
+        return f"its figures pass what a float holds ({', '.join(overflow) or 'a bound'})"
+    figures.update(found)
     return detail
 
 
@@ -215,9 +312,13 @@ def load_view(
     results: Mapping[str, Any],
 ) -> tuple[dict[str, float | None], dict[str, Any]]:
     """`server_view` of a load's window with the client's overhead over it (`results`: the
-    client's figures), and where the window holds other requests too, the view says so."""
-    figures, view = server_view(before, after)
+    client's figures), and where the window holds other requests too, the view says so. A
+    histogram that went back (a restart) counts only since then: no overhead is taken from it."""
+    figures, view, resets = _server_view(before, after)
     figures.update(client_overhead({**results, **figures}))
+    for metric in resets:
+        if f"client_overhead_{metric}_ms" in figures:
+            figures[f"client_overhead_{metric}_ms"] = None
     problems = [view["problem"], other_requests({**results, **figures})]
     for metric in ("ttft", "e2el"):
         overhead = figures[f"client_overhead_{metric}_ms"]

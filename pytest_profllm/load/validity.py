@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU, foreign_problem
 from pytest_profllm.load import metrics
 from pytest_profllm.load.schedule import LoadResult
+from pytest_profllm.load.scrape import unread_reason, usable
 from pytest_profllm.load.server_state import cache_problem, sim_fell_behind
 from pytest_profllm.load.server_view import (
     DEFAULT_MAX_CLIENT_OVERHEAD_MS,
@@ -31,7 +32,8 @@ from pytest_profllm.load.server_view import (
 )
 from pytest_profllm.plan.suite import BenchmarkConfig
 
-# A server's /metrics just before and just after a load (None where it did not answer).
+# A server's /metrics just before and just after a load (None where there is none;
+# load/scrape.py's `Scraped` says why one could not be read).
 ServerWindow = tuple[dict[str, float] | None, dict[str, float] | None]
 
 
@@ -157,9 +159,10 @@ def judge(facts: LoadFacts, window: ServerWindow, rules: Rules) -> Judgement:
         rule(InvalidKind.CLIENT_FELL_BEHIND,
              metrics.client_fell_behind(health, rules.max_schedule_lag_ms))
     before, after = window
-    if before is None or after is None:
+    if usable(before) is None or usable(after) is None:
+        unread = after if usable(after) is None else before
         why = ("the virtual clock has no server" if rules.virtual_clock
-               else "the server's /metrics did not answer around the load")
+               else f"the server's /metrics {unread_reason(unread)} around the load")
         for kind in (InvalidKind.SIMULATOR_LATENESS, InvalidKind.CACHE,
                      InvalidKind.CLIENT_OVERHEAD):
             out.not_applied[kind] = why

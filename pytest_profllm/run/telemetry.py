@@ -16,14 +16,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import psutil
 
 from pytest_profllm.hosts.nvml import EnergyCount, GpuReading, NvmlGpus
 from pytest_profllm.hosts.processes import process_tree
+from pytest_profllm.limits import METRICS_DEADLINE_S
 from pytest_profllm.load import live_status
+from pytest_profllm.load.scrape import Scraped, left_out, unread_reason, usable
 from pytest_profllm.load.server_state import (
+    CACHE_INFO,
     KV_BLOCK_SIZE,
     KV_BLOCKS,
     KV_TOKENS,
@@ -113,27 +115,68 @@ SERIES_FIELDS = (
 )
 
 
+# The counters whose change over a load the record keeps, and every metric the telemetry reads:
+# where the server's /metrics left one out, or a counter went back, the record says so.
+_COUNTERS = (PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS)
+_READ = (*_COUNTERS, KV_CACHE_USAGE, RUNNING, WAITING, REQUESTS_DONE, TOKENS_GENERATED, CACHE_INFO)
+
+
+def _delta(before: dict[str, float] | None, after: dict[str, float] | None,
+           name: str) -> float | None:
+    """A counter's change over the load; None without both scrapes, and where it went back (a
+    restart, or a server not to be believed)."""
+    before, after = usable(before), usable(after)
+    if before is None or after is None or name not in after:
+        return None
+    change = after[name] - before.get(name, 0.0)
+    return change if change >= 0 else None
+
+
 def server_metric_deltas(
     before: dict[str, float] | None, after: dict[str, float] | None
 ) -> dict[str, float | None]:
     """Preemptions and prefix-cache figures of the case: the counters' change over it; the KV
     cache the server sized; and the simulated engine's lateness over it
-    (load/server_state.py)."""
-
-    def delta(name: str) -> float | None:
-        if before is None or after is None or name not in after:
-            return None
-        return after[name] - before.get(name, 0.0)
-
-    queries, hits = delta(PREFIX_QUERIES), delta(PREFIX_HITS)
+    (load/server_state.py). Null where a counter went back (`metrics_problem` says so)."""
+    queries, hits = _delta(before, after, PREFIX_QUERIES), _delta(before, after, PREFIX_HITS)
+    if queries is not None and hits is not None and hits > queries:
+        queries = hits = None  # more tokens found than looked up: neither is to be believed
     return {
-        **kv_cache_size(after or before),
-        "server_num_preemptions": delta(PREEMPTIONS),
+        **kv_cache_size(usable(after) or usable(before)),
+        "server_num_preemptions": _delta(before, after, PREEMPTIONS),
         "server_prefix_cache_queries": queries,
         "server_prefix_cache_hits": hits,
         "server_prefix_cache_hit_rate": (hits / queries if queries and hits is not None else None),
         **sim_lateness(before, after),
     }
+
+
+def metrics_problem(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> str | None:
+    """What of the server's /metrics around the load the telemetry could not use, and why:
+    a scrape that could not be read, a metric it reads left out, a counter that went back."""
+    notes: list[str] = []
+    scrapes = (("before the load", before), ("after the load", after))
+    for when, scraped in scrapes:
+        if scraped is not None and usable(scraped) is None:
+            notes.append(f"{when}, it {unread_reason(scraped)}")
+    for name in _READ:
+        whys = {when: why for when, scraped in scrapes
+                if (why := left_out(scraped, name)) is not None}
+        if whys:
+            notes.append(f"{name} left out {' and '.join(whys)} ({next(iter(whys.values()))})")
+    usable_before, usable_after = usable(before), usable(after)
+    for name in _COUNTERS:
+        if usable_before is not None and usable_after is not None and name in usable_after and (
+            _delta(before, after, name) is None
+        ):
+            notes.append(f"{name} went back during the load (a restart?)")
+    queries, hits = _delta(before, after, PREFIX_QUERIES), _delta(before, after, PREFIX_HITS)
+    if queries is not None and hits is not None and hits > queries:
+        notes.append(f"{PREFIX_HITS} grew by {hits:.0f}, more than the {queries:.0f} tokens "
+                     "looked up")
+    return "the server's /metrics: " + "; ".join(notes) if notes else None
 
 
 def kv_cache_size(scraped: dict[str, float] | None) -> dict[str, int | None]:
@@ -331,6 +374,8 @@ class Sampler:
     metrics_url: str | None
     interval_s: float = DEFAULT_INTERVAL_S
     gpus: NvmlGpus | None = None
+    # The deadline of each scrape around the load (limits.py); a sample's is its interval's.
+    metrics_deadline_s: float = METRICS_DEADLINE_S
     samples: list[Sample] = field(default_factory=list)
     metrics_before: dict[str, float] | None = None
     metrics_after: dict[str, float] | None = None
@@ -350,7 +395,10 @@ class Sampler:
     _owns_gpus: bool = False
     _server: _TreeMeter | None = None
     _client: _TreeMeter | None = None
-    _http: Any = None  # requests.Session, made in start()
+    # The first sample whose /metrics could not be read, or lacked what the sampler reads, and
+    # how many there were.
+    _sample_problem: str | None = None
+    _sample_problems: int = 0
 
     def __enter__(self) -> Sampler:
         self.start()
@@ -378,11 +426,7 @@ class Sampler:
         self._server = _TreeMeter(self.server_pid) if self.server_pid else None
         self._client = _TreeMeter(psutil.Process().pid, recursive=False)
         if self.metrics_url:
-            # Deferred: requests takes about 0.1 s to import, on every pytest run otherwise.
-            import requests
-
-            self._http = requests.Session()
-            self.metrics_before = scrape_metrics(self.metrics_url, session=self._http)
+            self.metrics_before = scrape_metrics(self.metrics_url, self.metrics_deadline_s)
 
     def stop(self) -> None:
         if self._thread is None:
@@ -405,10 +449,8 @@ class Sampler:
     def _finish(self) -> None:
         try:
             if self.metrics_url:
-                self.metrics_after = scrape_metrics(self.metrics_url, session=self._http)
+                self.metrics_after = scrape_metrics(self.metrics_url, self.metrics_deadline_s)
         finally:
-            if self._http is not None:
-                self._http.close()
             if self._owns_gpus and self.gpus is not None:
                 self.gpus.close()
 
@@ -436,10 +478,14 @@ class Sampler:
         problem = self.problem
         if problem is not None and self._failures > 1:
             problem += f" ({self._failures} failures)"
+        sampled = self._sample_problem
+        if sampled is not None and self._sample_problems > 1:
+            sampled += f" ({self._sample_problems} samples)"
+        problems = [problem, metrics_problem(self.metrics_before, self.metrics_after), sampled]
         return {
             **self.summary(),
             **energy_used(self.energy_start, self.energy_end),
-            "telemetry_problem": problem,
+            "telemetry_problem": "; ".join(text for text in problems if text) or None,
         }
 
     def series(self, origin: float | None = None, samples: Sequence[Sample] | None = None
@@ -452,17 +498,27 @@ class Sampler:
         return series(self.samples if samples is None else samples,
                       origin=self.origin if self.origin is not None else self.started)
 
+    def _note_sample(self, scraped: Scraped) -> None:
+        why: str | None = None
+        if scraped.unread is not None:
+            why = f"it {scraped.unread}"
+        else:
+            why = next((f"{name} left out ({scraped.left_out[name]})"
+                        for name in _READ if name in scraped.left_out), None)
+        if why is not None:
+            self._sample_problems += 1
+            self._sample_problem = self._sample_problem or f"a sample's /metrics: {why}"
+
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._guarded("sampling", self._take)
 
     def _take(self) -> None:
         began = time.perf_counter()
-        scraped: dict[str, float] = {}
+        scraped = Scraped()
         if self.metrics_url:
-            scraped = scrape_metrics(
-                self.metrics_url, timeout=min(self.interval_s, 1.0), session=self._http
-            ) or {}
+            scraped = scrape_metrics(self.metrics_url, deadline_s=min(self.interval_s, 1.0))
+            self._note_sample(scraped)
         self.samples.append(
             Sample(
                 at=time.perf_counter(),
