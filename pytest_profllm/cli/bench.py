@@ -147,9 +147,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--client-processes", type=int, default=1, help="spread the client over N processes "
         "when one event loop cannot keep up with the server (not a vLLM flag; default: 1)")
     add("--max-schedule-lag", type=float, metavar="MS", help="a load whose client sent its "
-        "requests later than this after their scheduled times (p99), or whose simulated "
-        "engine fell this far behind, is invalid; raise it on a busy host (not a vLLM flag; "
-        "default: 10)")
+        "requests later than this after their scheduled times (p99), whose event loop ran "
+        "this late (p99), or whose simulated engine fell this far behind, is invalid; raise "
+        "it on a busy host (not a vLLM flag; default: 10)")
     add("--label")
     add("--save-result", action="store_true", help="write the result JSON (and per-request "
         "records beside it, .requests.jsonl.gz)")

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pytest_profllm.load import client_watch
+from pytest_profllm.load.client_watch import WatchFigures
 from pytest_profllm.plan.metric_names import (
     LATENCY_METRICS,
     PROFLLM_ALIASES,
@@ -202,9 +204,12 @@ def client_health(
     duration: float,
     cpu_seconds: float,
     processes: int = 1,
+    watch: Sequence[WatchFigures] = (),
 ) -> dict[str, float | int | None]:
     """How well the client kept its schedule: lag statistics, rates and its CPU use (per
-    client process, so 100 is one busy core each).
+    client process, so 100 is one busy core each); and what each client process saw of
+    itself (`watch`, load/client_watch.py): its event loop's lag, its CPU and run-queue wait
+    shares, the worst process's (None where no watch ran).
 
     The target rate is the schedule's own (requests over the last intended offset, so ramps
     count too); the achieved rate is the same count over the last actual dispatch. Both are
@@ -232,6 +237,7 @@ def client_health(
         "client_cpu_percent": (
             100.0 * cpu_seconds / processes / duration if duration > 0 else 0.0
         ),
+        **client_watch.worst(list(watch)),
     }
 
 
@@ -269,6 +275,44 @@ def client_fell_behind(
     if not reasons:
         return None
     return "client fell behind: " + "; ".join(reasons)
+
+
+# The client watching itself (load/client_watch.py). Its event loop's p99 lag is held to the
+# schedule lag's bound (`--profllm-max-schedule-lag`, 10 ms by default): a loop that late
+# stamps what it reads as late, at any rate, infinite too. Its run-queue wait share is held
+# to MAX_CLIENT_RUNQUEUE_WAIT_SHARE. Measured with benchmarks/perf/client_error.py on the
+# 2-core development host (docs/developing/performance.md has the tables): loads of 6 to 16
+# streams, the host at load average 9.5, waited 0.05 to 0.22 of their time and kept a p99
+# lag of 1.2 to 5.5 ms; 200 streams there, or beside a CPU hog pinned to the client's core,
+# waited 0.62 to 0.81 with a p99 lag of 44 to 279 ms and TTFT errors of 62 to 252 ms
+# (median). A client that waits for a core half the load is not measuring the server.
+MAX_CLIENT_RUNQUEUE_WAIT_SHARE = 0.5
+
+
+def client_saturated(
+    health: Mapping[str, float | int | None], max_loop_lag_ms: float | None = None
+) -> str | None:
+    """Why the client's own watch says it could not keep up with what it read, or None: its
+    event loop ran later than the bound (its p99 lag), or it waited for a core over
+    MAX_CLIENT_RUNQUEUE_WAIT_SHARE of the load. `max_loop_lag_ms` overrides the lag bound
+    (the schedule lag's default). A figure that was not measured (no watch, no schedstat)
+    decides nothing."""
+    lag_limit_ms = MAX_P99_SCHEDULE_LAG_S * 1000 if max_loop_lag_ms is None else max_loop_lag_ms
+    reasons = []
+    lag = health.get("client_loop_lag_p99_ms")
+    if lag is not None and lag > lag_limit_ms:
+        reasons.append(f"event loop p99 lag {lag:.3g} ms is over {lag_limit_ms:g} ms")
+    wait = health.get("client_runqueue_wait_share")
+    if wait is not None and wait > MAX_CLIENT_RUNQUEUE_WAIT_SHARE:
+        reasons.append(
+            f"it waited for a core {wait:.0%} of the load, over "
+            f"{MAX_CLIENT_RUNQUEUE_WAIT_SHARE:.0%}"
+        )
+    if not reasons:
+        return None
+    cpu = health.get("client_cpu_share")
+    used = "" if cpu is None else f" (it ran {cpu:.0%} of the load)"
+    return "client saturated: " + "; ".join(reasons) + used
 
 
 _ERRORS_QUOTED = 3

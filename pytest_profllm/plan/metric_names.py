@@ -84,6 +84,13 @@ CLIENT_HEALTH_KEYS = (
     "target_request_rate",
     "achieved_request_rate",
     "client_cpu_percent",
+    # The client watching itself (load/client_watch.py): its event loop's lag, and its share
+    # of the load's wall time on a core and waiting for one.
+    "client_loop_lag_p50_ms",
+    "client_loop_lag_p99_ms",
+    "client_loop_lag_max_ms",
+    "client_cpu_share",
+    "client_runqueue_wait_share",
 )
 
 # `vllm bench throughput|latency --output-json` (vLLM 0.33.0): offline/results.py reads them.
