@@ -1,5 +1,5 @@
 """The client watching itself (load/client_watch.py), the rule that reads it
-(`client_saturated` in load/validity.py).
+(`client_saturated` in load/validity.py), and the client's own queue under max_concurrency.
 
 The watch's arithmetic runs on a loop whose clock the test moves, and the run-queue figures
 come from a file the test writes: nothing there depends on how busy the host is. The one
@@ -8,15 +8,18 @@ real load slowed on purpose blocks its own loop, which a busy host can only make
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import pytest
 from aiohttp import web
 from helpers import serve_handler
 
+from pytest_profllm.load import metrics
 from pytest_profllm.load.attempts import Attempts
 from pytest_profllm.load.bench import measure, run_load
 from pytest_profllm.load.client_watch import ClientWatch, WatchFigures, worst
@@ -25,6 +28,7 @@ from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
 from pytest_profllm.load.validity import InvalidKind, Judgement, LoadFacts, Rules, judge
 from pytest_profllm.plan.suite import BenchmarkConfig
+from pytest_profllm.run.outcome import request_row
 from pytest_profllm.sim.model_files import MODEL_DIR
 
 CODEC = TokenizerCodec.load(str(MODEL_DIR))
@@ -229,3 +233,40 @@ def test_a_client_slowed_on_purpose_is_saturated_where_its_cpu_says_nothing() ->
     # It slept, so its CPU stayed far under a core: the old rule alone called it valid.
     assert InvalidKind.CLIENT_FELL_BEHIND not in kinds
     assert all(reason.host_caused for reason in judgement.reasons)
+
+
+def test_the_client_queue_is_each_requests_wait_for_a_free_slot() -> None:
+    # One slot, three requests due at once: each waits for those before it.
+    load = _load(_stream(TOKEN, 0.1, LAST, USAGE, DONE), 3, max_concurrency=1)
+    first, second, third = load.outcomes
+    assert all(o.success for o in load.outcomes)
+    queue = [o.client_queue for o in load.outcomes]
+    latency = [o.latency for o in load.outcomes]
+    assert second.start_time >= first.end_time and third.start_time >= second.end_time
+    # The second waited about the first's latency; the third that and the second's.
+    assert latency[0] - 0.002 <= queue[1] < latency[0] + latency[1]
+    assert queue[1] + latency[1] - 0.002 <= queue[2] < queue[1] + latency[1] + latency[2]
+    assert queue[0] < queue[1] / 2
+    # vLLM's TTFT and E2EL start at the send: the wait is not in them.
+    assert all(o.ttft < queue[1] for o in load.outcomes)
+    results, _ = measure(load, BenchmarkConfig(num_prompts=3, max_concurrency=1), CODEC)
+    assert results["median_e2el_ms"] == pytest.approx(statistics.median(latency) * 1000)
+    assert results["mean_client_queue_ms"] == pytest.approx(statistics.fmean(queue) * 1000)
+    assert results["p99_client_queue_ms"] == pytest.approx(np.percentile(queue, 99) * 1000)
+    with_queue = [q + e for q, e in zip(queue, latency, strict=True)]
+    assert results["median_e2el_with_queue_ms"] == pytest.approx(
+        statistics.median(with_queue) * 1000)
+    assert results["mean_e2el_with_queue_ms"] > results["mean_e2el_ms"]
+    row = request_row(1, second, load.clock_start)
+    assert row["client_queue_s"] == pytest.approx(queue[1])
+    assert row["start_s"] - row["dispatch_s"] == pytest.approx(queue[1])
+
+
+def test_without_max_concurrency_nothing_waits_in_the_client() -> None:
+    figures = metrics.client_queue_summary([
+        RequestOutcome(prompt_len=1, success=True, latency=0.2, dispatch_time=1.0,
+                       start_time=1.0),
+        RequestOutcome(prompt_len=1, success=False, dispatch_time=1.0, start_time=3.0),
+    ])
+    assert figures["p99_client_queue_ms"] == 0.0  # the failed request is not counted
+    assert figures["median_e2el_with_queue_ms"] == pytest.approx(200.0)

@@ -209,6 +209,7 @@ def measure(
         pooling=config.is_pooling,
     )
     summary.update(metrics.multimodal_summary(load.outcomes))
+    summary.update(metrics.client_queue_summary(load.outcomes))
     if config.max_concurrency:
         steady = steady_figures(load.outcomes, config.max_concurrency)
         # A pooling request is one response: no token stream, so no TTFT or TPOT (as above).

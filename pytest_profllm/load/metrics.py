@@ -83,6 +83,13 @@ class RequestOutcome:
         """How late the client itself was: the task ran this long after its intended time."""
         return max(0.0, self.dispatch_time - self.intended_start)
 
+    @property
+    def client_queue(self) -> float:
+        """How long it waited in the client for a free slot (`max_concurrency`) before it was
+        sent: from its task's run to its send. vLLM's TTFT and E2EL start at the send, so
+        they leave this wait out."""
+        return max(0.0, self.start_time - self.dispatch_time)
+
 
 def compute(
     outcomes: Sequence[RequestOutcome],
@@ -145,6 +152,22 @@ def compute(
         for percentile in percentiles_for(metric, percentiles):
             key = f"{percentile_key(percentile)}_{metric}_ms"
             results[key] = float(np.percentile(values, percentile)) * 1000
+    return results
+
+
+def client_queue_summary(outcomes: Sequence[RequestOutcome]) -> dict[str, float]:
+    """The client's queue over the completed requests: the wait for a free slot under
+    `max_concurrency` (mean, median, p99), and E2EL with that wait in it, from when the
+    request was due to its last token, beside vLLM's E2EL, which starts at the send. As
+    vLLM's figures, zeros where none completed."""
+    done = [outcome for outcome in outcomes if outcome.success]
+    queue = np.array([outcome.client_queue for outcome in done] or [0.0]) * 1000
+    whole = np.array([outcome.client_queue + outcome.latency for outcome in done] or [0.0]) * 1000
+    results: dict[str, float] = {}
+    for name, values in (("client_queue", queue), ("e2el_with_queue", whole)):
+        results[f"mean_{name}_ms"] = float(np.mean(values))
+        results[f"median_{name}_ms"] = float(np.median(values))
+        results[f"p99_{name}_ms"] = float(np.percentile(values, 99))
     return results
 
 
