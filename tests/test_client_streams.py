@@ -528,6 +528,8 @@ def test_two_client_processes_share_the_schedule_and_the_concurrency() -> None:
         assert result.clock_start <= outcome.dispatch_time <= outcome.start_time
         assert outcome.start_time < outcome.message_times[0] < outcome.end_time
     assert result.cpu_seconds > 0
+    # Each process watched itself (load/client_watch.py) and sent what it saw.
+    assert len(result.watch) == 2 and all(f.wall_s > 0 for f in result.watch)
     import psutil
 
     # Every worker was reaped, and nothing else (no multiprocessing helper) was left running.

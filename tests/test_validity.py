@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pytest_profllm.load import metrics, validity
 from pytest_profllm.load.attempts import Attempts
 from pytest_profllm.load.bench import BenchFailed, bench_rules, judged_result
+from pytest_profllm.load.client_watch import WatchFigures
 from pytest_profllm.load.dataset import TokenizerCodec
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.schedule import LoadResult
@@ -33,6 +34,7 @@ from pytest_profllm.load.validity import (
     judge,
     on_this_host,
 )
+from pytest_profllm.plan import metric_names
 from pytest_profllm.plan.suite import BenchmarkConfig
 from pytest_profllm.run.serve import judge_attempt
 from pytest_profllm.sim.model_files import MODEL_DIR
@@ -100,11 +102,26 @@ def windows(draw: st.DrawFn, completed: int) -> validity.ServerWindow:
     return before, after
 
 
-def _load(made: list[RequestOutcome]) -> LoadResult:
+@st.composite
+def watches(draw: st.DrawFn) -> list[WatchFigures]:
+    """What the client's processes saw of themselves (load/client_watch.py): none (no
+    watch ran), or one or two processes' loop lag and shares, on and across the bounds."""
+    made = []
+    for _ in range(draw(st.integers(0, 2))):
+        lag = draw(st.sampled_from([None, 0.4, 9.0, 10.0, 12.0, 300.0]))
+        made.append(WatchFigures(
+            wall_s=1.0, ticks=0 if lag is None else 100, lag_p50_ms=lag, lag_p99_ms=lag,
+            lag_max_ms=lag, cpu_share=draw(st.sampled_from([0.05, 0.5, 0.97])),
+            runqueue_wait_share=draw(st.sampled_from([None, 0.0, 0.3, 0.5, 0.8])),
+        ))
+    return made
+
+
+def _load(made: list[RequestOutcome], watch: list[WatchFigures] | None = None) -> LoadResult:
     duration = max(outcome.end_time for outcome in made) or 1.0
     return LoadResult(
         made, duration, 0.0, 0.0, cpu_seconds=0.1 * duration,
-        intended_offsets=[outcome.intended_start for outcome in made],
+        intended_offsets=[outcome.intended_start for outcome in made], watch=watch or [],
     )
 
 
@@ -116,7 +133,7 @@ def _kinds_and_texts(judgement: Judgement) -> list[tuple[InvalidKind, str]]:
 @given(data=st.data())
 def test_a_case_and_profllm_bench_judge_the_same_load_alike(data: st.DataObject) -> None:
     made = data.draw(outcomes())
-    load = _load(made)
+    load = _load(made, data.draw(watches()))
     window = data.draw(windows(sum(outcome.success for outcome in made)))
     lag = data.draw(st.sampled_from([None, 0.5, 10.0, 1000.0]))
     ignore_eos = data.draw(st.booleans())
@@ -130,12 +147,17 @@ def test_a_case_and_profllm_bench_judge_the_same_load_alike(data: st.DataObject)
         return  # a benchmark of nothing: no figures to judge (a case fails on it too)
     # The case's rules where the session sets only the lag bound, its load cores not watched
     # (as bench's, which leases none).
-    case = judge_attempt(load, config, CODEC, window, own_hits, None,
-                         Rules(max_schedule_lag_ms=lag)).judgement
+    attempt = judge_attempt(load, config, CODEC, window, own_hits, None,
+                            Rules(max_schedule_lag_ms=lag))
+    case, case_results = attempt.judgement, attempt.results
     assert _kinds_and_texts(bench) == _kinds_and_texts(case)
     assert result["validity"] == case.validity
     assert result["invalid_reason"] == case.line()
     assert bench.not_applied == case.not_applied
+    # The client's watch reaches both as the same health figures, under the record's keys.
+    assert set(metric_names.CLIENT_HEALTH_KEYS) <= set(result)
+    assert {key: result[key] for key in metric_names.CLIENT_HEALTH_KEYS} == {
+        key: case_results[key] for key in metric_names.CLIENT_HEALTH_KEYS}
 
 
 def _reworded(function: Any) -> Any:
@@ -146,7 +168,8 @@ def _reworded(function: Any) -> Any:
     return reworded
 
 
-RULE_MESSAGES = ("client_out_of_descriptors", "inconsistent_counts", "client_fell_behind")
+RULE_MESSAGES = ("client_out_of_descriptors", "inconsistent_counts", "client_fell_behind",
+                 "client_saturated")
 VALIDITY_MESSAGES = ("sim_fell_behind", "cache_problem", "overhead_problem", "foreign_problem")
 
 
@@ -157,7 +180,7 @@ def test_rewording_any_reason_changes_no_remeasure_decision(
     data: st.DataObject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     made = data.draw(outcomes())
-    load = _load(made)
+    load = _load(made, data.draw(watches()))
     window = data.draw(windows(sum(outcome.success for outcome in made)))
     config = BenchmarkConfig(num_prompts=len(made))
     share = data.draw(st.sampled_from([None, 0.0, 0.5, 0.9]))
@@ -181,7 +204,7 @@ def test_rewording_any_reason_changes_no_remeasure_decision(
 
 def _health(load: LoadResult) -> dict[str, Any]:
     return metrics.client_health(load.outcomes, load.intended_offsets, load.clock_start,
-                                 load.duration, load.cpu_seconds)
+                                 load.duration, load.cpu_seconds, watch=load.watch)
 
 
 @given(kinds=st.lists(st.sampled_from(list(InvalidKind)), min_size=1, max_size=5),
@@ -198,8 +221,9 @@ def test_measuring_again_follows_the_kinds_alone(
 
 def test_the_host_caused_kinds_are_the_hosts() -> None:
     host = {kind for kind in InvalidKind if kind.host_caused}
-    assert host == {InvalidKind.CLIENT_FELL_BEHIND, InvalidKind.SIMULATOR_LATENESS,
-                    InvalidKind.CLIENT_OVERHEAD, InvalidKind.FOREIGN_CPU}
+    assert host == {InvalidKind.CLIENT_FELL_BEHIND, InvalidKind.CLIENT_SATURATED,
+                    InvalidKind.SIMULATOR_LATENESS, InvalidKind.CLIENT_OVERHEAD,
+                    InvalidKind.FOREIGN_CPU}
 
 
 def test_rules_that_cannot_apply_say_why() -> None:
@@ -213,8 +237,9 @@ def test_rules_that_cannot_apply_say_why() -> None:
     assert "leased" in elsewhere.not_applied[InvalidKind.FOREIGN_CPU]
     virtual = judge(facts, (None, None), Rules(virtual_clock=True))
     assert set(virtual.not_applied) == {
-        InvalidKind.CLIENT_FELL_BEHIND, InvalidKind.SIMULATOR_LATENESS, InvalidKind.CACHE,
-        InvalidKind.CLIENT_OVERHEAD, InvalidKind.FOREIGN_CPU}
+        InvalidKind.CLIENT_FELL_BEHIND, InvalidKind.CLIENT_SATURATED,
+        InvalidKind.SIMULATOR_LATENESS, InvalidKind.CACHE, InvalidKind.CLIENT_OVERHEAD,
+        InvalidKind.FOREIGN_CPU}
 
 
 @pytest.mark.parametrize(("url", "here"), [

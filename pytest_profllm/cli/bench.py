@@ -148,9 +148,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--client-processes", type=int, default=1, help="spread the client over N processes "
         "when one event loop cannot keep up with the server (not a vLLM flag; default: 1)")
     add("--max-schedule-lag", type=float, metavar="MS", help="a load whose client sent its "
-        "requests later than this after their scheduled times (p99), or whose simulated "
-        "engine fell this far behind, is invalid; raise it on a busy host (not a vLLM flag; "
-        "default: 10)")
+        "requests later than this after their scheduled times (p99), whose event loop ran "
+        "this late (p99), or whose simulated engine fell this far behind, is invalid; raise "
+        "it on a busy host (not a vLLM flag; default: 10)")
     add("--max-client-overhead", type=float, metavar="MS", default=DEFAULT_MAX_CLIENT_OVERHEAD_MS,
         help="a load to which the client added more than this to the server's own mean TTFT "
         "is invalid, where the server is on this host (not a vLLM flag; default: "

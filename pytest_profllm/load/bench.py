@@ -29,7 +29,7 @@ import numpy as np
 
 from pytest_profllm.engine.secrets import bearer
 from pytest_profllm.hosts.descriptors import ClientCap, raise_open_file_limit
-from pytest_profllm.load import metrics
+from pytest_profllm.load import client_watch, metrics
 from pytest_profllm.load.client import run_share, run_warmups
 from pytest_profllm.load.conversation import (
     Conversations,
@@ -158,11 +158,13 @@ async def _run_load(
     # the client.
     cpu_start = time.thread_time()
     start = time.perf_counter()
-    outcomes = await run_share(settings, requests, offsets, range(len(requests)), start)
+    async with client_watch.watching() as watch:
+        outcomes = await run_share(settings, requests, offsets, range(len(requests)), start)
     duration = time.perf_counter() - start
     cpu_seconds = time.thread_time() - cpu_start
     return LoadResult(
-        outcomes, duration, started_at, start, cpu_seconds=cpu_seconds, intended_offsets=offsets
+        outcomes, duration, started_at, start, cpu_seconds=cpu_seconds, intended_offsets=offsets,
+        watch=watch,
     )
 
 
@@ -207,6 +209,7 @@ def measure(
         pooling=config.is_pooling,
     )
     summary.update(metrics.multimodal_summary(load.outcomes))
+    summary.update(metrics.client_queue_summary(load.outcomes))
     if config.max_concurrency:
         steady = steady_figures(load.outcomes, config.max_concurrency)
         # A pooling request is one response: no token stream, so no TTFT or TPOT (as above).
@@ -219,6 +222,7 @@ def measure(
         load.duration,
         load.cpu_seconds,
         load.processes,
+        load.watch,
     )
     return summary, health
 
@@ -543,7 +547,7 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         rows.append(("Request goodput (req/s):", result["request_goodput"]))
     for key, value in result.items():
         if key.endswith("_ms") and "schedule_lag" not in key and not key.startswith(
-            ("std_", "server_", "client_overhead_")
+            ("std_", "server_", "client_overhead_", "client_loop_lag_")
         ):
             rows.append((f"{key}:", value))
     rows += _server_view_rows(result)
@@ -551,6 +555,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         ("Schedule lag p99 (ms):", result["p99_schedule_lag_ms"]),
         ("Achieved request rate (req/s):", result["achieved_request_rate"]),
         ("Client CPU (% of a core):", result["client_cpu_percent"]),
+        ("Client event loop lag p99 (ms):", result.get("client_loop_lag_p99_ms")),
+        ("Client run-queue wait (share):", result.get("client_runqueue_wait_share")),
         ("Validity:", result["validity"]),
     ]
     if result.get("prefix_cache"):

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_profllm.limits import MAX_REQUEST_TOKENS, InputLimitError, load_json
-from pytest_profllm.load import request_observer
+from pytest_profllm.load import client_watch, request_observer
 from pytest_profllm.load.client import (
     ENDPOINTS,
     _client,
@@ -322,18 +322,20 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
         return outcomes
 
     try:
-        tasks = [
-            asyncio.create_task(converse(number, session, start + offset))
-            for number, (session, offset) in enumerate(zip(sessions, offsets, strict=True))
-        ]
-        outcomes = [outcome for done in await asyncio.gather(*tasks) for outcome in done]
+        async with client_watch.watching() as watch:
+            tasks = [
+                asyncio.create_task(converse(number, session, start + offset))
+                for number, (session, offset) in enumerate(zip(sessions, offsets, strict=True))
+            ]
+            outcomes = [outcome for done in await asyncio.gather(*tasks) for outcome in done]
     finally:
         client.close()
     duration = time.perf_counter() - start
     cpu_seconds = time.thread_time() - cpu_start
     intended = [outcome.intended_start - start for outcome in outcomes]
     return LoadResult(
-        outcomes, duration, started_at, start, cpu_seconds=cpu_seconds, intended_offsets=intended
+        outcomes, duration, started_at, start, cpu_seconds=cpu_seconds, intended_offsets=intended,
+        watch=watch,
     )
 
 

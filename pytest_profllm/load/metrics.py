@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pytest_profllm.load import client_watch
+from pytest_profllm.load.client_watch import WatchFigures
 from pytest_profllm.plan.metric_names import (
     LATENCY_METRICS,
     PROFLLM_ALIASES,
@@ -81,6 +83,13 @@ class RequestOutcome:
         """How late the client itself was: the task ran this long after its intended time."""
         return max(0.0, self.dispatch_time - self.intended_start)
 
+    @property
+    def client_queue(self) -> float:
+        """How long it waited in the client for a free slot (`max_concurrency`) before it was
+        sent: from its task's run to its send. vLLM's TTFT and E2EL start at the send, so
+        they leave this wait out."""
+        return max(0.0, self.start_time - self.dispatch_time)
+
 
 def compute(
     outcomes: Sequence[RequestOutcome],
@@ -146,6 +155,22 @@ def compute(
     return results
 
 
+def client_queue_summary(outcomes: Sequence[RequestOutcome]) -> dict[str, float]:
+    """The client's queue over the completed requests: the wait for a free slot under
+    `max_concurrency` (mean, median, p99), and E2EL with that wait in it, from when the
+    request was due to its last token, beside vLLM's E2EL, which starts at the send. As
+    vLLM's figures, zeros where none completed."""
+    done = [outcome for outcome in outcomes if outcome.success]
+    queue = np.array([outcome.client_queue for outcome in done] or [0.0]) * 1000
+    whole = np.array([outcome.client_queue + outcome.latency for outcome in done] or [0.0]) * 1000
+    results: dict[str, float] = {}
+    for name, values in (("client_queue", queue), ("e2el_with_queue", whole)):
+        results[f"mean_{name}_ms"] = float(np.mean(values))
+        results[f"median_{name}_ms"] = float(np.median(values))
+        results[f"p99_{name}_ms"] = float(np.percentile(values, 99))
+    return results
+
+
 def multimodal_summary(outcomes: Sequence[RequestOutcome]) -> dict[str, float | int | None]:
     """A multimodal workload's items over its completed requests: how many, how large, and
     how many prompt tokens the server counted for them; empty for a text workload."""
@@ -202,9 +227,12 @@ def client_health(
     duration: float,
     cpu_seconds: float,
     processes: int = 1,
+    watch: Sequence[WatchFigures] = (),
 ) -> dict[str, float | int | None]:
     """How well the client kept its schedule: lag statistics, rates and its CPU use (per
-    client process, so 100 is one busy core each).
+    client process, so 100 is one busy core each); and what each client process saw of
+    itself (`watch`, load/client_watch.py): its event loop's lag, its CPU and run-queue wait
+    shares, the worst process's (None where no watch ran).
 
     The target rate is the schedule's own (requests over the last intended offset, so ramps
     count too); the achieved rate is the same count over the last actual dispatch. Both are
@@ -232,6 +260,7 @@ def client_health(
         "client_cpu_percent": (
             100.0 * cpu_seconds / processes / duration if duration > 0 else 0.0
         ),
+        **client_watch.worst(list(watch)),
     }
 
 
@@ -269,6 +298,45 @@ def client_fell_behind(
     if not reasons:
         return None
     return "client fell behind: " + "; ".join(reasons)
+
+
+# The client watching itself (load/client_watch.py). Its event loop's p99 lag is held to the
+# schedule lag's bound (`--profllm-max-schedule-lag`, 10 ms by default): a loop that late
+# stamps what it reads as late, at any rate, infinite too. Its run-queue wait share is held
+# to MAX_CLIENT_RUNQUEUE_WAIT_SHARE. Measured with benchmarks/perf/client_error.py against
+# its paced server on the 2-core development host, shared with other jobs (the tables are in
+# docs/developing/performance.md): 50 streams, the client pinned to a core (load average
+# 3.7-4.7), waited for a core 0.14 and 0.29 of the load with a p99 loop lag of 4.6 and
+# 9.2 ms; beside a CPU hog pinned to its core, 0.60 and 0.74 with 14.9 and 24.9 ms. Loads
+# of 6 to 16 streams at load average 9.5 waited 0.05 to 0.22. Every load that waited over
+# half its time had a p99 loop lag over 10 ms and a median TTFT error of 26 ms or more.
+MAX_CLIENT_RUNQUEUE_WAIT_SHARE = 0.5
+
+
+def client_saturated(
+    health: Mapping[str, float | int | None], max_loop_lag_ms: float | None = None
+) -> str | None:
+    """Why the client's own watch says it could not keep up with what it read, or None: its
+    event loop ran later than the bound (its p99 lag), or it waited for a core over
+    MAX_CLIENT_RUNQUEUE_WAIT_SHARE of the load. `max_loop_lag_ms` overrides the lag bound
+    (the schedule lag's default). A figure that was not measured (no watch, no schedstat)
+    decides nothing."""
+    lag_limit_ms = MAX_P99_SCHEDULE_LAG_S * 1000 if max_loop_lag_ms is None else max_loop_lag_ms
+    reasons = []
+    lag = health.get("client_loop_lag_p99_ms")
+    if lag is not None and lag > lag_limit_ms:
+        reasons.append(f"event loop p99 lag {lag:.4g} ms is over {lag_limit_ms:g} ms")
+    wait = health.get("client_runqueue_wait_share")
+    if wait is not None and wait > MAX_CLIENT_RUNQUEUE_WAIT_SHARE:
+        reasons.append(
+            f"it waited for a core {wait:.0%} of the load, over "
+            f"{MAX_CLIENT_RUNQUEUE_WAIT_SHARE:.0%}"
+        )
+    if not reasons:
+        return None
+    cpu = health.get("client_cpu_share")
+    used = "" if cpu is None else f" (it ran {cpu:.0%} of the load)"
+    return "client saturated: " + "; ".join(reasons) + used
 
 
 _ERRORS_QUOTED = 3

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from pytest_profllm.hosts.descriptors import ClientCap
 from pytest_profllm.load import live_status
 from pytest_profllm.load.client import run_share, run_warmups
+from pytest_profllm.load.client_watch import WatchFigures, watching
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
@@ -58,12 +59,14 @@ def run_in_processes(
             pipe.send(start)
         outcomes: list[RequestOutcome | None] = [None] * len(requests)
         cpu_seconds = 0.0
+        watch: list[WatchFigures] = []
         deadline = settings.request_timeout_s + offsets[-1] + _READY_TIMEOUT_S
         for process, pipe in workers:
             if not pipe.poll(deadline):
                 raise RuntimeError(f"client process {process.pid} sent no result")
-            indices, share_outcomes, cpu = pipe.recv()
+            indices, share_outcomes, cpu, figures = pipe.recv()
             cpu_seconds += cpu
+            watch.append(figures)
             for index, outcome in zip(indices, share_outcomes, strict=True):
                 outcomes[index] = outcome
         duration = time.perf_counter() - start
@@ -84,6 +87,7 @@ def run_in_processes(
         cpu_seconds=cpu_seconds,
         intended_offsets=list(offsets),
         processes=count,
+        watch=watch,
     )
 
 
@@ -91,6 +95,16 @@ def _share(limit: int | None, rank: int, count: int) -> int | None:
     if limit is None:
         return None
     return max(1, limit // count + (1 if rank < limit % count else 0))
+
+
+async def _watched_share(
+    settings: LoadSettings, requests: Sequence[PromptRequest], offsets: Sequence[float],
+    indices: Sequence[int], start: float, limit: int | None,
+) -> tuple[list[RequestOutcome], WatchFigures]:
+    """This process's share of the load, and what it saw of itself meanwhile."""
+    async with watching() as figures:
+        outcomes = await run_share(settings, requests, offsets, indices, start, limit)
+    return outcomes, figures[0]
 
 
 def _worker(fd: int) -> None:
@@ -105,8 +119,9 @@ def _worker(fd: int) -> None:
     pipe.send("ready")
     start: float = pipe.recv()
     cpu_start = time.thread_time()
-    outcomes = asyncio.run(run_share(settings, requests, offsets, indices, start, limit))
-    pipe.send((indices, outcomes, time.thread_time() - cpu_start))
+    outcomes, figures = asyncio.run(_watched_share(settings, requests, offsets, indices, start,
+                                                   limit))
+    pipe.send((indices, outcomes, time.thread_time() - cpu_start, figures))
     pipe.close()
     live_status.close()  # its share is done: a later load's counts must not add to these
 

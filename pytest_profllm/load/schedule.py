@@ -15,6 +15,7 @@ from typing import Literal
 
 import numpy as np
 
+from pytest_profllm.load.client_watch import WatchFigures
 from pytest_profllm.load.metrics import RequestOutcome
 
 Backend = Literal["openai", "openai-chat", "openai-embeddings", "vllm-rerank"]
@@ -60,6 +61,9 @@ class LoadResult:
     # the load would have opened (hosts/descriptors.py); None where it did not.
     open_file_limit: int | None = None
     client_limit: str | None = None
+    # What each client process saw of itself over the load (load/client_watch.py): its
+    # loop's lag, its CPU and run-queue shares. Empty where no watch ran (the virtual clock).
+    watch: list[WatchFigures] = field(default_factory=list)
 
 
 def back_to_back(loads: Sequence[LoadResult]) -> LoadResult:
@@ -84,7 +88,8 @@ def back_to_back(loads: Sequence[LoadResult]) -> LoadResult:
                       sum(load.cpu_seconds for load in loads),
                       max(load.processes for load in loads), offsets,
                       open_file_limit=min(limits) if limits else None,
-                      client_limit="; ".join(capped) or None)
+                      client_limit="; ".join(capped) or None,
+                      watch=[figures for load in loads for figures in load.watch])
 
 
 def _shifted(outcome: RequestOutcome, shift: float) -> RequestOutcome:

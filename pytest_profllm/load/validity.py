@@ -43,6 +43,7 @@ class InvalidKind(enum.StrEnum):
     CLIENT_DESCRIPTORS = "client_descriptors"  # the client could not open its connections
     TOKEN_COUNTS = "token_counts"  # the server's token counts cannot be believed
     CLIENT_FELL_BEHIND = "client_fell_behind"  # schedule lag, achieved rate, client CPU
+    CLIENT_SATURATED = "client_saturated"  # the client's loop lag, its wait for a core
     SIMULATOR_LATENESS = "simulator_lateness"  # the simulated engine fell behind its clock
     CACHE = "cache"  # the prefix cache held an earlier load's prompts
     CLIENT_OVERHEAD = "client_overhead"  # the client added too much to the server's TTFT
@@ -59,6 +60,7 @@ class InvalidKind(enum.StrEnum):
 
 _HOST_CAUSED = frozenset({
     InvalidKind.CLIENT_FELL_BEHIND,
+    InvalidKind.CLIENT_SATURATED,
     InvalidKind.SIMULATOR_LATENESS,
     InvalidKind.CLIENT_OVERHEAD,
     InvalidKind.FOREIGN_CPU,
@@ -88,7 +90,9 @@ def texts(reasons: list[Invalid]) -> list[str]:
 class Rules:
     """The bounds a load is judged by, and where it ran (what decides which rules apply)."""
 
-    max_schedule_lag_ms: float | None = None  # None: metrics.MAX_P99_SCHEDULE_LAG_S
+    # The client's p99 schedule lag and its event loop's p99 lag (None:
+    # metrics.MAX_P99_SCHEDULE_LAG_S).
+    max_schedule_lag_ms: float | None = None
     # None: the rule is off. The default grows with the server's own mean TTFT.
     max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS
     max_foreign_cpu: float | None = DEFAULT_MAX_FOREIGN_CPU  # None: the rule is off
@@ -155,9 +159,13 @@ def judge(facts: LoadFacts, window: ServerWindow, rules: Rules) -> Judgement:
     if rules.virtual_clock:
         out.not_applied[InvalidKind.CLIENT_FELL_BEHIND] = (
             "the virtual clock's client keeps its schedule by construction")
+        out.not_applied[InvalidKind.CLIENT_SATURATED] = (
+            "the virtual clock's client has no event loop and no core to wait for")
     else:
         rule(InvalidKind.CLIENT_FELL_BEHIND,
              metrics.client_fell_behind(health, rules.max_schedule_lag_ms))
+        rule(InvalidKind.CLIENT_SATURATED,
+             metrics.client_saturated(health, rules.max_schedule_lag_ms))
     before, after = window
     if usable(before) is None or usable(after) is None:
         unread = after if usable(after) is None else before

@@ -135,12 +135,14 @@ class Table:
     max_schedule_lag = Option(
         "--profllm-max-schedule-lag", "profllm_max_schedule_lag", parse_milliseconds,
         DEFAULT_MAX_SCHEDULE_LAG_MS,
-        "a case whose client sent its p99 request later than this after its scheduled time is "
-        "invalid, not passed; raise it on shared, oversubscribed runners",
+        "a case whose client sent its p99 request later than this after its scheduled time, "
+        "or whose event loop ran this late (p99), is invalid, not passed; raise it on shared, "
+        "oversubscribed runners",
         metavar="MS",
         doc="a case whose client sent its requests later than this after their scheduled times "
-        "(p99), or whose simulated engine ended over 1 % of its steps later than this, is "
-        "`invalid`, not passed; raise it on shared, oversubscribed runners",
+        "(p99), whose client's event loop ran later than this (p99: `client_saturated`), or "
+        "whose simulated engine ended over 1 % of its steps later than this, is `invalid`, not "
+        "passed; raise it on shared, oversubscribed runners",
     )
     max_client_overhead = Option(
         "--profllm-max-client-overhead", "profllm_max_client_overhead", parse_milliseconds,

@@ -76,6 +76,18 @@ STEADY_RESULTS = (
     "steady_p99_tpot_ms",
 )
 
+# The client's own queue (load/metrics.py `client_queue_summary`): how long a request waited
+# for a free slot under max_concurrency before it was sent, and E2EL with that wait in it;
+# vLLM's TTFT and E2EL start at the send.
+CLIENT_QUEUE_RESULTS = (
+    "mean_client_queue_ms",
+    "median_client_queue_ms",
+    "p99_client_queue_ms",
+    "mean_e2el_with_queue_ms",
+    "median_e2el_with_queue_ms",
+    "p99_e2el_with_queue_ms",
+)
+
 CLIENT_HEALTH_KEYS = (
     "mean_schedule_lag_ms",
     "median_schedule_lag_ms",
@@ -84,6 +96,13 @@ CLIENT_HEALTH_KEYS = (
     "target_request_rate",
     "achieved_request_rate",
     "client_cpu_percent",
+    # The client watching itself (load/client_watch.py): its event loop's lag, and its share
+    # of the load's wall time on a core and waiting for one.
+    "client_loop_lag_p50_ms",
+    "client_loop_lag_p99_ms",
+    "client_loop_lag_max_ms",
+    "client_cpu_share",
+    "client_runqueue_wait_share",
 )
 
 # `vllm bench throughput|latency --output-json` (vLLM 0.33.0): offline/results.py reads them.

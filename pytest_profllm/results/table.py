@@ -33,7 +33,7 @@ STANDARD_METRICS = metric_names.result_names(
     metric_names.MULTIMODAL_RESULTS
 ) + list(metric_names.ACCURACY_RESULTS) + list(OVERHEAD_KEYS) + list(
     metric_names.STEADY_RESULTS
-)
+) + list(metric_names.CLIENT_QUEUE_RESULTS)
 # A row is 5-10 KB (400+ columns, JSON of config classes): with SQLite's 4 KB pages each row
 # spills into overflow pages, which made loading twice as slow.
 PAGE_SIZE = 32_768

@@ -267,6 +267,9 @@ def request_row(index: int, outcome: metrics.RequestOutcome, clock_start: float)
         "dispatch_s": outcome.dispatch_time - clock_start,
         "start_s": outcome.start_time - clock_start,
         "schedule_lag_s": outcome.schedule_lag,
+        # Its wait for a free slot under max_concurrency, before start_s (TTFT and latency
+        # start at the send, as vLLM's).
+        "client_queue_s": outcome.client_queue,
         "ttft_s": None if outcome.pooled else outcome.ttft,
         "itl_s": outcome.itl,
         "latency_s": outcome.latency,

@@ -1,0 +1,169 @@
+"""How far off is the client's TTFT when it is the bottleneck, and does it know?
+`python benchmarks/perf/client_error.py [--streams 1000 2000 4000] [--hog]`.
+
+Runs `profllm bench` (one client process) against the paced server (paced_server.py: first
+token 50 ms after a request is read, then one every 10 ms) with all requests at once
+(`request_rate: inf`, as many streams as requests), and sets each request's TTFT as the
+client measured it against the server's own (its first token's write less its request's
+read, from the server's log): the difference is what the client added, sending and reading.
+Prints per run: median and p99 of that error, the messages the client read per second, its
+CPU, its event loop's p99 lag and run-queue wait share (load/client_watch.py), the server's
+tick lateness, and the load's validity with its reasons.
+
+`--hog` runs a CPU hog pinned to the client's core (the client on core 0, the server and
+the hog's host neighbours elsewhere): a client slowed on purpose, for the `client_saturated`
+bounds (load/metrics.py). `--pin` pins the client to core 0 and the server to core 1
+without a hog. Every process it starts is reaped, also on failure; every load is bounded in
+requests and time. Not a pytest file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM_TOKENIZER = ROOT / "pytest_profllm" / "sim" / "model"
+RUN_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _pinned(core: int | None) -> Any:
+    if core is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    return lambda: os.sched_setaffinity(0, {core})
+
+
+@contextlib.contextmanager
+def started(argv: list[str], core: int | None = None, port: int | None = None) -> Iterator[None]:
+    """A process (waited for until `port` accepts connections, where given), always reaped."""
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               cwd=ROOT, preexec_fn=_pinned(core))
+    try:
+        deadline = time.monotonic() + 60
+        while port is not None:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{argv} did not start")
+            time.sleep(0.1)
+        yield
+    finally:
+        process.kill()
+        process.wait()
+
+
+def server_log(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/log", timeout=30) as response:
+        log: dict[str, Any] = json.loads(response.read())
+        return log
+
+
+def bench(url: str, out: Path, streams: int, output_len: int, core: int | None) -> dict[str, Any]:
+    result = out / f"streams-{streams}.json"
+    result.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "pytest_profllm.cli", "bench", "--base-url", url,
+            "--model", "paced", "--tokenizer", str(SIM_TOKENIZER),
+            "--num-prompts", str(streams), "--random-input-len", "16",
+            "--random-output-len", str(output_len), "--request-rate", "inf",
+            "--save-result", "--save-detailed", "--result-dir", str(out),
+            "--result-filename", result.name]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S, preexec_fn=_pinned(core), check=False)
+    # profllm bench exits 3 where the load is invalid: its figures still come back.
+    if done.returncode not in (0, 3) or not result.exists():
+        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        raise RuntimeError(f"profllm bench failed ({done.returncode}): " + " | ".join(tail))
+    figures: dict[str, Any] = json.loads(result.read_text())
+    return figures
+
+
+def errors_ms(result: dict[str, Any], log: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """Each completed request's TTFT as the client measured it less the server's own (what
+    the client and the way there and back added), and of it the reading side: how long after
+    the server wrote the first token the client stamped it (perf_counter is the host's
+    monotonic clock in both processes). The rest is the sending side, where the server's
+    own lateness in reading the request counts too."""
+    added, reading = [], []
+    rows = zip(result["ttfts"], result["start_times"], result["errors"], strict=True)
+    for index, (ttft, start, error) in enumerate(rows):
+        request_id = f"profllm-{index}"
+        if error or request_id not in log["first"]:
+            continue
+        first = log["first"][request_id]
+        added.append((ttft - (first - log["read"][request_id])) * 1000)
+        reading.append((start + ttft - first) * 1000)
+    return added, reading
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def row(streams: int, result: dict[str, Any], log: dict[str, Any]) -> str:
+    errors, reading = errors_ms(result, log)
+    events = (result["total_output_tokens"] or 0) / result["duration"]
+    wait = result.get("client_runqueue_wait_share")
+    reason = result.get("invalid_reason") or ""
+    return (
+        f"| {streams:,} | {statistics.median(errors):.1f} / {percentile(errors, 0.99):.1f} "
+        f"| {statistics.median(reading):.1f} / {percentile(reading, 0.99):.1f} "
+        f"| {events:,.0f} | {result['client_cpu_percent']:.0f} % "
+        f"| {result['client_loop_lag_p99_ms']:.1f} / {result['client_loop_lag_max_ms']:.1f} "
+        f"| {'-' if wait is None else f'{wait:.2f}'} "
+        f"| {log['tick_lateness_p99_ms']:.1f} | {result['validity']} | {reason} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, nargs="+", default=[1000, 2000, 4000])
+    parser.add_argument("--output-len", type=int, default=20)
+    parser.add_argument("--hog", action="store_true", help="a CPU hog on the client's core")
+    parser.add_argument("--pin", action="store_true", help="client on core 0, server on 1")
+    args = parser.parse_args()
+    pin = args.pin or args.hog
+    client_core, server_core = (0, 1) if pin else (None, None)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = [sys.executable, str(ROOT / "benchmarks" / "perf" / "paced_server.py"),
+              "--port", str(port)]
+    print(f"load average before: {os.getloadavg()[0]:.2f}; hog on the client's core: {args.hog}")
+    print("| streams | TTFT error median / p99 (ms) | of it, reading (ms) | messages/s "
+          "| client CPU "
+          "| loop lag p99 / max (ms) | run-queue wait share | server tick lateness p99 (ms) "
+          "| validity | reasons |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as folder:
+        stack.enter_context(started(server, server_core, port))
+        if args.hog:
+            stack.enter_context(started([sys.executable, "-c", "while True: pass"],
+                                        client_core))
+        for streams in args.streams:
+            server_log(url)  # forget the warm-up's and earlier runs' requests
+            result = bench(url, Path(folder), streams, args.output_len, client_core)
+            print(row(streams, result, server_log(url)), flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
