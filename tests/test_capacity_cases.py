@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from helpers import run_records, run_suites
+from helpers import assert_invalid, run_records, run_suites
 
 from pytest_profllm.browse import filters
 from pytest_profllm.browse.dashboards import BY_NAME
@@ -138,7 +138,7 @@ def test_a_search_the_host_held_back_is_invalid_never_failed(
     pytester.makefile(".yaml", bench_cap=suite)
     result = run_suites(pytester, ports, "--profllm-max-schedule-lag=0.001",
                         "--profllm-remeasure=0", cache=False)
-    result.assert_outcomes(failed=1)
+    assert_invalid(result, 1)
     result.stdout.fnmatch_lines(["*invalid measurement: the host limited the capacity search*"])
     (record,) = run_records(pytester)
     assert record["status"] == "invalid" and record["validity"] == "invalid"
