@@ -98,8 +98,13 @@ def test_two_configurations_search_in_parallel(pytester: pytest.Pytester, ports:
     # Every probe, then the search's answer run once more after it.
     assert len(page.probes) == len(small["capacity"]["probes"]) + 1
     assert page.probes[-1]["number"] == "re-check"
+    # What the re-check decided: a steady server's tail makes one run near the capacity
+    # either meet or be unsure, never read as met when it was unsure.
+    recheck = small["capacity"]["recheck"]
+    said = ("it met every SLO, so it agrees." if recheck["decision"] == "meets" else
+            f"it decided unsure ({recheck['reason']}): not a miss, so the capacity stands")
     assert (
-        f"Re-checked after the search at {small['results']['capacity']:.4g} req/s: it agrees."
+        f"Re-checked after the search at {small['results']['capacity']:.4g} req/s: {said}"
         in page.capacity)
     assert "capacity-median_ttft_ms" in page.charts
 

@@ -239,8 +239,15 @@ def _capacity(page: RunPage) -> None:
 
 
 def _recheck_verdict(recheck: dict[str, Any]) -> str:
+    """What the re-check decided, then what that makes of the capacity: only a miss voids it
+    (load/capacity/search.py `Recheck`), so an unsure re-check is said as unsure, not as met."""
     if recheck.get("agrees") is not False:
-        return "it agrees."
+        decision = recheck.get("decision")
+        if decision == "meets":
+            return "it met every SLO, so it agrees."
+        reason = recheck.get("reason")
+        said = f"{decision} ({reason})" if decision and reason else decision or "not recorded"
+        return (f"it decided {said}: not a miss, so the capacity stands, unconfirmed by it.")
     if recheck.get("steady_engine"):
         # The virtual clock (load/capacity/search.py `search`'s steady_engine): no server to change.
         return ("it missed: the engine cannot change, so that load counts as missed and the "
