@@ -322,3 +322,14 @@ def test_the_recheck_line_says_what_the_recheck_decided() -> None:
     assert "agrees" not in unsure
     assert run_page._recheck_verdict({"decision": "misses", "agrees": False}).startswith(
         "it missed: the server changed")
+
+
+def test_the_rerun_command_names_the_database_from_where_pytest_ran() -> None:
+    # `datasette results/results.db` where pytest ran with --profllm-out results/: as given.
+    assert run_page.rerun_command("r1", Path("results/results.db")) == (
+        "profllm rerun r1 --db results/results.db")
+    # Served by an absolute path: its output folder and file, never the folders above.
+    assert run_page.rerun_command("r1", Path("/srv/ci/project/results/results.db")) == (
+        "profllm rerun r1 --db results/results.db")
+    assert run_page.rerun_command("r1", Path("../elsewhere/out/results.db")) == (
+        "profllm rerun r1 --db out/results.db")

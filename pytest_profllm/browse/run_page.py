@@ -102,11 +102,18 @@ class RunPage:
 
 
 def rerun_command(run_id: str, database: Path | None) -> str:
-    """The `profllm rerun` command that reproduces a run (cli/rerun.py), as the page shows it:
-    its database by file name (a page may be public: never the server's folders), the
-    records beside it."""
-    db = shlex.quote(database.name) if database is not None else "results.db"
-    return f"profllm rerun {shlex.quote(run_id)} --db {db}"
+    """The `profllm rerun` command that reproduces a run (cli/rerun.py), as the page shows it,
+    to be run where pytest ran: its database as Datasette was given it where that was a
+    relative path (`datasette results/results.db` from there), else by its output folder's
+    name and its file name (`results/results.db`: a page may be public, so never the server's
+    folders above it); the records are beside it."""
+    if database is None:
+        shown = "results/results.db"  # --profllm-out results/, as the README runs it
+    elif not database.is_absolute() and ".." not in database.parts:
+        shown = database.as_posix()
+    else:
+        shown = (Path(database.parent.name) / database.name).as_posix()
+    return f"profllm rerun {shlex.quote(run_id)} --db {shlex.quote(shown)}"
 
 
 def _exists(connection: sqlite3.Connection, table: str) -> bool:
