@@ -330,7 +330,7 @@ class Table:
         "--profllm-ray", "profllm_ray", str, None,
         "run each server group on a Ray cluster: auto (the cluster this host belongs to), local "
         "(start one on this host) or the cluster's address; needs "
-        "pip install 'pytest-profllm[ray]'",
+        "pip install -e '.[ray]' in the pytest-profllm clone",
         metavar="ADDRESS", shown_default="this host only",
         doc="run each server group on a Ray cluster: `auto` (the cluster this host belongs to), "
         "`local` (start one on this host) or the cluster's address `HOST:PORT`; see [Beyond one "
