@@ -76,6 +76,10 @@ STEADY_RESULTS = (
     "steady_p99_tpot_ms",
 )
 
+# What the client and the HTTP path added to the server's own mean TTFT and E2E (its /metrics
+# histograms over the load's window: load/server_view.py): a serve load's, where measured.
+CLIENT_OVERHEAD_RESULTS = ("client_overhead_ttft_ms", "client_overhead_e2el_ms")
+
 CLIENT_HEALTH_KEYS = (
     "mean_schedule_lag_ms",
     "median_schedule_lag_ms",

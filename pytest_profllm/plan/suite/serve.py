@@ -396,4 +396,5 @@ class BenchmarkConfig(BaseModel):
         if self.max_concurrency:  # a closed loop has a steady state
             names += [n for n in metric_names.STEADY_RESULTS
                       if not (self.is_pooling and n.endswith(("_ttft_ms", "_tpot_ms")))]
-        return names + list(metric_names.CLIENT_HEALTH_KEYS)
+        return names + list(metric_names.CLIENT_HEALTH_KEYS) + list(
+            metric_names.CLIENT_OVERHEAD_RESULTS)
