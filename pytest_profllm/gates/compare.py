@@ -80,7 +80,10 @@ def compare(
         if key not in side_a:
             rows.append(Row(case_id, key, None, ONLY_IN_B))
             continue
-        rows += _case_rows(case_id, key, side_a[key][1], new, gated, settings)
+        compared = _case_rows(case_id, key, side_a[key][1], new, gated, settings)
+        # A case none of the metrics applies to (a pooling model has no TTFT) is said so.
+        rows += compared or [Row(case_id, key, None, "not-judged",
+                                 reason="it measures none of the metrics compared: see --metric")]
     return rows
 
 
