@@ -50,6 +50,10 @@ MAX_RECORD_BYTES = 64 << 20
 # the registry's arguments and the record's fields take about 600 of them.
 MAX_RESULTS = 1_000
 MAX_SERVER_ARGUMENTS = 1_000
+# One argument of a server's command line (and one VAR=value of its environment), in bytes:
+# Linux refuses a longer one at exec (MAX_ARG_STRLEN, 32 pages of 4 KiB with its NUL), and
+# the start then fails with `OSError: Argument list too long`. A suite is refused first.
+MAX_ARGUMENT_BYTES = 32 * 4096 - 1
 # One line of a JSON-lines file (a trace's request, a dataset's row, a request row).
 MAX_JSON_LINE_BYTES = 16 << 20
 # A per-request file (`RUN.requests.jsonl.gz`), decompressed: a probe of 1,000,000 requests with

@@ -33,6 +33,7 @@ from pytest_profllm.session import (
     collect,
     identity,
     interrupt,
+    invalid_cases,
     live_view,
     metrics_endpoint,
     resume,
@@ -57,6 +58,7 @@ _LEFTOVERS = pytest.StashKey[list[str]]()  # what killed sessions left, ended at
 _RESTORE_SIGTERM = pytest.StashKey[Callable[[], None]]()
 _METRICS = pytest.StashKey[metrics_endpoint.MetricsEndpoint]()
 _LIVE = pytest.StashKey[live_view.LiveSession]()
+_FAILURES = pytest.StashKey[invalid_cases.FailureCount]()  # where the reports arrive
 METRICS_HOST = "127.0.0.1"  # the numbers name suites and cases: not for other hosts
 
 
@@ -126,6 +128,9 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(problem)
         config.stash[GATE_CONTROLLER_KEY] = gates
         config.pluginmanager.register(gates, "profllm-gates")
+        failures = invalid_cases.FailureCount()  # where every report arrives
+        config.stash[_FAILURES] = failures
+        config.pluginmanager.register(failures, "profllm-failures")
     config.stash[IDENTITY_KEY] = run_identity
     restore = interrupt.install(
         lambda: _on_sigterm(config), lambda: config.pluginmanager.has_plugin("dsession")
@@ -297,7 +302,15 @@ def pytest_runtest_makereport(
         if started is not None:
             item.user_properties.remove(started)
     item.stash.setdefault(_REPORTS, {})[report.when] = report
+    invalid_cases.mark_report(item, report)
     return report
+
+
+def pytest_report_teststatus(
+    report: pytest.TestReport, config: pytest.Config
+) -> tuple[str, str, tuple[str, dict[str, bool]]] | None:
+    # An invalid case is counted as `invalid` in pytest's last line, apart from `failed`.
+    return invalid_cases.teststatus(report)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -307,7 +320,9 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     yield
     outcome = item.stash.get(OUTCOME_KEY, None)
     if outcome is not None and outcome.invalid_reason:
-        pytest.fail(f"invalid measurement: {outcome.invalid_reason}", pytrace=False)
+        invalid_cases.end_invalid(
+            item, item.config.stash[SETTINGS_KEY].invalid, outcome.invalid_reason
+        )
     problems = []
     if outcome is not None and outcome.missed:
         problems.append(describe_missed(outcome.missed))
@@ -375,12 +390,25 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             if gates.gated_nothing() is not None:
                 # A gate that gated nothing is an error, never green.
                 session.exitstatus = pytest.ExitCode.USAGE_ERROR
+    failures = session.config.stash.get(_FAILURES, None)
+    if failures is not None:
+        session.exitstatus = failures.exit_status(
+            session.config.stash[SETTINGS_KEY].invalid, session.exitstatus
+        )
     scope_dir = session.config.stash.get(scheduler.SCOPE_DIR_KEY, None)
     if scope_dir is not None:
         shutil.rmtree(scope_dir, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    # pytest's own sections list failed cases; an invalid one is listed here, with its reason.
+    invalid = terminalreporter.stats.get(invalid_cases.CATEGORY, [])
+    if invalid:
+        terminalreporter.write_sep("=", "invalid: not measurements of the server", yellow=True)
+    for report in invalid:
+        terminalreporter.write_line(
+            f"INVALID {report.nodeid} - {invalid_cases.reason_of(report)}", yellow=True
+        )
     controller = config.stash.get(CONTROLLER_KEY, None)
     if controller is None or not controller.records:
         return

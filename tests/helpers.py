@@ -81,6 +81,14 @@ def run_suites(
     return pytester.runpytest_subprocess(*options, *args, timeout=timeout)
 
 
+def assert_invalid(result: pytest.RunResult, invalid: int, **outcomes: int) -> None:
+    """The run counted `invalid` cases (not measurements of the server) apart from its other
+    `outcomes` (assert_outcomes' keywords), and failed for them: status 1, as by default."""
+    result.assert_outcomes(**outcomes)
+    assert result.parseoutcomes().get("invalid", 0) == invalid, result.parseoutcomes()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
 def records(folder: Path) -> list[dict[str, Any]]:
     """The JSON records in `folder`, by file name."""
     return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]

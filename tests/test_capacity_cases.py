@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from helpers import run_records, run_suites
+from helpers import assert_invalid, run_records, run_suites
 
 from pytest_profllm.browse import filters
 from pytest_profllm.browse.dashboards import BY_NAME
@@ -98,8 +98,13 @@ def test_two_configurations_search_in_parallel(pytester: pytest.Pytester, ports:
     # Every probe, then the search's answer run once more after it.
     assert len(page.probes) == len(small["capacity"]["probes"]) + 1
     assert page.probes[-1]["number"] == "re-check"
+    # What the re-check decided: a steady server's tail makes one run near the capacity
+    # either meet or be unsure, never read as met when it was unsure.
+    recheck = small["capacity"]["recheck"]
+    said = ("it met every SLO, so it agrees." if recheck["decision"] == "meets" else
+            f"it decided unsure ({recheck['reason']}): not a miss, so the capacity stands")
     assert (
-        f"Re-checked after the search at {small['results']['capacity']:.4g} req/s: it agrees."
+        f"Re-checked after the search at {small['results']['capacity']:.4g} req/s: {said}"
         in page.capacity)
     assert "capacity-median_ttft_ms" in page.charts
 
@@ -138,7 +143,7 @@ def test_a_search_the_host_held_back_is_invalid_never_failed(
     pytester.makefile(".yaml", bench_cap=suite)
     result = run_suites(pytester, ports, "--profllm-max-schedule-lag=0.001",
                         "--profllm-remeasure=0", cache=False)
-    result.assert_outcomes(failed=1)
+    assert_invalid(result, 1)
     result.stdout.fnmatch_lines(["*invalid measurement: the host limited the capacity search*"])
     (record,) = run_records(pytester)
     assert record["status"] == "invalid" and record["validity"] == "invalid"

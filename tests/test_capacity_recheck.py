@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import run_records, run_suites
+from helpers import assert_invalid, run_records, run_suites
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -240,7 +240,7 @@ def test_a_drifting_simulator_is_an_invalid_capacity_case(
     monkeypatch.setenv("PROFLLM_SIM_FAULTS", "drift=0.01")
     pytester.makefile(".yaml", bench_drift=DRIFT_SUITE)
     result = run_suites(pytester, ports, "-rA", cache=False)
-    result.assert_outcomes(failed=1)
+    assert_invalid(result, 1)
     result.stdout.fnmatch_lines(
         ["*invalid measurement: the server changed during the search: the capacity it found, "
          "* req/s, missed when run again after it: median_tpot_ms * over 15, where the search "

@@ -336,6 +336,10 @@ def test_sim_help(capsys: pytest.CaptureFixture[str], flag: str) -> None:
     out = capsys.readouterr().out
     assert out.startswith("usage: profllm sim ")
     assert "--max-num-seqs" in out
+    # By hand it differs from the plugin's server, and says how to run it as the plugin does.
+    flat = " ".join(out.split())
+    assert "only with VLLM_SERVER_DEV_MODE=1" in flat
+    assert "VLLM_SERVER_DEV_MODE=1 PROFLLM_SIM_NICE=0 profllm sim MODEL" in flat
 
 
 # --- schema -------------------------------------------------------------------------------

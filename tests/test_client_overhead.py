@@ -4,7 +4,7 @@ client added more than the bound is invalid and measured again, as every host-ma
 from __future__ import annotations
 
 import pytest
-from helpers import run_records, run_suites
+from helpers import assert_invalid, run_records, run_suites
 
 from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
 
@@ -51,7 +51,7 @@ def test_a_client_over_the_bound_is_invalid_and_measured_again(
         pytester, ports, "-n", "0", "--profllm-max-client-overhead", "0.0001",
         "--profllm-remeasure", "1",
     )
-    result.assert_outcomes(failed=1)
+    assert_invalid(result, 1)
     (record,) = run_records(pytester)
     assert record["status"] == "invalid"
     assert [a["attempt"] for a in record["attempts"]] == [1, 2]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import run_records, run_suites, simulator
+from helpers import assert_invalid, run_records, run_suites, simulator
 
 from pytest_profllm.limits import MAX_REMEASURE
 from pytest_profllm.load.attempts import Attempts
@@ -216,7 +216,7 @@ def test_a_load_the_host_made_invalid_is_measured_again(
         bench_lag=PACED_SUITE,
     )
     result = run_suites(pytester, ports, "-n", "0", "--profllm-max-schedule-lag", "0.0001")
-    result.assert_outcomes(failed=1)
+    assert_invalid(result, 1)
     (record,) = run_records(pytester)
     assert record["status"] == "invalid"
     assert [a["attempt"] for a in record["attempts"]] == [1, 2, 3]
@@ -236,7 +236,7 @@ def test_remeasure_zero_gives_one_attempt(pytester: pytest.Pytester, ports: str)
         pytester, ports, "-n", "0", "--profllm-max-schedule-lag", "0.0001",
         "--profllm-remeasure", "0",
     )
-    result.assert_outcomes(failed=1)
+    assert_invalid(result, 1)
     (record,) = run_records(pytester)
     assert len(record["attempts"]) == 1
     assert record["validity_reasons"][0].startswith("client fell behind")

@@ -862,3 +862,39 @@ def test_latest_compares_a_capacity_case_by_its_capacity_and_marks_a_failed_case
     assert ("s2-cap", "output_throughput") not in changes
     assert ("s2-cap", "capacity") in changes
     assert any("1 case(s) failed" in note for note in shown.notes)
+
+
+def test_capacity_cases_show_their_figures_runs_and_the_load_they_ran_at(
+        tmp_path: Path) -> None:
+    # Two sessions of a capacity search (rate inf in its suite) that found the same capacity:
+    # a change of 0 % drew a bar of no width, the capacity bars had no figure and no run, and
+    # the load page said the case ran "at request rate inf".
+    case = "bench_capacity.yaml::qwen::random-capacity"
+    runs = [make_record(f"{s}-cap", s, case, f"2026-01-0{d}T10:00:00+00:00",
+                        request_rate="inf") for s, d in (("s1", 1), ("s2", 2))]
+    for record in runs:
+        record["suite"] = "capacity"
+        record["results"].update(capacity=26.332087650463436, capacity_low=26.332087650463436,
+                                 capacity_high=28.10003456597279)
+    db = ingested(tmp_path, runs)
+    with sqlite3.connect(db) as connection:
+        sql_functions.register(connection)
+        latest = view(connection, "latest")
+        capacity = view(connection, "capacity")
+        load = view(connection, "load")
+    chart = latest.charts["latest-change-capacity"]
+    (row,) = values(chart)
+    assert row["change_percent"] == 0.0 and row["bar_label"] == "+0.0 %, no verdict"
+    marks = [layer["mark"]["type"] for layer in chart["layer"]]
+    assert marks == ["bar", "point", "text", "text"]  # a 0 % change is a point, labelled
+    bars = capacity.charts["capacity"]
+    assert any(layer["mark"]["type"] == "text" and layer["encoding"]["text"]["field"]
+               == "capacity" for layer in bars["layer"])
+    (table,) = capacity.tables
+    (listed,) = table.rows
+    assert listed["run_id"] == "s2-cap" and listed["validity"] == "valid"
+    assert (listed["capacity"], listed["capacity_high"]) == (26.33, 28.1)
+    (throughput,) = [key for key in load.charts if key.endswith("-output_throughput")]
+    title = str(load.charts[throughput]["title"])
+    assert "at its capacity (26.3 req/s)" in title and "inf" not in title
+    assert {r["load"] for r in values(load.charts[throughput])} == {"26.3 (capacity)"}

@@ -227,7 +227,7 @@ def test_vllm_without_vllm_says_how_to_install(gpu_count: int) -> None:
         choose_engine("vllm", gpu_count)
     message = str(error.value)
     assert message.startswith("--profllm-engine vllm: vLLM is not installed")
-    assert "pip install 'pytest-profllm[vllm]'" in message
+    assert "pip install -e '.[vllm]' in the pytest-profllm clone" in message
     assert "--profllm-vllm-python" in message
 
 

@@ -200,3 +200,17 @@ def test_the_planner_is_told_how_many_runs_each_value_has(tmp_path: Path) -> Non
             f"({', '.join('?' * len(sessions))}) AND server_model = ?",
             [*sessions, "Qwen/Qwen3-8B"]))
         assert "idx_benchmark_runs_session_id" in plan, plan
+
+
+def test_a_skipped_run_is_never_counted_invalid(tmp_path: Path) -> None:
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [record(number, "Qwen/Qwen3-8B", status, 8, 4.0)
+                           for number, status in enumerate(("passed", "invalid", "skipped"))])
+    with contextlib.closing(sqlite3.connect(db_path)) as connection:
+        kept = dict(connection.execute(
+            f"SELECT value, count FROM [{FACET_COUNTS}] WHERE table_name = ? "
+            "AND column_name = 'validity'", (LANDING,)).fetchall())
+        assert kept == {"valid": 1, "invalid": 1, None: 1}
+        assert grouped(connection, LANDING, "validity") == kept
+        # The record keeps its own word: the wide table is unchanged.
+        assert grouped(connection, TABLE, "validity") == {"valid": 1, "invalid": 2}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import run_records, run_suites
+from helpers import assert_invalid, run_records, run_suites
 
 # Prefill-heavy (the simulator's step times, which PROFLLM_SIM_SLOWDOWN multiplies, outweigh its
 # own CPU overhead on a busy host), prefix caching off (every repeat sends the same prompts).
@@ -237,7 +237,7 @@ def test_an_invalid_measurement_is_not_judged(pytester: pytest.Pytester, ports: 
         "no:cacheprovider",
         timeout=300,
     )
-    result.assert_outcomes(failed=2)
+    assert_invalid(result, 2)
     result.stdout.fnmatch_lines(["*invalid measurement: *"])
     assert "regression:" not in result.stdout.str()
     record = last_record(pytester, "new")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import run_suites
+from helpers import assert_invalid, run_suites
 
 from pytest_profllm.load import live_status
 from pytest_profllm.load.metrics import RequestOutcome
@@ -75,7 +75,7 @@ def test_a_case_reports_its_stages_waiting_starting_loading_remeasuring(
     pytester.makefile(".yaml", bench_lag=PACED)
     result = run_suites(pytester, ports, "-n", "0", "--profllm-max-schedule-lag", "0.0001",
                         "--profllm-remeasure", "1", gpus=1)
-    result.assert_outcomes(failed=1)  # invalid: the client cannot keep such a lag
+    assert_invalid(result, 1)  # invalid: the client cannot keep such a lag
     ((case, history),) = _histories(folder).items()
     assert case.endswith("::random")
     assert history == [

@@ -313,7 +313,8 @@ def test_ray_option_without_ray_installed_is_a_usage_error(pytester: pytest.Pyte
     result = pytester.runpytest_subprocess("--profllm-ray=local")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        ["ERROR: --profllm-ray needs Ray in this environment: pip install 'pytest-profllm[ray]'"]
+        ["ERROR: --profllm-ray needs Ray in this environment: pip install -e '.[ray]' in the "
+         "pytest-profllm clone"]
     )
 
 

@@ -394,5 +394,6 @@ def test_the_run_page_shows_the_rerun_command(tmp_path: Path) -> None:
 
     html = asyncio.run(page())
     assert "<h2>Re-run this case</h2>" in html
-    assert f"profllm rerun {record['run_id']} --db results.db" in html
+    # From where pytest ran: the output folder and the file, as --profllm-out made them.
+    assert f"profllm rerun {record['run_id']} --db {tmp_path.name}/results.db" in html
     assert str(tmp_path) not in html  # a page may be public: no folder of the server

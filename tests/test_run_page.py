@@ -311,3 +311,25 @@ def test_a_record_cannot_name_the_database_as_its_file(tmp_path: Path) -> None:
     assert not re.search(r'href="[^"]*results\.db', responses[0].text)
     assert [r.status_code for r in responses[1:]] == [404, 404, 404]
     assert all(b"SQLite format" not in r.content for r in responses)
+
+
+def test_the_recheck_line_says_what_the_recheck_decided() -> None:
+    assert run_page._recheck_verdict({"decision": "meets", "agrees": True}) == (
+        "it met every SLO, so it agrees.")
+    unsure = run_page._recheck_verdict({"decision": "unsure", "agrees": True,
+                               "reason": "median_tpot_ms"})
+    assert unsure.startswith("it decided unsure (median_tpot_ms): not a miss")
+    assert "agrees" not in unsure
+    assert run_page._recheck_verdict({"decision": "misses", "agrees": False}).startswith(
+        "it missed: the server changed")
+
+
+def test_the_rerun_command_names_the_database_from_where_pytest_ran() -> None:
+    # `datasette results/results.db` where pytest ran with --profllm-out results/: as given.
+    assert run_page.rerun_command("r1", Path("results/results.db")) == (
+        "profllm rerun r1 --db results/results.db")
+    # Served by an absolute path: its output folder and file, never the folders above.
+    assert run_page.rerun_command("r1", Path("/srv/ci/project/results/results.db")) == (
+        "profllm rerun r1 --db results/results.db")
+    assert run_page.rerun_command("r1", Path("../elsewhere/out/results.db")) == (
+        "profllm rerun r1 --db out/results.db")

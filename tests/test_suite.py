@@ -476,3 +476,35 @@ def test_a_secret_axis_is_labelled_by_position(tmp_path: Path) -> None:
 def test_a_one_value_list_is_no_axis_in_labels(tmp_path: Path) -> None:
     path = write_suite(tmp_path, "server: {model: m, served_model_name: [[a, b]]}\n")
     assert [case.server_label for case in cases_of(path)] == ["m"]
+
+
+def test_thresholds_and_the_gate_may_name_the_client_overhead(tmp_path: Path) -> None:
+    # docs/reference/record.md says so; the suite refused both names.
+    (case, *_) = cases_of(write_suite(tmp_path, """
+        server:
+          model: Qwen/Qwen3-8B
+        benchmark:
+          num_prompts: 4
+        repeat: 2
+        thresholds:
+          client_overhead_ttft_ms: {max: 50}
+          client_overhead_e2el_ms: {max: 80}
+        regression:
+          client_overhead_ttft_ms: 20%
+          client_overhead_e2el_ms: 20%
+        """))
+    assert set(case.thresholds) == {"client_overhead_ttft_ms", "client_overhead_e2el_ms"}
+    assert set(case.regression) == {"client_overhead_ttft_ms", "client_overhead_e2el_ms"}
+    # A capacity search's probes have no one /metrics window: it records no overhead.
+    message = suite_error(write_suite(tmp_path, """
+        server:
+          model: Qwen/Qwen3-8B
+        benchmark:
+          kind: capacity
+          request_rate: inf
+          slo: {p99_ttft_ms: 500}
+          search: {low: 1, high: 8}
+        thresholds:
+          client_overhead_ttft_ms: {max: 50}
+        """, "bench_cap.yaml"))
+    assert "unknown metric 'thresholds.client_overhead_ttft_ms'" in message

@@ -571,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     vllm_env: Path | None = args.vllm_env
     if vllm_env is None or not (vllm_env / "bin" / "vllm").exists():
         print(f"SKIP vLLM parts: no vLLM environment at {vllm_env} (--vllm-env or "
-              "PROFLLM_VLLM_ENV; build one with ../shared/tools/vllm-cpu-env.sh)")
+              "PROFLLM_VLLM_ENV; build one with .ci/vllm-env.sh serve)")
         vllm_env = None
     print(f"host: {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f} at start")
     with tempfile.TemporaryDirectory(prefix="client-speed-") as out:

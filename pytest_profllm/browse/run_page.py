@@ -102,11 +102,18 @@ class RunPage:
 
 
 def rerun_command(run_id: str, database: Path | None) -> str:
-    """The `profllm rerun` command that reproduces a run (cli/rerun.py), as the page shows it:
-    its database by file name (a page may be public: never the server's folders), the
-    records beside it."""
-    db = shlex.quote(database.name) if database is not None else "results.db"
-    return f"profllm rerun {shlex.quote(run_id)} --db {db}"
+    """The `profllm rerun` command that reproduces a run (cli/rerun.py), as the page shows it,
+    to be run where pytest ran: its database as Datasette was given it where that was a
+    relative path (`datasette results/results.db` from there), else by its output folder's
+    name and its file name (`results/results.db`: a page may be public, so never the server's
+    folders above it); the records are beside it."""
+    if database is None:
+        shown = "results/results.db"  # --profllm-out results/, as the README runs it
+    elif not database.is_absolute() and ".." not in database.parts:
+        shown = database.as_posix()
+    else:
+        shown = (Path(database.parent.name) / database.name).as_posix()
+    return f"profllm rerun {shlex.quote(run_id)} --db {shlex.quote(shown)}"
 
 
 def _exists(connection: sqlite3.Connection, table: str) -> bool:
@@ -239,8 +246,15 @@ def _capacity(page: RunPage) -> None:
 
 
 def _recheck_verdict(recheck: dict[str, Any]) -> str:
+    """What the re-check decided, then what that makes of the capacity: only a miss voids it
+    (load/capacity/search.py `Recheck`), so an unsure re-check is said as unsure, not as met."""
     if recheck.get("agrees") is not False:
-        return "it agrees."
+        decision = recheck.get("decision")
+        if decision == "meets":
+            return "it met every SLO, so it agrees."
+        reason = recheck.get("reason")
+        said = f"{decision} ({reason})" if decision and reason else decision or "not recorded"
+        return (f"it decided {said}: not a miss, so the capacity stands, unconfirmed by it.")
     if recheck.get("steady_engine"):
         # The virtual clock (load/capacity/search.py `search`'s steady_engine): no server to change.
         return ("it missed: the engine cannot change, so that load counts as missed and the "

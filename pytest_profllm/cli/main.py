@@ -14,6 +14,7 @@ from pytest_profllm.cli import (
     bench,
     calibrate,
     check,
+    compare,
     engine_args,
     history,
     ingest,
@@ -45,8 +46,8 @@ class Command(Protocol):
 # Every subcommand, in the order `profllm --help` lists them: a new one is a module with a
 # `register`, named here.
 COMMANDS: tuple[Command, ...] = (
-    plan, ingest, schema, engine_args, bench, history, calibrate, check, rebuild, backup,
-    restore, rerun, sim,
+    plan, ingest, schema, engine_args, bench, history, compare, calibrate, check, rebuild,
+    backup, restore, rerun, sim,
 )
 
 _EXIT_CODES = f"""exit status:
@@ -54,7 +55,8 @@ _EXIT_CODES = f"""exit status:
   {EXIT_NOTHING_MEASURED}  bench: nothing was measured, or a request failed (a non-200 status, an
      error in its stream, a stream cut or stalled), or no output token;
      calibrate: the runs are too few or too alike to fit (the line says which would help)
-     ingest, rebuild: a file was refused; check: a problem (the summary names the runs)
+     ingest, rebuild: a file was refused; check: a problem (the summary names the runs);
+     compare: a metric regressed
   {EXIT_USAGE}  a usage error: a bad flag, a bad suite, a file that cannot be read
   {EXIT_INVALID}  bench: an invalid measurement (the client fell behind its schedule, or the
      server's token counts cannot be believed)

@@ -37,7 +37,7 @@ from pytest_profllm.session.collect import case_of
 from pytest_profllm.session.identity import RunIdentity, host_pool
 from pytest_profllm.session.worker import CASE_ERRORS, OUTCOME_KEY, WorkerSession
 
-INSTALL_HINT = "pip install 'pytest-profllm[ray]'"
+INSTALL_HINT = "pip install -e '.[ray]' in the pytest-profllm clone"
 # `local` starts a cluster of this host alone; records are small, so is its object store.
 LOCAL_OBJECT_STORE_BYTES = 200 * 1024**2
 # How long a cancelled group may take to stop its server (SIGTERM, grace, checks) at the end.

@@ -95,8 +95,8 @@ def choose_engine(
         if requested == "vllm":
             raise EngineUnavailable(
                 "--profllm-engine vllm: vLLM is not installed in this environment "
-                "(pip install 'pytest-profllm[vllm]' on a GPU host, or name another "
-                "environment's Python with --profllm-vllm-python)"
+                "(pip install -e '.[vllm]' in the pytest-profllm clone on a GPU host, or name "
+                "another environment's Python with --profllm-vllm-python)"
             )
         return EngineChoice(
             "sim", "auto: vLLM is not installed, using the simulated engine", _own_version()

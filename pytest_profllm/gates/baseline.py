@@ -35,6 +35,7 @@ class _Found:
     run_id: str
     session_id: str
     timestamp: str
+    case_id: str = ""
 
 
 @dataclass
@@ -59,6 +60,16 @@ class Baseline:
             return []  # nothing to read (the database may not exist yet)
         found = self._load().get(self._key(record), [])
         return self._samples([f.run_id for f in found if f.session_id in chosen])
+
+    def latest(self) -> dict[str, tuple[str, list[RunSamples]]]:
+        """Every fingerprint's case id and the runs of its latest session, all its repeats (as
+        the gate takes a baseline): what `profllm compare` compares."""
+        latest = {}
+        for key, found in self._load().items():
+            newest = max(found, key=lambda f: (f.timestamp, f.session_id))
+            runs = [f for f in found if f.session_id == newest.session_id]
+            latest[key] = (newest.case_id, self._samples([f.run_id for f in runs]))
+        return latest
 
     def earlier_sessions(self, record: dict[str, Any]) -> int:
         """How many other sessions measured `record`'s fingerprint validly."""
@@ -91,11 +102,11 @@ class Baseline:
             if not _has_table(db, tables.RUNS):
                 return index
             found: dict[str, _Found] = {}
-            for digest, run_id, session, timestamp in db.execute(
-                f"SELECT {column}, run_id, session_id, timestamp FROM [{tables.RUNS}] "
+            for digest, run_id, session, timestamp, case_id in db.execute(
+                f"SELECT {column}, run_id, session_id, timestamp, case_id FROM [{tables.RUNS}] "
                 f"WHERE {tables.valid_runs(db)}"
             ):
-                found[run_id] = _Found(run_id, session or "", timestamp or "")
+                found[run_id] = _Found(run_id, session or "", timestamp or "", case_id or "")
                 index.setdefault(digest, []).append(found[run_id])
             for run_id, keys in _accuracy_runs_stored_before_their_task(db).items():
                 if run_id in found:
@@ -119,7 +130,8 @@ class Baseline:
             key = with_version if self.with_version else any_version
             self._records[record["run_id"]] = record
             index.setdefault(key, []).append(
-                _Found(record["run_id"], record.get("session_id") or "", record["timestamp"])
+                _Found(record["run_id"], record.get("session_id") or "", record["timestamp"],
+                       record.get("case_id") or "")
             )
         return index
 

@@ -27,7 +27,7 @@ from typing import Any
 from pytest_profllm.load.accuracy_task import SHIPPED_TASKS, task_config
 from pytest_profllm.plan.metric_names import ACCURACY_SAMPLES
 
-INSTALL_HINT = "lm-eval is not installed: pip install 'pytest-profllm[accuracy]'"
+INSTALL_HINT = "lm-eval is not installed: pip install -e '.[accuracy]' in the pytest-profllm clone"
 API_MODELS = {"completions": "local-completions", "chat-completions": "local-chat-completions"}
 _ENDPOINTS = {"completions": "/v1/completions", "chat-completions": "/v1/chat/completions"}
 

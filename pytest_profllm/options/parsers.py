@@ -7,6 +7,7 @@ import argparse
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -229,3 +230,39 @@ def parse_saturation_margin(text: str) -> float:
         "a margin lies in [0, 1) (or [0%, 100%))",
     )
     return value / 100 if percent else value
+
+
+# `--profllm-invalid exit-code:N`: a status none of pytest's own (0 to 5) and under the 126 and
+# up that shells keep for themselves.
+INVALID_EXIT_STATUSES = range(6, 126)
+
+
+@dataclass(frozen=True)
+class InvalidPolicy:
+    """What an invalid case does to the session: `fail` (it fails, status 1, as a missed
+    threshold does), `skip` (it is reported skipped, with its reason), or `exit-code:N` (it
+    fails, and where invalid cases were the session's only failures the status is N)."""
+
+    skip: bool = False
+    exit_status: int | None = None
+
+    def __str__(self) -> str:
+        if self.skip:
+            return "skip"
+        return "fail" if self.exit_status is None else f"exit-code:{self.exit_status}"
+
+
+def parse_invalid(text: str) -> InvalidPolicy:
+    """`fail`, `skip` or `exit-code:N` (N from 6 to 125)."""
+    cleaned = text.strip().lower()
+    if cleaned in ("fail", "skip"):
+        return InvalidPolicy(skip=cleaned == "skip")
+    number = cleaned.removeprefix("exit-code:")
+    if number != cleaned and number.isascii() and number.isdigit() and len(number) <= 3 \
+            and int(number) in INVALID_EXIT_STATUSES:
+        return InvalidPolicy(exit_status=int(number))
+    raise argparse.ArgumentTypeError(
+        f"--profllm-invalid: expected fail, skip or exit-code:N (N from "
+        f"{INVALID_EXIT_STATUSES.start} to {INVALID_EXIT_STATUSES.stop - 1}, not one of "
+        f"pytest's own statuses), got {text!r}"
+    )

@@ -3,7 +3,7 @@ the ini file's, else the default (declare.value_of); and what the settings make 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -15,6 +15,7 @@ from pytest_profllm.gates.regression import GateSettings
 from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU
 from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
 from pytest_profllm.options.declare import Option, value_of
+from pytest_profllm.options.parsers import InvalidPolicy
 from pytest_profllm.options.table import (
     DEFAULT_MAX_SCHEDULE_LAG_MS,
     DEFAULT_REMEASURE,
@@ -55,6 +56,8 @@ class Settings:
     saturation_margin: float | None = DEFAULT_SATURATION_MARGIN
     resume: bool = False  # skip cases whose valid record is already in out_dir
     gpu_hour_price: float | None = None  # USD per GPU-hour; None: cases are not priced
+    # What an invalid case does to the session (--profllm-invalid).
+    invalid: InvalidPolicy = field(default_factory=InvalidPolicy)
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -93,6 +96,7 @@ class Settings:
             else get(Table.saturation_margin) or None,
             resume=_resume(get(Table.resume), out_dir),
             gpu_hour_price=get(Table.gpu_hour_price),
+            invalid=get(Table.invalid),
         )
 
 

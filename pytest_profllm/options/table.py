@@ -15,11 +15,13 @@ from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
 from pytest_profllm.options.declare import Option, register
 from pytest_profllm.options.parsers import (
     DEFAULT_PORTS,
+    InvalidPolicy,
     OneOf,
     parse_confidence,
     parse_cpus,
     parse_gpu_hour_price,
     parse_gpus,
+    parse_invalid,
     parse_max_cases,
     parse_metrics_port,
     parse_milliseconds,
@@ -191,6 +193,22 @@ class Table:
         "the measuring time of any but a short session), and the case says `re-measuring "
         "stopped`",
     )
+    invalid = Option[InvalidPolicy](
+        "--profllm-invalid", "profllm_invalid", parse_invalid, InvalidPolicy(),
+        "what an invalid case (not a measurement of the server: the host was too busy, the "
+        "server's counts cannot be believed) does to the session: fail (status 1, as a missed "
+        "threshold), skip (reported skipped), or exit-code:N (it fails, and where invalid cases "
+        "were the only failures the session exits N, 6 to 125); either way pytest's last line "
+        "counts them as invalid, apart from failed",
+        metavar="MODE", shown_default="`fail`",
+        doc="what an invalid case does to the session (MODE): `fail`, it fails as a missed "
+        "threshold does (status 1); `skip`, it is reported skipped with its reason (status 0 where "
+        "nothing else failed); `exit-code:N` (N from 6 to 125), it fails, and where invalid "
+        "cases were the session's only failures the session exits N, so a CI job can tell a "
+        "host too busy to measure from a regression ([exit "
+        "statuses](reference/exit-statuses.md)). Either way pytest's last line counts them "
+        "apart (`2 invalid`, not `2 failed`) and the record says `invalid`",
+    )
     metrics_port = Option[int | None](
         "--profllm-metrics-port", "profllm_metrics_port", parse_metrics_port, None,
         "serve the client's own Prometheus metrics for the session on "
@@ -314,7 +332,7 @@ class Table:
         "--profllm-ray", "profllm_ray", str, None,
         "run each server group on a Ray cluster: auto (the cluster this host belongs to), local "
         "(start one on this host) or the cluster's address; needs "
-        "pip install 'pytest-profllm[ray]'",
+        "pip install -e '.[ray]' in the pytest-profllm clone",
         metavar="ADDRESS", shown_default="this host only",
         doc="run each server group on a Ray cluster: `auto` (the cluster this host belongs to), "
         "`local` (start one on this host) or the cluster's address `HOST:PORT`; see [Beyond one "

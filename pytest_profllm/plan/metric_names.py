@@ -87,6 +87,9 @@ CLIENT_QUEUE_RESULTS = (
     "median_e2el_with_queue_ms",
     "p99_e2el_with_queue_ms",
 )
+# What the client and the HTTP path added to the server's own mean TTFT and E2E (its /metrics
+# histograms over the load's window: load/server_view.py): a serve load's, where measured.
+CLIENT_OVERHEAD_RESULTS = ("client_overhead_ttft_ms", "client_overhead_e2el_ms")
 
 CLIENT_HEALTH_KEYS = (
     "mean_schedule_lag_ms",

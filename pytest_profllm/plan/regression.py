@@ -38,6 +38,9 @@ PER_REPEAT_METRICS = {
     "requests_per_second": True,
     "tokens_per_second": True,
     "elapsed_time": False,
+    # What the client added to the server's own mean (a serve load's, one figure per repeat).
+    "client_overhead_ttft_ms": False,
+    "client_overhead_e2el_ms": False,
 }
 BRACKETED_METRICS = frozenset({"capacity"})
 # An accuracy case's metrics (lm-eval's, and each under a filter as `<metric>_<filter>`): their

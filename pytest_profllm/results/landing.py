@@ -77,7 +77,10 @@ _GATE_CHANGES_SQL = (
     "printf('%+.1f%%', 100.0 * json_extract(value, '$.change')), ', ') "
     f"FROM {_VERDICTS} WHERE json_extract(value, '$.verdict') IN ('regressed', 'improved'))"
 )
-_DERIVED = {"gate": _GATE_SQL, "gate_changes": _GATE_CHANGES_SQL}
+# A skipped run measured nothing and is no measurement either way: its validity is empty here,
+# so the landing page's validity facet never counts it as `invalid` (docs/results.md).
+_VALIDITY_SQL = "CASE WHEN status = 'skipped' THEN NULL ELSE validity END"
+_DERIVED = {"gate": _GATE_SQL, "gate_changes": _GATE_CHANGES_SQL, "validity": _VALIDITY_SQL}
 _DERIVED_TYPES = {"gate": "TEXT", "gate_changes": "TEXT"}
 
 

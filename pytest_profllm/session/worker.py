@@ -273,7 +273,10 @@ def status_of(reports: dict[str, Any], outcome: CaseOutcome) -> tuple[Status, st
         return "skipped", outcome.skip_reason
     for when in ("setup", "call"):
         report = reports.get(when)
-        if report is not None and report.failed:
+        # With --profllm-invalid skip, an invalid case's call is reported skipped.
+        skipped_invalid = (report is not None and report.skipped and when == "call"
+                           and bool(outcome.invalid_reason))
+        if report is not None and (report.failed or skipped_invalid):
             # A case that raised (requests the server refused, a server lost) failed for
             # that reason first: it leads, whatever the schedule's verdict was.
             if outcome.invalid_reason and outcome.results and outcome.error is None:

@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="profllm sim",
         description="Simulated vLLM engine: vLLM's OpenAI-compatible API over a step cost model.",
+        epilog="Run by hand, it is not quite the server the plugin starts. It serves vLLM's "
+        "development routes (POST /reset_prefix_cache, which emptying the prefix cache before "
+        "a load needs, as profllm bench does) only with VLLM_SERVER_DEV_MODE=1, as vLLM does; "
+        "the plugin sets it. And it serves below the client's priority, its niceness raised "
+        "by 10 (PROFLLM_SIM_NICE=N: by N), where the plugin sets 0 and gives it a core of its "
+        "own. As the plugin runs it: VLLM_SERVER_DEV_MODE=1 PROFLLM_SIM_NICE=0 profllm sim "
+        "MODEL ...",
         # vLLM's options it ignores must not be taken for abbreviations of those it reads.
         allow_abbrev=False,
     )

@@ -1,5 +1,5 @@
 """The capacity dashboard: the highest load each configuration carried under its SLOs,
-with its bracket."""
+with its bracket, its figure on each bar, and a table of the runs (each linked to its page)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_profllm.browse import charts
-from pytest_profllm.browse.dashboard_view import View
+from pytest_profllm.browse.dashboard_view import Table, View
 from pytest_profllm.browse.dashboards.common import (
     series_names,
 )
@@ -58,10 +58,32 @@ def capacity_dashboard(connection: sqlite3.Connection, schema: Schema, selection
                        "encoding": {"y": {"field": "series", "type": "nominal"},
                                     "x": {"field": "capacity_low", "type": "quantitative"},
                                     "x2": {"field": "capacity_high"}}})
+    # The figure itself at the end of each bar, above the bracket's rule.
+    layers.append({"mark": {"type": "text", "align": "left", "dx": 4, "dy": -10,
+                            "fontWeight": "bold"},
+                   "encoding": {"y": {"field": "series", "type": "nominal"},
+                                "x": {"field": "capacity", "type": "quantitative"},
+                                "text": {"field": "capacity", "type": "quantitative",
+                                         "format": ".3~g"}}})
     view.add("capacity", charts.spec(values, title="Capacity per configuration",
                                      height=max(220, 36 * len(values)), layers=layers),
-             "Bars: the highest load that met every SLO; black rules: the bracket between "
-             "the last load that met them and the first that missed.")
+             "Bars: the highest load that met every SLO, its figure beside it; black rules: "
+             "the bracket between the last load that met them and the first that missed. "
+             "Valid measurements only: a search the host held back, or whose re-check found "
+             "the server changed, is no capacity and is not drawn (the notes count such runs).",
+             wide=True)
+    view.tables.append(Table(
+        "Capacity runs (each links to its run page: probes, re-check, SLO readings)",
+        ["series", *columns, "validity", "session_id", "run_id"],
+        [{**row, **{c: _shown(row.get(c)) for c in columns}, "validity": "valid"}
+         for row in sorted(values, key=lambda r: -r["capacity"])],
+        empty="No valid capacity measurement in this selection."))
     if not values:
         view.notes.append("No valid capacity measurement in this selection.")
     return view
+
+
+def _shown(value: Any) -> Any:
+    """A figure to four significant digits, as the bars' labels (a search's loads are
+    geometric steps: their sixteen digits say nothing)."""
+    return float(f"{value:.4g}") if isinstance(value, float) else value

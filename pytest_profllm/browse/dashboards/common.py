@@ -34,6 +34,8 @@ POINT_METRICS = (
 # The latest dashboard compares these too: a capacity case's headline (its throughput is at
 # whatever load its search ended, so no like-for-like figure).
 CAPACITY_METRIC = ("capacity", "capacity (req/s or concurrent requests)")
+# How a capacity case's load is labelled: the capacity its search found, not its suite's rate.
+CAPACITY_LOAD = "(capacity)"
 INF_LABEL = "inf"
 # Sessions drawn apart (each its own series) on one page, at most, and the points they may
 # bring (whole sessions are drawn: the newest until this many points are reached).
@@ -353,6 +355,12 @@ def _point_row(point: Point, name: str, x_column: str | None = None) -> dict[str
         raw = point.rate if x_column == "request_rate" else (
             float(point.concurrency) if point.concurrency is not None else None)
         row["load"], row["load_order"] = _load_value(raw)
+        capacity = point.metrics.get("capacity")
+        if capacity is not None:
+            # A capacity case's figures are its probe's at the capacity it found, whatever
+            # rate (inf) its suite names: that load is the one it ran at.
+            row["load"] = f"{capacity:.3g} {CAPACITY_LOAD}"
+            row["load_order"] = float(capacity)
     return row
 
 

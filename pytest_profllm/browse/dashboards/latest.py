@@ -160,20 +160,33 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
         which = ("One bar per case" if len(of_metric) == cases else
                  f"The {len(of_metric)} of {cases} cases that changed most or regressed (the "
                  "table below lists more, the largest change first), one bar each")
+        of_metric = [{**r, "bar_label": _bar_label(r)} for r in of_metric]
+        y = charts.field("case", "nominal", "", sort="-x",
+                         axis={"labelLimit": 520, "title": None})
+        x = charts.field("change_percent", "quantitative", f"change of {label} (%)")
+        colour = charts.field("gate", "nominal", "gate verdict", scale=_VERDICT_COLOURS)
         view.add(f"latest-change-{metric}", charts.spec(
             of_metric, title=f"{label}: change from the previous session",
             height=max(160, 26 * len(of_metric)),
-            mark={"type": "bar", "tooltip": True},
-            encoding={
-                "y": charts.field("case", "nominal", "", sort="-x",
-                                  axis={"labelLimit": 520, "title": None}),
-                "x": charts.field("change_percent", "quantitative", f"change of {label} (%)"),
-                "color": charts.field("gate", "nominal", "gate verdict", scale=_VERDICT_COLOURS),
-                "tooltip": charts.tooltips("case", "previous", "latest", "change_percent",
-                                           "gate", "status", "run_id")}),
+            layers=[
+                {"mark": {"type": "bar", "tooltip": True},
+                 "encoding": {"y": y, "x": x, "color": colour,
+                              "tooltip": charts.tooltips("case", "previous", "latest",
+                                                         "change_percent", "gate", "status",
+                                                         "run_id")}},
+                # A change of 0 % is a bar of no width: a mark at its end keeps an
+                # `unchanged` verdict in sight.
+                {"mark": {"type": "point", "shape": "diamond", "filled": True, "size": 90},
+                 "encoding": {"y": y, "x": x, "color": colour}},
+                *[{"transform": [{"filter": f"datum.change_percent {test} 0"}],
+                   "mark": {"type": "text", "align": align, "dx": dx},
+                   "encoding": {"y": y, "x": x, "text": {"field": "bar_label"}}}
+                  for test, align, dx in ((">=", "left", 9), ("<", "right", -9))],
+            ]),
             f"{which}: the change of its median {label} from the previous session "
-            f"({worse} is worse). Red: the regression gate called it regressed; black: the "
-            "case failed (its figures measured, but not passed) and no gate judged it.",
+            f"({worse} is worse), with the figure and the gate's verdict beside it. Red: the "
+            "regression gate called it regressed; black: the case failed (its figures "
+            "measured, but not passed) and no gate judged it.",
             # A bar's label names its whole case: in half the page, the labels left the bars
             # a few pixels.
             wide=True)
@@ -205,6 +218,12 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
                           "filters (the first session chosen is compared with the second)."
                           + passed_over)
     return view
+
+
+def _bar_label(row: dict[str, Any]) -> str:
+    change = row.get("change_percent")
+    figure = f"{change:+.1f} %" if change is not None else "no change"
+    return f"{figure}, {row.get('gate')}"
 
 
 # What the regressed table shows of each verdict, in this order.

@@ -11,6 +11,7 @@ from typing import Any
 from pytest_profllm.browse import charts
 from pytest_profllm.browse.dashboard_view import View
 from pytest_profllm.browse.dashboards.common import (
+    CAPACITY_LOAD,
     POINT_METRICS,
     Point,
     _listed,
@@ -71,6 +72,12 @@ def load_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Se
                        key=lambda text: next(r["load_order"] for r in points_rows
                                              if r["load"] == text))
         at = f"{axis_words} {', '.join(loads)}"
+        if all(load.endswith(CAPACITY_LOAD) for load in loads):
+            # Capacity cases: each ran at the capacity its search found (the suite's rate,
+            # often inf, is only where the search started).
+            unit = "req/s" if axis == "request_rate" else "requests in flight"
+            at = "its capacity (" + ", ".join(
+                load.removesuffix(CAPACITY_LOAD).strip() for load in loads) + f" {unit})"
         if all(p.context.get("bench_dataset_name") == "timed_trace"
                for members in series.values() for p in members):
             # A replayed trace sends at its own timestamps: its request rate is not a load.

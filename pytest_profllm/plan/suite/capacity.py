@@ -148,4 +148,7 @@ class CapacityConfig(BenchmarkConfig):
         return self
 
     def result_names(self) -> list[str]:
-        return super().result_names() + list(metric_names.CAPACITY_RESULTS)
+        # A search's probes have no one /metrics window: no client overhead is recorded.
+        return [name for name in super().result_names()
+                if name not in metric_names.CLIENT_OVERHEAD_RESULTS] + list(
+                    metric_names.CAPACITY_RESULTS)

@@ -77,7 +77,13 @@ def _shown_input(loc: tuple[Any, ...], value: Any) -> str:
         return ""
     if any(isinstance(part, str) and is_secret(part) for part in loc):
         return f" (got {REDACTED})"
-    return f" (got {value!r})"
+    shown = repr(value)
+    if len(shown) > _MAX_SHOWN:  # a megabyte value is no part of one line
+        shown = f"{shown[:_MAX_SHOWN]}... ({len(shown):,} characters)"
+    return f" (got {shown})"
+
+
+_MAX_SHOWN = 200
 
 
 def _allowed_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

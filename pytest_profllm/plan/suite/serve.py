@@ -397,4 +397,5 @@ class BenchmarkConfig(BaseModel):
             names += [n for n in metric_names.STEADY_RESULTS
                       if not (self.is_pooling and n.endswith(("_ttft_ms", "_tpot_ms")))]
         return (names + list(metric_names.CLIENT_QUEUE_RESULTS)
-                + list(metric_names.CLIENT_HEALTH_KEYS))
+                + list(metric_names.CLIENT_HEALTH_KEYS)
+                + list(metric_names.CLIENT_OVERHEAD_RESULTS))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_profllm.engine.human_int import human_int
 from pytest_profllm.engine.secrets import ENV_SECRETS
+from pytest_profllm.limits import MAX_ARGUMENT_BYTES
 from pytest_profllm.plan.suite.axes import combinations
 from pytest_profllm.plan.suite.problems import (
     _nearest_line,
@@ -72,6 +73,7 @@ def _check_server(
                         f"local user reads (/proc/PID/cmdline); give one (it travels as "
                         f"{ENV_SECRETS[key]})"
                     )
+                _check_length(key, option.render(value_) if not path else [repr(value_)])
             except ValueError as error:
                 shown = f"server.{key}" + (f"[{index}]" if axis is not None else "")
                 # A place inside a list value reads as an index of the key: `key[1]: ...`.
@@ -85,6 +87,18 @@ def _check_server(
             # One value that is a list: an axis of one, so that every list here is an axis.
             checked[key] = [values[0]] if isinstance(values[0], list) else values[0]
     return checked
+
+
+def _check_length(key: str, tokens: list[str]) -> None:
+    """ValueError where one of a value's argv tokens is longer than exec takes."""
+    for token in tokens:
+        size = len(token.encode("utf-8", "surrogatepass"))
+        if size > MAX_ARGUMENT_BYTES:
+            raise ValueError(
+                f"a value of {size:,} bytes on the server's command line: Linux takes at most "
+                f"{MAX_ARGUMENT_BYTES:,} bytes per argument (MAX_ARG_STRLEN); put it in a file "
+                "vLLM reads instead"
+            )
 
 
 def _check_rules(
