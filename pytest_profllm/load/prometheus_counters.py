@@ -68,11 +68,12 @@ class Instruments:
         # plugin is imported by every pytest run); its value class is chosen from the
         # environment at import, so it is set here in case someone imported it before.
         os.environ[PROMETHEUS_DIR_ENV] = folder
+        from prometheus_client import Counter, Gauge, values
+
         with contextlib.suppress(OSError):  # before any value: a folder gone at the end
             path = os.path.join(folder, process_file_name(os.getpid()))
             with open(path, "w") as noted:
                 json.dump(live_status.writer_identity(), noted)
-        from prometheus_client import Counter, Gauge, values
 
         values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
         labels = LABELS

@@ -52,6 +52,7 @@ class _SessionCollector:
     what each scrape served."""
 
     def __init__(self, folder: str) -> None:
+        # Deferred: prometheus-client only where the option is given (see `start`).
         from prometheus_client.multiprocess import MultiProcessCollector
 
         self.folder = folder
@@ -88,6 +89,7 @@ def values_of(families: Iterable[Any]) -> Values:
 def drop_dead_processes(folder: str) -> list[int]:
     """Drops the live gauges of each process of `folder` that no longer runs (or whose pid a
     later process took); returns their pids."""
+    # Deferred: prometheus-client only where the option is given (see `start`).
     from prometheus_client.multiprocess import mark_process_dead
 
     pids = set()
