@@ -46,6 +46,11 @@ MAX_JSON_BYTES = 1 << 30
 # A record file: a record is 5-10 KB; 1,000 metrics and 1,000 engine arguments with long
 # values stay far below this.
 MAX_RECORD_BYTES = 64 << 20
+# A live file (load/live_status.py): a process's running cases, read every 2 s by the
+# "Running now" page and twice a second by the live view; one holds a few cases with a
+# telemetry series and 600 running medians each (~100 KB). Files read from one live folder.
+MAX_LIVE_FILE_BYTES = 16 << 20
+MAX_LIVE_FILES = 1_024
 # A column per metric and per engine argument: SQLite's tables hold 2,000 columns at most, and
 # the registry's arguments and the record's fields take about 600 of them.
 MAX_RESULTS = 1_000

@@ -6,14 +6,22 @@ and before the session ends."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from helpers import records as records_in
 from hypothesis import given, settings
@@ -24,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import shared_ports, sim_processes
 from pytest_profllm.load import prometheus_counters
 from pytest_profllm.options import parse_metrics_port
+from pytest_profllm.session import metrics_endpoint
 
 SUITE = """
 server:
@@ -236,7 +245,11 @@ def test_the_endpoints_names_and_labels(scraped: Any) -> None:
         ("profllm_client_inter_token_latency_seconds", "histogram", case_labels),
         ("profllm_client_e2e_request_latency_seconds", "histogram", case_labels),
     }
-    assert expected <= families
+    # The live gauges go with the process that set them: scraped after the session, its
+    # workers have ended (a running worker's are in test_a_killed_workers_case_leaves_its_stage).
+    live = {name for name, kind, _ in expected if kind == "gauge"}
+    assert {found for found in expected if found[0] not in live} <= families
+    assert not live & {name for name, _, _ in families}
     samples = scraped[0]
     record = records[0]
     labels = {k: v for k, v in samples["profllm_client_requests_sent_total"][0][0].items()}
@@ -246,8 +259,6 @@ def test_the_endpoints_names_and_labels(scraped: Any) -> None:
         found["le"] for found, _ in samples["profllm_client_time_to_first_token_seconds_bucket"]
     }
     assert {"0.001", "2560.0", "+Inf"} <= bounds and len(bounds) == 23
-    # A finished case is in no stage.
-    assert all(value == 0 for _, value in samples["profllm_case_stage"])
 
 
 def test_a_taken_metrics_port_is_one_line(tmp_path: Path, test_pool_dir: Path) -> None:
@@ -290,3 +301,147 @@ def test_a_requests_itls_land_in_the_buckets_observe_puts_them_in(samples: list[
     prometheus_counters._observe_many(binned, samples)
     assert [b.get() for b in binned._buckets] == [b.get() for b in one_by_one._buckets]
     assert binned._sum.get() == pytest.approx(one_by_one._sum.get())
+
+
+# A process of the session in miniature: it records a case's stage and one request of a
+# generation case and of a pooling case, then waits to be killed (at most 60 s).
+RECORDING = """
+import json, os, sys, time
+from pytest_profllm.load import prometheus_counters as pc
+from pytest_profllm.load.metrics import RequestOutcome
+for case, pooled in (("gen", False), ("pool", True)):
+    os.environ[pc.LABELS_ENV] = json.dumps({"case": case, "suite": "s", "server": "v"})
+    pc.set_stage("loading")
+    recorder = pc.recorder()
+    recorder.sent(RequestOutcome(16))
+    recorder.done(RequestOutcome(16, success=True, ttft=0.01, latency=0.2, pooled=pooled,
+                                 output_tokens=None if pooled else 4, itl=[0.05] * 3))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _scrape(url: str) -> Samples:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _endpoint() -> Iterator[metrics_endpoint.MetricsEndpoint]:
+    endpoint = metrics_endpoint.start("127.0.0.1", _free_port())
+    try:
+        yield endpoint
+    finally:
+        endpoint.stop(linger_s=0)
+
+
+@contextlib.contextmanager
+def _recording(folder: str) -> Iterator[subprocess.Popen[str]]:
+    """RECORDING in a process of its own, ready; killed and reaped whatever happens."""
+    process = subprocess.Popen([sys.executable, "-c", RECORDING], text=True,
+                               stdout=subprocess.PIPE,
+                               env={**os.environ, prometheus_counters.DIR_ENV: folder})
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_killed_workers_case_leaves_its_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    # After kill -9 of an xdist worker, /metrics showed its case in its stage (1) for the
+    # rest of the session: its live gauges stayed in the folder.
+    monkeypatch.delenv(prometheus_counters.DIR_ENV, raising=False)
+    with _endpoint() as endpoint, _recording(endpoint.folder) as worker:
+        before = _scrape(endpoint.url)
+        assert _value(before, "profllm_case_stage", "gen", stage="loading") == 1
+        assert {tuple(sorted(labels)) for name in ("profllm_case_stage",
+                "profllm_client_requests_in_flight", "profllm_client_schedule_lag_seconds")
+                for labels, _ in before[name]} == {
+            ("case", "server", "stage", "suite"), ("case", "server", "suite")}
+        assert _value(before, "profllm_client_requests_in_flight", "gen") == 0
+        worker.kill()  # not reaped yet: a zombie, as xdist leaves a killed worker a while
+        for _ in range(100):
+            after = _scrape(endpoint.url)
+            if not _value(after, "profllm_case_stage", "gen", stage="loading"):
+                break
+            time.sleep(0.1)
+        assert _value(after, "profllm_case_stage", "gen", stage="loading") == 0
+        # What it counted stays counted.
+        assert _value(after, "profllm_client_requests_completed_total", "gen") == 1
+        assert not (Path(endpoint.folder) / f"process_{worker.pid}.json").exists()
+    # The folder's process notes tell a later process given the pid from the one that wrote.
+    folder = tempfile.mkdtemp()
+    try:
+        (Path(folder) / f"gauge_livemax_{os.getpid()}.db").write_bytes(b"")
+        (Path(folder) / prometheus_counters.process_file_name(os.getpid())).write_text(
+            json.dumps({"started": psutil.Process().create_time() - 3600.0}))
+        assert metrics_endpoint.drop_dead_processes(folder) == [os.getpid()]
+        assert os.listdir(folder) == []
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_pooling_case_has_no_token_histograms(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pooling request has no first token (its record has no TTFT): no TTFT series.
+    monkeypatch.delenv(prometheus_counters.DIR_ENV, raising=False)
+    with _endpoint() as endpoint, _recording(endpoint.folder):
+        samples = _scrape(endpoint.url)
+    for name in ("time_to_first_token", "time_per_output_token", "inter_token_latency"):
+        series = {labels["case"] for labels, _ in samples[f"profllm_client_{name}_seconds_count"]}
+        assert series == {"gen"}, name
+    assert _value(samples, "profllm_client_e2e_request_latency_seconds_count", "pool") == 1
+
+
+def test_the_endpoint_waits_for_a_scrape_that_missed_the_finals(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The endpoint closed as the session ended: a scraper never saw the last cases' finals.
+    monkeypatch.delenv(prometheus_counters.DIR_ENV, raising=False)
+    endpoint = metrics_endpoint.start("127.0.0.1", _free_port())
+    scraped: list[Samples] = []
+    try:
+        _scrape(endpoint.url)  # a scraper is there; then the last case ends
+        with _recording(endpoint.folder):
+            pass
+        stopper = threading.Thread(target=endpoint.stop, kwargs={"linger_s": 60.0})
+        started = time.monotonic()
+        stopper.start()
+        time.sleep(0.2)
+        assert stopper.is_alive()  # lingering
+        scraped.append(_scrape(endpoint.url))
+        stopper.join(30)
+        assert not stopper.is_alive() and time.monotonic() - started < 30
+    finally:
+        endpoint.stop(linger_s=0)
+    assert _value(scraped[0], "profllm_client_requests_completed_total", "gen") == 1
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", endpoint.port), timeout=2).close()
+    # A scraper that saw the finals, or none at all: the endpoint stops at once; one that
+    # missed them and does not come back is waited for linger_s at most.
+    for scrape_last, linger_s in ((True, 60.0), (None, 60.0), (False, 0.3)):
+        endpoint = metrics_endpoint.start("127.0.0.1", _free_port())
+        try:
+            if scrape_last is not None:
+                _scrape(endpoint.url)
+            with _recording(endpoint.folder):
+                pass
+            if scrape_last:
+                _scrape(endpoint.url)
+            started = time.monotonic()
+            endpoint.stop(linger_s=linger_s)
+            assert time.monotonic() - started < 10, (scrape_last, linger_s)
+        finally:
+            endpoint.stop(linger_s=0)

@@ -6,6 +6,7 @@ terminal one line per case, under xdist every worker's; without one a line per c
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import re
 from pathlib import Path
@@ -266,3 +267,30 @@ def test_pytests_writes_pass_through_whole_and_an_unfinished_line_waits(tmp_path
     assert "bench_x.yaml ..   [100%]\n" in shown
     assert "created: 2/2 workers\n" in shown and "created: 1/2" not in shown
     assert original.getvalue() == "tail"  # the unfinished line, where pytest's writer writes
+
+
+def test_a_cases_control_characters_are_drawn_escaped(tmp_path: Path) -> None:
+    # A case id whose file part held a screen clear, a window title and a newline: the view
+    # drew them raw at every redraw (any process may write a live file's text).
+    hostile = "bench_a\x1b[2J\x1b]0;t\x07\nFAILED x.yaml::m::random"
+    shown = "bench_a\\x1b[2J\\x1b]0;t\\x07\\x0aFAILED x.yaml::m::random"
+    _write(tmp_path, "1", _status(hostile, worker="gw\x9b0", stage="loading",
+                                  detail="probe\x7f 1", history=["loading"]))
+    (case,) = merge(live_status.read_folder(tmp_path))
+    assert (case.case, case.worker, case.detail) == (shown, "gw\\x9b0", "probe\\x7f 1")
+    line = live_view.log_line(case, 0.0)
+    assert line == f"profllm live: [gw\\x9b0] {shown}: loading probe\\x7f 1"
+
+    class Writer:  # pytest's TerminalWriter, as far as the view touches it
+        hasmarkup = False
+        _file = io.StringIO()
+
+    out = io.StringIO()
+    view = live_view.TerminalView(tmp_path, Writer(), out)
+    view.console.print(view.render())
+    drawn = out.getvalue()
+    # The newline is text on the case's line (a long id keeps its end): no line of its own.
+    assert "0aFAILED x.yaml::m::random" in drawn
+    assert not [line for line in drawn.splitlines() if line.startswith("FAILED")]
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", _ANSI.sub("", drawn))
+    assert "\x1b[2J" not in drawn and "\x07" not in drawn

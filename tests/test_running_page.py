@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -20,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from datasette.app import Datasette
 from helpers import run_suites
 from test_browse_permissions import PRIVATE, results_db
 
 from pytest_profllm.browse import running_page
+from pytest_profllm.limits import MAX_LIVE_FILE_BYTES
 from pytest_profllm.load import live_status
 from pytest_profllm.load.metrics import RequestOutcome
 
@@ -251,3 +255,147 @@ def test_a_session_run_inside_another_keeps_out_of_its_live_folder(
     pytester.makefile(".yaml", bench_x=FOUR_SERVERS.replace("[0, 1, 2, 3]", "0"))
     run_suites(pytester, ports, "-n", "0", "-q", gpus=1).assert_outcomes(passed=1)
     assert list(outer.iterdir()) == []
+
+
+def _running_case(**fields: Any) -> dict[str, Any]:
+    return {"case": CASE, "worker": "gw0", "stage": "loading", "stage_since": time.time() - 5,
+            "history": ["loading"], "total": 10, "done": 3, **fields}
+
+
+def _strict(text: str) -> Any:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_files_numbers_that_are_not_finite_read_as_null(live: Path) -> None:
+    # The server's KV gauge, NaN before its first step, was copied into the file, and
+    # running.json carried it as NaN: not JSON, and the page's refresh failed.
+    (live / "1.json").write_text(json.dumps({"cases": [_running_case(
+        kv_cache_usage=float("nan"), running=float("inf"), median_ttft_ms=1e308,
+        series=[{"t_s": 0.5, "output_throughput": float("nan"), "kv_cache_usage": 0.5}])]}))
+    (live / "2.json").write_text(json.dumps({"cases": [_running_case(
+        worker="", median_ttft_ms=1e308)]}))
+    response = get(live.parent / "results.db", "/results/-/running.json")
+    answer = _strict(response.text)
+    ((row,),) = [answer["running"]]
+    assert (row["kv_cache_usage"], row["running"], row["done"]) == (None, None, 6)
+    assert row["median_ttft_ms"] is None  # the two medians' mean overflows: null, not inf
+    assert answer["data"]["throughput"] == [] and answer["data"]["kv"][0]["value"] == 0.5
+    assert answer["notes"] == []
+    # The writer keeps its own files JSON too.
+    with live_status.running(CASE, "gw0", "r1"):
+        live_status.server_state(float("nan"), 2.0, float("nan"))
+        live_status.reporter().write()  # type: ignore[union-attr]
+        written = _strict(live_status.reporter().path.read_text())  # type: ignore[union-attr]
+        assert written["cases"][0]["kv_cache_usage"] is None
+
+
+def test_a_bad_live_file_is_skipped_with_a_note_and_the_page_stands(live: Path) -> None:
+    good = live / "1.json"
+    good.write_text(json.dumps({"cases": [_running_case()]}))
+    # A string stage_since gave a 500 and a traceback; the others each a check of their own.
+    (live / "2.json").write_text(json.dumps({"cases": [_running_case(
+        case="other", stage_since="yesterday")]}))
+    (live / "3.json").write_text(json.dumps({"cases": [_running_case(case="c3", done=True)]}))
+    (live / "4.json").write_text(json.dumps({"cases": [{"stage": "loading"}]}))
+    (live / "5.json").write_text("[1, 2")
+    (live / "6.json").write_text(json.dumps({"pid": "1", "cases": []}))
+    (live / "7.json").write_text(json.dumps({"cases": [_running_case(
+        case="c7", history=[1], total=10**30)]}))
+    (live / "8.json").write_text(json.dumps({"cases": [_running_case(
+        case="\x1b[2J", series=[{"t_s": "0"}])]}))
+    for response in (get(live.parent / "results.db", "/results/-/running.json"),
+                     get(live.parent / "results.db", "/results/-/running")):
+        assert response.status_code == 200
+    answer = get(live.parent / "results.db", "/results/-/running.json").json()
+    assert [row["case"] for row in answer["running"]] == [CASE]
+    notes = answer["notes"]
+    assert [note.split(":")[0] for note in notes] == [f"{n}.json" for n in range(2, 9)]
+    assert "cases[0].stage_since is a str, not a number" in notes[0]
+    assert "cases[0].done is a bool, not a count" in notes[1]
+    assert "cases[0].case is not a case id" in notes[2]
+    assert "pid is a str" in notes[4]
+    assert "not a list of strings" in notes[5] and "series" in notes[6]
+    assert all("\n" not in note and "\x1b" not in note for note in notes)
+    page = get(live.parent / "results.db", "/results/-/running").text
+    assert 'id="profllm-running-notes"' in page
+
+
+def test_a_live_file_that_is_not_a_regular_file_is_not_read(live: Path) -> None:
+    # A link to /dev/zero read 2.1 GB; a FIFO would block the page; a file past the limit
+    # is not read at all.
+    (live / "1.json").write_text(json.dumps({"cases": [_running_case()]}))
+    (live / "2.json").symlink_to("/dev/zero")
+    (live / "3.json").symlink_to(live / "1.json")
+    os.mkfifo(live / "4.json")
+    with (live / "5.json").open("wb") as big:
+        big.truncate(MAX_LIVE_FILE_BYTES + 1)
+    started = time.monotonic()
+    read = live_status.read_live(live)
+    assert time.monotonic() - started < 5
+    assert [case["case"] for case in read.cases] == [CASE]
+    assert [note.split(":")[0] for note in read.notes] == ["2.json", "3.json", "4.json",
+                                                          "5.json"]
+    assert "symbolic link" in read.notes[0] and "not a regular file" in read.notes[2]
+    assert "over the 16,777,216 bytes" in read.notes[3]
+
+
+@contextlib.contextmanager
+def _process() -> Iterator[subprocess.Popen[bytes]]:
+    """A process of our own that sleeps, killed and reaped whatever happens."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_dead_writers_cases_are_not_shown_running(live: Path) -> None:
+    # After kill -9 of a session's worker its file stays: the page showed its case running,
+    # its time growing, until another session ran in the folder.
+    db = live.parent / "results.db"
+    with _process() as writer:
+        started = psutil.Process(writer.pid).create_time()
+        ours = live_status.writer_identity()
+        (live / "1.json").write_text(json.dumps({
+            "pid": writer.pid, "started": started, "host": ours["host"],
+            "cases": [_running_case(), _running_case(
+                case="ended", stage=live_status.FINISHED, run_id="r1", ended=time.time())]}))
+        assert [row["case"] for row in get(db, "/results/-/running.json").json()["running"]] \
+            == [CASE]
+        writer.kill()
+        writer.wait()
+    answer = get(db, "/results/-/running.json").json()
+    assert answer["running"] == []
+    assert [f["run_id"] for f in answer["finished"]] == ["r1"]  # its minute, as before
+    assert answer["notes"] == [
+        f"1.json: process {writer.pid} ended while {CASE} was loading: not running"]
+    # A live pid is not taken for the writer when its process started at another time (the
+    # pid was reused); a file from before files named the start time is checked by pid.
+    assert live_status.writer_alive(ours["pid"], ours["started"], ours["host"])
+    assert not live_status.writer_alive(ours["pid"], ours["started"] - 3600, ours["host"])
+    assert not live_status.writer_alive(writer.pid, None, None)
+    assert live_status.writer_alive(ours["pid"], None, None)
+    # No pid (an old file), or another host's (a shared folder): believed.
+    assert live_status.writer_alive(None, None, None)
+    assert live_status.writer_alive(writer.pid, started, "another-host")
+
+
+def test_the_writer_names_itself_in_its_file(live: Path) -> None:
+    with live_status.running(CASE, "gw0", "r1"):
+        live_status.reporter().write()  # type: ignore[union-attr]
+        written = json.loads(live_status.reporter().path.read_text())  # type: ignore[union-attr]
+    assert written["pid"] == os.getpid()
+    assert written["started"] == pytest.approx(psutil.Process().create_time())
+    assert written["host"] == socket.gethostname()
+
+
+def test_every_field_of_a_live_file_has_a_check() -> None:
+    # A field added to CaseStatus with a type the reader has no check for fails here, not
+    # on the page.
+    document = {"cases": [dataclasses.asdict(live_status.CaseStatus(CASE))]}
+    _, (case,) = live_status._checked(document)
+    assert case == document["cases"][0]

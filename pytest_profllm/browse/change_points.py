@@ -20,6 +20,9 @@ select case_id, fingerprint, count(distinct session_id) as sessions,
 from [{tables.RUNS}] where validity = 'valid'
 group by fingerprint order by case_id
 """
+# The tables whose rows the query shows: a visitor who may not see them is refused it
+# (browse/plugin.py's permission_allowed).
+TABLES_SHOWN = {"metric_change_points": (tables.RUNS,)}
 
 
 class ChangePointsAggregate:

@@ -23,6 +23,7 @@ from datasette.utils import actor_matches_allow, tilde_decode, tilde_encode
 from markupsafe import Markup
 
 from pytest_profllm.browse import (
+    change_points,
     compact_table,
     dashboard_pages,
     pages,
@@ -33,13 +34,14 @@ from pytest_profllm.browse import (
 )
 from pytest_profllm.browse.dashboards import DASHBOARDS
 from pytest_profllm.browse.facets import CountedFacet, counted
+from pytest_profllm.browse.queries import TABLES_SHOWN
 from pytest_profllm.browse.queries import canned_queries as canned_queries_for
 from pytest_profllm.hosts.files import read_only_uri
 from pytest_profllm.results.facet_counts import FACET_COUNTS
 from pytest_profllm.results.gate_tables import VERDICTS
 from pytest_profllm.results.landing import LANDING, landing_axes, swept_axes
 from pytest_profllm.results.summaries import SUMMARIES
-from pytest_profllm.results.table import TABLE, TABLE_FACETS
+from pytest_profllm.results.table import MEASURED_RUNS, TABLE, TABLE_FACETS
 
 # Datasette lists column descriptions above the table: only the columns whose meaning is not
 # plain from their name get one; the latency metrics are explained once in the description.
@@ -504,11 +506,22 @@ def register_routes() -> list[tuple[str, Any]]:
 
 
 @hookimpl
-def permission_allowed(datasette: Any, actor: Any, action: str) -> bool | None:
+def permission_allowed(datasette: Any, actor: Any, action: str, resource: Any) -> Any:
     """Writing to a results database from the web (uploads, saved filters) is the root
     actor's (`datasette --root`) and that of actors an allow block of the plugin's
     configuration matches (`plugins: {pytest-profllm: {upload: {allow: {id: [alice]}}}}`);
-    everyone else reads only. None: no opinion on Datasette's own actions."""
+    everyone else reads only.
+
+    Reading follows the tables' own `allow` blocks: a canned query of ours is refused to an
+    actor who may not see each table whose rows it shows (the query's SQL runs as the
+    plugin's, past any table's allow block), and a table derived from `benchmark_runs`
+    (the facet counts, the queries' summaries, the measured runs) to an actor who may not
+    see `benchmark_runs`. None: no opinion (Datasette's own rules decide)."""
+    if action == "view-query" and isinstance(resource, (tuple, list)) and len(resource) == 2:
+        return _query_allowed(datasette, actor, resource[0], resource[1])
+    if (action == "view-table" and isinstance(resource, (tuple, list)) and len(resource) == 2
+            and resource[1] in _FOLLOW_RUNS):
+        return _derived_allowed(datasette, actor, resource[0])
     if action != dashboard_pages.WRITE_ACTION:
         return None
     if actor and actor.get("id") == "root":
@@ -516,6 +529,51 @@ def permission_allowed(datasette: Any, actor: Any, action: str) -> bool | None:
     config = datasette.plugin_config("pytest-profllm") or {}
     allow = (config.get("upload") or {}).get("allow")
     return bool(allow is not None and actor_matches_allow(actor, allow))
+
+
+# Our canned queries: the tables whose rows each shows (the first one present marks the query
+# as ours: the hooks offer it only then).
+_QUERY_TABLES = {**TABLES_SHOWN, **change_points.TABLES_SHOWN}
+# Tables and views of runs' rows, taken from `benchmark_runs`: seen only by whoever sees it.
+_FOLLOW_RUNS = frozenset({*_DERIVED_TABLES, MEASURED_RUNS})
+
+
+async def _may_see_table(datasette: Any, actor: Any, database: str, table: str) -> bool:
+    # The checks Datasette's own table page makes; the first with an opinion decides.
+    seen, _ = await datasette.check_visibility(actor, permissions=[
+        ("view-table", (database, table)), ("view-database", database), "view-instance"])
+    return bool(seen)
+
+
+def _query_allowed(datasette: Any, actor: Any, database: str, name: str) -> Any:
+    """False where `name` is a canned query of ours that shows a table `actor` may not see.
+    (Leaving the query out of the canned_queries hook instead breaks Datasette 0.65: it asks
+    whether the anonymous actor may see a query that root sees, and asserts it exists.)"""
+    shown = _QUERY_TABLES.get(name)
+    if shown is None:
+        return None
+
+    async def allowed() -> bool | None:
+        db = datasette.databases.get(database)
+        if db is None or not await db.table_exists(shown[0]):
+            return None  # not ours: a query of the same name in someone's metadata
+        for table in shown:
+            if await db.table_exists(table) and not await _may_see_table(
+                    datasette, actor, database, table):
+                return False
+        return None
+
+    return allowed
+
+
+def _derived_allowed(datasette: Any, actor: Any, database: str) -> Any:
+    async def allowed() -> bool | None:
+        db = datasette.databases.get(database)
+        if db is None or not await db.table_exists(TABLE):
+            return None
+        return None if await _may_see_table(datasette, actor, database, TABLE) else False
+
+    return allowed
 
 
 @hookimpl

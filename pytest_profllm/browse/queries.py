@@ -14,7 +14,7 @@ from typing import Any
 from pytest_profllm.browse.latest import LATEST_SESSION_SQL
 from pytest_profllm.results import summaries
 from pytest_profllm.results.gate_tables import VERDICTS
-from pytest_profllm.results.landing import HEADLINE_METRICS
+from pytest_profllm.results.landing import HEADLINE_METRICS, LANDING
 from pytest_profllm.results.table import MEASURED_RUNS, TABLE
 
 # Points, comparisons and bests come from valid measurements only: the store's view of them
@@ -242,6 +242,16 @@ CANNED_QUERIES: dict[str, dict[str, Any]] = {
         f"round(output_throughput, 2) AS output_tok_per_s, {_latency_columns()} FROM {TABLE} "
         "WHERE case_id = :case_id ORDER BY timestamp DESC",
     },
+}
+
+
+# The tables whose rows each query shows. Every query shows runs, as `benchmark_runs` and the
+# landing table `runs` both do, whatever it reads them from (the tables and views derived from
+# `benchmark_runs` follow its permission: browse/plugin.py). A visitor who may not see one of
+# these is refused the query, as Datasette's own table pages refuse the table.
+_RUNS_SHOWN = (TABLE, LANDING)
+TABLES_SHOWN: dict[str, tuple[str, ...]] = {name: _RUNS_SHOWN for name in CANNED_QUERIES} | {
+    "compare_runs": (*_RUNS_SHOWN, VERDICTS),
 }
 
 

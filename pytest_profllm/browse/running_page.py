@@ -6,6 +6,8 @@ last minute, each with a link to its run page.
 
 The processes write their files by rename, so a read sees a whole file or the one before; a
 file that vanished between the listing and the read (a client process that ended) is skipped.
+A file is believed only as far as load/live_status.py's `read_live` checks it: one that fails
+is left out with a note the page lists, and a case whose process died is not shown running.
 Nothing here writes, and nothing reads the database but whether a finished run is loaded yet
 (the session loads its records as it ends).
 """
@@ -44,7 +46,9 @@ def running_now(folder: Path | None, now: float | None = None) -> dict[str, Any]
     """What the page shows, from the live files in `folder`: the running cases, the finished
     ones of the last minute, and the charts' points (`case`, `t_s`, `series`, `value`)."""
     now = time.time() if now is None else now
-    statuses = live_status.read_folder(folder) if folder is not None and folder.is_dir() else []
+    read = (live_status.read_live(folder) if folder is not None and folder.is_dir()
+            else live_status.LiveRead())
+    statuses = read.cases
     by_case: dict[str, list[dict[str, Any]]] = {}
     for status in statuses:
         by_case.setdefault(str(status.get("case")), []).append(status)
@@ -65,24 +69,27 @@ def running_now(folder: Path | None, now: float | None = None) -> dict[str, Any]
         running.append(_row(case, lead, parts, now))
         _points(case, lead, parts, data)
     return {"now": now, "refresh_ms": REFRESH_MS, "running": running,
-            "finished": sorted(finished, key=lambda f: -f["ended"]), "data": data}
+            "finished": sorted(finished, key=lambda f: -f["ended"]), "data": data,
+            "notes": read.notes}
 
 
 def _row(case: str, lead: dict[str, Any], parts: list[dict[str, Any]], now: float
          ) -> dict[str, Any]:
     def total(name: str) -> int:
-        return sum(int(p.get(name) or 0) for p in parts)
+        return sum(p[name] for p in parts)
 
     ttfts = [p["median_ttft_ms"] for p in parts if p.get("median_ttft_ms") is not None]
     started = [p["load_started"] for p in parts if p.get("load_started") is not None]
     done = total("done")
     elapsed = now - min(started) if started else None
-    return {
+    # Each figure finite or null, whatever the files' numbers add up to: running.json stays
+    # JSON (a NaN or an Infinity in it is not).
+    return {name: charts.clean(value) for name, value in {
         "case": case,
         "worker": lead.get("worker", ""),
         "stage": lead.get("stage", ""),
         "detail": lead.get("detail", ""),
-        "stage_for_s": max(0.0, now - float(lead.get("stage_since") or now)),
+        "stage_for_s": max(0.0, now - (lead["stage_since"] or now)),
         "warming_up": any(p.get("warming_up") for p in parts),
         "total": total("total"),
         "done": done,
@@ -94,7 +101,7 @@ def _row(case: str, lead: dict[str, Any], parts: list[dict[str, Any]], now: floa
         "running": lead.get("running"),
         "waiting": lead.get("waiting"),
         "kv_cache_usage": lead.get("kv_cache_usage"),
-    }
+    }.items()}
 
 
 def _points(case: str, lead: dict[str, Any], parts: list[dict[str, Any]],

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from pytest_profllm.plan.case import printable
 from pytest_profllm.results.gate_tables import gate_of
 
 KEY_METRICS = (
@@ -136,8 +137,11 @@ _INDENT = "    "
 
 
 def terminal_lines(records: list[dict[str, Any]], width: int | None = None) -> list[str]:
-    """The table, within `width` characters where it can be (None: as wide as it is)."""
+    """The table, within `width` characters where it can be (None: as wide as it is); a
+    control character of a cell (a case id's file part, a record's text) shown escaped, so
+    that a cell neither acts on the terminal nor starts a line of its own."""
     header, table = rows(records)
+    table = [[printable(cell) for cell in cells] for cells in table]
     # A column with no figure in any row says nothing (serve metrics of a run of capacity or
     # offline cases, say).
     shown = [

@@ -13,14 +13,24 @@ telemetry sampler's series so far (made by the function that makes the record's 
 the same samples, when the file is written), the running medians over time (the last
 `MAX_POINTS`), and each finished case's run id for
 `FINISHED_KEEP_S`, so the page links to its run page.
+
+A file names its writer (pid, the process's start time, host). Readers believe a file only as
+far as `read_live` checked it: a regular file within limits.MAX_LIVE_FILE_BYTES, each field of
+the type the writer writes (a number that is not finite reads as null), and the running cases
+of a writer that is no longer alive dropped (a worker killed with -9 leaves its file behind);
+a file that fails a check is skipped with a note, the others still read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import json
 import math
 import os
+import socket
+import stat
 import statistics
 import threading
 import time
@@ -30,6 +40,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from pytest_profllm.limits import MAX_LIVE_FILE_BYTES, MAX_LIVE_FILES, load_json
 from pytest_profllm.load.metrics import RequestOutcome
 
 DIR_ENV = "PROFLLM_LIVE_DIR"  # the controller's folder; unset: the live view is off
@@ -96,6 +109,7 @@ class _Reporter:
         # looks at it twice a second.
         self.dirty = False
         self.path = folder / f"{os.getpid()}.json"
+        self.writer = writer_identity()
         self.closed = False
         self.thread = threading.Thread(target=self._loop, name="profllm-live", daemon=True)
         self.thread.start()
@@ -142,8 +156,8 @@ class _Reporter:
                 if (source := self.sources.get(name)) is not None:
                     status.series = _points(source)
                 status.latency = list(self.latency[name])
-            payload = json.dumps({"pid": os.getpid(), "cases": [asdict(s) for s in
-                                                                  self.cases.values()]})
+            payload = json.dumps({**self.writer, "cases": [asdict(s) for s in
+                                                             self.cases.values()]})
             partial = self.path.with_suffix(".part")
             partial.write_text(payload)
             os.replace(partial, self.path)  # a reader sees the old file or the new, never half
@@ -235,8 +249,14 @@ def server_state(running: float | None, waiting: float | None, kv: float | None)
     if current is None:
         return
     found, status = current
-    status.running, status.waiting, status.kv_cache_usage = running, waiting, kv
+    # A NaN gauge (a server's KV cache before its first step) would make the file not JSON.
+    status.running, status.waiting, status.kv_cache_usage = (
+        _finite(running), _finite(waiting), _finite(kv))
     found.changed()
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is None or math.isfinite(value) else None
 
 
 def series_start(source: Callable[[], list[dict[str, float | None]]]) -> None:
@@ -332,13 +352,191 @@ def close() -> None:
         _reporter.close()
 
 
-def read_folder(folder: Path) -> list[dict[str, Any]]:
-    """Every process's cases in `folder`, as written (a file that vanished or is not JSON yet
-    is skipped: its process ended, or wrote the old way)."""
-    cases: list[dict[str, Any]] = []
-    for path in sorted(folder.glob("*.json")):
+def writer_identity() -> dict[str, Any]:
+    """What a reader tells this process by: its pid, its start time (a later process given the
+    same pid started later) and its host (a folder written from another host cannot be
+    checked from here)."""
+    try:
+        started: float | None = psutil.Process().create_time()
+    except psutil.Error:
+        started = None
+    return {"pid": os.getpid(), "started": started, "host": socket.gethostname()}
+
+
+# A process's start time as two readers compute it may differ by a clock tick (Linux counts
+# from boot in ticks); a pid reused within a second of its last owner's start is not looked for.
+_SAME_START_S = 1.0
+
+
+def writer_alive(pid: int | None, started: float | None, host: str | None) -> bool:
+    """Whether the process that wrote a file still runs. A file from another host, or one
+    without a pid (written before files named their writer), is believed; one without a start
+    time is checked by its pid alone."""
+    if pid is None or (host is not None and host != socket.gethostname()):
+        return True
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped
+            return False
+        return started is None or abs(process.create_time() - started) < _SAME_START_S
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # another user's process: it runs
+        return True
+
+
+@dataclass
+class LiveRead:
+    """The cases of a live folder's files that passed the checks, each with every field of
+    CaseStatus, and a note (one line) for each file or case left out."""
+
+    cases: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class _Refused(ValueError):
+    """A live file that fails a check: why, in a few words."""
+
+
+def read_live(folder: Path) -> LiveRead:
+    """Every process's cases in `folder` (the first MAX_LIVE_FILES `*.json` by name). A file
+    that vanished between the listing and the read is skipped silently (its process ended);
+    one that is not a regular file, is over MAX_LIVE_FILE_BYTES, is not JSON or has a field
+    of the wrong type is skipped with a note; a dead writer's running cases are dropped with
+    a note (its finished ones stay, for their minute)."""
+    found = LiveRead()
+    try:
+        paths = sorted(folder.glob("*.json"))
+    except OSError as error:
+        found.notes.append(f"{folder}: cannot be listed: {error.strerror or error}")
+        return found
+    if len(paths) > MAX_LIVE_FILES:
+        found.notes.append(f"{folder}: {len(paths):,} live files; the first "
+                           f"{MAX_LIVE_FILES:,} read")
+    for path in paths[:MAX_LIVE_FILES]:
         try:
-            cases.extend(json.loads(path.read_text()).get("cases", []))
-        except (OSError, ValueError, AttributeError):
+            writer, cases = _checked(load_json(_read_bounded(path), what=path.name,
+                                               max_bytes=MAX_LIVE_FILE_BYTES))
+        except FileNotFoundError:
             continue
-    return cases
+        except (OSError, ValueError) as error:  # _Refused, json's and the limits' are too
+            why = error.strerror if isinstance(error, OSError) and error.strerror else error
+            found.notes.append(_one_line(f"{path.name}: skipped: {why}"))
+            continue
+        if writer_alive(writer.get("pid"), writer.get("started"), writer.get("host")):
+            found.cases.extend(cases)
+            continue
+        for case in cases:
+            if case["stage"] == FINISHED:
+                found.cases.append(case)
+            else:
+                found.notes.append(_one_line(
+                    f"{path.name}: process {writer['pid']} ended while {case['case']} was "
+                    f"{case['stage']}: not running"))
+    return found
+
+
+def read_folder(folder: Path) -> list[dict[str, Any]]:
+    """The cases of `read_live(folder)`."""
+    return read_live(folder).cases
+
+
+def _read_bounded(path: Path) -> bytes:
+    # Not through a link, and nothing but a regular file: a link to /dev/zero or a FIFO
+    # would read without end or block. O_NONBLOCK: opening a FIFO does not wait for a writer.
+    if path.is_symlink():
+        raise _Refused("a symbolic link, not a regular file")
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise _Refused("not a regular file")
+        data = handle.read(MAX_LIVE_FILE_BYTES + 1)
+    if len(data) > MAX_LIVE_FILE_BYTES:
+        raise _Refused(f"over the {MAX_LIVE_FILE_BYTES:,} bytes a live file may have")
+    return data
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    # A note quotes names from the file: never a line break, never a control character.
+    flat = "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(text.split()))
+    return flat if len(flat) <= limit else flat[:limit - 1] + "…"
+
+
+# The largest count a file may give: a JSON integer beyond it is no count this module wrote.
+_MAX_COUNT = 2**53
+
+
+def _number(value: Any, name: str) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Refused(f"{name} is {_kind(value)}, not a number")
+    number = float(value) if isinstance(value, int) and abs(value) <= _MAX_COUNT else value
+    if isinstance(number, int):
+        raise _Refused(f"{name} is an integer beyond {_MAX_COUNT}")
+    return number if math.isfinite(number) else None
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else f"a {type(value).__name__}"
+
+
+def _field(kind: str, value: Any, name: str) -> Any:
+    """`value` checked against the writer's type `kind` (CaseStatus's annotation)."""
+    if kind == "str":
+        if not isinstance(value, str):
+            raise _Refused(f"{name} is {_kind(value)}, not a string")
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise _Refused(f"{name} is {_kind(value)}, not true or false")
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > _MAX_COUNT:
+            raise _Refused(f"{name} is {_kind(value)}, not a count")
+        return value
+    if kind in ("float", "float | None"):
+        return None if value is None else _number(value, name)
+    if kind == "list[str]":
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise _Refused(f"{name} is not a list of strings")
+        return value
+    if kind == "list[dict[str, float | None]]":
+        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+            raise _Refused(f"{name} is not a list of points")
+        return [{key: None if item is None else _number(item, f"{name}.{key}")
+                 for key, item in point.items()} for point in value]
+    raise AssertionError(f"CaseStatus.{name}: no check for {kind}")
+
+
+# Each field the writer writes, by its annotation's text (this module's annotations are
+# strings); every one has a check above (a test reads each).
+_FIELDS = {spec.name: str(spec.type) for spec in dataclasses.fields(CaseStatus)}
+_DEFAULTS = asdict(CaseStatus(""))
+
+
+def _checked(document: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The file's writer (pid, started, host: each None where the file lacks it) and its
+    cases, each with every CaseStatus field (a missing one, or a null where the writer
+    writes a number, at its default); _Refused where a field has the wrong type."""
+    if not isinstance(document, dict) or not isinstance(document.get("cases"), list):
+        raise _Refused("not a live file (no list of cases)")
+    writer: dict[str, Any] = {}
+    for name, kind in (("pid", "int"), ("started", "float | None"), ("host", "str")):
+        value = document.get(name)
+        writer[name] = None if value is None else _field(kind, value, name)
+    if writer["pid"] is not None and writer["pid"] <= 0:
+        raise _Refused(f"pid is {writer['pid']}")
+    cases = []
+    for index, case in enumerate(document["cases"]):
+        if not isinstance(case, dict):
+            raise _Refused(f"cases[{index}] is {_kind(case)}, not an object")
+        if not isinstance(case.get("case"), str) or not case["case"]:
+            raise _Refused(f"cases[{index}].case is not a case id")
+        status = {}
+        for name, kind in _FIELDS.items():
+            value = _field(kind, case[name], f"cases[{index}].{name}") if case.get(
+                name) is not None else None
+            status[name] = value if value is not None or kind.endswith("| None") else (
+                copy.deepcopy(_DEFAULTS[name]))
+        cases.append(status)
+    return writer, cases

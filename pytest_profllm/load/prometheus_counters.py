@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_profllm.load import live_status
 from pytest_profllm.load.metrics import RequestOutcome
 
 DIR_ENV = "PROFLLM_METRICS_DIR"  # the controller's folder; unset: metrics are off
@@ -48,6 +49,13 @@ REQUEST_LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+def process_file_name(pid: int) -> str:
+    """Where in the folder a process notes its start time (JSON: live_status.writer_identity),
+    so that the endpoint tells it from a later process given its pid once it ended
+    (session/metrics_endpoint.py drops an ended process's live gauges)."""
+    return f"process_{pid}.json"
+
+
 def enabled() -> bool:
     return bool(os.environ.get(DIR_ENV))
 
@@ -61,6 +69,11 @@ class Instruments:
         # environment at import, so it is set here in case someone imported it before.
         os.environ[PROMETHEUS_DIR_ENV] = folder
         from prometheus_client import Counter, Gauge, values
+
+        with contextlib.suppress(OSError):  # before any value: a folder gone at the end
+            path = os.path.join(folder, process_file_name(os.getpid()))
+            with open(path, "w") as noted:
+                json.dump(live_status.writer_identity(), noted)
 
         values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
         labels = LABELS
@@ -200,10 +213,12 @@ class CaseRecorder:
         self._output = found.output_tokens.labels(*values)
         self._in_flight = found.in_flight.labels(*values)
         self._lag = found.schedule_lag.labels(*values)
-        self._ttft = found.ttft.labels(*values)
-        self._tpot = found.tpot.labels(*values)
-        self._itl = found.itl.labels(*values)
         self._e2e = found.e2e.labels(*values)
+        # The token histograms are made at the first request that streamed tokens: a series
+        # exists from its making, and a pooling load's requests have no first token (its
+        # record has no TTFT or TPOT).
+        self._found = found
+        self._streamed: tuple[Any, Any, Any] | None = None
 
     def sent(self, outcome: RequestOutcome) -> None:
         self._sent.inc()
@@ -224,11 +239,18 @@ class CaseRecorder:
         output = outcome.output_tokens or 0
         self._input.inc(outcome.prompt_len)
         self._output.inc(output)
-        self._ttft.observe(outcome.ttft)
         self._e2e.observe(outcome.latency)
+        if outcome.pooled:
+            return
+        if self._streamed is None:
+            found = self._found
+            self._streamed = (found.ttft.labels(*self._labels), found.tpot.labels(*self._labels),
+                              found.itl.labels(*self._labels))
+        ttft, tpot, itl = self._streamed
+        ttft.observe(outcome.ttft)
         if output > 1:  # vLLM's TPOT: (E2EL - TTFT) / (output - 1)
-            self._tpot.observe((outcome.latency - outcome.ttft) / (output - 1))
-        _observe_many(self._itl, outcome.itl)
+            tpot.observe((outcome.latency - outcome.ttft) / (output - 1))
+        _observe_many(itl, outcome.itl)
 
 
 def _observe_many(histogram: Any, samples: list[float]) -> None:

@@ -271,8 +271,10 @@ def _case_file(source: str) -> str:
 
 
 def _suite_name(source: str) -> str:
-    # `bench_smoke.yaml` is suite "smoke"; a marked test is "test_file.py::test_name".
-    name = re.split(r"[\\/]", source)[-1]
+    # `bench_smoke.yaml` is suite "smoke"; a marked test is "test_file.py::test_name". The
+    # case id's file part: a node id's folders are parted by "/", and an escaped control
+    # character of the name (session/collect.py) reads `\x1b`, a backslash not a folder's.
+    name = _case_file(source)
     if "::" in name:
         return name
     return name.removesuffix(".yaml").removesuffix(".yml").removeprefix("bench_")
@@ -394,6 +396,20 @@ def _format_value(value: Any) -> str:
         return "-" + hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:6]
     text = str(value)
     return text if text[:1].isdigit() else f"-{text}"
+
+
+# Control characters: C0 (a newline, ESC), DEL and C1. A terminal acts on them (clears the
+# screen, sets its title, starts a line) where it should show a name.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, keep: str = "") -> str:
+    """`text` with each control character but those in `keep` written as its escape
+    (`\\x1b`): a suite file's name is the first part of a node id and a case id, which
+    reach the terminal (pytest's lines, the live view, the summary), and, unlike the
+    slugged labels, it may hold any character but `/`."""
+    return _CONTROLS.sub(lambda found: found.group() if found.group() in keep
+                         else f"\\x{ord(found.group()):02x}", text)
 
 
 def _slug(text: str) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_profllm.engine.registry import Registry, registry_for
-from pytest_profllm.plan.case import Case, expand
+from pytest_profllm.plan.case import Case, expand, printable
 from pytest_profllm.plan.suite import SuiteError, load_suite_file, validate_suite
 from pytest_profllm.session.identity import IDENTITY_KEY, SETTINGS_KEY
 from pytest_profllm.session.worker import CASE_ERRORS, skip_reason, worker_session
@@ -33,15 +33,23 @@ class SuiteFile(pytest.File):
     def for_path(cls, parent: pytest.Collector, path: Path) -> SuiteFile:
         """The collector of one suite file, its node id always naming the file. Outside the
         rootdir pytest names it from the argument it came under, so a file given by its own
-        path gets the id "" and its cases read "::server::workload"."""
+        path gets the id "" and its cases read "::server::workload".
+
+        The id's control characters are escaped (`\\x1b`): pytest writes node ids to the
+        terminal as they are, and the id is also the file part of each case id (the live
+        view, the summary, the records). A file named with an escape sequence cleared the
+        screen at every line that named it, and one with a newline forged summary lines."""
         node = cls.from_parent(parent, path=path)
         if path.is_relative_to(parent.config.rootpath):
-            return node  # pytest's own id, rootdir-relative
-        try:  # from the current directory when under it, as the user typed it
-            nodeid = path.resolve().relative_to(Path.cwd().resolve()).as_posix()
-        except (ValueError, OSError):
-            nodeid = node.nodeid or path.name  # from the folder given, else the file name
-        return cls.from_parent(parent, path=path, nodeid=nodeid)
+            nodeid = node.nodeid  # pytest's own id, rootdir-relative
+        else:
+            try:  # from the current directory when under it, as the user typed it
+                nodeid = path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+            except (ValueError, OSError):
+                nodeid = node.nodeid or path.name  # from the folder given, else the file name
+        if nodeid == node.nodeid and printable(nodeid) == nodeid:
+            return node
+        return cls.from_parent(parent, path=path, nodeid=printable(nodeid))
 
     def collect(self) -> Iterator[pytest.Collector]:
         where = self.nodeid or self.path.name
@@ -89,12 +97,14 @@ class BenchItem(pytest.Item):
         if isinstance(excinfo.value, (pytest.fail.Exception, *CASE_ERRORS)):
             # The message alone: the report already names the case, and pytest's short
             # summary shows the first line, which must say what failed (metric and bound).
-            return str(excinfo.value)
+            # Its lines as they are, any other control character escaped (it may quote a
+            # suite's own text).
+            return printable(str(excinfo.value), keep="\n")
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[Any, int, str]:
         # A line is required for skip reports; a case comes from the whole file (line 0).
-        return self.path, 0, f"{self.case.suite}: {self.case.name}"
+        return self.path, 0, printable(f"{self.case.suite}: {self.case.name}")
 
 
 def _registry(config: pytest.Config) -> Registry:

@@ -27,6 +27,7 @@ import pytest
 
 from pytest_profllm.load import live_status
 from pytest_profllm.options import LiveMode
+from pytest_profllm.plan.case import printable
 
 LOG_EVERY_S = 30.0
 REFRESH_PER_SECOND = 2.0
@@ -74,10 +75,11 @@ def merge(statuses: list[dict[str, Any]]) -> list[RunningCase]:
         tpots = [p["median_tpot_ms"] for p in parts if p.get("median_tpot_ms") is not None]
         started = [p["load_started"] for p in parts if p.get("load_started") is not None]
         cases.append(RunningCase(
-            case=name,
-            worker=lead.get("worker", ""),
-            stage=lead["stage"],
-            detail=lead.get("detail", ""),
+            # The files' text as the terminal shows it, never a control sequence of its own.
+            case=printable(name),
+            worker=printable(lead.get("worker", "")),
+            stage=printable(lead["stage"]),
+            detail=printable(lead.get("detail", "")),
             stage_since=lead.get("stage_since", 0.0),
             warming_up=any(p.get("warming_up") for p in parts),
             total=sum(p.get("total", 0) for p in parts),

@@ -53,6 +53,15 @@
       none.textContent = "None in the last minute.";
       finished.appendChild(none);
     }
+    // Live files left out (not a regular file, too big, a field of the wrong type) and
+    // cases whose process died: one line each, as text.
+    var notes = document.getElementById("profllm-running-notes");
+    notes.textContent = "";
+    (payload.notes || []).forEach(function (note) {
+      var item = document.createElement("li");
+      item.textContent = note;
+      notes.appendChild(item);
+    });
     var status = document.getElementById("profllm-running-status");
     status.textContent = payload.running.length
       ? payload.running.length + " case(s) running, as of " + new Date(payload.now * 1000).toLocaleTimeString()
