@@ -55,6 +55,7 @@ class Settings:
     saturation_margin: float | None = DEFAULT_SATURATION_MARGIN
     resume: bool = False  # skip cases whose valid record is already in out_dir
     gpu_hour_price: float | None = None  # USD per GPU-hour; None: cases are not priced
+    trace_requests: bool = False  # servers export per-request spans (load/span_receiver.py)
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -93,6 +94,7 @@ class Settings:
             else get(Table.saturation_margin) or None,
             resume=_resume(get(Table.resume), out_dir),
             gpu_hour_price=get(Table.gpu_hour_price),
+            trace_requests=get(Table.trace_requests),
         )
 
 

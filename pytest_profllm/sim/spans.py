@@ -177,16 +177,19 @@ class SpanExporter:
 
 def export_body(batch: list[_Finished]) -> bytes:
     """An ExportTraceServiceRequest of `batch`, serialized."""
-    # Deferred: opentelemetry-proto loads only in a simulator that exports spans.
+    # Deferred, as each import below: opentelemetry-proto loads only in a simulator that
+    # exports spans (the plugin imports the simulator's command line).
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
-    from opentelemetry.proto.common.v1.common_pb2 import (
-        AnyValue,
-        InstrumentationScope,
-        KeyValue,
-    )
+
+    # Deferred: opentelemetry-proto.
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+
+    # Deferred: opentelemetry-proto.
     from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+    # Deferred: opentelemetry-proto.
     from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
     def seconds(key: str, value: float) -> KeyValue:
