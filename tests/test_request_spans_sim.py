@@ -89,7 +89,8 @@ def test_a_traced_suite_joins_every_requests_span_to_its_row(
     p50, p99 = results["client_overhead_ttft_p50_ms"], results["client_overhead_ttft_p99_ms"]
     assert -1.0 < p50 <= p99
     print(f"joined {view['server_spans_joined_share']:.3f}, span mean TTFT "
-          f"{sum(ttfts) / len(ttfts):.3f} ms, /metrics mean {system['server_ttft_mean_ms']:.3f}")
+          f"{sum(ttfts) / len(ttfts):.3f} ms, /metrics mean {system['server_ttft_mean_ms']:.3f}, "
+          f"client overhead p50 {p50:.3f} ms, p99 {p99:.3f} ms")
 
 
 def test_untraced_rows_say_why(pytester: pytest.Pytester, ports: str) -> None:
