@@ -230,3 +230,13 @@ def too_many_pixels(what: str) -> InputLimitError:
     return InputLimitError(
         f"{what} has more than the {MAX_IMAGE_PIXELS:,} pixels an image may have"
     )
+
+# The server's per-request trace spans (load/span_receiver.py, OTLP/HTTP protobuf exports on
+# 127.0.0.1). One export: vLLM's batch span processor sends at most 512 spans a batch, each a
+# few hundred bytes, so about 0.3 MB; 16 MB refuses only what is no export of ours (413).
+MAX_SPAN_EXPORT_BYTES = 16 << 20
+# Spans kept for one load: one per request it sent; a load never sends more than a probe may.
+MAX_SPANS_PER_LOAD = MAX_PROBE_REQUESTS
+# Loads awaiting their spans at once: one per case of the worker, and a few left over from
+# attempts whose spans were never collected.
+MAX_SPAN_LOADS = 64

@@ -32,6 +32,7 @@ from pytest_profllm.load.http import StreamingClient
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.pooling import vector_check
 from pytest_profllm.load.schedule import LoadSettings
+from pytest_profllm.load.trace_context import request_headers
 
 _NO_CONTENT = "Never received a valid chunk to calculate TTFT."
 ENDPOINTS: dict[str, str] = {
@@ -178,7 +179,7 @@ async def stream_request(
     outcome.start_time = start
     if not outcome.dispatch_time:
         outcome.dispatch_time = start
-    headers = {"x-request-id": request_id} if request_id else None
+    headers = request_headers(outcome, request_id, settings.trace_key)
     try:
         async with asyncio.timeout(settings.request_timeout_s):
             response = await client.post(path, body, parser.feed, headers)
@@ -215,7 +216,7 @@ async def pooling_request(
     outcome.start_time = start
     if not outcome.dispatch_time:
         outcome.dispatch_time = start
-    headers = {"x-request-id": request_id} if request_id else None
+    headers = request_headers(outcome, request_id, settings.trace_key)
     try:
         async with asyncio.timeout(settings.request_timeout_s):
             response = await client.post(path, body, lambda data, _: chunks.append(data), headers)

@@ -68,6 +68,9 @@ class RequestOutcome:
     # The client could not open a connection for it: it ran out of file descriptors (EMFILE,
     # ENFILE). The request never reached the server: no failure of the server's.
     out_of_descriptors: bool = False
+    # The W3C trace id it was sent with (load/trace_context.py): the server's span of it has
+    # the same (load/span_receiver.py). None where it was never sent.
+    trace_id: str | None = None
 
     @property
     def mm_tokens(self) -> int | None:

@@ -46,6 +46,9 @@ class LoadSettings:
     client_processes: int = 1  # more than one: the load is spread over that many processes
     # Each request goes at its own `timestamp` (a timed trace's), not on a drawn schedule.
     self_timed: bool = False
+    # The first 16 hex digits of every trace id the load sends (load/trace_context.py), where
+    # a receiver awaits its spans (load/span_receiver.py); empty: wholly random trace ids.
+    trace_key: str = ""
 
 
 @dataclass

@@ -58,6 +58,7 @@ class Settings:
     gpu_hour_price: float | None = None  # USD per GPU-hour; None: cases are not priced
     # What an invalid case does to the session (--profllm-invalid).
     invalid: InvalidPolicy = field(default_factory=InvalidPolicy)
+    trace_requests: bool = False  # servers export per-request spans (load/span_receiver.py)
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -97,6 +98,7 @@ class Settings:
             resume=_resume(get(Table.resume), out_dir),
             gpu_hour_price=get(Table.gpu_hour_price),
             invalid=get(Table.invalid),
+            trace_requests=get(Table.trace_requests),
         )
 
 

@@ -343,6 +343,19 @@ class Table:
         "with --profllm-ray: the cases a lost node had not finished run once more on another "
         "node, instead of failing with the node's name",
     )
+    trace_requests = Option(
+        "--profllm-trace-requests", "profllm_trace_requests", parse_switch, False,
+        "the servers the session starts export each request's trace span to the session, "
+        "which joins it to the request's row: the server's queue, prefill, decode, TTFT and "
+        "E2E and what the client added, per request (vLLM needs OpenTelemetry installed)",
+        doc="the servers the session starts get `--otlp-traces-endpoint` (vLLM also "
+        "`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`, which needs the "
+        "`opentelemetry-sdk` and `opentelemetry-exporter-otlp` packages in vLLM's Python) and "
+        "send their `llm_request` span of each request to a receiver in the worker; each "
+        "request row gets the server's phases and what the client added, and the record "
+        "`client_overhead_ttft_p50_ms` (p90, p99; E2E too) and `server_spans_joined_share` "
+        "([How a case is measured](how-a-case-is-measured.md))",
+    )
     saturation_margin = Option(
         "--profllm-saturation-margin", "profllm_saturation_margin", parse_saturation_margin,
         DEFAULT_SATURATION_MARGIN,

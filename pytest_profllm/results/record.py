@@ -394,6 +394,11 @@ class ServerView(BaseModel):
 
     problem: str | None = None
     histograms: dict[str, ServerHistogram] = Field(default_factory=dict)
+    # The share of the completed requests whose server trace span was joined to its row
+    # (load/trace_join.py; each row then has the server's phases), and why none was: not
+    # traced, or the server exported none. Both None in records from before spans were taken.
+    server_spans_joined_share: float | None = Field(default=None, ge=0, le=1)
+    spans_problem: str | None = None
 
 
 class AccuracyMetric(BaseModel):

@@ -37,6 +37,7 @@ from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
 from pytest_profllm.load.server_state import empty_caches
 from pytest_profllm.load.server_view import OVERHEAD_KEYS, load_view
+from pytest_profllm.load.trace_join import JOINED_SHARE, Joined, take_spans
 from pytest_profllm.load.validity import (
     DEFAULT_RULES,
     Judgement,
@@ -80,6 +81,7 @@ def run_case(
     bench = case.benchmark
     assert isinstance(bench, BenchmarkConfig), "offline kinds run in offline.runner"
     attempts = Attempts(remeasure, budget or RemeasureBudget())
+    receiver = servers.span_receiver
     with servers.serving(case) as server:
         outcome.server = server
         stages.enter("loading")
@@ -100,12 +102,16 @@ def run_case(
                     server.base_url, bench, api_key_of(case.server)
                 ).describe()
                 foreign = ForeignCpu(load_cores_of(server, outcome.load_cores))
-                load = _load(server, settings, prompts, outcome)
+                key = receiver.expect() if receiver is not None else ""
+                traced = dataclasses.replace(settings, trace_key=key)
+                load = _load(server, traced, prompts, outcome)
                 share = foreign.share()
+                spans = take_spans(receiver, key, load.outcomes)
                 judged = judge_attempt(
                     load, bench, codec, outcome.server_window, own_hits, share, rules
                 )
                 results, outcome.server_view = judged.results, judged.server_view
+                with_spans(outcome, results, spans)
                 outcome.telemetry.update(judged.view)
                 outcome.telemetry["host_foreign_cpu_share"] = share
                 reasons = judged.judgement.reasons
@@ -163,6 +169,20 @@ def judge_attempt(
     judgement = judge(LoadFacts(load, bench, health, results, own_hits, foreign_share),
                       window, rules)
     return JudgedAttempt(results, view, server_view, judgement)
+
+
+def with_spans(outcome: CaseOutcome, results: dict[str, Any], spans: Joined) -> None:
+    """Each request row with its server span's figures; the load's figures from them: what
+    the client added in `results`, the share joined and why none was in the server view
+    (load/trace_join.py)."""
+    for row, joined in zip(outcome.requests, spans.rows, strict=True):
+        row.update(joined)
+    figures = dict(spans.figures)
+    share = figures.pop(JOINED_SHARE)
+    results.update(figures)
+    if outcome.server_view is not None:
+        outcome.server_view[JOINED_SHARE] = share
+        outcome.server_view["spans_problem"] = spans.problem
 
 
 def context_of(case: Case) -> int | None:

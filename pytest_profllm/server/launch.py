@@ -18,6 +18,12 @@ from pytest_profllm.plan.case import Case
 
 HOST = "127.0.0.1"
 SIM_NICE_ENV = "PROFLLM_SIM_NICE"  # the simulator's niceness increment (sim/cli.py)
+# With a traces endpoint: spans in protobuf over HTTP (vLLM's SDK defaults to gRPC), in batches
+# every 200 ms rather than the SDK's 5 s, so a case's spans come soon after its load.
+TRACE_ENV = {
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+    "OTEL_BSP_SCHEDULE_DELAY": "200",
+}
 
 
 def launch(
@@ -29,8 +35,10 @@ def launch(
     device: DeviceKind = "gpu",
     sim_device: str | None = None,
     sim_profile: Path | None = None,
+    traces_endpoint: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv and the environment (over the inherited one) a server starts with.
+    """The argv and the environment (over the inherited one) a server starts with; with
+    `traces_endpoint`, it exports each request's trace span there (load/span_receiver.py).
 
     `profllm plan` prints what this returns, so the plan is the command that runs.
     """
@@ -46,6 +54,9 @@ def launch(
         # priority would only make it give way to the host's other work, and lowers it there
         # only where it shares the client's core (server/workers.py).
         env[SIM_NICE_ENV] = "0"
+    if traces_endpoint:
+        argv += ["--otlp-traces-endpoint", traces_endpoint]
+        env.update(TRACE_ENV)
     return argv, env
 
 

@@ -25,6 +25,7 @@ from pytest_profllm.hosts.cores import (
 from pytest_profllm.hosts.devices import DeviceKind
 from pytest_profllm.hosts.pool import HostPool, Lease, SessionTurns
 from pytest_profllm.load import stages
+from pytest_profllm.load.span_receiver import SpanReceiver
 from pytest_profllm.plan.case import Case
 from pytest_profllm.server.launch import engine_args_for, launch, safe_name, server_name
 from pytest_profllm.server.process import (
@@ -69,6 +70,9 @@ class WorkerServers:
     # The session's id: each server's log is its own for the session (a log named by server
     # alone gathered every session's output, and a run page linked all of it).
     session_id: str | None = None
+    # Where the servers it starts export each request's trace span (--profllm-trace-requests);
+    # None: they export none.
+    span_receiver: SpanReceiver | None = None
 
     def log_path(self, name: str) -> Path:
         """Where the server (or offline command) `name` writes its output this session."""
@@ -184,6 +188,7 @@ class WorkerServers:
             device=self.device,
             sim_device=self.sim_device,
             sim_profile=self.sim_profile,
+            traces_endpoint=self.span_receiver.url if self.span_receiver else None,
         )
         server = ServerProcess(
             key=key,

@@ -23,6 +23,7 @@ from pytest_profllm.hosts.pool import HostPool, LeaseTimeout
 from pytest_profllm.load import prometheus_counters, stages
 from pytest_profllm.load.accuracy import lm_eval_missing
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
+from pytest_profllm.load.span_receiver import SpanReceiver
 from pytest_profllm.load.validity import Rules
 from pytest_profllm.offline.runner import run_offline
 from pytest_profllm.options import Settings
@@ -172,6 +173,7 @@ class WorkerSession:
             # session checked, whatever became of the user's file since.
             sim_profile=self._profile_copy(log_dir),
             session_id=self.identity.session_id,
+            span_receiver=SpanReceiver() if self.settings.trace_requests else None,
             cores=(
                 LoadCores.of(self.pool, self.identity.engine.device_kind)
                 if self.settings.load_cores else None
@@ -261,6 +263,8 @@ class WorkerSession:
     def close(self) -> None:
         if "servers" in self.__dict__:
             self.servers.release()
+            if self.servers.span_receiver is not None:
+                self.servers.span_receiver.close()
 
 
 def status_of(reports: dict[str, Any], outcome: CaseOutcome) -> tuple[Status, str | None]:

@@ -28,6 +28,7 @@ from pytest_profllm.sim.faults import Faults
 from pytest_profllm.sim.instruments import add_dev_routes, add_routes
 from pytest_profllm.sim.logprobs import MAX_LOGPROBS, completion_logprobs, prompt_logprobs
 from pytest_profllm.sim.profiler_config import ProfilerSettings
+from pytest_profllm.sim.spans import SpanExporter
 from pytest_profllm.sim.vision import (
     ImageError,
     VisionFacts,
@@ -49,6 +50,8 @@ class SimState:
     api_key: str | None = field(repr=False)  # a secret: never in a traceback
     # Opt-in (PROFLLM_SIM_EMISSION_LOG): when each content message left, to check clients' timing.
     emissions: EmissionLog | None = None
+    # --otlp-traces-endpoint: each finished request's `llm_request` span (sim/spans.py).
+    spans: SpanExporter | None = None
     # The API server's own latency before a request reaches the engine (cost model's figure).
     request_delay_s: float = 0.0
     faults: Faults = field(default_factory=Faults)
@@ -516,6 +519,9 @@ async def _stream(
     if state.emissions is not None:
         timed = sequence if isinstance(sequence, Sequence) else None
         state.emissions.add(request, received, emitted, timed)
+    if state.spans is not None and isinstance(sequence, Sequence):
+        headers = request.headers
+        state.spans.finished(sequence, headers.get("traceparent"), headers.get("x-request-id", ""))
     return response
 
 

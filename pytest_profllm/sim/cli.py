@@ -48,6 +48,7 @@ from pytest_profllm.sim.profiler_config import (
     ProfilerSettings,
     dev_mode_from_env,
 )
+from pytest_profllm.sim.spans import DEFAULT_DELAY_S, SpanExporter
 from pytest_profllm.sim.stats import EngineStats
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("profllm.sim")
 NICE_ENV = "PROFLLM_SIM_NICE"
 DEFAULT_NICE = 10
+SPAN_DELAY_ENV = "OTEL_BSP_SCHEDULE_DELAY"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
         "/start_profile and /stop_profile, which write Chrome traces of the scheduler steps",
     )
     parser.add_argument(
+        "--otlp-traces-endpoint",
+        help="as vLLM's: each finished request's llm_request span goes to this OTLP/HTTP "
+        "endpoint (protobuf), in batches every OTEL_BSP_SCHEDULE_DELAY ms (default 200)",
+    )
+    parser.add_argument(
         "--sim-device",
         default=DEFAULT_DEVICE,
         help=f"the GPU the simulator models (default: {DEFAULT_DEVICE}; known: "
@@ -240,6 +247,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     lower_priority(nice)
     asyncio.run(_serve(args, model, model_dir, api_key, profiler, setup, faults, dev_mode))
     return 0
+
+
+def span_delay_from_env() -> float:
+    """The span batches' interval in seconds: OTEL_BSP_SCHEDULE_DELAY (ms), as vLLM's SDK
+    reads it, else the simulator's 0.2 s; one that is no positive number is the default."""
+    text = os.environ.get(SPAN_DELAY_ENV, "").strip()
+    try:
+        delay_ms = float(text)
+    except ValueError:
+        return DEFAULT_DELAY_S
+    return delay_ms / 1000 if 0 < delay_ms <= 60_000 else DEFAULT_DELAY_S
 
 
 def nice_from_env() -> int:
@@ -423,6 +441,10 @@ async def _serve(
         tokenizer_info=_tokenizer_info(model_dir) if args.enable_tokenizer_info_endpoint else None,
     )
     scheduler = make_scheduler(args, setup)
+    if args.otlp_traces_endpoint:
+        state.spans = SpanExporter(
+            args.otlp_traces_endpoint, scheduler.clock, span_delay_from_env()
+        )
     if faults.drift:
         scheduler.cost = DriftingCost(scheduler.cost, faults.drift, lambda: state.requests_seen)
     if profiler.profiler:
@@ -463,6 +485,8 @@ async def _serve(
         log.info("shutting down")
     finally:
         await runner.cleanup()
+        if state.spans is not None:
+            state.spans.close()
 
 
 if __name__ == "__main__":

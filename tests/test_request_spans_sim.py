@@ -1,0 +1,103 @@
+"""Each request's own story on the simulated engine: the spans it exports agree with its own
+request log, and a suite run with --profllm-trace-requests joins them to its request rows."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+from helpers import run_records, run_suites, simulator
+
+from pytest_profllm.load.bench import run_load
+from pytest_profllm.load.dataset import PromptRequest
+from pytest_profllm.load.schedule import LoadSettings
+from pytest_profllm.load.span_receiver import SpanReceiver
+from pytest_profllm.load.trace_join import take_spans
+
+
+def test_the_simulators_spans_tell_what_its_request_log_does(
+    port_range: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "emissions.jsonl"
+    env = {**os.environ, "PROFLLM_SIM_EMISSION_LOG": str(log), "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    first = int(port_range.split("-")[0]) + 50
+    with SpanReceiver() as receiver, simulator(
+        first, tmp_path / "sim.log", "sim", "--otlp-traces-endpoint", receiver.url, env=env
+    ) as url:
+        key = receiver.expect()
+        settings = LoadSettings(base_url=url, model="sim", request_rate=200.0, trace_key=key)
+        prompts = [PromptRequest(prompt="hello there " * 4, prompt_len=9, output_len=3 + i % 4)
+                   for i in range(12)]
+        load = asyncio.run(run_load(settings, prompts))
+        joined = take_spans(receiver, key, load.outcomes, wait_s=5)
+    assert joined.figures["server_spans_joined_share"] == 1.0
+    timelines = {}
+    for line in log.read_text().splitlines():
+        entry = json.loads(line)
+        timelines[entry["request_id"]] = entry["timeline"]
+    for index, (row, outcome) in enumerate(zip(joined.rows, load.outcomes, strict=True)):
+        t = timelines[f"profllm-{index}"]
+        assert row["trace_id"] == outcome.trace_id
+        expected = {
+            "server_ttft_ms": t["first_token"] - t["arrived"],
+            "server_e2el_ms": t["last_token"] - t["arrived"],
+            "server_queue_ms": t["scheduled"] - t["queued"],
+            "server_prefill_ms": t["first_token"] - t["scheduled"],
+            "server_decode_ms": t["last_token"] - t["first_token"],
+            "server_inference_ms": t["last_token"] - t["scheduled"],
+        }
+        for name, seconds in expected.items():
+            assert row[name] == pytest.approx(seconds * 1000, abs=1e-6), name
+        assert row["server_completion_tokens"] == outcome.output_tokens == 3 + index % 4
+        # The client's clock runs around the server's.
+        assert row["client_overhead_ttft_ms"] > -1.0
+        assert row["client_overhead_e2el_ms"] > -1.0
+    assert receiver.counts.refused_malformed == receiver.counts.refused_too_large == 0
+
+
+SUITE = """
+server:
+  model: Qwen/Qwen3-8B
+benchmark:
+  num_prompts: 40
+  random_input_len: 32
+  random_output_len: 4
+  request_rate: 80
+"""
+
+
+def test_a_traced_suite_joins_every_requests_span_to_its_row(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makefile(".yaml", bench_spans=SUITE)
+    result = run_suites(pytester, ports, "-n", "0", "--profllm-trace-requests")
+    result.assert_outcomes(passed=1)
+    (record,) = run_records(pytester)
+    system, results, view = record["system"], record["results"], record["server_view"]
+    assert view["server_spans_joined_share"] >= 0.99
+    assert view["spans_problem"] is None
+    with gzip.open(pytester.path / "results" / f"{record['run_id']}.requests.jsonl.gz") as f:
+        rows = [json.loads(line) for line in f]
+    ttfts = [row["server_ttft_ms"] for row in rows if row["server_ttft_ms"] is not None]
+    assert len(ttfts) >= 0.99 * len(rows) == 0.99 * 40
+    # The spans' mean is the server's /metrics mean over the same window.
+    assert sum(ttfts) / len(ttfts) == pytest.approx(system["server_ttft_mean_ms"], rel=0.01)
+    p50, p99 = results["client_overhead_ttft_p50_ms"], results["client_overhead_ttft_p99_ms"]
+    assert -1.0 < p50 <= p99
+    print(f"joined {view['server_spans_joined_share']:.3f}, span mean TTFT "
+          f"{sum(ttfts) / len(ttfts):.3f} ms, /metrics mean {system['server_ttft_mean_ms']:.3f}, "
+          f"client overhead p50 {p50:.3f} ms, p99 {p99:.3f} ms")
+
+
+def test_untraced_rows_say_why(pytester: pytest.Pytester, ports: str) -> None:
+    suite = SUITE.replace("num_prompts: 40", "num_prompts: 4")
+    pytester.makefile(".yaml", bench_spans=suite)
+    run_suites(pytester, ports, "-n", "0").assert_outcomes(passed=1)
+    (record,) = run_records(pytester)
+    assert record["server_view"]["spans_problem"].startswith("requests were not traced")
+    assert record["server_view"]["server_spans_joined_share"] is None
+    assert record["results"].get("client_overhead_ttft_p99_ms") is None
