@@ -9,6 +9,7 @@ import dataclasses
 import io
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,8 @@ def test_under_xdist_the_controller_draws_every_workers_cases(
     text = _ANSI.sub("", result.stdout.str())
     drawn = [line for line in text.splitlines() if re.match(r"gw[01] .*::random loading", line)]
     assert {line[:3] for line in drawn} == {"gw0", "gw1"}
-    assert any(re.search(r" \d+/40 .* req/s", line) for line in drawn)
+    # A pipe is 80 columns: the two most telling figures.
+    assert any(re.search(r" \d+/40  (TTFT \d+ ms|[\d.]+ req/s)", line) for line in drawn)
     # pytest's own lines are there, whole, as without the view.
     result.stdout.fnmatch_lines(["*PASSED*qwen3-0.6b-s0::random*", "*2 passed*"])
 
@@ -294,3 +296,28 @@ def test_a_cases_control_characters_are_drawn_escaped(tmp_path: Path) -> None:
     assert not [line for line in drawn.splitlines() if line.startswith("FAILED")]
     assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", _ANSI.sub("", drawn))
     assert "\x1b[2J" not in drawn and "\x07" not in drawn
+
+
+def test_a_narrow_terminal_keeps_the_two_most_telling_figures(tmp_path: Path) -> None:
+    # tmux's default 80 columns: the bar and the long figures pushed the load's figures off
+    # the line, leaving only the stage.
+    now = time.time()
+    _write(tmp_path, "1", _status("bench_smoke.yaml::qwen3-8b-seqs32::random-rate-inf",
+                                  worker="gw0", stage="loading", history=["loading"], total=200,
+                                  sent=150, done=120, load_started=now - 10.0,
+                                  median_ttft_ms=52.4, median_tpot_ms=8.1, running=30.0,
+                                  waiting=2.0, kv_cache_usage=0.4))
+
+    class Writer:  # pytest's TerminalWriter, as far as the view touches it
+        hasmarkup = False
+        _file = io.StringIO()
+
+    for width, wide in ((80, False), (160, True)):
+        out = io.StringIO()
+        view = live_view.TerminalView(tmp_path, Writer(), out)
+        view.console.width = width
+        view.console.print(view.render())
+        (line,) = [row for row in _ANSI.sub("", out.getvalue()).splitlines() if "gw0" in row]
+        assert len(line) <= width
+        assert "120/200" in line and "TTFT 52 ms" in line
+        assert ("━" in line or "─" in line) is wide

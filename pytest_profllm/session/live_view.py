@@ -33,6 +33,8 @@ LOG_EVERY_S = 30.0
 REFRESH_PER_SECOND = 2.0
 LOAD_STAGES = ("loading", "searching", "remeasuring", "profiling")  # with a load's figures
 _BAR_WIDTH = 12
+# A terminal narrower than this draws each case's two most telling figures, without the bar.
+NARROW_COLUMNS = 120
 
 
 @dataclass
@@ -125,12 +127,9 @@ def progress_text(case: RunningCase, now: float) -> str:
     parts = [f"{case.done}/{case.total}"]
     if case.failed:
         parts.append(f"{case.failed} failed")
-    # Sent, not done, against the target, over the sending: whether the client keeps the
-    # schedule.
+    # Against the target: whether the client keeps the schedule.
     target = f"/{case.target_rate:.3g}" if case.target_rate else ""
-    sending = (case.last_sent if case.sent >= case.total and case.last_sent else now)
-    rate = case.sent / max(sending - case.load_started, 1e-9)
-    parts.append(f"{rate:.1f}{target} req/s")
+    parts.append(f"{_send_rate(case, now):.1f}{target} req/s")
     parts.append(f"lag {case.lag_s * 1000:.0f} ms")
     if case.median_ttft_ms is not None:
         parts.append(f"TTFT {case.median_ttft_ms:.0f} ms")
@@ -143,6 +142,24 @@ def progress_text(case: RunningCase, now: float) -> str:
     if 0 < case.done < case.total:
         parts.append(f"~{_duration((case.total - case.done) * elapsed / case.done)} left")
     return "  ".join(parts)
+
+
+def telling_text(case: RunningCase, now: float) -> str:
+    """The load's two most telling figures, for a narrow terminal (tmux's default is 80
+    columns): how far it is, and the median TTFT where known, else the send rate."""
+    if not progress_text(case, now):
+        return ""
+    count = f"{case.done}/{case.total}"
+    if case.median_ttft_ms is not None:
+        return f"{count}  TTFT {case.median_ttft_ms:.0f} ms"
+    return f"{count}  {_send_rate(case, now):.1f} req/s"
+
+
+def _send_rate(case: RunningCase, now: float) -> float:
+    """Sent, not done, over the sending: whether the client keeps the schedule."""
+    assert case.load_started is not None
+    sending = (case.last_sent if case.sent >= case.total and case.last_sent else now)
+    return case.sent / max(sending - case.load_started, 1e-9)
 
 
 def _count(value: float | None) -> str:
@@ -277,18 +294,23 @@ class TerminalView:
         except Exception:  # the view never costs the session
             cases = []
         width = self.console.width
+        # Under NARROW_COLUMNS the bar and the long figures would push the load's figures
+        # out of the line: no bar, and the two most telling figures.
+        narrow = width < NARROW_COLUMNS
+        keep = width // 3
         lines = [Text.from_ansi(_shown(self.passage.open_line), no_wrap=True)]
         for case in cases:
-            name = case.case if len(case.case) <= width // 3 else "…" + case.case[-width // 3:]
+            name = case.case if len(case.case) <= keep else "…" + case.case[-keep:]
+            figures = telling_text(case, now) if narrow else progress_text(case, now)
             line = Text.assemble(
                 (f"{case.worker} " if case.worker else "", "dim"),
                 (name, "bold"),
                 " ",
                 (stage_text(case, now), "cyan"),
                 " ",
-                _bar(case),
-                " ",
-                progress_text(case, now),
+                "" if narrow else _bar(case),
+                "" if narrow else " ",
+                figures,
             )
             line.no_wrap, line.overflow = True, "ellipsis"
             line.truncate(width, overflow="ellipsis")
