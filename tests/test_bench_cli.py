@@ -48,7 +48,8 @@ def bench(
             # What these tests check is not whether this host keeps a 10 ms schedule, nor how
             # little its client adds to the server's TTFT: a busy one made the plain runs exit
             # 3 (client fell behind; the client added 96 ms). A test may pass its own.
-            "--max-schedule-lag", "1000", "--max-client-overhead", "100000", *flags,
+            "--max-schedule-lag", "1000", "--max-client-overhead", "100000",
+            "--max-client-wait", "1", *flags,
         ]
     )  # fmt: skip
     path = tmp_path / "out.json"
@@ -199,6 +200,7 @@ def test_slos_turn_the_benchmark_into_a_capacity_search(
         # The search's logic is under test, not this host: a busy CI host once made every
         # probe here "unsure" (client and simulator behind) and the search found nothing.
         "--max-schedule-lag", "1000", "--max-client-overhead", "100000",
+        "--max-client-wait", "1",
     )  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and result is not None, out[-3000:]

@@ -171,7 +171,8 @@ def test_offline_metrics_are_gated_and_the_error_lists_them(tmp_path: Path) -> N
     )
     assert "cannot gate 'latency_ms'" in message
     assert "avg_latency_ms and pNN_latency_ms" in message
-    assert "requests_per_second, tokens_per_second, elapsed_time (per repeat)" in message
+    assert "requests_per_second, tokens_per_second, elapsed_time, client_overhead_ttft_ms, " \
+        "client_overhead_e2el_ms (per repeat)" in message
 
 
 def test_latency_iterations_are_the_gates_samples() -> None:

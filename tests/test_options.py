@@ -25,6 +25,14 @@ from pytest_profllm.options import (
 # --- parse_gpus ---------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _no_bounds_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # conftest.py lifts these bounds for the sessions the tests start (they oversubscribe the
+    # host); the settings under test here are the defaults and the ini file's.
+    for name in ("PROFLLM_MAX_SCHEDULE_LAG", "PROFLLM_MAX_CLIENT_WAIT"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -428,7 +428,8 @@ def test_a_case_that_failed_leads_with_its_failure_not_its_validity() -> None:
     outcome.request_failures = "2 of 3 requests failed: HTTP 400 Bad Request: too long"
     outcome.error = "2 of 3 requests failed (2 got a non-200 status; none allowed)"
     crash = SimpleNamespace(message=outcome.error)
-    report = SimpleNamespace(failed=True, longrepr=SimpleNamespace(reprcrash=crash))
+    report = SimpleNamespace(failed=True, skipped=False,
+                             longrepr=SimpleNamespace(reprcrash=crash))
     assert status_of({"call": report}, outcome) == ("failed", outcome.error)
     record = outcome.record("failed", outcome.error)
     assert record["validity_reasons"] == [outcome.request_failures, outcome.invalid_reason]

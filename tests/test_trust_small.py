@@ -54,6 +54,7 @@ def test_profllm_bench_records_the_engine_the_server_says(sim_url: str, tmp_path
         "--random-input-len", "16", "--random-output-len", "4", "--save-result",
         # The engine, not the host, is under test.
         "--result-dir", str(out), "--max-schedule-lag", "1000", "--max-client-overhead", "1e5",
+        "--max-client-wait", "1",
     ])
     assert code == 0
     (saved,) = out.glob("*.json")

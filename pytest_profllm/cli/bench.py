@@ -29,6 +29,7 @@ from pytest_profllm.load.bench import (
 )
 from pytest_profllm.load.capacity import Probe, describe_probe, search_server
 from pytest_profllm.load.dataset import DatasetError
+from pytest_profllm.load.metrics import MAX_CLIENT_RUNQUEUE_WAIT_SHARE
 from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
 from pytest_profllm.plan.suite import BenchmarkConfig, CapacityConfig, CapacitySearch
 from pytest_profllm.results.record import write_requests
@@ -156,6 +157,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "is invalid, where the server is on this host (not a vLLM flag; default: "
         f"{DEFAULT_MAX_CLIENT_OVERHEAD_MS:g}, or 15%% of the server's mean TTFT where larger, "
         "as --profllm-max-client-overhead)")
+    add("--max-client-wait", type=float, metavar="SHARE",
+        default=MAX_CLIENT_RUNQUEUE_WAIT_SHARE,
+        help="a load whose client waited for a core more than this share of it is invalid "
+        f"(not a vLLM flag; default: {MAX_CLIENT_RUNQUEUE_WAIT_SHARE:g}, as "
+        "--profllm-max-client-wait)")
     add("--label")
     add("--save-result", action="store_true", help="write the result JSON (and per-request "
         "records beside it, .requests.jsonl.gz)")
@@ -289,6 +295,7 @@ def _target(args: argparse.Namespace) -> dict[str, Any]:
         "label": args.label,
         "max_schedule_lag_ms": args.max_schedule_lag,
         "max_client_overhead_ms": args.max_client_overhead,
+        "max_client_wait": args.max_client_wait,
     }
 
 

@@ -278,6 +278,7 @@ def run_bench(
     max_failed: int = 0,
     max_schedule_lag_ms: float | None = None,
     max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS,
+    max_client_wait: float | None = metrics.MAX_CLIENT_RUNQUEUE_WAIT_SHARE,
 ) -> BenchResult:
     """Run `config` against the server at `base_url`; raises BenchFailed for a benchmark of
     nothing (every request failed, a non-200 status, no output tokens), ServerUnreachable
@@ -296,7 +297,7 @@ def run_bench(
     load = asyncio.run(run_load(settings, workload))
     window = (before, scrape_metrics(metrics_url))
     own = workload_own_hits(workload, config, codec)
-    rules = bench_rules(base_url, max_schedule_lag_ms, max_client_overhead_ms)
+    rules = bench_rules(base_url, max_schedule_lag_ms, max_client_overhead_ms, max_client_wait)
     result, judgement = judged_result(
         load, config, codec, window, own, rules, max_failed,
         model=model, tokenizer=tokenizer, label=label,
@@ -347,12 +348,14 @@ def bench_rules(
     base_url: str,
     max_schedule_lag_ms: float | None,
     max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS,
+    max_client_wait: float | None = metrics.MAX_CLIENT_RUNQUEUE_WAIT_SHARE,
 ) -> Rules:
     """`profllm bench`'s rules: a suite case's, with the bounds its flags set, except where
     they cannot apply (no load cores are leased apart from the server's; the client's overhead
     where the server is on another host), which its judgement names."""
     return Rules(max_schedule_lag_ms=max_schedule_lag_ms,
                  max_client_overhead_ms=max_client_overhead_ms,
+                 max_client_wait=max_client_wait,
                  server_on_this_host=on_this_host(base_url))
 
 

@@ -317,24 +317,23 @@ MAX_CLIENT_RUNQUEUE_WAIT_SHARE = 0.5
 
 
 def client_saturated(
-    health: Mapping[str, float | int | None], max_loop_lag_ms: float | None = None
+    health: Mapping[str, float | int | None],
+    max_loop_lag_ms: float | None = None,
+    max_wait_share: float | None = MAX_CLIENT_RUNQUEUE_WAIT_SHARE,
 ) -> str | None:
     """Why the client's own watch says it could not keep up with what it read, or None: its
     event loop ran later than the bound (its p99 lag), or it waited for a core over
-    MAX_CLIENT_RUNQUEUE_WAIT_SHARE of the load. `max_loop_lag_ms` overrides the lag bound
-    (the schedule lag's default). A figure that was not measured (no watch, no schedstat)
-    decides nothing."""
+    `max_wait_share` of the load (None: not judged; --profllm-max-client-wait).
+    `max_loop_lag_ms` overrides the lag bound (the schedule lag's default). A figure that was
+    not measured (no watch, no schedstat) decides nothing."""
     lag_limit_ms = MAX_P99_SCHEDULE_LAG_S * 1000 if max_loop_lag_ms is None else max_loop_lag_ms
     reasons = []
     lag = health.get("client_loop_lag_p99_ms")
     if lag is not None and lag > lag_limit_ms:
         reasons.append(f"event loop p99 lag {lag:.4g} ms is over {lag_limit_ms:g} ms")
     wait = health.get("client_runqueue_wait_share")
-    if wait is not None and wait > MAX_CLIENT_RUNQUEUE_WAIT_SHARE:
-        reasons.append(
-            f"it waited for a core {wait:.0%} of the load, over "
-            f"{MAX_CLIENT_RUNQUEUE_WAIT_SHARE:.0%}"
-        )
+    if wait is not None and max_wait_share is not None and wait > max_wait_share:
+        reasons.append(f"it waited for a core {wait:.0%} of the load, over {max_wait_share:.0%}")
     if not reasons:
         return None
     cpu = health.get("client_cpu_share")

@@ -96,6 +96,8 @@ class Rules:
     # None: the rule is off. The default grows with the server's own mean TTFT.
     max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS
     max_foreign_cpu: float | None = DEFAULT_MAX_FOREIGN_CPU  # None: the rule is off
+    # The share of a load the client may wait for a core (None: the rule is off).
+    max_client_wait: float | None = metrics.MAX_CLIENT_RUNQUEUE_WAIT_SHARE
     # The client's figures include a network where the server is elsewhere.
     server_on_this_host: bool = True
     virtual_clock: bool = False  # the engine model's own client: no host in the figures
@@ -165,7 +167,7 @@ def judge(facts: LoadFacts, window: ServerWindow, rules: Rules) -> Judgement:
         rule(InvalidKind.CLIENT_FELL_BEHIND,
              metrics.client_fell_behind(health, rules.max_schedule_lag_ms))
         rule(InvalidKind.CLIENT_SATURATED,
-             metrics.client_saturated(health, rules.max_schedule_lag_ms))
+             metrics.client_saturated(health, rules.max_schedule_lag_ms, rules.max_client_wait))
     before, after = window
     if usable(before) is None or usable(after) is None:
         unread = after if usable(after) is None else before

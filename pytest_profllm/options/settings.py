@@ -13,6 +13,7 @@ from pytest_profllm.engine.choice import Clock
 from pytest_profllm.gates.config import GateConfig
 from pytest_profllm.gates.regression import GateSettings
 from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU
+from pytest_profllm.load.metrics import MAX_CLIENT_RUNQUEUE_WAIT_SHARE
 from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
 from pytest_profllm.options.declare import Option, value_of
 from pytest_profllm.options.parsers import InvalidPolicy
@@ -42,6 +43,7 @@ class Settings:
     max_schedule_lag_ms: float = DEFAULT_MAX_SCHEDULE_LAG_MS
     max_client_overhead_ms: float = DEFAULT_MAX_CLIENT_OVERHEAD_MS
     max_foreign_cpu: float = DEFAULT_MAX_FOREIGN_CPU
+    max_client_wait: float = MAX_CLIENT_RUNQUEUE_WAIT_SHARE
     remeasure: int = DEFAULT_REMEASURE
     load_cores: bool = True  # loads hold host cores from the pool (hosts/cores.py)
     vllm_python: str | None = None
@@ -81,6 +83,7 @@ class Settings:
             max_schedule_lag_ms=get(Table.max_schedule_lag),
             max_client_overhead_ms=get(Table.max_client_overhead),
             max_foreign_cpu=get(Table.max_foreign_cpu),
+            max_client_wait=get(Table.max_client_wait),
             remeasure=get(Table.remeasure),
             load_cores=not get(Table.no_load_cores),
             vllm_python=get(Table.vllm_python),

@@ -11,6 +11,7 @@ import pytest
 from pytest_profllm.engine.choice import ENGINE_CHOICES, SIM_CLOCKS, Clock
 from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU
 from pytest_profllm.limits import MAX_GPU_HOUR_PRICE_USD, MAX_REMEASURE
+from pytest_profllm.load.metrics import MAX_CLIENT_RUNQUEUE_WAIT_SHARE
 from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
 from pytest_profllm.options.declare import Option, register
 from pytest_profllm.options.parsers import (
@@ -56,6 +57,8 @@ LIVE_MODES: tuple[LiveMode, ...] = ("on", "off", "auto")
 # a suite of tests that runs sessions side by side (each the others' foreign load), as this
 # project's own does, through pytester, which passes no PYTEST_ADDOPTS on.
 MAX_FOREIGN_CPU_ENV = "PROFLLM_MAX_FOREIGN_CPU"
+MAX_SCHEDULE_LAG_ENV = "PROFLLM_MAX_SCHEDULE_LAG"
+MAX_CLIENT_WAIT_ENV = "PROFLLM_MAX_CLIENT_WAIT"
 
 
 class Table:
@@ -140,7 +143,7 @@ class Table:
         "a case whose client sent its p99 request later than this after its scheduled time, "
         "or whose event loop ran this late (p99), is invalid, not passed; raise it on shared, "
         "oversubscribed runners",
-        metavar="MS",
+        metavar="MS", env=MAX_SCHEDULE_LAG_ENV,
         doc="a case whose client sent its requests later than this after their scheduled times "
         "(p99), whose client's event loop ran later than this (p99: `client_saturated`), or "
         "whose simulated engine ended over 1 % of its steps later than this, is `invalid`, not "
@@ -158,6 +161,14 @@ class Table:
         "`/metrics` histograms over the case's window) is invalid (`the client added N ms to "
         "mean TTFT (bound M ms): host busy`) and is measured again, up to `--profllm-remeasure` "
         "times",
+    )
+    max_client_wait = Option(
+        "--profllm-max-client-wait", "profllm_max_client_wait", parse_share,
+        MAX_CLIENT_RUNQUEUE_WAIT_SHARE,
+        "a case whose client waited for a core (its run-queue wait) more than this share of its "
+        "load (0 to 1) is invalid, not passed (`client_saturated`): the host kept the client "
+        "from reading on time",
+        metavar="SHARE", env=MAX_CLIENT_WAIT_ENV,
     )
     max_foreign_cpu = Option(
         "--profllm-max-foreign-cpu", "profllm_max_foreign_cpu", parse_share,

@@ -47,6 +47,7 @@ from pytest_profllm.load.dataset import (
     TokenizerCodec,
     make_prompts,
 )
+from pytest_profllm.load.metrics import MAX_CLIENT_RUNQUEUE_WAIT_SHARE
 from pytest_profllm.load.prometheus_counters import REQUEST_TOTALS
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.schedule import LoadResult, back_to_back
@@ -255,6 +256,7 @@ def search_server(
     on_probe: Callable[[Probe], None] | None = None,
     max_schedule_lag_ms: float | None = None,
     max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS,
+    max_client_wait: float | None = MAX_CLIENT_RUNQUEUE_WAIT_SHARE,
 ) -> ServerSearch:
     """`profllm bench` with SLOs: the search against the server at `base_url`."""
     check_reachable(base_url)
@@ -266,7 +268,7 @@ def search_server(
     per_probe = requests_per_probe(slos, config.num_prompts)
     config = prompts_of_its_own(config, empty_caches(base_url, config, api_key))
     prompts = make_prompts(config.model_copy(update={"num_prompts": per_probe}), codec)
-    rules = bench_rules(base_url, max_schedule_lag_ms, max_client_overhead_ms)
+    rules = bench_rules(base_url, max_schedule_lag_ms, max_client_overhead_ms, max_client_wait)
     probes = ServerProbes(config, base_url, codec, prompts, name, api_key, rules,
                           endpoint=endpoint)
     found = search(probes, slos, config.search, config.num_prompts, seed=config.seed,

@@ -396,6 +396,7 @@ class BenchmarkConfig(BaseModel):
         if self.max_concurrency:  # a closed loop has a steady state
             names += [n for n in metric_names.STEADY_RESULTS
                       if not (self.is_pooling and n.endswith(("_ttft_ms", "_tpot_ms")))]
+        # The client's overhead over the server's own TTFT and E2E: a pooling load has no TTFT.
+        overhead = [] if self.is_pooling else list(metric_names.CLIENT_OVERHEAD_RESULTS)
         return (names + list(metric_names.CLIENT_QUEUE_RESULTS)
-                + list(metric_names.CLIENT_HEALTH_KEYS)
-                + list(metric_names.CLIENT_OVERHEAD_RESULTS))
+                + list(metric_names.CLIENT_HEALTH_KEYS) + overhead)
