@@ -63,14 +63,14 @@ MAX_CLIENT_OVERHEAD_SHARE = 0.15
 # passed. Measured on the simulated engine on 2 shared cores (load average 8-9), the client
 # pinned to one core, 2-3 runs each (benchmarks/perf/client_overhead_tail.py; the table is
 # in docs/how-a-case-is-measured.md), p99: alone, 4.8-18 ms at concurrency 1, 4.1-23 ms at
-# 16, 15-138 ms for a burst of 32, 53-133 ms at 64, 276-1,272 ms at 256; with a busy loop on
-# the client's core, 10-111 ms at 1, 19-50 ms at 16. The largest p99 of a load the mean's
-# rule finds valid was 53 ms, except one: a starved client at concurrency 1, mean 18.7 ms,
-# p99 111 ms, the tail this rule is for. 100 ms is about twice that 53 ms, so a busy but
-# fair host passes, and such a tail does not. On a busy host the hog's effect is not
-# steady (its runs overlap the quiet ones): the rule bounds the tail, it does not find every
-# hog. As the mean's, the default grows to MAX_CLIENT_OVERHEAD_SHARE of the server's own p99
-# TTFT where that is more.
+# 16, 15-138 ms for a burst of 32, 53-133 ms at 64, 276-1,272 ms at 256; with a busy loop
+# on the client's core, 10-111 ms at 1, 9-50 ms at 16. Without the hog, a run whose mean the
+# mean's rule passes had a p99 of 53 ms at most; with it, up to 60 and 111 ms at concurrency
+# 1 (medians 12 ms): the tail this rule is for. 100 ms is about twice that 53 ms, so a busy
+# but fair host passes, and a tail over a hundred ms does not. On a busy host the hog's
+# effect is not steady (its runs overlap the quiet ones): the rule bounds the tail, it does
+# not find every hog. As the mean's, the default grows to MAX_CLIENT_OVERHEAD_SHARE of the
+# server's own p99 TTFT where that is more.
 DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS = 100.0
 # The share of a load's completed requests whose span must be joined for the tail rule to
 # be applied: fewer, and the spread is not the load's (the mean rule applies alone).
