@@ -152,3 +152,16 @@ def test_a_client_made_tail_is_measured_again_then_invalid(
     assert record["results"]["client_overhead_ttft_p99_ms"] > DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS
     (why,) = record["validity_reasons"]
     assert why.count("to a request's TTFT at p99") == 2 and "mean TTFT" not in why
+
+
+def test_the_tails_bound_is_the_sessions_to_set(pytester: pytest.Pytester, ports: str) -> None:
+    """The same stalled client, both bounds set out of reach: a valid case."""
+    pytester.makeconftest(STALLED_CLIENT)
+    pytester.makefile(".yaml", bench_spans=SUITE.replace("num_prompts: 40", "num_prompts: 20"))
+    result = run_suites(pytester, ports, "-n", "0", "--profllm-trace-requests",
+                        "--profllm-max-client-overhead", "100000",
+                        "--profllm-max-client-overhead-tail", "100000")
+    result.assert_outcomes(passed=1)
+    (record,) = run_records(pytester)
+    assert record["validity"] == "valid"
+    assert record["results"]["client_overhead_ttft_p99_ms"] > DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS

@@ -58,7 +58,7 @@ DEFAULT_MAX_CLIENT_OVERHEAD_MS = 50.0
 MAX_CLIENT_OVERHEAD_SHARE = 0.15
 # The default bound on what the client added to a request's TTFT at p99, where each
 # request's server span was joined to its row (--profllm-trace-requests; load/trace_join.py;
-# --profllm-max-client-overhead-p99 sets it). The mean bound above misses a client-made tail:
+# --profllm-max-client-overhead-tail sets it). The mean bound above misses a client-made tail:
 # on a paced server at 1,000 streams the p50 was 3-6 ms, the p99 111-127 ms, and the load
 # passed. Measured on the simulated engine on 2 shared cores (load average 8-9), the client
 # pinned to one core, 2-3 runs each (benchmarks/perf/client_overhead_tail.py; the table is

@@ -84,7 +84,7 @@ class Settings:
             wait_for_busy_gpus=get(Table.busy_gpus) == "wait",
             max_schedule_lag_ms=get(Table.max_schedule_lag),
             max_client_overhead_ms=get(Table.max_client_overhead),
-            max_client_overhead_p99_ms=get(Table.max_client_overhead_p99),
+            max_client_overhead_p99_ms=get(Table.max_client_overhead_tail),
             max_foreign_cpu=get(Table.max_foreign_cpu),
             remeasure=get(Table.remeasure),
             load_cores=not get(Table.no_load_cores),

@@ -162,8 +162,8 @@ class Table:
         "mean TTFT (bound M ms): host busy`) and is measured again, up to `--profllm-remeasure` "
         "times",
     )
-    max_client_overhead_p99 = Option(
-        "--profllm-max-client-overhead-p99", "profllm_max_client_overhead_p99",
+    max_client_overhead_tail = Option(
+        "--profllm-max-client-overhead-tail", "profllm_max_client_overhead_tail",
         parse_milliseconds, DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS,
         "with --profllm-trace-requests, a case whose client added more than this to a "
         "request's TTFT at p99 (over its server span's) is invalid, not passed: the host made "
