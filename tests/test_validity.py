@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from pytest_profllm.load.server_state import (
     SIM_STEPS,
     sim_late_name,
 )
+from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS
 from pytest_profllm.load.validity import (
     Invalid,
     InvalidKind,
@@ -170,7 +172,8 @@ def _reworded(function: Any) -> Any:
 
 RULE_MESSAGES = ("client_out_of_descriptors", "inconsistent_counts", "client_fell_behind",
                  "client_saturated")
-VALIDITY_MESSAGES = ("sim_fell_behind", "cache_problem", "overhead_problem", "foreign_problem")
+VALIDITY_MESSAGES = ("sim_fell_behind", "cache_problem", "overhead_problem", "tail_problem",
+                     "foreign_problem")
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[
@@ -186,8 +189,10 @@ def test_rewording_any_reason_changes_no_remeasure_decision(
     share = data.draw(st.sampled_from([None, 0.0, 0.5, 0.9]))
     rules = Rules(max_schedule_lag_ms=data.draw(st.sampled_from([0.5, 10.0])),
                   max_client_overhead_ms=data.draw(st.sampled_from([0.001, 50.0])))
-    facts = LoadFacts(load, config, {**_health(load)}, {"mean_ttft_ms": 30.0, "completed":
-                      sum(o.success for o in made)}, 0, share)
+    tail = data.draw(st.sampled_from([None, 5.0, 500.0]))
+    facts = LoadFacts(load, config, {**_health(load)}, {
+        "mean_ttft_ms": 30.0, "completed": sum(o.success for o in made),
+        "client_overhead_ttft_p99_ms": tail}, 0, share, None if tail is None else 1.0)
     first = judge(facts, window, rules)
     with monkeypatch.context() as patched:
         for name in RULE_MESSAGES:
@@ -223,7 +228,7 @@ def test_the_host_caused_kinds_are_the_hosts() -> None:
     host = {kind for kind in InvalidKind if kind.host_caused}
     assert host == {InvalidKind.CLIENT_FELL_BEHIND, InvalidKind.CLIENT_SATURATED,
                     InvalidKind.SIMULATOR_LATENESS, InvalidKind.CLIENT_OVERHEAD,
-                    InvalidKind.FOREIGN_CPU}
+                    InvalidKind.CLIENT_OVERHEAD_TAIL, InvalidKind.FOREIGN_CPU}
 
 
 def test_rules_that_cannot_apply_say_why() -> None:
@@ -239,7 +244,7 @@ def test_rules_that_cannot_apply_say_why() -> None:
     assert set(virtual.not_applied) == {
         InvalidKind.CLIENT_FELL_BEHIND, InvalidKind.CLIENT_SATURATED,
         InvalidKind.SIMULATOR_LATENESS, InvalidKind.CACHE, InvalidKind.CLIENT_OVERHEAD,
-        InvalidKind.FOREIGN_CPU}
+        InvalidKind.CLIENT_OVERHEAD_TAIL, InvalidKind.FOREIGN_CPU}
 
 
 @pytest.mark.parametrize(("url", "here"), [
@@ -263,3 +268,60 @@ def test_an_overhead_over_the_bound_is_judged_only_on_this_host() -> None:
     assert [r.kind for r in here.reasons] == [InvalidKind.CLIENT_OVERHEAD]
     assert math.isclose(190.0, float(here.reasons[0].text.split()[3]))
     assert judge(facts, window, Rules(server_on_this_host=False)).valid
+
+
+def _traced(p99_ms: float, joined: float | None) -> LoadFacts:
+    """A load of 200 requests whose per-request overheads on TTFT (a few ms, and a tail up
+    to `p99_ms`) give the judge their p99, with `joined` of their spans joined."""
+    made = [RequestOutcome(prompt_len=4, success=True, output_tokens=2, output_len=2,
+                           ttft=0.01, latency=0.02, itl=[0.01], end_time=0.02, status=200)
+            for _ in range(200)]
+    load = _load(made)
+    added = np.concatenate([np.full(196, 3.0), np.full(4, p99_ms)])
+    results = {"completed": 200, "client_overhead_ttft_p99_ms": float(np.percentile(added, 99))}
+    return LoadFacts(load, BenchmarkConfig(num_prompts=200), _health(load), results,
+                     spans_joined_share=joined)
+
+
+@pytest.mark.parametrize("p99", [1.0, 50.0, DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS])
+def test_a_tail_within_the_bound_is_valid(p99: float) -> None:
+    judged = judge(_traced(p99, 1.0), (None, None), Rules())
+    assert judged.valid
+    assert InvalidKind.CLIENT_OVERHEAD_TAIL not in judged.not_applied
+
+
+@pytest.mark.parametrize("p99", [101.0, 127.0, 2000.0])
+def test_a_tail_over_the_bound_is_invalid_and_measured_again(p99: float) -> None:
+    judged = judge(_traced(p99, 1.0), (None, None), Rules())
+    (reason,) = judged.reasons
+    assert reason.kind is InvalidKind.CLIENT_OVERHEAD_TAIL and reason.host_caused
+    assert f"{p99:.1f} ms to a request's TTFT at p99" in reason.text
+    assert Attempts(remeasure=1).again(judged.reasons)
+    # A bound the user set holds as set; none turns the rule off.
+    assert judge(_traced(p99, 1.0), (None, None), Rules(max_client_overhead_p99_ms=p99)).valid
+    assert judge(_traced(p99, 1.0), (None, None), Rules(max_client_overhead_p99_ms=None)).valid
+
+
+@pytest.mark.parametrize(("joined", "why"), [
+    (None, "not traced"), (0.5, "50.0%"), (0.989, "98.9%"),
+])
+def test_the_tail_is_not_judged_where_spans_were_not_joined(
+    joined: float | None, why: str
+) -> None:
+    judged = judge(_traced(500.0, joined), (None, None), Rules())
+    assert judged.valid
+    assert why in judged.not_applied[InvalidKind.CLIENT_OVERHEAD_TAIL]
+    assert judge(_traced(500.0, 0.99), (None, None), Rules()).reasons
+
+
+def test_the_default_tail_bound_grows_with_the_servers_p99() -> None:
+    """The server's own p99 TTFT of 1 s (its /metrics window) allows 150 ms at p99."""
+    buckets = {0.5: 0.0, 1.0: 200.0, math.inf: 200.0}
+    after = {f"{TTFT}_count": 200.0, f"{TTFT}_sum": 190.0,
+             **{f"{TTFT}_bucket@{bound!r}": count for bound, count in buckets.items()}}
+    before = {key: 0.0 for key in after}
+    facts = _traced(140.0, 1.0)
+    assert judge(facts, (before, after), Rules()).valid
+    assert not judge(facts, (before, after), Rules(max_client_overhead_p99_ms=120.0)).valid
+    (reason,) = judge(_traced(160.0, 1.0), (before, after), Rules()).reasons
+    assert "15% of the server's p99" in reason.text

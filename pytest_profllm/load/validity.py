@@ -27,8 +27,11 @@ from pytest_profllm.load.scrape import unread_reason, usable
 from pytest_profllm.load.server_state import cache_problem, sim_fell_behind
 from pytest_profllm.load.server_view import (
     DEFAULT_MAX_CLIENT_OVERHEAD_MS,
+    DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS,
+    MIN_JOINED_SHARE,
     load_view,
     overhead_problem,
+    tail_problem,
 )
 from pytest_profllm.plan.suite import BenchmarkConfig
 
@@ -47,6 +50,8 @@ class InvalidKind(enum.StrEnum):
     SIMULATOR_LATENESS = "simulator_lateness"  # the simulated engine fell behind its clock
     CACHE = "cache"  # the prefix cache held an earlier load's prompts
     CLIENT_OVERHEAD = "client_overhead"  # the client added too much to the server's TTFT
+    # ... to a request's TTFT at p99, by the requests' joined spans
+    CLIENT_OVERHEAD_TAIL = "client_overhead_tail"
     FOREIGN_CPU = "foreign_cpu"  # processes outside the session used the load's cores
     BUDGET_SPENT = "budget_spent"  # the session's time for measuring again ran out
     SERVER_CHANGED = "server_changed"  # a capacity search's re-check missed its capacity
@@ -63,6 +68,7 @@ _HOST_CAUSED = frozenset({
     InvalidKind.CLIENT_SATURATED,
     InvalidKind.SIMULATOR_LATENESS,
     InvalidKind.CLIENT_OVERHEAD,
+    InvalidKind.CLIENT_OVERHEAD_TAIL,
     InvalidKind.FOREIGN_CPU,
 })
 
@@ -95,6 +101,8 @@ class Rules:
     max_schedule_lag_ms: float | None = None
     # None: the rule is off. The default grows with the server's own mean TTFT.
     max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS
+    # The same at p99 of the requests (their joined spans); None: the rule is off.
+    max_client_overhead_p99_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS
     max_foreign_cpu: float | None = DEFAULT_MAX_FOREIGN_CPU  # None: the rule is off
     # The share of a load the client may wait for a core (None: the rule is off).
     max_client_wait: float | None = metrics.MAX_CLIENT_RUNQUEUE_WAIT_SHARE
@@ -120,9 +128,15 @@ class LoadFacts:
     load: LoadResult
     config: BenchmarkConfig
     health: Mapping[str, Any]  # metrics.client_health
-    results: Mapping[str, Any]  # vLLM's metrics of the load (means for the overhead)
+    # vLLM's metrics of the load (means for the overhead), and where requests were traced
+    # what the client added to each at p50, p90, p99 (load/trace_join.py)
+    results: Mapping[str, Any]
     own_hits: int = 0  # what the prompts find of each other in a cold cache
     foreign_share: float | None = None  # others' share of the load's cores (None: not watched)
+    # The share of the completed requests whose server span was joined (None: not traced),
+    # and why none was.
+    spans_joined_share: float | None = None
+    spans_problem: str | None = None
 
 
 @dataclass
@@ -180,6 +194,7 @@ def judge(facts: LoadFacts, window: ServerWindow, rules: Rules) -> Judgement:
         rule(InvalidKind.SIMULATOR_LATENESS, sim_fell_behind(before, after, rules.lag_limit_ms))
         rule(InvalidKind.CACHE, cache_problem(before, after, config, facts.own_hits))
         _overhead(out, facts, window, rules)
+    _overhead_tail(out, facts, window, rules)
     if facts.foreign_share is None:
         out.not_applied[InvalidKind.FOREIGN_CPU] = (
             "the virtual clock runs on no host's cores" if rules.virtual_clock
@@ -207,6 +222,41 @@ def _overhead(out: Judgement, facts: LoadFacts, window: ServerWindow, rules: Rul
     )
     if text:
         out.reasons.append(Invalid(InvalidKind.CLIENT_OVERHEAD, text))
+
+
+def _overhead_tail(
+    out: Judgement, facts: LoadFacts, window: ServerWindow, rules: Rules
+) -> None:
+    """What the client added to a request's TTFT at p99, judged where nearly every request's
+    server span was joined to its row and the server is on this host."""
+    kind = InvalidKind.CLIENT_OVERHEAD_TAIL
+    share = facts.spans_joined_share
+    p99 = facts.results.get("client_overhead_ttft_p99_ms")
+    if rules.virtual_clock:
+        out.not_applied[kind] = "the virtual clock has no server to trace"
+    elif not rules.server_on_this_host:
+        out.not_applied[kind] = (
+            "the server is on another host: the client's overhead includes the network")
+    elif share is None:
+        out.not_applied[kind] = facts.spans_problem or "requests were not traced"
+    elif share < MIN_JOINED_SHARE:
+        out.not_applied[kind] = (
+            f"only {share:.1%} of the completed requests' server spans were joined (under "
+            f"{MIN_JOINED_SHARE:.0%}): the mean's rule applies alone")
+    elif not isinstance(p99, int | float):
+        out.not_applied[kind] = "the load has no TTFT (a pooling load)"
+    else:
+        server_p99 = None
+        if rules.max_client_overhead_p99_ms == DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS and (
+            usable(window[0]) is not None and usable(window[1]) is not None
+        ):
+            # The default bound grows with the server's own p99 TTFT; one set holds as set.
+            view, _ = load_view(window[0], window[1], facts.results)
+            found = view.get("server_ttft_p99_ms")
+            server_p99 = float(found) if isinstance(found, int | float) else None
+        text = tail_problem(facts.results, rules.max_client_overhead_p99_ms, server_p99)
+        if text:
+            out.reasons.append(Invalid(kind, text))
 
 
 def on_this_host(base_url: str) -> bool:

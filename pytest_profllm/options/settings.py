@@ -14,7 +14,10 @@ from pytest_profllm.gates.config import GateConfig
 from pytest_profllm.gates.regression import GateSettings
 from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU
 from pytest_profllm.load.metrics import MAX_CLIENT_RUNQUEUE_WAIT_SHARE
-from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
+from pytest_profllm.load.server_view import (
+    DEFAULT_MAX_CLIENT_OVERHEAD_MS,
+    DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS,
+)
 from pytest_profllm.options.declare import Option, value_of
 from pytest_profllm.options.parsers import InvalidPolicy
 from pytest_profllm.options.table import (
@@ -42,6 +45,7 @@ class Settings:
     wait_for_busy_gpus: bool = True
     max_schedule_lag_ms: float = DEFAULT_MAX_SCHEDULE_LAG_MS
     max_client_overhead_ms: float = DEFAULT_MAX_CLIENT_OVERHEAD_MS
+    max_client_overhead_p99_ms: float = DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS
     max_foreign_cpu: float = DEFAULT_MAX_FOREIGN_CPU
     max_client_wait: float = MAX_CLIENT_RUNQUEUE_WAIT_SHARE
     remeasure: int = DEFAULT_REMEASURE
@@ -82,6 +86,7 @@ class Settings:
             wait_for_busy_gpus=get(Table.busy_gpus) == "wait",
             max_schedule_lag_ms=get(Table.max_schedule_lag),
             max_client_overhead_ms=get(Table.max_client_overhead),
+            max_client_overhead_p99_ms=get(Table.max_client_overhead_tail),
             max_foreign_cpu=get(Table.max_foreign_cpu),
             max_client_wait=get(Table.max_client_wait),
             remeasure=get(Table.remeasure),

@@ -12,7 +12,10 @@ from pytest_profllm.engine.choice import ENGINE_CHOICES, SIM_CLOCKS, Clock
 from pytest_profllm.hosts.foreign_cpu import DEFAULT_MAX_FOREIGN_CPU
 from pytest_profllm.limits import MAX_GPU_HOUR_PRICE_USD, MAX_REMEASURE
 from pytest_profllm.load.metrics import MAX_CLIENT_RUNQUEUE_WAIT_SHARE
-from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
+from pytest_profllm.load.server_view import (
+    DEFAULT_MAX_CLIENT_OVERHEAD_MS,
+    DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS,
+)
 from pytest_profllm.options.declare import Option, register
 from pytest_profllm.options.parsers import (
     DEFAULT_PORTS,
@@ -169,6 +172,20 @@ class Table:
         "load (0 to 1) is invalid, not passed (`client_saturated`): the host kept the client "
         "from reading on time",
         metavar="SHARE", env=MAX_CLIENT_WAIT_ENV,
+    )
+    max_client_overhead_tail = Option(
+        "--profllm-max-client-overhead-tail", "profllm_max_client_overhead_tail",
+        parse_milliseconds, DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS,
+        "with --profllm-trace-requests, a case whose client added more than this to a "
+        "request's TTFT at p99 (over its server span's) is invalid, not passed: the host made "
+        "the client slow",
+        metavar="MS",
+        shown_default=f"{DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS:g}, or 15 % of the server's own "
+        "p99 TTFT where that is more",
+        doc="where each request's server span was joined to its row (`--profllm-trace-requests`"
+        ", at least 99 % of them), a case whose client added more than MS to a request's TTFT "
+        "at p99 (`client_overhead_ttft_p99_ms`) is invalid (`client_overhead_tail`) and is "
+        "measured again, up to `--profllm-remeasure` times",
     )
     max_foreign_cpu = Option(
         "--profllm-max-foreign-cpu", "profllm_max_foreign_cpu", parse_share,

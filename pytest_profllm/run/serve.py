@@ -108,10 +108,10 @@ def run_case(
                 share = foreign.share()
                 spans = take_spans(receiver, key, load.outcomes)
                 judged = judge_attempt(
-                    load, bench, codec, outcome.server_window, own_hits, share, rules
+                    load, bench, codec, outcome.server_window, own_hits, share, rules, spans
                 )
                 results, outcome.server_view = judged.results, judged.server_view
-                with_spans(outcome, results, spans)
+                with_spans(outcome, spans)
                 outcome.telemetry.update(judged.view)
                 outcome.telemetry["host_foreign_cpu_share"] = share
                 reasons = judged.judgement.reasons
@@ -156,32 +156,36 @@ def judge_attempt(
     own_hits: int,
     foreign_share: float | None,
     rules: Rules,
+    spans: Joined | None = None,
 ) -> JudgedAttempt:
-    """One attempt's figures and the judge's answer on them, as a case keeps them."""
+    """One attempt's figures and the judge's answer on them, as a case keeps them; with the
+    requests' joined server `spans` (load/trace_join.py), what the client added to each
+    request at p50, p90, p99 is in `results` and judged too."""
     results, health = measure(load, bench, codec)
     results.update(health)
+    figures = dict(spans.figures) if spans is not None else {}
+    joined_share = figures.pop(JOINED_SHARE, None)
+    results.update(figures)
     view, server_view = load_view(*window, results)
     # The server's figures are system figures (`system_server_*` columns, beside its
     # cache's); what the client added is a metric a threshold may name. Only where there is
     # one: a pooling load has no TTFT, hence no TTFT overhead.
     overheads = {key: view.pop(key) for key in OVERHEAD_KEYS}
     results.update({k: v for k, v in overheads.items() if v is not None})
-    judgement = judge(LoadFacts(load, bench, health, results, own_hits, foreign_share),
-                      window, rules)
+    facts = LoadFacts(load, bench, health, results, own_hits, foreign_share,
+                      joined_share, spans.problem if spans is not None else None)
+    judgement = judge(facts, window, rules)
     return JudgedAttempt(results, view, server_view, judgement)
 
 
-def with_spans(outcome: CaseOutcome, results: dict[str, Any], spans: Joined) -> None:
-    """Each request row with its server span's figures; the load's figures from them: what
-    the client added in `results`, the share joined and why none was in the server view
-    (load/trace_join.py)."""
+def with_spans(outcome: CaseOutcome, spans: Joined) -> None:
+    """Each request row with its server span's figures; the share joined and why none was in
+    the server view (load/trace_join.py). What the client added is in the results already
+    (`judge_attempt`)."""
     for row, joined in zip(outcome.requests, spans.rows, strict=True):
         row.update(joined)
-    figures = dict(spans.figures)
-    share = figures.pop(JOINED_SHARE)
-    results.update(figures)
     if outcome.server_view is not None:
-        outcome.server_view[JOINED_SHARE] = share
+        outcome.server_view[JOINED_SHARE] = spans.figures[JOINED_SHARE]
         outcome.server_view["spans_problem"] = spans.problem
 
 

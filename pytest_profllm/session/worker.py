@@ -249,6 +249,7 @@ class WorkerSession:
         return Rules(
             max_schedule_lag_ms=self.settings.max_schedule_lag_ms,
             max_client_overhead_ms=self.settings.max_client_overhead_ms,
+            max_client_overhead_p99_ms=self.settings.max_client_overhead_p99_ms,
             max_foreign_cpu=self.settings.max_foreign_cpu,
             max_client_wait=self.settings.max_client_wait,
         )
