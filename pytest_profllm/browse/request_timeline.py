@@ -72,7 +72,7 @@ class Request:
         parts = self.parts(metric)
         name = max(parts, key=lambda part: parts[part])
         total = sum(parts.values())
-        share = f"{parts[name]:.1f} ms of {total:.1f} ({parts[name] / total:.0%})" if total else (
+        share = f"{parts[name]:.1f} of {total:.1f} ms ({parts[name] / total:.0%})" if total else (
             "0 ms")
         return f"{_named(name, self)}: {share}"
 
@@ -87,10 +87,10 @@ def _named(part: str, request: Request) -> str:
     if part == "decode":
         return f"the decode of {_count(request.output_tokens)} tokens"
     if part == "queue":
-        return "the queue (waiting to be scheduled)"
+        return "the queue"
     if part == "client":
-        return "the client (sending, HTTP, reading the stream)"
-    return "the server outside its phases (tokenizing, detokenizing)"
+        return "the client (send, HTTP, stream)"
+    return "the server outside its phases"
 
 
 def _count(value: int | None) -> str:
@@ -158,12 +158,12 @@ def timeline(found: Sequence[Request]) -> tuple[dict[str, Any], str]:
             point[f"end{number}_s"] = round(at, 4)
         rows.append(point)
     count = f"{len(shown):,} of {len(found):,} requests shown"
-    if len(shown) < len(found):
-        count += f" (the {SLOWEST_KEPT} slowest by E2E and an even sample of the rest)"
+    how = (f": the {SLOWEST_KEPT} slowest by E2E and an even sample of the rest"
+           if len(shown) < len(found) else "")
     x_title = "seconds since the load started"
     tips = charts.tooltips("request", "start_s", "e2el_ms", "ttft_ms",
                            *(f"{part}_ms" for part in PARTS), "prompt_tokens", "output_tokens")
-    y = charts.field("row", "quantitative", f"requests in order of arrival: {count}",
+    y = charts.field("row", "quantitative", "requests, in order of arrival",
                      scale={"reverse": True, "domain": [0, max(len(shown), 1)], "nice": False},
                      axis={"labels": False, "ticks": False, "grid": False})
     layers: list[dict[str, Any]] = []
@@ -189,10 +189,10 @@ def timeline(found: Sequence[Request]) -> tuple[dict[str, Any], str]:
                      "y": {"field": "row", "type": "quantitative"}, "tooltip": tips},
     })
     height = min(max(12 * len(shown), 160), 640)
-    chart = charts.spec(rows, title=f"Each request's time, from its send ({count})",
+    chart = charts.spec(rows, title=f"Each request's time from its send: {count}",
                         height=height, layers=layers)
     caption = (
-        f"{count}. Each bar is one request from the moment the client sent it: the server's "
+        f"{count}{how}. Each bar is one request from the moment the client sent it: the server's "
         "queue, prefill and decode (its span), the server's time outside them, then what the "
         "client added (sending, HTTP, reading the stream: drawn last, though part of it came "
         f"before the server saw the request). ◀ marks the {SLOWEST_KEPT} slowest by E2E.")
