@@ -191,13 +191,18 @@ def test_table_allow_blocks_guard_every_page_and_canned_query(tmp_path: Path) ->
 
 def test_canned_queries_follow_the_tables_whose_rows_they_show(tmp_path: Path) -> None:
     # Only the run tables are root's: the queries over runs and the tables taken from them
-    # are refused, the gate's change points (over a public table) stay offered.
+    # are refused, the gate's change points and a run's requests (over public tables) stay
+    # offered; the requests' query follows its own table where that is private too.
     db = results_db(tmp_path)
+    requests_private = {"databases": {"results": {"allow_sql": {"id": "root"}, "tables": {
+        "request_samples": {"allow": {"id": "root"}}}}}}
+    _, answers = queries_walk(db, None, requests_private)
+    assert answers["/results/run_requests"].status_code == 403
     private = {"databases": {"results": {"allow_sql": {"id": "root"}, "tables": {
         "benchmark_runs": {"allow": {"id": "root"}}, "runs": {"allow": {"id": "root"}}}}}}
     names, answers = queries_walk(db, None, private)
     offered = [query["name"] for query in answers.pop("/results.json").json()["queries"]]
-    assert offered == ["metric_change_points"]
+    assert offered == ["metric_change_points", "run_requests"]
     for name in names:
         expected = 200 if name in offered else 403
         assert answers[f"/results/{name}"].status_code == expected, name

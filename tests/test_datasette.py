@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from pytest_profllm.browse import filters, sql_functions
 from pytest_profllm.browse.dashboards import BY_NAME, DASHBOARDS
-from pytest_profllm.browse.queries import CANNED_QUERIES, canned_queries
+from pytest_profllm.browse.queries import CANNED_QUERIES, REQUEST_QUERIES, canned_queries
 from pytest_profllm.plan import metric_names
 from pytest_profllm.results import gate_tables
 from pytest_profllm.results.ingest import ingest
@@ -569,8 +569,8 @@ def test_database_without_our_table_gets_no_queries_or_charts(
     assert dashboard_links(table.text) == {}
     assert query.status_code == 404
     # The results database served beside it keeps its queries (and the gate's, over its
-    # gate_runs: every load makes the gate's tables).
-    assert {q["name"] for q in ours.json()["queries"]} == {*CANNED_QUERIES,
+    # gate_runs, and the requests', over request_samples: every load makes the gate's tables).
+    assert {q["name"] for q in ours.json()["queries"]} == {*CANNED_QUERIES, *REQUEST_QUERIES,
                                                             "metric_change_points"}
 
 

@@ -38,7 +38,7 @@ from pytest_profllm.browse.queries import TABLES_SHOWN
 from pytest_profllm.browse.queries import canned_queries as canned_queries_for
 from pytest_profllm.hosts.files import read_only_uri
 from pytest_profllm.results.facet_counts import FACET_COUNTS
-from pytest_profllm.results.gate_tables import VERDICTS
+from pytest_profllm.results.gate_tables import SAMPLES, VERDICTS
 from pytest_profllm.results.landing import LANDING, landing_axes, swept_axes
 from pytest_profllm.results.summaries import SUMMARIES
 from pytest_profllm.results.table import MEASURED_RUNS, TABLE, TABLE_FACETS
@@ -436,8 +436,10 @@ def canned_queries(datasette: Any, database: str, actor: Any) -> Any:
         db = datasette.get_database(database)
         if not await db.table_exists(TABLE):
             return {}
+        spans = "server_e2el_ms" in await db.table_columns(SAMPLES)
         return canned_queries_for(await db.table_exists(VERDICTS),
-                                  all([await db.table_exists(name) for name in SUMMARIES]))
+                                  all([await db.table_exists(name) for name in SUMMARIES]),
+                                  spans)
 
     return queries
 

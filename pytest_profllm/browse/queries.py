@@ -13,7 +13,7 @@ from typing import Any
 
 from pytest_profllm.browse.latest import LATEST_SESSION_SQL
 from pytest_profllm.results import summaries
-from pytest_profllm.results.gate_tables import VERDICTS
+from pytest_profllm.results.gate_tables import SAMPLES, SPAN_COLUMNS, VERDICTS
 from pytest_profllm.results.landing import HEADLINE_METRICS, LANDING
 from pytest_profllm.results.table import MEASURED_RUNS, TABLE
 
@@ -245,6 +245,23 @@ CANNED_QUERIES: dict[str, dict[str, Any]] = {
 }
 
 
+# A run's requests with the server's span of each (load/trace_join.py), for CSV export: only
+# for a database whose `request_samples` has the span's columns (a load adds them).
+REQUEST_QUERIES: dict[str, dict[str, Any]] = {
+    "run_requests": {
+        "title": "A run's requests, with the server's view of each",
+        "description": "Every request of a run_id in order: success, send time (ms from the "
+        "load's start), prompt and output tokens, the client's TTFT, TPOT and E2E, and with "
+        "--profllm-trace-requests the server's span (queue, prefill, decode, inference, TTFT, "
+        "E2E) and what the client added to TTFT and E2E; all in ms, null where no span was "
+        "joined. The page's CSV link exports them all.",
+        "sql": "SELECT run_id, request_index, success, start_ms, prompt_len, output_tokens, "
+        f"ttft_ms, tpot_ms, e2el_ms, {', '.join(SPAN_COLUMNS)} FROM [{SAMPLES}] "
+        "WHERE run_id = :run_id ORDER BY request_index",
+    },
+}
+
+
 # The tables whose rows each query shows. Every query shows runs, as `benchmark_runs` and the
 # landing table `runs` both do, whatever it reads them from (the tables and views derived from
 # `benchmark_runs` follow its permission: browse/plugin.py). A visitor who may not see one of
@@ -252,14 +269,19 @@ CANNED_QUERIES: dict[str, dict[str, Any]] = {
 _RUNS_SHOWN = (TABLE, LANDING)
 TABLES_SHOWN: dict[str, tuple[str, ...]] = {name: _RUNS_SHOWN for name in CANNED_QUERIES} | {
     "compare_runs": (*_RUNS_SHOWN, VERDICTS),
+    # A run's requests follow their own table's permission, as `gate_runs` does its own.
+    "run_requests": (SAMPLES,),
 }
 
 
-def canned_queries(has_verdicts: bool, has_summaries: bool = True) -> dict[str, dict[str, Any]]:
-    """The canned queries for a database with or without the gate's verdicts table and the
-    loads' summaries (SQLite refuses a query that names a missing table: older databases
-    have neither)."""
+def canned_queries(has_verdicts: bool, has_summaries: bool = True, has_spans: bool = True
+                   ) -> dict[str, dict[str, Any]]:
+    """The canned queries for a database with or without the gate's verdicts table, the
+    loads' summaries and the requests' span columns (SQLite refuses a query that names a
+    missing table or column: older databases have none of them)."""
     queries = dict(CANNED_QUERIES)
+    if has_spans:
+        queries.update(REQUEST_QUERIES)
     if not has_verdicts:
         queries["compare_runs"] = {**queries["compare_runs"], "sql": _compare_runs(gate=False)}
     if not has_summaries:

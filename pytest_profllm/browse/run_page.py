@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_profllm.browse import charts
+from pytest_profllm.browse import charts, request_timeline
 from pytest_profllm.browse.time_breakdown import breakdown, server_table
 from pytest_profllm.browse.upload import UPLOADS, stored_name
 from pytest_profllm.engine.registry import RegistryError, bundled
@@ -90,6 +90,10 @@ class RunPage:
     # all are missing.
     server_view: list[dict[str, str]] = field(default_factory=list)
     server_view_problem: str | None = None
+    # Each request's time, from its server span (browse/request_timeline.py): the timeline is
+    # the chart `requests-timeline`; the note says why there is none.
+    timeline_note: str | None = None
+    slowest: list[request_timeline.Slowest] = field(default_factory=list)
 
     def add(self, chart_id: str, spec: dict[str, Any], caption: str) -> None:
         self.charts[chart_id] = spec
@@ -164,6 +168,7 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
     if (split := breakdown(row)) is not None:
         page.add("time-breakdown", split.spec, split.caption)
     page.server_view, page.server_view_problem = server_table(row)
+    _requests(connection, page)
     _distributions(connection, page)
     _series(connection, page)
     return page
@@ -355,6 +360,13 @@ def _same(value: Any, default: Any) -> bool:
     return str(value) == str(stored)
 
 
+def _requests(connection: sqlite3.Connection, page: RunPage) -> None:
+    found, page.timeline_note = request_timeline.requests(connection, page.run_id)
+    if found:
+        page.add("requests-timeline", *request_timeline.timeline(found))
+        page.slowest = request_timeline.slowest(found)
+
+
 def _distributions(connection: sqlite3.Connection, page: RunPage) -> None:
     if not _exists(connection, SAMPLES):
         page.notes.append("No per-request samples in this database (loaded before they were "
@@ -389,7 +401,10 @@ def histogram(values: Sequence[float], title: str) -> dict[str, Any] | None:
     if not values:
         return None
     data = np.asarray(values, dtype=float)
-    counts, edges = np.histogram(data, bins=BINS if data.min() < data.max() else 1)
+    # Values a rounding apart (the same TPOT computed from different times) are one bin:
+    # numpy refuses 40 bins over a range its floats cannot split.
+    spread = data.max() - data.min() > 1e-9 * max(1.0, abs(float(data.max())))
+    counts, edges = np.histogram(data, bins=BINS if spread else 1)
     bins = [{"from": float(edges[i]), "to": float(edges[i + 1]), "count": int(counts[i])}
             for i in range(len(counts))]
     marks = [{"percentile": f"p{p}", "value": float(np.percentile(data, p))}

@@ -9,6 +9,7 @@ that list, never joined to a path."""
 from __future__ import annotations
 
 import io
+import urllib.parse
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from datasette.utils import tilde_decode, tilde_encode
 from datasette.utils.asgi import Response
 
-from pytest_profllm.browse import run_page
+from pytest_profllm.browse import request_timeline, run_page
 from pytest_profllm.browse.pages import (
     PageError,
     guarded,
@@ -74,6 +75,9 @@ async def run_view(datasette: Any, request: Any) -> Response:
         + tilde_encode(str(page.row.get("case_id") or "")).replace("~", "%7E"),
         "baseline_urls": [(r, run_url(datasette, name, r)) for r in page.baseline_runs],
         "rerun_command": run_page.rerun_command(page.run_id, Path(path) if path else None),
+        "parts": request_timeline.PARTS,
+        "requests_query_url": datasette.urls.database(name) + "/run_requests?run_id="
+        + urllib.parse.quote(page.run_id, safe=""),
         "traces_url": f"/api/export/traces/{tilde_encode(page.run_id)}"
         if any(f.kind == "trace" for f in files) else None,
     }, charts=page.charts)

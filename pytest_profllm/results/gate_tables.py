@@ -8,6 +8,9 @@ and `profllm ingest` both fill them, so any results database is a baseline and a
 - `request_samples`: one row per request of a run (TTFT, TPOT, E2EL, ITL list, in ms), the
   per-request samples a later run's latency verdicts resample; for a conversation workload
   also its conversation, turn and the prompt tokens found in the prefix cache (else null);
+  its prompt length and send time (ms from the load's start); with --profllm-trace-requests,
+  the server's span of it (queue, prefill, decode, inference, TTFT, E2E, in ms) and what the
+  client added to its TTFT and E2E (load/trace_join.py; null where no span was joined);
   for an offline latency run, one row per measured iteration, its latency as the E2EL;
 - `regression_verdicts`: one row per gated metric of a run: verdict, baseline and new value,
   change and its confidence interval;
@@ -128,19 +131,28 @@ def _add_validity(db: sqlite3.Connection) -> None:
         db.execute(f"UPDATE [{RUNS}] SET validity = {_DERIVED_VALIDITY}")
 
 
-# Columns `request_samples` gained after its first version: an older database gets them.
-_LATER_SAMPLE_COLUMNS = ("conversation", "turn", "cached_tokens")
+# A request's server span and what the client added (load/trace_join.py ROW_KEYS), in ms.
+SPAN_COLUMNS = (
+    "server_queue_ms", "server_prefill_ms", "server_decode_ms", "server_inference_ms",
+    "server_ttft_ms", "server_e2el_ms", "client_overhead_ttft_ms", "client_overhead_e2el_ms",
+)
+# Columns `request_samples` gained after its first version, with their types: an older
+# database gets them (null in the rows it has).
+_LATER_SAMPLE_COLUMNS = (
+    ("conversation", "INTEGER"), ("turn", "INTEGER"), ("cached_tokens", "INTEGER"),
+    ("prompt_len", "INTEGER"), ("start_ms", "REAL"), *((name, "REAL") for name in SPAN_COLUMNS),
+)
 _SAMPLE_COLUMNS = (
     "run_id", "request_index", "success", "output_tokens", "ttft_ms", "tpot_ms", "e2el_ms",
-    "itl_ms", *_LATER_SAMPLE_COLUMNS,
+    "itl_ms", *(name for name, _ in _LATER_SAMPLE_COLUMNS),
 )
 
 
 def _add_sample_columns(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute(f"PRAGMA table_info([{SAMPLES}])")}
-    for name in _LATER_SAMPLE_COLUMNS:
+    for name, kind in _LATER_SAMPLE_COLUMNS:
         if name not in columns:
-            db.execute(f"ALTER TABLE [{SAMPLES}] ADD COLUMN {name} INTEGER")
+            db.execute(f"ALTER TABLE [{SAMPLES}] ADD COLUMN {name} {kind}")
 
 
 def rederive_fingerprints(db: sqlite3.Connection) -> int:
@@ -203,9 +215,17 @@ def sample_rows(run_id: str, requests: list[dict[str, Any]]) -> list[tuple[Any, 
                 row.get("conversation"),
                 row.get("turn"),
                 row.get("cached_tokens"),
+                row.get("prompt_len"),
+                _ms(row.get("start_s")),
+                *(_finite(row.get(name)) for name in SPAN_COLUMNS),
             )
         )
     return rows
+
+
+def _ms(seconds: Any) -> float | None:
+    value = _finite(seconds)
+    return None if value is None else value * 1000
 
 
 @dataclass
@@ -279,7 +299,7 @@ def _finite(value: Any) -> float | None:
 
 def create(db: sqlite3.Connection) -> None:
     """The tables, in the connection's open transaction (an older `gate_runs` gets its
-    validity column, an older `request_samples` its conversation columns)."""
+    validity column, an older `request_samples` its later columns)."""
     # One statement at a time: executescript would commit the open transaction.
     for statement in _SCHEMA.split(";"):
         if statement.strip():

@@ -29,6 +29,8 @@ HISTORY: dict[int, str] = {
     "keys)",
     11: "`system_host_foreign_cpu_share` (others' share of a load's cores) and "
     "`runtime_client_core_shared` (why the client had no core of its own)",
+    12: "`request_samples` gains prompt_len, start_ms and each request's server span "
+    "(server_*_ms, client_overhead_*_ms)",
 }
 SCHEMA_VERSION = max(HISTORY)
 
