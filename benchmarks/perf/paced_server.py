@@ -11,8 +11,9 @@ server says how late (its own lateness, which the client's figures must not be b
 the moment its first token was written (perf_counter, the host's monotonic clock, as the
 client's), so a client's TTFT can be set against the server's own (`client_error.py`); the
 ticks' lateness (p50/p99/max ms), the tokens written and the completions requests read (a
-request id sent twice counts twice there, once in the per-id maps). `POST /reset_prefix_cache` answers
-`{}`; any other path 404. Not a pytest file; the benchmark starts and reaps it.
+request id sent twice counts twice there, once in the per-id maps). `POST
+/reset_prefix_cache` answers `{}`; any other path 404. Not a pytest file; the benchmark
+starts and reaps it.
 """
 
 from __future__ import annotations
