@@ -46,7 +46,12 @@ from pytest_profllm.load.dataset import (
 )
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.processes import run_in_processes
-from pytest_profllm.load.schedule import LoadResult, LoadSettings, arrival_offsets
+from pytest_profllm.load.schedule import (
+    LoadResult,
+    LoadSettings,
+    arrival_offsets,
+    client_cores,
+)
 from pytest_profllm.load.server_state import (
     CacheState,
     empty_caches,
@@ -164,7 +169,7 @@ async def _run_load(
     cpu_seconds = time.thread_time() - cpu_start
     return LoadResult(
         outcomes, duration, started_at, start, cpu_seconds=cpu_seconds, intended_offsets=offsets,
-        watch=watch,
+        watch=watch, cores=client_cores(),
     )
 
 
@@ -223,6 +228,7 @@ def measure(
         load.cpu_seconds,
         load.processes,
         load.watch,
+        load.cores,
     )
     return summary, health
 

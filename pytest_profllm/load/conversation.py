@@ -51,7 +51,12 @@ from pytest_profllm.load.dataset import (
     make_prompts,
 )
 from pytest_profllm.load.metrics import RequestOutcome
-from pytest_profllm.load.schedule import LoadResult, LoadSettings, arrival_offsets
+from pytest_profllm.load.schedule import (
+    LoadResult,
+    LoadSettings,
+    arrival_offsets,
+    client_cores,
+)
 
 if TYPE_CHECKING:
     from pytest_profllm.plan.suite import BenchmarkConfig
@@ -335,7 +340,7 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
     intended = [outcome.intended_start - start for outcome in outcomes]
     return LoadResult(
         outcomes, duration, started_at, start, cpu_seconds=cpu_seconds, intended_offsets=intended,
-        watch=watch,
+        watch=watch, cores=client_cores(),
     )
 
 

@@ -23,7 +23,7 @@ from pytest_profllm.load.client import run_share, run_warmups
 from pytest_profllm.load.client_watch import WatchFigures, watching
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.metrics import RequestOutcome
-from pytest_profllm.load.schedule import LoadResult, LoadSettings
+from pytest_profllm.load.schedule import LoadResult, LoadSettings, client_cores
 
 _START_LEAD_S = 0.05  # from the go signal to the first send, so every process is waiting
 _READY_TIMEOUT_S = 120.0
@@ -88,6 +88,7 @@ def run_in_processes(
         intended_offsets=list(offsets),
         processes=count,
         watch=watch,
+        cores=client_cores(),
     )
 
 
