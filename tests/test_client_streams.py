@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import itertools
 import json
 import math
@@ -19,7 +20,7 @@ import pytest
 from aiohttp import web
 from helpers import serve_handler
 
-from pytest_profllm.load import metrics
+from pytest_profllm.load import loops, metrics
 from pytest_profllm.load.bench import run_load
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.schedule import LoadResult, LoadSettings, arrival_offsets
@@ -501,6 +502,18 @@ def test_ramp_up_needs_both_rates() -> None:
         arrival_offsets(3, math.inf, 1.0, 0, "linear", None, 3.0)
 
 
+
+def test_the_client_runs_on_uvloop_where_it_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def running() -> str:
+        return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+    installed = importlib.util.find_spec("uvloop") is not None
+    monkeypatch.delenv(loops.CHOICE_ENV, raising=False)
+    assert loops.name() == ("uvloop" if installed else "asyncio")
+    assert loops.run(running()) == loops.name()  # the loop the record names is the one used
+    monkeypatch.setenv(loops.CHOICE_ENV, "asyncio")
+    assert (loops.name(), loops.run(running())) == ("asyncio", "asyncio")
+
 # (l) The load spread over processes.
 
 
@@ -523,12 +536,12 @@ def test_a_sharded_load_is_the_unsharded_one_sent_by_two_processes() -> None:
     assert (one.processes, two.processes) == (1, 2)
     for load, arrivals in ((one, seen[1]), (two, seen[2])):
         assert [o.success for o in load.outcomes] == [True] * 40
-        # Every request sent once, under its own id, in order of the merged record.
-        assert sorted(request_id for request_id, _ in arrivals) == sorted(
+        # Every request sent once, under its own id.
+        assert sorted(str(request_id) for request_id, _ in arrivals) == sorted(
             f"profllm-{i}" for i in range(40))
         # One trace-id space: the load's key, and no trace id twice over the processes.
-        traces = [o.trace_id for o in load.outcomes]
-        assert len(set(traces)) == 40 and all(str(t).startswith(key) for t in traces)
+        traces = [str(o.trace_id) for o in load.outcomes]
+        assert len(set(traces)) == 40 and all(t.startswith(key) for t in traces)
         assert sorted(traces) == sorted(trace for _, trace in arrivals)
     # The same schedule: the same offsets, each request due at its own on the one clock.
     assert two.intended_offsets == one.intended_offsets

@@ -29,7 +29,7 @@ import numpy as np
 
 from pytest_profllm.engine.secrets import bearer
 from pytest_profllm.hosts.descriptors import ClientCap, raise_open_file_limit
-from pytest_profllm.load import client_watch, metrics
+from pytest_profllm.load import client_watch, loops, metrics
 from pytest_profllm.load.client import run_share, run_warmups
 from pytest_profllm.load.conversation import (
     Conversations,
@@ -299,7 +299,7 @@ def run_bench(
     settings = load_settings(config, base_url, name, api_key=api_key, endpoint=endpoint)
     metrics_url = f"{base_url.rstrip('/')}/metrics"
     before = scrape_metrics(metrics_url)
-    load = asyncio.run(run_load(settings, workload))
+    load = loops.run(run_load(settings, workload))
     window = (before, scrape_metrics(metrics_url))
     own = workload_own_hits(workload, config, codec)
     rules = bench_rules(base_url, max_schedule_lag_ms, max_client_overhead_ms)
@@ -463,6 +463,7 @@ def result_json(
         if key.endswith("_ms"):
             result[key] = value
     result.update(health)
+    result["client_loop"] = loops.name()  # the event loop the client ran on (load/loops.py)
     if (turns := by_turn(outcomes)) is not None:
         result["by_turn"] = turns
     return result

@@ -19,7 +19,7 @@ from pytest_profllm.engine.human_int import human_int
 from pytest_profllm.engine.secrets import Secret
 from pytest_profllm.hosts.cores import CoreLease
 from pytest_profllm.hosts.foreign_cpu import ForeignCpu
-from pytest_profllm.load import metrics, stages
+from pytest_profllm.load import loops, metrics, stages
 from pytest_profllm.load.attempts import Attempts
 from pytest_profllm.load.bench import (
     load_settings,
@@ -208,7 +208,7 @@ def _load(
     the outcome, also when the server turns out lost afterwards."""
     gpu_ids = server.lease.gpus if server.device == "gpu" else ()
     with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:
-        load = asyncio.run(load_while_alive(server, run_load(settings, prompts)))
+        load = loops.run(load_while_alive(server, run_load(settings, prompts)))
     outcome.telemetry = sampler.record()
     # On the load's own time axis, the one its requests' times use.
     outcome.series = sampler.series(origin=load.clock_start)
@@ -237,7 +237,7 @@ def _profile(
             server.profile_dir,
             profile_prefix(run_id),
             len(short),
-            lambda: asyncio.run(run_load(profiled, short)),
+            lambda: loops.run(run_load(profiled, short)),
         )
     except ProfilingFailed as error:
         raise CaseFailed(f"profiling: {error}") from None

@@ -4,7 +4,6 @@ search against a server."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Coroutine
@@ -13,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_profllm.hosts.foreign_cpu import ForeignCpu
-from pytest_profllm.load import stages
+from pytest_profllm.load import loops, stages
 from pytest_profllm.load.attempts import Attempts
 from pytest_profllm.load.bench import (
     DETAILED_KEYS,
@@ -85,7 +84,7 @@ class ServerProbes:
         model: str,
         api_key: str | None,
         rules: Rules = DEFAULT_RULES,
-        drive: Callable[[Coroutine[Any, Any, LoadResult]], LoadResult] = asyncio.run,
+        drive: Callable[[Coroutine[Any, Any, LoadResult]], LoadResult] = loops.run,
         endpoint: str | None = None,
         remeasure: int = 0,
         holding: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
