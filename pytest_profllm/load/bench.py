@@ -378,7 +378,13 @@ def load_settings(
     *,
     api_key: str | None = None,
     endpoint: str | None = None,
+    client_processes: int | None = None,
 ) -> LoadSettings:
+    """The load's settings; `client_processes` as resolved for the case (`auto`: by the load
+    cores it holds, hosts/cores.py `client_processes`), else the config's (`auto`: one)."""
+    if client_processes is None:
+        wanted = config.client_processes
+        client_processes = wanted if isinstance(wanted, int) else 1
     return LoadSettings(
         base_url=base_url,
         model=model,
@@ -396,7 +402,7 @@ def load_settings(
         request_timeout_s=config.request_timeout_s,
         api_key=api_key,
         endpoint=endpoint,
-        client_processes=config.client_processes,
+        client_processes=client_processes,
         self_timed=config.is_self_timed,
     )
 

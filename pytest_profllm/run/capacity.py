@@ -10,6 +10,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 
+from pytest_profllm.hosts.cores import client_processes
 from pytest_profllm.load import loops, metrics
 from pytest_profllm.load.capacity import (
     CapacityResult,
@@ -81,6 +82,8 @@ def run_capacity(
             drive=lambda load: loops.run(load_while_alive(server, load)),
             remeasure=remeasure, holding=holding_cores, budget=budget,
             load_cores=lambda: load_cores_of(server, outcome.load_cores),
+            client_processes=lambda: client_processes(bench.client_processes,
+                                                      outcome.load_cores),
         )
         gpu_ids = server.lease.gpus if server.device == "gpu" else ()
         with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:

@@ -17,7 +17,7 @@ from typing import Any
 
 from pytest_profllm.engine.human_int import human_int
 from pytest_profllm.engine.secrets import Secret
-from pytest_profllm.hosts.cores import CoreLease
+from pytest_profllm.hosts.cores import CoreLease, client_processes
 from pytest_profllm.hosts.foreign_cpu import ForeignCpu
 from pytest_profllm.load import loops, metrics, stages
 from pytest_profllm.load.attempts import Attempts
@@ -93,7 +93,8 @@ def run_case(
             with dataset_refusals(case):
                 prompts = make_workload(bench, codec, context_of(case))
             settings = load_settings(
-                bench, server.base_url, served_name(case.server), api_key=api_key_of(case.server)
+                bench, server.base_url, served_name(case.server), api_key=api_key_of(case.server),
+                client_processes=client_processes(bench.client_processes, outcome.load_cores),
             )
             own_hits = workload_own_hits(prompts, bench, codec)
             while True:

@@ -90,6 +90,7 @@ class ServerProbes:
         holding: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
         budget: RemeasureBudget | None = None,
         load_cores: Callable[[], frozenset[int]] = frozenset,
+        client_processes: Callable[[], int] | None = None,
     ) -> None:
         self.bench = bench
         self.base_url = base_url
@@ -106,6 +107,9 @@ class ServerProbes:
         # The cores a run's load runs on while `holding` (none: not watched: others' use of
         # them is judged by `rules`, hosts/foreign_cpu.py).
         self.load_cores = load_cores
+        # How many client processes a run's load takes while `holding` (`auto`: by the cores
+        # held); None: the config's.
+        self.client_processes = client_processes
         # load -> (config, load result, summary with health, /metrics around it) of its last run
         self.measured: dict[float, Measured] = {}
         # load -> why each of its runs that the host made invalid was run again
@@ -183,7 +187,8 @@ class ServerProbes:
         config = self.bench.model_copy(update={over: value, "num_prompts": count, "seed": seed})
         chosen = self.prompts_for(count, seed)
         settings = load_settings(
-            config, self.base_url, self.model, api_key=self.api_key, endpoint=self.endpoint
+            config, self.base_url, self.model, api_key=self.api_key, endpoint=self.endpoint,
+            client_processes=self.client_processes() if self.client_processes else None,
         )
         metrics_url = f"{self.base_url.rstrip('/')}/metrics"
         own_hits = workload_own_hits(chosen, config, self.codec)
