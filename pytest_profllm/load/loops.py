@@ -31,7 +31,7 @@ def name() -> LoopName:
 def _factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     if name() != "uvloop":
         return None
-    import uvloop
+    import uvloop  # an optional extra: imported only where it is installed and chosen
 
     new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return new_loop
