@@ -41,6 +41,7 @@ from pytest_profllm.load.client import (
     _encode,
     request_payload,
     run_warmups,
+    sleep_until,
     stream_request,
 )
 from pytest_profllm.load.dataset import (
@@ -280,8 +281,7 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
     start = time.perf_counter()
 
     async def converse(number: int, session: Conversation, due: float) -> list[RequestOutcome]:
-        if (delay := due - time.perf_counter()) > 0:
-            await asyncio.sleep(delay)
+        await sleep_until(due)
         dispatched = time.perf_counter()
         outcomes: list[RequestOutcome] = []
         async with slots:
@@ -290,8 +290,7 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
             for index, turn in enumerate(session.turns):
                 if index:
                     due = outcomes[-1].end_time + turn.think_s
-                    if (delay := due - time.perf_counter()) > 0:
-                        await asyncio.sleep(delay)
+                    await sleep_until(due)
                     dispatched = time.perf_counter()
                 messages.append({"role": "user", "content": turn.user})
                 history_len += turn.user_len
