@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from pytest_profllm.cli.errors import EXIT_INVALID
 from pytest_profllm.cli.main import build_parser, main
-from pytest_profllm.load import metrics
+from pytest_profllm.load import loops, metrics
 from pytest_profllm.load.capacity import CapacityResult
 from pytest_profllm.plan import metric_names
 from pytest_profllm.plan.suite import BenchmarkConfig
@@ -66,6 +66,7 @@ def test_result_has_vllm_keys_and_per_request_records(sim_url: str, tmp_path: Pa
     assert result["request_goodput"] == pytest.approx(result["request_throughput"])
     assert result["validity"] == "valid"
     assert set(metric_names.CLIENT_HEALTH_KEYS) <= set(result)
+    assert (result["client_processes"], result["client_loop"]) == (1, loops.name())
     assert "ttfts" not in result  # only with --save-detailed, as vLLM
     with gzip.open(tmp_path / "out.requests.jsonl.gz", "rt") as handle:
         rows = [json.loads(line) for line in handle]

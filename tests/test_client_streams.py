@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import itertools
 import json
 import math
@@ -19,6 +20,7 @@ import pytest
 from aiohttp import web
 from helpers import serve_handler
 
+from pytest_profllm.load import loops, metrics
 from pytest_profllm.load.bench import run_load
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.schedule import LoadResult, LoadSettings, arrival_offsets
@@ -500,8 +502,63 @@ def test_ramp_up_needs_both_rates() -> None:
         arrival_offsets(3, math.inf, 1.0, 0, "linear", None, 3.0)
 
 
+
+def test_the_client_runs_on_uvloop_where_it_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def running() -> str:
+        return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+    installed = importlib.util.find_spec("uvloop") is not None
+    monkeypatch.delenv(loops.CHOICE_ENV, raising=False)
+    assert loops.name() == ("uvloop" if installed else "asyncio")
+    assert loops.run(running()) == loops.name()  # the loop the record names is the one used
+    monkeypatch.setenv(loops.CHOICE_ENV, "asyncio")
+    assert (loops.name(), loops.run(running())) == ("asyncio", "asyncio")
+
 # (l) The load spread over processes.
 
+
+def test_a_sharded_load_is_the_unsharded_one_sent_by_two_processes() -> None:
+    # Two client processes keep one arrival schedule and one trace-id space, and their
+    # results merge into one record, as if one client had sent every request.
+    key = "0123456789abcdef"
+    seen: dict[int, list[tuple[str | None, str]]] = {1: [], 2: []}
+    loads = {}
+    for processes in (1, 2):
+
+        async def handler(request: web.Request, into: list[Any] = seen[processes]) -> Any:
+            into.append((request.headers.get("x-request-id"),
+                         request.headers["traceparent"].split("-")[1]))
+            return await _scripted(_token("a"), 0.01, _token("b"), _usage(2), DONE)(request)
+
+        loads[processes] = _load(handler, count=40, request_rate=400.0, seed=7,
+                                 client_processes=processes, trace_key=key)
+    one, two = loads[1], loads[2]
+    assert (one.processes, two.processes) == (1, 2)
+    for load, arrivals in ((one, seen[1]), (two, seen[2])):
+        assert [o.success for o in load.outcomes] == [True] * 40
+        # Every request sent once, under its own id.
+        assert sorted(str(request_id) for request_id, _ in arrivals) == sorted(
+            f"profllm-{i}" for i in range(40))
+        # One trace-id space: the load's key, and no trace id twice over the processes.
+        traces = [str(o.trace_id) for o in load.outcomes]
+        assert len(set(traces)) == 40 and all(t.startswith(key) for t in traces)
+        assert sorted(traces) == sorted(trace for _, trace in arrivals)
+    # The same schedule: the same offsets, each request due at its own on the one clock.
+    assert two.intended_offsets == one.intended_offsets
+    for load in (one, two):
+        due = [o.intended_start - load.clock_start for o in load.outcomes]
+        assert due == pytest.approx(load.intended_offsets, abs=1e-9)
+    # The merged record's percentiles are those of the two processes' samples pooled.
+    shares = [two.outcomes[rank::2] for rank in (0, 1)]
+    pooled = [o.ttft for share in shares for o in share]
+    merged = metrics.compute(two.outcomes, two.duration)
+    assert merged["completed"] == 40
+    assert merged["median_ttft_ms"] == pytest.approx(float(np.median(pooled)) * 1000)
+    assert merged["p99_ttft_ms"] == pytest.approx(float(np.percentile(pooled, 99)) * 1000)
+    health = metrics.client_health(two.outcomes, two.intended_offsets, two.clock_start,
+                                   two.duration, two.cpu_seconds, two.processes, two.watch,
+                                   two.cores)
+    assert health["client_processes"] == 2 and (health["client_cores"] or 0) >= 1
 
 def test_two_client_processes_share_the_schedule_and_the_concurrency() -> None:
     in_flight = 0

@@ -303,6 +303,12 @@ def test_killed_worker_frees_its_gpus_and_ports_for_the_next_server(
     assert time.monotonic() - started < 240
     # The killed worker's server died with it.
     assert not _alive(victim["server_pid"])
+    # The summary counts the servers it saw (the crashed case's record was built before its
+    # server started) and says which worker's it could not count.
+    result.stdout.fnmatch_lines([
+        f"* server start(s) on * worker(s)*; not counted: any server crashed worker(s) "
+        f"{victim['worker']} started in the case they crashed in"
+    ])
 
 
 def _alive(pid: int) -> bool:

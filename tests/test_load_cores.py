@@ -98,6 +98,20 @@ def test_a_hold_gives_the_client_and_the_server_their_cores(
         assert lease.client == cores
 
 
+
+def test_client_processes_auto_is_one_per_leased_client_core(tmp_path: Path) -> None:
+    pool = LoadCores(tmp_path, (0, 1, 2, 3))
+    # `auto` asks for every load core; the simulated server keeps one of its own.
+    assert cores_module.cores_wanted("auto", pool) == 4
+    assert cores_module.cores_wanted(2, pool) == 2
+    with pool.hold(cores_module.cores_wanted("auto", pool), 1, timeout=1) as lease:
+        assert (lease.client, lease.server) == ((0, 1, 2), (3,))
+        assert cores_module.client_processes("auto", lease) == 3
+    assert cores_module.client_processes(2, lease) == 2  # a number stays what it says
+    # No core leased (--profllm-no-load-cores, one core for both): one process.
+    assert cores_module.client_processes("auto", CoreLease((), (), 0.0)) == 1
+    assert cores_module.client_processes("auto", None) == 1
+
 def test_nothing_asked_holds_nothing(tmp_path: Path) -> None:
     with LoadCores(tmp_path / "pool", (0,)).hold(0, 0, timeout=1) as lease:
         assert lease == CoreLease((), (), lease.wait_s)

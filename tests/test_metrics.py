@@ -298,7 +298,11 @@ def test_client_health_lag_statistics_and_rates() -> None:
     assert health["target_request_rate"] == pytest.approx(10.0)  # 5 requests by 0.5 s
     assert health["achieved_request_rate"] == pytest.approx(5 / 0.514)
     assert health["client_cpu_percent"] == pytest.approx(25.0)
+    assert (health["client_processes"], health["client_cores"]) == (1, None)
     assert set(health) == set(metric_names.CLIENT_HEALTH_KEYS)
+    spread = metrics.client_health(outcomes, offsets, 100.0, 1.0, 0.5, processes=2, cores=3)
+    assert (spread["client_processes"], spread["client_cores"]) == (2, 3)
+    assert spread["client_cpu_percent"] == pytest.approx(25.0)  # per process
 
 
 @pytest.mark.parametrize(("late", "fell_behind"), [(0, False), (1, False), (2, True), (10, True)])

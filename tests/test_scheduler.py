@@ -158,6 +158,25 @@ def test_summary_counts_each_server_once_and_reports_its_lease_wait(tmp_path: Pa
     ) in lines
 
 
+
+def test_summary_says_it_cannot_count_the_server_a_crashed_worker_started(
+    tmp_path: Path,
+) -> None:
+    # A crashed case's record was built at its setup, before the server it started: the
+    # summary counts what it saw and names the worker whose start it could not see.
+    session = controller(tmp_path)
+    session.receive(record("c1", 100.0, 150.0), None)
+    placeholder = record("victim", 0.0, None)
+    placeholder["runtime"].update(worker="gw1", server_started_at=None)
+    placeholder["timestamp"] = "2026-01-01T00:00:00+00:00"
+    session.started("bench_x.yaml::victim", placeholder)
+    session.lost("bench_x.yaml::victim", "worker 'gw1' crashed while running 'victim'")
+    lines = summary_lines(session)
+    assert (
+        "1 server start(s) on 1 worker(s); not counted: any server crashed worker(s) gw1 "
+        "started in the case they crashed in"
+    ) in lines
+
 def busy(pids: list[list[int]]) -> Any:
     answers = iter(pids)
 

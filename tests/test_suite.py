@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers import cases_of, suite_error, write_suite
+from pydantic import ValidationError
 
 from pytest_profllm.plan.case import Case, derived_seed, expand, gpus_needed, server_key
 from pytest_profllm.plan.suite import BenchmarkConfig, SuiteError, load_suite_file
@@ -508,3 +509,15 @@ def test_thresholds_and_the_gate_may_name_the_client_overhead(tmp_path: Path) ->
           client_overhead_ttft_ms: {max: 50}
         """, "bench_cap.yaml"))
     assert "unknown metric 'thresholds.client_overhead_ttft_ms'" in message
+
+
+def test_client_processes_is_a_number_or_auto() -> None:
+    assert BenchmarkConfig(client_processes="auto").client_processes == "auto"
+    assert BenchmarkConfig(client_processes=3).client_processes == 3
+    for wrong in (0, "many"):
+        with pytest.raises(ValidationError):
+            BenchmarkConfig(client_processes=wrong)
+    # A conversation's turns wait on each other: one process, whatever `auto` would give.
+    with pytest.raises(ValidationError, match="one client process"):
+        BenchmarkConfig(dataset_name="conversation", backend="openai-chat",
+                        client_processes="auto")

@@ -1,5 +1,6 @@
 """How far off is the client's TTFT when it is the bottleneck, and does it know?
-`python benchmarks/perf/client_error.py [--streams 1000 2000 4000] [--hog]`.
+`python benchmarks/perf/client_error.py [--streams 1000 2000 4000] [--hog]
+[--client-processes 1 2] [--loop asyncio uvloop]`.
 
 Runs `profllm bench` (one client process) against the paced server (paced_server.py: first
 token 50 ms after a request is read, then one every 10 ms) with all requests at once
@@ -15,6 +16,13 @@ the hog's host neighbours elsewhere): a client slowed on purpose, for the `clien
 bounds (load/metrics.py). `--pin` pins the client to core 0 and the server to core 1
 without a hog. Every process it starts is reaped, also on failure; every load is bounded in
 requests and time. Not a pytest file.
+
+`--client-processes 1 2` runs every stream count with the load spread over each number of
+client processes (load/processes.py), and checks the merged record: every request completed
+and read by the server once (`completed` against the server's count of requests and of
+distinct request ids). `--loop asyncio uvloop` runs each under each event loop: `uvloop`
+installs uvloop's loop policy in the bench process before it starts (one client process;
+uvloop must be installed).
 """
 
 from __future__ import annotations
@@ -77,15 +85,23 @@ def server_log(url: str) -> dict[str, Any]:
         return log
 
 
-def bench(url: str, out: Path, streams: int, output_len: int, core: int | None) -> dict[str, Any]:
+_UVLOOP_BENCH = (
+    "import runpy, uvloop; uvloop.install(); "
+    "runpy.run_module('pytest_profllm.cli', run_name='__main__', alter_sys=True)"
+)
+
+
+def bench(url: str, out: Path, streams: int, output_len: int, core: int | None,
+          processes: int = 1, loop: str = "asyncio") -> dict[str, Any]:
     result = out / f"streams-{streams}.json"
     result.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "pytest_profllm.cli", "bench", "--base-url", url,
+    start = ["-c", _UVLOOP_BENCH] if loop == "uvloop" else ["-m", "pytest_profllm.cli"]
+    argv = [sys.executable, *start, "bench", "--base-url", url,
             "--model", "paced", "--tokenizer", str(SIM_TOKENIZER),
             "--num-prompts", str(streams), "--random-input-len", "16",
             "--random-output-len", str(output_len), "--request-rate", "inf",
             "--save-result", "--save-detailed", "--result-dir", str(out),
-            "--result-filename", result.name]
+            "--result-filename", result.name, "--client-processes", str(processes)]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S, preexec_fn=_pinned(core), check=False)
     # profllm bench exits 3 where the load is invalid: its figures still come back.
@@ -119,13 +135,22 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-def row(streams: int, result: dict[str, Any], log: dict[str, Any]) -> str:
+def counted_once(streams: int, result: dict[str, Any], log: dict[str, Any]) -> str:
+    """`completed / server's requests / distinct ids`, each to be `streams`."""
+    return f"{result['completed']}/{log['requests']}/{len(log['read'])}" + (
+        "" if result["completed"] == log["requests"] == len(log["read"]) == streams else " !"
+    )
+
+
+def row(streams: int, result: dict[str, Any], log: dict[str, Any], processes: int = 1,
+        loop: str = "asyncio") -> str:
     errors, reading = errors_ms(result, log)
     events = (result["total_output_tokens"] or 0) / result["duration"]
     wait = result.get("client_runqueue_wait_share")
     reason = result.get("invalid_reason") or ""
     return (
-        f"| {streams:,} | {statistics.median(errors):.1f} / {percentile(errors, 0.99):.1f} "
+        f"| {streams:,} | {processes} | {loop} | {counted_once(streams, result, log)} "
+        f"| {statistics.median(errors):.1f} / {percentile(errors, 0.99):.1f} "
         f"| {statistics.median(reading):.1f} / {percentile(reading, 0.99):.1f} "
         f"| {events:,.0f} | {result['client_cpu_percent']:.0f} % "
         f"| {result['client_loop_lag_p99_ms']:.1f} / {result['client_loop_lag_max_ms']:.1f} "
@@ -140,6 +165,8 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=20)
     parser.add_argument("--hog", action="store_true", help="a CPU hog on the client's core")
     parser.add_argument("--pin", action="store_true", help="client on core 0, server on 1")
+    parser.add_argument("--client-processes", type=int, nargs="+", default=[1])
+    parser.add_argument("--loop", nargs="+", default=["asyncio"], choices=["asyncio", "uvloop"])
     args = parser.parse_args()
     pin = args.pin or args.hog
     client_core, server_core = (0, 1) if pin else (None, None)
@@ -148,20 +175,24 @@ def main() -> None:
     server = [sys.executable, str(ROOT / "benchmarks" / "perf" / "paced_server.py"),
               "--port", str(port)]
     print(f"load average before: {os.getloadavg()[0]:.2f}; hog on the client's core: {args.hog}")
-    print("| streams | TTFT error median / p99 (ms) | of it, reading (ms) | messages/s "
+    print("| streams | client processes | loop | completed / read / ids "
+          "| TTFT error median / p99 (ms) | of it, reading (ms) | messages/s "
           "| client CPU "
           "| loop lag p99 / max (ms) | run-queue wait share | server tick lateness p99 (ms) "
           "| validity | reasons |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as folder:
         stack.enter_context(started(server, server_core, port))
         if args.hog:
             stack.enter_context(started([sys.executable, "-c", "while True: pass"],
                                         client_core))
         for streams in args.streams:
-            server_log(url)  # forget the warm-up's and earlier runs' requests
-            result = bench(url, Path(folder), streams, args.output_len, client_core)
-            print(row(streams, result, server_log(url)), flush=True)
+            for processes in args.client_processes:
+                for loop in args.loop:
+                    server_log(url)  # forget the warm-up's and earlier runs' requests
+                    result = bench(url, Path(folder), streams, args.output_len, client_core,
+                                   processes, loop)
+                    print(row(streams, result, server_log(url), processes, loop), flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

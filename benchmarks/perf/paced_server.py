@@ -10,8 +10,10 @@ server says how late (its own lateness, which the client's figures must not be b
 `GET /log` answers, as JSON, and forgets: per request id, the moment its request was read and
 the moment its first token was written (perf_counter, the host's monotonic clock, as the
 client's), so a client's TTFT can be set against the server's own (`client_error.py`); the
-ticks' lateness (p50/p99/max ms) and the tokens written. `POST /reset_prefix_cache` answers
-`{}`; any other path 404. Not a pytest file; the benchmark starts and reaps it.
+ticks' lateness (p50/p99/max ms), the tokens written and the completions requests read (a
+request id sent twice counts twice there, once in the per-id maps). `POST
+/reset_prefix_cache` answers `{}`; any other path 404. Not a pytest file; the benchmark
+starts and reaps it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Pace:
     first: ClassVar[dict[str, float]] = {}  # request id -> when its first token was written
     lateness: ClassVar[list[float]] = []  # each tick's, seconds
     tokens = 0
+    requests = 0  # completions requests read, a request id read twice counted twice
 
 
 class _Stream(asyncio.Protocol):
@@ -115,6 +118,7 @@ class _Stream(asyncio.Protocol):
             asked = int(json.loads(body or b"{}").get("max_tokens") or 16)
             self.request_id = request_id or f"anonymous-{len(Pace.read)}"
             Pace.read[self.request_id] = now
+            Pace.requests += 1
             self.transport.write(_HEAD)
             self.remaining = self.asked = max(1, asked)
             self.due = now + Pace.ttft_s
@@ -156,6 +160,7 @@ def _log() -> dict[str, Any]:
 
     out = {
         "read": dict(Pace.read), "first": dict(Pace.first), "tokens": Pace.tokens,
+        "requests": Pace.requests,
         "ticks": len(lateness), "tick_lateness_p50_ms": at(0.5),
         "tick_lateness_p99_ms": at(0.99),
         "tick_lateness_max_ms": lateness[-1] * 1000 if lateness else None,
@@ -164,6 +169,7 @@ def _log() -> dict[str, Any]:
     Pace.first.clear()
     Pace.lateness.clear()
     Pace.tokens = 0
+    Pace.requests = 0
     return out
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import filelock
 import psutil
@@ -107,6 +108,20 @@ def _split(taken: tuple[int, ...], client: int, server: int, started: float) -> 
     server_cores = taken[len(taken) - own :] if own else taken[-1:] if server else ()
     client_cores = taken[: len(taken) - own] if client else ()
     return CoreLease(client_cores, server_cores, time.monotonic() - started)
+
+
+def client_processes(wanted: int | Literal["auto"], lease: CoreLease | None) -> int:
+    """How many processes a load's client runs: `auto` is one per core the lease gave the
+    client, at least one (none leased: --profllm-no-load-cores)."""
+    if wanted == "auto":
+        return max(1, len(lease.client) if lease is not None else 0)
+    return wanted
+
+
+def cores_wanted(wanted: int | Literal["auto"], pool: LoadCores) -> int:
+    """How many cores a load's client asks the pool for: `auto` asks for every load core
+    (the lease leaves the server its own), so it waits until no other load holds any."""
+    return len(pool.cores) if wanted == "auto" else wanted
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ import numpy as np
 
 from pytest_profllm.engine.secrets import bearer
 from pytest_profllm.hosts.descriptors import ClientCap, raise_open_file_limit
-from pytest_profllm.load import client_watch, metrics
+from pytest_profllm.load import client_watch, loops, metrics
 from pytest_profllm.load.client import run_share, run_warmups
 from pytest_profllm.load.conversation import (
     Conversations,
@@ -46,7 +46,12 @@ from pytest_profllm.load.dataset import (
 )
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.processes import run_in_processes
-from pytest_profllm.load.schedule import LoadResult, LoadSettings, arrival_offsets
+from pytest_profllm.load.schedule import (
+    LoadResult,
+    LoadSettings,
+    arrival_offsets,
+    client_cores,
+)
 from pytest_profllm.load.server_state import (
     CacheState,
     empty_caches,
@@ -164,7 +169,7 @@ async def _run_load(
     cpu_seconds = time.thread_time() - cpu_start
     return LoadResult(
         outcomes, duration, started_at, start, cpu_seconds=cpu_seconds, intended_offsets=offsets,
-        watch=watch,
+        watch=watch, cores=client_cores(),
     )
 
 
@@ -223,6 +228,7 @@ def measure(
         load.cpu_seconds,
         load.processes,
         load.watch,
+        load.cores,
     )
     return summary, health
 
@@ -294,7 +300,7 @@ def run_bench(
     settings = load_settings(config, base_url, name, api_key=api_key, endpoint=endpoint)
     metrics_url = f"{base_url.rstrip('/')}/metrics"
     before = scrape_metrics(metrics_url)
-    load = asyncio.run(run_load(settings, workload))
+    load = loops.run(run_load(settings, workload))
     window = (before, scrape_metrics(metrics_url))
     own = workload_own_hits(workload, config, codec)
     rules = bench_rules(base_url, max_schedule_lag_ms, max_client_overhead_ms, max_client_wait)
@@ -375,7 +381,13 @@ def load_settings(
     *,
     api_key: str | None = None,
     endpoint: str | None = None,
+    client_processes: int | None = None,
 ) -> LoadSettings:
+    """The load's settings; `client_processes` as resolved for the case (`auto`: by the load
+    cores it holds, hosts/cores.py `client_processes`), else the config's (`auto`: one)."""
+    if client_processes is None:
+        wanted = config.client_processes
+        client_processes = wanted if isinstance(wanted, int) else 1
     return LoadSettings(
         base_url=base_url,
         model=model,
@@ -393,7 +405,7 @@ def load_settings(
         request_timeout_s=config.request_timeout_s,
         api_key=api_key,
         endpoint=endpoint,
-        client_processes=config.client_processes,
+        client_processes=client_processes,
         self_timed=config.is_self_timed,
     )
 
@@ -460,6 +472,7 @@ def result_json(
         if key.endswith("_ms"):
             result[key] = value
     result.update(health)
+    result["client_loop"] = loops.name()  # the event loop the client ran on (load/loops.py)
     if (turns := by_turn(outcomes)) is not None:
         result["by_turn"] = turns
     return result

@@ -107,6 +107,13 @@ async def run_warmups(settings: LoadSettings, request: PromptRequest) -> None:
         client.close()
 
 
+async def sleep_until(due: float) -> None:
+    """Until `due` on the perf_counter clock, never before: uvloop's timers (load/loops.py)
+    count whole milliseconds and may wake one early, so a wake before `due` sleeps again."""
+    while (delay := due - time.perf_counter()) > 0:
+        await asyncio.sleep(delay)
+
+
 async def run_share(
     settings: LoadSettings,
     requests: Sequence[PromptRequest],
@@ -141,9 +148,7 @@ async def run_share(
         tasks = []
         schedule = zip(requests, offsets, bodies, indices, strict=True)
         for request, offset, body, index in schedule:
-            delay = start + offset - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await sleep_until(start + offset)
             outcome = RequestOutcome(
                 prompt_len=request.prompt_len,
                 intended_start=start + offset,

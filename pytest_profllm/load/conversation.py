@@ -41,6 +41,7 @@ from pytest_profllm.load.client import (
     _encode,
     request_payload,
     run_warmups,
+    sleep_until,
     stream_request,
 )
 from pytest_profllm.load.dataset import (
@@ -51,7 +52,12 @@ from pytest_profllm.load.dataset import (
     make_prompts,
 )
 from pytest_profllm.load.metrics import RequestOutcome
-from pytest_profllm.load.schedule import LoadResult, LoadSettings, arrival_offsets
+from pytest_profllm.load.schedule import (
+    LoadResult,
+    LoadSettings,
+    arrival_offsets,
+    client_cores,
+)
 
 if TYPE_CHECKING:
     from pytest_profllm.plan.suite import BenchmarkConfig
@@ -275,8 +281,7 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
     start = time.perf_counter()
 
     async def converse(number: int, session: Conversation, due: float) -> list[RequestOutcome]:
-        if (delay := due - time.perf_counter()) > 0:
-            await asyncio.sleep(delay)
+        await sleep_until(due)
         dispatched = time.perf_counter()
         outcomes: list[RequestOutcome] = []
         async with slots:
@@ -285,8 +290,7 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
             for index, turn in enumerate(session.turns):
                 if index:
                     due = outcomes[-1].end_time + turn.think_s
-                    if (delay := due - time.perf_counter()) > 0:
-                        await asyncio.sleep(delay)
+                    await sleep_until(due)
                     dispatched = time.perf_counter()
                 messages.append({"role": "user", "content": turn.user})
                 history_len += turn.user_len
@@ -335,7 +339,7 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
     intended = [outcome.intended_start - start for outcome in outcomes]
     return LoadResult(
         outcomes, duration, started_at, start, cpu_seconds=cpu_seconds, intended_offsets=intended,
-        watch=watch,
+        watch=watch, cores=client_cores(),
     )
 
 

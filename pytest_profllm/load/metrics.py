@@ -231,11 +231,13 @@ def client_health(
     cpu_seconds: float,
     processes: int = 1,
     watch: Sequence[WatchFigures] = (),
+    cores: int | None = None,
 ) -> dict[str, float | int | None]:
     """How well the client kept its schedule: lag statistics, rates and its CPU use (per
     client process, so 100 is one busy core each); and what each client process saw of
     itself (`watch`, load/client_watch.py): its event loop's lag, its CPU and run-queue wait
-    shares, the worst process's (None where no watch ran).
+    shares, the worst process's (None where no watch ran); and how many processes the client
+    ran and on how many cores (its affinity; None where not known).
 
     The target rate is the schedule's own (requests over the last intended offset, so ramps
     count too); the achieved rate is the same count over the last actual dispatch. Both are
@@ -264,6 +266,8 @@ def client_health(
             100.0 * cpu_seconds / processes / duration if duration > 0 else 0.0
         ),
         **client_watch.worst(list(watch)),
+        "client_processes": processes,
+        "client_cores": cores,
     }
 
 

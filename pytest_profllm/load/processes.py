@@ -9,7 +9,6 @@ subprocesses (`python -m pytest_profllm.load.processes FD`) talking over a socke
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import subprocess
 import sys
@@ -18,12 +17,12 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
 from pytest_profllm.hosts.descriptors import ClientCap
-from pytest_profllm.load import live_status
+from pytest_profllm.load import live_status, loops
 from pytest_profllm.load.client import run_share, run_warmups
 from pytest_profllm.load.client_watch import WatchFigures, watching
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.metrics import RequestOutcome
-from pytest_profllm.load.schedule import LoadResult, LoadSettings
+from pytest_profllm.load.schedule import LoadResult, LoadSettings, client_cores
 
 _START_LEAD_S = 0.05  # from the go signal to the first send, so every process is waiting
 _READY_TIMEOUT_S = 120.0
@@ -88,6 +87,7 @@ def run_in_processes(
         intended_offsets=list(offsets),
         processes=count,
         watch=watch,
+        cores=client_cores(),
     )
 
 
@@ -115,11 +115,11 @@ def _worker(fd: int) -> None:
     if cap.limits(limit or len(requests)):
         limit = cap.connections
     if warm and settings.num_warmups and requests:
-        asyncio.run(run_warmups(settings, requests[0]))
+        loops.run(run_warmups(settings, requests[0]))
     pipe.send("ready")
     start: float = pipe.recv()
     cpu_start = time.thread_time()
-    outcomes, figures = asyncio.run(_watched_share(settings, requests, offsets, indices, start,
+    outcomes, figures = loops.run(_watched_share(settings, requests, offsets, indices, start,
                                                    limit))
     pipe.send((indices, outcomes, time.thread_time() - cpu_start, figures))
     pipe.close()

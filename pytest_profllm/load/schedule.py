@@ -9,6 +9,7 @@ another.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -51,6 +52,13 @@ class LoadSettings:
     trace_key: str = ""
 
 
+def client_cores() -> int | None:
+    """How many cores the calling thread may run on (and the processes it starts)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    return len(os.sched_getaffinity(0))  # 0: the calling thread, on Linux
+
+
 @dataclass
 class LoadResult:
     outcomes: list[RequestOutcome]
@@ -67,6 +75,9 @@ class LoadResult:
     # What each client process saw of itself over the load (load/client_watch.py): its
     # loop's lag, its CPU and run-queue shares. Empty where no watch ran (the virtual clock).
     watch: list[WatchFigures] = field(default_factory=list)
+    # How many host cores the client could run on (its loop thread's affinity, which the
+    # client processes it starts inherit); None where not known (the virtual clock).
+    cores: int | None = None
 
 
 def back_to_back(loads: Sequence[LoadResult]) -> LoadResult:
@@ -92,6 +103,7 @@ def back_to_back(loads: Sequence[LoadResult]) -> LoadResult:
                       max(load.processes for load in loads), offsets,
                       open_file_limit=min(limits) if limits else None,
                       client_limit="; ".join(capped) or None,
+                      cores=max((load.cores for load in loads if load.cores), default=None),
                       watch=[figures for load in loads for figures in load.watch])
 
 

@@ -106,6 +106,10 @@ CLIENT_HEALTH_KEYS = (
     "client_loop_lag_max_ms",
     "client_cpu_share",
     "client_runqueue_wait_share",
+    # How many processes the load was spread over (load/processes.py) and how many host
+    # cores they could run on (the load cores the case held, else the client's affinity).
+    "client_processes",
+    "client_cores",
 )
 
 # `vllm bench throughput|latency --output-json` (vLLM 0.33.0): offline/results.py reads them.

@@ -159,6 +159,8 @@ class SystemInfo(BaseModel):
     mean_client_cpu_percent: float | None = None
     peak_client_cpu_percent: float | None = None
     peak_client_rss_mib: float | None = None
+    # The event loop the load client ran on (load/loops.py): uvloop's where it is installed.
+    client_loop: Literal["asyncio", "uvloop"] | None = None
     # The server's /metrics (vLLM's names): KV-cache usage sampled (a fraction, 1 = full);
     # counters as their change over the measured run.
     mean_kv_cache_usage: float | None = None

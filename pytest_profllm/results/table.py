@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import types
 import typing
-from typing import Any
+from typing import Any, Literal
 
 from pytest_profllm.engine.registry import bundled
 from pytest_profllm.load.server_view import OVERHEAD_KEYS
@@ -179,8 +179,13 @@ def _annotation_type(annotation: Any) -> str:
     if typing.get_origin(annotation) is typing.Annotated:  # FiniteFloat: a float
         return _annotation_type(typing.get_args(annotation)[0])
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        kinds = {_annotation_type(arg) for arg in typing.get_args(annotation)
-                 if arg is not type(None)}
+        args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        # A number or a word (`client_processes: 2 | auto`): the number's column, which
+        # SQLite lets hold the word too.
+        numbers = [arg for arg in args if typing.get_origin(arg) is not Literal]
+        if len(numbers) < len(args) and numbers:
+            args = numbers
+        kinds = {_annotation_type(arg) for arg in args}
         return kinds.pop() if len(kinds) == 1 else "TEXT"
     if annotation is bool or annotation is int:
         return "INTEGER"

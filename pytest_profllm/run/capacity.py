@@ -6,12 +6,12 @@ search's re-check missed (the server changed while it was searched) is an invali
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
 
-from pytest_profllm.load import metrics
+from pytest_profllm.hosts.cores import client_processes
+from pytest_profllm.load import loops, metrics
 from pytest_profllm.load.capacity import (
     CapacityResult,
     ServerProbes,
@@ -79,9 +79,11 @@ def run_capacity(
         probes = ServerProbes(
             bench, server.base_url, codec, prompts, served_name(case.server),
             api_key_of(case.server), rules,
-            drive=lambda load: asyncio.run(load_while_alive(server, load)),
+            drive=lambda load: loops.run(load_while_alive(server, load)),
             remeasure=remeasure, holding=holding_cores, budget=budget,
             load_cores=lambda: load_cores_of(server, outcome.load_cores),
+            client_processes=lambda: client_processes(bench.client_processes,
+                                                      outcome.load_cores),
         )
         gpu_ids = server.lease.gpus if server.device == "gpu" else ()
         with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:

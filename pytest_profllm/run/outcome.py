@@ -23,7 +23,7 @@ from pytest_profllm.engine.secrets import redact
 from pytest_profllm.hosts import nvml
 from pytest_profllm.hosts.cores import CoreLease
 from pytest_profllm.hosts.devices import cpu_model
-from pytest_profllm.load import metrics
+from pytest_profllm.load import loops, metrics
 from pytest_profllm.load.prompt import DatasetError
 from pytest_profllm.plan.case import Case, gpus_needed
 from pytest_profllm.results.record import BenchmarkRecord, RegressionVerdict, Status, Verdict
@@ -130,6 +130,8 @@ class CaseOutcome:
             system={
                 **system_info(self.engine, self.server),
                 **self.telemetry,
+                # The event loop the load client runs on (load/loops.py): asyncio or uvloop.
+                "client_loop": loops.name(),
                 "gpu_energy_j_per_output_token": energy_per_output_token(
                     self.telemetry.get("gpu_energy_j"), self.results, case.kind
                 ),

@@ -17,9 +17,9 @@ from typing import Any
 
 from pytest_profllm.engine.human_int import human_int
 from pytest_profllm.engine.secrets import Secret
-from pytest_profllm.hosts.cores import CoreLease
+from pytest_profllm.hosts.cores import CoreLease, client_processes
 from pytest_profllm.hosts.foreign_cpu import ForeignCpu
-from pytest_profllm.load import metrics, stages
+from pytest_profllm.load import loops, metrics, stages
 from pytest_profllm.load.attempts import Attempts
 from pytest_profllm.load.bench import (
     load_settings,
@@ -93,7 +93,8 @@ def run_case(
             with dataset_refusals(case):
                 prompts = make_workload(bench, codec, context_of(case))
             settings = load_settings(
-                bench, server.base_url, served_name(case.server), api_key=api_key_of(case.server)
+                bench, server.base_url, served_name(case.server), api_key=api_key_of(case.server),
+                client_processes=client_processes(bench.client_processes, outcome.load_cores),
             )
             own_hits = workload_own_hits(prompts, bench, codec)
             while True:
@@ -212,7 +213,7 @@ def _load(
     the outcome, also when the server turns out lost afterwards."""
     gpu_ids = server.lease.gpus if server.device == "gpu" else ()
     with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:
-        load = asyncio.run(load_while_alive(server, run_load(settings, prompts)))
+        load = loops.run(load_while_alive(server, run_load(settings, prompts)))
     outcome.telemetry = sampler.record()
     # On the load's own time axis, the one its requests' times use.
     outcome.series = sampler.series(origin=load.clock_start)
@@ -241,7 +242,7 @@ def _profile(
             server.profile_dir,
             profile_prefix(run_id),
             len(short),
-            lambda: asyncio.run(run_load(profiled, short)),
+            lambda: loops.run(run_load(profiled, short)),
         )
     except ProfilingFailed as error:
         raise CaseFailed(f"profiling: {error}") from None

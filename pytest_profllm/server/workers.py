@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pytest_profllm.engine.choice import EngineName
 from pytest_profllm.engine.install import VllmInstall
@@ -18,6 +19,7 @@ from pytest_profllm.hosts.cores import (
     CoreLease,
     LoadCores,
     below_the_client,
+    cores_wanted,
     thread_on,
     tree_off,
     tree_on,
@@ -127,7 +129,9 @@ class WorkerServers:
             raise self.lost(server, problem)
 
     @contextlib.contextmanager
-    def load_cores(self, server: ServerProcess, client: int) -> Iterator[CoreLease]:
+    def load_cores(
+        self, server: ServerProcess, client: int | Literal["auto"]
+    ) -> Iterator[CoreLease]:
         """Cores for a case's load, held for the block (its measured part), once free: the
         client's (this thread and the processes it starts run there) and a simulated
         server's (its processes run there; vLLM's hold their devices for life). The wait is
@@ -141,7 +145,10 @@ class WorkerServers:
         with contextlib.ExitStack() as held:
             with stages.during("waiting", "load cores"):
                 lease = held.enter_context(
-                    self.cores.hold(client, 1 if simulated else 0, self.lease_timeout)
+                    self.cores.hold(
+                        cores_wanted(client, self.cores), 1 if simulated else 0,
+                        self.lease_timeout,
+                    )
                 )
             held.enter_context(thread_on(lease.client))
             held.enter_context(tree_on(server.pid, lease.server))

@@ -71,6 +71,9 @@ class ControllerSession:
     _running: dict[tuple[Any, ...], list[dict[str, Any]]] = field(default_factory=dict)
     # Cases started and not yet ended, by node id: the record each gets if it never ends.
     _started: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The records of started cases whose worker crashed (built at their setup, before their
+    # server, if they started one, was up): the summary says what it could not count.
+    lost_records: list[dict[str, Any]] = field(default_factory=list)
     # With --profllm-resume: the earlier records, and how many stand for cases of this session.
     resume: ResumeIndex | None = None
     resumed: int = 0
@@ -88,6 +91,7 @@ class ControllerSession:
             return  # never started: nothing was measured, nothing to say
         record["message"] = reason
         record["duration"] = max(0.0, time.time() - _started_at(record))
+        self.lost_records.append(record)
         self.receive(record, None)
 
     def add_resumed(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pytest_profllm.gates.summary import terminal_lines
@@ -20,7 +21,8 @@ def summary_lines(controller: ControllerSession, width: int | None = None) -> li
     # Servers of this session: a resumed case's record tells of an earlier session's server.
     session = controller.identity.session_id
     ours = [r for r in records if r.get("session_id", session) == session]
-    lines += _server_lines(ours) + _load_core_lines(ours) + _client_limit_lines(ours)
+    lost = [r for r in controller.lost_records if r.get("session_id", session) == session]
+    lines += _server_lines(ours, lost) + _load_core_lines(ours) + _client_limit_lines(ours)
     settings = controller.settings
     if settings.out_dir is not None:
         unwritten, resumed = controller.unwritten, controller.resumed
@@ -45,9 +47,13 @@ def summary_lines(controller: ControllerSession, width: int | None = None) -> li
     return lines
 
 
-def _server_lines(records: list[dict[str, Any]]) -> list[str]:
+def _server_lines(
+    records: list[dict[str, Any]], lost: Sequence[dict[str, Any]] = ()
+) -> list[str]:
     # The lease wait is the server's, shared by all its cases: count each server once. It is
     # reported here and kept out of every measurement (the load starts after the server is up).
+    # A case whose worker crashed has the record built at its setup, before the server it may
+    # have started: such servers cannot be counted, and the line says so.
     servers: dict[tuple[Any, ...], float] = {}
     for record in records:
         runtime = record.get("runtime") or {}
@@ -55,7 +61,12 @@ def _server_lines(records: list[dict[str, Any]]) -> list[str]:
             continue
         lifetime = (runtime.get("worker"), runtime.get("server_key"), runtime["server_started_at"])
         servers[lifetime] = runtime.get("lease_wait_s") or 0.0
-    if not servers:
+    crashed = sorted({
+        str((record.get("runtime") or {}).get("worker") or "?")
+        for record in lost
+        if (record.get("runtime") or {}).get("server_started_at") is None
+    })
+    if not servers and not crashed:
         return []
     workers = {worker for worker, _, _ in servers}
     line = f"{len(servers)} server start(s) on {len(workers)} worker(s)"
@@ -64,6 +75,11 @@ def _server_lines(records: list[dict[str, Any]]) -> list[str]:
         line += (
             f"; {len(waited)} waited for GPUs or ports, {sum(waited):.1f} s in all "
             f"(longest {max(waited):.1f} s), not counted in any measurement"
+        )
+    if crashed:
+        line += (
+            f"; not counted: any server crashed worker(s) {', '.join(crashed)} started in "
+            "the case they crashed in"
         )
     return [line]
 

@@ -4,7 +4,6 @@ search against a server."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Coroutine
@@ -13,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_profllm.hosts.foreign_cpu import ForeignCpu
-from pytest_profllm.load import stages
+from pytest_profllm.load import loops, stages
 from pytest_profllm.load.attempts import Attempts
 from pytest_profllm.load.bench import (
     DETAILED_KEYS,
@@ -86,12 +85,13 @@ class ServerProbes:
         model: str,
         api_key: str | None,
         rules: Rules = DEFAULT_RULES,
-        drive: Callable[[Coroutine[Any, Any, LoadResult]], LoadResult] = asyncio.run,
+        drive: Callable[[Coroutine[Any, Any, LoadResult]], LoadResult] = loops.run,
         endpoint: str | None = None,
         remeasure: int = 0,
         holding: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
         budget: RemeasureBudget | None = None,
         load_cores: Callable[[], frozenset[int]] = frozenset,
+        client_processes: Callable[[], int] | None = None,
     ) -> None:
         self.bench = bench
         self.base_url = base_url
@@ -108,6 +108,9 @@ class ServerProbes:
         # The cores a run's load runs on while `holding` (none: not watched: others' use of
         # them is judged by `rules`, hosts/foreign_cpu.py).
         self.load_cores = load_cores
+        # How many client processes a run's load takes while `holding` (`auto`: by the cores
+        # held); None: the config's.
+        self.client_processes = client_processes
         # load -> (config, load result, summary with health, /metrics around it) of its last run
         self.measured: dict[float, Measured] = {}
         # load -> why each of its runs that the host made invalid was run again
@@ -185,7 +188,8 @@ class ServerProbes:
         config = self.bench.model_copy(update={over: value, "num_prompts": count, "seed": seed})
         chosen = self.prompts_for(count, seed)
         settings = load_settings(
-            config, self.base_url, self.model, api_key=self.api_key, endpoint=self.endpoint
+            config, self.base_url, self.model, api_key=self.api_key, endpoint=self.endpoint,
+            client_processes=self.client_processes() if self.client_processes else None,
         )
         metrics_url = f"{self.base_url.rstrip('/')}/metrics"
         own_hits = workload_own_hits(chosen, config, self.codec)

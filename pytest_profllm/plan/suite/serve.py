@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -159,8 +159,9 @@ class BenchmarkConfig(BaseModel):
     # Only request_rate and burstiness may be infinite (all at once; evenly spaced).
     goodput: dict[Literal["ttft", "tpot", "e2el"], FiniteFloat] | None = None
     request_timeout_s: FiniteFloat = Field(600.0, gt=0)
-    # Ours, not vLLM's: spread the client over processes when one event loop cannot keep up.
-    client_processes: int = Field(1, ge=1)
+    # Ours, not vLLM's: spread the client over processes when one event loop cannot keep up;
+    # `auto`: one per load core the host pool leased the case's client (at least one).
+    client_processes: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     # Ours: keep what earlier cases left in the server's prefix cache (default: each case,
     # repeat and capacity probe starts from an emptied cache, load/server_state.py).
     warm_cache: bool = False
@@ -263,7 +264,7 @@ class BenchmarkConfig(BaseModel):
                     "dataset_name 'conversation' sends each turn's history as chat messages: "
                     "it needs backend: openai-chat"
                 )
-            if self.client_processes > 1:
+            if self.client_processes != 1:
                 raise ValueError("dataset_name 'conversation' runs in one client process")
         self._check_trace()
         self._check_multimodal()
