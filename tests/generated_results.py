@@ -29,7 +29,7 @@ SLOWED = 0.7  # the last session's throughput against the one before
 
 def records(count: int, seed: int = 7) -> Iterator[dict[str, Any]]:
     """`count` records; sessions of 12 cases each, suites taking turns; the last session is
-    slowed, with the regression gate's verdict on its output throughput."""
+    slowed, with the regression gate's decision on its output throughput."""
     rng = random.Random(seed)
     sessions = -(-count // CASES_PER_SESSION)
     # The first session is the one cut short, so the last (slowed) one is whole.
@@ -55,7 +55,7 @@ def records(count: int, seed: int = 7) -> Iterator[dict[str, Any]]:
             record["suite"] = suite
             if last:
                 record["regression"] = [{
-                    "metric": "output_throughput", "verdict": "regressed", "tolerance": 0.05,
+                    "metric": "output_throughput", "decision": "regressed", "tolerance": 0.05,
                     "higher_is_better": True, "baseline": 1.0, "value": SLOWED,
                     "change": SLOWED - 1, "confidence": 0.99,
                     "baseline_session": f"s{session - len(SUITES):06d}"}]

@@ -163,15 +163,15 @@ def test_the_gate_judges_accuracy_by_the_two_standard_errors() -> None:
     settings = GateSettings()  # 99 %: z = 2.58; sqrt(0.02^2 + 0.02^2) = 0.028, times z: 0.073
     base = [_run(0.80, 0.02)]
     lower = judge_regression(acc, [_run(0.70, 0.02)], base, settings)
-    assert lower.verdict == "regressed"
+    assert lower.decision == "regressed"
     assert lower.ci_high is not None and lower.ci_high < 0
-    assert judge_regression(acc, [_run(0.76, 0.02)], base, settings).verdict == "unchanged"
-    assert judge_regression(acc, [_run(0.90, 0.02)], base, settings).verdict == "improved"
+    assert judge_regression(acc, [_run(0.76, 0.02)], base, settings).decision == "unchanged"
+    assert judge_regression(acc, [_run(0.90, 0.02)], base, settings).decision == "improved"
     # No standard error on a side (lm-eval's "N/A"): no interval, so not judged (it
     # was once `unchanged`, and passed acc 1.0 -> 0.0), with the reason.
     no_error = RunSamples("r", "s", "t", {"acc": 0.5, "acc_stderr": None})
     unjudged = judge_regression(acc, [no_error], base, settings)
-    assert unjudged.verdict == "not-judged" and unjudged.change == pytest.approx(0.5 / 0.8 - 1)
+    assert unjudged.decision == "not-judged" and unjudged.change == pytest.approx(0.5 / 0.8 - 1)
     assert unjudged.reason is not None and "standard error" in unjudged.reason
 
 
@@ -261,7 +261,7 @@ def test_an_accuracy_case_on_the_simulated_engine_is_recorded_stored_and_gated(
     assert not by_task["profllm_arithmetic_gen"]["regression"]
     gated = by_task["profllm_arithmetic_mc"]
     (verdict,) = gated["regression"]
-    assert (verdict["metric"], verdict["verdict"]) == ("acc", "unchanged")
+    assert (verdict["metric"], verdict["decision"]) == ("acc", "unchanged")
     assert verdict["baseline"] == results["acc"]
 
 

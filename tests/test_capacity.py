@@ -221,14 +221,14 @@ def test_a_capacity_10_percent_lower_regresses_with_the_brackets_interval() -> N
 
     base = [run(40.0, 41.9, "base")]
     verdict = judge_regression(metric, [run(36.0, 37.7, "new")], base, GateSettings())
-    assert verdict.verdict == "regressed"
+    assert verdict.decision == "regressed"
     assert verdict.ci_low == pytest.approx(36.0 / 41.9 - 1)
     assert verdict.ci_high == pytest.approx(37.7 / 40.0 - 1)
     same = judge_regression(metric, [run(39.0, 40.9, "new")], base, GateSettings())
-    assert same.verdict == "unchanged"
+    assert same.decision == "unchanged"
     # A search that met at its highest load has no upper end: no interval to judge by.
     open_ended = judge_regression(metric, [run(30.0, math.nan, "new")], base, GateSettings())
-    assert open_ended.verdict == "not-judged" and open_ended.reason
+    assert open_ended.decision == "not-judged" and open_ended.reason
 
 
 SUITE = """

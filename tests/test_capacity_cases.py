@@ -127,7 +127,7 @@ def test_a_slowed_simulator_lowers_the_capacity_and_the_gate_says_regressed(
     (after,) = run_records(pytester, "slow")
     assert after["results"]["capacity"] < before["results"]["capacity"]
     (verdict,) = after["regression"]
-    assert verdict["metric"] == "capacity" and verdict["verdict"] == "regressed"
+    assert verdict["metric"] == "capacity" and verdict["decision"] == "regressed"
     assert verdict["ci_high"] < -0.10
     slow.stdout.fnmatch_lines(["*capacity regressed*"])
 

@@ -59,7 +59,7 @@ def test_compare_judges_each_metric_as_the_gate_does(
                  str(two_runs / "a" / "results.db"), str(two_runs / "b")]) == 1
     (row,) = json.loads(capsys.readouterr().out)
     assert row["case_id"] == CASE and row["metric"] == "p99_e2el_ms"
-    assert row["verdict"] == "regressed" and row["tolerance"] == 0.10
+    assert row["decision"] == "regressed" and row["tolerance"] == 0.10
     assert row["change"] > 0.3 and row["ci_low"] > 0.10
     assert row["a_samples"] == row["b_samples"] == 40  # both repeats' requests
 

@@ -295,7 +295,7 @@ def test_history_marks_the_gate_verdicts(connection: sqlite3.Connection) -> None
     case = "bench_rates.yaml::qwen-seqs8::random-rate8.0"
     shown = view(connection, "history", case_id=case)
     points = values(shown.charts["history"])
-    assert [(p["session"], p["gate"]) for p in points] == [("s1", "no verdict"),
+    assert [(p["session"], p["gate"]) for p in points] == [("s1", "not gated"),
                                                           ("s2", "regressed")]
     time_axis = shown.charts["history"]["layer"][0]["encoding"]["x"]
     assert time_axis["scale"] == {"type": "utc"}
@@ -635,7 +635,7 @@ def test_latest_of_a_single_session_draws_no_empty_change_and_says_no_gate_ran(
         shown = view(connection, "latest")
     assert not shown.charts
     assert [table.title for table in shown.tables] == [
-        "Regressed (the regression gate's verdicts in the latest session)"]
+        "Regressed (the regression gate's decisions in the latest session)"]
     (regressed,) = shown.tables
     assert not regressed.rows and "No regression gate ran" in regressed.empty
     assert "nothing to compare" in shown.notes[-1]
@@ -884,7 +884,7 @@ def test_capacity_cases_show_their_figures_runs_and_the_load_they_ran_at(
         load = view(connection, "load")
     chart = latest.charts["latest-change-capacity"]
     (row,) = values(chart)
-    assert row["change_percent"] == 0.0 and row["bar_label"] == "+0.0 %, no verdict"
+    assert row["change_percent"] == 0.0 and row["bar_label"] == "+0.0 %, not gated"
     marks = [layer["mark"]["type"] for layer in chart["layer"]]
     assert marks == ["bar", "point", "text", "text"]  # a 0 % change is a point, labelled
     bars = capacity.charts["capacity"]

@@ -77,7 +77,7 @@ def make_record(
         "results": results,
         "system": {"host": "box", "platform": "Linux", "python": "3.11"},
         "runtime": {"worker": "main", "server_key": "0123456789ab"},
-        "verdicts": [
+        "threshold_results": [
             {"metric": name, "bound": "min", "limit": 100.0, "value": 1.0, "passed": False}
             for name in missed
         ],

@@ -116,7 +116,7 @@ thresholds:
     by_case = {r["case_id"]: r for r in run_records(pytester)}
     failed = by_case["bench_gate.yaml::qwen3-8b::random-out16"]
     assert failed["status"] == "failed"
-    assert failed["verdicts"] == [
+    assert failed["threshold_results"] == [
         {
             "metric": "total_output_tokens",
             "bound": "max",
@@ -164,7 +164,7 @@ def test_client_that_fell_behind_is_invalid_not_passed(
     assert record["status"] == "invalid"
     assert record["message"].startswith("client fell behind: ")
     assert "client CPU saturated" in record["message"]
-    assert record["verdicts"] == []
+    assert record["threshold_results"] == []
     assert record["results"]["completed"] == 6
     assert "p99_schedule_lag_ms" in record["results"]
     assert db_rows(pytester, "select status from benchmark_runs") == [("invalid",)]

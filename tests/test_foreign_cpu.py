@@ -184,9 +184,9 @@ def test_a_hog_on_the_clients_core_makes_the_case_the_hosts(
 
 def test_a_change_found_on_a_busy_run_says_the_host_may_have_made_it() -> None:
     from pytest_profllm.gates.regression import describe
-    from pytest_profllm.results.record import RegressionVerdict
+    from pytest_profllm.results.record import RegressionResult
 
-    verdict = RegressionVerdict(metric="p99_ttft_ms", verdict="regressed", tolerance=0.05,
+    verdict = RegressionResult(metric="p99_ttft_ms", decision="regressed", tolerance=0.05,
                                 higher_is_better=False, baseline=100.0, value=130.0,
                                 change=0.3, ci_low=0.2, ci_high=0.4, confidence=0.99)
     assert "host busy" not in describe(verdict)

@@ -180,8 +180,8 @@ def test_a_drop_under_an_lm_eval_filter_is_caught_by_the_bare_metric(
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*regression: exact_match_strict_match regressed*"])
     shown = verdicts(pytester)
-    assert shown["exact_match_strict_match"]["verdict"] == "regressed"
-    assert shown["exact_match_flexible_extract"]["verdict"] == "unchanged"
+    assert shown["exact_match_strict_match"]["decision"] == "regressed"
+    assert shown["exact_match_flexible_extract"]["decision"] == "unchanged"
 
 
 def test_a_filtered_metric_named_itself_is_gated(pytester: pytest.Pytester, ports: str) -> None:
@@ -222,7 +222,7 @@ def test_a_drop_without_a_standard_error_is_not_judged_and_named(
                      regression="[acc]", limit=1)
     result.assert_outcomes(passed=1)
     shown = verdicts(pytester)["acc"]
-    assert shown["verdict"] == "not-judged" and shown["change"] == -1.0
+    assert shown["decision"] == "not-judged" and shown["change"] == -1.0
     assert "standard error" in shown["reason"]
     result.stdout.fnmatch_lines(
         ["profllm: not judged (1): bench_acc.yaml::*: acc (*standard error*)"]
@@ -273,7 +273,7 @@ def test_a_changed_task_is_not_compared_with_the_old_tasks_baseline(
     changed = {**gsm8k(0.30, 0.31), "task_hash": "t2"}
     result = session(pytester, ports, changed, "--profllm-baseline=base/results.db")
     assert result.ret == pytest.ExitCode.USAGE_ERROR  # a baseline that matches nothing
-    assert {v["verdict"] for v in verdicts(pytester).values()} == {"no-baseline"}
+    assert {v["decision"] for v in verdicts(pytester).values()} == {"no-baseline"}
     result.stdout.fnmatch_lines(["*matches no run of this session's 1 gated case(s)*"])
 
 
@@ -304,13 +304,13 @@ def test_an_older_database_stays_the_baseline_of_the_same_task_only(
     _as_stored_before_the_task_part(pytester.path / "base" / "results.db")
     same_task = session(pytester, ports, gsm8k(0.50, 0.82), "--profllm-baseline=base/results.db")
     same_task.assert_outcomes(failed=1)
-    assert verdicts(pytester)["exact_match_strict_match"]["verdict"] == "regressed"
+    assert verdicts(pytester)["exact_match_strict_match"]["decision"] == "regressed"
     for path in (pytester.path / "results").glob("*.json"):
         path.unlink()
     other = session(pytester, ports, {**gsm8k(0.50, 0.82), "task_hash": "t2"},
                     "--profllm-baseline=base/results.db")
     assert other.ret == pytest.ExitCode.USAGE_ERROR
-    assert {v["verdict"] for v in verdicts(pytester).values()} == {"no-baseline"}
+    assert {v["decision"] for v in verdicts(pytester).values()} == {"no-baseline"}
 
 
 def test_resume_runs_an_accuracy_case_again(pytester: pytest.Pytester, ports: str) -> None:
@@ -341,5 +341,5 @@ def test_a_threshold_takes_a_filtered_metric_as_its_record_names_it(
     result = run_suites(pytester, ports, gpus=None, cache=False)
     result.assert_outcomes(failed=1)
     [record] = run_records(pytester)
-    assert [(v["metric"], v["passed"]) for v in record["verdicts"]] == [
+    assert [(v["metric"], v["passed"]) for v in record["threshold_results"]] == [
         ("exact_match_strict_match", False), ("exact_match_flexible_extract_stderr", True)]

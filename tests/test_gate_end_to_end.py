@@ -101,8 +101,8 @@ def test_a_15_percent_slowdown_fails_the_gate(
     record = last_record(pytester, "slow")
     assert record["status"] == "failed"
     verdicts = {v["metric"]: v for v in record["regression"]}
-    assert {v["verdict"] for v in verdicts.values()} <= {"regressed", "unchanged"}
-    assert "regressed" in {v["verdict"] for v in verdicts.values()}
+    assert {v["decision"] for v in verdicts.values()} <= {"regressed", "unchanged"}
+    assert "regressed" in {v["decision"] for v in verdicts.values()}
     e2el = verdicts["p99_e2el_ms"]
     assert e2el["change"] > 0.05 and e2el["baseline_samples"] == 40 and e2el["samples"] == 40
     with sqlite3.connect(pytester.path / "slow" / "results.db") as db:
@@ -112,7 +112,7 @@ def test_a_15_percent_slowdown_fails_the_gate(
         gate = db.execute("select gate from gate_runs where run_id = ?", (record["run_id"],))
         assert gate.fetchone() == ("regressed",)
         samples = db.execute("select count(*) from request_samples").fetchone()
-    assert {(m, v) for m, v, *_ in stored} == {(m, v["verdict"]) for m, v in verdicts.items()}
+    assert {(m, v) for m, v, *_ in stored} == {(m, v["decision"]) for m, v in verdicts.items()}
     assert samples == (40,)
     junit = (pytester.path / "junit.xml").read_text()
     assert 'name="profllm_gate" value="regressed"' in junit
@@ -131,7 +131,7 @@ def test_a_1_percent_slowdown_passes(
         cache=False,
     )
     result.assert_outcomes(passed=2)
-    verdicts = {v["verdict"] for v in last_record(pytester, "new")["regression"]}
+    verdicts = {v["decision"] for v in last_record(pytester, "new")["regression"]}
     assert verdicts <= {"unchanged", "improved"}
 
 
@@ -146,7 +146,7 @@ def test_another_seed_unchanged_passes(
     result.assert_outcomes(passed=2)
     record = last_record(pytester, "new")
     assert record["config"]["benchmark"]["seed"] == 7
-    assert {v["verdict"] for v in record["regression"]} <= {"unchanged", "improved"}
+    assert {v["decision"] for v in record["regression"]} <= {"unchanged", "improved"}
     assert all(v["baseline"] is not None for v in record["regression"])
 
 

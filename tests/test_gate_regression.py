@@ -139,15 +139,15 @@ def test_latency_verdicts_need_the_whole_interval_beyond_the_tolerance() -> None
     faster = runs([rng.normal(8.5, 0.5, 200) for _ in range(2)], [115, 116])
     tpot = gated_metric("median_tpot_ms", 0.05)
     verdict = judge_regression(tpot, slower, base, SETTINGS)
-    assert verdict.verdict == "regressed"
+    assert verdict.decision == "regressed"
     assert verdict.ci_low is not None and verdict.ci_low > 0.05
     assert verdict.change == pytest.approx(0.15, abs=0.02)
-    assert judge_regression(tpot, same, base, SETTINGS).verdict == "unchanged"
-    assert judge_regression(tpot, faster, base, SETTINGS).verdict == "improved"
+    assert judge_regression(tpot, same, base, SETTINGS).decision == "unchanged"
+    assert judge_regression(tpot, faster, base, SETTINGS).decision == "improved"
     # A 15 % change against a 20 % tolerance is inside it, whatever the interval.
     within = judge_regression(gated_metric("median_tpot_ms", 0.2), slower, base, SETTINGS)
-    assert within.verdict == "unchanged"
-    assert judge_regression(tpot, slower, [], SETTINGS).verdict == "no-baseline"
+    assert within.decision == "unchanged"
+    assert judge_regression(tpot, slower, [], SETTINGS).decision == "no-baseline"
     text = describe(verdict)
     assert text.startswith("median_tpot_ms regressed: baseline 10")
     assert "99% CI +" in text and "tolerance 5%" in text
@@ -159,13 +159,13 @@ def test_throughputs_are_compared_per_repeat_and_lower_is_worse() -> None:
     noisy = runs([np.ones(3)] * 3, [80, 120, 100])
     throughput = gated_metric("output_throughput", 0.05)
     verdict = judge_regression(throughput, slower, base, SETTINGS)
-    assert verdict.verdict == "regressed" and verdict.samples == 3
+    assert verdict.decision == "regressed" and verdict.samples == 3
     assert verdict.ci_high is not None and verdict.ci_high < -0.05
-    assert judge_regression(throughput, noisy, base, SETTINGS).verdict == "unchanged"
+    assert judge_regression(throughput, noisy, base, SETTINGS).decision == "unchanged"
     # One repeat left (the other invalid) has no spread to judge the noise by: not judged,
     # never `unchanged`, and said why.
     alone = judge_regression(throughput, slower[:1], base, SETTINGS)
-    assert alone.verdict == "not-judged" and alone.ci_low is None and alone.change is not None
+    assert alone.decision == "not-judged" and alone.ci_low is None and alone.change is not None
     assert alone.reason
 
 
@@ -233,7 +233,7 @@ def test_markdown_summary_has_the_gate_columns() -> None:
     gated["regression"] = [
         {
             "metric": "median_tpot_ms",
-            "verdict": "regressed",
+            "decision": "regressed",
             "change": 0.15,
             "ci_low": 0.12,
             "ci_high": 0.18,
@@ -243,6 +243,10 @@ def test_markdown_summary_has_the_gate_columns() -> None:
     assert "| case | status | req/s |" in text
     assert "| regressed | median_tpot_ms +15.0% [+12.0, +18.0] |" in text
     assert "Regression gate: 1 regressed, against base/results.db." in text
+    # A record written before `decision` (one a resumed session holds) says `verdict`.
+    gated["regression"] = [{"verdict" if key == "decision" else key: value
+                            for key, value in gated["regression"][0].items()}]
+    assert markdown([gated], "sim", "base/results.db") == text
 
 
 def _serve_and_capacity() -> list[dict[str, Any]]:
@@ -251,7 +255,7 @@ def _serve_and_capacity() -> list[dict[str, Any]]:
     serve["results"] = {"request_throughput": 34.29, "output_throughput": 548.7,
                         "median_ttft_ms": 291.1, "median_tpot_ms": 16.79, "p99_itl_ms": 55.9}
     serve["regression"] = [
-        {"metric": metric, "verdict": "regressed", "change": 0.2, "ci_low": 0.195,
+        {"metric": metric, "decision": "regressed", "change": 0.2, "ci_low": 0.195,
          "ci_high": 0.207}
         for metric in ("output_throughput", "p99_e2el_ms", "mean_ttft_ms", "median_tpot_ms")
     ]
@@ -412,7 +416,7 @@ def test_any_table_keeps_to_the_width_but_for_what_cannot_be_cut(
         made = record(str(index), "10:00:00")
         made.update(case_id=case_id, status=status)
         made["results"] = dict(zip([key for _, key, _ in KEY_METRICS], figures, strict=False))
-        made["regression"] = [{"metric": text, "verdict": "regressed", "change": None}
+        made["regression"] = [{"metric": text, "decision": "regressed", "change": None}
                               for text in changes]  # fmt: skip
         if capacity:
             made["config"]["benchmark"] = {"kind": "capacity"}

@@ -185,14 +185,14 @@ def malformed_files(folder: Path) -> dict[str, str]:
     bad_status["status"] = "maybe"
     nan_metric = make_record("nan-metric")
     nan_metric["results"]["median_ttft_ms"] = float("nan")
-    deep = make_record("bad-verdict")
-    deep["verdicts"][0]["passed"] = "perhaps"
+    deep = make_record("bad-threshold-result")
+    deep["threshold_results"][0]["passed"] = "perhaps"
     files = {
         "not-json.json": ("{not json", "not JSON"),
         "wrong-version.json": (json.dumps({**make_record("v2"), "schema_version": 2}),
                                "schema_version 2"),
         "bad-status.json": (json.dumps(bad_status), "status"),
-        "bad-verdict.json": (json.dumps(deep), "verdicts.0.passed"),
+        "bad-threshold-result.json": (json.dumps(deep), "threshold_results.0.passed"),
         "nan-metric.json": (json.dumps(nan_metric), "results.median_ttft_ms is nan"),
         "a-list.json": ("[1, 2]", "not a profllm record"),
     }

@@ -226,7 +226,7 @@ def test_offline_cases_are_gated_on_iterations_and_repeats(
     # The baseline: each kind once, as a suite without a gate runs it.
     pytester.makefile(".yaml", **OFFLINE_GATED)
     first = gate_session(pytester, ports, "first")
-    assert {metric: v["verdict"] for metric, v in first["latency"].items()} == {
+    assert {metric: v["decision"] for metric, v in first["latency"].items()} == {
         "avg_latency_ms": "no-baseline", "p90_latency_ms": "no-baseline"}
     assert list(first) == ["latency"]
     with sqlite3.connect(pytester.path / "first" / "results.db") as db:
@@ -249,11 +249,11 @@ def test_offline_cases_are_gated_on_iterations_and_repeats(
     pytester.makefile(".yaml", bench_throughput=OFFLINE_GATED["bench_throughput"]
                       + "repeat: 3\nregression: [tokens_per_second, elapsed_time]\n")
     again = gate_session(pytester, ports, "second", "--profllm-baseline=first/results.db")
-    assert {v["verdict"] for v in again["latency"].values()} == {"unchanged"}
+    assert {v["decision"] for v in again["latency"].values()} == {"unchanged"}
     assert again["latency"]["avg_latency_ms"]["samples"] == 20
     assert again["latency"]["avg_latency_ms"]["baseline_samples"] == 20
     throughput = again["throughput-random-r3"]
-    assert {v["verdict"] for v in throughput.values()} == {"not-judged"}
+    assert {v["decision"] for v in throughput.values()} == {"not-judged"}
     assert throughput["tokens_per_second"]["reason"].startswith("fewer than two values")
     assert (throughput["tokens_per_second"]["samples"],
             throughput["tokens_per_second"]["baseline_samples"]) == (3, 1)
@@ -261,11 +261,11 @@ def test_offline_cases_are_gated_on_iterations_and_repeats(
     # Twice as slow: the latencies regress; 3 repeats against 3 are judged.
     monkeypatch.setenv("PROFLLM_SIM_SLOWDOWN", "2")
     slow = gate_session(pytester, ports, "third", "--profllm-baseline=second/results.db")
-    assert {v["verdict"] for v in slow["latency"].values()} == {"regressed"}
+    assert {v["decision"] for v in slow["latency"].values()} == {"regressed"}
     assert slow["latency"]["p90_latency_ms"]["change"] > 0.5
     judged = slow["throughput-random-r3"]
     assert judged["tokens_per_second"]["ci_low"] is not None
-    assert judged["tokens_per_second"]["verdict"] in ("regressed", "unchanged", "improved")
+    assert judged["tokens_per_second"]["decision"] in ("regressed", "unchanged", "improved")
     assert judged["elapsed_time"]["baseline_samples"] == 3
 
 

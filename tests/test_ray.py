@@ -264,7 +264,7 @@ def test_same_cases_ids_and_verdicts_with_and_without_ray(
             r["nodeid"]: (
                 r["case_id"],
                 r["status"],
-                [(v["metric"], v["bound"], v["passed"]) for v in r["verdicts"]],
+                [(v["metric"], v["bound"], v["passed"]) for v in r["threshold_results"]],
             )
             for r in run_records(pytester)
         }

@@ -462,7 +462,7 @@ def test_a_random_weight_model_scores_near_chance_on_the_shipped_task(
     again.assert_outcomes(passed=1)
     (gated,) = run_records(pytester, "again")
     (verdict,) = gated["regression"]
-    assert (verdict["metric"], verdict["verdict"]) == ("acc", "unchanged"), verdict
+    assert (verdict["metric"], verdict["decision"]) == ("acc", "unchanged"), verdict
     assert verdict["baseline"] == results["acc"]
 
 

@@ -123,7 +123,7 @@ def test_the_derived_seed_is_written_and_defaults_are_left_out(tmp_path: Path) -
 
 def test_a_throughput_gated_over_repeats_becomes_the_latencies(tmp_path: Path) -> None:
     case = first_case(tmp_path, SUITES["serve"].rstrip() + "\n        repeat: 2\n")
-    verdict = {"metric": "output_throughput", "verdict": "unchanged", "tolerance": 0.05,
+    verdict = {"metric": "output_throughput", "decision": "unchanged", "tolerance": 0.05,
                "higher_is_better": True, "confidence": 0.99}
     record = record_of(case, regression=[verdict], results={"median_ttft_ms": 5.0})
     plan = reproduce.plan_rerun(record)
@@ -311,7 +311,7 @@ def test_a_rerun_keeps_the_fingerprint_and_is_gated_unchanged(
     assert done.returncode == 0, done.stdout + done.stderr
     (new,) = run_records(pytester, "again")
     assert digests(new) == digests(old)
-    assert new["regression"] and {v["verdict"] for v in new["regression"]} == {"unchanged"}
+    assert new["regression"] and {v["decision"] for v in new["regression"]} == {"unchanged"}
     assert new["engine"]["clock"] == clock
     assert "this host: no difference from the record's environment" in done.stdout
     assert f"fingerprint {digests(old)[0]} (the same)" in done.stdout
@@ -332,7 +332,7 @@ def test_a_latency_rerun_is_gated_on_its_iterations(pytester: pytest.Pytester, p
     (new,) = run_records(pytester, "again")
     assert digests(new) == digests(old)
     verdicts = {v["metric"]: v for v in new["regression"]}
-    assert {m: v["verdict"] for m, v in verdicts.items()} == {
+    assert {m: v["decision"] for m, v in verdicts.items()} == {
         "p50_latency_ms": "unchanged", "avg_latency_ms": "unchanged"}
     assert verdicts["avg_latency_ms"]["samples"] == verdicts["avg_latency_ms"][
         "baseline_samples"] == 20
@@ -355,10 +355,10 @@ def test_a_throughput_run_of_three_repeats_reruns_three_and_is_judged(
     verdicts = {v["metric"]: v for v in last["regression"]}
     assert sorted(verdicts) == ["requests_per_second", "tokens_per_second"]
     for verdict in verdicts.values():
-        assert verdict["verdict"] in ("unchanged", "improved", "regressed")
+        assert verdict["decision"] in ("unchanged", "improved", "regressed")
         assert (verdict["samples"], verdict["baseline_samples"]) == (3, 3)
-        assert f"gate {verdict['metric']}: {verdict['verdict']} (" in done.stdout
-    assert done.returncode == (0 if {v["verdict"] for v in verdicts.values()} == {"unchanged"}
+        assert f"gate {verdict['metric']}: {verdict['decision']} (" in done.stdout
+    assert done.returncode == (0 if {v["decision"] for v in verdicts.values()} == {"unchanged"}
                                else 1), done.stdout + done.stderr
 
 

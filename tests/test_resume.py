@@ -180,7 +180,7 @@ def test_a_resumed_case_is_judged_by_the_suite_as_it_is_now(
     (record,) = records(pytester.path / "results")
     assert record["run_id"] == measured["run_id"] and record["status"] == "failed"
     assert record["thresholds"] == {"completed": {"min": 1000000.0, "max": None}}
-    assert [v["passed"] for v in record["verdicts"]] == [False]
+    assert [v["passed"] for v in record["threshold_results"]] == [False]
     with sqlite3.connect(pytester.path / "results" / "results.db") as db:
         assert db.execute("select status from benchmark_runs").fetchall() == [("failed",)]
 

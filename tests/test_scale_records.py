@@ -53,17 +53,17 @@ def test_records_keep_the_rules_and_validate(generated: Path) -> None:
     statuses = {record["status"] for record in records}
     assert {"passed", "failed"} <= statuses
     verdicts = [v for record in records for v in record["regression"]]
-    assert {"unchanged", "regressed"} <= {v["verdict"] for v in verdicts}
+    assert {"unchanged", "regressed"} <= {v["decision"] for v in verdicts}
     for record in records:
         results = record["results"]
         if not results:
             continue
         assert results["median_ttft_ms"] <= results["p99_ttft_ms"]
-        if any(v["verdict"] == "regressed" for v in record["regression"]):
+        if any(v["decision"] == "regressed" for v in record["regression"]):
             assert record["status"] == "failed"
             assert "regression: " in record["message"]
     # The regressed runs were slowed against the session before, by 15 to 30 %.
-    regressed = [v for v in verdicts if v["verdict"] == "regressed"]
+    regressed = [v for v in verdicts if v["decision"] == "regressed"]
     assert all(0.10 < v["change"] < 0.45 for v in regressed)
     assert all(v["baseline_session"] for v in regressed)
 
@@ -87,8 +87,8 @@ def test_the_last_sessions_carry_series_and_request_samples(generated: Path) -> 
 def test_check_counts_what_breaks_the_rules(scale_records: ModuleType, generated: Path) -> None:
     record = next(r for r in _records(generated) if r["status"] == "passed")
     record["results"]["p99_ttft_ms"] = record["results"]["p50_ttft_ms"] / 2
-    record["regression"][0].update(verdict="regressed")
+    record["regression"][0].update(decision="regressed")
     violations = scale_records.check([record])
     assert violations["percentiles out of order"] == 1
     assert violations["passed but regressed"] == 1
-    assert violations["regression verdict disagrees with its change"] == 1
+    assert violations["regression decision disagrees with its change"] == 1

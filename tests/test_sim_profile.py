@@ -328,7 +328,7 @@ def test_a_run_simulated_on_another_gpu_is_not_gated_against_the_default(
     (h100,) = run_records(pytester, "base")
     (a100,) = run_records(pytester, "a100")
     assert a100["results"]["output_throughput"] < 0.7 * h100["results"]["output_throughput"]
-    assert [v["verdict"] for v in a100["regression"]] == ["no-baseline"]
+    assert [v["decision"] for v in a100["regression"]] == ["no-baseline"]
     prefix = "virtual clock: " if clock == "virtual" else "virtual: "
     for out, device in (("base", DEFAULT_DEVICE), ("a100", "A100-80GB")):
         with sqlite3.connect(pytester.path / out / "results.db") as db:

@@ -41,7 +41,7 @@ def make_record(
     session_id: str = "20260101T000000-aaaaaa",
     status: str = "passed",
     server: dict[str, Any] | None = None,
-    verdicts: list[dict[str, Any]] | None = None,
+    threshold_results: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A record as the runner builds it (validity included): validated by the model, dumped
     as JSON data."""
@@ -57,7 +57,7 @@ def make_record(
         "served_model_name": ["qwen", "q"],
         "hf_overrides": {"rope_scaling": {"type": "yarn"}},
     }
-    default_verdicts = [
+    default_threshold_results = [
         {"metric": "median_ttft_ms", "bound": "max", "limit": 100.0, "value": 7.5,
          "passed": True},
         {"metric": "output_throughput", "bound": "min", "limit": 5.0, "value": 1.5,
@@ -89,7 +89,8 @@ def make_record(
                     "lease_wait_s": 0.0},
         "thresholds": {"median_ttft_ms": {"min": None, "max": 100.0},
                        "output_throughput": {"min": 5.0, "max": None}},
-        "verdicts": verdicts if verdicts is not None else default_verdicts,
+        "threshold_results": (threshold_results if threshold_results is not None
+                              else default_threshold_results),
     }).model_dump(mode="json")
 
 
@@ -144,7 +145,8 @@ def test_record_row_stores_dicts_and_lists_as_json_text() -> None:
         ("system_gpu_names", ["NVIDIA H100"]),
         ("runtime_gpus", ["0"]),
         ("thresholds", record["thresholds"]),
-        ("verdicts", record["verdicts"]),
+        # The column keeps the store's first name for the threshold results.
+        ("verdicts", record["threshold_results"]),
     ):
         assert isinstance(row[column], str), column
         assert json.loads(row[column]) == value, column
@@ -153,17 +155,24 @@ def test_record_row_stores_dicts_and_lists_as_json_text() -> None:
     assert all(value is None or isinstance(value, str | int | float) for value in row.values())
 
 
-def test_failed_verdicts_lists_the_failed_metrics() -> None:
-    def verdict(metric: str, passed: bool) -> dict[str, Any]:
+def test_failed_verdicts_lists_the_metrics_that_missed_their_threshold() -> None:
+    def result(metric: str, passed: bool) -> dict[str, Any]:
         return {"metric": metric, "bound": "max", "limit": 1.0, "value": 2.0, "passed": passed}
 
     assert record_row(make_record())["failed_verdicts"] == "output_throughput"
-    missed = make_record(verdicts=[verdict("median_ttft_ms", False), verdict("p99_itl_ms", True),
-                                   verdict("median_tpot_ms", False)])
+    missed = make_record(threshold_results=[
+        result("median_ttft_ms", False), result("p99_itl_ms", True),
+        result("median_tpot_ms", False)])
     assert record_row(missed)["failed_verdicts"] == "median_ttft_ms,median_tpot_ms"
-    assert record_row(make_record(verdicts=[verdict("median_ttft_ms", True)]))[
+    assert record_row(make_record(threshold_results=[result("median_ttft_ms", True)]))[
         "failed_verdicts"] is None
-    assert record_row(make_record(verdicts=[]))["failed_verdicts"] is None
+    assert record_row(make_record(threshold_results=[]))["failed_verdicts"] is None
+    # A record written before `threshold_results` (as a session holds an earlier one it
+    # resumes): its `verdicts` fill the same columns.
+    older = make_record()
+    older["verdicts"] = older.pop("threshold_results")
+    assert record_row(older)["failed_verdicts"] == "output_throughput"
+    assert json.loads(record_row(older)["verdicts"]) == older["verdicts"]
 
 
 # --- load_records ----------------------------------------------------------------------------
@@ -435,6 +444,45 @@ def test_normalize_round_trips() -> None:
     assert normalize(copy.deepcopy(record)).model_dump(mode="json") == record
 
 
+def _older(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` as records were written before `threshold_results` and `decision`."""
+    older = copy.deepcopy(record)
+    older["verdicts"] = older.pop("threshold_results")
+    for item in older["regression"]:
+        item["verdict"] = item.pop("decision")
+    return older
+
+
+def test_an_older_record_reads_under_the_current_names(tmp_path: Path) -> None:
+    record = make_record("old-keys")
+    record["regression"] = [
+        {"metric": "p99_ttft_ms", "decision": "regressed", "tolerance": 0.1,
+         "higher_is_better": False, "baseline": 100.0, "value": 120.0, "change": 0.2,
+         "ci_low": 0.15, "ci_high": 0.25, "confidence": 0.99}]
+    record = normalize(record).model_dump(mode="json")  # every field of the item
+    older = _older(record)
+    kept = copy.deepcopy(older)
+    # The model: the same record, schema version 1 still; what was read is left as it was.
+    assert normalize(older).model_dump(mode="json") == record
+    assert older == kept
+    # A file: read (as ingest reads it) under the current names.
+    path = tmp_path / "records" / "old-keys.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(older))
+    assert read_record(path) == record
+    # Stored as it is: the store's names, the landing table's regression, the gate's table.
+    db_path = tmp_path / "results.db"
+    load_records(db_path, [older], requests={"old-keys": None})
+    with sqlite3.connect(db_path) as connection:
+        row = connection.execute(f"SELECT failed_verdicts, verdicts FROM [{TABLE}]").fetchone()
+        gate = connection.execute(f"SELECT gate, gate_changes FROM {LANDING}").fetchone()
+        stored = connection.execute("SELECT metric, verdict FROM regression_verdicts").fetchall()
+    assert row[0] == "output_throughput"
+    assert json.loads(row[1]) == record["threshold_results"]
+    assert gate == ("regressed", "p99_ttft_ms +20.0%")
+    assert stored == [("p99_ttft_ms", "regressed")]
+
+
 def test_normalize_rejects_unknown_keys() -> None:
     with pytest.raises(ValueError, match="surprise"):
         normalize({**make_record(), "surprise": 1})
@@ -526,21 +574,24 @@ def test_the_axes_are_exactly_the_keys_that_vary_within_a_suite(
     assert set(axes.swept()) == expected
 
 
-def test_a_regression_shows_on_the_landing_table(tmp_path: Path) -> None:
+# `verdict`: a regression item as records wrote it before `decision` (and as a database loaded
+# then still holds it in `benchmark_runs.regression`).
+@pytest.mark.parametrize("key", ["decision", "verdict"])
+def test_a_regression_shows_on_the_landing_table(tmp_path: Path, key: str) -> None:
     db_path = tmp_path / "results.db"
     regressed = make_record("r1")
     regressed["regression"] = [
-        {"metric": "p99_ttft_ms", "verdict": "regressed", "tolerance": 0.1,
+        {"metric": "p99_ttft_ms", key: "regressed", "tolerance": 0.1,
          "higher_is_better": False, "baseline": 100.0, "value": 120.0, "change": 0.2,
          "confidence": 0.99},
-        {"metric": "median_tpot_ms", "verdict": "unchanged", "tolerance": 0.1,
+        {"metric": "median_tpot_ms", key: "unchanged", "tolerance": 0.1,
          "higher_is_better": False, "baseline": 10.0, "value": 10.1, "change": 0.01,
          "confidence": 0.99}]
     fine = make_record("r2")
     fine["regression"] = [{**regressed["regression"][1]}]
     nothing = make_record("r3")
     unknown = make_record("r4")
-    unknown["regression"] = [{**regressed["regression"][1], "verdict": "no-baseline"}]
+    unknown["regression"] = [{**regressed["regression"][1], key: "no-baseline"}]
     load_records(db_path, [regressed, fine, nothing, unknown])
     with sqlite3.connect(db_path) as connection:
         rows = dict(connection.execute(

@@ -270,7 +270,7 @@ def generate(folder: Path, count: int, axes: Axes = Axes(), processes: int = 2,
                     gzip.compress(lines, mtime=0))
             counts[record["status"]] = counts.get(record["status"], 0) + 1
             for verdict in record["regression"]:
-                counts[verdict["verdict"]] = counts.get(verdict["verdict"], 0) + 1
+                counts[verdict["decision"]] = counts.get(verdict["decision"], 0) + 1
             yield record
 
     violations = check(written())
@@ -390,7 +390,7 @@ def _record(run: _Run, common: _Common, rng: random.Random, baseline: _Last | No
     from pytest_profllm.gates.worker import regression_message
     from pytest_profllm.load.metrics import RequestOutcome, compute
     from pytest_profllm.plan.regression import gated_metric
-    from pytest_profllm.results.record import RegressionVerdict, Verdict
+    from pytest_profllm.results.record import RegressionResult, ThresholdResult
     from pytest_profllm.run.outcome import describe_missed
 
     shape, m = run.shape, run.measured
@@ -431,19 +431,19 @@ def _record(run: _Run, common: _Common, rng: random.Random, baseline: _Last | No
             client_cpu_percent=15 + 40 * m.busy * rng.uniform(0.8, 1.2),
         )
     verdicts = [] if not results else [
-        Verdict(metric=name, bound=bound, limit=limit, value=results.get(name),
+        ThresholdResult(metric=name, bound=bound, limit=limit, value=results.get(name),
                 passed=results.get(name) is not None and (
                     results[name] <= limit if bound == "max" else results[name] >= limit))
         for name, bounds in THRESHOLDS.items() for bound, limit in bounds.items()
         if limit is not None
     ]
     valid = not reasons
-    regression: list[RegressionVerdict] = []
+    regression: list[RegressionResult] = []
     if valid:
         for name, tolerance in GATED.items():
             metric = gated_metric(name, tolerance)
             value = results[name]
-            verdict = RegressionVerdict(metric=name, verdict="no-baseline", tolerance=tolerance,
+            verdict = RegressionResult(metric=name, decision="no-baseline", tolerance=tolerance,
                                         higher_is_better=False, value=value, confidence=0.99,
                                         samples=len(m.e2el))
             if baseline is not None:
@@ -456,7 +456,7 @@ def _record(run: _Run, common: _Common, rng: random.Random, baseline: _Last | No
                 verdict.baseline = base_value
                 verdict.change = value / base_value - 1
                 verdict.ci_low, verdict.ci_high = low * scale - 1, high * scale - 1
-                verdict.verdict = classify(metric, verdict.ci_low, verdict.ci_high)
+                verdict.decision = classify(metric, verdict.ci_low, verdict.ci_high)
                 verdict.baseline_samples = len(measured[baseline.shape].e2el)
                 verdict.baseline_session = baseline.session_id
             regression.append(verdict)
@@ -491,7 +491,7 @@ def _record(run: _Run, common: _Common, rng: random.Random, baseline: _Last | No
         "system": _system(run, rng, bool(results)),
         "runtime": _runtime(run, rng),
         "thresholds": THRESHOLDS,
-        "verdicts": [v.model_dump() for v in verdicts],
+        "threshold_results": [v.model_dump() for v in verdicts],
         "regression": [v.model_dump() for v in regression],
         "validity": "valid" if valid else "invalid",
         "validity_reasons": reasons,
@@ -616,11 +616,11 @@ def check(records_: Iterable[dict[str, Any]]) -> dict[str, int]:
     from pytest_profllm.plan.metric_names import LATENCY_METRICS
 
     counts = {"percentiles out of order": 0, "passed but regressed": 0,
-              "error or invalid with a gate verdict": 0,
-              "threshold verdict disagrees with its value": 0,
-              "threshold verdict disagrees with the results": 0,
+              "error or invalid with a regression decision": 0,
+              "threshold result disagrees with its value": 0,
+              "threshold result disagrees with the results": 0,
               "passed with a missed threshold": 0,
-              "regression verdict disagrees with its change": 0,
+              "regression decision disagrees with its change": 0,
               "regressed but not failed": 0}
     for record in records_:
         results = record.get("results") or {}
@@ -629,32 +629,32 @@ def check(records_: Iterable[dict[str, Any]]) -> dict[str, int]:
             values = [v for v in chain if v is not None]
             if any(a > b * (1 + 1e-9) for a, b in itertools.pairwise(values)):
                 counts["percentiles out of order"] += 1
-        gate = [v["verdict"] for v in record.get("regression") or []]
+        gate = [v["decision"] for v in record.get("regression") or []]
         if record["status"] == "passed" and "regressed" in gate:
             counts["passed but regressed"] += 1
         if "regressed" in gate and record["status"] != "failed":
             counts["regressed but not failed"] += 1
         if (record["status"] in ("error", "invalid") or record.get("validity") == "invalid") \
                 and gate:
-            counts["error or invalid with a gate verdict"] += 1
-        for verdict in record.get("verdicts") or []:
+            counts["error or invalid with a regression decision"] += 1
+        for verdict in record.get("threshold_results") or []:
             value, limit = verdict["value"], verdict["limit"]
             holds = value is not None and (value <= limit if verdict["bound"] == "max"
                                            else value >= limit)
             if holds != verdict["passed"]:
-                counts["threshold verdict disagrees with its value"] += 1
+                counts["threshold result disagrees with its value"] += 1
             if value != results.get(verdict["metric"]):
-                counts["threshold verdict disagrees with the results"] += 1
+                counts["threshold result disagrees with the results"] += 1
             if record["status"] == "passed" and not verdict["passed"]:
                 counts["passed with a missed threshold"] += 1
         for verdict in record.get("regression") or []:
-            counts["regression verdict disagrees with its change"] += not _gate_agrees(verdict)
+            counts["regression decision disagrees with its change"] += not _gate_agrees(verdict)
     return counts
 
 
 def _gate_agrees(verdict: dict[str, Any]) -> bool:
     tolerance, low, high = verdict["tolerance"], verdict.get("ci_low"), verdict.get("ci_high")
-    if verdict["verdict"] == "no-baseline":
+    if verdict["decision"] == "no-baseline":
         return verdict.get("baseline") is None
     base, value, change = verdict["baseline"], verdict["value"], verdict["change"]
     if base is None or value is None or change is None or low is None or high is None:
@@ -666,4 +666,4 @@ def _gate_agrees(verdict: dict[str, Any]) -> bool:
     worse, better = (high < -tolerance, low > tolerance) if verdict["higher_is_better"] else (
         low > tolerance, high < -tolerance)
     expected = "regressed" if worse else "improved" if better else "unchanged"
-    return bool(verdict["verdict"] == expected)
+    return bool(verdict["decision"] == expected)

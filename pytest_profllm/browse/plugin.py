@@ -56,7 +56,7 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "case_duration": "seconds the whole case took, server start included",
     "total_output_tokens": "output tokens of completed requests, from the usage chunk",
     "request_goodput": "requests per second that met every goodput SLO of the workload",
-    "failed_verdicts": "metrics that missed their threshold",
+    "failed_verdicts": "metrics that missed their threshold (the thresholds)",
     "bench_kind": "serve (vllm bench serve against a server), capacity (the highest load within "
     "SLOs), accuracy (lm-eval against the server), or throughput / latency (offline: "
     "vllm bench throughput / latency, no server)",
@@ -66,7 +66,9 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "not a model (near chance)",
     "tokens_per_second": "offline throughput: prompt and output tokens per second",
     "avg_latency_ms": "offline latency: mean time of one batch, end to end",
-    "regression": "the regression gate's verdict per gated metric against the baseline (JSON)",
+    "regression": "the regression gate's decision per gated metric against the baseline (JSON)",
+    "verdicts": "each threshold's result: metric, bound, limit, value, passed (JSON; the store's "
+    "first name for the record's threshold_results)",
     "device": "the GPUs the case ran on (count x model); cpu: vLLM's CPU build on the host's "
     "cores; virtual: the simulated engine",
     "p99_schedule_lag_ms": "how late the client sent requests against their intended times",
@@ -89,7 +91,7 @@ DESCRIPTION = (
     "over requests), e2el = end-to-end latency; each as mean_, median_, std_ and pNN_."
 )
 LANDING_DESCRIPTION = (
-    "Newest first: each run's status, the regression gate's verdict (gate; what moved in "
+    "Newest first: each run's status, the regression gate's decision (gate; what moved in "
     "gate_changes), whether its figures are a valid measurement, the headline metrics "
     "(req_per_s, output_tok_per_s; latencies in ms; an accuracy case's acc and exact_match) "
     "and the axes its suite sweeps. A run_id "

@@ -204,7 +204,7 @@ CANNED_QUERIES: dict[str, dict[str, Any]] = {
     "compare_runs": {
         "title": "Compare two runs side by side",
         "description": "The headline figures of two run_ids (run_a, run_b), one metric a row, "
-        "with units: B's change from A (and in %), and the regression gate's verdict on each "
+        "with units: B's change from A (and in %), and the regression gate's decision on each "
         "run with its change and confidence interval against the gate's baseline.",
         "sql": _compare_runs(gate=True),
     },

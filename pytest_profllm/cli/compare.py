@@ -67,4 +67,4 @@ def _compare(args: argparse.Namespace) -> int:
         print(json.dumps([row.as_json() for row in rows], indent=1))
     else:
         print("\n".join(table(rows)))
-    return EXIT_REGRESSED if any(row.verdict == "regressed" for row in rows) else 0
+    return EXIT_REGRESSED if any(row.decision == "regressed" for row in rows) else 0

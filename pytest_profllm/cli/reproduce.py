@@ -167,7 +167,7 @@ def _per_repeat(name: str) -> bool:
 def gated_metrics(record: dict[str, Any], kind: str) -> dict[str, float]:
     """The record's gated metrics at their tolerances; where it gated none, the default
     gates of its kind that it measured."""
-    gated = {verdict["metric"]: verdict["tolerance"] for verdict in record.get("regression") or []}
+    gated = {item["metric"]: item["tolerance"] for item in record.get("regression") or []}
     if gated:
         return gated
     results = record.get("results") or {}
@@ -388,12 +388,12 @@ def rerun_command(
 
 @dataclass
 class Outcome:
-    """What the re-run gave: its record, whether its fingerprint is the old one, the gate's
-    verdicts."""
+    """What the re-run gave: its record, whether its fingerprint is the old one, the
+    regression gate's decision on each gated metric."""
 
     record: dict[str, Any] | None
     same_fingerprint: bool
-    verdicts: dict[str, str]
+    decisions: dict[str, str]
     returncode: int
     runs: int = 1  # the records written (one per repeat)
 
@@ -409,15 +409,15 @@ def run(
     if not written:
         return Outcome(None, False, {}, process.returncode)
     records = [json.loads(path.read_text()) for path in written]
-    # With repeats, the last one holds the verdicts (over all of them); run ids of one second
-    # do not sort by time.
+    # With repeats, the last one holds the regression decisions (over all of them); run ids
+    # of one second do not sort by time.
     new = max(records, key=lambda r: (r.get("repeat_index") or 0, r.get("timestamp") or ""))
     same = all(digests(r)[0] == digests(rerun.record)[0] for r in records)
-    verdicts = {item["metric"]: item["verdict"] for item in new.get("regression") or []}
+    decisions = {item["metric"]: item["decision"] for item in new.get("regression") or []}
     invalid = [r for r in records if (r.get("validity") or "valid") != "valid"]
     if invalid:
         new = {**new, "validity": invalid[0]["validity"]}
-    return Outcome(new, same, verdicts, process.returncode, len(records))
+    return Outcome(new, same, decisions, process.returncode, len(records))
 
 
 def fingerprint_of(record: dict[str, Any]) -> str:

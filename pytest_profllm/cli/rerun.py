@@ -121,7 +121,7 @@ def _rerun(args: argparse.Namespace) -> int:
 
 
 def _report(plan: Rerun, outcome: Outcome) -> int:
-    """Prints the new run and the gate's verdicts; the command's exit status."""
+    """Prints the new run and the regression gate's decisions; the command's exit status."""
     if outcome.record is None:
         print(f"the re-run wrote no record (pytest exit status {outcome.returncode})")
         return 1
@@ -131,9 +131,9 @@ def _report(plan: Rerun, outcome: Outcome) -> int:
           f"fingerprint {fingerprint_of(new)} "
           + ("(the same)" if outcome.same_fingerprint else "(differs)"))
     figures = {v["metric"]: v for v in new.get("regression") or []}
-    for metric, verdict in outcome.verdicts.items():
-        print(f"gate {metric}: {verdict}{_figures(figures.get(metric) or {})}")
-    if not outcome.verdicts:
+    for metric, decision in outcome.decisions.items():
+        print(f"gate {metric}: {decision}{_figures(figures.get(metric) or {})}")
+    if not outcome.decisions:
         if not plan.suite.get("regression"):
             why = plan.notes[0] if plan.notes else (
                 f"nothing the record gated or a {plan.kind} case's default gates name was "
@@ -141,16 +141,16 @@ def _report(plan: Rerun, outcome: Outcome) -> int:
         else:
             why = "the new run measured none of the gated metrics validly"
         print(f"gate: nothing judged ({why})")
-    changed = any(verdict != "unchanged" for verdict in outcome.verdicts.values())
+    changed = any(decision != "unchanged" for decision in outcome.decisions.values())
     # A skipped or invalid re-run reproduced nothing, whatever pytest's status.
     measured = (new.get("validity") or "valid") == "valid"
     same = outcome.same_fingerprint and not changed and measured
     return 0 if same and outcome.returncode == 0 else 1
 
 
-def _figures(verdict: dict[str, Any]) -> str:
-    """`, old -> new (+x.x %)` where the verdict has both figures."""
-    old, new, change = verdict.get("baseline"), verdict.get("value"), verdict.get("change")
+def _figures(item: dict[str, Any]) -> str:
+    """`, old -> new (+x.x %)` where the regression item has both figures."""
+    old, new, change = item.get("baseline"), item.get("value"), item.get("change")
     if not isinstance(old, int | float) or not isinstance(new, int | float):
         return ""
     text = f" ({old:.6g} -> {new:.6g}"

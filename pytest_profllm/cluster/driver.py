@@ -31,7 +31,7 @@ from pytest_profllm.engine.choice import EngineChoice
 from pytest_profllm.hosts.devices import real_gpus
 from pytest_profllm.options import Settings
 from pytest_profllm.plan.case import Case
-from pytest_profllm.results.record import Status, Verdict
+from pytest_profllm.results.record import Status, ThresholdResult
 from pytest_profllm.run.outcome import CaseOutcome
 from pytest_profllm.session.collect import case_of
 from pytest_profllm.session.identity import RunIdentity, host_pool
@@ -146,7 +146,8 @@ class ClusterSession(WorkerSession):
             )
         outcome.node_record = delivered.record
         outcome.results = delivered.results
-        outcome.verdicts = [Verdict.model_validate(v) for v in delivered.verdicts]
+        outcome.threshold_results = [ThresholdResult.model_validate(result)
+                                     for result in delivered.threshold_results]
         outcome.requests = delivered.requests
         outcome.invalid_reason = delivered.invalid_reason
         outcome.started_at, outcome.finished_at = delivered.started_at, delivered.finished_at

@@ -115,7 +115,7 @@ def case_result(outcome: CaseOutcome, error: Exception | None, node: NodeInfo) -
         record=record,
         requests=outcome.requests,
         results=outcome.results,
-        verdicts=[verdict.model_dump(mode="json") for verdict in outcome.verdicts],
+        threshold_results=[result.model_dump(mode="json") for result in outcome.threshold_results],
         invalid_reason=outcome.invalid_reason,
         started_at=outcome.started_at,
         finished_at=outcome.finished_at,

@@ -41,7 +41,7 @@ class CaseResult:
     record: dict[str, Any]
     requests: list[dict[str, Any]] = field(default_factory=list)
     results: dict[str, float | int | None] = field(default_factory=dict)
-    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    threshold_results: list[dict[str, Any]] = field(default_factory=list)
     invalid_reason: str | None = None
     started_at: float = 0.0
     finished_at: float = 0.0

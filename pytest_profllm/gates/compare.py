@@ -22,7 +22,7 @@ from pytest_profllm.plan.regression import default_tolerance, gated_metric
 DEFAULT_METRICS = (
     "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "output_throughput", "capacity",
 )
-# A side's case with no valid run on the other side: the row's verdict.
+# A side's case with no valid run on the other side: the row's decision.
 ONLY_IN_A = "only-in-A"
 ONLY_IN_B = "only-in-B"
 # A repeat's case id ends in -rN (plan/case.py): the compared case is all its repeats.
@@ -37,7 +37,7 @@ class Row:
     case_id: str
     fingerprint: str
     metric: str | None
-    verdict: str  # the gate's (improved, unchanged, regressed, not-judged), or only-in-A/B
+    decision: str  # the gate's (improved, unchanged, regressed, not-judged), or only-in-A/B
     a: float | None = None
     b: float | None = None
     change: float | None = None
@@ -102,11 +102,11 @@ def _case_rows(
     for metric in gated:
         if not values_of(metric, new).size and not values_of(metric, old).size:
             continue  # a metric this case does not measure (a capacity of a paced case)
-        verdict = judge_regression(metric, new, old, settings)
+        judged = judge_regression(metric, new, old, settings)
         rows.append(Row(
-            case_id, key, metric.name, verdict.verdict, verdict.baseline, verdict.value,
-            verdict.change, verdict.ci_low, verdict.ci_high, metric.tolerance, verdict.reason,
-            verdict.baseline_samples, verdict.samples,
+            case_id, key, metric.name, judged.decision, judged.baseline, judged.value,
+            judged.change, judged.ci_low, judged.ci_high, metric.tolerance, judged.reason,
+            judged.baseline_samples, judged.samples,
         ))
     return rows
 
@@ -120,15 +120,15 @@ def table(rows: list[Row]) -> list[str]:
              .rstrip() for line in body]
     counts: dict[str, int] = {}
     for row in rows:
-        counts[row.verdict] = counts.get(row.verdict, 0) + 1
+        counts[row.decision] = counts.get(row.decision, 0) + 1
     cases = len({row.fingerprint for row in rows})
-    summary = ", ".join(f"{count} {verdict}" for verdict, count in sorted(counts.items()))
+    summary = ", ".join(f"{count} {decision}" for decision, count in sorted(counts.items()))
     lines.append(f"{cases} case(s), {len(rows)} row(s): {summary or 'nothing to compare'}")
     return lines
 
 
 def _cells(row: Row) -> tuple[str, str, str, str, str, str, str]:
-    decision = row.verdict + (f" ({row.reason})" if row.reason else "")
+    decision = row.decision + (f" ({row.reason})" if row.reason else "")
     interval = ""
     if row.ci_low is not None and row.ci_high is not None:
         interval = f"[{row.ci_low:+.1%}, {row.ci_high:+.1%}]"

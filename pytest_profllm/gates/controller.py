@@ -47,7 +47,7 @@ class GateController:
         return [
             record
             for record in self.gated
-            if all(v["verdict"] == "no-baseline" for v in record["regression"])
+            if all(v["decision"] == "no-baseline" for v in record["regression"])
         ]
 
     def gated_nothing(self) -> str | None:

@@ -63,7 +63,7 @@ def slower_than_history(
         if found is None:
             continue
         source, history = found
-        verdicts = [
+        judged = [
             judge_regression(
                 gated_metric(v["metric"], v["tolerance"]),
                 repeats[digests(record)[0]],
@@ -72,7 +72,7 @@ def slower_than_history(
             )
             for v in record["regression"]
         ]
-        regressed = [v for v in verdicts if v.verdict == "regressed"]
+        regressed = [v for v in judged if v.decision == "regressed"]
         if not regressed:
             continue
         sessions = len({run.session_id for run in history})

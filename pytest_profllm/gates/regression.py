@@ -27,7 +27,7 @@ from pytest_profllm.plan.regression import (
     DEFAULT_RESAMPLES,
     GatedMetric,
 )
-from pytest_profllm.results.record import GateVerdict, RegressionVerdict
+from pytest_profllm.results.record import RegressionDecision, RegressionResult
 
 # Resampled values held at once (resamples x samples): bounds memory on long ITL samples.
 _BATCH_ELEMENTS = 4_000_000
@@ -68,13 +68,13 @@ def judge_regression(
     new_runs: list[RunSamples],
     baseline_runs: list[RunSamples],
     settings: GateSettings,
-) -> RegressionVerdict:
+) -> RegressionResult:
     new = values_of(metric, new_runs)
     base = values_of(metric, baseline_runs)
     stat = statistic_of(metric)
-    verdict = RegressionVerdict(
+    result = RegressionResult(
         metric=metric.name,
-        verdict="no-baseline",
+        decision="no-baseline",
         tolerance=metric.tolerance,
         higher_is_better=metric.higher_is_better,
         value=float(stat(new)) if new.size else None,
@@ -84,16 +84,16 @@ def judge_regression(
         baseline_session=baseline_runs[0].session_id if baseline_runs else None,
     )
     if not base.size or not new.size:
-        return verdict
-    verdict.baseline = float(stat(base))
-    if verdict.value is None:
-        return _not_judged(verdict, "no value")
-    if verdict.baseline == 0:
-        if verdict.value == 0:
-            verdict.verdict = "unchanged"  # zero then, zero now
-            return verdict
-        return _not_judged(verdict, "the baseline is 0: no relative change")
-    verdict.change = verdict.value / verdict.baseline - 1
+        return result
+    result.baseline = float(stat(base))
+    if result.value is None:
+        return _not_judged(result, "no value")
+    if result.baseline == 0:
+        if result.value == 0:
+            result.decision = "unchanged"  # zero then, zero now
+            return result
+        return _not_judged(result, "the baseline is 0: no relative change")
+    result.change = result.value / result.baseline - 1
     if metric.name in BRACKETED_METRICS:
         interval = bracket_interval(metric.name, new_runs, baseline_runs)
         why = "a search met at its highest load: its capacity has no upper end"
@@ -105,16 +105,16 @@ def judge_regression(
         # One value (a repeat lost to an invalid measurement) has no spread to judge noise by.
         why = "fewer than two values on a side: no spread to judge the noise by"
     if interval is None:
-        return _not_judged(verdict, why)
-    verdict.ci_low, verdict.ci_high = interval
-    verdict.verdict = classify(metric, *interval)
-    return verdict
+        return _not_judged(result, why)
+    result.ci_low, result.ci_high = interval
+    result.decision = classify(metric, *interval)
+    return result
 
 
-def _not_judged(verdict: RegressionVerdict, reason: str) -> RegressionVerdict:
-    verdict.verdict = "not-judged"
-    verdict.reason = reason
-    return verdict
+def _not_judged(result: RegressionResult, reason: str) -> RegressionResult:
+    result.decision = "not-judged"
+    result.reason = reason
+    return result
 
 
 def change_interval(
@@ -210,7 +210,7 @@ def _bracket(name: str, runs: list[RunSamples]) -> tuple[float, float] | None:
     return min(numbers[: len(lows)]), max(numbers[len(lows) :])
 
 
-def classify(metric: GatedMetric, low: float, high: float) -> GateVerdict:
+def classify(metric: GatedMetric, low: float, high: float) -> RegressionDecision:
     tolerance = metric.tolerance
     worse_high = not metric.higher_is_better  # a latency rises when it gets worse
     if worse_high:
@@ -226,24 +226,24 @@ def classify(metric: GatedMetric, low: float, high: float) -> GateVerdict:
     return "unchanged"
 
 
-def describe(verdict: RegressionVerdict) -> str:
-    """One line: metric, verdict, baseline and new values, change and interval."""
-    if verdict.verdict == "no-baseline":
-        return f"{verdict.metric}: no baseline"
-    if verdict.verdict == "not-judged":
-        change = "" if verdict.change is None else f" ({verdict.change:+.1%})"
-        return f"{verdict.metric} not judged{change}: {verdict.reason or 'no interval'}"
-    base = "-" if verdict.baseline is None else f"{verdict.baseline:.4g}"
-    value = "-" if verdict.value is None else f"{verdict.value:.4g}"
-    text = f"{verdict.metric} {verdict.verdict}: baseline {base}, now {value}"
-    if verdict.change is not None:
-        text += f", {verdict.change:+.1%}"
-    if verdict.ci_low is not None and verdict.ci_high is not None:
+def describe(result: RegressionResult) -> str:
+    """One line: metric, decision, baseline and new values, change and interval."""
+    if result.decision == "no-baseline":
+        return f"{result.metric}: no baseline"
+    if result.decision == "not-judged":
+        change = "" if result.change is None else f" ({result.change:+.1%})"
+        return f"{result.metric} not judged{change}: {result.reason or 'no interval'}"
+    base = "-" if result.baseline is None else f"{result.baseline:.4g}"
+    value = "-" if result.value is None else f"{result.value:.4g}"
+    text = f"{result.metric} {result.decision}: baseline {base}, now {value}"
+    if result.change is not None:
+        text += f", {result.change:+.1%}"
+    if result.ci_low is not None and result.ci_high is not None:
         text += (
-            f" ({verdict.confidence:.0%} CI {verdict.ci_low:+.1%} .. {verdict.ci_high:+.1%}, "
-            f"tolerance {verdict.tolerance:.0%})"
+            f" ({result.confidence:.0%} CI {result.ci_low:+.1%} .. {result.ci_high:+.1%}, "
+            f"tolerance {result.tolerance:.0%})"
         )
-    if verdict.host_busy is not None:
-        text += (f"; host busy: processes outside the session used {verdict.host_busy:.0%} "
+    if result.host_busy is not None:
+        text += (f"; host busy: processes outside the session used {result.host_busy:.0%} "
                  "of the load's cores, the change may be the host's")
     return text

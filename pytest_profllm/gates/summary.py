@@ -1,6 +1,6 @@
 """The run's table as people read it: in the terminal, as Markdown (a file, and GitHub's step
 summary), and as per-case properties in JUnit XML. One row per case: its key metrics, the
-gate's verdict and the change of each gated metric against the baseline."""
+regression gate's decision and the change of each gated metric against the baseline."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_profllm.plan.case import printable
-from pytest_profllm.results.gate_tables import gate_of
+from pytest_profllm.results.gate_tables import decision_of, gate_of
 
 KEY_METRICS = (
     ("req/s", "request_throughput", "{:.2f}"),
@@ -22,21 +22,21 @@ KEY_METRICS = (
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 
 
-def change_text(verdict: dict[str, Any]) -> str:
+def change_text(item: dict[str, Any]) -> str:
     """`p99_ttft_ms +18.0% [+15.1, +21.2]`, `p99_ttft_ms no baseline`, or `acc -100.0% not
     judged`."""
-    if verdict["verdict"] == "not-judged":
-        change = verdict.get("change")
-        return f"{verdict['metric']} " + ("" if change is None else f"{change:+.1%} ") + (
+    if decision_of(item) == "not-judged":
+        change = item.get("change")
+        return f"{item['metric']} " + ("" if change is None else f"{change:+.1%} ") + (
             "not judged"
         )
-    if verdict.get("change") is None:
-        return f"{verdict['metric']} " + (
-            "no baseline" if verdict["verdict"] == "no-baseline" else "-"
+    if item.get("change") is None:
+        return f"{item['metric']} " + (
+            "no baseline" if decision_of(item) == "no-baseline" else "-"
         )
-    text = f"{verdict['metric']} {verdict['change']:+.1%}"
-    if verdict.get("ci_low") is not None and verdict.get("ci_high") is not None:
-        text += f" [{verdict['ci_low'] * 100:+.1f}, {verdict['ci_high'] * 100:+.1f}]"
+    text = f"{item['metric']} {item['change']:+.1%}"
+    if item.get("ci_low") is not None and item.get("ci_high") is not None:
+        text += f" [{item['ci_low'] * 100:+.1f}, {item['ci_high'] * 100:+.1f}]"
     return text
 
 
@@ -120,9 +120,9 @@ def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
         ]
         cells += [column[index] or "-" for column in extra.values()]
         if gated:
-            verdicts = record.get("regression") or []
+            items = record.get("regression") or []
             cells.append(gate_of(record) or "-")
-            cells.append("; ".join(change_text(v) for v in verdicts) or "-")
+            cells.append("; ".join(change_text(v) for v in items) or "-")
         table.append(cells)
     return header, table
 
@@ -248,10 +248,10 @@ def markdown(records: list[dict[str, Any]], engine: str, baseline: str | None) -
 def not_judged(records: list[dict[str, Any]]) -> list[str]:
     """Each gated metric that could not be judged: `case: metric (why)`."""
     return [
-        f"{record['case_id']}: {verdict['metric']} ({verdict.get('reason') or 'no interval'})"
+        f"{record['case_id']}: {item['metric']} ({item.get('reason') or 'no interval'})"
         for record in records
-        for verdict in record.get("regression") or []
-        if verdict["verdict"] == "not-judged"
+        for item in record.get("regression") or []
+        if decision_of(item) == "not-judged"
     ]
 
 
@@ -295,7 +295,7 @@ def junit_properties(record: dict[str, Any]) -> list[tuple[str, object]]:
     ]
     if (gate := gate_of(record)) is not None:
         properties.append(("profllm_gate", gate))
-    for verdict in record.get("regression") or []:
-        name = f"profllm_gate_{verdict['metric']}"
-        properties.append((name, f"{verdict['verdict']}: {change_text(verdict)}"))
+    for item in record.get("regression") or []:
+        name = f"profllm_gate_{item['metric']}"
+        properties.append((name, f"{decision_of(item)}: {change_text(item)}"))
     return properties

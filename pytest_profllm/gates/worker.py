@@ -14,7 +14,7 @@ from pytest_profllm.gates.samples import RunSamples, samples_of
 from pytest_profllm.hosts.foreign_cpu import FOREIGN_NOTE_SHARE
 from pytest_profllm.plan.regression import gated_metric, measured
 from pytest_profllm.results.fingerprint import digests
-from pytest_profllm.results.record import RegressionVerdict
+from pytest_profllm.results.record import RegressionResult
 from pytest_profllm.run.outcome import CaseOutcome
 
 _PENDING = pytest.StashKey[dict[str, list[RunSamples]]]()
@@ -32,8 +32,8 @@ def baseline_of(config: pytest.Config) -> Baseline | None:
     return config.stash[_BASELINE]
 
 
-def judge_case(config: pytest.Config, outcome: CaseOutcome) -> list[RegressionVerdict]:
-    """The case's verdicts at its last repeat; [] before it, or where nothing is gated."""
+def judge_case(config: pytest.Config, outcome: CaseOutcome) -> list[RegressionResult]:
+    """The case's regression results at its last repeat; [] before it, or where nothing is gated."""
     case = outcome.case
     if not case.regression or not outcome.results:
         return []
@@ -66,33 +66,33 @@ def judge_case(config: pytest.Config, outcome: CaseOutcome) -> list[RegressionVe
     # A metric the case does not measure is not gated on it, rather than judged `no-baseline`
     # for ever (and failed under --profllm-require-baseline): `regression: [acc]` over an
     # axis of accuracy tasks, one of which scores exact_match alone.
-    verdicts = [judge_regression(metric, runs, baseline_runs, settings)
+    results = [judge_regression(metric, runs, baseline_runs, settings)
                 for metric in gated if values_of(metric, runs).size]
     # A change found on a run the host kept busy is named with it: the share alone moved no
     # figure in benchmarks/perf/foreign_cpu.py, so it voids nothing, but a reader of a
     # regression must know.
     if shares and max(shares) > FOREIGN_NOTE_SHARE:
-        for verdict in verdicts:
-            if verdict.verdict in ("regressed", "improved"):
-                verdict.host_busy = round(max(shares), 4)
-    return verdicts
+        for result in results:
+            if result.decision in ("regressed", "improved"):
+                result.host_busy = round(max(shares), 4)
+    return results
 
 
 def regression_message(
-    verdicts: list[RegressionVerdict], require_baseline: bool = False
+    results: list[RegressionResult], require_baseline: bool = False
 ) -> str | None:
     """Why the gate fails the case: a regression, or (where a baseline is required) none to
     compare with."""
-    regressed = [verdict for verdict in verdicts if verdict.verdict == "regressed"]
+    regressed = [result for result in results if result.decision == "regressed"]
     if regressed:
-        return "regression: " + "; ".join(describe(verdict) for verdict in regressed)
-    if require_baseline and verdicts and all(v.verdict == "no-baseline" for v in verdicts):
+        return "regression: " + "; ".join(describe(result) for result in regressed)
+    if require_baseline and results and all(v.decision == "no-baseline" for v in results):
         return "no baseline for this case (--profllm-require-baseline)"
     # A baseline is required to judge: one that is there and cannot judge does not pass.
-    not_judged = [verdict for verdict in verdicts if verdict.verdict == "not-judged"]
+    not_judged = [result for result in results if result.decision == "not-judged"]
     if require_baseline and not_judged:
         return "not judged (--profllm-require-baseline): " + "; ".join(
-            describe(verdict) for verdict in not_judged
+            describe(result) for result in not_judged
         )
     return None
 

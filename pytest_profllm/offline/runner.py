@@ -113,6 +113,6 @@ def run_offline(
         # Whatever is left of its process group (vLLM's EngineCore, workers) goes too.
         process.stop(grace=5.0)
         lease.release()
-    outcome.verdicts = check_thresholds(case, outcome.results)
+    outcome.threshold_results = check_thresholds(case, outcome.results)
     outcome.finished_at = time.time()
     return outcome

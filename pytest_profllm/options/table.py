@@ -319,7 +319,7 @@ class Table:
     )
     gate_resamples = Option(
         "--profllm-gate-resamples", "profllm_gate_resamples", parse_resamples, DEFAULT_RESAMPLES,
-        "bootstrap resamples per verdict", metavar="N",
+        "bootstrap resamples per regression decision", metavar="N",
     )
     sim_device = Option[str | None](
         "--profllm-sim-device", "profllm_sim_device", parse_sim_device, None,

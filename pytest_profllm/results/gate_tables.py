@@ -6,14 +6,15 @@ and `profllm ingest` both fill them, so any results database is a baseline and a
   filled only by older versions: the parts are in `gate_fingerprints`, once per fingerprint);
 - `gate_fingerprints`: what each fingerprint is made of, as JSON;
 - `request_samples`: one row per request of a run (TTFT, TPOT, E2EL, ITL list, in ms), the
-  per-request samples a later run's latency verdicts resample; for a conversation workload
+  per-request samples a later run's regression gate resamples; for a conversation workload
   also its conversation, turn and the prompt tokens found in the prefix cache (else null);
   its prompt length and send time (ms from the load's start); with --profllm-trace-requests,
   the server's span of it (queue, prefill, decode, inference, TTFT, E2E, in ms) and what the
   client added to its TTFT and E2E (load/trace_join.py; null where no span was joined);
   for an offline latency run, one row per measured iteration, its latency as the E2EL;
-- `regression_verdicts`: one row per gated metric of a run: verdict, baseline and new value,
-  change and its confidence interval;
+- `regression_verdicts`: one row per gated metric of a run: the regression gate's decision
+  (column `verdict`, the store's first name for it, kept: docs/reference/record.md), baseline
+  and new value, change and its confidence interval;
 - `change_points`: what `profllm history` found.
 
 Loading is an upsert keyed by run_id, in one `BEGIN IMMEDIATE` transaction, as the store does.
@@ -180,13 +181,20 @@ def rederive_fingerprints(db: sqlite3.Connection) -> int:
     return len(changed)
 
 
+def decision_of(item: dict[str, Any]) -> str | None:
+    """A regression item's decision, as a record wrote it (before `decision`: `verdict`)."""
+    decision = item.get("decision", item.get("verdict"))
+    return decision if isinstance(decision, str) else None
+
+
 def gate_of(record: dict[str, Any]) -> str | None:
-    """The run's overall verdict: the worst of its metrics', None where nothing was gated. A
-    metric not judged comes before any judged: an unchanged beside it must not hide it."""
-    verdicts = {v["verdict"] for v in record.get("regression") or []}
-    for verdict in ("regressed", "not-judged", "improved", "unchanged", "no-baseline"):
-        if verdict in verdicts:
-            return verdict
+    """The run's overall regression decision: the worst of its metrics', None where nothing
+    was gated. A metric not judged comes before any judged: an unchanged beside it must not
+    hide it."""
+    decisions = {decision_of(v) for v in record.get("regression") or []}
+    for decision in ("regressed", "not-judged", "improved", "unchanged", "no-baseline"):
+        if decision in decisions:
+            return decision
     return None
 
 
@@ -231,7 +239,8 @@ def _ms(seconds: Any) -> float | None:
 @dataclass
 class GateRows:
     """One run's rows of the gate's tables: its `gate_runs` row, its request samples (None
-    where its per-request rows are not known: what is stored stays) and its verdicts."""
+    where its per-request rows are not known: what is stored stays) and its regression
+    decisions (`regression_verdicts`)."""
 
     run_id: str
     run: tuple[Any, ...]
@@ -269,7 +278,7 @@ def gate_rows(
             record["run_id"],
             record.get("case_id"),
             v["metric"],
-            v["verdict"],
+            decision_of(v),
             v["tolerance"],
             int(v["higher_is_better"]),
             v.get("baseline"),

@@ -41,7 +41,12 @@ from pytest_profllm.limits import (
 )
 from pytest_profllm.results.files import not_regular, read_regular
 from pytest_profllm.results.gate_tables import GateRows, gate_rows
-from pytest_profllm.results.record import expected_requests, normalize, read_requests
+from pytest_profllm.results.record import (
+    expected_requests,
+    normalize,
+    read_requests,
+    upgrade_keys,
+)
 from pytest_profllm.results.rows import RowBuilder, column_problem, record_digest
 from pytest_profllm.results.staging import BATCH, StagedRows, batched, stage
 from pytest_profllm.results.store import Load, LoadReport
@@ -136,8 +141,9 @@ def parse_record(content: bytes, path: Path) -> dict[str, Any]:
     if (problem := column_problem(data)) is not None:
         raise ValueError(problem)
     # Checked against the schema; stored as read (a dump of the model would cost as much
-    # again, at 100,000 records).
-    result: dict[str, Any] = data
+    # again, at 100,000 records), with the keys an older record wrote under their current
+    # names (`verdicts` is `threshold_results`, a regression item's `verdict` its `decision`).
+    result: dict[str, Any] = upgrade_keys(data)
     return result
 
 

@@ -37,8 +37,9 @@ class HeadlineMetric:
     compared_digits: int | None = None
 
 
-# The landing table's columns, in order: the run and its verdicts, the headline metrics and
-# the axes (all on the first screen), then where and when it ran.
+# The landing table's columns, in order: the run, its status, regression and validity, the
+# headline metrics and the axes (all on the first screen), then the thresholds it missed
+# (`failed_verdicts`, a stable name of the store), where and when it ran.
 LANDING_LEAD = ("run_id", "status", "gate", "validity", "suite", "workload")
 LANDING_TAIL = ("failed_verdicts", "gate_changes", "timestamp", "configuration", "engine",
                 "device", "server_model", "session_id", "system_host")
@@ -59,23 +60,25 @@ HEADLINE_METRICS = (
 # The landing columns Datasette facets on (browse/plugin.py's default facets that the landing
 # table has): indexed, as the swept axes are.
 LANDING_FACETS = ("server_model", "engine", "device", "suite", "status", "gate", "validity")
-# Derived from the regression gate's verdicts (the `regression` JSON of benchmark_runs):
+# Derived from the regression gate's decisions (the `regression` JSON of benchmark_runs):
 # `gate` is one word (regressed, not judged, improved, ok, no baseline; empty where nothing
 # was gated: a metric not judged is never folded into `ok`),
 # `gate_changes` says which metrics moved and by how much.
-_VERDICTS = "json_each(CASE WHEN json_valid(regression) THEN regression ELSE '[]' END)"
+_REGRESSION = "json_each(CASE WHEN json_valid(regression) THEN regression ELSE '[]' END)"
+# An item's decision: rows stored before the key `decision` say `verdict`.
+_DECISION = "coalesce(json_extract(value, '$.decision'), json_extract(value, '$.verdict'))"
 _GATE_SQL = (
     "(SELECT CASE WHEN count(*) = 0 THEN NULL "
-    "WHEN sum(json_extract(value, '$.verdict') = 'regressed') > 0 THEN 'regressed' "
-    "WHEN sum(json_extract(value, '$.verdict') = 'not-judged') > 0 THEN 'not judged' "
-    "WHEN sum(json_extract(value, '$.verdict') = 'improved') > 0 THEN 'improved' "
-    "WHEN sum(json_extract(value, '$.verdict') = 'no-baseline') = count(*) THEN 'no baseline' "
-    f"ELSE 'ok' END FROM {_VERDICTS})"
+    f"WHEN sum({_DECISION} = 'regressed') > 0 THEN 'regressed' "
+    f"WHEN sum({_DECISION} = 'not-judged') > 0 THEN 'not judged' "
+    f"WHEN sum({_DECISION} = 'improved') > 0 THEN 'improved' "
+    f"WHEN sum({_DECISION} = 'no-baseline') = count(*) THEN 'no baseline' "
+    f"ELSE 'ok' END FROM {_REGRESSION})"
 )
 _GATE_CHANGES_SQL = (
     "(SELECT group_concat(json_extract(value, '$.metric') || ' ' || "
     "printf('%+.1f%%', 100.0 * json_extract(value, '$.change')), ', ') "
-    f"FROM {_VERDICTS} WHERE json_extract(value, '$.verdict') IN ('regressed', 'improved'))"
+    f"FROM {_REGRESSION} WHERE {_DECISION} IN ('regressed', 'improved'))"
 )
 # A skipped run measured nothing and is no measurement either way: its validity is empty here,
 # so the landing page's validity facet never counts it as `invalid` (docs/results.md).

@@ -67,7 +67,11 @@ class EngineInfo(BaseModel):
     sim_profile: SimProfileInfo | None = None
 
 
-class Verdict(BaseModel):
+class ThresholdResult(BaseModel):
+    """One figure against its threshold (run/outcome.py `check_thresholds`): whether it
+    stayed within the suite's bound. Records before the key `threshold_results` kept these
+    under `verdicts` (read by `upgrade_keys`)."""
+
     metric: str
     bound: Literal["min", "max"]
     limit: float
@@ -76,15 +80,17 @@ class Verdict(BaseModel):
 
 
 # `not-judged`: a baseline, but no interval to judge the change by (gates/regression.py).
-GateVerdict = Literal["regressed", "improved", "unchanged", "no-baseline", "not-judged"]
+RegressionDecision = Literal["regressed", "improved", "unchanged", "no-baseline", "not-judged"]
 
 
-class RegressionVerdict(BaseModel):
-    """One metric of a case against its baseline (gates/regression.py). `change` is relative
-    (new / baseline - 1); the interval is a bootstrap confidence interval of it."""
+class RegressionResult(BaseModel):
+    """One metric of a case against its baseline (gates/regression.py): the regression gate's
+    `decision`. `change` is relative (new / baseline - 1); the interval is a bootstrap
+    confidence interval of it. Records before the key `decision` called it `verdict` (read by
+    `upgrade_keys`)."""
 
     metric: str
-    verdict: GateVerdict
+    decision: RegressionDecision
     tolerance: float  # a fraction: 0.05 is 5 %
     higher_is_better: bool
     baseline: float | None = None
@@ -460,9 +466,12 @@ class BenchmarkRecord(BaseModel):
     cost: CostInfo | None = None
     profiling: ProfilingInfo | None = None
     thresholds: dict[str, dict[str, float | None]] = Field(default_factory=dict)
-    verdicts: list[Verdict] = Field(default_factory=list)
-    # The regression gate's verdicts (with `repeat: N`, on the last repeat, over all of them).
-    regression: list[RegressionVerdict] = Field(default_factory=list)
+    # Each figure with a threshold, against it: whether the case passed (older records:
+    # `verdicts`).
+    threshold_results: list[ThresholdResult] = Field(default_factory=list)
+    # The regression gate's decision on each gated metric (with `repeat: N`, on the last
+    # repeat, over all of them).
+    regression: list[RegressionResult] = Field(default_factory=list)
     # Whether `results` measure the server, apart from whether the case passed: a run that
     # missed a threshold is a valid measurement; one whose requests failed, whose token counts
     # cannot be believed, whose client set the pace, or that measured nothing is not. Only
@@ -541,8 +550,35 @@ def is_valid(record: dict[str, Any]) -> bool:
     return validity == "valid"
 
 
+# Keys older records wrote, by the key that holds the same thing now (the record's, then a
+# `regression` item's). Version 1 still: an older file reads as a current one, key for key.
+RENAMED_KEYS = {"verdicts": "threshold_results"}
+RENAMED_REGRESSION_KEYS = {"verdict": "decision"}
+
+
+def upgrade_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (a record as read, changed in place, and returned) with the keys older records
+    wrote under their current names: `verdicts` is `threshold_results`, a `regression` item's
+    `verdict` its `decision`. A record holding both spellings keeps the current one."""
+    for old, new in RENAMED_KEYS.items():
+        if old in data:
+            value = data.pop(old)
+            data.setdefault(new, value)
+    regression = data.get("regression")
+    if isinstance(regression, list):
+        for item in regression:
+            if isinstance(item, dict):
+                for old, new in RENAMED_REGRESSION_KEYS.items():
+                    if old in item:
+                        value = item.pop(old)
+                        item.setdefault(new, value)
+    return data
+
+
 def normalize(data: object) -> BenchmarkRecord:
-    """A record read from disk, brought to the current schema (there is only version 1 yet).
+    """A record read from disk, brought to the current schema (there is only version 1 yet;
+    keys older records wrote are read under their current names, `upgrade_keys`). `data` is
+    left as it was.
 
     Raises ValueError with one line saying what is wrong.
     """
@@ -553,6 +589,11 @@ def normalize(data: object) -> BenchmarkRecord:
         raise ValueError(
             f"unsupported record schema_version {version!r} (this is {SCHEMA_VERSION})"
         )
+    # Copies of what upgrade_keys changes: the record and its regression items.
+    regression = data.get("regression")
+    data = upgrade_keys({**data, "regression": [
+        dict(item) if isinstance(item, dict) else item for item in regression
+    ]} if isinstance(regression, list) else dict(data))
     try:
         record = BenchmarkRecord.model_validate(data)
     except ValidationError as error:

@@ -172,10 +172,13 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
     engine_args = (record.get("config") or {}).get("engine_args") or {}
     case_id = str(record.get("case_id") or "")
     configuration, _, workload = case_id.rpartition("::")
-    verdicts = record.get("verdicts")
+    # The column keeps its first name, `verdicts` (docs/reference/record.md); an older
+    # record as written (not read by ingest) may still say `verdicts` itself.
+    threshold_results = record.get("threshold_results", record.get("verdicts"))
     capacity = record.get("capacity") or {}
     accuracy = record.get("accuracy") or {}
-    failed = ",".join(verdict["metric"] for verdict in verdicts or () if not verdict["passed"])
+    failed = ",".join(result["metric"] for result in threshold_results or ()
+                      if not result["passed"])
     return (
         record.get("run_id"),
         record.get("session_id"),
@@ -205,7 +208,7 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         _REPEAT_SUFFIX.sub("", workload),
         _device(record.get("system") or {}, engine),
         record.get("thresholds"),
-        verdicts,
+        threshold_results,
         record.get("profiling"),
         record.get("regression"),
         failed or None,

@@ -52,7 +52,7 @@ def run_accuracy(case: Case, servers: WorkerServers, outcome: CaseOutcome) -> Ca
             raise CaseFailed(str(error)) from None
     outcome.results = results_of(answer)
     outcome.accuracy = accuracy_record(answer, bench, simulated=servers.engine == "sim")
-    outcome.verdicts = check_thresholds(case, outcome.results)
+    outcome.threshold_results = check_thresholds(case, outcome.results)
     outcome.finished_at = time.time()
     return outcome
 

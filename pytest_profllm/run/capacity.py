@@ -108,7 +108,7 @@ def run_capacity(
     outcome.server_view = missing("not taken for capacity searches (a probe's runs each have "
                                   "their own /metrics window)")
     outcome.results.update(found.results())
-    outcome.verdicts = check_thresholds(case, outcome.results)
+    outcome.threshold_results = check_thresholds(case, outcome.results)
     outcome.finished_at = time.time()
     return outcome
 

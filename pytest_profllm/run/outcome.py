@@ -1,6 +1,6 @@
-"""What one case produced, and the JSON record that says so: its results, verdicts and
-telemetry, the configuration it ran with (every engine argument), the system it ran on, and
-the runtime of its server and lease. Serve and offline cases alike end here."""
+"""What one case produced, and the JSON record that says so: its results, threshold results,
+validity and telemetry, the configuration it ran with (every engine argument), the system it
+ran on, and the runtime of its server and lease. Serve and offline cases alike end here."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from pytest_profllm.hosts.devices import cpu_model
 from pytest_profllm.load import loops, metrics
 from pytest_profllm.load.prompt import DatasetError
 from pytest_profllm.plan.case import Case, gpus_needed
-from pytest_profllm.results.record import BenchmarkRecord, RegressionVerdict, Status, Verdict
+from pytest_profllm.results.record import BenchmarkRecord, RegressionResult, Status, ThresholdResult
 from pytest_profllm.run.cost import case_cost, energy_per_output_token, priced_gpus
 from pytest_profllm.server.process import ServerProcess
 from pytest_profllm.sim.config import describe_server
@@ -60,7 +60,7 @@ class CaseOutcome:
     started_at: float
     finished_at: float = 0.0
     results: dict[str, float | int | None] = field(default_factory=dict)
-    verdicts: list[Verdict] = field(default_factory=list)
+    threshold_results: list[ThresholdResult] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     server: ServerProcess | None = None
     error: str | None = None
@@ -72,8 +72,8 @@ class CaseOutcome:
     invalid_reason: str | None = None
     # Set when requests failed (also when the suite allows them): the figures leave them out.
     request_failures: str | None = None
-    # The regression gate's verdicts (gates/worker.py), set after the case's call.
-    regression: list[RegressionVerdict] = field(default_factory=list)
+    # The regression gate's decisions (gates/worker.py), set after the case's call.
+    regression: list[RegressionResult] = field(default_factory=list)
     sim_device: str | None = None  # the simulator's device profile (None: its default)
     # A profile file in its place (--profllm-sim-profile), as the session read it.
     sim_profile: ProfileSnapshot | None = None
@@ -107,8 +107,8 @@ class CaseOutcome:
         return f"{self.session_id}-{digest}"
 
     @property
-    def missed(self) -> list[Verdict]:
-        return [verdict for verdict in self.verdicts if not verdict.passed]
+    def missed(self) -> list[ThresholdResult]:
+        return [result for result in self.threshold_results if not result.passed]
 
     def record(self, status: Status, message: str | None) -> dict[str, Any]:
         case = self.case
@@ -147,7 +147,7 @@ class CaseOutcome:
             ),
             profiling=self.profiling,
             thresholds={name: t.model_dump() for name, t in case.thresholds.items()},
-            verdicts=self.verdicts,
+            threshold_results=self.threshold_results,
             regression=self.regression,
             validity="invalid" if (reasons := self._invalid_because(message)) else "valid",
             validity_reasons=reasons,
@@ -221,8 +221,10 @@ def _bad_float(value: object) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-def check_thresholds(case: Case, results: dict[str, float | int | None]) -> list[Verdict]:
-    verdicts = []
+def check_thresholds(
+    case: Case, results: dict[str, float | int | None]
+) -> list[ThresholdResult]:
+    checked = []
     for name, threshold in case.thresholds.items():
         value = results.get(name)
         bounds: tuple[tuple[Literal["min", "max"], float | None], ...] = (
@@ -233,8 +235,8 @@ def check_thresholds(case: Case, results: dict[str, float | int | None]) -> list
             if limit is None:
                 continue
             passed = value is not None and (value >= limit if bound == "min" else value <= limit)
-            verdicts.append(
-                Verdict(
+            checked.append(
+                ThresholdResult(
                     metric=name,
                     bound=bound,
                     limit=limit,
@@ -242,17 +244,17 @@ def check_thresholds(case: Case, results: dict[str, float | int | None]) -> list
                     passed=passed,
                 )
             )
-    return verdicts
+    return checked
 
 
-def describe_missed(missed: list[Verdict]) -> str:
+def describe_missed(missed: list[ThresholdResult]) -> str:
     """The metric, its value and the bound first: pytest's short summary (-rA) keeps the
     first line of a failure only, cut to the terminal's width."""
     parts = []
-    for verdict in missed:
-        relation = "< min" if verdict.bound == "min" else "> max"
-        value = "missing" if verdict.value is None else f"{verdict.value:.4g}"
-        parts.append(f"{verdict.metric} = {value} {relation} {verdict.limit:g}")
+    for result in missed:
+        relation = "< min" if result.bound == "min" else "> max"
+        value = "missing" if result.value is None else f"{result.value:.4g}"
+        parts.append(f"{result.metric} = {value} {relation} {result.limit:g}")
     noun = "threshold" if len(parts) == 1 else "thresholds"
     return "; ".join(parts) + f" ({noun} missed)"
 

@@ -128,7 +128,7 @@ def run_case(
     # The server lived through the load on its own port (serving checked): the figures count.
     outcome.results = results
     outcome.attempts = attempts.kept
-    outcome.verdicts = check_thresholds(case, outcome.results)
+    outcome.threshold_results = check_thresholds(case, outcome.results)
     outcome.invalid_reason = attempts.invalid_reason(reasons)
     outcome.request_failures = metrics.request_failures(load.outcomes)
     outcome.by_turn = by_turn(load.outcomes)

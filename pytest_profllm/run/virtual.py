@@ -258,7 +258,7 @@ def run_virtual_case(
     outcome.telemetry = dict(engine_figures(run))
     outcome.results = results
     outcome.server_view = missing(VIRTUAL_VIEW)
-    outcome.verdicts = check_thresholds(case, results)
+    outcome.threshold_results = check_thresholds(case, results)
     outcome.request_failures = metrics.request_failures(load.outcomes)
     outcome.requests = [request_row(i, o, load.clock_start) for i, o in enumerate(load.outcomes)]
     check_served(load.outcomes, results, allowed_failures(case))
@@ -331,6 +331,6 @@ def run_virtual_capacity(
         outcome.capacity["recheck"]["remeasured"] = []
     outcome.prefix_cache = FRESH_ENGINE
     outcome.results.update(found.results())
-    outcome.verdicts = check_thresholds(case, outcome.results)
+    outcome.threshold_results = check_thresholds(case, outcome.results)
     outcome.finished_at = time.time()
     return outcome

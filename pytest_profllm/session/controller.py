@@ -4,6 +4,7 @@ Without xdist the one process is both worker and controller."""
 
 from __future__ import annotations
 
+import copy
 import shutil
 import sqlite3
 import tempfile
@@ -18,7 +19,7 @@ import pytest
 
 from pytest_profllm.gates.controller import GATE_CONTROLLER_KEY
 from pytest_profllm.options import Settings
-from pytest_profllm.results.record import write_record, write_requests
+from pytest_profllm.results.record import upgrade_keys, write_record, write_requests
 from pytest_profllm.results.store import load_records
 from pytest_profllm.session.identity import RunIdentity, host_pool, session_turns
 from pytest_profllm.session.resume import REJUDGED_PROPERTY, RESUMED_PROPERTY, ResumeIndex
@@ -104,7 +105,9 @@ class ControllerSession:
         if record is None:
             return None
         if rejudged:
-            record = {**record, **rejudged}
+            # An older record's keys under their current names: its `verdicts` would
+            # otherwise stand beside the new `threshold_results`.
+            record = {**upgrade_keys(copy.deepcopy(record)), **rejudged}
             out = self.settings.out_dir
             if out is not None:
                 try:

@@ -36,7 +36,7 @@ from pytest_profllm.run.outcome import check_thresholds, describe_missed
 # A skipped case's user property: the run id whose record stands for it.
 RESUMED_PROPERTY = "profllm_resumed"
 # ... and, where the current thresholds fail it, what its record says now (status, message,
-# thresholds and verdicts).
+# thresholds and threshold results).
 REJUDGED_PROPERTY = "profllm_rejudged"
 # A resumed case whose earlier figures miss a current threshold: why it fails.
 RESUMED_FAILURE_KEY = pytest.StashKey[str]()
@@ -149,15 +149,15 @@ def describe(earlier: Earlier) -> str:
 def rejudged(case: Case, earlier: Earlier) -> dict[str, Any] | None:
     """What the earlier record of `case` says when judged by the case's current thresholds,
     where they now fail it (None: they pass)."""
-    verdicts = check_thresholds(case, earlier.results)
-    missed = [verdict for verdict in verdicts if not verdict.passed]
+    checked = check_thresholds(case, earlier.results)
+    missed = [result for result in checked if not result.passed]
     if not missed:
         return None
     return {
         "status": "failed",
         "message": f"{describe_missed(missed)}, judged by the suite's current thresholds",
         "thresholds": {name: t.model_dump() for name, t in case.thresholds.items()},
-        "verdicts": [verdict.model_dump(mode="json") for verdict in verdicts],
+        "threshold_results": [result.model_dump(mode="json") for result in checked],
     }
 
 
@@ -183,11 +183,11 @@ def skip_resumed(
         if earlier is None:
             continue
         item.user_properties.append((RESUMED_PROPERTY, earlier.run_id))
-        verdict = rejudged(case, earlier)
-        if verdict is None:
+        now = rejudged(case, earlier)
+        if now is None:
             item.add_marker(pytest.mark.skip(reason=describe(earlier)))
         else:
-            item.stash[RESUMED_FAILURE_KEY] = f"{describe(earlier)}: {verdict['message']}"
-            item.user_properties.append((REJUDGED_PROPERTY, verdict))
+            item.stash[RESUMED_FAILURE_KEY] = f"{describe(earlier)}: {now['message']}"
+            item.user_properties.append((REJUDGED_PROPERTY, now))
         resumed.append((case, earlier))
     return resumed

@@ -45,7 +45,7 @@ MAX_POINTS = 1500
 CASE_FAILED = "case failed"
 # The regression gate's verdicts (gates/regression.py), each always the same colour.
 _VERDICT_COLOURS = {
-    "domain": ["regressed", "improved", "unchanged", "no-baseline", "not-judged", "no verdict",
+    "domain": ["regressed", "improved", "unchanged", "no-baseline", "not-judged", "not gated",
                CASE_FAILED],
     "range": ["#c62828", "#2e7d32", "#1565c0", "#ef6c00", "#6a1b9a", "#9e9e9e", "#212121"],
 }

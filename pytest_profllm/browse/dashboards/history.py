@@ -1,4 +1,4 @@
-"""The history dashboard: one case over time, every valid run coloured by its gate verdict,
+"""The history dashboard: one case over time, every valid run coloured by its regression decision,
 change points marked."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ HISTORY_METRICS = (*POINT_METRICS, ("median_itl_ms", "median ITL (ms)"),
 
 def history_dashboard(connection: sqlite3.Connection, schema: Schema, selection: Selection,
                       args: Mapping[str, str]) -> View:
-    """One case over time: every valid run, coloured by its gate verdict, change points
+    """One case over time: every valid run, coloured by its regression decision, change points
     marked. The filter panel's conditions apply; its session choice does not (history is
     every session)."""
     view = View()
@@ -66,7 +66,7 @@ def history_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
                 f"AND {conditions} ORDER BY timestamp",
                 [*([metric] if has_verdicts else []), case_id, *params])]
     for row in rows:
-        row["gate"] = row["gate"] or "no verdict"
+        row["gate"] = row["gate"] or "not gated"
         row["value"] = _finite(row["value"])
     changes: list[dict[str, Any]] = []
     if _table_exists(connection, "change_points"):
@@ -89,7 +89,7 @@ def history_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
         {"mark": {"type": "point", "filled": True, "size": 90, "tooltip": True},
          "encoding": {
              "x": time, "y": charts.field("value", "quantitative", label),
-             "color": charts.field("gate", "nominal", "gate verdict", scale=_VERDICT_COLOURS),
+             "color": charts.field("gate", "nominal", "regression", scale=_VERDICT_COLOURS),
              "tooltip": charts.tooltips("timestamp", "session", "value", "gate", "run_id")}},
     ]
     if changes:
@@ -101,7 +101,7 @@ def history_dashboard(connection: sqlite3.Connection, schema: Schema, selection:
                                                                "change")}})
     view.add("history", charts.spec(rows, title=f"{case_id}: {label} over time",
                                     layers=layers),
-             "Every valid run of the case; colour: the regression gate's verdict on this "
+             "Every valid run of the case; colour: the regression gate's decision on this "
              "metric; purple rules: change points found in its history.")
     view.tables.append(Table("Change points", ["timestamp", "before", "after", "change"],
                              changes, empty="No change point found for this case and metric."))

@@ -131,7 +131,7 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
                          "status": (f"failed in the {' and the '.join(failed)} session"
                                     if failed else "passed"),
                          "gate": (verdict[0] if verdict else
-                                  CASE_FAILED if failed else "no verdict"),
+                                  CASE_FAILED if failed else "not gated"),
                          "gate_change_percent": (round(100 * verdict[1], 1)
                                                  if verdict and verdict[1] is not None
                                                  else None),
@@ -164,7 +164,7 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
         y = charts.field("case", "nominal", "", sort="-x",
                          axis={"labelLimit": 520, "title": None})
         x = charts.field("change_percent", "quantitative", f"change of {label} (%)")
-        colour = charts.field("gate", "nominal", "gate verdict", scale=_VERDICT_COLOURS)
+        colour = charts.field("gate", "nominal", "regression", scale=_VERDICT_COLOURS)
         view.add(f"latest-change-{metric}", charts.spec(
             of_metric, title=f"{label}: change from the previous session",
             height=max(160, 26 * len(of_metric)),
@@ -184,8 +184,8 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
                   for test, align, dx in ((">=", "left", 9), ("<", "right", -9))],
             ]),
             f"{which}: the change of its median {label} from the previous session "
-            f"({worse} is worse), with the figure and the gate's verdict beside it. Red: the "
-            "regression gate called it regressed; black: the case failed (its figures "
+            f"({worse} is worse), with the figure and the regression gate's decision beside it. "
+            "Red: the regression gate called it regressed; black: the case failed (its figures "
             "measured, but not passed) and no gate judged it.",
             # A bar's label names its whole case: in half the page, the labels left the bars
             # a few pixels.
@@ -204,8 +204,8 @@ def latest_dashboard(connection: sqlite3.Connection, schema: Schema, selection: 
     if failed_cases and previous is not None:
         view.notes.append(f"{failed_cases} case(s) failed in the latest or the previous "
                           f"session: their changes are marked {CASE_FAILED!r} (black) where "
-                          "no gate verdict is on them, never drawn as a passed case's change; "
-                          "runs that are not a valid measurement are left out.")
+                          "no regression decision is on them, never drawn as a passed case's "
+                          "change; runs that are not a valid measurement are left out.")
     if not pair.measured:
         view.notes.append(f"Session {latest} has no valid measurement (every case failed, or "
                           "measured the client): nothing to compare.")
@@ -238,10 +238,10 @@ def _regressed(connection: sqlite3.Connection, schema: Schema, selection: Select
     chart per regressed metric of all the session's verdicts on it. Read from
     `regression_verdicts` itself: the session-to-session points above hold one run per case
     and only the point metrics, and missed the rest."""
-    title = "Regressed (the regression gate's verdicts in the latest session)"
+    title = "Regressed (the regression gate's decisions in the latest session)"
     if not _table_exists(connection, "regression_verdicts"):
         view.tables.append(Table(title, _REGRESSED_COLUMNS, [],
-                                 empty="No regression gate verdicts in this database."))
+                                 empty="No regression decisions in this database."))
         return
     conditions, params = selection.conditions(schema)
     names = ("case_id", "metric", "verdict", "baseline", "value", "change", "ci_low",
@@ -259,21 +259,23 @@ def _regressed(connection: sqlite3.Connection, schema: Schema, selection: Select
                     "interval_percent": (f"[{low}, {high}]" if low is not None
                                          and high is not None else None),
                     "tolerance_percent": _percent(verdict["tolerance"]),
-                    "gate": verdict["verdict"] or "no verdict"}
+                    "gate": verdict["verdict"] or "not gated"}
     flagged = sorted((v for v in verdicts if v["verdict"] == "regressed"),
                      key=lambda v: -abs(v["change_percent"] or 0))
     # "Nothing regressed" is a verdict: where no gate ran, say that instead.
     view.tables.append(Table(title, _REGRESSED_COLUMNS, flagged,
-                             empty="Nothing regressed by the gate's verdicts." if verdicts
-                             else "No regression gate ran in this session (no "
-                             "--profllm-baseline, or no regression: block): nothing was judged."))
+                             empty=("Nothing regressed by the regression gate's decisions."
+                                    if verdicts else
+                                    "No regression gate ran in this session (no "
+                                    "--profllm-baseline, or no regression: block): nothing was "
+                                    "judged.")))
     for metric in dict.fromkeys(v["metric"] for v in flagged):
         of_metric = [v for v in verdicts if v["metric"] == metric]
         x = charts.field("change_percent", "quantitative", f"change of {metric} (%)")
         y = charts.field("case_id", "nominal", "", sort="x",
                          axis={"labelLimit": 520, "title": None})
         view.add(f"latest-gate-{_slug(metric)}", charts.spec(
-            of_metric, title=f"{metric}: the gate's verdicts against the baseline",
+            of_metric, title=f"{metric}: the regression gate's decisions against the baseline",
             height=max(160, 26 * len({v["case_id"] for v in of_metric})), layers=[
                 {"mark": {"type": "rule", "color": "#777"},
                  "encoding": {"y": y, "x": charts.field("ci_low_percent", "quantitative",
@@ -281,14 +283,14 @@ def _regressed(connection: sqlite3.Connection, schema: Schema, selection: Select
                               "x2": {"field": "ci_high_percent"}}},
                 {"mark": {"type": "point", "filled": True, "size": 80, "tooltip": True},
                  "encoding": {"y": y, "x": x,
-                              "color": charts.field("gate", "nominal", "gate verdict",
+                              "color": charts.field("gate", "nominal", "regression",
                                                     scale=_VERDICT_COLOURS),
                               "tooltip": charts.tooltips(
                                   "case_id", "metric", "baseline", "value", "change_percent",
                                   "interval_percent", "baseline_session", "run_id")}},
             ]),
-            f"Every verdict of the latest session on {metric}, one point per run: its change "
-            "from the baseline (%) with the gate's interval. Red: regressed.")
+            f"Every regression decision of the latest session on {metric}, one point per run: "
+            "its change from the baseline (%) with the gate's interval. Red: regressed.")
 
 
 def _percent(fraction: Any) -> float | None:
