@@ -29,7 +29,8 @@ from pytest_profllm.cli.fit_runs import (
 from pytest_profllm.cli.main import main
 from pytest_profllm.limits import MAX_CALIBRATE_REQUESTS
 from pytest_profllm.plan.suite import BenchmarkConfig
-from pytest_profllm.results.record import normalize, write_requests
+from pytest_profllm.results.record import normalize
+from pytest_profllm.results.record_files import write_requests
 from pytest_profllm.results.store import load_records
 from pytest_profllm.sim.calibration import ROWS, observation_of, one_host_groups, random_lengths
 from pytest_profllm.sim.fit_records import METRICS, Observation, fit, predict

@@ -28,7 +28,7 @@ from pytest_profllm.plan.regression import gated_metric, parse_regression, parse
 from pytest_profllm.plan.suite import SuiteError, validate_suite
 from pytest_profllm.results import gate_tables as tables
 from pytest_profllm.results.fingerprint import digests
-from pytest_profllm.results.record import write_record, write_requests
+from pytest_profllm.results.record_files import write_record, write_requests
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from pytest_profllm.cli.main import main as cli_main
 from pytest_profllm.results import ingest as ingest_module
 from pytest_profllm.results import store
 from pytest_profllm.results.ingest import BENCH_SUITE, ingest, record_files
-from pytest_profllm.results.record import write_record, write_requests
+from pytest_profllm.results.record_files import write_record, write_requests
 from pytest_profllm.results.store import load_records
 from pytest_profllm.results.table import TABLE
 
@@ -298,7 +298,7 @@ _SLOW_WRITER = """
 import json, os, sys, time
 from pathlib import Path
 from pytest_profllm.hosts import files
-from pytest_profllm.results import record
+from pytest_profllm.results import record_files
 real_fdopen = os.fdopen
 class Slow:
     def __init__(self, handle): self.handle = handle
@@ -310,7 +310,7 @@ class Slow:
             print("writing", flush=True); time.sleep(0.05)
 files.os.fdopen = lambda fd, mode: Slow(real_fdopen(fd, mode))
 data = json.loads(sys.stdin.read())
-record.write_record(Path(sys.argv[1]), data)
+record_files.write_record(Path(sys.argv[1]), data)
 print("done", flush=True)
 """
 

@@ -25,7 +25,7 @@ from pytest_profllm.limits import MAX_METRICS_LINE_CHARS, MAX_METRICS_SERIES
 from pytest_profllm.load import scrape
 from pytest_profllm.load.scrape import Scraped, parse_metrics, scrape_metrics
 from pytest_profllm.load.server_view import HISTOGRAMS, load_view, server_view
-from pytest_profllm.results.record import record_bytes
+from pytest_profllm.results.record_files import record_bytes
 from pytest_profllm.run.telemetry import Sampler, metrics_problem, server_metric_deltas
 
 TTFT = "vllm:time_to_first_token_seconds"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pytest_profllm.hosts.files import write_atomic
-from pytest_profllm.results.record import write_record, write_requests
+from pytest_profllm.results.record_files import write_record, write_requests
 
 
 @pytest.fixture(params=[0o022, 0o077, 0o002])

@@ -22,7 +22,7 @@ from pytest_profllm.cli.main import main as cli_main
 from pytest_profllm.results.check import check
 from pytest_profllm.results.ingest import read_record
 from pytest_profllm.results.rebuild import RebuildError, rebuild
-from pytest_profllm.results.record import write_record, write_requests
+from pytest_profllm.results.record_files import write_record, write_requests
 from pytest_profllm.results.rows import record_row
 from pytest_profllm.results.table import TABLE
 

@@ -120,7 +120,7 @@ def test_resume_needs_an_out_folder(pytester: pytest.Pytester) -> None:
 
 
 def test_only_valid_measured_records_count(tmp_path: Path) -> None:
-    from pytest_profllm.results.record import write_record
+    from pytest_profllm.results.record_files import write_record
     from pytest_profllm.session.resume import read_index
 
     base = {

@@ -21,12 +21,8 @@ from pytest_profllm.plan import metric_names
 from pytest_profllm.plan.suite import BenchmarkConfig
 from pytest_profllm.results.ingest import read_record
 from pytest_profllm.results.landing import LANDING, SweptAxes, swept_axes
-from pytest_profllm.results.record import (
-    json_schema,
-    normalize,
-    write_record,
-    write_requests,
-)
+from pytest_profllm.results.record import json_schema, normalize
+from pytest_profllm.results.record_files import write_record, write_requests
 from pytest_profllm.results.rows import RowBuilder, record_row
 from pytest_profllm.results.staging import stage
 from pytest_profllm.results.store import Load, LoadReport, load_records

@@ -32,7 +32,7 @@ def a_record(folder: Path) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from test_store import make_record  # the tests' own record, only for this script
 
-    from pytest_profllm.results.record import write_record
+    from pytest_profllm.results.record_files import write_record
 
     write_record(folder, make_record("run-good"))
 

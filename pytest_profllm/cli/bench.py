@@ -32,7 +32,7 @@ from pytest_profllm.load.dataset import DatasetError
 from pytest_profllm.load.metrics import MAX_CLIENT_RUNQUEUE_WAIT_SHARE
 from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
 from pytest_profllm.plan.suite import BenchmarkConfig, CapacityConfig, CapacitySearch
-from pytest_profllm.results.record import write_requests
+from pytest_profllm.results.record_files import write_requests
 from pytest_profllm.run.outcome import request_row
 
 

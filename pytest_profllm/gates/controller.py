@@ -15,7 +15,8 @@ import pytest
 from pytest_profllm.gates import benchmark_bridge, earlier, summary
 from pytest_profllm.gates.baseline import is_database
 from pytest_profllm.gates.config import GateConfig
-from pytest_profllm.results.record import is_valid, write_record, write_requests
+from pytest_profllm.results.record import is_valid
+from pytest_profllm.results.record_files import write_record, write_requests
 from pytest_profllm.results.store import load_records
 
 

@@ -1,23 +1,19 @@
-"""The per-case JSON record (schema version 1) and how it is written.
+"""The per-case JSON record (schema version 1).
 
-Workers build records; the controller writes them, atomically, as each case ends. Metric
-values live under `results` with vLLM's names; parameters live in `config`, never only in
-file names. Secret engine arguments are redacted before a record exists.
+Workers build records; the controller writes them as each case ends
+(`results/record_files.py`). Metric values live under `results` with vLLM's names; parameters
+live in `config`, never only in file names. Secret engine arguments are redacted before a
+record exists.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
-import logging
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pytest_profllm.hosts.files import write_atomic
 from pytest_profllm.limits import (
     MAX_JSON_LINE_BYTES,
     MAX_REQUEST_ROWS,
@@ -25,8 +21,6 @@ from pytest_profllm.limits import (
     iter_gzip_lines,
     load_json,
 )
-
-log = logging.getLogger("profllm.results")
 
 SCHEMA_VERSION: Literal[1] = 1
 # `invalid`: measured, but the client fell behind its schedule, so the figures measure the
@@ -610,62 +604,6 @@ def normalize(data: object) -> BenchmarkRecord:
 
 def json_schema() -> dict[str, Any]:
     return BenchmarkRecord.model_json_schema()
-
-
-def record_bytes(record: dict[str, Any]) -> bytes:
-    """A record file's content. The store digests these bytes: a record loaded at the end of
-    a session and its file ingested later are the same record. A figure that is not finite
-    (JSON has no NaN or Infinity) is written as null, and logged: the record is written
-    whatever a figure came to (a server's NaN stopped pytest with an INTERNALERROR)."""
-    return _json(record, f"record {record.get('run_id')}", indent=2).encode() + b"\n"
-
-
-def _json(value: Any, what: str, indent: int | None = None) -> str:
-    """`value` as JSON, a float that is not finite as null (logged, naming `what`)."""
-    try:
-        return json.dumps(value, indent=indent, allow_nan=False)
-    except ValueError:
-        paths: list[str] = []
-        finite = _finite(value, "", paths, set())
-        text = json.dumps(finite, indent=indent, allow_nan=False)  # a cycle still raises
-        more = f" and {len(paths) - 10} more" if len(paths) > 10 else ""
-        log.warning("%s: %s%s not finite, written as null", what, ", ".join(paths[:10]), more)
-        return text
-
-
-def _finite(value: Any, path: str, paths: list[str], seen: set[int]) -> Any:
-    """`value` with every float that is not finite replaced by None (their paths in
-    `paths`); a list or mapping met twice on one path is left as it is."""
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        paths.append(path or "(the record)")
-        return None
-    if isinstance(value, dict | list | tuple):
-        if id(value) in seen:
-            return value
-        seen = seen | {id(value)}
-        if isinstance(value, dict):
-            return {key: _finite(item, f"{path}.{key}" if path else str(key), paths, seen)
-                    for key, item in value.items()}
-        return [_finite(item, f"{path}[{index}]", paths, seen)
-                for index, item in enumerate(value)]
-    return value
-
-
-def write_record(out_dir: Path, record: dict[str, Any]) -> Path:
-    path = out_dir / f"{record['run_id']}.json"
-    write_atomic(path, record_bytes(record))
-    return path
-
-
-def write_requests(out_dir: Path, run_id: str, requests: list[dict[str, Any]]) -> Path:
-    """Per-request records as gzipped JSON lines, beside the case record."""
-    lines = "".join(_json(request, f"{run_id} request {index}") + "\n"
-                    for index, request in enumerate(requests))
-    path = out_dir / f"{run_id}.requests.jsonl.gz"
-    write_atomic(path, gzip.compress(lines.encode(), mtime=0))
-    return path
 
 
 class RequestSample(BaseModel):

@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 
-from pytest_profllm.results.record import is_valid, record_bytes, sim_device
+from pytest_profllm.results.record import is_valid, sim_device
+from pytest_profllm.results.record_files import record_bytes
 from pytest_profllm.results.table import FIXED_COLUMNS, column_types
 
 

@@ -19,7 +19,8 @@ import pytest
 
 from pytest_profllm.gates.controller import GATE_CONTROLLER_KEY
 from pytest_profllm.options import Settings
-from pytest_profllm.results.record import upgrade_keys, write_record, write_requests
+from pytest_profllm.results.record import upgrade_keys
+from pytest_profllm.results.record_files import write_record, write_requests
 from pytest_profllm.results.store import load_records
 from pytest_profllm.session.identity import RunIdentity, host_pool, session_turns
 from pytest_profllm.session.resume import REJUDGED_PROPERTY, RESUMED_PROPERTY, ResumeIndex

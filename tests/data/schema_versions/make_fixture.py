@@ -11,7 +11,7 @@ from pathlib import Path
 from test_store import make_record  # the earlier commit's own test helper
 
 from pytest_profllm.cli.main import main
-from pytest_profllm.results.record import write_record, write_requests
+from pytest_profllm.results.record_files import write_record, write_requests
 
 
 def write(out: Path) -> None:
