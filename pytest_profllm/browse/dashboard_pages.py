@@ -151,12 +151,17 @@ def _preset_link(datasette: Any, database: str, preset: filters.Preset) -> dict[
             "saved_at": preset.saved_at, "saved_by": preset.saved_by or ""}
 
 
-async def dashboard_page(datasette: Any, request: Any) -> Response:
+async def _dashboard_of(datasette: Any, request: Any) -> tuple[str, dashboards.Dashboard, Any]:
+    """The URL's database name, its dashboard (a 404 where there is none) and the database."""
     name = request.url_vars["database"]
     dashboard = dashboards.BY_NAME.get(request.url_vars["dashboard"])
     if dashboard is None:
         raise PageError(404, "No dashboard named " + repr(request.url_vars["dashboard"]))
-    database = await results_database(datasette, request, name)
+    return name, dashboard, await results_database(datasette, request, name)
+
+
+async def dashboard_page(datasette: Any, request: Any) -> Response:
+    name, dashboard, database = await _dashboard_of(datasette, request)
     pairs = _pairs(request)
     args: Mapping[str, str] = dict(pairs)
 
@@ -203,11 +208,7 @@ async def dashboard_page(datasette: Any, request: Any) -> Response:
 
 async def save_preset(datasette: Any, request: Any) -> Response:
     """POST: saves the filter of a dashboard under a name (an actor allowed to write only)."""
-    name = request.url_vars["database"]
-    dashboard = dashboards.BY_NAME.get(request.url_vars["dashboard"])
-    if dashboard is None:
-        raise PageError(404, "No dashboard named " + repr(request.url_vars["dashboard"]))
-    database = await results_database(datasette, request, name)
+    name, dashboard, database = await _dashboard_of(datasette, request)
     if request.method != "POST":
         return Response.text("POST a preset's name and query", status=405)
     if not await datasette.permission_allowed(request.actor, WRITE_ACTION, resource=name,

@@ -23,7 +23,7 @@ import filelock
 import psutil
 
 from pytest_profllm.hosts.devices import DeviceKind, cores_of, usable_cores
-from pytest_profllm.hosts.pool import HostPool, LeaseTimeout, in_turn, lock_file, try_lock
+from pytest_profllm.hosts.pool import HostPool, LeaseTimeout, in_turn, try_locks
 from pytest_profllm.hosts.processes import process_tree
 
 # Its own queue: a load must not wait behind a server waiting minutes for GPUs.
@@ -79,18 +79,8 @@ class LoadCores:
                 lock.release(force=True)
 
     def _try(self, count: int) -> list[tuple[int, filelock.BaseFileLock]] | None:
-        taken: list[tuple[int, filelock.BaseFileLock]] = []
-        for core in self.cores:
-            if len(taken) == count:
-                break
-            lock = lock_file(self.directory, f"load-core-{core}")
-            if try_lock(lock):
-                taken.append((core, lock))
-        if len(taken) == count:
-            return taken
-        for _, lock in taken:
-            lock.release(force=True)
-        return None
+        names = [(core, f"load-core-{core}") for core in self.cores]
+        return try_locks(self.directory, names, count)
 
     def _timeout(
         self, client: int, server: int, count: int, timeout: float, doing: str

@@ -171,18 +171,8 @@ class HostPool:
             lock.release(force=True)
 
     def _try_gpus(self, count: int) -> list[tuple[int, filelock.BaseFileLock]] | None:
-        taken: list[tuple[int, filelock.BaseFileLock]] = []
-        for index, name in enumerate(self.gpu_lock_names):
-            if len(taken) == count:
-                break
-            lock = self._lock(f"gpu-{name}")
-            if try_lock(lock):
-                taken.append((index, lock))
-        if len(taken) == count:
-            return taken
-        for _, lock in taken:
-            lock.release(force=True)
-        return None
+        names = [(index, f"gpu-{name}") for index, name in enumerate(self.gpu_lock_names)]
+        return try_locks(self.directory, names, count)
 
     def _try_port_block(self) -> tuple[int, filelock.BaseFileLock] | None:
         for block in self.port_blocks:
@@ -317,6 +307,25 @@ def try_lock(lock: filelock.BaseFileLock) -> bool:
         warnings.warn(_not_a_lock(lock, error) + ": passed over", PoolEntryWarning, stacklevel=2)
         return False
     return True
+
+
+def try_locks(
+    directory: Path, named: Sequence[tuple[int, str]], count: int
+) -> list[tuple[int, filelock.BaseFileLock]] | None:
+    """The first `count` free locks of `named` (a key, a lock name), in order, with their keys;
+    all or none: None, holding none of them, where fewer are free."""
+    taken: list[tuple[int, filelock.BaseFileLock]] = []
+    for key, name in named:
+        if len(taken) == count:
+            break
+        lock = lock_file(directory, name)
+        if try_lock(lock):
+            taken.append((key, lock))
+    if len(taken) == count:
+        return taken
+    for _, lock in taken:
+        lock.release(force=True)
+    return None
 
 
 def _not_a_lock(lock: filelock.BaseFileLock, error: OSError) -> str:

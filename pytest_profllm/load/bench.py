@@ -49,8 +49,8 @@ from pytest_profllm.load.processes import run_in_processes
 from pytest_profllm.load.schedule import (
     LoadResult,
     LoadSettings,
-    arrival_offsets,
     client_cores,
+    load_offsets,
 )
 from pytest_profllm.load.server_state import (
     CacheState,
@@ -143,15 +143,7 @@ async def _run_load(
     offsets = (
         [request.timestamp or 0.0 for request in requests]
         if settings.self_timed
-        else arrival_offsets(
-            len(requests),
-            settings.request_rate,
-            settings.burstiness,
-            settings.seed,
-            settings.ramp_up_strategy,
-            settings.ramp_up_start_rps,
-            settings.ramp_up_end_rps,
-        )
+        else load_offsets(settings, len(requests))
     )
     if settings.client_processes > 1 and len(requests) > 1:
         loop = asyncio.get_running_loop()

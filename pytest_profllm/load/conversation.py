@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_profllm.limits import MAX_REQUEST_TOKENS, InputLimitError, load_json
+from pytest_profllm.limits import MAX_REQUEST_TOKENS
 from pytest_profllm.load import client_watch, request_observer
 from pytest_profllm.load.client import (
     ENDPOINTS,
@@ -51,12 +51,13 @@ from pytest_profllm.load.dataset import (
     _decode_to_length,
     make_prompts,
 )
+from pytest_profllm.load.dataset_files import dataset_json
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.schedule import (
     LoadResult,
     LoadSettings,
-    arrival_offsets,
     client_cores,
+    load_offsets,
 )
 
 if TYPE_CHECKING:
@@ -172,13 +173,10 @@ def read_conversation_file(path: Path) -> list[list[tuple[str, str, int | None]]
     DatasetError with one line naming the file, and the conversation and message, when the
     file is not a JSON list of {"conversations": [{"from": str, "value": str}, ...]}."""
     try:
-        data = load_json(path.read_bytes(), what=str(path))
+        content = path.read_bytes()
     except OSError as error:
         raise DatasetError(f"{path}: cannot read: {error.strerror or error}") from None
-    except InputLimitError as error:
-        raise DatasetError(str(error)) from None
-    except ValueError as error:
-        raise DatasetError(f"{path}: not JSON: {error}") from None
+    data = dataset_json(content, str(path))
     if not isinstance(data, list):
         raise DatasetError(f"{path}: a ShareGPT file is a JSON list of conversations")
     conversations = []
@@ -256,15 +254,7 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
     """Run every conversation, starting them on vLLM's arrival schedule, at most
     `max_concurrency` at once; the outcomes are in conversation order, turns in order."""
     sessions = workload.sessions
-    offsets = arrival_offsets(
-        len(sessions),
-        settings.request_rate,
-        settings.burstiness,
-        settings.seed,
-        settings.ramp_up_strategy,
-        settings.ramp_up_start_rps,
-        settings.ramp_up_end_rps,
-    )
+    offsets = load_offsets(settings, len(sessions))
     if settings.num_warmups and sessions:
         first = sessions[0].turns[0]
         await run_warmups(settings, PromptRequest(first.user, first.user_len, first.output_len))

@@ -1,5 +1,5 @@
-"""Reading a dataset's local files: JSON lines with their line numbers, a custom line's
-output length, and vLLM's oversampling of a short file."""
+"""Reading a dataset's local files: JSON, JSON lines with their line numbers (all, or a seeded
+sample), a custom line's output length, and vLLM's oversampling of a short file."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_profllm.limits import (
+    MAX_JSON_BYTES,
     MAX_JSON_LINE_BYTES,
     MAX_REQUEST_TOKENS,
     InputLimitError,
@@ -17,6 +18,17 @@ from pytest_profllm.load.prompt import DatasetError, PromptRequest
 
 if TYPE_CHECKING:
     from pytest_profllm.plan.suite import BenchmarkConfig
+
+
+def dataset_json(data: str | bytes, where: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """`data` (a file's or a line's) read as JSON; else DatasetError in one line, naming
+    `where`: over limits.py's bounds, or not JSON."""
+    try:
+        return load_json(data, what=where, max_bytes=max_bytes)
+    except InputLimitError as error:
+        raise DatasetError(str(error)) from None
+    except ValueError as error:
+        raise DatasetError(f"{where}: not JSON: {error}") from None
 
 
 def read_json_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
@@ -29,16 +41,20 @@ def read_json_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            item = load_json(line, what=f"{path}:{number}", max_bytes=MAX_JSON_LINE_BYTES)
-        except InputLimitError as error:
-            raise DatasetError(str(error)) from None
-        except ValueError as error:
-            raise DatasetError(f"{path}:{number}: not JSON: {error}") from None
+        item = dataset_json(line, f"{path}:{number}", MAX_JSON_LINE_BYTES)
         if not isinstance(item, dict):
             raise DatasetError(f"{path}:{number}: each line is a JSON object")
         items.append((number, item))
     return items
+
+
+def sampled_lines(config: BenchmarkConfig) -> tuple[Path, list[tuple[str, dict[str, Any]]]]:
+    """The dataset file, and up to `num_prompts` of its JSON lines in the seed's shuffled
+    order, each with where it stands (`path:line`) for an error to name."""
+    path = Path(str(config.dataset_path))
+    lines = read_json_lines(path)
+    random.Random(config.seed).shuffle(lines)
+    return path, [(f"{path}:{number}", item) for number, item in lines[: config.num_prompts]]
 
 
 def custom_output_len(config: BenchmarkConfig, item: dict[str, Any], where: str) -> int:

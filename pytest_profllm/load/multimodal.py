@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import io
 import math
-import random
 import warnings
 import wave
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_profllm.limits import InputLimitError, check_pixels, too_many_pixels
-from pytest_profllm.load.dataset_files import custom_output_len, fill, read_json_lines
+from pytest_profllm.load.dataset_files import custom_output_len, fill, sampled_lines
 from pytest_profllm.load.prompt import Codec, DatasetError, PromptRequest
 from pytest_profllm.plan.suite import bucket_shape
 
@@ -144,12 +143,9 @@ def custom_image_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRe
     """JSON lines with a `prompt` and its `image_files`, or an interleaved `content` list of
     text and image parts (`image` or `image_url`), as vLLM's CustomImageDataset reads them.
     Each image is a local file (relative to the dataset's folder) or a data:image URL."""
-    path = Path(str(config.dataset_path))
-    lines = read_json_lines(path)
-    random.Random(config.seed).shuffle(lines)
+    path, lines = sampled_lines(config)
     requests = []
-    for number, item in lines[: config.num_prompts]:
-        where = f"{path}:{number}"
+    for where, item in lines:
         output_len = custom_output_len(config, item, where)
         if "content" in item:
             requests.append(_interleaved(item["content"], codec, output_len, path, where))
@@ -270,12 +266,9 @@ def custom_audio_prompts(config: BenchmarkConfig, codec: Codec) -> list[PromptRe
     """JSON lines with a `prompt` and an `audio` WAV file (relative to the dataset's folder),
     as vLLM's CustomAudioDataset reads them for a chat model: the text, then the clip as an
     `input_audio` part."""
-    path = Path(str(config.dataset_path))
-    lines = read_json_lines(path)
-    random.Random(config.seed).shuffle(lines)
+    path, lines = sampled_lines(config)
     requests = []
-    for number, item in lines[: config.num_prompts]:
-        where = f"{path}:{number}"
+    for where, item in lines:
         prompt, audio = item.get("prompt", ""), item.get("audio")
         if not isinstance(prompt, str) or not isinstance(audio, str) or not audio:
             raise DatasetError(f"{where}: each line needs an 'audio' file (and a string 'prompt')")

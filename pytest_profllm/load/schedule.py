@@ -154,3 +154,16 @@ def arrival_offsets(
         offsets = offsets * (count / rate) / offsets[-1]
     result: list[float] = offsets.tolist()
     return result
+
+
+def load_offsets(settings: LoadSettings, count: int) -> list[float]:
+    """`count` requests' send times on the schedule `settings` asks for (`arrival_offsets`)."""
+    return arrival_offsets(
+        count,
+        settings.request_rate,
+        settings.burstiness,
+        settings.seed,
+        settings.ramp_up_strategy,
+        settings.ramp_up_start_rps,
+        settings.ramp_up_end_rps,
+    )

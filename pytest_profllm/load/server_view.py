@@ -391,13 +391,7 @@ def overhead_problem(
     overhead = results.get("client_overhead_ttft_ms")
     if bound_ms is None or not isinstance(overhead, int | float):
         return None
-    share = MAX_CLIENT_OVERHEAD_SHARE * (server_ttft_mean_ms or 0.0)
-    if overhead <= max(bound_ms, share):
-        return None
-    bound = (f"bound {bound_ms:g} ms" if share <= bound_ms else
-             f"bound {share:.1f} ms, {MAX_CLIENT_OVERHEAD_SHARE:.0%} of the server's "
-             f"{server_ttft_mean_ms:.1f} ms")
-    return f"{OVERHEAD_PREFIX} {overhead:.1f} ms to mean TTFT ({bound}): host busy"
+    return _over_bound(overhead, bound_ms, server_ttft_mean_ms, "", "mean TTFT")
 
 
 def tail_problem(
@@ -410,10 +404,19 @@ def tail_problem(
     overhead = results.get("client_overhead_ttft_p99_ms")
     if bound_ms is None or not isinstance(overhead, int | float) or not math.isfinite(overhead):
         return None
-    share = MAX_CLIENT_OVERHEAD_SHARE * (server_ttft_p99_ms or 0.0)
+    return _over_bound(overhead, bound_ms, server_ttft_p99_ms, "p99 ", "a request's TTFT at p99")
+
+
+def _over_bound(
+    overhead: float, bound_ms: float, server_ms: float | None, server_figure: str, what: str
+) -> str | None:
+    """The problem line where `overhead` is over the larger of `bound_ms` and
+    MAX_CLIENT_OVERHEAD_SHARE of the server's own figure (`server_ms`, its `server_figure`
+    named in the line); None within it."""
+    share = MAX_CLIENT_OVERHEAD_SHARE * (server_ms or 0.0)
     if overhead <= max(bound_ms, share):
         return None
     bound = (f"bound {bound_ms:g} ms" if share <= bound_ms else
-             f"bound {share:.1f} ms, {MAX_CLIENT_OVERHEAD_SHARE:.0%} of the server's p99 "
-             f"{server_ttft_p99_ms:.1f} ms")
-    return f"{OVERHEAD_PREFIX} {overhead:.1f} ms to a request's TTFT at p99 ({bound}): host busy"
+             f"bound {share:.1f} ms, {MAX_CLIENT_OVERHEAD_SHARE:.0%} of the server's "
+             f"{server_figure}{server_ms:.1f} ms")
+    return f"{OVERHEAD_PREFIX} {overhead:.1f} ms to {what} ({bound}): host busy"

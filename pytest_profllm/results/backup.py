@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pytest_profllm.results.files import not_regular, settle, sidecars
+from pytest_profllm.results.files import not_regular, scratch_database, settle, sidecars
 from pytest_profllm.results.schema_version import NewerSchema, refuse_newer
 from pytest_profllm.results.store import BUSY_TIMEOUT_MS
 from pytest_profllm.results.table import TABLE
@@ -76,14 +76,13 @@ def backup(
     beside = dest.with_name(dest.name + (".records.tar" if records_as == "tar" else ".records"))
     if records is not None and beside.exists():
         raise BackupError(f"{beside}: exists; name a new file for the backup")
-    temp = dest.with_name(f".{dest.name}.backup-{os.getpid()}")
     try:
         source = sqlite3.connect(
             db_path.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None, timeout=30
         )
     except sqlite3.Error as error:
         raise BackupError(f"{db_path}: cannot open: {error}") from None
-    try:
+    with scratch_database(dest, "backup") as temp:
         with closing(source):
             try:
                 version = refuse_newer(source, db_path)
@@ -101,10 +100,6 @@ def backup(
                 raise BackupError(f"{db_path}: {error}") from None
         settle(temp)
         os.replace(temp, dest)
-    finally:
-        for path in (temp, *sidecars(temp)):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
     report = BackupReport(dest, version, runs, pages)
     if records is not None:
         report.records = beside
@@ -230,18 +225,13 @@ def restore(backup_path: Path, db_path: Path, wait_s: float = RESTORE_WAIT_S) ->
     _refuse_unreadable(backup_path)
     if not db_path.parent.is_dir():
         raise BackupError(f"{db_path.parent}: no such folder")
-    temp = db_path.with_name(f".{db_path.name}.restore-{os.getpid()}")
-    try:
+    with scratch_database(db_path, "restore") as temp:
         version = _copy_checked(backup_path, temp)
         settle(temp)
         if not db_path.exists():
             _replace_whole(temp, db_path)
         else:
             _restore_into(temp, db_path, wait_s)
-    finally:
-        for path in (temp, *sidecars(temp)):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
     return version
 
 

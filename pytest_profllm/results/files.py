@@ -4,10 +4,12 @@ limit."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import stat
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from pytest_profllm.limits import InputLimitError
@@ -21,6 +23,20 @@ def sidecars(db_path: Path) -> list[Path]:
     """The files SQLite keeps beside a database: its write-ahead log, its shared memory and
     its rollback journal. A stale log beside another database would be replayed into it."""
     return [db_path.with_name(db_path.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
+
+
+@contextmanager
+def scratch_database(db_path: Path, doing: str) -> Iterator[Path]:
+    """A scratch database file beside `db_path` (`.NAME.DOING-PID`) to be made whole and
+    moved into place; whatever is left of it (and of its sidecars) is removed when the block
+    ends, also on failure."""
+    temp = db_path.with_name(f".{db_path.name}.{doing}-{os.getpid()}")
+    try:
+        yield temp
+    finally:
+        for path in (temp, *sidecars(temp)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
 
 def settle(db_path: Path) -> None:

@@ -6,12 +6,11 @@ no half-built database under that name.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-from pytest_profllm.results.files import settle, sidecars
+from pytest_profllm.results.files import scratch_database, settle
 from pytest_profllm.results.ingest import IngestReport, ingest, record_files
 
 
@@ -39,8 +38,7 @@ def rebuild(
     if not files:
         raise RebuildError(f"{records}: no record files (*.json) there")
     db_path.parent.mkdir(parents=True, exist_ok=True)
-    temp = db_path.with_name(f".{db_path.name}.rebuild-{os.getpid()}")
-    try:
+    with scratch_database(db_path, "rebuild") as temp:
         report = ingest(temp, files, progress)
         if not report.load.stored:
             raise RebuildError(
@@ -49,8 +47,4 @@ def rebuild(
             )
         settle(temp)
         os.replace(temp, db_path)
-    finally:
-        for path in (temp, *sidecars(temp)):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
     return report

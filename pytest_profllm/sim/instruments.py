@@ -40,7 +40,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -168,10 +168,7 @@ class _SchedulerCollector:
             ("vllm:generation_tokens", "Number of generation tokens processed.",
              s.generation_tokens),
         )
-        for name, documentation, value in gauges:
-            gauge = GaugeMetricFamily(name, documentation, labels=names)
-            gauge.add_metric(values, float(value))
-            yield gauge
+        yield from _families(GaugeMetricFamily, gauges, names, values)
         waiting = GaugeMetricFamily(
             "vllm:num_requests_waiting_by_reason",
             "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
@@ -192,10 +189,7 @@ class _SchedulerCollector:
         for state, value in (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)):
             sleep.add_metric([*values, state], value)
         yield sleep
-        for name, documentation, value in counters:
-            counter = CounterMetricFamily(name, documentation, labels=names)
-            counter.add_metric(values, float(value))
-            yield counter
+        yield from _families(CounterMetricFamily, counters, names, values)
         by_source = CounterMetricFamily(
             "vllm:prompt_tokens_by_source",
             "Number of prompt tokens by source.",
@@ -263,17 +257,25 @@ class _SchedulerCollector:
             ("profllm:sim_step_lateness_seconds",
              "Lateness of the simulator's steps, summed, in seconds.", lateness.total_seconds),
         ]  # fmt: skip
-        for name, documentation, value in counters:
-            counter = CounterMetricFamily(name, documentation, labels=names)
-            counter.add_metric(values, float(value))
-            yield counter
-        largest = GaugeMetricFamily(
-            "profllm:sim_step_lateness_max_seconds",
-            "The largest lateness of a simulator step since the start, in seconds.",
-            labels=names,
-        )
-        largest.add_metric(values, lateness.max_seconds)
-        yield largest
+        yield from _families(CounterMetricFamily, counters, names, values)
+        largest = ("profllm:sim_step_lateness_max_seconds",
+                   "The largest lateness of a simulator step since the start, in seconds.",
+                   lateness.max_seconds)  # fmt: skip
+        yield from _families(GaugeMetricFamily, [largest], names, values)
+
+
+def _families(
+    family: Callable[..., Any],
+    rows: Iterable[tuple[str, str, float]],
+    names: list[str],
+    values: list[str],
+) -> Iterator[Any]:
+    """A `family` (a counter or gauge family of prometheus_client) for each of `rows` (its
+    name, documentation and value), labelled `names` = `values`."""
+    for name, documentation, value in rows:
+        metric = family(name, documentation, labels=names)
+        metric.add_metric(values, float(value))
+        yield metric
 
 
 class _ProfileSession:
