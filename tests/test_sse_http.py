@@ -233,3 +233,58 @@ def test_a_connection_idle_past_the_servers_keep_alive_is_not_reused(
     # b at once reuses a's connection; c, after an idle spell past the bound, takes a new one.
     _against(handle, [b"a", b"b", 0.2, b"c"])
     assert taken == [0, 0, 1]
+
+
+def test_the_pool_opens_connections_ahead_within_its_limit_and_requests_use_them() -> None:
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            body = await reader.readexactly(length)
+            writer.write(_chunked(b"data: " + body + b"\n\n"))
+            await writer.drain()
+
+    async def main() -> tuple[int, int, list[bytes]]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = StreamingClient(f"http://127.0.0.1:{port}", {}, limit=3)
+        bodies: list[bytes] = []
+        try:
+            opened = await client.open(5)  # never more than the limit
+            await asyncio.sleep(0.05)  # the server has seen them all
+            seen = connections
+            await asyncio.gather(*(
+                client.post("/v1/x", body, lambda data, now: bodies.append(data))
+                for body in (b"a", b"b", b"c")
+            ))
+        finally:
+            client.close()
+            server.close()
+        return opened, seen, bodies
+
+    opened, seen, bodies = asyncio.run(asyncio.wait_for(main(), timeout=10))
+    assert (opened, seen) == (3, 3)
+    assert sorted(bodies) == [b"data: a\n\n", b"data: b\n\n", b"data: c\n\n"]
+    assert connections == 3  # the three requests went out on the connections opened ahead
+
+
+def test_a_pool_that_cannot_open_ahead_says_so_and_leaves_it_to_the_requests() -> None:
+    async def main() -> int:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()  # nothing listens there now
+        client = StreamingClient(f"http://127.0.0.1:{port}", {})
+        try:
+            return await client.open(4)
+        finally:
+            client.close()
+
+    assert asyncio.run(asyncio.wait_for(main(), timeout=10)) == 0

@@ -114,6 +114,21 @@ async def sleep_until(due: float) -> None:
         await asyncio.sleep(delay)
 
 
+async def open_pool(
+    settings: LoadSettings, offsets: Sequence[float], max_concurrency: int | None = None
+) -> StreamingClient:
+    """A load's pool, with a connection already open for each request due at its start (every
+    request at an infinite rate), up to `max_concurrency`: opened before the load's clock
+    starts, so the burst's TCP handshakes (on loopback, the kernel's work on the client's own
+    core, as much CPU as sending the request) are in no request's TTFT. Later requests open
+    theirs as they go, as before."""
+    limit = max_concurrency or settings.max_concurrency
+    client = _client(settings, limit)
+    at_start = sum(1 for offset in offsets if offset <= 0.0)
+    await client.open(at_start)
+    return client
+
+
 async def run_share(
     settings: LoadSettings,
     requests: Sequence[PromptRequest],
@@ -121,15 +136,17 @@ async def run_share(
     indices: Sequence[int],
     start: float,
     max_concurrency: int | None = None,
+    client: StreamingClient | None = None,
 ) -> list[RequestOutcome]:
-    """Send `requests` (numbered `indices` in the whole workload) at `start + offsets`."""
+    """Send `requests` (numbered `indices` in the whole workload) at `start + offsets`, on
+    `client` (a pool from `open_pool`, closed here) or on a new pool."""
     limit = max_concurrency or settings.max_concurrency
     semaphore: contextlib.AbstractAsyncContextManager[object] = (
         asyncio.Semaphore(limit) if limit else contextlib.nullcontext()
     )
     path = settings.endpoint or ENDPOINTS[settings.backend]
     bodies = [_encode(request_payload(settings, request)) for request in requests]
-    client = _client(settings, limit)
+    client = client or _client(settings, limit)
     send = pooling_request if settings.backend in POOLING_BACKENDS else stream_request
 
     observer = request_observer.for_load(len(requests), settings.request_rate)

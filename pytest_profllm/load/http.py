@@ -206,6 +206,7 @@ class StreamingClient:
             + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         ).encode("latin-1")
         self._idle: list[_Connection] = []
+        self._limit = limit or None
         self._slots = asyncio.Semaphore(limit) if limit else None
 
     async def post(
@@ -258,6 +259,25 @@ class StreamingClient:
             connection.idle_since = time.monotonic()
             self._idle.append(connection)
         return response
+
+    async def open(self, count: int) -> int:
+        """Open up to `count` connections into the pool ahead of the requests, and say how
+        many opened. A connection that fails to open is left to the request that would have
+        used it (which opens its own and fails its own way): this never raises for it."""
+        if self._limit is not None:
+            count = min(count, self._limit)  # never more than may be in use at once
+        opened = await asyncio.gather(
+            *(self._connection(fresh=True) for _ in range(max(0, count))), return_exceptions=True
+        )
+        now = time.monotonic()
+        for connection in opened:
+            if isinstance(connection, _Connection):
+                # As a kept-alive one: a server that closes it before a request goes out
+                # never took that request, which is then sent once more on a new connection.
+                connection.reused = True
+                connection.idle_since = now
+                self._idle.append(connection)
+        return sum(isinstance(connection, _Connection) for connection in opened)
 
     async def _connection(self, fresh: bool = False) -> _Connection:
         now = time.monotonic()
