@@ -311,6 +311,7 @@ class SseTimer:
     def __init__(self, outcome: RequestOutcome, chat: bool = False) -> None:
         self._loads = orjson.loads
         self._outcome = outcome
+        self._times = outcome.message_times  # appended to once per content message
         self._chat = chat
         self._buffer = b""
         self._text: list[str] = []
@@ -320,19 +321,18 @@ class SseTimer:
         self._outcome.status = 200  # only a 200 response's body is fed here
         buffer = self._buffer + chunk if self._buffer else chunk
         begin = 0
-        while (end := buffer.find(b"\n\n", begin)) >= 0:
+        end = buffer.find(b"\n\n")
+        while end >= 0:
             self._message(buffer[begin:end], now)
             begin = end + 2
-        self._buffer = buffer[begin:]
+            end = buffer.find(b"\n\n", begin)
+        self._buffer = buffer[begin:] if begin else buffer
 
     def _message(self, raw: bytes, now: float) -> None:
-        if raw.startswith(b"data: "):
-            data = raw[6:]
-        elif raw.startswith(b"data:"):
-            data = raw[5:]
-        else:
+        if not raw.startswith(b"data:"):
             return  # a comment (": keep-alive"), an empty message, or another field
-        data = data.strip()
+        # The space after the colon is optional, and strip() takes it with any other.
+        data = raw[5:].strip()
         if not data:
             return
         if data == b"[DONE]":
@@ -342,24 +342,22 @@ class SseTimer:
             event = self._loads(data)
         except orjson.JSONDecodeError:
             event = None
-        if not isinstance(event, dict):
+        if type(event) is not dict:  # orjson makes exact dicts, lists and strs
             shown = data[:80].decode(errors="replace")
             raise StreamError(f"a message in the stream is not a JSON object: {shown!r}")
         choices = event.get("choices")
-        if choices and isinstance(choices, list) and isinstance(choices[0], dict):
-            choice = choices[0]
+        if type(choices) is list and choices and type(choice := choices[0]) is dict:
             if choice.get("finish_reason") is not None:
                 self._ended = True
             if self._chat:
                 delta = choice.get("delta")
-                if not isinstance(delta, dict) or not _has_output(delta):
+                if type(delta) is not dict or not _has_output(delta):
                     return
                 text = delta.get("content")
             else:
                 text = choice.get("text")
-            outcome = self._outcome
-            outcome.message_times.append(now)
-            if isinstance(text, str) and text:
+            self._times.append(now)
+            if text and type(text) is str:
                 self._text.append(text)
         elif usage := event.get("usage"):
             self._usage(usage)
