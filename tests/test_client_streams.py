@@ -429,6 +429,37 @@ def test_request_ids_and_dispatch_times() -> None:
     assert result.cpu_seconds > 0
 
 
+def test_a_burst_goes_out_in_slices_with_the_loop_free_between_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At an infinite rate the requests leave BURST_SLICE at a time, and between two slices
+    the loop runs what else is due (the reads of answers already come): a callback asked
+    for at the first send runs once the first slice is out, not after the whole burst."""
+    monkeypatch.setattr("pytest_profllm.load.client.BURST_SLICE", 2)
+    sent: list[int] = []
+    seen_at_first: list[int] = []
+
+    class Listener:
+        def sent(self, outcome: metrics.RequestOutcome) -> None:
+            if not sent:
+                asyncio.get_running_loop().call_soon(lambda: seen_at_first.append(len(sent)))
+            sent.append(1)
+
+        def done(self, outcome: metrics.RequestOutcome) -> None:
+            pass
+
+        def lost(self, outcome: metrics.RequestOutcome) -> None:
+            pass
+
+    monkeypatch.setattr(
+        "pytest_profllm.load.request_observer.LISTENERS", (lambda total, rate: Listener(),)
+    )
+    result = _load(_scripted(_token("a"), DONE), count=7)
+    assert all(outcome.success for outcome in result.outcomes)
+    assert len(sent) == 7
+    assert seen_at_first == [2]  # the first slice: two requests, then the loop's turn
+
+
 # (j) The chat backend.
 
 

@@ -1,15 +1,22 @@
-"""`load.http`: the streaming HTTP/1.1 reader, fed by hand at every split point, and its
-connection pool against a real loopback server."""
+"""`load.http`: the streaming HTTP/1.1 reader, fed by hand at every split point (and, with
+the client's SSE timer behind it, at generated ones), and its connection pool against a real
+loopback server."""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from pytest_profllm.load.client import SseTimer
 from pytest_profllm.load.http import HttpResponse, ResponseError, StreamingClient, _Connection
+from pytest_profllm.load.metrics import RequestOutcome
 
 
 class FakeTransport:
@@ -233,3 +240,144 @@ def test_a_connection_idle_past_the_servers_keep_alive_is_not_reused(
     # b at once reuses a's connection; c, after an idle spell past the bound, takes a new one.
     _against(handle, [b"a", b"b", 0.2, b"c"])
     assert taken == [0, 0, 1]
+
+
+def test_the_pool_opens_connections_ahead_within_its_limit_and_requests_use_them() -> None:
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            body = await reader.readexactly(length)
+            writer.write(_chunked(b"data: " + body + b"\n\n"))
+            await writer.drain()
+
+    async def main() -> tuple[int, int, list[bytes]]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = StreamingClient(f"http://127.0.0.1:{port}", {}, limit=3)
+        bodies: list[bytes] = []
+        try:
+            opened = await client.open(5)  # never more than the limit
+            await asyncio.sleep(0.05)  # the server has seen them all
+            seen = connections
+            await asyncio.gather(*(
+                client.post("/v1/x", body, lambda data, now: bodies.append(data))
+                for body in (b"a", b"b", b"c")
+            ))
+        finally:
+            client.close()
+            server.close()
+        return opened, seen, bodies
+
+    opened, seen, bodies = asyncio.run(asyncio.wait_for(main(), timeout=10))
+    assert (opened, seen) == (3, 3)
+    assert sorted(bodies) == [b"data: a\n\n", b"data: b\n\n", b"data: c\n\n"]
+    assert connections == 3  # the three requests went out on the connections opened ahead
+
+
+def test_a_pool_that_cannot_open_ahead_says_so_and_leaves_it_to_the_requests() -> None:
+    async def main() -> int:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()  # nothing listens there now
+        client = StreamingClient(f"http://127.0.0.1:{port}", {})
+        try:
+            return await client.open(4)
+        finally:
+            client.close()
+
+    assert asyncio.run(asyncio.wait_for(main(), timeout=10)) == 0
+
+
+# An SSE message of a completions stream: ("content", text, finish), ("usage", count), a
+# keep-alive comment, or [DONE]; "data:" with or without its space.
+sse_messages = st.lists(
+    st.one_of(
+        st.tuples(st.just("content"), st.text(max_size=4), st.booleans()),
+        st.tuples(st.just("usage"), st.integers(0, 50)),
+        st.sampled_from([("comment",), ("done",)]),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+def _sse(message: tuple[Any, ...], spaced: bool) -> bytes:
+    field = b"data: " if spaced else b"data:"
+    if message[0] == "content":
+        finish = "length" if message[2] else None
+        event: object = {"choices": [{"index": 0, "text": message[1], "finish_reason": finish}]}
+    elif message[0] == "usage":
+        event = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": message[1]}}
+    elif message[0] == "comment":
+        return b": keep-alive\n\n"
+    else:
+        return field + b"[DONE]\n\n"
+    return field + json.dumps(event).encode() + b"\n\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages=sse_messages, spaced=st.booleans(), data=st.data())
+def test_any_chunking_and_any_reads_time_each_message_at_the_read_that_completed_it(
+    messages: list[tuple[Any, ...]], spaced: bool, data: st.DataObject
+) -> None:
+    """However the server cuts the stream into HTTP chunks and the network into reads, each
+    content message is counted once, at the time of the read that brought its blank line,
+    and the text, the usage count and the stream's end are what the server sent."""
+    body = b"".join(_sse(message, spaced) for message in messages)
+    chunk_cuts = sorted(set(data.draw(st.lists(st.integers(1, len(body) - 1), max_size=8))))
+    pieces = [body[a:b] for a, b in itertools.pairwise([0, *chunk_cuts, len(body)])]
+    response = _chunked(*pieces)
+    read_cuts = sorted(set(data.draw(st.lists(st.integers(1, len(response) - 1), max_size=12))))
+    reads = [response[a:b] for a, b in itertools.pairwise([0, *read_cuts, len(response)])]
+
+    # Where each content message's blank line ends in the response, and so its read's index.
+    expected_times: list[float] = []
+    body_start = response.index(b"\r\n\r\n") + 4
+    position = 0
+    for message in messages:
+        position += len(_sse(message, spaced))
+        if message[0] != "content":
+            continue
+        last = position - 1  # the body offset of the message's last newline
+        before = sum(len(piece) for piece in pieces[: bisect.bisect_right(chunk_cuts, last)])
+        index = bisect.bisect_right(chunk_cuts, last)
+        # In the response: the chunks before it, each with its size line and CRLF, then its own.
+        offset = body_start + sum(
+            len(b"%x\r\n" % len(piece)) + len(piece) + 2 for piece in pieces[:index]
+        ) + len(b"%x\r\n" % len(pieces[index])) + (last - before)
+        expected_times.append(float(bisect.bisect_right(read_cuts, offset)))
+
+    async def main() -> tuple[RequestOutcome, Any]:
+        outcome = RequestOutcome(prompt_len=3)
+        timer = SseTimer(outcome)
+        connection = _Connection()
+        connection.connection_made(FakeTransport())  # type: ignore[arg-type]
+        done: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
+        connection.send(b"POST / HTTP/1.1\r\n\r\n", timer.feed, done)
+        clock = itertools.count()
+        for read in reads:
+            now = float(next(clock))
+            # Every read is handed over with its time: the reader takes perf_counter's.
+            connection._parse(connection._buffer + read if connection._buffer else read, now)
+        timer.finish()
+        timer.close()
+        return outcome, done.result()
+
+    outcome, answer = asyncio.run(main())
+    assert answer.status == 200
+    assert outcome.message_times == expected_times
+    contents = [message for message in messages if message[0] == "content"]
+    assert outcome.generated_text == "".join(message[1] for message in contents)
+    usages = [message[1] for message in messages if message[0] == "usage"]
+    assert outcome.output_tokens == (usages[-1] if usages else None)
+    ended = any(m[0] == "done" or (m[0] == "content" and m[2]) for m in messages)
+    assert outcome.success == (bool(contents) and ended), outcome.error

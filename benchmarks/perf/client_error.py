@@ -8,8 +8,9 @@ token 50 ms after a request is read, then one every 10 ms) with all requests at 
 client measured it against the server's own (its first token's write less its request's
 read, from the server's log): the difference is what the client added, sending and reading.
 Prints per run: median and p99 of that error, the messages the client read per second, its
-CPU, its event loop's p99 lag and run-queue wait share (load/client_watch.py), the server's
-tick lateness, and the load's validity with its reasons.
+CPU (share of a core, and CPU time per content message over the timed load), its event
+loop's p99 lag and run-queue wait share (load/client_watch.py), the server's tick lateness,
+and the load's validity with its reasons.
 
 `--hog` runs a CPU hog pinned to the client's core (the client on core 0, the server and
 the hog's host neighbours elsewhere): a client slowed on purpose, for the `client_saturated`
@@ -146,13 +147,16 @@ def row(streams: int, result: dict[str, Any], log: dict[str, Any], processes: in
         loop: str = "asyncio") -> str:
     errors, reading = errors_ms(result, log)
     events = (result["total_output_tokens"] or 0) / result["duration"]
+    # CPU time per message: far less sensitive to a shared host than any wall-clock figure.
+    cpu_s = result["client_cpu_percent"] / 100 * processes * result["duration"]
+    per_message_us = cpu_s / max(1, result["total_output_tokens"] or 0) * 1e6
     wait = result.get("client_runqueue_wait_share")
     reason = result.get("invalid_reason") or ""
     return (
         f"| {streams:,} | {processes} | {loop} | {counted_once(streams, result, log)} "
         f"| {statistics.median(errors):.1f} / {percentile(errors, 0.99):.1f} "
         f"| {statistics.median(reading):.1f} / {percentile(reading, 0.99):.1f} "
-        f"| {events:,.0f} | {result['client_cpu_percent']:.0f} % "
+        f"| {events:,.0f} | {result['client_cpu_percent']:.0f} % | {per_message_us:.1f} "
         f"| {result['client_loop_lag_p99_ms']:.1f} / {result['client_loop_lag_max_ms']:.1f} "
         f"| {'-' if wait is None else f'{wait:.2f}'} "
         f"| {log['tick_lateness_p99_ms']:.1f} | {result['validity']} | {reason} |"
@@ -177,10 +181,10 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()[0]:.2f}; hog on the client's core: {args.hog}")
     print("| streams | client processes | loop | completed / read / ids "
           "| TTFT error median / p99 (ms) | of it, reading (ms) | messages/s "
-          "| client CPU "
+          "| client CPU | CPU per message (µs) "
           "| loop lag p99 / max (ms) | run-queue wait share | server tick lateness p99 (ms) "
           "| validity | reasons |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as folder:
         stack.enter_context(started(server, server_core, port))
         if args.hog:

@@ -30,7 +30,7 @@ import numpy as np
 from pytest_profllm.engine.secrets import bearer
 from pytest_profllm.hosts.descriptors import ClientCap, raise_open_file_limit
 from pytest_profllm.load import client_watch, loops, metrics
-from pytest_profllm.load.client import run_share, run_warmups
+from pytest_profllm.load.client import open_pool, run_share, run_warmups
 from pytest_profllm.load.conversation import (
     Conversations,
     Workload,
@@ -150,13 +150,15 @@ async def _run_load(
         return await loop.run_in_executor(None, run_in_processes, settings, requests, offsets)
     if settings.num_warmups and requests:
         await run_warmups(settings, requests[0])
+    pool = await open_pool(settings, offsets)
     started_at = time.time()
     # The event loop's own thread: other threads of the process (a pytest worker's) are not
     # the client.
     cpu_start = time.thread_time()
     start = time.perf_counter()
     async with client_watch.watching() as watch:
-        outcomes = await run_share(settings, requests, offsets, range(len(requests)), start)
+        outcomes = await run_share(settings, requests, offsets, range(len(requests)), start,
+                                   client=pool)
     duration = time.perf_counter() - start
     cpu_seconds = time.thread_time() - cpu_start
     return LoadResult(

@@ -90,35 +90,42 @@ class _Connection(asyncio.Protocol):
         if not self._chunked:
             self._sized(data, now)
             return
+        # Locals, not attributes, in the loop: it runs once per chunk, for every message.
         pieces = []
         position = 0
+        remaining = self._remaining
+        length = len(data)
         finished = False
         while True:
-            if self._remaining > 0:  # inside a chunk
-                take = data[position : position + self._remaining]
-                pieces.append(take)
-                self._remaining -= len(take)
-                position += len(take)
-                if self._remaining > 0:
+            if remaining > 0:  # inside a chunk
+                end = position + remaining
+                if end > length:  # the chunk goes on in a later read
+                    pieces.append(data[position:])
+                    remaining = end - length
+                    position = length
                     break
-                self._remaining = -2  # the chunk's closing CRLF comes next
-            if self._remaining in (-2, -3):  # a CRLF ends a chunk, and the last one the body
-                if len(data) - position < 2:
+                pieces.append(data[position:end])
+                position = end
+                remaining = -2  # the chunk's closing CRLF comes next
+            if remaining < -1:  # a CRLF ends a chunk (-2), and the last one the body (-3)
+                if length - position < 2:
                     break
                 position += 2
-                if self._remaining == -3:
+                if remaining == -3:
                     finished = True
                     break
-                self._remaining = -1
+                remaining = -1
             line_end = data.find(b"\r\n", position)
             if line_end < 0:
                 break
             size = int(data[position:line_end].split(b";", 1)[0], 16)
             position = line_end + 2
             # The last chunk (size 0) is followed by an empty trailer: one more CRLF.
-            self._remaining = size if size else -3
-        self._buffer = b"" if finished else data[position:]
-        self._deliver(b"".join(pieces), now)
+            remaining = size if size else -3
+        self._remaining = remaining
+        self._buffer = b"" if finished or position == length else data[position:]
+        if pieces:
+            self._deliver(pieces[0] if len(pieces) == 1 else b"".join(pieces), now)
         if finished:
             self._finish()
 
@@ -206,6 +213,7 @@ class StreamingClient:
             + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         ).encode("latin-1")
         self._idle: list[_Connection] = []
+        self._limit = limit or None
         self._slots = asyncio.Semaphore(limit) if limit else None
 
     async def post(
@@ -258,6 +266,25 @@ class StreamingClient:
             connection.idle_since = time.monotonic()
             self._idle.append(connection)
         return response
+
+    async def open(self, count: int) -> int:
+        """Open up to `count` connections into the pool ahead of the requests, and say how
+        many opened. A connection that fails to open is left to the request that would have
+        used it (which opens its own and fails its own way): this never raises for it."""
+        if self._limit is not None:
+            count = min(count, self._limit)  # never more than may be in use at once
+        opened = await asyncio.gather(
+            *(self._connection(fresh=True) for _ in range(max(0, count))), return_exceptions=True
+        )
+        now = time.monotonic()
+        for connection in opened:
+            if isinstance(connection, _Connection):
+                # As a kept-alive one: a server that closes it before a request goes out
+                # never took that request, which is then sent once more on a new connection.
+                connection.reused = True
+                connection.idle_since = now
+                self._idle.append(connection)
+        return sum(isinstance(connection, _Connection) for connection in opened)
 
     async def _connection(self, fresh: bool = False) -> _Connection:
         now = time.monotonic()

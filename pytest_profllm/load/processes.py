@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 
 from pytest_profllm.hosts.descriptors import ClientCap
 from pytest_profllm.load import live_status, loops
-from pytest_profllm.load.client import run_share, run_warmups
+from pytest_profllm.load.client import open_pool, run_share, run_warmups
 from pytest_profllm.load.client_watch import WatchFigures, watching
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.metrics import RequestOutcome
@@ -97,14 +97,22 @@ def _share(limit: int | None, rank: int, count: int) -> int | None:
     return max(1, limit // count + (1 if rank < limit % count else 0))
 
 
-async def _watched_share(
-    settings: LoadSettings, requests: Sequence[PromptRequest], offsets: Sequence[float],
-    indices: Sequence[int], start: float, limit: int | None,
-) -> tuple[list[RequestOutcome], WatchFigures]:
-    """This process's share of the load, and what it saw of itself meanwhile."""
+async def _load(
+    pipe: Connection, settings: LoadSettings, requests: Sequence[PromptRequest],
+    offsets: Sequence[float], indices: Sequence[int], limit: int | None, warm: bool,
+) -> tuple[list[RequestOutcome], float, WatchFigures]:
+    """This process's share of the load, on one event loop from its warmups to its end: the
+    pool is opened before "ready" (off the clock, as in one process: client.open_pool), and
+    the loop waits for the start in `pipe.recv()`, with nothing else to run meanwhile."""
+    if warm and settings.num_warmups and requests:
+        await run_warmups(settings, requests[0])
+    pool = await open_pool(settings, offsets, limit)
+    pipe.send("ready")
+    start: float = pipe.recv()
+    cpu_start = time.thread_time()
     async with watching() as figures:
-        outcomes = await run_share(settings, requests, offsets, indices, start, limit)
-    return outcomes, figures[0]
+        outcomes = await run_share(settings, requests, offsets, indices, start, limit, pool)
+    return outcomes, time.thread_time() - cpu_start, figures[0]
 
 
 def _worker(fd: int) -> None:
@@ -114,14 +122,10 @@ def _worker(fd: int) -> None:
     cap = ClientCap.now()
     if cap.limits(limit or len(requests)):
         limit = cap.connections
-    if warm and settings.num_warmups and requests:
-        loops.run(run_warmups(settings, requests[0]))
-    pipe.send("ready")
-    start: float = pipe.recv()
-    cpu_start = time.thread_time()
-    outcomes, figures = loops.run(_watched_share(settings, requests, offsets, indices, start,
-                                                   limit))
-    pipe.send((indices, outcomes, time.thread_time() - cpu_start, figures))
+    outcomes, cpu, figures = loops.run(
+        _load(pipe, settings, requests, offsets, indices, limit, warm)
+    )
+    pipe.send((indices, outcomes, cpu, figures))
     pipe.close()
     live_status.close()  # its share is done: a later load's counts must not add to these
 
