@@ -272,3 +272,16 @@ def test_a_case_of_another_workload_keeps_no_implied_rate() -> None:
         "50.0% of its prompt tokens. The server reported no prefix-cache hit rate."
     )
 
+
+
+def test_vllm_bench_serve_is_given_no_link_flags_it_lacks(tmp_path: Path) -> None:
+    """vLLM's timed_trace reads no sessions or parents: the labels are ours, never flags."""
+    from pytest_profllm.load.vllm_command import unrendered, vllm_bench_serve_argv
+
+    config = trace_config(tmp_path / "t.jsonl", timed_trace_label_session_id="conversation",
+                          timed_trace_label_delay="think_ms")
+    argv = vllm_bench_serve_argv(config, base_url="http://127.0.0.1:1", model="m")
+    assert not [flag for flag in argv if flag.startswith("--timed-trace-label-") and flag not in (
+        "--timed-trace-label-timestamp", "--timed-trace-label-input-length",
+        "--timed-trace-label-output-length", "--timed-trace-label-hash-ids")]
+    assert unrendered(config) == ["timed_trace_label_session_id", "timed_trace_label_delay"]
