@@ -510,3 +510,43 @@ def test_calibrate_on_the_cpu_builds_runs_predicts_a_load_it_did_not_see(
     text = profile_path.read_text()
     assert all(f'"{run_id}"' in text for run_id in calibration.run_ids)
     assert f'"{held.observation.label}"' not in text  # not fitted on it
+
+
+@pytest.mark.alone
+def test_vllm_finds_what_the_agentic_trace_implies(
+    pytester: pytest.Pytester, ports: str, tiny_model: Path, vllm_run: Path
+) -> None:
+    """The shipped agentic suite on vLLM's CPU build (blocks of 128 tokens, its default
+    there): from an emptied cache, vLLM's prefix cache finds within 5 % of what the trace
+    implies for its block size. The ideal assumes a cache that never evicts (1 GiB holds
+    every block of the trace many times over) and prompts that come one after another: a
+    line with a parent goes only after the parent's answer ended, so the one loss left is
+    lines without a parent sharing the system prompt side by side, the agents' first turns,
+    a quarter of a second apart or more."""
+    from pytest_profllm.load.agentic_trace import CHUNK, EXAMPLE
+    from pytest_profllm.load.trace import implied_prefix_hit_rate, read_trace, window
+    from pytest_profllm.plan.suite import BenchmarkConfig
+
+    shipped = (Path(__file__).parent.parent / "docs" / "writing-suites" /
+               "bench_agentic_trace.yaml").read_text()
+    text = shipped.replace("model: Qwen/Qwen3-0.6B", f"model: {tiny_model}\n  enforce_eager: true")
+    (pytester.path / "bench_agentic_trace.yaml").write_text(text)
+    result = pytester.runpytest_subprocess(*plugin_args(ports), timeout=900)
+    result.assert_outcomes(passed=1)
+    (record,) = run_records(pytester)
+    system = record["system"]
+    assert record["runtime"]["prefix_cache"] == "emptied before the load"
+    assert record["results"]["completed"] == 165
+    block = system["server_kv_block_size"]
+    config = BenchmarkConfig(
+        dataset_name="timed_trace", dataset_path=str(EXAMPLE),
+        timed_trace_chunk_hash_size=CHUNK, timed_trace_sec_multiplier=0.001,
+    )  # fmt: skip
+    ideal = implied_prefix_hit_rate(window(read_trace(config), config), CHUNK, block)
+    assert system["implied_prefix_cache_hit_rate"] == pytest.approx(ideal)
+    # vLLM counts the prompts' tokens as queried: the trace's input lengths, no more.
+    assert system["server_prefix_cache_queries"] == record["results"]["total_input_tokens"]
+    print(f"agentic trace on vLLM CPU: block {block}, ideal {ideal:.4f}, server "
+          f"{system['server_prefix_cache_hit_rate']:.4f}, ratio "
+          f"{system['prefix_cache_hit_rate_vs_implied']:.4f}")
+    assert system["prefix_cache_hit_rate_vs_implied"] == pytest.approx(1.0, abs=0.05)

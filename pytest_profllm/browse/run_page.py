@@ -86,6 +86,8 @@ class RunPage:
     # An accuracy case's evaluation (record `accuracy`): what lm-eval scored, and how.
     accuracy: str | None = None
     plumbing_check: bool = False
+    # A timed trace's prefix-cache hit rate, the ideal it implies beside the server's.
+    prefix_cache: str | None = None
     # The server's own histograms over the load (browse/time_breakdown.py), and why some or
     # all are missing.
     server_view: list[dict[str, str]] = field(default_factory=list)
@@ -165,6 +167,7 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
                    and value not in (None, "", "[]")]
     _capacity(page)
     _accuracy(page)
+    page.prefix_cache = prefix_cache_line(row)
     if (split := breakdown(row)) is not None:
         page.add("time-breakdown", split.spec, split.caption)
     page.server_view, page.server_view_problem = server_table(row)
@@ -182,6 +185,23 @@ def _priced(label: str, row: Mapping[str, Any]) -> str:
     gpus = row.get("cost_gpus")
     counted = " simulated" if row.get("cost_gpus_counted") == "simulated" else ""
     return f"{label} (at ${price:g} per GPU-hour, {gpus}{counted} GPU{'s' if gpus != 1 else ''})"
+
+
+def prefix_cache_line(row: Mapping[str, Any]) -> str | None:
+    """What a trace case's prefix cache found against what its trace implies (record
+    `system.implied_prefix_cache_hit_rate`), in one sentence; None for other cases."""
+    ideal = row.get("system_implied_prefix_cache_hit_rate")
+    if not isinstance(ideal, int | float):
+        return None
+    block = row.get("system_server_kv_block_size")
+    said = (f"The trace implies that a prefix cache of {_shown(block)}-token blocks that never "
+            f"evicts finds {ideal:.1%} of its prompt tokens.")
+    found = row.get("system_server_prefix_cache_hit_rate")
+    ratio = row.get("system_prefix_cache_hit_rate_vs_implied")
+    if not isinstance(found, int | float):
+        return f"{said} The server reported no prefix-cache hit rate."
+    of = f": {ratio:.3g} of the ideal" if isinstance(ratio, int | float) else ""
+    return f"{said} The server found {found:.1%}{of}."
 
 
 def _accuracy(page: RunPage) -> None:

@@ -161,6 +161,10 @@ async def _run_load(
                                    client=pool)
     duration = time.perf_counter() - start
     cpu_seconds = time.thread_time() - cpu_start
+    if any(request.after is not None for request in requests):
+        # A request that waited for another was due at the later of its time and that one's
+        # end plus the delay (load/client.py `run_share`).
+        offsets = [outcome.intended_start - start for outcome in outcomes]
     return LoadResult(
         outcomes, duration, started_at, start, cpu_seconds=cpu_seconds, intended_offsets=offsets,
         watch=watch, cores=client_cores(),

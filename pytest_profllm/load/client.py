@@ -146,7 +146,9 @@ async def run_share(
     client: StreamingClient | None = None,
 ) -> list[RequestOutcome]:
     """Send `requests` (numbered `indices` in the whole workload) at `start + offsets`, on
-    `client` (a pool from `open_pool`, closed here) or on a new pool."""
+    `client` (a pool from `open_pool`, closed here) or on a new pool; one that waits for
+    another (`PromptRequest.after`, a number in the whole workload, whose request is in this
+    share) not before that one's response ended plus its delay."""
     limit = max_concurrency or settings.max_concurrency
     semaphore: contextlib.AbstractAsyncContextManager[object] = (
         asyncio.Semaphore(limit) if limit else contextlib.nullcontext()
@@ -158,15 +160,35 @@ async def run_share(
 
     observer = request_observer.for_load(len(requests), settings.request_rate)
 
-    async def one(outcome: RequestOutcome, body: bytes, index: int) -> RequestOutcome:
-        outcome.dispatch_time = time.perf_counter()
-        async with semaphore:
-            request_id = f"{settings.request_id_prefix}{index}"
-            observer.sent(outcome)
-            try:
-                return await send(client, path, body, outcome, settings, request_id)
-            finally:
-                observer.done(outcome)
+    # The requests others wait for (a trace line's parent), by their place in the workload:
+    # set when their response has ended, however it ended.
+    ended = {request.after: asyncio.Event() for request in requests if request.after is not None}
+    outcomes: dict[int, RequestOutcome] = {}
+
+    async def one(
+        outcome: RequestOutcome, body: bytes, index: int, request: PromptRequest
+    ) -> RequestOutcome:
+        try:
+            if request.after is not None:
+                await ended[request.after].wait()
+                # Due at its own time or at its parent's end plus the delay, the later: a
+                # lag after that is the client's own.
+                parent_end = outcomes[request.after].end_time
+                outcome.intended_start = max(
+                    outcome.intended_start, parent_end + request.after_delay_s
+                )
+                await sleep_until(outcome.intended_start)
+            outcome.dispatch_time = time.perf_counter()
+            async with semaphore:
+                request_id = f"{settings.request_id_prefix}{index}"
+                observer.sent(outcome)
+                try:
+                    return await send(client, path, body, outcome, settings, request_id)
+                finally:
+                    observer.done(outcome)
+        finally:
+            if index in ended:
+                ended[index].set()
 
     try:
         tasks = []
@@ -184,7 +206,8 @@ async def run_share(
                 mm_audio_s=sum(request.mm_audio_s),
                 mm_pixels=sum(h * w * t for h, w, t in request.mm_items),
             )
-            tasks.append(asyncio.create_task(one(outcome, body, index)))
+            outcomes[index] = outcome
+            tasks.append(asyncio.create_task(one(outcome, body, index, request)))
             if len(tasks) % BURST_SLICE == 0:
                 await asyncio.sleep(0)  # this slice goes out, and the loop reads, first
         return list(await asyncio.gather(*tasks))

@@ -32,6 +32,7 @@ def run_in_processes(
     settings: LoadSettings, requests: Sequence[PromptRequest], offsets: Sequence[float]
 ) -> LoadResult:
     count = min(settings.client_processes, len(requests))
+    ranks = deal(requests, count)
     # Plain subprocesses over socket pairs: multiprocessing's spawn would leave its resource
     # tracker running for the rest of the caller's life.
     workers: list[tuple[subprocess.Popen[bytes], Connection]] = []
@@ -45,7 +46,7 @@ def run_in_processes(
             theirs.close()
             pipe = Connection(ours.detach())
             workers.append((process, pipe))
-            indices = list(range(rank, len(requests), count))
+            indices = [i for i, dealt in enumerate(ranks) if dealt == rank]
             limit = _share(settings.max_concurrency, rank, count)
             share = ([requests[i] for i in indices], [offsets[i] for i in indices], indices)
             pipe.send((settings, share, limit, rank == 0))
@@ -84,11 +85,29 @@ def run_in_processes(
         started_at,
         start,
         cpu_seconds=cpu_seconds,
-        intended_offsets=list(offsets),
+        # A request that waited for another was due when its outcome says (client.py).
+        intended_offsets=(
+            [outcome.intended_start - start for outcome in merged]
+            if any(request.after is not None for request in requests) else list(offsets)
+        ),
         processes=count,
         watch=watch,
         cores=client_cores(),
     )
+
+
+def deal(requests: Sequence[PromptRequest], count: int) -> list[int]:
+    """Which process sends each request: round-robin, except that a request that waits for
+    another (a trace line's parent) goes with it, so that one event loop sees both."""
+    ranks: list[int] = []
+    turn = 0
+    for request in requests:
+        if request.after is not None:
+            ranks.append(ranks[request.after])
+        else:
+            ranks.append(turn % count)
+            turn += 1
+    return ranks
 
 
 def _share(limit: int | None, rank: int, count: int) -> int | None:

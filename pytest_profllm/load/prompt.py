@@ -15,6 +15,11 @@ class PromptRequest:
     prompt_ids: tuple[int, ...] | None = None
     # When to send it, in seconds from the start, where the workload says (a timed trace).
     timestamp: float | None = None
+    # The request it waits for (its place in the workload; a trace line's parent): sent no
+    # earlier than `timestamp` and not before that request's response ended plus
+    # `after_delay_s` (load/client.py `run_share`).
+    after: int | None = None
+    after_delay_s: float = 0.0
     # A pooling request's texts (embeddings: its inputs; rerank: the query, then documents);
     # `prompt_len` counts them all.
     inputs: tuple[str, ...] | None = None

@@ -23,11 +23,12 @@ request of the window replayed: `trace_start_s` and `trace_duration_s` cut the w
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,10 @@ class TraceEntry:
     input_len: int
     output_len: int
     hash_ids: tuple[int, ...] = ()
+    # The line this one waits for (its parent's line number): sent no earlier than its own
+    # time and not before that request's response ended, plus `delay_s`.
+    parent: int | None = None
+    delay_s: float = 0.0
 
 
 def read_trace(config: BenchmarkConfig, max_model_len: int | None = None) -> list[TraceEntry]:
@@ -97,7 +102,10 @@ def _json_entries(path: Path, text: str, config: BenchmarkConfig) -> list[TraceE
         "output": config.timed_trace_label_output_length,
     }
     hash_label = config.timed_trace_label_hash_ids
+    links = _Links(config)
     entries: list[TraceEntry] = []
+    by_line: dict[int | None, TraceEntry] = {}
+    last_timed: TraceEntry | None = None
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -110,7 +118,13 @@ def _json_entries(path: Path, text: str, config: BenchmarkConfig) -> list[TraceE
             raise DatasetError(f"{where}: not JSON: {error}") from None
         if not isinstance(item, dict):
             raise DatasetError(f"{where}: each line is a JSON object, not {type(item).__name__}")
-        missing = [label for label in labels.values() if label not in item]
+        parent, delay = links.read(where, number, item)
+        # A line that waits for a parent may leave its time out (AIPerf's multi-turn lines
+        # do): it goes when its parent's answer has ended, plus its delay.
+        required = [labels["input"], labels["output"]]
+        if parent is None or labels["timestamp"] in item:
+            required.insert(0, labels["timestamp"])
+        missing = [label for label in required if label not in item]
         if missing:
             raise DatasetError(
                 f"{where}: no field {', '.join(map(repr, missing))} (it has "
@@ -120,19 +134,96 @@ def _json_entries(path: Path, text: str, config: BenchmarkConfig) -> list[TraceE
         hash_ids = item.get(hash_label, [])
         if not isinstance(hash_ids, list) or not all(_is_int(h) for h in hash_ids):
             raise DatasetError(f"{where}: {hash_label!r} must be a list of integers")
-        entries.append(
-            _entry(
-                where,
-                number,
-                item[labels["timestamp"]],
-                item[labels["input"]],
-                item[labels["output"]],
-                tuple(hash_ids),
-                config.timed_trace_sec_multiplier,
-                entries[-1] if entries else None,
-            )
+        timed = labels["timestamp"] in item
+        timestamp = (
+            item[labels["timestamp"]] if timed
+            else by_line[parent].timestamp_s / config.timed_trace_sec_multiplier
         )
+        entry = _entry(
+            where,
+            number,
+            timestamp,
+            item[labels["input"]],
+            item[labels["output"]],
+            tuple(hash_ids),
+            config.timed_trace_sec_multiplier,
+            last_timed if timed else None,
+        )
+        entry = dataclasses.replace(entry, parent=parent, delay_s=delay)
+        entries.append(entry)
+        by_line[number] = entry
+        links.add(where, item, entry)
+        if timed:
+            last_timed = entry
     return entries
+
+
+_ROOT = -1  # Bailian's parent_chat_id of a request that waits for none
+
+
+class _Links:
+    """Who waits for whom in a trace: a line names its parent by the parent's request id
+    (`timed_trace_label_parent_id`, Bailian's `parent_chat_id`), or else follows the line
+    before it in its session (`timed_trace_label_session_id`, AIPerf's `session_id`); its
+    `timed_trace_label_delay` is the think time after the parent's answer."""
+
+    def __init__(self, config: BenchmarkConfig) -> None:
+        self.session_label = config.timed_trace_label_session_id
+        self.delay_label = config.timed_trace_label_delay
+        self.id_label = config.timed_trace_label_request_id
+        self.parent_label = config.timed_trace_label_parent_id
+        self.multiplier = config.timed_trace_sec_multiplier
+        self.by_id: dict[object, int] = {}  # request id -> its line
+        self.last_in_session: dict[object, int] = {}  # session id -> its latest line
+
+    def read(self, where: str, number: int, item: dict[str, Any]) -> tuple[int | None, float]:
+        """The line's parent (a line number) and its delay in seconds."""
+        session = self._key(where, item, self.session_label)
+        named = self._key(where, item, self.parent_label)
+        parent: int | None = None
+        if named is not None and named != _ROOT:
+            if named not in self.by_id:
+                raise DatasetError(
+                    f"{where}: {self.parent_label} {named!r} is no earlier line's "
+                    f"{self.id_label}"
+                )
+            parent = self.by_id[named]
+        elif session is not None:
+            parent = self.last_in_session.get(session)
+        delay = item.get(self.delay_label, 0)
+        if delay is None:
+            delay = 0
+        if not isinstance(delay, int | float) or isinstance(delay, bool) or not (
+            math.isfinite(delay) and delay >= 0
+        ):
+            raise DatasetError(
+                f"{where}: the {self.delay_label} {delay!r} is not a finite time >= 0"
+            )
+        # A delay on a line that waits for no one (a session's first turn) has nothing to
+        # follow: it is not used.
+        return parent, float(delay) * self.multiplier if parent is not None else 0.0
+
+    def add(self, where: str, item: dict[str, Any], entry: TraceEntry) -> None:
+        request_id = self._key(where, item, self.id_label)
+        if request_id is not None:
+            if request_id in self.by_id:
+                raise DatasetError(
+                    f"{where}: {self.id_label} {request_id!r} is line "
+                    f"{self.by_id[request_id]}'s too"
+                )
+            self.by_id[request_id] = entry.line
+        session = self._key(where, item, self.session_label)
+        if session is not None:
+            self.last_in_session[session] = entry.line
+
+    @staticmethod
+    def _key(where: str, item: dict[str, Any], label: str) -> str | int | None:
+        value = item.get(label)
+        if value is None:
+            return None
+        if isinstance(value, str) or _is_int(value):
+            return value  # type: ignore[no-any-return]
+        raise DatasetError(f"{where}: {label!r} must be a string or an integer, not {value!r}")
 
 
 def _csv_entries(path: Path, text: str, multiplier: float) -> list[TraceEntry]:
@@ -214,25 +305,31 @@ def window(entries: Sequence[TraceEntry], config: BenchmarkConfig) -> list[Trace
     return chosen[: config.num_prompts]
 
 
+def replay_speedup(entries: Sequence[TraceEntry], config: BenchmarkConfig) -> float:
+    """How many times faster than recorded the replay goes: `trace_speedup`, or the speed-up
+    that makes the window's mean rate `trace_target_rate`."""
+    if config.trace_target_rate is None or not entries:
+        return config.trace_speedup
+    # A line without a time of its own carries its parent's: the span is the latest time.
+    span = max(entry.timestamp_s for entry in entries) - entries[0].timestamp_s
+    if span <= 0:
+        raise DatasetError(
+            f"{config.dataset_path}: trace_target_rate needs requests at different "
+            "times; every request of the window has the same timestamp"
+        )
+    # The mean rate of n requests over a span is (n - 1) / span, as arrivals go.
+    return config.trace_target_rate * span / max(len(entries) - 1, 1)
+
+
 def send_offsets(entries: Sequence[TraceEntry], config: BenchmarkConfig) -> list[float]:
     """Seconds from the replay's start to each entry's send time: its recorded time since the
     window's first request, divided by the speed-up (or scaled to the target mean rate)."""
     if not entries:
         return []
     first = entries[0].timestamp_s
-    elapsed = [entry.timestamp_s - first for entry in entries]
-    speedup = config.trace_speedup
-    if config.trace_target_rate is not None:
-        span = elapsed[-1]
-        if span <= 0:
-            raise DatasetError(
-                f"{config.dataset_path}: trace_target_rate needs requests at different "
-                "times; every request of the window has the same timestamp"
-            )
-        # The mean rate of n requests over a span is (n - 1) / span, as arrivals go.
-        speedup = config.trace_target_rate * span / max(len(entries) - 1, 1)
-    offsets = [seconds / speedup for seconds in elapsed]
-    if offsets[-1] > MAX_REPLAY_S:
+    speedup = replay_speedup(entries, config)
+    offsets = [(entry.timestamp_s - first) / speedup for entry in entries]
+    if max(offsets) > MAX_REPLAY_S:
         late = next(at for at, offset in enumerate(offsets) if offset > MAX_REPLAY_S)
         raise DatasetError(
             f"{config.dataset_path}:{entries[late].line}: sent {offsets[late]:.3g} s after the "
@@ -293,9 +390,13 @@ def trace_prompts(
         )
     blocks = BlockTokens(codec, config.seed)
     offsets = send_offsets(entries, config)
+    speedup = replay_speedup(entries, config)
+    # A parent outside the window is not replayed: its children wait only for their time.
+    place = {entry.line: at for at, entry in enumerate(entries)}
     requests = []
     for entry, offset in zip(entries, offsets, strict=True):
         ids = prompt_ids(entry, config.timed_trace_chunk_hash_size, blocks)
+        after = place.get(entry.parent) if entry.parent is not None else None
         requests.append(
             PromptRequest(
                 prompt="",
@@ -303,6 +404,8 @@ def trace_prompts(
                 output_len=entry.output_len,
                 prompt_ids=tuple(ids),
                 timestamp=offset,
+                after=after,
+                after_delay_s=entry.delay_s / speedup if after is not None else 0.0,
             )
         )
     return requests
@@ -316,14 +419,22 @@ def implied_prefix_hit_rate(
     an earlier prompt began with the same tokens up to its end (chained block hashes, as
     vLLM's). As vLLM, the last token of a prompt is always computed, so at most its first
     `len - 1` tokens can be found."""
+    return ideal_prefix_hit_rate((_token_units(entry, chunk_size) for entry in entries),
+                                 block_size)
+
+
+def ideal_prefix_hit_rate(prompts: Iterable[Sequence[Hashable]], block_size: int) -> float:
+    """`implied_prefix_hit_rate` of prompts given as their tokens (or stand-ins equal exactly
+    when the tokens are), in the order sent: prompt tokens found over prompt tokens, as
+    vLLM's `prefix_cache_hits` over `prefix_cache_queries` count them for new requests."""
     seen: set[int] = set()
     found = total = 0
-    for entry in entries:
-        units = _token_units(entry, chunk_size)
-        total += entry.input_len
-        usable = (entry.input_len - 1) // block_size
+    for units in prompts:
+        length = len(units)
+        total += length
+        usable = (length - 1) // block_size
         parent, hit = 0, True
-        for index in range(entry.input_len // block_size):
+        for index in range(length // block_size):
             parent = hash((parent, tuple(units[index * block_size : (index + 1) * block_size])))
             if hit and index < usable and parent in seen:
                 found += block_size
@@ -331,6 +442,22 @@ def implied_prefix_hit_rate(
                 hit = False
             seen.add(parent)
     return found / total if total else 0.0
+
+
+def prefix_hit_figures(
+    prompts: Sequence[PromptRequest], block_size: object, server_rate: object
+) -> dict[str, float | None]:
+    """A trace case's ideal prefix-cache hit rate with the server's block size (its prompts
+    in the order of the trace) and the server's reported rate over it (the telemetry's
+    `server_kv_block_size` and `server_prefix_cache_hit_rate`); nulls where either cannot
+    be had."""
+    size = block_size if isinstance(block_size, int) and not isinstance(block_size, bool) else 0
+    if size < 1 or not prompts or any(p.prompt_ids is None for p in prompts):
+        return {"implied_prefix_cache_hit_rate": None, "prefix_cache_hit_rate_vs_implied": None}
+    ideal = ideal_prefix_hit_rate((p.prompt_ids or () for p in prompts), size)
+    rate = server_rate if isinstance(server_rate, float | int) else None
+    ratio = float(rate) / ideal if rate is not None and ideal > 0 else None
+    return {"implied_prefix_cache_hit_rate": ideal, "prefix_cache_hit_rate_vs_implied": ratio}
 
 
 def _token_units(entry: TraceEntry, chunk_size: int) -> list[tuple[object, ...]]:

@@ -20,6 +20,11 @@ OURS = (
     "client_processes",
     "request_timeout_s",
     "trace_speedup",
+    # vLLM's timed_trace reads no links between lines: its client sends each at its time.
+    "timed_trace_label_session_id",
+    "timed_trace_label_request_id",
+    "timed_trace_label_parent_id",
+    "timed_trace_label_delay",
     "trace_target_rate",
     "trace_start_s",
     "trace_duration_s",

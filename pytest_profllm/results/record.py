@@ -174,6 +174,14 @@ class SystemInfo(BaseModel):
     server_prefix_cache_queries: float | None = None  # tokens looked up
     server_prefix_cache_hits: float | None = None  # tokens found
     server_prefix_cache_hit_rate: float | None = None
+    # A timed trace's ideal (load/trace.py `prefix_hit_figures`): the share of its prompt
+    # tokens that a prefix cache of the server's block size (`server_kv_block_size`), never
+    # evicting, finds when the prompts come one after another, counted as vLLM counts hits
+    # (whole blocks, never a prompt's last token); and the server's rate over it (1: the
+    # server found all the trace implies). Null for other workloads, or where the server
+    # states no block size or no hit rate.
+    implied_prefix_cache_hit_rate: float | None = Field(default=None, ge=0, le=1)
+    prefix_cache_hit_rate_vs_implied: float | None = Field(default=None, ge=0)
     # The share of the load's cores (client's, server's) that processes outside the session
     # used while it ran, 0 to 1 (hosts/foreign_cpu.py); null without load cores.
     host_foreign_cpu_share: float | None = Field(default=None, ge=0, le=1)

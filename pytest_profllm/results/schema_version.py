@@ -31,6 +31,8 @@ HISTORY: dict[int, str] = {
     "`runtime_client_core_shared` (why the client had no core of its own)",
     12: "`request_samples` gains prompt_len, start_ms and each request's server span "
     "(server_*_ms, client_overhead_*_ms)",
+    13: "`system_implied_prefix_cache_hit_rate` and `system_prefix_cache_hit_rate_vs_implied` "
+    "(a trace case's ideal prefix-cache hit rate, and the server's over it)",
 }
 SCHEMA_VERSION = max(HISTORY)
 

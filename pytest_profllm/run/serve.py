@@ -37,6 +37,7 @@ from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
 from pytest_profllm.load.server_state import empty_caches
 from pytest_profllm.load.server_view import OVERHEAD_KEYS, load_view
+from pytest_profllm.load.trace import prefix_hit_figures
 from pytest_profllm.load.trace_join import JOINED_SHARE, Joined, take_spans
 from pytest_profllm.load.validity import (
     DEFAULT_RULES,
@@ -125,6 +126,12 @@ def run_case(
                 if failing is not None or not attempts.again(reasons):
                     break
                 stages.enter("remeasuring", f"attempt {len(attempts.kept) + 1}")
+    if bench.dataset_name == "timed_trace" and isinstance(prompts, list):
+        telemetry = outcome.telemetry
+        telemetry.update(prefix_hit_figures(
+            prompts, telemetry.get("server_kv_block_size"),
+            telemetry.get("server_prefix_cache_hit_rate"),
+        ))
     # The server lived through the load on its own port (serving checked): the figures count.
     outcome.results = results
     outcome.attempts = attempts.kept

@@ -121,6 +121,14 @@ class BenchmarkConfig(BaseModel):
     timed_trace_label_input_length: str = "input_length"
     timed_trace_label_output_length: str = "output_length"
     timed_trace_label_hash_ids: str = "hash_ids"
+    # Ours: who waits for whom (load/trace.py `_Links`). A line follows the line before it in
+    # its session (AIPerf's `session_id`), or the line whose request id its parent id names
+    # (Bailian's `chat_id`, `parent_chat_id`; -1: none), after a delay (AIPerf's `delay`, in
+    # the timestamps' unit).
+    timed_trace_label_session_id: str = "session_id"
+    timed_trace_label_request_id: str = "chat_id"
+    timed_trace_label_parent_id: str = "parent_chat_id"
+    timed_trace_label_delay: str = "delay"
     # Send a trace's requests at their recorded times (None: on for timed_trace, as vLLM).
     self_timed: bool | None = None
     # Ours, not vLLM's: which part of a trace to replay, and how fast.
