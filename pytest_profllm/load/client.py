@@ -46,7 +46,7 @@ POOLING_BACKENDS = ("openai-embeddings", "vllm-rerank")
 
 def request_payload(settings: LoadSettings, request: PromptRequest) -> dict[str, Any]:
     """The JSON body vLLM's client sends for this backend."""
-    payload: dict[str, Any] = {"model": settings.model}
+    payload: dict[str, Any] = {"model": request.model or settings.model}
     if settings.backend in POOLING_BACKENDS:
         return _pooling_payload(settings, request, payload)
     if settings.backend == "openai-chat":
@@ -159,6 +159,7 @@ async def run_share(
                 mm_audio_clips=len(request.mm_audio_s),
                 mm_audio_s=sum(request.mm_audio_s),
                 mm_pixels=sum(h * w * t for h, w, t in request.mm_items),
+                model=request.model,
             )
             tasks.append(asyncio.create_task(one(outcome, body, index)))
         return list(await asyncio.gather(*tasks))

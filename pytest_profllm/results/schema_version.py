@@ -31,6 +31,7 @@ HISTORY: dict[int, str] = {
     "`runtime_client_core_shared` (why the client had no core of its own)",
     12: "`request_samples` gains prompt_len, start_ms and each request's server span "
     "(server_*_ms, client_overhead_*_ms)",
+    13: "`by_adapter`, a LoRA adapter mix's figures per model",
 }
 SCHEMA_VERSION = max(HISTORY)
 
