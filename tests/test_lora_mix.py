@@ -217,7 +217,8 @@ def test_the_simulator_serves_its_adapters_and_refuses_others_as_vllm(
     assert answers["a"].json()["model"] == "a"
     assert answers["nope"].status_code == 404
     assert answers["nope"].json() == {"error": {
-        "message": "The model `nope` does not exist.", "type": "NotFoundError",
+        "message": "The model `nope` does not exist. Valid aliases: sim.",
+        "type": "NotFoundError",
         "param": "model", "code": 404,
     }}
 
