@@ -342,7 +342,7 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
 def _check_model(state: SimState, body: dict[str, Any]) -> web.Response | None:
     model = body.get("model")
     if model is not None and model not in state.served_names and model not in state.adapters:
-        # vLLM's words (0.32.0, 0.33.0: serve/engine/serving.py): the base names, not adapters.
+        # vLLM's words (0.32.0 and 0.33.0, its serving engine): the base names, not adapters.
         aliases = ", ".join(state.served_names)
         return _error(
             f"The model `{model}` does not exist. Valid aliases: {aliases}.",
