@@ -20,12 +20,17 @@ from hypothesis import strategies as st
 
 from pytest_profllm.browse.run_page import run_page
 from pytest_profllm.engine.registry import bundled
+from pytest_profllm.load.bench import load_settings
+from pytest_profllm.load.client import request_payload
+from pytest_profllm.load.conversation import Conversations, make_workload
+from pytest_profllm.load.dataset import TokenizerCodec, make_prompts
 from pytest_profllm.load.lora_mix import assign_models, by_adapter
 from pytest_profllm.load.metrics import RequestOutcome
-from pytest_profllm.plan.suite import SuiteError
+from pytest_profllm.plan.suite import BenchmarkConfig, SuiteError
 from pytest_profllm.plan.suite.validate import validate_suite
 from pytest_profllm.sim.batching import ConstantStepCost, Scheduler
 from pytest_profllm.sim.lora import LoraCost, LoraSlots, adapter_paths
+from pytest_profllm.sim.model_files import MODEL_DIR
 
 ROOT = Path(__file__).parent.parent
 SHIPPED = ROOT / "benchmarks" / "bench_lora.yaml"
@@ -59,6 +64,25 @@ def test_round_robin_keeps_the_weights_exactly_and_weighted_draws_near_them() ->
     }
     assert assign_models(50, {"a": 1, "b": 1}, "weighted", 1) != assign_models(
         50, {"a": 1, "b": 1}, "weighted", 2
+    )
+
+
+def test_a_conversation_keeps_one_model_and_single_requests_each_get_theirs() -> None:
+    codec = TokenizerCodec.load(str(MODEL_DIR))
+    mix = {"a": 1.0, "b": 1.0, "m": 1.0}
+    chat = BenchmarkConfig(backend="openai-chat", dataset_name="conversation", num_prompts=9,
+                           conversation_turns=3, conversation_input_len=8,
+                           conversation_output_len=4, lora_mix=mix,
+                           lora_assignment="round_robin")
+    workload = make_workload(chat, codec)
+    assert isinstance(workload, Conversations)
+    assert [c.model for c in workload.sessions] == ["a", "b", "m"] * 3
+    single = BenchmarkConfig(num_prompts=20, random_input_len=8, random_output_len=4,
+                             lora_mix=mix, seed=4)
+    prompts = make_prompts(single, codec)
+    assert [p.model for p in prompts] == assign_models(20, mix, "weighted", 4)
+    assert request_payload(load_settings(single, "http://x", "m"), prompts[0])["model"] == (
+        prompts[0].model
     )
 
 
