@@ -64,6 +64,38 @@ _MAKE_MODEL = textwrap.dedent(
     LlamaForCausalLM(config).to(torch.float32).save_pretrained(directory)
     """
 )
+# Random LoRA adapters for the tiny Llama in PEFT's layout (adapter_config.json and
+# adapter_model.safetensors, A and B of rank r on q_proj and v_proj), written with the vLLM
+# environment's torch and safetensors (it has no peft): what `--lora-modules` loads.
+_MAKE_ADAPTERS = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    from safetensors.torch import save_file
+    directory, settings = sys.argv[1], json.loads(sys.argv[2])
+    hidden, rank = settings["hidden_size"], settings["rank"]
+    outs = {"q_proj": settings["num_attention_heads"] * settings["head_dim"],
+            "v_proj": settings["num_key_value_heads"] * settings["head_dim"]}
+    for number, name in enumerate(settings["names"]):
+        torch.manual_seed(number + 1)
+        tensors = {}
+        for layer in range(settings["num_hidden_layers"]):
+            for module, out in outs.items():
+                prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+                tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, hidden) * 0.01
+                tensors[f"{prefix}.lora_B.weight"] = torch.randn(out, rank) * 0.01
+        folder = os.path.join(directory, name)
+        os.makedirs(folder, exist_ok=True)
+        save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
+        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank,
+                  "lora_alpha": 2 * rank, "lora_dropout": 0.0, "bias": "none",
+                  "target_modules": list(outs), "fan_in_fan_out": False,
+                  "modules_to_save": None, "use_rslora": False, "use_dora": False,
+                  "base_model_name_or_path": settings["base"]}
+        with open(os.path.join(folder, "adapter_config.json"), "w") as handle:
+            json.dump(config, handle, indent=1)
+    """
+)
 # Environment that keeps a CPU vLLM small, quick to start and inside its test's folders.
 SERVER_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the tiny model needs far less
@@ -122,6 +154,27 @@ def tiny_llama(directory: Path) -> Path:
     tokenizer_config["model_max_length"] = MAX_MODEL_LEN
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
     return directory
+
+
+def tiny_lora_adapters(
+    model: Path, directory: Path, names: list[str], rank: int = 8
+) -> dict[str, Path]:
+    """Random-weight LoRA adapters of `rank` for the tiny Llama at `model`, one folder per
+    name under `directory`, written by the vLLM environment's torch. Returns name -> folder."""
+    python = vllm_cpu_python()
+    if python is None:
+        raise RuntimeError(SKIP_REASON)
+    settings = {**TINY_LLAMA_CONFIG, "rank": rank, "names": names, "base": str(model)}
+    done = subprocess.run(
+        [python, "-c", _MAKE_ADAPTERS, str(directory), json.dumps(settings)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"tiny_lora_adapters: {python} failed: {done.stderr.strip()[-2000:]}")
+    return {name: directory / name for name in names}
 
 
 def shared_tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -105,7 +105,8 @@ def test_every_request_failing_is_an_error(
     assert result is None
     assert capsys.readouterr().err == (
         "profllm bench: all 6 requests failed; first errors: HTTP 404 Not Found: "
-        '{"error": {"message": "The model `nobody` does not exist.", "type": "NotFoundError", '
+        '{"error": {"message": "The model `nobody` does not exist. Valid aliases: sim.", '
+        '"type": "NotFoundError", '
         '"param": "model", "code": 404}}\n'
     )
 

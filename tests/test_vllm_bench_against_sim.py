@@ -99,3 +99,38 @@ def test_vllm_replays_a_timed_trace_as_we_do(sim_url: str, tmp_path: Path) -> No
     assert theirs["output_lens"] == ours["output_lens"] == [line["out"] for line in lines]
     # The same sharing: the prefix cache found as many tokens for each client's requests.
     assert middle[1] - before[1] == after[1] - middle[1] > 0
+
+
+def test_vllm_bench_serve_runs_our_even_lora_mix_on_the_simulators_adapters(
+    port_range: str, tmp_path: Path
+) -> None:
+    """An evenly weighted `lora_mix` is vLLM's `--lora-modules ... --lora-assignment`: its
+    client takes our argv and the simulator serves each adapter it names."""
+    from helpers import simulator
+
+    from pytest_profllm.load.vllm_command import unrendered, vllm_bench_serve_argv
+    from pytest_profllm.plan.suite import BenchmarkConfig
+
+    config = BenchmarkConfig(
+        num_prompts=NUM_PROMPTS, random_input_len=32, random_output_len=4,
+        lora_mix={"a": 1, "b": 1, "c": 1}, lora_assignment="round_robin",
+    )  # fmt: skip
+    assert unrendered(config) == []
+    assert unrendered(config.model_copy(update={"lora_mix": {"a": 2, "b": 1}})) == ["lora_mix"]
+    first = int(port_range.split("-")[0]) + 80
+    server = ("sim", "--enable-lora", "--lora-modules", "a=/a", "b=/b", "c=/c", "--max-loras", "2")
+    with simulator(first, tmp_path / "sim.log", *server) as url:
+        argv = vllm_bench_serve_argv(config, base_url=url, model="sim", tokenizer=str(MODEL_DIR))
+        assert argv[argv.index("--lora-modules"):][:6] == [
+            "--lora-modules", "a", "b", "c", "--lora-assignment", "round-robin"
+        ]
+        done = subprocess.run(
+            [VLLM_PYTHON, "-m", "vllm.entrypoints.cli.main", "bench", "serve", *argv,
+             "--save-result", "--result-dir", str(tmp_path), "--result-filename", "lora.json"],
+            env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+    tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+    assert done.returncode == 0, tail
+    result = json.loads((tmp_path / "lora.json").read_text())
+    assert (result["completed"], result["failed"]) == (NUM_PROMPTS, 0), tail

@@ -238,3 +238,24 @@ def test_vllm_refuses_an_unknown_option_and_a_stale_config_key() -> None:
     results = vllm_parse(_PARSE, [["m", "--max-num-seqz", "4"], stale], refusals=True)
     assert results[0] == {"error": "exit 2"}
     assert results[1] == {"error": "exit 2"}
+
+
+def test_lora_arguments_reach_vllm_as_the_adapters_asked_for(tmp_path: Path) -> None:
+    # Both forms of an adapter (name=path, and a mapping vLLM reads as JSON) in one list, with
+    # the slots and rank: vLLM's LoRAParserAction reads each as the adapter given.
+    [server] = servers_of(
+        tmp_path,
+        "server:\n"
+        "  model: m\n"
+        "  enable_lora: true\n"
+        "  lora_modules: [sql=/adapters/sql, {name: chat, path: /adapters/chat, "
+        "base_model_name: m}]\n"
+        "  max_loras: 3\n"
+        "  max_lora_rank: 32\n",
+    )
+    [parsed] = vllm_parse(_PARSE, [args_after_serve(server)])
+    assert parsed["enable_lora"] is True
+    assert (parsed["max_loras"], parsed["max_lora_rank"]) == (3, 32)
+    assert [(m["name"], m["path"], m["base_model_name"]) for m in parsed["lora_modules"]] == [
+        ("sql", "/adapters/sql", None), ("chat", "/adapters/chat", "m")
+    ]

@@ -96,6 +96,8 @@ class RunPage:
     # the chart `requests-timeline`; the note says why there is none.
     timeline_note: str | None = None
     slowest: list[request_timeline.Slowest] = field(default_factory=list)
+    # A LoRA adapter mix (record `by_adapter`): one row per model, its figures shown.
+    adapters: list[dict[str, str]] = field(default_factory=list)
 
     def add(self, chart_id: str, spec: dict[str, Any], caption: str) -> None:
         self.charts[chart_id] = spec
@@ -168,6 +170,7 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
     _capacity(page)
     _accuracy(page)
     page.prefix_cache = prefix_cache_line(row)
+    page.adapters = adapter_rows(row.get("by_adapter"))
     if (split := breakdown(row)) is not None:
         page.add("time-breakdown", split.spec, split.caption)
     page.server_view, page.server_view_problem = server_table(row)
@@ -202,6 +205,24 @@ def prefix_cache_line(row: Mapping[str, Any]) -> str | None:
         return f"{said} The server reported no prefix-cache hit rate."
     of = f": {ratio:.3g} of the ideal" if isinstance(ratio, int | float) else ""
     return f"{said} The server found {found:.1%}{of}."
+
+
+# The per-adapter table's columns: the record's key and the header shown.
+ADAPTER_COLUMNS = (
+    ("model", "model"), ("requests", "requests"), ("completed", "completed"),
+    ("failed", "failed"), ("request_throughput", "req/s"), ("output_throughput", "output tok/s"),
+    ("median_ttft_ms", "median TTFT ms"), ("p99_ttft_ms", "p99 TTFT ms"),
+    ("median_tpot_ms", "median TPOT ms"), ("p99_tpot_ms", "p99 TPOT ms"),
+)
+
+
+def adapter_rows(stored: Any) -> list[dict[str, str]]:
+    """A LoRA mix's figures per model (the `by_adapter` column's JSON), each value shown."""
+    rows = _json(stored, [])
+    if not isinstance(rows, list):
+        return []
+    return [{key: _shown(row.get(key)) for key, _ in ADAPTER_COLUMNS}
+            for row in rows if isinstance(row, dict)]
 
 
 def _accuracy(page: RunPage) -> None:

@@ -182,8 +182,8 @@ class Option:
 
     def _check_one(self, value: Any) -> Any:
         kind = self.kind
-        if self.action == "LoRAParserAction" and isinstance(value, dict):
-            return value  # one adapter as a mapping, which vLLM reads as JSON
+        if self.action == "LoRAParserAction":
+            return _lora_module(value)
         if kind in ("flag", "bool"):
             if not isinstance(value, bool):
                 raise ValueError("takes true or false")
@@ -361,6 +361,37 @@ def _json_value(value: Any, takes_list: bool = False) -> Any:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
         raise ValueError("takes a mapping of JSON values") from None
+    return value
+
+
+# vLLM's LoRAModulePath (vllm/entrypoints/openai/models/protocol.py): what a mapping may hold.
+_LORA_KEYS = ("name", "path", "base_model_name", "is_3d_lora_weight")
+
+
+def _lora_module(value: Any) -> Any:
+    """One `--lora-modules` adapter as vLLM's LoRAParserAction reads it: `name=path` (a text
+    with `=` and no comma), else JSON of a mapping with a name and a path."""
+    if isinstance(value, str) and "=" in value and "," not in value:
+        name, path = value.split("=", 1)
+        if not name or not path:
+            raise ValueError(f"takes name=path, not {value!r}")
+        return value
+    mapping = value
+    if isinstance(value, str):
+        try:
+            mapping = json.loads(value)
+        except ValueError:
+            raise ValueError(
+                "takes name=path (no comma; vLLM reads a text with a comma as JSON) or a "
+                "mapping {name: ..., path: ...}"
+            ) from None
+    if not isinstance(mapping, dict):
+        raise ValueError("takes name=path or a mapping {name: ..., path: ...}")
+    unknown = [key for key in mapping if key not in _LORA_KEYS]
+    if unknown:
+        raise ValueError(f"an adapter's keys are {', '.join(_LORA_KEYS)}, not {unknown[0]!r}")
+    if not isinstance(mapping.get("name"), str) or not isinstance(mapping.get("path"), str):
+        raise ValueError("an adapter mapping needs a name and a path (strings)")
     return value
 
 

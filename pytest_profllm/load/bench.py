@@ -44,6 +44,7 @@ from pytest_profllm.load.dataset import (
     ServerCodec,
     TokenizerCodec,
 )
+from pytest_profllm.load.lora_mix import by_adapter
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.processes import run_in_processes
 from pytest_profllm.load.schedule import (
@@ -473,6 +474,8 @@ def result_json(
     result["client_loop"] = loops.name()  # the event loop the client ran on (load/loops.py)
     if (turns := by_turn(outcomes)) is not None:
         result["by_turn"] = turns
+    if (adapters := by_adapter(outcomes, load.duration)) is not None:
+        result["by_adapter"] = adapters
     return result
 
 
@@ -589,6 +592,11 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         hits = "not reported" if rate is None else f"{rate:.1%}"
         title = f"Turn {turn['turn']} median TTFT (ms), cache hits:"
         lines.append(f"{title:<40} {shown}, {hits} ({turn['completed']}/{turn['requests']})")
+    for adapter in result.get("by_adapter") or []:
+        ttft = adapter["median_ttft_ms"]
+        shown = "-" if ttft is None else f"{ttft:.2f}"
+        title = f"Model {adapter['model']} median TTFT (ms):"
+        lines.append(f"{title:<40} {shown} ({adapter['completed']}/{adapter['requests']})")
     if result.get("invalid_reason"):
         lines.append(f"invalid: {result['invalid_reason']}")
     lines.append("=" * 50)

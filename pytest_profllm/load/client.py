@@ -53,7 +53,7 @@ BURST_SLICE = 64
 
 def request_payload(settings: LoadSettings, request: PromptRequest) -> dict[str, Any]:
     """The JSON body vLLM's client sends for this backend."""
-    payload: dict[str, Any] = {"model": settings.model}
+    payload: dict[str, Any] = {"model": request.model or settings.model}
     if settings.backend in POOLING_BACKENDS:
         return _pooling_payload(settings, request, payload)
     if settings.backend == "openai-chat":
@@ -205,6 +205,7 @@ async def run_share(
                 mm_audio_clips=len(request.mm_audio_s),
                 mm_audio_s=sum(request.mm_audio_s),
                 mm_pixels=sum(h * w * t for h, w, t in request.mm_items),
+                model=request.model,
             )
             outcomes[index] = outcome
             tasks.append(asyncio.create_task(one(outcome, body, index, request)))

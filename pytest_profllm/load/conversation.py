@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import random
@@ -52,6 +53,7 @@ from pytest_profllm.load.dataset import (
     make_prompts,
 )
 from pytest_profllm.load.dataset_files import dataset_json
+from pytest_profllm.load.lora_mix import assign_models
 from pytest_profllm.load.metrics import RequestOutcome
 from pytest_profllm.load.schedule import (
     LoadResult,
@@ -80,6 +82,8 @@ class Turn:
 @dataclass(frozen=True)
 class Conversation:
     turns: tuple[Turn, ...]
+    # The model all its turns ask for, where a LoRA mix names one (load/lora_mix.py).
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,16 @@ def make_workload(
         sessions = file_conversations(config, codec)
     else:
         sessions = synthetic_conversations(config, codec)
-    return Conversations(_with_think_times(sessions, config))
+    conversations = _with_think_times(sessions, config)
+    if config.lora_mix:  # one user talks to one adapter: the model is the conversation's
+        models = assign_models(
+            len(conversations), config.lora_mix, config.lora_assignment, config.seed
+        )
+        conversations = [
+            dataclasses.replace(conversation, model=model)
+            for conversation, model in zip(conversations, models, strict=True)
+        ]
+    return Conversations(conversations)
 
 
 def _with_think_times(
@@ -292,8 +305,12 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
                     conversation=number,
                     turn=index + 1,
                 )
+                outcome.model = session.model
                 payload = request_payload(
-                    settings, PromptRequest(turn.user, turn.user_len, turn.output_len)
+                    settings,
+                    PromptRequest(
+                        turn.user, turn.user_len, turn.output_len, model=session.model
+                    ),
                 )
                 payload["messages"] = messages
                 request_id = f"{settings.request_id_prefix}{number}-{index + 1}"
@@ -307,6 +324,8 @@ async def run_conversations(settings: LoadSettings, workload: Conversations) -> 
                 outcomes.append(outcome)
                 if not outcome.success:
                     lost = _not_sent(session, number, index + 1, outcome.end_time)
+                    for never in lost:
+                        never.model = session.model
                     for never in lost:  # the turns it never sent fail with it
                         observer.lost(never)
                     outcomes += lost

@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 from pytest_profllm.engine.secrets import bearer
 from pytest_profllm.limits import InputLimitError, load_json
 from pytest_profllm.load.dataset_files import custom_output_len, fill, read_json_lines
+from pytest_profllm.load.lora_mix import with_models
 from pytest_profllm.load.multimodal import (
     custom_audio_prompts,
     custom_image_prompts,
@@ -376,8 +377,8 @@ def make_prompts(
         # Conversations are sessions, not single prompts: load/conversation.py makes them.
         raise DatasetError(f"dataset_name {config.dataset_name!r} makes conversations, not prompts")
     if config.dataset_name == "timed_trace":
-        return trace_prompts(config, codec, max_model_len)
-    return DATASETS[config.dataset_name](config, codec)
+        return with_models(trace_prompts(config, codec, max_model_len), config)
+    return with_models(DATASETS[config.dataset_name](config, codec), config)
 
 
 def build_prompts(config: BenchmarkConfig, tokenizer: str) -> list[PromptRequest]:

@@ -71,6 +71,8 @@ class RequestOutcome:
     # The W3C trace id it was sent with (load/trace_context.py): the server's span of it has
     # the same (load/span_receiver.py). None where it was never sent.
     trace_id: str | None = None
+    # The model it asked for, where a LoRA mix named one (load/lora_mix.py); None otherwise.
+    model: str | None = None
 
     @property
     def mm_tokens(self) -> int | None:

@@ -33,6 +33,9 @@ class PromptRequest:
     # A chat message's whole content where the dataset interleaves text and media (a
     # custom_image line's "content"): sent as it is, in its order.
     chat_content: tuple[dict[str, Any], ...] | None = None
+    # The model it asks for, where a LoRA mix (load/lora_mix.py) names one; None: the
+    # server's model.
+    model: str | None = None
 
 
 class Codec(Protocol):

@@ -4,7 +4,9 @@ or to run it there by hand.
 Options that are ours alone (`trace_speedup`, `trace_target_rate`, the trace window,
 `client_processes`, `request_timeout_s`, the `conversation_*` keys) have no vLLM flag and are
 left out, so a workload that sets them replays differently under vLLM; `unrendered` names those
-a workload sets. A conversation workload has no `vllm bench serve` form at all.
+a workload sets. A conversation workload has no `vllm bench serve` form at all. A LoRA mix is
+vLLM's `--lora-modules NAME ... --lora-assignment random|round-robin`, which picks the names
+evenly: a mix of unequal weights is named by `unrendered`.
 """
 
 from __future__ import annotations
@@ -37,9 +39,16 @@ OURS = (
 )
 
 
+# vLLM's names of our LoRA assignments (vllm/benchmarks/serve.py `--lora-assignment`).
+_LORA_ASSIGNMENTS = {"weighted": "random", "round_robin": "round-robin"}
+
+
 def unrendered(config: BenchmarkConfig) -> list[str]:
     """The options the workload sets that `vllm bench serve` has no flag for."""
-    return [name for name in OURS if name in config.model_fields_set and name != "kind"]
+    names = [name for name in OURS if name in config.model_fields_set and name != "kind"]
+    if config.lora_mix and len(set(config.lora_mix.values())) > 1:
+        names.append("lora_mix")  # vLLM's client picks its --lora-modules evenly
+    return names
 
 
 def vllm_bench_serve_argv(
@@ -53,12 +62,15 @@ def vllm_bench_serve_argv(
     argv = ["--base-url", base_url, "--model", model]
     if tokenizer or config.tokenizer:
         argv += ["--tokenizer", str(tokenizer or config.tokenizer)]
-    values = config.model_dump(exclude={*OURS, "tokenizer"})
+    values = config.model_dump(exclude={*OURS, "tokenizer", "lora_mix", "lora_assignment"})
     for name, value in values.items():
         if _other_datasets(name, config.dataset_name):
             continue  # another dataset's defaults: noise on the command line
         flag = "--" + name.replace("_", "-")
         argv += _rendered(name, flag, value)
+    if config.lora_mix:
+        argv += ["--lora-modules", *config.lora_mix]
+        argv += ["--lora-assignment", _LORA_ASSIGNMENTS[config.lora_assignment]]
     # profllm sends local images inline and audio as a chat part; these make vLLM's do so.
     if config.dataset_name == "custom_image":
         argv.append("--custom-ensure-client-side-data")

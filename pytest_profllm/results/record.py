@@ -350,6 +350,28 @@ class TurnSummary(BaseModel):
     prefix_cache_hit_rate: float | None = Field(None, ge=0.0, le=1.0)
 
 
+class AdapterSummary(BaseModel):
+    """One model of a LoRA adapter mix (load/lora_mix.py `by_adapter`): an adapter, or the
+    base model where the mix names it. Throughputs are over the whole load's duration; TTFT
+    and TPOT are of its completed requests (TPOT of those with more than one output token),
+    in ms, None where there are none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    requests: int = Field(ge=0)
+    completed: int = Field(ge=0)
+    failed: int = Field(ge=0)
+    request_throughput: float = Field(ge=0.0)
+    output_throughput: float = Field(ge=0.0)
+    mean_ttft_ms: float | None = None
+    median_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    median_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+
+
 class Attempt(BaseModel):
     """One run of a case's load: when, whether its figures are valid, and the headline ones."""
 
@@ -497,6 +519,9 @@ class BenchmarkRecord(BaseModel):
     # A conversation workload (`dataset_name: conversation`): its figures by turn. The
     # per-request rows say each request's conversation, turn and cached tokens.
     by_turn: list[TurnSummary] | None = None
+    # A LoRA adapter mix (`lora_mix`): its figures per model, in the order first seen. The
+    # per-request rows say each request's model.
+    by_adapter: list[AdapterSummary] | None = None
     # Every run of the load (load/attempts.py): a measurement the host made invalid (the
     # client or the simulated engine fell behind) is run again; each attempt keeps its
     # validity, reasons and headline figures. The results are the first valid attempt's.

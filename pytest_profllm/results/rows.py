@@ -224,6 +224,7 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         accuracy.get("lm_eval_version"),
         accuracy.get("task_hash"),
         accuracy or None,
+        record.get("by_adapter") or None,
         digest,
     )
 

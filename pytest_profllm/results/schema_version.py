@@ -33,6 +33,7 @@ HISTORY: dict[int, str] = {
     "(server_*_ms, client_overhead_*_ms)",
     13: "`system_implied_prefix_cache_hit_rate` and `system_prefix_cache_hit_rate_vs_implied` "
     "(a trace case's ideal prefix-cache hit rate, and the server's over it)",
+    14: "`by_adapter`, a LoRA adapter mix's figures per model",
 }
 SCHEMA_VERSION = max(HISTORY)
 

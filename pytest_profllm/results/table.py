@@ -97,6 +97,9 @@ FIXED_COLUMNS: dict[str, str] = {
     "accuracy_lm_eval_version": "TEXT",
     "accuracy_task_hash": "TEXT",
     "accuracy": "TEXT",
+    # A LoRA adapter mix's figures per model (record `by_adapter`), as JSON: the run page's
+    # per-adapter table.
+    "by_adapter": "TEXT",
     # A digest of the record's file: loading the same file again is recognised as unchanged
     # (without reading it: ingest digests the bytes and skips a file whose digest is stored).
     "record_digest": "TEXT",

@@ -83,6 +83,8 @@ class CaseOutcome:
     skip_reason: str | None = None
     # A conversation workload's figures per turn (load/conversation.py `by_turn`).
     by_turn: list[dict[str, Any]] | None = None
+    # A LoRA mix's figures per model (load/lora_mix.py `by_adapter`).
+    by_adapter: list[dict[str, Any]] | None = None
     # The host cores the load held while it was measured, and how long it waited for them.
     load_cores: CoreLease | None = None
     # The server's /metrics just before and just after the measured load (None: no answer).
@@ -154,6 +156,7 @@ class CaseOutcome:
             series=self.series,
             capacity=self.capacity,
             by_turn=self.by_turn,
+            by_adapter=self.by_adapter,
             server_view=self.server_view,
             attempts=self.attempts,
             accuracy=self.accuracy,
@@ -282,6 +285,7 @@ def request_row(index: int, outcome: metrics.RequestOutcome, clock_start: float)
         "error": outcome.error or None,
         "conversation": outcome.conversation,
         "turn": outcome.turn,
+        "model": outcome.model,
         "cached_tokens": outcome.cached_tokens,
         "mm_items": outcome.mm_items or None,
         "mm_tokens": outcome.mm_tokens,

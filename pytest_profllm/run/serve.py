@@ -33,6 +33,7 @@ from pytest_profllm.load.dataset import (
     ServerCodec,
     TokenizerCodec,
 )
+from pytest_profllm.load.lora_mix import by_adapter
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
 from pytest_profllm.load.server_state import empty_caches
@@ -139,6 +140,7 @@ def run_case(
     outcome.invalid_reason = attempts.invalid_reason(reasons)
     outcome.request_failures = metrics.request_failures(load.outcomes)
     outcome.by_turn = by_turn(load.outcomes)
+    outcome.by_adapter = by_adapter(load.outcomes, load.duration)
     check_modality(case, load.outcomes)
     check_served(load.outcomes, outcome.results, allowed_failures(case))
     if case.profile and server.profile_dir is not None:

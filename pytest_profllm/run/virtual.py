@@ -32,6 +32,7 @@ from pytest_profllm.load.capacity import (
 )
 from pytest_profllm.load.conversation import Conversations, Workload, make_workload
 from pytest_profllm.load.dataset import random_token_prompts
+from pytest_profllm.load.lora_mix import by_adapter, with_models
 from pytest_profllm.load.prompt import Codec, PromptRequest
 from pytest_profllm.load.schedule import LoadResult, arrival_offsets
 from pytest_profllm.load.server_view import missing
@@ -135,7 +136,7 @@ class VirtualEngine:
                 outcomes[index] = _refused(prompt, len(ids), offsets[index], limit)
                 continue
             admitted.append(index)
-            requests.append(Request(len(ids), prompt.output_len, tuple(ids)))
+            requests.append(Request(len(ids), prompt.output_len, tuple(ids), prompt.model))
         scheduler = make_scheduler(self.args, self.setup)
         outcome = simulate(
             self.setup.engine, requests, max_concurrency=bench.max_concurrency,
@@ -143,13 +144,16 @@ class VirtualEngine:
         )
         for served in outcome.served:
             index = admitted[served.index]
-            outcomes[index] = _answered(served, prompts[index].output_len)
+            answered = _answered(served, prompts[index].output_len)
+            answered.model = prompts[index].model
+            outcomes[index] = answered
         for index in admitted:
             if outcomes[index] is None:  # it never ran: its prompt is larger than the cache
                 outcomes[index] = metrics.RequestOutcome(
                     prompt_len=requests[admitted.index(index)].prompt_len,
                     intended_start=offsets[index], dispatch_time=offsets[index],
                     start_time=offsets[index], output_len=prompts[index].output_len,
+                    model=prompts[index].model,
                     error="the simulated engine could not schedule it: the prompt needs more "
                     "KV-cache blocks than the engine has",
                 )
@@ -210,7 +214,7 @@ def virtual_prompts(bench: BenchmarkConfig, codec: Codec, context: int | None) -
     (rendering 2,000 prompts as text costs more than simulating them), any other as the client
     makes it."""
     if bench.dataset_name == "random":
-        return random_token_prompts(bench, codec)
+        return with_models(random_token_prompts(bench, codec), bench)
     return make_workload(bench, codec, context)
 
 
@@ -260,6 +264,7 @@ def run_virtual_case(
     outcome.server_view = missing(VIRTUAL_VIEW)
     outcome.threshold_results = check_thresholds(case, results)
     outcome.request_failures = metrics.request_failures(load.outcomes)
+    outcome.by_adapter = by_adapter(load.outcomes, load.duration)
     outcome.requests = [request_row(i, o, load.clock_start) for i, o in enumerate(load.outcomes)]
     check_served(load.outcomes, results, allowed_failures(case))
     outcome.finished_at = time.time()

@@ -71,6 +71,8 @@ class SimState:
     # vLLM's --enable-tokenizer-info-endpoint: GET /tokenizer_info answers the tokenizer's
     # configuration (what lm-eval's remote tokenizer reads); None: 404, as vLLM without it.
     tokenizer_info: dict[str, Any] | None = None
+    # vLLM's --lora-modules (with --enable-lora): adapter name -> path (sim/lora.py).
+    adapters: dict[str, str] = field(default_factory=dict)
 
 
 class EmissionLog:
@@ -258,6 +260,20 @@ async def _models(request: web.Request) -> web.Response:
         }
         for name in state.served_names
     ]
+    # As vLLM's: each adapter after the base model, its path as root and the base as parent.
+    data += [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": path,
+            "parent": state.served_names[0],
+            "max_model_len": None,
+            "permission": [_permission(created)],
+        }
+        for name, path in state.adapters.items()
+    ]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -325,8 +341,13 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
 
 def _check_model(state: SimState, body: dict[str, Any]) -> web.Response | None:
     model = body.get("model")
-    if model is not None and model not in state.served_names:
-        return _error(f"The model `{model}` does not exist.", 404, "NotFoundError", "model")
+    if model is not None and model not in state.served_names and model not in state.adapters:
+        # vLLM's words (0.32.0 and 0.33.0, its serving engine): the base names, not adapters.
+        aliases = ", ".join(state.served_names)
+        return _error(
+            f"The model `{model}` does not exist. Valid aliases: {aliases}.",
+            404, "NotFoundError", "model",
+        )
     return None
 
 
@@ -406,7 +427,9 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     model = body.get("model") or state.served_names[0]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     # A prompt scored with no output still costs its prefill: the engine runs one step for it.
-    sequence = await _submit(state, scheduler, prompt_len, max(max_tokens, 1), prompt_ids)
+    sequence = await _submit(
+        state, scheduler, prompt_len, max(max_tokens, 1), prompt_ids, adapter=_adapter(state, model)
+    )
     if not body.get("stream"):
         text = []
         while (token := await sequence.tokens.get()) is not None:
@@ -532,6 +555,7 @@ async def _submit(
     max_tokens: int,
     prompt_ids: list[int] | None,
     encoder_flops: float = 0.0,
+    adapter: str | None = None,
 ) -> Sequence:
     """Hand the request to the engine after the API server's own latency (template, tokens);
     its arrival, for vLLM's queue and TTFT histograms, is when it came in."""
@@ -539,8 +563,14 @@ async def _submit(
     if state.request_delay_s:
         await asyncio.sleep(state.request_delay_s)
     return scheduler.submit(
-        prompt_len, max_tokens, prompt_ids, arrived=arrived, encoder_flops=encoder_flops
+        prompt_len, max_tokens, prompt_ids, arrived=arrived, encoder_flops=encoder_flops,
+        adapter=adapter,
     )
+
+
+def _adapter(state: SimState, model: str) -> str | None:
+    """The LoRA adapter a request's model names; None: the base model."""
+    return model if model in state.adapters else None
 
 
 async def _fault_in_stream(
@@ -621,7 +651,8 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     sequence = await _submit(
-        state, scheduler, prompt_len, max_tokens, prompt_ids, encoder_flops
+        state, scheduler, prompt_len, max_tokens, prompt_ids, encoder_flops,
+        adapter=_adapter(state, model),
     )
 
     def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_profllm.sim.cost import StepWork
+from pytest_profllm.sim.lora import LoraSlots
 from pytest_profllm.sim.stats import EngineStats, Histogram
 
 BLOCK_SIZE = 16  # vLLM's default block size on CUDA
@@ -129,6 +130,8 @@ class Sequence:
     encoder_flops: float = 0.0
     # Its own inter-token gaps, where a virtual run keeps them per request (None: not kept).
     gaps: list[float] | None = None
+    # The LoRA adapter it asks for (sim/lora.py); None: the base model.
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         self.context_len = self.context_len or self.prompt_len
@@ -145,6 +148,8 @@ class Step:
     decoding: list[Sequence]
     prefill: list[tuple[Sequence, int]]
     work: StepWork
+    # What its LoRA adapters add (sim/lora.py): loads the batch waits for, their extra work.
+    lora_s: float = 0.0
 
 
 @dataclass
@@ -176,6 +181,8 @@ class Scheduler:
     # Chrome-trace events of each step while the profiler runs; None when it does not.
     trace_events: list[dict[str, Any]] | None = None
     lateness: StepLateness = field(default_factory=StepLateness)  # of `run`'s steps
+    # The LoRA adapters served and their slots (--enable-lora); None: the base model only.
+    lora: LoraSlots | None = None
     _cached: OrderedDict[int, None] = field(default_factory=OrderedDict)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _step_end: float = 0.0  # when the last step was due to end (perf_counter)
@@ -194,8 +201,10 @@ class Scheduler:
         prompt_ids: list[int] | None = None,
         arrived: float | None = None,
         encoder_flops: float = 0.0,
+        adapter: str | None = None,
     ) -> Sequence:
         sequence = Sequence(
+            adapter=adapter,
             encoder_flops=encoder_flops,
             prompt_len=max(prompt_len, 1),
             max_tokens=max_tokens,
@@ -296,10 +305,18 @@ class Scheduler:
         if preempted:  # a decoder may have given way to a prefill chunk
             decoding = [s for s in decoding if s.blocks]
         now = None
+        lora = self.lora
+        # As vLLM V1: a request whose adapter would be one more than max_loras in the batch
+        # is skipped for a later step, and those behind it may still come in.
+        active = {s.adapter for s in self.running if s.adapter} if lora is not None else set()
+        skipped: list[Sequence] = []
         while (
             not preempted and self.waiting and len(self.running) < self.max_num_seqs and budget > 0
         ):
             sequence = self.waiting[0]
+            if lora is not None and not lora.admits(sequence.adapter, active):
+                skipped.append(self.waiting.popleft())
+                continue
             self._look_up(sequence)
             chunk = self._chunk(sequence, budget)
             if not (chunk and self._allocate(sequence, chunk)):
@@ -310,6 +327,10 @@ class Scheduler:
                 sequence.scheduled_at = now
             prefill.append((sequence, chunk))
             budget -= chunk
+            if sequence.adapter is not None:
+                active.add(sequence.adapter)
+        if skipped:
+            self.waiting.extendleft(reversed(skipped))
         if prefill and not self.enable_chunked_prefill:
             decoding = []  # vLLM without chunked prefill runs prefill steps alone
         if not decoding and not prefill:
@@ -342,7 +363,14 @@ class Scheduler:
             prefill_seqs=len(prefill),
             encoder_flops=encoder,
         )
-        return Step(decoding, prefill, work)
+        lora_s = 0.0
+        if lora is not None:
+            lora_s = lora.step_seconds(
+                [s.adapter for s in decoding] + [s.adapter for s, _ in prefill],
+                sum(1 for s in decoding if s.adapter)
+                + sum(chunk for s, chunk in prefill if s.adapter),
+            )
+        return Step(decoding, prefill, work, lora_s)
 
     def _chunk(self, sequence: Sequence, budget: int) -> int:
         left = sequence.context_len - sequence.prefilled
@@ -355,7 +383,7 @@ class Scheduler:
     def step_duration(self, step: Step) -> float:
         """Seconds the step takes on the simulated GPU: the cost model's answer, asked here
         and nowhere else."""
-        return self.cost.step_seconds(step.work)
+        return self.cost.step_seconds(step.work) + step.lora_s
 
     def finish_step(self, step: Step, now: float) -> None:
         """Apply a step that ended at `now`: prefill progress, one token per decoder."""

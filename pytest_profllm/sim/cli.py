@@ -41,6 +41,13 @@ from pytest_profllm.sim.faults import (
     parse_faults,
 )
 from pytest_profllm.sim.hardware import DEFAULT_DEVICE, GIB, DeviceProfile, profiles
+from pytest_profllm.sim.lora import (
+    VLLM_DEFAULT_MAX_LORA_RANK,
+    VLLM_DEFAULT_MAX_LORAS,
+    LoraCost,
+    LoraSlots,
+    adapter_paths,
+)
 from pytest_profllm.sim.model_files import MODEL_DIR, SPECIAL_TOKENS
 from pytest_profllm.sim.profile_file import load_profile_file
 from pytest_profllm.sim.profiler_config import (
@@ -161,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the GPU the simulator models (default: {DEFAULT_DEVICE}; known: "
         f"{', '.join(sorted(profiles()))})",
     )
+    # LoRA adapters (sim/lora.py): served by name, in max_loras slots, padded to max_lora_rank.
+    parser.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--lora-modules", nargs="+")
+    parser.add_argument("--max-loras", type=_positive, default=VLLM_DEFAULT_MAX_LORAS)
+    parser.add_argument("--max-lora-rank", type=_positive, default=VLLM_DEFAULT_MAX_LORA_RANK)
     parser.add_argument(
         "--sim-profile",
         type=Path,
@@ -213,6 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProfilerConfigError as error:
         # As vLLM's parser says it (exit code 2), so the start failure names a bad argument.
         build_parser().error(f"argument --profiler-config: {error}")
+    try:
+        adapter_paths(args.lora_modules)
+    except ValueError as error:  # as vLLM's parser says it (exit code 2)
+        build_parser().error(str(error))
     argv_seen = list(sys.argv[1:] if argv is None else argv)
     try:
         faults = parse_faults([os.environ.get(FAULTS_ENV, ""), *args.sim_fault], argv_seen)
@@ -371,6 +387,7 @@ def make_scheduler(args: argparse.Namespace, setup: SimSetup) -> Scheduler:
     benchmarks' (`pytest_profllm.sim.offline`)."""
 
     return Scheduler(
+        lora=lora_slots(args, setup),
         cost=setup.engine,
         max_num_seqs=setup.max_num_seqs,
         max_num_batched_tokens=setup.max_num_batched_tokens,
@@ -380,6 +397,18 @@ def make_scheduler(args: argparse.Namespace, setup: SimSetup) -> Scheduler:
         enable_chunked_prefill=args.enable_chunked_prefill,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         stats=EngineStats(max_model_len=setup.max_model_len),
+    )
+
+
+def lora_slots(args: argparse.Namespace, setup: SimSetup) -> LoraSlots | None:
+    """The adapters and their slots, where the engine serves adapters (--enable-lora)."""
+    if not args.enable_lora:
+        return None
+    return LoraSlots(
+        adapters=adapter_paths(args.lora_modules),
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        cost=LoraCost.of(setup.engine, args.max_lora_rank),
     )
 
 
@@ -441,6 +470,8 @@ async def _serve(
         tokenizer_info=_tokenizer_info(model_dir) if args.enable_tokenizer_info_endpoint else None,
     )
     scheduler = make_scheduler(args, setup)
+    if scheduler.lora is not None:
+        state.adapters = dict(scheduler.lora.adapters)
     if args.otlp_traces_endpoint:
         state.spans = SpanExporter(
             args.otlp_traces_endpoint, scheduler.clock, span_delay_from_env()

@@ -28,6 +28,7 @@ class Request:
     prompt_len: int
     output_len: int
     prompt_ids: tuple[int, ...] | None = None  # for prefix caching
+    adapter: str | None = None  # the LoRA adapter it asks for (sim/lora.py); None: the base
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,9 @@ def simulate(
         while entering and entering[0][0] <= now:
             _, index, wanted, sent, request = heapq.heappop(entering)
             ids = list(request.prompt_ids) if request.prompt_ids is not None else None
-            sequence = scheduler.submit(request.prompt_len, request.output_len, ids, arrived=sent)
+            sequence = scheduler.submit(
+                request.prompt_len, request.output_len, ids, arrived=sent, adapter=request.adapter
+            )
             sequence.gaps = []
             in_flight[id(sequence)] = (index, wanted, sent, sequence)
         step = scheduler.plan_step()

@@ -173,6 +173,28 @@ class BenchmarkConfig(BaseModel):
     # Ours: keep what earlier cases left in the server's prefix cache (default: each case,
     # repeat and capacity probe starts from an emptied cache, load/server_state.py).
     warm_cache: bool = False
+    # Ours: a LoRA adapter mix (load/lora_mix.py). Each request asks for one of these models
+    # (adapters of the server's lora_modules, or its base model's name), by weight; weighted:
+    # drawn at random from the seed; round_robin: in turn, in proportion to the weights. A
+    # conversation keeps its model for all its turns.
+    lora_mix: dict[str, FiniteFloat] | None = None
+    lora_assignment: Literal["weighted", "round_robin"] = "weighted"
+
+    @field_validator("lora_mix")
+    @classmethod
+    def _mix(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("lora_mix names no model; give adapter names with weights")
+        for name, weight in value.items():
+            if not name.strip():
+                raise ValueError("lora_mix has an empty model name")
+            if not weight > 0:
+                raise ValueError(
+                    f"lora_mix weight of {name!r} is {weight:g}; weights must be positive"
+                )
+        return value
 
     @field_validator("percentile_metrics")
     @classmethod
@@ -274,6 +296,10 @@ class BenchmarkConfig(BaseModel):
                 )
             if self.client_processes != 1:
                 raise ValueError("dataset_name 'conversation' runs in one client process")
+        if "lora_assignment" in self.model_fields_set and not self.lora_mix:
+            raise ValueError("lora_assignment needs lora_mix (the adapters and their weights)")
+        if self.lora_mix and self.is_pooling:
+            raise ValueError("lora_mix applies to generating backends (openai, openai-chat)")
         self._check_trace()
         self._check_multimodal()
         self._check_pooling()

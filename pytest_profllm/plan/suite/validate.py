@@ -13,6 +13,7 @@ from pytest_profllm.plan.regression import regression_problems
 from pytest_profllm.plan.suite.accuracy import AccuracyConfig
 from pytest_profllm.plan.suite.axes import combinations
 from pytest_profllm.plan.suite.kinds import BENCHMARK_KINDS, WorkloadConfig, measures
+from pytest_profllm.plan.suite.lora import mix_problems
 from pytest_profllm.plan.suite.model import Suite
 from pytest_profllm.plan.suite.problems import (
     _nearest_line,
@@ -67,6 +68,8 @@ def validate_suite(
     if suite is not None and checked is not None and not problems.found:
         suite.server = checked
         _check_rules(suite.server, lines, problems)
+        for text in mix_problems(suite.server, suite.benchmark):
+            problems.add(_nearest_line(lines, ("benchmark", "lora_mix")), text)
         _check_exclusions(suite, registry, lines, problems)
     if suite is None or problems.found:
         raise problems.error()
