@@ -31,6 +31,8 @@ HISTORY: dict[int, str] = {
     "`runtime_client_core_shared` (why the client had no core of its own)",
     12: "`request_samples` gains prompt_len, start_ms and each request's server span "
     "(server_*_ms, client_overhead_*_ms)",
+    13: "`system_server_spec_decode_*`: speculative decoding's drafts, accepted tokens, "
+    "acceptance rate, mean acceptance length and rate per draft position",
 }
 SCHEMA_VERSION = max(HISTORY)
 
