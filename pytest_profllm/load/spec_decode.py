@@ -31,6 +31,7 @@ COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED_TOKENS)
 # past it, the scrape's positions are not read.
 MAX_POSITIONS = 64
 NOT_SPECULATING = "the server did not speculate (its /metrics has no vllm:spec_decode_* counters)"
+NOT_SPECULATING_SIM = "the engine did not speculate (no speculative_config)"  # virtual clock
 
 FIGURES = (
     "server_spec_decode_num_drafts",
