@@ -5,6 +5,7 @@ per step, accepted by position, vLLM's counters, TPOT that follows the acceptanc
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import random
 from typing import Any
@@ -22,6 +23,7 @@ from pytest_profllm.load.spec_decode import (
 )
 from pytest_profllm.results.record import BenchmarkRecord
 from pytest_profllm.sim.batching import ConstantStepCost, Scheduler
+from pytest_profllm.sim.cli import main as sim_main
 from pytest_profllm.sim.instruments import render_metrics
 from pytest_profllm.sim.speculation import (
     ACCEPTANCE_ENV,
@@ -216,7 +218,10 @@ def _by_speculation(pytester: pytest.Pytester, ports: str, monkeypatch: pytest.M
     out = f"results-{acceptance.replace(',', '-')}"
     monkeypatch.setenv(ACCEPTANCE_ENV, acceptance)  # pytester's subprocess inherits it
     result = run_suites(pytester, ports, "-n", "0", *args, out=out)
-    result.assert_outcomes(passed=2)
+    # A busy host may make a real-time load invalid (its figures measure the host): its
+    # record still counts the drafts, which the host does not change.
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) + outcomes.get("invalid", 0) == 2, outcomes
     plain, speculating = sorted(
         run_records(pytester, out),
         key=lambda r: r["config"]["server"].get("speculative_config") is not None,
@@ -269,3 +274,26 @@ def test_tpot_follows_the_acceptance(
     # About one token a step, and the drafts' verification on top.
     assert tpot["high"] < 0.5 * tpot["low"], tpot
     assert tpot["low"] > 0.8 * tpot["plain"], tpot
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--speculative-config", '{"method": "ngram"}'],
+         "argument --speculative-config: num_speculative_tokens must be an integer from 1 to "
+         "64, got None"),
+        (["--speculative-config", "{method: ngram"],
+         "argument --speculative-config: not JSON: *"),
+        (["--speculative-config", '{"num_speculative_tokens": 2}', "--sim-spec-acceptance",
+          "0.5,x"],
+         "argument --speculative-config: expected probabilities like 0.8,0.6,0.4, got '0.5,x'"),
+    ],
+)
+def test_the_simulator_refuses_a_speculation_it_cannot_read_in_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        sim_main(["Qwen/Qwen3-8B", *argv])
+    assert exited.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert fnmatch.fnmatch(last, f"profllm sim: error: {message}"), last
