@@ -6,21 +6,27 @@ per step, accepted by position, vLLM's counters, TPOT that follows the acceptanc
 from __future__ import annotations
 
 import fnmatch
+import json
 import math
 import random
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import run_records, run_suites
 from hypothesis import given
 from hypothesis import strategies as st
+from test_datasette import make_record
 
+from pytest_profllm.browse.run_page import run_page
 from pytest_profllm.load.scrape import parse_metrics
 from pytest_profllm.load.spec_decode import (
     NOT_SPECULATING,
     NOT_SPECULATING_SIM,
     spec_decode_figures,
 )
+from pytest_profllm.results.ingest import ingest
 from pytest_profllm.results.record import BenchmarkRecord
 from pytest_profllm.sim.batching import ConstantStepCost, Scheduler
 from pytest_profllm.sim.cli import main as sim_main
@@ -297,3 +303,33 @@ def test_the_simulator_refuses_a_speculation_it_cannot_read_in_one_line(
     assert exited.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert fnmatch.fnmatch(last, f"profllm sim: error: {message}"), last
+
+
+def test_the_run_page_shows_the_acceptance_beside_tpot(tmp_path: Path) -> None:
+    speculating = make_record("r1", "s1", "bench_spec.yaml::qwen3-8b-sc-1::random",
+                              "2026-01-01T10:00:00+00:00")
+    speculating["system"].update(
+        server_spec_decode_num_drafts=299.0, server_spec_decode_num_draft_tokens=897.0,
+        server_spec_decode_num_accepted_tokens=731.0, server_spec_decode_acceptance_rate=0.815,
+        server_spec_decode_mean_acceptance_length=3.445,
+        server_spec_decode_acceptance_rate_per_position=[0.906, 0.819, 0.719],
+    )
+    plain = make_record("r2", "s1", "bench_spec.yaml::qwen3-8b-sc-none::random",
+                        "2026-01-01T10:01:00+00:00")
+    plain["system"]["server_spec_decode_problem"] = NOT_SPECULATING
+    for record in (speculating, plain):
+        (tmp_path / f"{record['run_id']}.json").write_text(json.dumps(record))
+    db = tmp_path / "results.db"
+    ingest(db, sorted(tmp_path.glob("*.json")))
+    with sqlite3.connect(db) as connection:
+        shown = run_page(connection, "r1")
+        other = run_page(connection, "r2")
+    assert shown is not None and other is not None
+    labels = [label for label, _, _ in shown.headlines]
+    at = labels.index("p99 TPOT")
+    assert shown.headlines[at + 1:at + 4] == [
+        ("mean acceptance length", "3.445", "tok/draft"),
+        ("draft acceptance rate", "0.815", ""),
+        ("acceptance rate by draft position", "0.91 · 0.82 · 0.72", ""),
+    ]
+    assert not any("acceptance" in label for label, _, _ in other.headlines)
