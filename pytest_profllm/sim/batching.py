@@ -280,7 +280,9 @@ class Scheduler:
         # one just preempted would come straight back and be preempted again: a thrash).
         preempted = self._grow_decoders()
         decoding = [s for s in self.running if s.prefilled >= s.context_len]  # not in_prefill
-        budget = self.max_num_batched_tokens - len(decoding)
+        # A decoder's draft tokens are verified in the step: they take from its token budget.
+        drafted = self.speculation.num_speculative_tokens if self.speculation else 0
+        budget = self.max_num_batched_tokens - len(decoding) * (1 + drafted)
         prefill: list[tuple[Sequence, int]] = []
         # A running prefill's next chunk gets its blocks, or the newest running sequences give
         # way (itself last), as a decode's next token does.
@@ -337,7 +339,6 @@ class Scheduler:
             prefill_context += sequence.prefilled
             attended += chunk * (sequence.prefilled + chunk / 2)
             finishing += sequence.prefilled + chunk >= sequence.context_len
-        drafted = self.speculation.num_speculative_tokens if self.speculation else 0
         work = StepWork(
             decode_seqs=len(decoding),
             decode_context=context,
