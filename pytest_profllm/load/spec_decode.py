@@ -67,6 +67,8 @@ def spec_decode_figures(
         figures["server_spec_decode_problem"] = problem
         return figures
 
+    if after is None:
+        return none("no /metrics scrape after the load")
     now = usable(after)
     if now is None:
         return none(f"the server's /metrics after the load {unread_reason(after)}")
