@@ -151,6 +151,11 @@ def test_the_suites_the_docs_show_are_the_files() -> None:
     assert shows("benchmarks/gate/bench_gate.yaml", everywhere), (
         "the manual's bench_gate.yaml differs from benchmarks/gate/bench_gate.yaml"
     )
+    speculative = yaml_blocks(pages()["docs/writing-suites/speculative-decoding.md"])
+    assert shows("benchmarks/bench_speculative.yaml", speculative), (
+        "the manual's speculative decoding suite differs from "
+        "benchmarks/bench_speculative.yaml"
+    )
     assert shows("benchmarks/bench_smoke.yaml", yaml_blocks(README)), (
         "README's suite differs from benchmarks/bench_smoke.yaml"
     )

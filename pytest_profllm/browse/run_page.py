@@ -39,6 +39,12 @@ HEADLINES = (
     ("p99_ttft_ms", "p99 TTFT", "ms"),
     ("median_tpot_ms", "median TPOT", "ms"),
     ("p99_tpot_ms", "p99 TPOT", "ms"),
+    # Speculative decoding beside the TPOT it explains (load/spec_decode.py): null, and so not
+    # shown, where the server did not speculate.
+    ("system_server_spec_decode_mean_acceptance_length", "mean acceptance length", "tok/draft"),
+    ("system_server_spec_decode_acceptance_rate", "draft acceptance rate", ""),
+    ("system_server_spec_decode_acceptance_rate_per_position",
+     "acceptance rate by draft position", ""),
     ("median_itl_ms", "median ITL", "ms"),
     ("p99_itl_ms", "p99 ITL", "ms"),
     ("median_e2el_ms", "median E2EL", "ms"),
@@ -148,6 +154,16 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+def _headline(value: Any) -> str:
+    """A headline figure as shown; a list of rates (JSON text in its column: the acceptance
+    rate by draft position) as its numbers, two places each, in order."""
+    if isinstance(value, str) and value.startswith("["):
+        numbers = _json(value, None)
+        if isinstance(numbers, list) and all(isinstance(n, int | float) for n in numbers):
+            return " · ".join(f"{n:.2f}" for n in numbers)
+    return _shown(value)
+
+
 def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
     """Everything the page shows, or None where there is no such run."""
     cursor = connection.execute(f"SELECT * FROM [{TABLE}] WHERE run_id = ?", (run_id,))
@@ -162,7 +178,7 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
     _configuration(page)
     page.workload = [(name.removeprefix("bench_"), _shown(value)) for name, value in row.items()
                      if name.startswith("bench_") and value not in (None, "", "[]", "{}")]
-    page.headlines = [(_priced(label, row), _shown(row[name]), unit)
+    page.headlines = [(_priced(label, row), _headline(row[name]), unit)
                       for name, label, unit in HEADLINES if row.get(name) is not None]
     page.system = [(name, _shown(value)) for name, value in row.items()
                    if name.startswith(("system_", "runtime_", "cost_"))

@@ -51,12 +51,24 @@ _HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
+# Labels whose every value keeps a key of its own, beside the sample's sum over all its
+# labels: vLLM's speculative decoding counts accepted tokens per draft `position`.
+KEPT_LABELS = frozenset({"position"})
+
+
+def labelled_key(name: str, label: str, value: str) -> str:
+    """The scrape's key of sample `name` with `label` = `value` (of KEPT_LABELS), summed over
+    its other labels; Prometheus' own spelling, which no metric name can take."""
+    return f'{name}{{{label}="{value}"}}'
+
+
 class Scraped(dict[str, float]):
     """A scrape as {sample name: value summed over its labels}, each bucket of a histogram as
-    {NAME_bucket@BOUND: its count summed over the engines} (load/server_view.py), and each
+    {NAME_bucket@BOUND: its count summed over the engines} (load/server_view.py), each
     numeric label of an info metric (`*_info`) as {NAME.LABEL: its largest value over the
-    engines}. `left_out`: {metric: why its samples are not here}. `unread`: why nothing could
-    be read (then it is empty)."""
+    engines}, and each value of a KEPT_LABELS label as {NAME{LABEL="VALUE"}: summed over the
+    engines} (`labelled_key`). `left_out`: {metric: why its samples are not here}.
+    `unread`: why nothing could be read (then it is empty)."""
 
     unread: str | None
     left_out: dict[str, str]
@@ -317,6 +329,9 @@ class _Reading:
                 self._sum(family, f"{name}@{bound!r}", value)
             if name.endswith("_info"):
                 self._keep_numeric_labels(family, name, labels)
+            for label in KEPT_LABELS.intersection(labels):
+                # Summed over the engines, per value of the label (a draft position).
+                self._sum(family, labelled_key(name, label, labels[label]), value)
 
     def _sum(self, family: str, key: str, value: float) -> None:
         if family in self.left_out:

@@ -182,6 +182,19 @@ class SystemInfo(BaseModel):
     # states no block size or no hit rate.
     implied_prefix_cache_hit_rate: float | None = Field(default=None, ge=0, le=1)
     prefix_cache_hit_rate_vs_implied: float | None = Field(default=None, ge=0)
+    # Speculative decoding over the measured run (load/spec_decode.py; vLLM's
+    # vllm:spec_decode_* counters): drafts (a request's draft verified in one step), draft
+    # tokens, accepted tokens, the acceptance rate (accepted / draft tokens), the mean
+    # acceptance length (1 + accepted / drafts, as vLLM's log prints it) and each draft
+    # position's acceptance rate (its accepted tokens / drafts). Null where the server did not
+    # speculate or the window cannot be read; `server_spec_decode_problem` says why.
+    server_spec_decode_num_drafts: float | None = Field(default=None, ge=0)
+    server_spec_decode_num_draft_tokens: float | None = Field(default=None, ge=0)
+    server_spec_decode_num_accepted_tokens: float | None = Field(default=None, ge=0)
+    server_spec_decode_acceptance_rate: float | None = Field(default=None, ge=0, le=1)
+    server_spec_decode_mean_acceptance_length: float | None = Field(default=None, ge=1)
+    server_spec_decode_acceptance_rate_per_position: list[float] | None = None
+    server_spec_decode_problem: str | None = None
     # The share of the load's cores (client's, server's) that processes outside the session
     # used while it ran, 0 to 1 (hosts/foreign_cpu.py); null without load cores.
     host_foreign_cpu_share: float | None = Field(default=None, ge=0, le=1)

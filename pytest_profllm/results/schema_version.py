@@ -34,6 +34,8 @@ HISTORY: dict[int, str] = {
     13: "`system_implied_prefix_cache_hit_rate` and `system_prefix_cache_hit_rate_vs_implied` "
     "(a trace case's ideal prefix-cache hit rate, and the server's over it)",
     14: "`by_adapter`, a LoRA adapter mix's figures per model",
+    15: "`system_server_spec_decode_*`: speculative decoding's drafts, accepted tokens, "
+    "acceptance rate, mean acceptance length and rate per draft position",
 }
 SCHEMA_VERSION = max(HISTORY)
 

@@ -64,7 +64,7 @@ class CaseOutcome:
     requests: list[dict[str, Any]] = field(default_factory=list)
     server: ServerProcess | None = None
     error: str | None = None
-    telemetry: dict[str, float | int | str | None] = field(default_factory=dict)
+    telemetry: dict[str, Any] = field(default_factory=dict)
     series: list[dict[str, float | None]] = field(default_factory=list)
     profiling: dict[str, Any] | None = None
     # Set when the figures do not measure the server: token counts that cannot be believed,

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
@@ -34,6 +35,7 @@ from pytest_profllm.load.server_state import (
     scrape_metrics,
     sim_lateness,
 )
+from pytest_profllm.load.spec_decode import spec_decode_figures
 
 DEFAULT_INTERVAL_S = 0.5
 _MIB = 2**20
@@ -473,8 +475,9 @@ class Sampler:
             **server_metric_deltas(self.metrics_before, self.metrics_after),
         }
 
-    def record(self) -> dict[str, float | int | str | None]:
-        """The record's telemetry: the summary, and why some of it is missing."""
+    def record(self) -> dict[str, Any]:
+        """The record's telemetry: the summary, speculative decoding over the load
+        (load/spec_decode.py), and why some of it is missing."""
         problem = self.problem
         if problem is not None and self._failures > 1:
             problem += f" ({self._failures} failures)"
@@ -485,6 +488,7 @@ class Sampler:
         return {
             **self.summary(),
             **energy_used(self.energy_start, self.energy_end),
+            **spec_decode_figures(self.metrics_before, self.metrics_after),
             "telemetry_problem": "; ".join(text for text in problems if text) or None,
         }
 

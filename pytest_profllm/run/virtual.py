@@ -36,6 +36,7 @@ from pytest_profllm.load.lora_mix import by_adapter, with_models
 from pytest_profllm.load.prompt import Codec, PromptRequest
 from pytest_profllm.load.schedule import LoadResult, arrival_offsets
 from pytest_profllm.load.server_view import missing
+from pytest_profllm.load.spec_decode import FIGURES, NOT_SPECULATING_SIM, figures_of
 from pytest_profllm.load.validity import LoadFacts, Rules, ServerWindow, judge
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.suite import MEDIA_DATASETS, BenchmarkConfig, CapacityConfig
@@ -164,11 +165,14 @@ class VirtualEngine:
         return load, outcome
 
 
-def engine_figures(outcome: Outcome) -> dict[str, float | int | None]:
+def engine_figures(outcome: Outcome) -> dict[str, Any]:
     """The engine's own figures over a run, under the names a server's /metrics gives them
     in the record (`system`)."""
     queries = outcome.prefix_cache_queries
+    spec = (figures_of(*outcome.spec_decode) if outcome.spec_decode is not None
+            else {**dict.fromkeys(FIGURES), "server_spec_decode_problem": NOT_SPECULATING_SIM})
     return {
+        **spec,
         "peak_kv_cache_usage": outcome.peak_kv_cache_usage,
         "server_num_gpu_blocks": outcome.num_gpu_blocks or None,
         "server_kv_block_size": outcome.block_size or None,

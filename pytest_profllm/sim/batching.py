@@ -4,7 +4,8 @@ Each step runs the decode of every running sequence plus a chunk of prefill, as 
 scheduler does with chunked prefill: at most `max_num_seqs` sequences run, and a step carries
 at most `max_num_batched_tokens` tokens. What a step costs is the cost model's answer
 (`cost.EngineModel.step_seconds`, a roofline of the model on the device), asked in one place:
-`Scheduler.step_duration`. Every decoding sequence emits one token per step.
+`Scheduler.step_duration`. Every decoding sequence emits one token per step; with speculative
+decoding (`speculation.py`), one plus the draft tokens the target accepted.
 
 The KV cache is `num_gpu_blocks` blocks of `block_size` tokens. A decoding sequence that needs
 a block when none is free preempts the newest running sequence, which goes back to the front
@@ -39,6 +40,7 @@ from typing import Any, Protocol
 
 from pytest_profllm.sim.cost import StepWork
 from pytest_profllm.sim.lora import LoraSlots
+from pytest_profllm.sim.speculation import Speculation
 from pytest_profllm.sim.stats import EngineStats, Histogram
 
 BLOCK_SIZE = 16  # vLLM's default block size on CUDA
@@ -183,6 +185,9 @@ class Scheduler:
     lateness: StepLateness = field(default_factory=StepLateness)  # of `run`'s steps
     # The LoRA adapters served and their slots (--enable-lora); None: the base model only.
     lora: LoraSlots | None = None
+    # Speculative decoding (--speculative-config): k draft tokens per decoder per step, and
+    # vLLM's counters of them. None: one token per decoder per step.
+    speculation: Speculation | None = None
     _cached: OrderedDict[int, None] = field(default_factory=OrderedDict)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _step_end: float = 0.0  # when the last step was due to end (perf_counter)
@@ -284,7 +289,9 @@ class Scheduler:
         # one just preempted would come straight back and be preempted again: a thrash).
         preempted = self._grow_decoders()
         decoding = [s for s in self.running if s.prefilled >= s.context_len]  # not in_prefill
-        budget = self.max_num_batched_tokens - len(decoding)
+        # A decoder's draft tokens are verified in the step: they take from its token budget.
+        drafted = self.speculation.num_speculative_tokens if self.speculation else 0
+        budget = self.max_num_batched_tokens - len(decoding) * (1 + drafted)
         prefill: list[tuple[Sequence, int]] = []
         # A running prefill's next chunk gets its blocks, or the newest running sequences give
         # way (itself last), as a decode's next token does.
@@ -356,6 +363,7 @@ class Scheduler:
         work = StepWork(
             decode_seqs=len(decoding),
             decode_context=context,
+            spec_tokens=drafted * len(decoding),
             prefill_tokens=prefill_tokens,
             prefill_context=prefill_context,
             prefill_attended=attended,
@@ -392,6 +400,10 @@ class Scheduler:
             "vllm:iteration_tokens_total", step.work.decode_seqs + step.work.prefill_tokens
         )
         emitting = [s for s in step.decoding if s.generated < s.max_tokens and s.blocks]
+        # With speculation each decoder's draft is verified in this step: it emits the
+        # accepted draft tokens and the target's own (vLLM's bonus token).
+        speculation = self.speculation
+        counts = {id(s): 1 + speculation.draft() for s in emitting} if speculation else {}
         for sequence, chunk in step.prefill:
             if not sequence.blocks:
                 continue  # preempted since the step was planned
@@ -405,14 +417,19 @@ class Scheduler:
         # counted once per distinct gap: this is the simulator's hottest loop.
         gaps: dict[float, int] = {}
         for sequence in emitting:
-            self._emit(sequence, now, gaps)
+            self._emit(sequence, now, gaps, counts.get(id(sequence), 1))
         for gap, times in gaps.items():
             self.stats.observe("vllm:inter_token_latency_seconds", gap, times)
 
-    def _emit(self, sequence: Sequence, now: float, gaps: dict[float, int]) -> None:
-        """One token of `sequence` at `now`; its inter-token gap is added to `gaps`."""
-        sequence.generated += 1
-        self.generation_tokens += 1
+    def _emit(
+        self, sequence: Sequence, now: float, gaps: dict[float, int], count: int = 1
+    ) -> None:
+        """`count` tokens of `sequence` at `now` (more than one: accepted draft tokens, up to
+        its max_tokens); its inter-token gap, one per step as vLLM observes it, is added to
+        `gaps`."""
+        count = min(count, sequence.max_tokens - sequence.generated)
+        sequence.generated += count
+        self.generation_tokens += count
         if sequence.first_token_at is None:
             sequence.first_token_at = now
             self.stats.observe("vllm:time_to_first_token_seconds", now - sequence.arrived)
@@ -425,7 +442,8 @@ class Scheduler:
                 sequence.gaps.append(gap)
         sequence.last_token_at = now
         if self.stream_tokens:
-            sequence.tokens.put_nowait(next(self._ids))
+            for _ in range(count):
+                sequence.tokens.put_nowait(next(self._ids))
         if sequence.generated >= sequence.max_tokens:
             if self.stream_tokens:
                 sequence.tokens.put_nowait(None)
@@ -465,12 +483,15 @@ class Scheduler:
         sequences (itself last) when the cache is full; whether any was preempted."""
         preempted = False
         block_size = self.block_size
+        # Room for the step's token and, speculating, its draft's (vLLM allocates slots for
+        # the draft tokens it verifies).
+        ahead = 1 + (self.speculation.num_speculative_tokens if self.speculation else 0)
         for sequence in list(self.running):
             # Still in prefill (also a sequence preempted in this loop: prefilled = 0). The
             # property and _blocks_for are inlined: once per decoder per step.
             if sequence.prefilled < sequence.context_len:
                 continue
-            tokens = sequence.prompt_len + sequence.generated + 1
+            tokens = sequence.prompt_len + sequence.generated + ahead
             need = -(-tokens // block_size) - sequence.blocks
             if not need:
                 continue  # its next token fits in its last block

@@ -6,7 +6,9 @@ sizes, memory utilisation, served names, API key) and accepts every other engine
 without effect, listing them at start-up, as a stand-in must: a suite runs unchanged on vLLM
 and on the simulator. Its own flags: `--sim-device NAME` (the GPU it models, `sim/hardware.py`),
 `--sim-profile PATH` (a profile file in its place, as `profllm calibrate` writes,
-`sim/profile_file.py`) and `--sim-fault SPEC` (faults on demand, `sim/faults.py`).
+`sim/profile_file.py`), `--sim-fault SPEC` (faults on demand, `sim/faults.py`) and
+`--sim-spec-acceptance` (how often `--speculative-config`'s draft tokens are accepted,
+`sim/speculation.py`).
 
 It serves below the client's priority: its niceness goes up by 10 (`PROFLLM_SIM_NICE=N`: by N,
 0 leaves it), as the GPU it stands for would take none of the load generator's CPU. With
@@ -56,6 +58,12 @@ from pytest_profllm.sim.profiler_config import (
     dev_mode_from_env,
 )
 from pytest_profllm.sim.spans import DEFAULT_DELAY_S, SpanExporter
+from pytest_profllm.sim.speculation import (
+    ACCEPTANCE_ENV,
+    Speculation,
+    SpeculationError,
+    speculation_from,
+)
 from pytest_profllm.sim.stats import EngineStats
 
 if TYPE_CHECKING:
@@ -163,6 +171,18 @@ def build_parser() -> argparse.ArgumentParser:
         "endpoint (protobuf), in batches every OTEL_BSP_SCHEDULE_DELAY ms (default 200)",
     )
     parser.add_argument(
+        "--speculative-config",
+        help="JSON, as vLLM's: num_speculative_tokens draft tokens per decoding sequence per "
+        "step, accepted as --sim-spec-acceptance says (sim/speculation.py)",
+    )
+    parser.add_argument(
+        "--sim-spec-acceptance",
+        metavar="P1,P2,...",
+        help="with --speculative-config: the chance each position's draft token is accepted, "
+        f"the ones before it accepted; the last repeats (also {ACCEPTANCE_ENV}; default: by "
+        "method, ngram 0.6,0.5,0.4)",
+    )
+    parser.add_argument(
         "--sim-device",
         default=DEFAULT_DEVICE,
         help=f"the GPU the simulator models (default: {DEFAULT_DEVICE}; known: "
@@ -229,6 +249,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         adapter_paths(args.lora_modules)
     except ValueError as error:  # as vLLM's parser says it (exit code 2)
         build_parser().error(str(error))
+    try:
+        speculation_of(args)
+    except SpeculationError as error:
+        build_parser().error(f"argument --speculative-config: {error}")
     argv_seen = list(sys.argv[1:] if argv is None else argv)
     try:
         faults = parse_faults([os.environ.get(FAULTS_ENV, ""), *args.sim_fault], argv_seen)
@@ -382,6 +406,16 @@ def setup_for(
     )
 
 
+def speculation_of(args: argparse.Namespace) -> Speculation | None:
+    """The speculative decoding parsed engine arguments ask for (None: none); raises
+    SpeculationError with a one-line message."""
+    return speculation_from(
+        getattr(args, "speculative_config", None),
+        getattr(args, "sim_spec_acceptance", None),
+        seed=getattr(args, "seed", 0) or 0,
+    )
+
+
 def make_scheduler(args: argparse.Namespace, setup: SimSetup) -> Scheduler:
     """The simulated engine for parsed engine arguments: the server's, and the offline
     benchmarks' (`pytest_profllm.sim.offline`)."""
@@ -397,6 +431,7 @@ def make_scheduler(args: argparse.Namespace, setup: SimSetup) -> Scheduler:
         enable_chunked_prefill=args.enable_chunked_prefill,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         stats=EngineStats(max_model_len=setup.max_model_len),
+        speculation=speculation_of(args),
     )
 
 

@@ -74,6 +74,10 @@ class StepWork:
     emitted: int = 0  # tokens sampled and streamed to clients after this step
     prefill_seqs: int = 0  # sequences with a prefill chunk in this step
     encoder_flops: float = 0.0  # vision encoders run for images first scheduled this step
+    # Draft tokens the decoders' drafts put through the target model to verify them
+    # (speculative decoding: k per decoding sequence). Each is a token of the linear layers
+    # and of the LM head, and attends to its sequence's KV cache, which the step reads once.
+    spec_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,7 @@ class EngineModel:
         kv_heads = model.num_key_value_heads
         return max(kv_heads / self.tensor_parallel_size, 1) / kv_heads
 
-    def _attention_flops(self, decode_positions: int, prefill_positions: float) -> float:
+    def _attention_flops(self, decode_positions: float, prefill_positions: float) -> float:
         """Attention FLOPs over all layers and heads (all GPUs): per position attended, the
         scores and the weighted values (QK^T and PV, a multiply-add each per dimension). MLA
         in vLLM decodes absorbed (each head scores against the latent and its rope part, then
@@ -155,7 +159,9 @@ class EngineModel:
         or computes its heads' share of the FLOPs (bf16), whichever takes longer."""
         tp = self.tensor_parallel_size
         kv_read = work.decode_context + work.prefill_context
-        flops = self._attention_flops(work.decode_context, work.prefill_attended)
+        # A decoder's draft tokens attend to its context as its own token does.
+        per_decoder = 1 + work.spec_tokens / work.decode_seqs if work.decode_seqs else 1
+        flops = self._attention_flops(work.decode_context * per_decoder, work.prefill_attended)
         return max(
             kv_read * self.kv_bytes_per_token * self._kv_share / bandwidth,
             flops / tp / flops_per_s,
@@ -234,7 +240,7 @@ class EngineModel:
         model, device, over = self.model, self.device, self.device.overheads
         tp = self.tensor_parallel_size
         host = device.host_cpu_factor
-        tokens = work.decode_seqs + work.prefill_tokens
+        tokens = work.decode_seqs + work.prefill_tokens + work.spec_tokens
         if tokens == 0:
             return host * over.step_ms / 1000 * self.slowdown
         gpu_s = self._gpu_seconds(work, over)
@@ -274,10 +280,10 @@ class EngineModel:
         """The step's kernels one after another: the linear layers, attention and the vision
         encoders, at the profile's achieved bandwidth and matmul rate. `kernels` as for
         `_linear_seconds` (None: every GEMM on a plain roofline at dense efficiency)."""
-        tokens = work.decode_seqs + work.prefill_tokens
+        tokens = work.decode_seqs + work.prefill_tokens + work.spec_tokens
         bandwidth, bf16_flops = self._achieved_rates(False)
         flops_per_s = self._achieved_rates(True)[1] if self._fp8 else bf16_flops
-        sampled = work.emitted or work.decode_seqs
+        sampled = (work.emitted or work.decode_seqs) + work.spec_tokens
         linear_s = self._linear_seconds(tokens, sampled, bandwidth, flops_per_s, kernels)
         attention_s = self._attention_seconds(work, bandwidth, bf16_flops)
         # Images' vision encoders: dense bf16 GEMMs over their patches, before the chunk.

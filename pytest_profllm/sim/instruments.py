@@ -216,6 +216,7 @@ class _SchedulerCollector:
             family.add_metric(values, histogram.buckets(), histogram.total)
             yield family
         yield from self._lateness(names, values)
+        yield from self._speculation(names, values)
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -225,6 +226,34 @@ class _SchedulerCollector:
             [str(s.block_size), str(s.enable_prefix_caching), str(s.num_gpu_blocks), "0"], 1.0
         )
         yield info
+
+    def _speculation(self, names: list[str], values: list[str]) -> Iterator[Any]:
+        """vLLM 0.32's speculative decoding counters (vllm/v1/spec_decode/metrics.py
+        `SpecDecodingProm`), served only where the engine speculates, as vLLM's are."""
+        # Deferred: prometheus_client is needed only once the simulator serves /metrics.
+        from prometheus_client.core import CounterMetricFamily
+
+        spec = self.scheduler.speculation
+        if spec is None:
+            return
+        for name, documentation, value in (
+            ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", spec.num_drafts),
+            ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+             spec.num_draft_tokens),
+            ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+             spec.num_accepted_tokens),
+        ):
+            counter = CounterMetricFamily(name, documentation, labels=names)
+            counter.add_metric(values, float(value))
+            yield counter
+        per_position = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            labels=[*names, "position"],
+        )
+        for position, count in enumerate(spec.accepted_per_position):
+            per_position.add_metric([*values, str(position)], float(count))
+        yield per_position
 
     def _lateness(self, names: list[str], values: list[str]) -> Iterator[Any]:
         """The real-time loop's step lateness (the module's docstring has the names)."""

@@ -81,6 +81,9 @@ class Outcome:
     steps: int = 0
     prefix_cache_queries: int = 0  # tokens looked up
     prefix_cache_hits: int = 0  # tokens found
+    # Speculative decoding's counters over the run (sim/speculation.py): drafts, draft
+    # tokens, accepted tokens and accepted tokens per draft position. None: no speculation.
+    spec_decode: tuple[int, int, int, list[int]] | None = None
 
     def summary(self) -> dict[str, float]:
         def median(values: list[float]) -> float:
@@ -258,6 +261,9 @@ def simulate(
     outcome.steps = scheduler.steps
     outcome.prefix_cache_queries = scheduler.prefix_cache_queries
     outcome.prefix_cache_hits = scheduler.prefix_cache_hits
+    if (spec := scheduler.speculation) is not None:
+        outcome.spec_decode = (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
+                               list(spec.accepted_per_position))
     if scheduler.prefix_cache_queries:
         outcome.prefix_cache_hit_rate = scheduler.prefix_cache_hits / scheduler.prefix_cache_queries
     return outcome
