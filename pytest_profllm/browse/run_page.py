@@ -86,6 +86,8 @@ class RunPage:
     # An accuracy case's evaluation (record `accuracy`): what lm-eval scored, and how.
     accuracy: str | None = None
     plumbing_check: bool = False
+    # A load sent in rounds (record `until`): what ended it, the interval and what it took.
+    until: str | None = None
     # The server's own histograms over the load (browse/time_breakdown.py), and why some or
     # all are missing.
     server_view: list[dict[str, str]] = field(default_factory=list)
@@ -165,6 +167,7 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
                    and value not in (None, "", "[]")]
     _capacity(page)
     _accuracy(page)
+    page.until = until_line(_json(row.get("until"), None))
     if (split := breakdown(row)) is not None:
         page.add("time-breakdown", split.spec, split.caption)
     page.server_view, page.server_view_problem = server_table(row)
@@ -182,6 +185,24 @@ def _priced(label: str, row: Mapping[str, Any]) -> str:
     gpus = row.get("cost_gpus")
     counted = " simulated" if row.get("cost_gpus_counted") == "simulated" else ""
     return f"{label} (at ${price:g} per GPU-hour, {gpus}{counted} GPU{'s' if gpus != 1 else ''})"
+
+
+def until_line(until: Any) -> str | None:
+    """One line of a load sent in rounds (`until:`): the interval reached against the one
+    asked, what ended it, and the rounds and requests it took."""
+    if not isinstance(until, dict):
+        return None
+    metric, rounds, requests = until.get("metric"), until.get("rounds"), until.get("requests")
+    asked, confidence = until.get("half_width"), until.get("confidence")
+    took = f"{_shown(rounds)} round(s), {_shown(requests)} requests"
+    low, high, width = until.get("ci_low"), until.get("ci_high"), until.get("relative_half_width")
+    if not all(isinstance(v, int | float) for v in (low, high, width, asked, confidence)):
+        return f"Sent until {metric} was known: no interval by the cap ({took})."
+    ended = ("the interval was narrow enough" if until.get("stopped_by") == "interval"
+             else f"the cap of {_shown(until.get('max_prompts'))} requests")
+    return (f"Sent until {metric} was known to ±{asked:.1%}: {confidence:.0%} interval "
+            f"{_shown(low)} .. {_shown(high)} ms (±{width:.1%}); stopped by {ended}, "
+            f"after {took}.")
 
 
 def _accuracy(page: RunPage) -> None:

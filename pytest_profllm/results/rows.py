@@ -177,6 +177,7 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
     threshold_results = record.get("threshold_results", record.get("verdicts"))
     capacity = record.get("capacity") or {}
     accuracy = record.get("accuracy") or {}
+    until = record.get("until") or {}
     failed = ",".join(result["metric"] for result in threshold_results or ()
                       if not result["passed"])
     return (
@@ -223,6 +224,8 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         accuracy.get("lm_eval_version"),
         accuracy.get("task_hash"),
         accuracy or None,
+        until.get("stopped_by"),
+        until or None,
         digest,
     )
 

@@ -31,6 +31,8 @@ HISTORY: dict[int, str] = {
     "`runtime_client_core_shared` (why the client had no core of its own)",
     12: "`request_samples` gains prompt_len, start_ms and each request's server span "
     "(server_*_ms, client_overhead_*_ms)",
+    13: "`until_stopped_by` and `until`: a load sent in rounds until its statistic's interval "
+    "was narrow enough, or its cap",
 }
 SCHEMA_VERSION = max(HISTORY)
 

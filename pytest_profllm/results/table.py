@@ -97,6 +97,10 @@ FIXED_COLUMNS: dict[str, str] = {
     "accuracy_lm_eval_version": "TEXT",
     "accuracy_task_hash": "TEXT",
     "accuracy": "TEXT",
+    # A load sent in rounds until its statistic was known well enough (record `until`):
+    # what ended it (interval or cap), and all of it (the interval, rounds and requests).
+    "until_stopped_by": "TEXT",
+    "until": "TEXT",
     # A digest of the record's file: loading the same file again is recognised as unchanged
     # (without reading it: ingest digests the bytes and skips a file whose digest is stored).
     "record_digest": "TEXT",
