@@ -37,7 +37,7 @@ class Until(BaseModel):
     def _metric(cls, value: str) -> str:
         parsed = latency_statistic(value)
         if parsed is None or parsed[1] == "std":
-            raise ValueError(f"unknown metric {value!r}; allowed: {UNTIL_METRICS}")
+            raise ValueError(f"unknown metric; allowed: {UNTIL_METRICS}")
         statistic = parsed[1]
         if statistic not in ("mean", "median") and not 0 < float(statistic) < 100:
             raise ValueError(f"{value}: a percentile lies strictly between 0 and 100")
@@ -51,14 +51,10 @@ class Until(BaseModel):
         try:
             number = float(text.removesuffix("%"))
         except ValueError:
-            raise ValueError(
-                f"a relative half width like 0.05 or '5%', got {value!r}"
-            ) from None
+            raise ValueError("a relative half width like 0.05 or '5%'") from None
         fraction = number / 100 if text.endswith("%") else number
         if isinstance(value, bool) or not (0 < fraction < 1 and math.isfinite(fraction)):
-            raise ValueError(
-                f"a relative half width above 0 and below 1 (0.05 is +-5 %), got {value!r}"
-            )
+            raise ValueError("a relative half width above 0 and below 1 (0.05 is +-5 %)")
         return fraction
 
     @field_validator("confidence", mode="before")
@@ -67,7 +63,7 @@ class Until(BaseModel):
         if isinstance(value, bool) or not isinstance(value, int | float) or not (
             0.5 < value < 1
         ):
-            raise ValueError(f"a confidence above 0.5 and below 1 (e.g. 0.95), got {value!r}")
+            raise ValueError("a confidence above 0.5 and below 1 (e.g. 0.95)")
         return float(value)
 
     @field_validator("max_prompts", "round_prompts", mode="before")
@@ -78,9 +74,7 @@ class Until(BaseModel):
         if isinstance(value, bool) or not isinstance(value, int) or not (
             0 < value <= MAX_PROBE_REQUESTS
         ):
-            raise ValueError(
-                f"a whole number of requests from 1 to {MAX_PROBE_REQUESTS:,}, got {value!r}"
-            )
+            raise ValueError(f"a whole number of requests from 1 to {MAX_PROBE_REQUESTS:,}")
         return value
 
     @property
