@@ -223,7 +223,7 @@ def test_a_stable_server_stops_by_its_interval_and_an_impossible_width_at_its_ca
     result = run_suites(pytester, ports, "-n", "0", "-rA", cache=False)
     result.assert_outcomes(passed=2)
     records = {r["suite"]: r for r in run_records(pytester)}
-    sure, capped = records["until"], records["bench_cap"]
+    sure, capped = records["until"], records["cap"]
 
     stop = sure["until"]
     assert stop["stopped_by"] == "interval"
@@ -251,7 +251,7 @@ def test_a_stable_server_stops_by_its_interval_and_an_impossible_width_at_its_ca
         assert record["validity"] == "valid"
     with sqlite3.connect(folder / "results.db") as db:
         stored = dict(db.execute("SELECT suite, until_stopped_by FROM benchmark_runs"))
-    assert stored == {"until": "interval", "bench_cap": "cap"}
+    assert stored == {"until": "interval", "cap": "cap"}
     line = until_line(capped["until"])
     assert line is not None and "stopped by the cap of 250 requests" in line
     assert "after 3 round(s), 250 requests" in line

@@ -53,7 +53,9 @@ def run(suite: str, ports: str, core: int | None) -> dict[str, Any]:
     subprocess.run(
         [sys.executable, "-m", "pytest", str(folder), "-p", "no:cacheprovider", "-q",
          f"--profllm-out={out}", f"--profllm-ports={ports}", "--profllm-engine=sim",
-         "--profllm-no-load-cores"],
+         # One attempt: on a shared host the judge may find a load invalid (printed), and a
+         # load in rounds run again whole doubles the script's time.
+         "--profllm-no-load-cores", "--profllm-remeasure=0"],
         cwd=folder, check=False, stdout=subprocess.DEVNULL,
         preexec_fn=(lambda: os.sched_setaffinity(0, {core})) if core is not None else None,
     )
@@ -66,7 +68,7 @@ def main() -> None:
     parser.add_argument("--hog", action="store_true", help="a busy loop on the client's core")
     parser.add_argument("--rate", type=float, default=40.0, help="requests/s (default 40)")
     parser.add_argument("--half-width", type=float, default=0.05)
-    parser.add_argument("--max-prompts", type=int, default=8000)
+    parser.add_argument("--max-prompts", type=int, default=6000)
     parser.add_argument("--round", type=int, default=500, help="requests per round")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ports", default=os.environ.get("PROFLLM_PERF_PORTS", "35500-35599"))
