@@ -94,6 +94,8 @@ class RunPage:
     plumbing_check: bool = False
     # A timed trace's prefix-cache hit rate, the ideal it implies beside the server's.
     prefix_cache: str | None = None
+    # A load sent in rounds (record `until`): what ended it, the interval and what it took.
+    until: str | None = None
     # The server's own histograms over the load (browse/time_breakdown.py), and why some or
     # all are missing.
     server_view: list[dict[str, str]] = field(default_factory=list)
@@ -187,6 +189,7 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
     _accuracy(page)
     page.prefix_cache = prefix_cache_line(row)
     page.adapters = adapter_rows(row.get("by_adapter"))
+    page.until = until_line(_json(row.get("until"), None))
     if (split := breakdown(row)) is not None:
         page.add("time-breakdown", split.spec, split.caption)
     page.server_view, page.server_view_problem = server_table(row)
@@ -239,6 +242,24 @@ def adapter_rows(stored: Any) -> list[dict[str, str]]:
         return []
     return [{key: _shown(row.get(key)) for key, _ in ADAPTER_COLUMNS}
             for row in rows if isinstance(row, dict)]
+
+
+def until_line(until: Any) -> str | None:
+    """One line of a load sent in rounds (`until:`): the interval reached against the one
+    asked, what ended it, and the rounds and requests it took."""
+    if not isinstance(until, dict):
+        return None
+    metric, rounds, requests = until.get("metric"), until.get("rounds"), until.get("requests")
+    asked, confidence = until.get("half_width"), until.get("confidence")
+    took = f"{_shown(rounds)} round(s), {_shown(requests)} requests"
+    low, high, width = until.get("ci_low"), until.get("ci_high"), until.get("relative_half_width")
+    if not all(isinstance(v, int | float) for v in (low, high, width, asked, confidence)):
+        return f"Sent until {metric} was known: no interval by the cap ({took})."
+    ended = ("the interval was narrow enough" if until.get("stopped_by") == "interval"
+             else f"the cap of {_shown(until.get('max_prompts'))} requests")
+    return (f"Sent until {metric} was known to ±{asked:.1%}: {confidence:.0%} interval "
+            f"{_shown(low)} .. {_shown(high)} ms (±{width:.1%}); stopped by {ended}, "
+            f"after {took}.")
 
 
 def _accuracy(page: RunPage) -> None:

@@ -1,4 +1,4 @@
-"""Noise-aware verdicts: a bootstrap confidence interval (scipy.stats.bootstrap) of the relative
+"""Noise-aware verdicts: a bootstrap confidence interval (load/bootstrap.py) of the relative
 change of one metric against the baseline. Regressed or improved only when the whole interval
 lies beyond the tolerance; otherwise unchanged. An accuracy's interval comes from lm-eval's
 standard errors instead, a capacity's from its searches' brackets. A change with no interval
@@ -12,7 +12,6 @@ requests); throughputs on one value per repeat (a run has one throughput).
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pytest_profllm.gates.samples import FloatArray, RunSamples
+from pytest_profllm.load import bootstrap
 from pytest_profllm.plan.regression import (
     BRACKETED_METRICS,
     DEFAULT_CONFIDENCE,
@@ -28,9 +28,6 @@ from pytest_profllm.plan.regression import (
     GatedMetric,
 )
 from pytest_profllm.results.record import RegressionDecision, RegressionResult
-
-# Resampled values held at once (resamples x samples): bounds memory on long ITL samples.
-_BATCH_ELEMENTS = 4_000_000
 
 
 @dataclass(frozen=True)
@@ -41,16 +38,8 @@ class GateSettings:
 
 
 def statistic_of(metric: GatedMetric) -> Callable[..., Any]:
-    """The statistic along the last axis, vectorised as scipy.stats.bootstrap calls it."""
-    name = metric.statistic
-    if name == "mean":
-        return lambda x, axis=-1: np.mean(x, axis=axis)
-    if name == "median":
-        return lambda x, axis=-1: np.median(x, axis=axis)
-    if name == "std":
-        return lambda x, axis=-1: np.std(x, axis=axis)
-    percentile = float(name)
-    return lambda x, axis=-1: np.percentile(x, percentile, axis=axis)
+    """The metric's statistic along the last axis, vectorised as scipy.stats.bootstrap calls it."""
+    return bootstrap.statistic_of(metric.statistic)
 
 
 def values_of(metric: GatedMetric, runs: list[RunSamples]) -> FloatArray:
@@ -122,38 +111,14 @@ def change_interval(
 ) -> tuple[float, float] | None:
     """The bootstrap interval of stat(new) / stat(base) - 1, resampling each side apart;
     None where a side has fewer than two values."""
-    # Deferred: scipy.stats takes about 0.9 s to import; only a gated case needs it.
-    from scipy import stats
-
-    if new.size < 2 or base.size < 2:
-        return None
 
     def relative_change(x: FloatArray, y: FloatArray, axis: int = -1) -> Any:
         with np.errstate(divide="ignore", invalid="ignore"):
             return stat(x, axis=axis) / stat(y, axis=axis) - 1
 
-    batch = max(1, _BATCH_ELEMENTS // max(new.size, base.size))
-    with warnings.catch_warnings():
-        # Few distinct values (two repeats) make a lumpy bootstrap distribution: that is what
-        # the percentile interval then honestly shows.
-        warnings.simplefilter("ignore")
-        result = stats.bootstrap(
-            (new, base),
-            relative_change,
-            paired=False,
-            vectorized=True,
-            axis=-1,
-            n_resamples=settings.resamples,
-            batch=batch,
-            confidence_level=settings.confidence,
-            # BCa needs a jackknife over every sample: quadratic on thousands of ITL samples.
-            method="percentile",
-            rng=np.random.default_rng(settings.seed),
-        )
-    low, high = result.confidence_interval
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return None
-    return float(low), float(high)
+    return bootstrap.percentile_interval(
+        (new, base), relative_change, settings.confidence, settings.resamples, settings.seed
+    )
 
 
 def bracket_interval(

@@ -74,6 +74,15 @@ class GatedMetric:
         return self.latency is None
 
 
+def latency_statistic(name: str) -> tuple[str, str] | None:
+    """(ttft/tpot/itl/e2el, its statistic: mean, median, std or a percentile as text) of a
+    per-request latency's name such as `p99_ttft_ms`; None for any other name."""
+    match = _LATENCY.match(name)
+    if match is None:
+        return None
+    return match.group(3), match.group(2) or match.group(1)
+
+
 def gated_metric(name: str, tolerance: float) -> GatedMetric:
     """Raises ValueError naming what can be gated when `name` is not one of those."""
     match = _LATENCY.match(name)

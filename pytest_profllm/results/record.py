@@ -479,6 +479,27 @@ class AccuracyResult(BaseModel):
     plumbing_check: bool = False
 
 
+class UntilResult(BaseModel):
+    """A load sent in rounds until a latency statistic was known well enough (`until:`,
+    load/until.py): what ended it (`interval`: narrow enough; `cap`: max_prompts reached),
+    the statistic and its interval at `confidence`, and what it took."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str  # a latency statistic in ms: p99_ttft_ms
+    half_width: float  # the relative half width asked (0.05: +-5 %)
+    confidence: float
+    max_prompts: int
+    stopped_by: Literal["interval", "cap"]
+    value: float | None  # the statistic over every round's samples, ms
+    ci_low: float | None  # its bootstrap interval, ms; None: too few samples for one
+    ci_high: float | None
+    relative_half_width: float | None  # (ci_high - ci_low) / 2 / value
+    rounds: int
+    requests: int  # sent in all rounds (the record's results count each once)
+    samples: int  # the statistic's samples (successful requests; ITL: token gaps)
+
+
 class BenchmarkRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -546,6 +567,9 @@ class BenchmarkRecord(BaseModel):
     # An accuracy case's evaluation (lm-eval): task, metrics with standard errors, samples,
     # versions and whether it was only a plumbing check (the simulated engine).
     accuracy: AccuracyResult | None = None
+    # A load sent in rounds until its `until:` statistic's interval was narrow enough, or
+    # its cap was reached (load/until.py). None: the workload's num_prompts, once.
+    until: UntilResult | None = None
 
 
 def measurement_validity(

@@ -178,6 +178,7 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
     threshold_results = record.get("threshold_results", record.get("verdicts"))
     capacity = record.get("capacity") or {}
     accuracy = record.get("accuracy") or {}
+    until = record.get("until") or {}
     failed = ",".join(result["metric"] for result in threshold_results or ()
                       if not result["passed"])
     return (
@@ -225,6 +226,8 @@ def _fixed_values(record: dict[str, Any], digest: str) -> tuple[Any, ...]:
         accuracy.get("task_hash"),
         accuracy or None,
         record.get("by_adapter") or None,
+        until.get("stopped_by"),
+        until or None,
         digest,
     )
 

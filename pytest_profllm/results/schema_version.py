@@ -36,6 +36,8 @@ HISTORY: dict[int, str] = {
     14: "`by_adapter`, a LoRA adapter mix's figures per model",
     15: "`system_server_spec_decode_*`: speculative decoding's drafts, accepted tokens, "
     "acceptance rate, mean acceptance length and rate per draft position",
+    16: "`until_stopped_by` and `until`: a load sent in rounds until its statistic's interval "
+    "was narrow enough, or its cap",
 }
 SCHEMA_VERSION = max(HISTORY)
 

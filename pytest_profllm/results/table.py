@@ -100,6 +100,10 @@ FIXED_COLUMNS: dict[str, str] = {
     # A LoRA adapter mix's figures per model (record `by_adapter`), as JSON: the run page's
     # per-adapter table.
     "by_adapter": "TEXT",
+    # A load sent in rounds until its statistic was known well enough (record `until`):
+    # what ended it (interval or cap), and all of it (the interval, rounds and requests).
+    "until_stopped_by": "TEXT",
+    "until": "TEXT",
     # A digest of the record's file: loading the same file again is recognised as unchanged
     # (without reading it: ingest digests the bytes and skips a file whose digest is stored).
     "record_digest": "TEXT",

@@ -102,6 +102,9 @@ class CaseOutcome:
     gpu_hour_price: float | None = None
     # An accuracy case's evaluation (results/record.py `AccuracyResult`, as JSON).
     accuracy: dict[str, Any] | None = None
+    # A load in rounds (`until:`): why it stopped, the interval reached, what it took
+    # (load/until.py `Stop`, as JSON).
+    until: dict[str, Any] | None = None
 
     @property
     def run_id(self) -> str:
@@ -160,6 +163,7 @@ class CaseOutcome:
             server_view=self.server_view,
             attempts=self.attempts,
             accuracy=self.accuracy,
+            until=self.until,
         )
         return record.model_dump(mode="json")
 

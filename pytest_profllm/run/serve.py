@@ -13,7 +13,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from pytest_profllm.engine.human_int import human_int
 from pytest_profllm.engine.secrets import Secret
@@ -30,11 +30,14 @@ from pytest_profllm.load.bench import (
 from pytest_profllm.load.conversation import Conversations, Workload, by_turn, make_workload
 from pytest_profllm.load.dataset import (
     Codec,
+    PromptRequest,
     ServerCodec,
     TokenizerCodec,
+    make_prompts,
 )
 from pytest_profllm.load.lora_mix import by_adapter
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
+from pytest_profllm.load.rounds import MorePrompts, run_rounds
 from pytest_profllm.load.schedule import LoadResult, LoadSettings
 from pytest_profllm.load.server_state import empty_caches
 from pytest_profllm.load.server_view import OVERHEAD_KEYS, load_view
@@ -67,6 +70,8 @@ from pytest_profllm.run.telemetry import Sampler
 from pytest_profllm.server.process import ServerExited, ServerProcess
 from pytest_profllm.server.workers import WorkerServers
 from pytest_profllm.sim.model_files import MODEL_DIR
+
+T = TypeVar("T")
 
 
 def run_case(
@@ -107,11 +112,13 @@ def run_case(
                 foreign = ForeignCpu(load_cores_of(server, outcome.load_cores))
                 key = receiver.expect() if receiver is not None else ""
                 traced = dataclasses.replace(settings, trace_key=key)
-                load = _load(server, traced, prompts, outcome)
+                load, sent = _load(server, traced, prompts, outcome, more_prompts(case, codec))
                 share = foreign.share()
                 spans = take_spans(receiver, key, load.outcomes)
                 judged = judge_attempt(
-                    load, bench, codec, outcome.server_window, own_hits, share, rules, spans
+                    load, bench, codec, outcome.server_window,
+                    own_hits if sent is prompts else workload_own_hits(sent, bench, codec),
+                    share, rules, spans,
                 )
                 results, outcome.server_view = judged.results, judged.server_view
                 with_spans(outcome, spans)
@@ -215,14 +222,37 @@ def codec_for(case: Case, engine: str, base_url: str) -> Codec:
     return ServerCodec(base_url, served_name(case.server), api_key_of(case.server))
 
 
+def more_prompts(case: Case, codec: Codec) -> MorePrompts:
+    """A later round's prompts (`until:`): the workload's, so many, from that seed."""
+    bench = case.benchmark
+    assert isinstance(bench, BenchmarkConfig)
+
+    def more(count: int, seed: int) -> list[PromptRequest]:
+        config = bench.model_copy(update={"num_prompts": count, "seed": seed})
+        with dataset_refusals(case):
+            return make_prompts(config, codec, context_of(case))
+
+    return more
+
+
 def _load(
     server: ServerProcess, settings: LoadSettings, prompts: Workload, outcome: CaseOutcome,
-) -> LoadResult:
-    """The workload sent with telemetry sampled; the per-request rows and the telemetry go into
-    the outcome, also when the server turns out lost afterwards."""
+    more: MorePrompts,
+) -> tuple[LoadResult, Workload]:
+    """The workload sent with telemetry sampled (in rounds, with `until:`); the per-request
+    rows and the telemetry go into the outcome, also when the server turns out lost
+    afterwards. Returns the load and every prompt it sent."""
     gpu_ids = server.lease.gpus if server.device == "gpu" else ()
+    until = getattr(outcome.case.benchmark, "until", None)
+    sent: Workload = prompts
     with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:
-        load = loops.run(load_while_alive(server, run_load(settings, prompts)))
+        if until is None or isinstance(prompts, Conversations):
+            load = loops.run(load_while_alive(server, run_load(settings, prompts)))
+        else:
+            load, stop, sent = loops.run(
+                load_while_alive(server, run_rounds(settings, prompts, more, until))
+            )
+            outcome.until = stop.as_record()
     outcome.telemetry = sampler.record()
     # On the load's own time axis, the one its requests' times use.
     outcome.series = sampler.series(origin=load.clock_start)
@@ -231,7 +261,7 @@ def _load(
     outcome.requests = [
         request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)
     ]
-    return load
+    return load, sent
 
 
 def _profile(
@@ -260,9 +290,7 @@ def _profile(
 _ALIVE_POLL_S = 0.5
 
 
-async def load_while_alive(
-    server: ServerProcess, load: Coroutine[Any, Any, LoadResult]
-) -> LoadResult:
+async def load_while_alive(server: ServerProcess, load: Coroutine[Any, Any, T]) -> T:
     """The load's result; ServerExited when the server exits first: the rest of the schedule is
     not sent (each request would fail at once, spaced by the arrival schedule)."""
     task = asyncio.ensure_future(load)

@@ -79,6 +79,9 @@ def skip_reason(case: Case) -> str | None:
         why = "conversations (each turn waits on the answer before it) are not modelled"
     elif bench.warm_cache:
         why = "warm_cache: true keeps a server's cache between loads; each run is a fresh engine"
+    elif bench.until is not None:
+        why = ("until: sends rounds to one server that lives through them; each load here is "
+               "a fresh engine")
     elif case.profile:
         why = "profiling needs a server to trace"
     return None if why is None else f"--profllm-sim-clock virtual: {why}"

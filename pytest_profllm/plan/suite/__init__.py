@@ -48,6 +48,7 @@ from pytest_profllm.plan.suite.source import (
     SHIPPED_PREFIX,
     load_suite_file,
 )
+from pytest_profllm.plan.suite.until import UNTIL_METRICS, Until
 from pytest_profllm.plan.suite.validate import validate_suite
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "POOLING_BACKENDS",
     "SHIPPED_DATA",
     "SHIPPED_PREFIX",
+    "UNTIL_METRICS",
     "VLLM_DEFAULT_NUM_PROMPTS",
     "AccuracyConfig",
     "BenchmarkConfig",
@@ -71,6 +73,7 @@ __all__ = [
     "SuiteError",
     "Threshold",
     "ThroughputConfig",
+    "Until",
     "WorkloadConfig",
     "at_line",
     "bucket_shape",

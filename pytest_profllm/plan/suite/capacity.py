@@ -129,6 +129,11 @@ class CapacityConfig(BenchmarkConfig):
 
     @model_validator(mode="after")
     def _goodput_bounds(self) -> CapacityConfig:
+        if self.until is not None:
+            raise ValueError(
+                "until: a capacity probe stops by its own rule (an unsure probe is extended "
+                "up to search.max_extension); until is for serve cases"
+            )
         if self.dataset_name == "conversation":
             raise ValueError("a capacity case cannot run dataset_name 'conversation' yet")
         if self.is_pooling:

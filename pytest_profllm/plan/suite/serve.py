@@ -19,6 +19,7 @@ from pydantic import (
 
 from pytest_profllm.limits import MAX_REPLAY_S, MAX_REQUEST_TOKENS
 from pytest_profllm.plan import metric_names
+from pytest_profllm.plan.suite.until import Until, until_problem
 
 POOLING_BACKENDS = ("openai-embeddings", "vllm-rerank")
 # The datasets that read a local file (speed_bench: a folder of them).
@@ -195,6 +196,9 @@ class BenchmarkConfig(BaseModel):
                     f"lora_mix weight of {name!r} is {weight:g}; weights must be positive"
                 )
         return value
+    # Ours: send the load in rounds until a latency statistic's interval is as narrow as asked
+    # (plan/suite/until.py, load/rounds.py); None: num_prompts once.
+    until: Until | None = None
 
     @field_validator("percentile_metrics")
     @classmethod
@@ -269,10 +273,11 @@ class BenchmarkConfig(BaseModel):
                 raise ValueError("an exponential ramp-up cannot start at 0 requests/s")
         # Ours: a rate so low that the schedule's gaps run past a day is a unit mistaken, and
         # its arithmetic (1 / rate) overflows near zero; refused before any server starts.
-        lasts_s = self.num_prompts / self.request_rate
+        most = max(self.num_prompts, self.until.max_prompts if self.until else 0)
+        lasts_s = most / self.request_rate
         if lasts_s > MAX_REPLAY_S:
             raise ValueError(
-                f"request_rate: {self.num_prompts:,} requests at {self.request_rate:g} req/s "
+                f"request_rate: {most:,} requests at {self.request_rate:g} req/s "
                 f"would take about {lasts_s / 3600:.3g} h, past "
                 f"the {MAX_REPLAY_S / 3600:g} h a load may last"
             )
@@ -300,6 +305,7 @@ class BenchmarkConfig(BaseModel):
             raise ValueError("lora_assignment needs lora_mix (the adapters and their weights)")
         if self.lora_mix and self.is_pooling:
             raise ValueError("lora_mix applies to generating backends (openai, openai-chat)")
+        self._check_until()
         self._check_trace()
         self._check_multimodal()
         self._check_pooling()
@@ -333,6 +339,24 @@ class BenchmarkConfig(BaseModel):
                     f"random_mm_bucket_config: {key}'s modality has no limit in "
                     "random_mm_limit_mm_per_prompt"
                 )
+
+    def _check_until(self) -> None:
+        if self.until is None:
+            return
+        # Rounds are more requests of one arrival process: a conversation's turns and a
+        # trace's recorded requests are a workload of their own, not more of the same.
+        if self.dataset_name in ("conversation", "timed_trace"):
+            raise ValueError(
+                f"until: dataset_name {self.dataset_name!r} is a whole workload, not one to "
+                "send more rounds of; until takes the other datasets"
+            )
+        if self.ramp_up_strategy is not None:
+            raise ValueError(
+                "until: a ramp-up's rate changes over the load; rounds repeat one rate"
+            )
+        problem = until_problem(self.until, self.num_prompts, self.latency_metrics)
+        if problem is not None:
+            raise ValueError(problem)
 
     @property
     def is_pooling(self) -> bool:
