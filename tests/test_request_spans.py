@@ -170,6 +170,32 @@ def test_the_join_attaches_each_span_to_its_request() -> None:
     assert last["trace_id"] == ids[3] and last["server_ttft_ms"] is None
     assert joined.figures["client_overhead_ttft_p50_ms"] == pytest.approx(10)
     assert joined.figures["client_overhead_ttft_p99_ms"] == pytest.approx(39.4)
+    # The server's own p99 TTFT, exact, over the joined spans (40, 10, 40 ms).
+    assert joined.server_ttft_p99_ms == pytest.approx(40.0)
+
+
+def test_a_loads_receiver_counts_are_what_came_during_it(receiver: SpanReceiver) -> None:
+    """What the record keeps of the receiver: its counts between the load's start and its
+    spans' taking; a malformed and an oversized export counted as refused, spans of no load
+    (a warmup's) as unexpected."""
+    assert post(receiver.url, b"before the load") == 400
+    key = receiver.expect()
+    before = receiver.snapshot()
+    outcomes = [outcome(new_trace_id(key)) for _ in range(3)]
+    ids = [o.trace_id or "" for o in outcomes]
+    assert post(receiver.url, export(*(("llm_request", i, 0.01) for i in ids),
+                                     ("llm_request", new_trace_id(), 0.01))) == 200
+    assert post(receiver.url, b"\x0a\xff\xff not an export") == 400
+    assert post(receiver.url, gzip.compress(b"\0" * (1 << 20)),
+                {"Content-Encoding": "gzip"}) == 413
+    joined = take_spans(receiver, key, outcomes, wait_s=5, before=before)
+    assert joined.figures["server_spans_joined_share"] == 1.0
+    assert joined.receiver == {
+        "exports": 1, "refused_too_large": 1, "refused_malformed": 1, "spans_received": 4,
+        "spans_kept": 3, "spans_unexpected": 1, "spans_over_limit": 0, "spans_duplicate": 0,
+    }
+    assert receiver.counts.refused_malformed == 2  # the session's, the earlier one too
+    assert take_spans(receiver, receiver.expect(), outcomes, wait_s=0).receiver is None
 
 
 def test_without_spans_every_figure_is_null_with_the_reason() -> None:

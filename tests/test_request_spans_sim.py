@@ -165,3 +165,91 @@ def test_the_tails_bound_is_the_sessions_to_set(pytester: pytest.Pytester, ports
     (record,) = run_records(pytester)
     assert record["validity"] == "valid"
     assert record["results"]["client_overhead_ttft_p99_ms"] > DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS
+
+
+POOLING = """
+server:
+  model: Qwen/Qwen3-Embedding-0.6B
+  runner: pooling
+benchmark:
+  backend: openai-embeddings
+  num_prompts: 24
+  random_input_len: 32
+  random_batch_size: 3
+  max_concurrency: 4
+"""
+
+
+def test_a_pooling_requests_inputs_each_export_a_span_of_its_trace(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    """As vLLM runs each input of an embeddings request as an engine request of its own, the
+    simulator exports a span per input, all of the request's trace id: the request's row
+    gets the span that ended last (the request's end), the others count as duplicates."""
+    pytester.makefile(".yaml", bench_pooled=POOLING)
+    result = run_suites(pytester, ports, "-n", "0", "--profllm-trace-requests")
+    result.assert_outcomes(passed=1)
+    (record,) = run_records(pytester)
+    view = record["server_view"]
+    assert view["server_spans_joined_share"] == 1.0 and view["spans_problem"] is None
+    counts = view["span_receiver"]
+    assert counts["spans_kept"] == 8 and counts["spans_duplicate"] == 16
+    assert counts["refused_malformed"] == counts["refused_too_large"] == 0
+    with gzip.open(pytester.path / "results" / f"{record['run_id']}.requests.jsonl.gz") as f:
+        rows = [json.loads(line) for line in f]
+    assert len(rows) == 8
+    for row in rows:
+        assert row["server_completion_tokens"] == 0
+        assert row["client_overhead_ttft_ms"] is None  # a pooling request has no TTFT
+        # The request's whole time holds its last input's: the client's clock around it.
+        assert row["client_overhead_e2el_ms"] > -1.0
+    assert record["results"]["client_overhead_e2el_p50_ms"] is not None
+
+
+# A malformed and an oversized export sent to the session's receiver while the case's load
+# runs (as its spans are awaited): the record counts them, and the case's spans still join.
+JUNK_EXPORTS = """
+import gzip
+import urllib.error
+import urllib.request
+
+from pytest_profllm.run import serve
+
+_real = serve.take_spans
+
+
+def _post(url, body, headers):
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    try:
+        urllib.request.urlopen(request, timeout=10).read()
+    except urllib.error.HTTPError:
+        pass
+
+
+def _with_junk(receiver, key, outcomes, *args, **kwargs):
+    if receiver is not None:
+        protobuf = {"Content-Type": "application/x-protobuf"}
+        _post(receiver.url, b"\\x0a\\xff\\xff no export", protobuf)
+        _post(receiver.url, gzip.compress(b"\\0" * (receiver.max_body_bytes + 1)),
+              {"Content-Encoding": "gzip"})
+    return _real(receiver, key, outcomes, *args, **kwargs)
+
+
+serve.take_spans = _with_junk
+"""
+
+
+def test_refused_exports_are_counted_in_the_record(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    pytester.makeconftest(JUNK_EXPORTS)
+    pytester.makefile(".yaml", bench_spans=SUITE.replace("num_prompts: 40", "num_prompts: 10"))
+    result = run_suites(pytester, ports, "-n", "0", "--profllm-trace-requests")
+    result.assert_outcomes(passed=1)
+    (record,) = run_records(pytester)
+    counts = record["server_view"]["span_receiver"]
+    assert counts["refused_malformed"] == 1 and counts["refused_too_large"] == 1
+    assert counts["spans_kept"] == 10 and counts["exports"] >= 1
+    assert counts["spans_received"] == (counts["spans_kept"] + counts["spans_unexpected"]
+                                        + counts["spans_over_limit"] + counts["spans_duplicate"])
+    assert record["server_view"]["server_spans_joined_share"] == 1.0

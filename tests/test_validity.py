@@ -4,6 +4,7 @@ never their wording."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -325,3 +326,22 @@ def test_the_default_tail_bound_grows_with_the_servers_p99() -> None:
     assert not judge(facts, (before, after), Rules(max_client_overhead_p99_ms=120.0)).valid
     (reason,) = judge(_traced(160.0, 1.0), (before, after), Rules()).reasons
     assert "15% of the server's p99" in reason.text
+
+
+def test_the_tail_bound_takes_the_joined_spans_exact_p99_over_the_histograms() -> None:
+    """Every TTFT in the (0.5 s, 1 s] bucket: the histogram interpolates a p99 of 995 ms (a
+    149 ms bound). The joined spans' own p99 is exact, and it is the one the bound grows with:
+    600 ms (a 100 ms bound, the floor) makes 140 ms at p99 invalid; 1.2 s (180 ms) passes
+    160 ms."""
+    buckets = {0.5: 0.0, 1.0: 200.0, math.inf: 200.0}
+    after = {f"{TTFT}_count": 200.0, f"{TTFT}_sum": 190.0,
+             **{f"{TTFT}_bucket@{bound!r}": count for bound, count in buckets.items()}}
+    window = ({key: 0.0 for key in after}, after)
+    low = dataclasses.replace(_traced(140.0, 1.0), spans_server_ttft_p99_ms=600.0)
+    (reason,) = judge(low, window, Rules()).reasons
+    assert reason.kind is InvalidKind.CLIENT_OVERHEAD_TAIL and "bound 100 ms" in reason.text
+    high = dataclasses.replace(_traced(160.0, 1.0), spans_server_ttft_p99_ms=1200.0)
+    assert judge(high, window, Rules()).valid
+    (reason,) = judge(dataclasses.replace(_traced(190.0, 1.0), spans_server_ttft_p99_ms=1200.0),
+                      (None, None), Rules()).reasons
+    assert "bound 180.0 ms, 15% of the server's p99 1200.0 ms" in reason.text

@@ -78,13 +78,19 @@ class ReceiverCounts:
     exports: int = 0  # accepted exports
     refused_too_large: int = 0  # 413: over MAX_SPAN_EXPORT_BYTES
     refused_malformed: int = 0  # 400: no export, a cut body, bad gzip
+    spans_received: int = 0  # llm_request spans in accepted exports: the four below
     spans_kept: int = 0
     spans_unexpected: int = 0  # llm_request spans of trace ids no expected load issued
     spans_over_limit: int = 0  # over MAX_SPANS_PER_LOAD for their load
-    spans_duplicate: int = 0  # a trace id's second span: the first is kept
+    spans_duplicate: int = 0  # a trace id's later spans: the one ending last is kept
 
     def describe(self) -> dict[str, int]:
         return dict(self.__dict__)
+
+    def since(self, earlier: ReceiverCounts) -> ReceiverCounts:
+        """What was counted after `earlier` (a `SpanReceiver.snapshot`)."""
+        then = earlier.describe()
+        return ReceiverCounts(**{key: value - then[key] for key, value in self.describe().items()})
 
 
 def decode_export(body: bytes) -> list[ServerSpan]:
@@ -205,6 +211,11 @@ class SpanReceiver:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def snapshot(self) -> ReceiverCounts:
+        """The counts now, a copy (`ReceiverCounts.since` tells a load's part)."""
+        with self._changed:
+            return ReceiverCounts(**self.counts.describe())
+
     def expect(self) -> str:
         """A new load's key: the spans of trace ids that begin with it are kept until `take`."""
         key = secrets.token_hex(KEY_HEX // 2)
@@ -251,11 +262,17 @@ class SpanReceiver:
         return 200
 
     def _keep(self, span: ServerSpan) -> None:
+        self.counts.spans_received += 1
         load = self._loads.get(span.trace_id[:KEY_HEX])
         if load is None:
             self.counts.spans_unexpected += 1
         elif span.trace_id in load.spans:
+            # A pooling request of several inputs: vLLM runs each as an engine request of its
+            # own, with the request's trace context, so each exports a span of the same trace
+            # id. The request ended with its last input: the span that ends last is kept.
             self.counts.spans_duplicate += 1
+            if _ends_after(span, load.spans[span.trace_id]):
+                load.spans[span.trace_id] = span
         elif len(load.spans) >= self.max_spans_per_load:
             self.counts.spans_over_limit += 1
         else:
@@ -269,6 +286,10 @@ class SpanReceiver:
             else:
                 self.counts.refused_malformed += 1
         return status
+
+
+def _ends_after(span: ServerSpan, kept: ServerSpan) -> bool:
+    return span.e2e_s is not None and (kept.e2e_s is None or span.e2e_s > kept.e2e_s)
 
 
 def _handler_for(receiver: SpanReceiver) -> type[BaseHTTPRequestHandler]:

@@ -13,6 +13,7 @@ completed requests whose span was joined. Where no span was joined, every figure
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from pytest_profllm.load.metrics import RequestOutcome
-from pytest_profllm.load.span_receiver import ServerSpan, SpanReceiver
+from pytest_profllm.load.span_receiver import ReceiverCounts, ServerSpan, SpanReceiver
 
 # How long a load's spans are awaited after its last response: vLLM's exporter sends every
 # OTEL_BSP_SCHEDULE_DELAY (the plugin sets 200 ms; the simulator's default is the same), so
@@ -61,6 +62,11 @@ class Joined:
     figures: dict[str, float | None]  # FIGURE_KEYS
     problem: str | None  # why no span was joined; None where any was
     duplicates: int = 0  # spans of a trace id already joined (the first is kept)
+    # The server's own p99 TTFT (ms) over the joined requests' spans: exact, where the
+    # histogram's is interpolated within a bucket. None where no span with a TTFT was joined.
+    server_ttft_p99_ms: float | None = None
+    # What the receiver counted during the load (`ReceiverCounts.describe`); None: not traced.
+    receiver: dict[str, int] | None = None
 
 
 def take_spans(
@@ -68,13 +74,18 @@ def take_spans(
     key: str,
     outcomes: Sequence[RequestOutcome],
     wait_s: float = SPAN_WAIT_S,
+    before: ReceiverCounts | None = None,
 ) -> Joined:
-    """The load's spans from `receiver` (None: not traced), joined to its requests."""
+    """The load's spans from `receiver` (None: not traced), joined to its requests; with
+    what the receiver counted since `before` (its `snapshot` as the load began)."""
     if receiver is None:
         return join(outcomes, None, NOT_TRACED)
     wanted = [o.trace_id for o in outcomes if o.success and o.trace_id]
     spans = receiver.take(key, wanted, wait_s)
-    return join(outcomes, spans.values(), NO_SPANS)
+    joined = join(outcomes, spans.values(), NO_SPANS)
+    if before is None:
+        return joined
+    return dataclasses.replace(joined, receiver=receiver.snapshot().since(before).describe())
 
 
 def join(
@@ -98,13 +109,16 @@ def join(
     if not joined:
         return Joined(rows, figures, problem, duplicates)
     figures[JOINED_SHARE] = len(joined) / len(completed)
+    ttfts = [row["server_ttft_ms"] for row, o in completed
+             if not o.pooled and row["server_ttft_ms"] is not None]
+    server_p99 = float(np.percentile(np.array(ttfts, dtype=float), 99.0)) if ttfts else None
     for phase in ("ttft", "e2el"):
         values = [row[f"client_overhead_{phase}_ms"] for row in joined]
         present = np.array([v for v in values if v is not None], dtype=float)
         if present.size:
             for name, q in PERCENTILES:
                 figures[f"client_overhead_{phase}_{name}_ms"] = float(np.percentile(present, q))
-    return Joined(rows, figures, None, duplicates)
+    return Joined(rows, figures, None, duplicates, server_p99)
 
 
 def _row(outcome: RequestOutcome, span: ServerSpan | None) -> dict[str, Any]:

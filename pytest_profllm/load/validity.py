@@ -137,6 +137,9 @@ class LoadFacts:
     # and why none was.
     spans_joined_share: float | None = None
     spans_problem: str | None = None
+    # The server's own p99 TTFT (ms) over the joined spans: exact, preferred to the one the
+    # TTFT histogram's buckets interpolate (None: no span with a TTFT was joined).
+    spans_server_ttft_p99_ms: float | None = None
 
 
 @dataclass
@@ -247,10 +250,14 @@ def _overhead_tail(
         out.not_applied[kind] = "the load has no TTFT (a pooling load)"
     else:
         server_p99 = None
-        if rules.max_client_overhead_p99_ms == DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS and (
-            usable(window[0]) is not None and usable(window[1]) is not None
-        ):
-            # The default bound grows with the server's own p99 TTFT; one set holds as set.
+        # The default bound grows with the server's own p99 TTFT; one set holds as set. The
+        # joined spans' p99 is exact; the histogram's, interpolated within a bucket, is the
+        # fallback where the spans carry no TTFT.
+        if rules.max_client_overhead_p99_ms != DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS:
+            pass
+        elif facts.spans_server_ttft_p99_ms is not None:
+            server_p99 = facts.spans_server_ttft_p99_ms
+        elif usable(window[0]) is not None and usable(window[1]) is not None:
             view, _ = load_view(window[0], window[1], facts.results)
             found = view.get("server_ttft_p99_ms")
             server_p99 = float(found) if isinstance(found, int | float) else None

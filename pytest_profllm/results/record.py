@@ -432,6 +432,22 @@ class ServerHistogram(BaseModel):
     p99: ServerQuantile | None = None
 
 
+class SpanReceiverCounts(BaseModel):
+    """What the session's trace receiver (load/span_receiver.py) counted during the case's
+    measured load: exports it accepted and refused, and the `llm_request` spans they held, by
+    what became of them."""
+
+    exports: int = Field(ge=0)  # accepted exports
+    refused_malformed: int = Field(ge=0)  # 400: no OTLP export, a cut body, bad gzip
+    refused_too_large: int = Field(ge=0)  # 413: over the receiver's bound on an export
+    spans_received: int = Field(ge=0)  # in accepted exports: kept, unexpected, over, duplicate
+    spans_kept: int = Field(ge=0)  # the load's own, one per trace id
+    # Of trace ids no awaited load issued: warmups, the server's start-up, a late span.
+    spans_unexpected: int = Field(ge=0)
+    spans_over_limit: int = Field(ge=0)  # past the bound on one load's spans
+    spans_duplicate: int = Field(ge=0)  # a trace id's later spans: the last to end is kept
+
+
 class ServerView(BaseModel):
     """The server's own view of the measured load (load/server_view.py), by histogram (ttft,
     e2el, queue, prefill, decode, inference, itl, tpot, iteration_tokens, preemptions), and
@@ -444,6 +460,9 @@ class ServerView(BaseModel):
     # traced, or the server exported none. Both None in records from before spans were taken.
     server_spans_joined_share: float | None = Field(default=None, ge=0, le=1)
     spans_problem: str | None = None
+    # What the receiver counted during the load; None where requests were not traced (and in
+    # records from before it was kept).
+    span_receiver: SpanReceiverCounts | None = None
 
 
 class AccuracyMetric(BaseModel):

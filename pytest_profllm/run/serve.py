@@ -111,10 +111,11 @@ def run_case(
                 ).describe()
                 foreign = ForeignCpu(load_cores_of(server, outcome.load_cores))
                 key = receiver.expect() if receiver is not None else ""
+                counted = receiver.snapshot() if receiver is not None else None
                 traced = dataclasses.replace(settings, trace_key=key)
                 load, sent = _load(server, traced, prompts, outcome, more_prompts(case, codec))
                 share = foreign.share()
-                spans = take_spans(receiver, key, load.outcomes)
+                spans = take_spans(receiver, key, load.outcomes, before=counted)
                 judged = judge_attempt(
                     load, bench, codec, outcome.server_window,
                     own_hits if sent is prompts else workload_own_hits(sent, bench, codec),
@@ -190,7 +191,8 @@ def judge_attempt(
     overheads = {key: view.pop(key) for key in OVERHEAD_KEYS}
     results.update({k: v for k, v in overheads.items() if v is not None})
     facts = LoadFacts(load, bench, health, results, own_hits, foreign_share,
-                      joined_share, spans.problem if spans is not None else None)
+                      joined_share, spans.problem if spans is not None else None,
+                      spans.server_ttft_p99_ms if spans is not None else None)
     judgement = judge(facts, window, rules)
     return JudgedAttempt(results, view, server_view, judgement)
 
@@ -204,6 +206,7 @@ def with_spans(outcome: CaseOutcome, spans: Joined) -> None:
     if outcome.server_view is not None:
         outcome.server_view[JOINED_SHARE] = spans.figures[JOINED_SHARE]
         outcome.server_view["spans_problem"] = spans.problem
+        outcome.server_view["span_receiver"] = spans.receiver
 
 
 def context_of(case: Case) -> int | None:

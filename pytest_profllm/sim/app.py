@@ -434,6 +434,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         text = []
         while (token := await sequence.tokens.get()) is not None:
             text.append(_word(state, token))
+        _span(request, sequence)
         text = text[:max_tokens]
         echoed = [state.tokenizer.decode([i]) for i in prompt_ids] if echo else None
         prompt_text = prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt_ids)
@@ -542,10 +543,18 @@ async def _stream(
     if state.emissions is not None:
         timed = sequence if isinstance(sequence, Sequence) else None
         state.emissions.add(request, received, emitted, timed)
+    _span(request, sequence)
+    return response
+
+
+def _span(request: web.Request, sequence: Any, pooled: bool = False) -> None:
+    """The finished request's `llm_request` span, where spans are exported (sim/spans.py):
+    streamed or not, generated or pooled (one per input, all of the request's trace)."""
+    state = request.app[_STATE]
     if state.spans is not None and isinstance(sequence, Sequence):
         headers = request.headers
-        state.spans.finished(sequence, headers.get("traceparent"), headers.get("x-request-id", ""))
-    return response
+        state.spans.finished(sequence, headers.get("traceparent"),
+                             headers.get("x-request-id", ""), pooled=pooled)
 
 
 async def _submit(
@@ -680,6 +689,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
         text = []
         while (token := await sequence.tokens.get()) is not None:
             text.append(_word(state, token))
+        _span(request, sequence)
         message = {
             "role": "assistant",
             "content": "".join(text),
@@ -725,10 +735,12 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
     )
 
 
-async def _pooled(state: SimState, scheduler: Scheduler, texts: list[Any]) -> list[int]:
+async def _pooled(request: web.Request, texts: list[Any]) -> list[int]:
     """Each input priced as a prefill (a pooling model runs its prompt once and emits
     nothing): submitted together, answered when the last prefill is done; their token counts.
-    A long input is cut to max_model_len, as vLLM's `truncate_prompt_tokens: -1` asks."""
+    A long input is cut to max_model_len, as vLLM's `truncate_prompt_tokens: -1` asks. As
+    vLLM, each input is an engine request of its own: a span each, of the request's trace."""
+    state, scheduler = request.app[_STATE], request.app[_SCHEDULER]
     lengths = []
     for text in texts:
         if isinstance(text, list):  # token ids
@@ -740,6 +752,7 @@ async def _pooled(state: SimState, scheduler: Scheduler, texts: list[Any]) -> li
     for sequence in sequences:
         while await sequence.tokens.get() is not None:
             pass
+        _span(request, sequence, pooled=True)
     return lengths
 
 
@@ -770,7 +783,7 @@ async def _embeddings(request: web.Request) -> web.Response:
     inputs = [given] if single else given
     if not isinstance(inputs, list) or not inputs:
         return _error("'input' must be a string, token ids or a non-empty list of them", 400)
-    lengths = await _pooled(state, request.app[_SCHEDULER], inputs)
+    lengths = await _pooled(request, inputs)
     data = [
         {"index": i, "object": "embedding", "embedding": _vector(text, state.hidden_size)}
         for i, text in enumerate(inputs)
@@ -810,7 +823,7 @@ async def _rerank(request: web.Request) -> web.Response:
     if not isinstance(query, str) or not isinstance(documents, list) or not documents:
         return _error("rerank needs a string 'query' and a non-empty list 'documents'", 400)
     pairs = [f"{query}\n{document}" for document in documents]
-    lengths = await _pooled(state, request.app[_SCHEDULER], pairs)
+    lengths = await _pooled(request, pairs)
     scores = [(i, (_vector(pair, 1)[0] + 1) / 2) for i, pair in enumerate(pairs)]
     results = [
         {"index": i, "document": {"text": documents[i]}, "relevance_score": score}

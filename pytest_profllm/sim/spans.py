@@ -119,8 +119,11 @@ class SpanExporter:
         self._thread = threading.Thread(target=self._run, name="profllm-sim-spans", daemon=True)
         self._thread.start()
 
-    def finished(self, sequence: Sequence, traceparent: str | None, request_id: str) -> None:
-        """The span of a request that ended (called on the event loop: only queues it)."""
+    def finished(
+        self, sequence: Sequence, traceparent: str | None, request_id: str, pooled: bool = False
+    ) -> None:
+        """The span of a request that ended (called on the event loop: only queues it). A
+        pooled input generated nothing: vLLM counts no completion token for it."""
         end = sequence.finished_at if sequence.finished_at is not None else self._clock()
         span = _Finished(
             parent=parent_of(traceparent),
@@ -129,7 +132,7 @@ class SpanExporter:
             end_ns=self._offset_ns + int(end * 1e9),
             times=SpanTimes.of(sequence),
             prompt_tokens=sequence.prompt_len,
-            completion_tokens=sequence.generated,
+            completion_tokens=0 if pooled else sequence.generated,
         )
         with self._wake:
             if len(self._queue) >= MAX_QUEUED:
