@@ -255,7 +255,8 @@ def _page_html(db: Path, url: str) -> str:
         await datasette.invoke_startup()
         response = await datasette.client.get(url)
         assert response.status_code == 200
-        return response.text
+        text: str = response.text
+        return text
 
     return asyncio.run(fetch())
 
