@@ -145,7 +145,9 @@ EXAMPLE_RUN_TIMEOUT_S = 900
 # by it. Their real-time client is tested where it is the subject (tests/test_capacity*.py,
 # tests/test_trace.py; multi-GPU servers in tests/test_scheduler.py), and README's main job
 # itself runs in real time in CI's own stage (.ci/run).
-EXAMPLE_VIRTUAL_SUITES = ("bench_capacity.yaml", "bench_parallel.yaml", "bench_trace.yaml")
+EXAMPLE_VIRTUAL_SUITES = (
+    "bench_capacity.yaml", "bench_lora.yaml", "bench_parallel.yaml", "bench_trace.yaml"
+)
 
 
 @dataclass(frozen=True)

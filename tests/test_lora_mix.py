@@ -5,6 +5,7 @@ others (the batch waits); the record and the run page carry each model's figures
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from collections import Counter
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
+from datasette.app import Datasette
 from helpers import run_records, run_suites, simulator
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -247,6 +249,18 @@ def test_the_simulator_serves_its_adapters_and_refuses_others_as_vllm(
     }}
 
 
+def _page_html(db: Path, url: str) -> str:
+    async def fetch() -> str:
+        datasette = Datasette([str(db)])
+        await datasette.invoke_startup()
+        response = await datasette.client.get(url)
+        assert response.status_code == 200
+        text: str = response.text
+        return text
+
+    return asyncio.run(fetch())
+
+
 def _virtual_suite(max_loras: str) -> str:
     text = SHIPPED.read_text()
     return text.replace("max_loras: [1, 3]", f"max_loras: {max_loras}")
@@ -282,3 +296,6 @@ def test_the_shipped_mix_on_the_virtual_clock_one_slot_costs_ttft(
     assert {row["model"]: row["requests"] for row in page.adapters} == {
         m: str(r["requests"]) for m, r in tables[1].items()
     }
+    html = _page_html(pytester.path / "results" / "results.db", f"/results/-/run/{run_id}")
+    assert '<h2 id="adapters">LoRA adapters</h2>' in html
+    assert "<th>median TTFT ms</th>" in html and "<td>sql</td>" in html
