@@ -37,12 +37,12 @@ def test_example_suites_with_two_workers(example_run: ExampleRun) -> None:
     # pages read the same run): the capacity, lora, parallel and trace suites on the virtual
     # clock, the others in real time at -n 2, into one results folder.
     virtual = example_run.virtual
-    virtual.assert_outcomes(passed=10)
+    virtual.assert_outcomes(passed=12)
     virtual.stdout.fnmatch_lines(
         [
             "profllm: engine sim (--profllm-sim-clock virtual*",
             "*profllm benchmark results*",
-            "10 row(s) loaded into *results.db (table benchmark_runs)*",
+            "12 row(s) loaded into *results.db (table benchmark_runs)*",
         ]
     )
     result = example_run.result
@@ -55,9 +55,9 @@ def test_example_suites_with_two_workers(example_run: ExampleRun) -> None:
         ]
     )
     written = records(example_run.results)
-    assert len(written) == 20
+    assert len(written) == 22
     with sqlite3.connect(example_run.results / "results.db") as db:
-        assert db.execute("select count(*) from benchmark_runs").fetchall() == [(20,)]
+        assert db.execute("select count(*) from benchmark_runs").fetchall() == [(22,)]
     assert {r["engine"]["name"] for r in written} == {"sim"}
     assert {r["status"] for r in written} == {"passed"}
     by_clock: dict[str, list[dict[str, Any]]] = {}
@@ -67,7 +67,7 @@ def test_example_suites_with_two_workers(example_run: ExampleRun) -> None:
     virtual_records = by_clock.pop("virtual")
     assert not by_clock
     virtual_suites = sorted({r["suite"] for r in virtual_records})
-    assert virtual_suites == ["capacity", "lora", "parallel", "trace"]
+    assert virtual_suites == ["capacity", "lora", "parallel", "speculative", "trace"]
     assert {r["runtime"]["worker"] for r in real} <= {"gw0", "gw1"}
     # One start per server configuration: its cases all saw the same server start.
     starts: dict[str, set[float]] = {}
@@ -85,7 +85,7 @@ def test_example_suites_with_two_workers(example_run: ExampleRun) -> None:
     capacity = {r["runtime"]["server_key"] for r in virtual_records if r["suite"] == "capacity"}
     assert len(smoke) == 2 and capacity == smoke
     # Per-request records beside each case record.
-    assert len(list(example_run.results.glob("*.requests.jsonl.gz"))) == 20
+    assert len(list(example_run.results.glob("*.requests.jsonl.gz"))) == 22
     assert len(list((example_run.results / "logs").glob("*.log"))) == 7
     # Every record holds every engine argument of the registry, defaults included.
     for record in written:
