@@ -248,6 +248,8 @@ def test_a_stable_server_stops_by_its_interval_and_an_impossible_width_at_its_ca
         assert sorted(row["index"] for row in rows) == list(range(stop["requests"]))
         assert len({row["trace_id"] for row in rows}) == stop["requests"]
         assert record["system"]["server_ttft_count"] == stop["requests"]
+        # Each round's prompts are its own (the next seed's): none resent to a warm cache.
+        assert record["system"]["server_prefix_cache_hit_rate"] < 0.2
         assert record["validity"] == "valid"
     with sqlite3.connect(folder / "results.db") as db:
         stored = dict(db.execute("SELECT suite, until_stopped_by FROM benchmark_runs"))
