@@ -21,7 +21,7 @@ from helpers import cases_of, run_records, run_suites, suite_error, write_suite
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_profllm.browse.run_page import until_line
+from pytest_profllm.browse.run_page import run_page, until_line
 from pytest_profllm.load.until import (
     Reading,
     narrow_enough,
@@ -248,13 +248,24 @@ def test_a_stable_server_stops_by_its_interval_and_an_impossible_width_at_its_ca
         assert sorted(row["index"] for row in rows) == list(range(stop["requests"]))
         assert len({row["trace_id"] for row in rows}) == stop["requests"]
         assert record["system"]["server_ttft_count"] == stop["requests"]
+        # Each round's prompts are its own (the next seed's): none resent to a warm cache.
+        assert record["system"]["server_prefix_cache_hit_rate"] < 0.2
         assert record["validity"] == "valid"
     with sqlite3.connect(folder / "results.db") as db:
         stored = dict(db.execute("SELECT suite, until_stopped_by FROM benchmark_runs"))
     assert stored == {"until": "interval", "cap": "cap"}
-    line = until_line(capped["until"])
-    assert line is not None and "stopped by the cap of 250 requests" in line
-    assert "after 3 round(s), 250 requests" in line
+    # The run page says what ended each, in one line.
+    db = sqlite3.connect(folder / "results.db")
+    try:
+        page = run_page(db, capped["run_id"])
+        assert page is not None and page.until is not None
+        assert "stopped by the cap of 250 requests, after 3 round(s), 250 requests" in page.until
+        page = run_page(db, sure["run_id"])
+        assert page is not None and page.until is not None
+        assert "stopped by its interval" in page.until
+    finally:
+        db.close()
+    assert until_line(None) is None
 
 
 def test_the_page_shows_the_suite_it_ships() -> None:

@@ -1,6 +1,6 @@
 """Is a run that stops when sure right about where its statistic lies?
 
-    python benchmarks/perf/until_interval.py [--hog] [--rate 40] [--half-width 0.05]
+    python benchmarks/perf/until_interval.py [--hog] [--rate 20] [--half-width 0.05]
 
 A serve case on the simulated engine runs with `until: {metric: p99_ttft_ms, half_width:
 0.05}` (rounds of `--round` requests, at most `--max-prompts`), and the script prints how many
@@ -66,9 +66,9 @@ def run(suite: str, ports: str, core: int | None) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hog", action="store_true", help="a busy loop on the client's core")
-    parser.add_argument("--rate", type=float, default=40.0, help="requests/s (default 40)")
+    parser.add_argument("--rate", type=float, default=20.0, help="requests/s (default 20)")
     parser.add_argument("--half-width", type=float, default=0.05)
-    parser.add_argument("--max-prompts", type=int, default=6000)
+    parser.add_argument("--max-prompts", type=int, default=4000)
     parser.add_argument("--round", type=int, default=500, help="requests per round")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ports", default=os.environ.get("PROFLLM_PERF_PORTS", "35500-35599"))

@@ -255,7 +255,7 @@ def until_line(until: Any) -> str | None:
     low, high, width = until.get("ci_low"), until.get("ci_high"), until.get("relative_half_width")
     if not all(isinstance(v, int | float) for v in (low, high, width, asked, confidence)):
         return f"Sent until {metric} was known: no interval by the cap ({took})."
-    ended = ("the interval was narrow enough" if until.get("stopped_by") == "interval"
+    ended = ("its interval" if until.get("stopped_by") == "interval"
              else f"the cap of {_shown(until.get('max_prompts'))} requests")
     return (f"Sent until {metric} was known to ±{asked:.1%}: {confidence:.0%} interval "
             f"{_shown(low)} .. {_shown(high)} ms (±{width:.1%}); stopped by {ended}, "

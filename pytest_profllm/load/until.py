@@ -102,19 +102,6 @@ class Stop:
     def as_record(self) -> dict[str, Any]:
         return asdict(self)
 
-    def describe(self) -> str:
-        """One line: what ended it, the interval and what it took."""
-        took = f"{self.rounds} round{'s' if self.rounds != 1 else ''}, {self.requests:,} requests"
-        if self.ci_low is None or self.ci_high is None or self.value is None:
-            return f"{self.metric}: no interval at the cap ({took})"
-        width = self.relative_half_width
-        shown = "-" if width is None else f"+-{width:.1%}"
-        return (
-            f"{self.metric} {self.value:.4g} ms, {self.confidence:.0%} CI "
-            f"{self.ci_low:.4g} .. {self.ci_high:.4g} ({shown}, asked +-{self.half_width:.1%}): "
-            f"stopped by the {self.stopped_by} after {took}"
-        )
-
 
 def stop(
     until: Until, reading: Reading, stopped_by: StoppedBy, rounds: int, requests: int
