@@ -143,9 +143,9 @@ EXAMPLE_RUN_TIMEOUT_S = 900
 # three that take most of its time in real time (a capacity search of probes of at least 3 s
 # each, a trace replayed for 10 s, four tensor-parallel loads of ~11 s together), and two
 # whose figures the virtual clock keeps apart from the host (adapter swaps, speculative
-# TPOT), all modelled by it. Their real-time client is tested where it is the subject (tests/test_capacity*.py,
-# tests/test_trace.py; multi-GPU servers in tests/test_scheduler.py), and README's main job
-# itself runs in real time in CI's own stage (.ci/run).
+# TPOT), all modelled by it. Their real-time client is tested where it is the subject
+# (tests/test_capacity*.py, tests/test_trace.py; multi-GPU servers in tests/test_scheduler.py),
+# and README's main job itself runs in real time in CI's own stage (.ci/run).
 EXAMPLE_VIRTUAL_SUITES = (
     "bench_capacity.yaml", "bench_lora.yaml", "bench_parallel.yaml", "bench_speculative.yaml",
     "bench_trace.yaml",
