@@ -7,6 +7,7 @@ every test file is on the map of tests by stage (docs/developing/tests.md)."""
 from __future__ import annotations
 
 import ast
+import functools
 import glob
 import io
 import os
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tokenize
+from collections.abc import Iterator
 from pathlib import Path
 
 import grimp
@@ -69,13 +71,24 @@ def test_no_module_takes_part_in_an_import_circle() -> None:
     assert circles == []
 
 
+def statements(node: ast.AST) -> Iterator[ast.AST]:
+    """`node` and every statement under it: what holds a docstring (a module, class or
+    function) or an import is a statement, so expressions are not walked into."""
+    yield node
+    for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+        for child in getattr(node, field, ()):
+            if isinstance(child, ast.stmt | ast.excepthandler | ast.match_case):
+                yield from statements(child)
+
+
+@functools.cache
 def function_level_imports(path: Path) -> list[tuple[int, str]]:
     """(line, source line) of each import statement inside a function of `path`."""
     lines = path.read_text().splitlines()
     found: dict[int, str] = {}
-    for node in ast.walk(ast.parse("\n".join(lines))):
+    for node in statements(ast.parse("\n".join(lines))):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            for inner in ast.walk(node):
+            for inner in statements(node):
                 if isinstance(inner, ast.Import | ast.ImportFrom):
                     found[inner.lineno] = lines[inner.lineno - 1]
     return sorted(found.items())
@@ -121,15 +134,17 @@ SOURCES = sorted(
 )
 
 
+@functools.cache
 def prose(path: Path) -> list[tuple[int, str]]:
-    """(line, text) of every comment and every module, class and function docstring of `path`."""
+    """(line, text) of every comment and every module, class and function docstring of `path`
+    (read once a session: two tests read every file's)."""
     source = path.read_text()
     found = [
         (token.start[0], token.string)
         for token in tokenize.generate_tokens(io.StringIO(source).readline)
         if token.type == tokenize.COMMENT
     ]
-    for node in ast.walk(ast.parse(source)):
+    for node in statements(ast.parse(source)):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             first = node.body[0] if node.body else None
             if (

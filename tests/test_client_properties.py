@@ -6,21 +6,34 @@ only if its stream ended normally; a count that is not a count is never believed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from aiohttp import web
 from helpers import serve_handler
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_profllm.load import metrics
+from pytest_profllm.load import bench, metrics
 from pytest_profllm.load.bench import run_load
 from pytest_profllm.load.dataset import PromptRequest
 from pytest_profllm.load.schedule import LoadSettings
 
 TIMEOUT_S = 0.5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_collection_before_each_load() -> Iterator[None]:
+    # run_load collects the whole process's garbage before each load (load/bench.py,
+    # `_objects_frozen`): a tenth of a second in a pytest process, most of this module's time
+    # over its examples. How a request's ending is read does not depend on it.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bench, "_objects_frozen", contextlib.nullcontext)
+        yield
 
 
 @dataclass(frozen=True)

@@ -255,6 +255,11 @@ def test_a_bad_price_is_one_line_naming_the_option(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*--profllm-gpu-hour-price:*{price!r}*"])
     assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
+
+
+def test_a_bad_price_in_the_ini_file_is_one_line(pytester: pytest.Pytester, ports: str) -> None:
+    # Apart from the command line's: one session for the ini file, not one per bad price.
+    pytester.makefile(".yaml", bench_priced=PRICED_SUITE)
     pytester.makeini("[pytest]\nprofllm_gpu_hour_price = cheap\n")
     result = run_suites(pytester, ports)
     assert result.ret != 0

@@ -54,7 +54,7 @@ from pytest_profllm.load.dataset import (
 )
 from pytest_profllm.load.dataset_files import dataset_json
 from pytest_profllm.load.lora_mix import assign_models
-from pytest_profllm.load.metrics import RequestOutcome
+from pytest_profllm.load.metrics import RequestOutcome, grouped
 from pytest_profllm.load.schedule import (
     LoadResult,
     LoadSettings,
@@ -378,10 +378,7 @@ def by_turn(outcomes: list[RequestOutcome]) -> list[dict[str, Any]] | None:
     completed, their median and p99 TTFT in ms, and the prefix-cache hit rate (prompt tokens
     the server found cached over all prompt tokens, of the completed requests; None where the
     server did not say how many it found)."""
-    turns: dict[int, list[RequestOutcome]] = {}
-    for outcome in outcomes:
-        if outcome.turn is not None:
-            turns.setdefault(outcome.turn, []).append(outcome)
+    turns = grouped(outcomes, lambda outcome: outcome.turn)
     if not turns:
         return None
     summary = []

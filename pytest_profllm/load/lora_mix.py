@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_profllm.load.metrics import RequestOutcome
+from pytest_profllm.load.metrics import RequestOutcome, grouped
 from pytest_profllm.load.prompt import PromptRequest
 
 if TYPE_CHECKING:
@@ -69,10 +69,7 @@ def by_adapter(outcomes: Sequence[RequestOutcome], duration: float) -> list[dict
     many completed and failed, the request and output throughput over the whole load's
     duration, and its TTFT and TPOT (mean, median, p99, in ms; TPOT as vLLM's client takes
     it, over requests of more than one output token)."""
-    groups: dict[str, list[RequestOutcome]] = {}
-    for outcome in outcomes:
-        if outcome.model is not None:
-            groups.setdefault(outcome.model, []).append(outcome)
+    groups = grouped(outcomes, lambda outcome: outcome.model)
     if not groups:
         return None
     rows = []

@@ -9,8 +9,9 @@ Percentiles use numpy's linear interpolation, as vLLM's do.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -22,6 +23,8 @@ from pytest_profllm.plan.metric_names import (
     percentile_key,
     percentiles_for,
 )
+
+K = TypeVar("K")
 
 
 @dataclass
@@ -464,3 +467,16 @@ def inconsistent_counts(outcomes: Sequence[RequestOutcome], ignore_eos: bool) ->
         return None
     shown = "; ".join(f"request {index}: {problem}" for index, problem in problems[:3])
     return f"inconsistent token counts in {len(problems)} of {len(outcomes)} requests: {shown}"
+
+
+def grouped(
+    outcomes: Iterable[RequestOutcome], key: Callable[[RequestOutcome], K | None]
+) -> dict[K, list[RequestOutcome]]:
+    """The outcomes by their `key` (in the order the keys first come), those whose key is
+    None left out."""
+    groups: dict[K, list[RequestOutcome]] = {}
+    for outcome in outcomes:
+        value = key(outcome)
+        if value is not None:
+            groups.setdefault(value, []).append(outcome)
+    return groups

@@ -236,16 +236,14 @@ class _SchedulerCollector:
         spec = self.scheduler.speculation
         if spec is None:
             return
-        for name, documentation, value in (
+        counters = (
             ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", spec.num_drafts),
             ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
              spec.num_draft_tokens),
             ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
              spec.num_accepted_tokens),
-        ):
-            counter = CounterMetricFamily(name, documentation, labels=names)
-            counter.add_metric(values, float(value))
-            yield counter
+        )
+        yield from _families(CounterMetricFamily, counters, names, values)
         per_position = CounterMetricFamily(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Accepted tokens per draft position.",

@@ -3,7 +3,6 @@ for the highest load that meets them runs (load/capacity/)."""
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Literal
 
@@ -12,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator,
 from pytest_profllm.limits import MAX_PROBE_REQUESTS, MIN_SEARCH_RATE
 from pytest_profllm.plan import metric_names
 from pytest_profllm.plan.suite.serve import BenchmarkConfig
+from pytest_profllm.plan.suite.until import fraction_of
 
 # What an SLO may bound: a latency statistic in ms (`p99_ttft_ms`, `median_tpot_ms`, ...), or
 # the fraction of requests that meet the workload's `goodput` bounds.
@@ -71,15 +71,8 @@ class CapacitySearch(BaseModel):
     @classmethod
     def _precision(cls, value: object) -> float:
         # `5%`, or a fraction (0.05).
-        text = str(value).strip()
-        try:
-            number = float(text.removesuffix("%"))
-        except ValueError:
-            raise ValueError(f"a precision is a percentage like '5%', got {value!r}") from None
-        fraction = number / 100 if text.endswith("%") else number
-        if isinstance(value, bool) or not (0 < fraction < 1 and math.isfinite(fraction)):
-            raise ValueError(f"a precision lies between 0% and 100%, got {value!r}")
-        return fraction
+        return fraction_of(value, f"a precision is a percentage like '5%', got {value!r}",
+                           f"a precision lies between 0% and 100%, got {value!r}")
 
     @model_validator(mode="after")
     def _bounds(self) -> CapacitySearch:

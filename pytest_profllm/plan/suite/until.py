@@ -19,6 +19,20 @@ UNTIL_METRICS = (
 DEFAULT_UNTIL_CONFIDENCE = 0.95
 
 
+def fraction_of(value: object, not_a_number: str, out_of_range: str) -> float:
+    """`value`, a fraction (0.05) or a percentage ('5%'), as a fraction strictly between 0 and
+    1; else ValueError with `not_a_number` or `out_of_range`."""
+    text = str(value).strip()
+    try:
+        number = float(text.removesuffix("%"))
+    except ValueError:
+        raise ValueError(not_a_number) from None
+    fraction = number / 100 if text.endswith("%") else number
+    if isinstance(value, bool) or not (0 < fraction < 1 and math.isfinite(fraction)):
+        raise ValueError(out_of_range)
+    return fraction
+
+
 class Until(BaseModel):
     """Stop when `metric`'s interval at `confidence` is within +-`half_width` of its value
     (a fraction: 0.05 is +-5 %), else at `max_prompts` requests. The first round sends the
@@ -46,16 +60,8 @@ class Until(BaseModel):
     @field_validator("half_width", mode="before")
     @classmethod
     def _half_width(cls, value: object) -> float:
-        # A fraction (0.05), or a percentage written as one ('5%').
-        text = str(value).strip()
-        try:
-            number = float(text.removesuffix("%"))
-        except ValueError:
-            raise ValueError("a relative half width like 0.05 or '5%'") from None
-        fraction = number / 100 if text.endswith("%") else number
-        if isinstance(value, bool) or not (0 < fraction < 1 and math.isfinite(fraction)):
-            raise ValueError("a relative half width above 0 and below 1 (0.05 is +-5 %)")
-        return fraction
+        return fraction_of(value, "a relative half width like 0.05 or '5%'",
+                           "a relative half width above 0 and below 1 (0.05 is +-5 %)")
 
     @field_validator("confidence", mode="before")
     @classmethod
