@@ -42,9 +42,9 @@ HEADLINES = (
     # Speculative decoding beside the TPOT it explains (load/spec_decode.py): null, and so not
     # shown, where the server did not speculate.
     ("system_server_spec_decode_mean_acceptance_length", "mean acceptance length", "tok/draft"),
-    ("system_server_spec_decode_acceptance_rate", "draft acceptance rate", ""),
+    ("system_server_spec_decode_acceptance_rate", "draft acceptance rate", "%"),
     ("system_server_spec_decode_acceptance_rate_per_position",
-     "acceptance rate by draft position", ""),
+     "acceptance rate by draft position (1st · 2nd · ...)", "%"),
     ("median_itl_ms", "median ITL", "ms"),
     ("p99_itl_ms", "p99 ITL", "ms"),
     ("median_e2el_ms", "median E2EL", "ms"),
@@ -150,19 +150,25 @@ def _shown(value: Any) -> str:
     if isinstance(value, float):
         if math.isinf(value):
             return "inf"
-        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+        # Four significant figures, never in exponent form: from 10,000 up, whole numbers.
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
     if value is None:
         return "-"
     return str(value)
 
 
-def _headline(value: Any) -> str:
-    """A headline figure as shown; a list of rates (JSON text in its column: the acceptance
-    rate by draft position) as its numbers, two places each, in order."""
+def _headline(value: Any, unit: str = "") -> str:
+    """A headline figure as shown; a rate whose unit is `%` as a percentage (one place); a
+    list of rates (JSON text in its column: the acceptance rate by draft position) as its
+    percentages, whole, in order."""
     if isinstance(value, str) and value.startswith("["):
         numbers = _json(value, None)
         if isinstance(numbers, list) and all(isinstance(n, int | float) for n in numbers):
+            if unit == "%":
+                return " · ".join(f"{100 * n:.0f}" for n in numbers)
             return " · ".join(f"{n:.2f}" for n in numbers)
+    if unit == "%" and isinstance(value, int | float) and math.isfinite(value):
+        return f"{100 * value:.1f}"
     return _shown(value)
 
 
@@ -180,7 +186,7 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
     _configuration(page)
     page.workload = [(name.removeprefix("bench_"), _shown(value)) for name, value in row.items()
                      if name.startswith("bench_") and value not in (None, "", "[]", "{}")]
-    page.headlines = [(_priced(label, row), _headline(row[name]), unit)
+    page.headlines = [(_priced(label, row), _headline(row[name], unit), unit)
                       for name, label, unit in HEADLINES if row.get(name) is not None]
     page.system = [(name, _shown(value)) for name, value in row.items()
                    if name.startswith(("system_", "runtime_", "cost_"))
@@ -222,7 +228,7 @@ def prefix_cache_line(row: Mapping[str, Any]) -> str | None:
     ratio = row.get("system_prefix_cache_hit_rate_vs_implied")
     if not isinstance(found, int | float):
         return f"{said} The server reported no prefix-cache hit rate."
-    of = f": {ratio:.3g} of the ideal" if isinstance(ratio, int | float) else ""
+    of = f", {ratio:.0%} of the ideal" if isinstance(ratio, int | float) else ""
     return f"{said} The server found {found:.1%}{of}."
 
 
@@ -230,8 +236,8 @@ def prefix_cache_line(row: Mapping[str, Any]) -> str | None:
 ADAPTER_COLUMNS = (
     ("model", "model"), ("requests", "requests"), ("completed", "completed"),
     ("failed", "failed"), ("request_throughput", "req/s"), ("output_throughput", "output tok/s"),
-    ("median_ttft_ms", "median TTFT ms"), ("p99_ttft_ms", "p99 TTFT ms"),
-    ("median_tpot_ms", "median TPOT ms"), ("p99_tpot_ms", "p99 TPOT ms"),
+    ("median_ttft_ms", "median TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"),
+    ("median_tpot_ms", "median TPOT (ms)"), ("p99_tpot_ms", "p99 TPOT (ms)"),
 )
 
 
@@ -253,13 +259,23 @@ def until_line(until: Any) -> str | None:
     asked, confidence = until.get("half_width"), until.get("confidence")
     took = f"{_shown(rounds)} round(s), {_shown(requests)} requests"
     low, high, width = until.get("ci_low"), until.get("ci_high"), until.get("relative_half_width")
+    metric = metric_label(metric)
     if not all(isinstance(v, int | float) for v in (low, high, width, asked, confidence)):
         return f"Sent until {metric} was known: no interval by the cap ({took})."
-    ended = ("the interval was narrow enough" if until.get("stopped_by") == "interval"
-             else f"the cap of {_shown(until.get('max_prompts'))} requests")
+    ended = ("as the interval was narrow enough" if until.get("stopped_by") == "interval"
+             else f"by the cap of {_shown(until.get('max_prompts'))} requests")
     return (f"Sent until {metric} was known to ±{asked:.1%}: {confidence:.0%} interval "
-            f"{_shown(low)} .. {_shown(high)} ms (±{width:.1%}); stopped by {ended}, "
+            f"{_shown(low)} .. {_shown(high)} ms (±{width:.1%}); stopped {ended}, "
             f"after {took}.")
+
+
+def metric_label(metric: Any) -> str:
+    """A latency statistic's column name as the headlines name it: `p90_ttft_ms` is
+    `p90 TTFT`; anything else as it is."""
+    parts = str(metric).split("_")
+    if len(parts) == 3 and parts[2] == "ms" and parts[1] in ("ttft", "tpot", "itl", "e2el"):
+        return f"{parts[0]} {parts[1].upper()}"
+    return str(metric)
 
 
 def _accuracy(page: RunPage) -> None:
