@@ -337,14 +337,14 @@ def test_the_rerun_command_names_the_database_from_where_pytest_ran() -> None:
 
 def test_a_figure_is_never_shown_in_exponent_form() -> None:
     # A trace case's total token throughput, 25,470 tok/s, once read "2.547e+04".
-    assert run_page._shown(25470.3) == "25,470"
-    assert run_page._shown(9999.4) == "9999"
-    assert run_page._shown(0.06214) == "0.06214"
+    assert run_page.shown(25470.3) == "25,470"
+    assert run_page.shown(9999.4) == "9999"
+    assert run_page.shown(0.06214) == "0.06214"
 
 
 @given(st.floats(min_value=1e-4, max_value=1e15) | st.floats(min_value=-1e15, max_value=-1e-4))
 def test_any_figure_a_record_holds_reads_without_an_exponent(value: float) -> None:
-    assert "e" not in run_page._shown(value)
+    assert "e" not in run_page.shown(value)
 
 
 def test_the_new_parts_read_as_sentences_with_units(tmp_path: Path) -> None:
@@ -399,3 +399,13 @@ def test_its_tables_stay_tables_on_a_phone() -> None:
     phone = css.split("@media only screen and (max-width: 576px)", 1)[1]
     assert "table.profllm-table { display: table; }" in phone
     assert "table.profllm-table td:before { content: none; }" in phone
+
+
+def test_the_verdicts_show_large_figures_whole(tmp_path: Path) -> None:
+    # A slow case's TTFT of 80,917 ms once read "8.092e+04" against a limit of "2000.0".
+    record = make_record("r1", "s1", CASE, "2026-01-01T10:00:00+00:00", "failed")
+    record["threshold_results"] = [{"metric": "median_ttft_ms", "bound": "max",
+                                    "limit": 2000.0, "value": 80917.2, "passed": False}]
+    html = get(ingested(tmp_path, record), "/results/-/run/r1")[0].text
+    assert "<td>2000</td><td>80,917</td>" in html
+    assert "e+0" not in html.split("<h2>Headline metrics</h2>")[0]

@@ -124,12 +124,12 @@ def rerun_command(run_id: str, database: Path | None) -> str:
     name and its file name (`results/results.db`: a page may be public, so never the server's
     folders above it); the records are beside it."""
     if database is None:
-        shown = "results/results.db"  # --profllm-out results/, as the README runs it
+        named = "results/results.db"  # --profllm-out results/, as the README runs it
     elif not database.is_absolute() and ".." not in database.parts:
-        shown = database.as_posix()
+        named = database.as_posix()
     else:
-        shown = (Path(database.parent.name) / database.name).as_posix()
-    return f"profllm rerun {shlex.quote(run_id)} --db {shlex.quote(shown)}"
+        named = (Path(database.parent.name) / database.name).as_posix()
+    return f"profllm rerun {shlex.quote(run_id)} --db {shlex.quote(named)}"
 
 
 def _exists(connection: sqlite3.Connection, table: str) -> bool:
@@ -146,7 +146,9 @@ def _json(value: Any, default: Any) -> Any:
         return default
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
+    """A figure as the page shows it (the template calls it too): four significant
+    figures, a whole number from 10,000 up, `-` for none."""
     if isinstance(value, float):
         if math.isinf(value):
             return "inf"
@@ -169,7 +171,7 @@ def _headline(value: Any, unit: str = "") -> str:
             return " · ".join(f"{n:.2f}" for n in numbers)
     if unit == "%" and isinstance(value, int | float) and math.isfinite(value):
         return f"{100 * value:.1f}"
-    return _shown(value)
+    return shown(value)
 
 
 def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
@@ -184,11 +186,11 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
     page.validity_reasons = _json(row.get("validity_reasons"), [])
     _gate(connection, page)
     _configuration(page)
-    page.workload = [(name.removeprefix("bench_"), _shown(value)) for name, value in row.items()
+    page.workload = [(name.removeprefix("bench_"), shown(value)) for name, value in row.items()
                      if name.startswith("bench_") and value not in (None, "", "[]", "{}")]
     page.headlines = [(_priced(label, row), _headline(row[name], unit), unit)
                       for name, label, unit in HEADLINES if row.get(name) is not None]
-    page.system = [(name, _shown(value)) for name, value in row.items()
+    page.system = [(name, shown(value)) for name, value in row.items()
                    if name.startswith(("system_", "runtime_", "cost_"))
                    and value not in (None, "", "[]")]
     _capacity(page)
@@ -222,7 +224,7 @@ def prefix_cache_line(row: Mapping[str, Any]) -> str | None:
     if not isinstance(ideal, int | float):
         return None
     block = row.get("system_server_kv_block_size")
-    said = (f"The trace implies that a prefix cache of {_shown(block)}-token blocks that never "
+    said = (f"The trace implies that a prefix cache of {shown(block)}-token blocks that never "
             f"evicts finds {ideal:.1%} of its prompt tokens.")
     found = row.get("system_server_prefix_cache_hit_rate")
     ratio = row.get("system_prefix_cache_hit_rate_vs_implied")
@@ -246,7 +248,7 @@ def adapter_rows(stored: Any) -> list[dict[str, str]]:
     rows = _json(stored, [])
     if not isinstance(rows, list):
         return []
-    return [{key: _shown(row.get(key)) for key, _ in ADAPTER_COLUMNS}
+    return [{key: shown(row.get(key)) for key, _ in ADAPTER_COLUMNS}
             for row in rows if isinstance(row, dict)]
 
 
@@ -257,15 +259,15 @@ def until_line(until: Any) -> str | None:
         return None
     metric, rounds, requests = until.get("metric"), until.get("rounds"), until.get("requests")
     asked, confidence = until.get("half_width"), until.get("confidence")
-    took = f"{_shown(rounds)} round(s), {_shown(requests)} requests"
+    took = f"{shown(rounds)} round(s), {shown(requests)} requests"
     low, high, width = until.get("ci_low"), until.get("ci_high"), until.get("relative_half_width")
     metric = metric_label(metric)
     if not all(isinstance(v, int | float) for v in (low, high, width, asked, confidence)):
         return f"Sent until {metric} was known: no interval by the cap ({took})."
     ended = ("as the interval was narrow enough" if until.get("stopped_by") == "interval"
-             else f"by the cap of {_shown(until.get('max_prompts'))} requests")
+             else f"by the cap of {shown(until.get('max_prompts'))} requests")
     return (f"Sent until {metric} was known to ±{asked:.1%}: {confidence:.0%} interval "
-            f"{_shown(low)} .. {_shown(high)} ms (±{width:.1%}); stopped {ended}, "
+            f"{shown(low)} .. {shown(high)} ms (±{width:.1%}); stopped {ended}, "
             f"after {took}.")
 
 
@@ -294,8 +296,8 @@ def _accuracy(page: RunPage) -> None:
     page.accuracy = (
         f"lm-eval {accuracy.get('lm_eval_version') or '?'} scored task {accuracy.get('task')} "
         f"(version {accuracy.get('task_version') or '-'}, hash {accuracy.get('task_hash') or '-'})"
-        f" on {_shown(samples)} of {_shown(available)} samples, "
-        f"{_shown(accuracy.get('num_fewshot'))}-shot, through {accuracy.get('api') or '-'}."
+        f" on {shown(samples)} of {shown(available)} samples, "
+        f"{shown(accuracy.get('num_fewshot'))}-shot, through {accuracy.get('api') or '-'}."
     )
     page.plumbing_check = bool(accuracy.get("plumbing_check"))
 
@@ -313,10 +315,10 @@ def _capacity(page: RunPage) -> None:
     if search.get("capacity") is None:
         page.capacity = f"No load in the search range met every SLO ({search.get('limit')})."
     elif high is None:
-        page.capacity = f"Capacity at least {_shown(low)} {unit}: the highest load searched met."
+        page.capacity = f"Capacity at least {shown(low)} {unit}: the highest load searched met."
     else:
-        page.capacity = (f"Capacity {_shown(low)} {unit}: bracket {_shown(low)} .. "
-                         f"{_shown(high)}, limited by {search.get('limit')}; stopped on "
+        page.capacity = (f"Capacity {shown(low)} {unit}: bracket {shown(low)} .. "
+                         f"{shown(high)}, limited by {search.get('limit')}; stopped on "
                          f"{search.get('stopped')}.")
     points = []
     for number, probe in enumerate(search.get("probes") or [], start=1):
@@ -333,7 +335,7 @@ def _capacity(page: RunPage) -> None:
         # The search's answer run once more after it (load/capacity/search.py `Recheck`).
         page.probes.append(_probe_row("re-check", recheck))
         page.capacity += (
-            f" Re-checked after the search at {_shown(recheck.get('load'))} {unit}: "
+            f" Re-checked after the search at {shown(recheck.get('load'))} {unit}: "
             + _recheck_verdict(recheck)
         )
     for slo in dict.fromkeys(point["slo"] for point in points):
@@ -366,12 +368,12 @@ def _probe_row(number: int | str, probe: dict[str, Any]) -> dict[str, Any]:
     """One row of the probe table: a probe of the search, or its re-check."""
     readings = probe.get("readings") or []
     return {
-        "number": number, "load": _shown(probe.get("load")),
-        "requests": probe.get("requests"), "achieved": _shown(probe.get("achieved_rate")),
+        "number": number, "load": shown(probe.get("load")),
+        "requests": probe.get("requests"), "achieved": shown(probe.get("achieved_rate")),
         "decision": probe.get("decision"), "reason": probe.get("reason") or "",
         "readings": "; ".join(
-            f"{r.get('slo')} {_shown(r.get('value'))} [{_shown(r.get('ci_low'))}, "
-            f"{_shown(r.get('ci_high'))}] / {_shown(r.get('target'))}"
+            f"{r.get('slo')} {shown(r.get('value'))} [{shown(r.get('ci_low'))}, "
+            f"{shown(r.get('ci_high'))}] / {shown(r.get('target'))}"
             for r in readings if isinstance(r, dict)),
     }
 
@@ -423,12 +425,12 @@ def _configuration(page: RunPage) -> None:
         if not name.startswith("server_"):
             continue
         argument = name.removeprefix("server_")
-        page.configuration.append((argument, _shown(value)))
+        page.configuration.append((argument, shown(value)))
         if argument in _NOT_CONFIGURATION or argument not in defaults:
             continue
         default = defaults[argument]
         if not _same(value, default):
-            page.changed.append((argument, _shown(value), _shown(_stored(default))))
+            page.changed.append((argument, shown(value), shown(_stored(default))))
 
 
 def _stored(value: Any) -> Any:
