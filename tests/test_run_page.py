@@ -409,3 +409,28 @@ def test_the_verdicts_show_large_figures_whole(tmp_path: Path) -> None:
     html = get(ingested(tmp_path, record), "/results/-/run/r1")[0].text
     assert "<td>2000</td><td>80,917</td>" in html
     assert "e+0" not in html.split("<h2>Headline metrics</h2>")[0]
+
+
+def test_the_receivers_span_counts_read_as_one_sentence() -> None:
+    counts = {"exports": 15, "refused_malformed": 1, "refused_too_large": 0,
+              "spans_received": 40, "spans_kept": 32, "spans_unexpected": 6,
+              "spans_over_limit": 0, "spans_duplicate": 2}
+    assert run_page.span_counts_line({"span_receiver": counts}) == (
+        "The trace receiver accepted 15 export(s) holding 40 request span(s) during the load: "
+        "32 kept as this load's own; set aside: 6 of trace ids the load did not send "
+        "(warm-ups, start-up), 2 repeated for a trace id (the last to end kept). It refused 1 "
+        "export(s) (1 malformed, 0 too large).")
+    clean = {**counts, "refused_malformed": 0, "spans_received": 32, "spans_unexpected": 0,
+             "spans_duplicate": 0}
+    line = run_page.span_counts_line({"span_receiver": clean})
+    assert line is not None and line.endswith("32 kept as this load's own.")
+    # Not traced, or a record from before the receiver counted: nothing said.
+    assert run_page.span_counts_line({"span_receiver": None}) is None
+    assert run_page.span_counts_line(None) is None
+
+
+@given(st.dictionaries(st.text(max_size=20), st.none() | st.booleans() | st.integers()
+                       | st.floats() | st.text(max_size=5), max_size=10))
+def test_any_receiver_counts_give_a_sentence(counts: dict[str, Any]) -> None:
+    line = run_page.span_counts_line({"span_receiver": counts})
+    assert line is not None and line.startswith("The trace receiver accepted ")

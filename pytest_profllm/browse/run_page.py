@@ -103,6 +103,9 @@ class RunPage:
     # Each request's time, from its server span (browse/request_timeline.py): the timeline is
     # the chart `requests-timeline`; the note says why there is none.
     timeline_note: str | None = None
+    # What the session's trace receiver counted during the load (record
+    # `server_view.span_receiver`), in one sentence; None where requests were not traced.
+    span_counts: str | None = None
     slowest: list[request_timeline.Slowest] = field(default_factory=list)
     # A LoRA adapter mix (record `by_adapter`): one row per model, its figures shown.
     adapters: list[dict[str, str]] = field(default_factory=list)
@@ -202,6 +205,7 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
         page.add("time-breakdown", split.spec, split.caption)
     page.server_view, page.server_view_problem = server_table(row)
     _requests(connection, page)
+    page.span_counts = span_counts_line(_json(row.get("engine_view"), None))
     _distributions(connection, page)
     _series(connection, page)
     return page
@@ -250,6 +254,33 @@ def adapter_rows(stored: Any) -> list[dict[str, str]]:
         return []
     return [{key: shown(row.get(key)) for key, _ in ADAPTER_COLUMNS}
             for row in rows if isinstance(row, dict)]
+
+
+def span_counts_line(view: Any) -> str | None:
+    """What the trace receiver counted during a traced load (the server view's
+    `span_receiver`), in one sentence: what it kept, and what it set aside and why."""
+    counts = view.get("span_receiver") if isinstance(view, dict) else None
+    if not isinstance(counts, dict):
+        return None
+
+    def count(key: str) -> int:
+        value = counts.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    aside = [f"{count(key):,} {what}" for key, what in (
+        ("spans_unexpected", "of trace ids the load did not send (warm-ups, start-up)"),
+        ("spans_duplicate", "repeated for a trace id (the last to end kept)"),
+        ("spans_over_limit", "past the bound on one load's spans"),
+    ) if count(key)]
+    refused = count("refused_malformed") + count("refused_too_large")
+    said = (f"The trace receiver accepted {count('exports'):,} export(s) holding "
+            f"{count('spans_received'):,} request span(s) during the load: "
+            f"{count('spans_kept'):,} kept as this load's own")
+    said += f"; set aside: {', '.join(aside)}." if aside else "."
+    if refused:
+        said += (f" It refused {refused:,} export(s) ({count('refused_malformed'):,} "
+                 f"malformed, {count('refused_too_large'):,} too large).")
+    return said
 
 
 def until_line(until: Any) -> str | None:
