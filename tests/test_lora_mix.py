@@ -298,4 +298,4 @@ def test_the_shipped_mix_on_the_virtual_clock_one_slot_costs_ttft(
     }
     html = _page_html(pytester.path / "results" / "results.db", f"/results/-/run/{run_id}")
     assert '<h2 id="adapters">LoRA adapters</h2>' in html
-    assert "<th>median TTFT ms</th>" in html and "<td>sql</td>" in html
+    assert "<th>median TTFT (ms)</th>" in html and "<td>sql</td>" in html

@@ -333,3 +333,104 @@ def test_the_rerun_command_names_the_database_from_where_pytest_ran() -> None:
         "profllm rerun r1 --db results/results.db")
     assert run_page.rerun_command("r1", Path("../elsewhere/out/results.db")) == (
         "profllm rerun r1 --db out/results.db")
+
+
+def test_a_figure_is_never_shown_in_exponent_form() -> None:
+    # A trace case's total token throughput, 25,470 tok/s, once read "2.547e+04".
+    assert run_page.shown(25470.3) == "25,470"
+    assert run_page.shown(9999.4) == "9999"
+    assert run_page.shown(0.06214) == "0.06214"
+
+
+@given(st.floats(min_value=1e-4, max_value=1e15) | st.floats(min_value=-1e15, max_value=-1e-4))
+def test_any_figure_a_record_holds_reads_without_an_exponent(value: float) -> None:
+    assert "e" not in run_page.shown(value)
+
+
+def test_the_new_parts_read_as_sentences_with_units(tmp_path: Path) -> None:
+    """The speculative headlines in percent, the prefix-cache ratio as a percentage of the
+    ideal, the `until:` line with the headlines' name of its statistic, the adapters' headers
+    with their units: each as the page renders it."""
+    record = make_record("r1", "s1", CASE, "2026-01-01T10:00:00+00:00")
+    record["system"].update(
+        server_spec_decode_acceptance_rate=0.348, server_spec_decode_mean_acceptance_length=2.044,
+        server_spec_decode_acceptance_rate_per_position=[0.6213, 0.3171, 0.1052],
+        implied_prefix_cache_hit_rate=0.436, server_kv_block_size=16,
+        server_prefix_cache_hit_rate=0.436, prefix_cache_hit_rate_vs_implied=1.0,
+    )
+    record["until"] = {"metric": "p90_ttft_ms", "half_width": 0.1, "confidence": 0.95,
+                       "max_prompts": 2000, "stopped_by": "interval", "value": 75.0,
+                       "ci_low": 67.79, "ci_high": 82.26, "relative_half_width": 0.098,
+                       "rounds": 3, "requests": 300, "samples": 300}
+    record["by_adapter"] = [{"model": "sql", "requests": 31, "completed": 31, "failed": 0,
+                             "request_throughput": 9.377, "output_throughput": 300.1,
+                             "median_ttft_ms": 64.9, "p99_ttft_ms": 141.1,
+                             "median_tpot_ms": 8.525, "p99_tpot_ms": 11.36}]
+    db = ingested(tmp_path, record)
+    page = page_of(db, "r1")
+    shown = {label: (value, unit) for label, value, unit in page.headlines}
+    assert shown["draft acceptance rate"] == ("34.8", "%")
+    assert shown["acceptance rate by draft position (1st · 2nd · ...)"] == ("62 · 32 · 11", "%")
+    assert shown["mean acceptance length"] == ("2.044", "tok/draft")
+    assert page.prefix_cache is not None
+    assert page.prefix_cache.endswith("The server found 43.6%, 100% of the ideal.")
+    assert page.until == (
+        "Sent until p90 TTFT was known to ±10.0%: 95% interval 67.79 .. 82.26 ms (±9.8%); "
+        "stopped as the interval was narrow enough, after 3 round(s), 300 requests.")
+    html = get(db, "/results/-/run/r1")[0].text
+    assert "<th>median TTFT (ms)</th>" in html and "<td>sql</td>" in html
+    assert "<strong>62 · 32 · 11</strong> %" in html
+
+
+def test_a_capped_until_line_and_an_unknown_statistic() -> None:
+    line = run_page.until_line({"metric": "mean_e2el_ms", "half_width": 0.05,
+                                "confidence": 0.9, "max_prompts": 250, "stopped_by": "cap",
+                                "ci_low": 1.0, "ci_high": 2.0, "relative_half_width": 0.3,
+                                "rounds": 3, "requests": 250})
+    assert line is not None and "Sent until mean E2EL was known" in line
+    assert "stopped by the cap of 250 requests, after 3 round(s)" in line
+    assert run_page.metric_label("request_throughput") == "request_throughput"
+
+
+def test_its_tables_stay_tables_on_a_phone() -> None:
+    # Datasette turns a rows-and-columns table into cards on a narrow screen, labelling each
+    # cell by CSS it writes for its own tables: ours had unlabelled numbers there.
+    css = (Path(run_page.__file__).parent / "static" / "profllm.css").read_text()
+    phone = css.split("@media only screen and (max-width: 576px)", 1)[1]
+    assert "table.profllm-table { display: table; }" in phone
+    assert "table.profllm-table td:before { content: none; }" in phone
+
+
+def test_the_verdicts_show_large_figures_whole(tmp_path: Path) -> None:
+    # A slow case's TTFT of 80,917 ms once read "8.092e+04" against a limit of "2000.0".
+    record = make_record("r1", "s1", CASE, "2026-01-01T10:00:00+00:00", "failed")
+    record["threshold_results"] = [{"metric": "median_ttft_ms", "bound": "max",
+                                    "limit": 2000.0, "value": 80917.2, "passed": False}]
+    html = get(ingested(tmp_path, record), "/results/-/run/r1")[0].text
+    assert "<td>2000</td><td>80,917</td>" in html
+    assert "e+0" not in html.split("<h2>Headline metrics</h2>")[0]
+
+
+def test_the_receivers_span_counts_read_as_one_sentence() -> None:
+    counts = {"exports": 15, "refused_malformed": 1, "refused_too_large": 0,
+              "spans_received": 40, "spans_kept": 32, "spans_unexpected": 6,
+              "spans_over_limit": 0, "spans_duplicate": 2}
+    assert run_page.span_counts_line({"span_receiver": counts}) == (
+        "The trace receiver accepted 15 export(s) holding 40 request span(s) during the load: "
+        "32 kept as this load's own; set aside: 6 of trace ids the load did not send "
+        "(warm-ups, start-up), 2 repeated for a trace id (the last to end kept). It refused 1 "
+        "export(s) (1 malformed, 0 too large).")
+    clean = {**counts, "refused_malformed": 0, "spans_received": 32, "spans_unexpected": 0,
+             "spans_duplicate": 0}
+    line = run_page.span_counts_line({"span_receiver": clean})
+    assert line is not None and line.endswith("32 kept as this load's own.")
+    # Not traced, or a record from before the receiver counted: nothing said.
+    assert run_page.span_counts_line({"span_receiver": None}) is None
+    assert run_page.span_counts_line(None) is None
+
+
+@given(st.dictionaries(st.text(max_size=20), st.none() | st.booleans() | st.integers()
+                       | st.floats() | st.text(max_size=5), max_size=10))
+def test_any_receiver_counts_give_a_sentence(counts: dict[str, Any]) -> None:
+    line = run_page.span_counts_line({"span_receiver": counts})
+    assert line is not None and line.startswith("The trace receiver accepted ")

@@ -329,7 +329,7 @@ def test_the_run_page_shows_the_acceptance_beside_tpot(tmp_path: Path) -> None:
     at = labels.index("p99 TPOT")
     assert shown.headlines[at + 1:at + 4] == [
         ("mean acceptance length", "3.445", "tok/draft"),
-        ("draft acceptance rate", "0.815", ""),
-        ("acceptance rate by draft position", "0.91 · 0.82 · 0.72", ""),
+        ("draft acceptance rate", "81.5", "%"),
+        ("acceptance rate by draft position (1st · 2nd · ...)", "91 · 82 · 72", "%"),
     ]
     assert not any("acceptance" in label for label, _, _ in other.headlines)

@@ -262,7 +262,7 @@ def test_a_stable_server_stops_by_its_interval_and_an_impossible_width_at_its_ca
         assert "stopped by the cap of 250 requests, after 3 round(s), 250 requests" in page.until
         page = run_page(db, sure["run_id"])
         assert page is not None and page.until is not None
-        assert "stopped by its interval" in page.until
+        assert "stopped as the interval was narrow enough" in page.until
     finally:
         db.close()
     assert until_line(None) is None

@@ -42,9 +42,9 @@ HEADLINES = (
     # Speculative decoding beside the TPOT it explains (load/spec_decode.py): null, and so not
     # shown, where the server did not speculate.
     ("system_server_spec_decode_mean_acceptance_length", "mean acceptance length", "tok/draft"),
-    ("system_server_spec_decode_acceptance_rate", "draft acceptance rate", ""),
+    ("system_server_spec_decode_acceptance_rate", "draft acceptance rate", "%"),
     ("system_server_spec_decode_acceptance_rate_per_position",
-     "acceptance rate by draft position", ""),
+     "acceptance rate by draft position (1st · 2nd · ...)", "%"),
     ("median_itl_ms", "median ITL", "ms"),
     ("p99_itl_ms", "p99 ITL", "ms"),
     ("median_e2el_ms", "median E2EL", "ms"),
@@ -103,6 +103,9 @@ class RunPage:
     # Each request's time, from its server span (browse/request_timeline.py): the timeline is
     # the chart `requests-timeline`; the note says why there is none.
     timeline_note: str | None = None
+    # What the session's trace receiver counted during the load (record
+    # `server_view.span_receiver`), in one sentence; None where requests were not traced.
+    span_counts: str | None = None
     slowest: list[request_timeline.Slowest] = field(default_factory=list)
     # A LoRA adapter mix (record `by_adapter`): one row per model, its figures shown.
     adapters: list[dict[str, str]] = field(default_factory=list)
@@ -124,12 +127,12 @@ def rerun_command(run_id: str, database: Path | None) -> str:
     name and its file name (`results/results.db`: a page may be public, so never the server's
     folders above it); the records are beside it."""
     if database is None:
-        shown = "results/results.db"  # --profllm-out results/, as the README runs it
+        named = "results/results.db"  # --profllm-out results/, as the README runs it
     elif not database.is_absolute() and ".." not in database.parts:
-        shown = database.as_posix()
+        named = database.as_posix()
     else:
-        shown = (Path(database.parent.name) / database.name).as_posix()
-    return f"profllm rerun {shlex.quote(run_id)} --db {shlex.quote(shown)}"
+        named = (Path(database.parent.name) / database.name).as_posix()
+    return f"profllm rerun {shlex.quote(run_id)} --db {shlex.quote(named)}"
 
 
 def _exists(connection: sqlite3.Connection, table: str) -> bool:
@@ -146,24 +149,32 @@ def _json(value: Any, default: Any) -> Any:
         return default
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
+    """A figure as the page shows it (the template calls it too): four significant
+    figures, a whole number from 10,000 up, `-` for none."""
     if isinstance(value, float):
         if math.isinf(value):
             return "inf"
-        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+        # Four significant figures, never in exponent form: from 10,000 up, whole numbers.
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
     if value is None:
         return "-"
     return str(value)
 
 
-def _headline(value: Any) -> str:
-    """A headline figure as shown; a list of rates (JSON text in its column: the acceptance
-    rate by draft position) as its numbers, two places each, in order."""
+def _headline(value: Any, unit: str = "") -> str:
+    """A headline figure as shown; a rate whose unit is `%` as a percentage (one place); a
+    list of rates (JSON text in its column: the acceptance rate by draft position) as its
+    percentages, whole, in order."""
     if isinstance(value, str) and value.startswith("["):
         numbers = _json(value, None)
         if isinstance(numbers, list) and all(isinstance(n, int | float) for n in numbers):
+            if unit == "%":
+                return " · ".join(f"{100 * n:.0f}" for n in numbers)
             return " · ".join(f"{n:.2f}" for n in numbers)
-    return _shown(value)
+    if unit == "%" and isinstance(value, int | float) and math.isfinite(value):
+        return f"{100 * value:.1f}"
+    return shown(value)
 
 
 def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
@@ -178,11 +189,11 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
     page.validity_reasons = _json(row.get("validity_reasons"), [])
     _gate(connection, page)
     _configuration(page)
-    page.workload = [(name.removeprefix("bench_"), _shown(value)) for name, value in row.items()
+    page.workload = [(name.removeprefix("bench_"), shown(value)) for name, value in row.items()
                      if name.startswith("bench_") and value not in (None, "", "[]", "{}")]
-    page.headlines = [(_priced(label, row), _headline(row[name]), unit)
+    page.headlines = [(_priced(label, row), _headline(row[name], unit), unit)
                       for name, label, unit in HEADLINES if row.get(name) is not None]
-    page.system = [(name, _shown(value)) for name, value in row.items()
+    page.system = [(name, shown(value)) for name, value in row.items()
                    if name.startswith(("system_", "runtime_", "cost_"))
                    and value not in (None, "", "[]")]
     _capacity(page)
@@ -194,6 +205,7 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
         page.add("time-breakdown", split.spec, split.caption)
     page.server_view, page.server_view_problem = server_table(row)
     _requests(connection, page)
+    page.span_counts = span_counts_line(_json(row.get("engine_view"), None))
     _distributions(connection, page)
     _series(connection, page)
     return page
@@ -216,13 +228,13 @@ def prefix_cache_line(row: Mapping[str, Any]) -> str | None:
     if not isinstance(ideal, int | float):
         return None
     block = row.get("system_server_kv_block_size")
-    said = (f"The trace implies that a prefix cache of {_shown(block)}-token blocks that never "
+    said = (f"The trace implies that a prefix cache of {shown(block)}-token blocks that never "
             f"evicts finds {ideal:.1%} of its prompt tokens.")
     found = row.get("system_server_prefix_cache_hit_rate")
     ratio = row.get("system_prefix_cache_hit_rate_vs_implied")
     if not isinstance(found, int | float):
         return f"{said} The server reported no prefix-cache hit rate."
-    of = f": {ratio:.3g} of the ideal" if isinstance(ratio, int | float) else ""
+    of = f", {ratio:.0%} of the ideal" if isinstance(ratio, int | float) else ""
     return f"{said} The server found {found:.1%}{of}."
 
 
@@ -230,8 +242,8 @@ def prefix_cache_line(row: Mapping[str, Any]) -> str | None:
 ADAPTER_COLUMNS = (
     ("model", "model"), ("requests", "requests"), ("completed", "completed"),
     ("failed", "failed"), ("request_throughput", "req/s"), ("output_throughput", "output tok/s"),
-    ("median_ttft_ms", "median TTFT ms"), ("p99_ttft_ms", "p99 TTFT ms"),
-    ("median_tpot_ms", "median TPOT ms"), ("p99_tpot_ms", "p99 TPOT ms"),
+    ("median_ttft_ms", "median TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"),
+    ("median_tpot_ms", "median TPOT (ms)"), ("p99_tpot_ms", "p99 TPOT (ms)"),
 )
 
 
@@ -240,8 +252,35 @@ def adapter_rows(stored: Any) -> list[dict[str, str]]:
     rows = _json(stored, [])
     if not isinstance(rows, list):
         return []
-    return [{key: _shown(row.get(key)) for key, _ in ADAPTER_COLUMNS}
+    return [{key: shown(row.get(key)) for key, _ in ADAPTER_COLUMNS}
             for row in rows if isinstance(row, dict)]
+
+
+def span_counts_line(view: Any) -> str | None:
+    """What the trace receiver counted during a traced load (the server view's
+    `span_receiver`), in one sentence: what it kept, and what it set aside and why."""
+    counts = view.get("span_receiver") if isinstance(view, dict) else None
+    if not isinstance(counts, dict):
+        return None
+
+    def count(key: str) -> int:
+        value = counts.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    aside = [f"{count(key):,} {what}" for key, what in (
+        ("spans_unexpected", "of trace ids the load did not send (warm-ups, start-up)"),
+        ("spans_duplicate", "repeated for a trace id (the last to end kept)"),
+        ("spans_over_limit", "past the bound on one load's spans"),
+    ) if count(key)]
+    refused = count("refused_malformed") + count("refused_too_large")
+    said = (f"The trace receiver accepted {count('exports'):,} export(s) holding "
+            f"{count('spans_received'):,} request span(s) during the load: "
+            f"{count('spans_kept'):,} kept as this load's own")
+    said += f"; set aside: {', '.join(aside)}." if aside else "."
+    if refused:
+        said += (f" It refused {refused:,} export(s) ({count('refused_malformed'):,} "
+                 f"malformed, {count('refused_too_large'):,} too large).")
+    return said
 
 
 def until_line(until: Any) -> str | None:
@@ -251,15 +290,25 @@ def until_line(until: Any) -> str | None:
         return None
     metric, rounds, requests = until.get("metric"), until.get("rounds"), until.get("requests")
     asked, confidence = until.get("half_width"), until.get("confidence")
-    took = f"{_shown(rounds)} round(s), {_shown(requests)} requests"
+    took = f"{shown(rounds)} round(s), {shown(requests)} requests"
     low, high, width = until.get("ci_low"), until.get("ci_high"), until.get("relative_half_width")
+    metric = metric_label(metric)
     if not all(isinstance(v, int | float) for v in (low, high, width, asked, confidence)):
         return f"Sent until {metric} was known: no interval by the cap ({took})."
-    ended = ("its interval" if until.get("stopped_by") == "interval"
-             else f"the cap of {_shown(until.get('max_prompts'))} requests")
+    ended = ("as the interval was narrow enough" if until.get("stopped_by") == "interval"
+             else f"by the cap of {shown(until.get('max_prompts'))} requests")
     return (f"Sent until {metric} was known to ±{asked:.1%}: {confidence:.0%} interval "
-            f"{_shown(low)} .. {_shown(high)} ms (±{width:.1%}); stopped by {ended}, "
+            f"{shown(low)} .. {shown(high)} ms (±{width:.1%}); stopped {ended}, "
             f"after {took}.")
+
+
+def metric_label(metric: Any) -> str:
+    """A latency statistic's column name as the headlines name it: `p90_ttft_ms` is
+    `p90 TTFT`; anything else as it is."""
+    parts = str(metric).split("_")
+    if len(parts) == 3 and parts[2] == "ms" and parts[1] in ("ttft", "tpot", "itl", "e2el"):
+        return f"{parts[0]} {parts[1].upper()}"
+    return str(metric)
 
 
 def _accuracy(page: RunPage) -> None:
@@ -278,8 +327,8 @@ def _accuracy(page: RunPage) -> None:
     page.accuracy = (
         f"lm-eval {accuracy.get('lm_eval_version') or '?'} scored task {accuracy.get('task')} "
         f"(version {accuracy.get('task_version') or '-'}, hash {accuracy.get('task_hash') or '-'})"
-        f" on {_shown(samples)} of {_shown(available)} samples, "
-        f"{_shown(accuracy.get('num_fewshot'))}-shot, through {accuracy.get('api') or '-'}."
+        f" on {shown(samples)} of {shown(available)} samples, "
+        f"{shown(accuracy.get('num_fewshot'))}-shot, through {accuracy.get('api') or '-'}."
     )
     page.plumbing_check = bool(accuracy.get("plumbing_check"))
 
@@ -297,10 +346,10 @@ def _capacity(page: RunPage) -> None:
     if search.get("capacity") is None:
         page.capacity = f"No load in the search range met every SLO ({search.get('limit')})."
     elif high is None:
-        page.capacity = f"Capacity at least {_shown(low)} {unit}: the highest load searched met."
+        page.capacity = f"Capacity at least {shown(low)} {unit}: the highest load searched met."
     else:
-        page.capacity = (f"Capacity {_shown(low)} {unit}: bracket {_shown(low)} .. "
-                         f"{_shown(high)}, limited by {search.get('limit')}; stopped on "
+        page.capacity = (f"Capacity {shown(low)} {unit}: bracket {shown(low)} .. "
+                         f"{shown(high)}, limited by {search.get('limit')}; stopped on "
                          f"{search.get('stopped')}.")
     points = []
     for number, probe in enumerate(search.get("probes") or [], start=1):
@@ -317,7 +366,7 @@ def _capacity(page: RunPage) -> None:
         # The search's answer run once more after it (load/capacity/search.py `Recheck`).
         page.probes.append(_probe_row("re-check", recheck))
         page.capacity += (
-            f" Re-checked after the search at {_shown(recheck.get('load'))} {unit}: "
+            f" Re-checked after the search at {shown(recheck.get('load'))} {unit}: "
             + _recheck_verdict(recheck)
         )
     for slo in dict.fromkeys(point["slo"] for point in points):
@@ -350,12 +399,12 @@ def _probe_row(number: int | str, probe: dict[str, Any]) -> dict[str, Any]:
     """One row of the probe table: a probe of the search, or its re-check."""
     readings = probe.get("readings") or []
     return {
-        "number": number, "load": _shown(probe.get("load")),
-        "requests": probe.get("requests"), "achieved": _shown(probe.get("achieved_rate")),
+        "number": number, "load": shown(probe.get("load")),
+        "requests": probe.get("requests"), "achieved": shown(probe.get("achieved_rate")),
         "decision": probe.get("decision"), "reason": probe.get("reason") or "",
         "readings": "; ".join(
-            f"{r.get('slo')} {_shown(r.get('value'))} [{_shown(r.get('ci_low'))}, "
-            f"{_shown(r.get('ci_high'))}] / {_shown(r.get('target'))}"
+            f"{r.get('slo')} {shown(r.get('value'))} [{shown(r.get('ci_low'))}, "
+            f"{shown(r.get('ci_high'))}] / {shown(r.get('target'))}"
             for r in readings if isinstance(r, dict)),
     }
 
@@ -407,12 +456,12 @@ def _configuration(page: RunPage) -> None:
         if not name.startswith("server_"):
             continue
         argument = name.removeprefix("server_")
-        page.configuration.append((argument, _shown(value)))
+        page.configuration.append((argument, shown(value)))
         if argument in _NOT_CONFIGURATION or argument not in defaults:
             continue
         default = defaults[argument]
         if not _same(value, default):
-            page.changed.append((argument, _shown(value), _shown(_stored(default))))
+            page.changed.append((argument, shown(value), shown(_stored(default))))
 
 
 def _stored(value: Any) -> Any:

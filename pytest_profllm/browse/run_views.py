@@ -77,6 +77,7 @@ async def run_view(datasette: Any, request: Any) -> Response:
         "rerun_command": run_page.rerun_command(page.run_id, Path(path) if path else None),
         "parts": request_timeline.PARTS,
         "adapter_columns": run_page.ADAPTER_COLUMNS,
+        "shown": run_page.shown,
         "requests_query_url": datasette.urls.database(name) + "/run_requests?run_id="
         + urllib.parse.quote(page.run_id, safe=""),
         "traces_url": f"/api/export/traces/{tilde_encode(page.run_id)}"
