@@ -1,6 +1,6 @@
 """How far off is the client's TTFT when it is the bottleneck, and does it know?
 `python benchmarks/perf/client_error.py [--streams 1000 2000 4000] [--hog]
-[--client-processes 1 2] [--loop asyncio uvloop]`.
+[--client-processes 1 2] [--loop asyncio uvloop] [--vllm-python PATH]`.
 
 Runs `profllm bench` (one client process) against the paced server (paced_server.py: first
 token 50 ms after a request is read, then one every 10 ms) with all requests at once
@@ -24,6 +24,20 @@ and read by the server once (`completed` against the server's count of requests 
 distinct request ids). `--loop asyncio uvloop` runs each under each event loop: `uvloop`
 installs uvloop's loop policy in the bench process before it starts (one client process;
 uvloop must be installed).
+
+`--vllm-python PATH` also runs vLLM's own client once per stream count, `PATH -m
+vllm.entrypoints.cli.main bench serve` (the Python of an environment with vLLM, whose `vllm bench
+serve` runs), with the same requests: random dataset, the same input and output lengths,
+`--ignore-eos`, `--request-rate inf`, pinned like ours (its own random prompts of those lengths,
+not our prompts' tokens). Its client sends each request's id as
+`X-Request-Id` (`--request-id-prefix vllm-`, then the request's index, the order of its
+detailed result), so its TTFTs are joined with the server's per request as ours are; its ready
+check is skipped (`--ready-check-timeout-sec 0`), so the server reads only the timed requests.
+Should a version send no id the server logged, its TTFTs are set against the server's own
+first-token delays sorted (distributions, not requests), and the row says `sorted`. Its row
+names the client and version in the loop column; its CPU is the whole process's CPU time
+(rusage, start-up and imports included, so no share nor per-message figure); vLLM's client has
+no loop-lag or validity figures (`-`).
 """
 
 from __future__ import annotations
@@ -32,6 +46,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -113,7 +128,44 @@ def bench(url: str, out: Path, streams: int, output_len: int, core: int | None,
     return figures
 
 
-def errors_ms(result: dict[str, Any], log: dict[str, Any]) -> tuple[list[float], list[float]]:
+VLLM_ID_PREFIX = "vllm-"
+
+
+def vllm_version(python: str) -> str:
+    code = "import importlib.metadata as m; print(m.version('vllm'))"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60,
+                          check=True)
+    return done.stdout.strip()
+
+
+def vllm_bench(python: str, url: str, out: Path, streams: int, output_len: int,
+               core: int | None) -> tuple[dict[str, Any], float]:
+    """vLLM's `bench serve` result for the same load, and the CPU time (s) its process used."""
+    result = out / f"vllm-streams-{streams}.json"
+    result.unlink(missing_ok=True)
+    argv = [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+            "--backend", "vllm", "--base-url", url, "--model", "paced",
+            "--tokenizer", str(SIM_TOKENIZER), "--dataset-name", "random",
+            "--num-prompts", str(streams), "--random-input-len", "16",
+            "--random-output-len", str(output_len), "--ignore-eos", "--request-rate", "inf",
+            "--request-id-prefix", VLLM_ID_PREFIX, "--ready-check-timeout-sec", "0",
+            "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(out),
+            "--result-filename", result.name]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S, preexec_fn=_pinned(core), check=False,
+                          env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0 or not result.exists():
+        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        raise RuntimeError(f"vllm bench serve failed ({done.returncode}): " + " | ".join(tail))
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    figures: dict[str, Any] = json.loads(result.read_text())
+    return figures, cpu_s
+
+
+def errors_ms(result: dict[str, Any], log: dict[str, Any],
+              prefix: str = "profllm-") -> tuple[list[float], list[float]]:
     """Each completed request's TTFT as the client measured it less the server's own (what
     the client and the way there and back added), and of it the reading side: how long after
     the server wrote the first token the client stamped it (perf_counter is the host's
@@ -122,13 +174,22 @@ def errors_ms(result: dict[str, Any], log: dict[str, Any]) -> tuple[list[float],
     added, reading = [], []
     rows = zip(result["ttfts"], result["start_times"], result["errors"], strict=True)
     for index, (ttft, start, error) in enumerate(rows):
-        request_id = f"profllm-{index}"
+        request_id = f"{prefix}{index}"
         if error or request_id not in log["first"]:
             continue
         first = log["first"][request_id]
         added.append((ttft - (first - log["read"][request_id])) * 1000)
         reading.append((start + ttft - first) * 1000)
     return added, reading
+
+
+def sorted_errors_ms(result: dict[str, Any], log: dict[str, Any]) -> list[float]:
+    """Where no request can be joined: the client's TTFTs against the server's first-token
+    delays, both sorted (the i-th fastest against the i-th fastest)."""
+    ttfts = sorted(t for t, e in zip(result["ttfts"], result["errors"], strict=True) if not e)
+    served = sorted(first - log["read"][rid] for rid, first in log["first"].items()
+                    if rid in log["read"])
+    return [(ttft - own) * 1000 for ttft, own in zip(ttfts, served, strict=False)]
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -163,6 +224,31 @@ def row(streams: int, result: dict[str, Any], log: dict[str, Any], processes: in
     )
 
 
+def _median_p99(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} / {percentile(values, 0.99):.1f}" if values else "-"
+
+
+def vllm_row(streams: int, version: str, result: dict[str, Any], cpu_s: float,
+             log: dict[str, Any]) -> str:
+    errors, reading = errors_ms(result, log, VLLM_ID_PREFIX)
+    joined = "per request, joined by X-Request-Id"
+    if not errors:
+        errors, reading, joined = sorted_errors_ms(result, log), [], "sorted, not joined"
+    ids = sum(1 for rid in log["read"] if rid.startswith(VLLM_ID_PREFIX)) if reading else len(
+        log["read"]
+    )
+    completed = f"{result['completed']}/{log['requests']}/{ids}" + (
+        "" if result["completed"] == log["requests"] == ids == streams else " !"
+    )
+    events = (result["total_output_tokens"] or 0) / result["duration"]
+    return (
+        f"| {streams:,} | 1 | vllm {version} | {completed} "
+        f"| {_median_p99(errors)} | {_median_p99(reading)} | {events:,.0f} "
+        f"| {cpu_s:.1f} s CPU, whole process | - | - | - "
+        f"| {log['tick_lateness_p99_ms']:.1f} | - | {joined} |"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, nargs="+", default=[1000, 2000, 4000])
@@ -171,9 +257,12 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true", help="client on core 0, server on 1")
     parser.add_argument("--client-processes", type=int, nargs="+", default=[1])
     parser.add_argument("--loop", nargs="+", default=["asyncio"], choices=["asyncio", "uvloop"])
+    parser.add_argument("--vllm-python", metavar="PATH",
+                        help="also run vLLM's `bench serve` from this Python, per stream count")
     args = parser.parse_args()
     pin = args.pin or args.hog
     client_core, server_core = (0, 1) if pin else (None, None)
+    version = vllm_version(args.vllm_python) if args.vllm_python else ""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = [sys.executable, str(ROOT / "benchmarks" / "perf" / "paced_server.py"),
@@ -197,6 +286,11 @@ def main() -> None:
                     result = bench(url, Path(folder), streams, args.output_len, client_core,
                                    processes, loop)
                     print(row(streams, result, server_log(url), processes, loop), flush=True)
+            if version:
+                server_log(url)
+                theirs, cpu_s = vllm_bench(args.vllm_python, url, Path(folder), streams,
+                                           args.output_len, client_core)
+                print(vllm_row(streams, version, theirs, cpu_s, server_log(url)), flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
