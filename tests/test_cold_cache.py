@@ -166,7 +166,11 @@ def test_cases_on_one_server_measure_a_cold_cache(pytester: pytest.Pytester, por
         assert record["runtime"]["prefix_cache"] == "emptied before the load"
         assert record["runtime"]["prompt_seed_derived"] is True
         assert record["validity"] == "valid"
-        assert [a["attempt"] for a in record["attempts"]] == [1]
+        # A busy host may have a load measured again (for its own reasons, all the host's);
+        # the cache is never the reason, and every run of it started from an emptied cache.
+        for attempt in record["attempts"]:
+            assert InvalidKind.CACHE.value not in attempt["reason_kinds"], attempt
+            assert all(InvalidKind(kind).host_caused for kind in attempt["reason_kinds"])
 
 
 def test_warm_cache_keeps_what_earlier_cases_left(pytester: pytest.Pytester, ports: str) -> None:
