@@ -345,3 +345,48 @@ def test_the_tail_bound_takes_the_joined_spans_exact_p99_over_the_histograms() -
     (reason,) = judge(dataclasses.replace(_traced(190.0, 1.0), spans_server_ttft_p99_ms=1200.0),
                       (None, None), Rules()).reasons
     assert "bound 180.0 ms, 15% of the server's p99 1200.0 ms" in reason.text
+
+
+def _watched(facts: LoadFacts, lag_max_ms: float) -> LoadFacts:
+    """`facts` whose client watched its own loop and found it at most `lag_max_ms` late
+    (and under the saturation rule's bound at p99: one late moment)."""
+    watch = [WatchFigures(wall_s=1.0, ticks=100, lag_p50_ms=min(lag_max_ms, 1.0),
+                          lag_p99_ms=min(lag_max_ms, 5.0), lag_max_ms=lag_max_ms, cpu_share=0.3,
+                          runqueue_wait_share=0.0)]
+    load = dataclasses.replace(facts.load, watch=watch)
+    return dataclasses.replace(facts, load=load, health=_health(load))
+
+
+@pytest.mark.parametrize("lag_max", [0.5, 12.0, 98.9])
+def test_a_tail_the_clients_loop_cannot_have_made_is_the_servers(lag_max: float) -> None:
+    """vLLM's CPU build at 256 streams: 185-312 ms at p99 between the client's TTFT and its
+    span's, the client's loop never more than 12 ms late. The gap is vLLM's front end, outside
+    its span: the load is valid, and says why."""
+    judged = judge(_watched(_traced(240.0, 1.0), lag_max), (None, None), Rules())
+    assert judged.valid
+    assert judged.outside_client is not None
+    assert "240.0 ms" in judged.outside_client and f"{lag_max:.1f} ms late" in judged.outside_client
+
+
+@pytest.mark.parametrize("lag_max", [99.0, 150.0, 2000.0])
+def test_a_tail_with_a_loop_that_late_is_the_clients(lag_max: float) -> None:
+    """A client starved of its core (a hog at nice -20 on it): its loop up to 155 ms late and
+    106 ms at p99 on TTFT. The client may have made it: invalid, measured again."""
+    judged = judge(_watched(_traced(240.0, 1.0), lag_max), (None, None), Rules())
+    (reason,) = [r for r in judged.reasons if r.kind is InvalidKind.CLIENT_OVERHEAD_TAIL]
+    assert reason.host_caused and judged.outside_client is None
+
+
+def test_the_means_gap_is_cleared_by_the_same_watch() -> None:
+    made = [RequestOutcome(prompt_len=4, success=True, output_tokens=2, output_len=2, ttft=0.2,
+                           latency=0.3, itl=[0.1], end_time=0.3, status=200)]
+    window = ({f"{TTFT}_count": 0.0, f"{TTFT}_sum": 0.0, f"{E2E}_count": 0.0, f"{E2E}_sum": 0.0},
+              {f"{TTFT}_count": 1.0, f"{TTFT}_sum": 0.01, f"{E2E}_count": 1.0,
+               f"{E2E}_sum": 0.1})
+    load = _load(made)
+    facts = LoadFacts(load, BenchmarkConfig(num_prompts=1), _health(load),
+                      {"mean_ttft_ms": 200.0, "mean_e2el_ms": 300.0, "completed": 1})
+    assert judge(_watched(facts, 60.0), window, Rules()).reasons  # 60 ms late: over 50 ms
+    cleared = judge(_watched(facts, 5.0), window, Rules())
+    assert cleared.valid and cleared.outside_client is not None
+    assert "mean TTFT" in cleared.outside_client

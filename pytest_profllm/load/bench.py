@@ -342,6 +342,7 @@ def judged_result(
     result["validity"] = judgement.validity
     result["invalid_reason"] = judgement.line()
     result["rules_not_applied"] = judgement.not_applied
+    result["overhead_outside_client"] = judgement.outside_client
     # The server's own view of the load (null, with the reason, where it keeps none), and what
     # the client added to it.
     view, result["server_view"] = load_view(*window, result)

@@ -460,6 +460,10 @@ class ServerView(BaseModel):
     # traced, or the server exported none. Both None in records from before spans were taken.
     server_spans_joined_share: float | None = Field(default=None, ge=0, le=1)
     spans_problem: str | None = None
+    # Where the gap between the client's TTFT and the server's own was over its bound but
+    # not the client's (its event loop was never that late; load/validity.py
+    # `outside_client`): why the load is valid all the same. None otherwise.
+    overhead_outside_client: str | None = None
     # What the receiver counted during the load; None where requests were not traced (and in
     # records from before it was kept).
     span_receiver: SpanReceiverCounts | None = None

@@ -123,6 +123,9 @@ def run_case(
                 )
                 results, outcome.server_view = judged.results, judged.server_view
                 with_spans(outcome, spans)
+                if outcome.server_view is not None and judged.judgement.outside_client:
+                    outcome.server_view["overhead_outside_client"] = (
+                        judged.judgement.outside_client)
                 outcome.telemetry.update(judged.view)
                 outcome.telemetry["host_foreign_cpu_share"] = share
                 reasons = judged.judgement.reasons
