@@ -70,7 +70,8 @@ MAX_CLIENT_OVERHEAD_SHARE = 0.15
 # but fair host passes, and a tail over a hundred ms does not. On a busy host the hog's
 # effect is not steady (its runs overlap the quiet ones): the rule bounds the tail, it does
 # not find every hog. As the mean's, the default grows to MAX_CLIENT_OVERHEAD_SHARE of the
-# server's own p99 TTFT where that is more.
+# server's own p99 TTFT where that is more. A gap over it counts against the client only
+# where its own loop was that late (load/validity.py `outside_client`).
 DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS = 100.0
 # The share of a load's completed requests whose span must be joined for the tail rule to
 # be applied: fewer, and the spread is not the load's (the mean rule applies alone).
