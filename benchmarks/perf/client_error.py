@@ -6,11 +6,12 @@ Runs `profllm bench` (one client process) against the paced server (paced_server
 token 50 ms after a request is read, then one every 10 ms) with all requests at once
 (`request_rate: inf`, as many streams as requests), and sets each request's TTFT as the
 client measured it against the server's own (its first token's write less its request's
-read, from the server's log): the difference is what the client added, sending and reading.
-Prints per run: median and p99 of that error, the messages the client read per second, its
-CPU (share of a core, and CPU time per content message over the timed load), its event
-loop's p99 lag and run-queue wait share (load/client_watch.py), the server's tick lateness,
-and the load's validity with its reasons.
+arrival at the server's socket, the kernel's receive stamp, from the server's log): the
+difference is what the client added, sending and reading. Prints per run: median and p99 of
+that error, the messages the client read per second, its CPU (share of a core, and CPU time
+per content message over the timed load), its event loop's p99 lag and run-queue wait share
+(load/client_watch.py), the server's tick lateness and how late it read requests the kernel
+had (its own, not counted in the error), and the load's validity with its reasons.
 
 `--hog` runs a CPU hog pinned to the client's core (the client on core 0, the server and
 the hog's host neighbours elsewhere): a client slowed on purpose, for the `client_saturated`
@@ -169,16 +170,18 @@ def errors_ms(result: dict[str, Any], log: dict[str, Any],
     """Each completed request's TTFT as the client measured it less the server's own (what
     the client and the way there and back added), and of it the reading side: how long after
     the server wrote the first token the client stamped it (perf_counter is the host's
-    monotonic clock in both processes). The rest is the sending side, where the server's
-    own lateness in reading the request counts too."""
+    monotonic clock in both processes). The rest is the sending side. The server's own TTFT
+    runs from the kernel's stamp of the request's arrival at its socket (`arrived`), so its
+    lateness in reading the request is its own, not the client's."""
     added, reading = [], []
+    arrived = log.get("arrived") or log["read"]
     rows = zip(result["ttfts"], result["start_times"], result["errors"], strict=True)
     for index, (ttft, start, error) in enumerate(rows):
         request_id = f"{prefix}{index}"
         if error or request_id not in log["first"]:
             continue
         first = log["first"][request_id]
-        added.append((ttft - (first - log["read"][request_id])) * 1000)
+        added.append((ttft - (first - arrived[request_id])) * 1000)
         reading.append((start + ttft - first) * 1000)
     return added, reading
 
@@ -187,8 +190,9 @@ def sorted_errors_ms(result: dict[str, Any], log: dict[str, Any]) -> list[float]
     """Where no request can be joined: the client's TTFTs against the server's first-token
     delays, both sorted (the i-th fastest against the i-th fastest)."""
     ttfts = sorted(t for t, e in zip(result["ttfts"], result["errors"], strict=True) if not e)
-    served = sorted(first - log["read"][rid] for rid, first in log["first"].items()
-                    if rid in log["read"])
+    arrived = log.get("arrived") or log["read"]
+    served = sorted(first - arrived[rid] for rid, first in log["first"].items()
+                    if rid in arrived)
     return [(ttft - own) * 1000 for ttft, own in zip(ttfts, served, strict=False)]
 
 
@@ -202,6 +206,13 @@ def counted_once(streams: int, result: dict[str, Any], log: dict[str, Any]) -> s
     return f"{result['completed']}/{log['requests']}/{len(log['read'])}" + (
         "" if result["completed"] == log["requests"] == len(log["read"]) == streams else " !"
     )
+
+
+def read_lateness_ms(log: dict[str, Any]) -> str:
+    """How late the server read requests after the kernel had them, median / p99 (ms)."""
+    arrived = log.get("arrived") or {}
+    late = [(log["read"][rid] - at) * 1000 for rid, at in arrived.items() if rid in log["read"]]
+    return _median_p99(late)
 
 
 def row(streams: int, result: dict[str, Any], log: dict[str, Any], processes: int = 1,
@@ -220,7 +231,8 @@ def row(streams: int, result: dict[str, Any], log: dict[str, Any], processes: in
         f"| {events:,.0f} | {result['client_cpu_percent']:.0f} % | {per_message_us:.1f} "
         f"| {result['client_loop_lag_p99_ms']:.1f} / {result['client_loop_lag_max_ms']:.1f} "
         f"| {'-' if wait is None else f'{wait:.2f}'} "
-        f"| {log['tick_lateness_p99_ms']:.1f} | {result['validity']} | {reason} |"
+        f"| {log['tick_lateness_p99_ms']:.1f} | {read_lateness_ms(log)} "
+        f"| {result['validity']} | {reason} |"
     )
 
 
@@ -245,7 +257,7 @@ def vllm_row(streams: int, version: str, result: dict[str, Any], cpu_s: float,
         f"| {streams:,} | 1 | vllm {version} | {completed} "
         f"| {_median_p99(errors)} | {_median_p99(reading)} | {events:,.0f} "
         f"| {cpu_s:.1f} s CPU, whole process | - | - | - "
-        f"| {log['tick_lateness_p99_ms']:.1f} | - | {joined} |"
+        f"| {log['tick_lateness_p99_ms']:.1f} | {read_lateness_ms(log)} | - | {joined} |"
     )
 
 
@@ -272,8 +284,8 @@ def main() -> None:
           "| TTFT error median / p99 (ms) | of it, reading (ms) | messages/s "
           "| client CPU | CPU per message (µs) "
           "| loop lag p99 / max (ms) | run-queue wait share | server tick lateness p99 (ms) "
-          "| validity | reasons |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| server read lateness median / p99 (ms) | validity | reasons |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as folder:
         stack.enter_context(started(server, server_core, port))
         if args.hog:
