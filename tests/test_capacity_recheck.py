@@ -15,7 +15,8 @@ from helpers import assert_invalid, run_records, run_suites
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from pytest_profllm.browse.run_page import _recheck_verdict, run_page
+from pytest_profllm.browse.run_capacity import recheck_verdict
+from pytest_profllm.browse.run_page import run_page
 from pytest_profllm.load.capacity import ProbeRun, ProbeSamples, search, slos_of
 from pytest_profllm.plan.suite import CapacitySearch
 from pytest_profllm.sim.batching import ConstantStepCost
@@ -137,10 +138,10 @@ def test_on_an_engine_that_cannot_change_a_missed_recheck_lowers_the_capacity() 
     record = found.as_record()["recheck"]
     assert record["agrees"] is False and record["steady_engine"] is True
     # The run page tells it as what it is, not as a server that changed.
-    verdict = _recheck_verdict(record)
+    verdict = recheck_verdict(record)
     assert verdict.startswith("it missed: the engine cannot change")
     assert "server changed" not in verdict
-    assert _recheck_verdict({**record, "steady_engine": False}).startswith(
+    assert recheck_verdict({**record, "steady_engine": False}).startswith(
         "it missed: the server changed during the search")
 
 

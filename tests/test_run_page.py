@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from test_datasette import make_record
 
 from conftest import shared_ports
-from pytest_profllm.browse import run_page
+from pytest_profllm.browse import run_capacity, run_files, run_page, run_values
 from pytest_profllm.results.ingest import ingest
 from pytest_profllm.results.store import load_records
 
@@ -101,7 +101,7 @@ def test_the_page_of_a_real_run(real_run: Path) -> None:
     assert ("max_num_seqs", "8") in [(name, value) for name, value, _ in page.changed]
     assert all(name != "api_key" for name, _, _ in page.changed)
     # The run's files, from the results folder.
-    files = {f.kind: f.name for f in run_page.run_files(real_run, page.row)}
+    files = {f.kind: f.name for f in run_files.run_files(real_run, page.row)}
     assert files["record"] == f"{record['run_id']}.json"
     assert files["requests"] == f"{record['run_id']}.requests.jsonl.gz"
     # The log of this run's server in this session, which the record names.
@@ -217,7 +217,7 @@ def test_downloads_never_leave_the_results_folder(tmp_path: Path) -> None:
     (folder / "logs" / "smoke-x-0123456789ab.log").symlink_to(outside / "secret.txt")
     db = ingested(folder, record)
     page = page_of(db, "r1")
-    files = run_page.run_files(folder, page.row)
+    files = run_files.run_files(folder, page.row)
     assert {(f.kind, f.name) for f in files} == {
         ("record", "r1.json"), ("trace", "profiles/trace-1.json")}
     base = "/results/-/run/r1/files/"
@@ -246,11 +246,11 @@ def test_a_run_links_its_own_servers_log_of_its_session(tmp_path: Path) -> None:
     record["runtime"]["server_log"] = "smoke-qwen-0123456789ab.s1.log"
     older = make_record("r0", "s0", CASE, "2025-12-01T10:00:00+00:00")
     db = ingested(folder, record, older)
-    logs = [(f.kind, f.name) for f in run_page.run_files(folder, page_of(db, "r1").row)
+    logs = [(f.kind, f.name) for f in run_files.run_files(folder, page_of(db, "r1").row)
             if f.kind.startswith("log")]
     assert logs == [("log", "logs/smoke-qwen-0123456789ab.s1.log")]
     # A record from before logs were named by session: its suite's log, said to hold more.
-    logs = [(f.kind, f.name) for f in run_page.run_files(folder, page_of(db, "r0").row)
+    logs = [(f.kind, f.name) for f in run_files.run_files(folder, page_of(db, "r0").row)
             if f.kind.startswith("log")]
     assert logs == [("log (every session of this server)", "logs/smoke-qwen-0123456789ab.log")]
 
@@ -268,7 +268,7 @@ def test_any_server_log_name_gives_files_inside_logs_or_none(tmp_path: Path, nam
     (folder / "secret.txt").write_text("s")
     row = {"run_id": "r1", "runtime_server_log": name, "runtime_server_key": "0123456789ab",
            "suite": "smoke"}
-    for found in run_page.run_files(folder, row):
+    for found in run_files.run_files(folder, row):
         assert found.path.is_relative_to((folder / "logs").resolve())
         assert found.path.is_file()
 
@@ -300,7 +300,7 @@ def test_a_record_cannot_name_the_database_as_its_file(tmp_path: Path) -> None:
             "profiles/trace-1.json")]}
     db = ingested(folder, record)
     (folder / "results.db-wal").write_bytes(b"wal")
-    files = run_page.run_files(folder, page_of(db, "r1").row)
+    files = run_files.run_files(folder, page_of(db, "r1").row)
     assert {(f.kind, f.name) for f in files} == {
         ("record", "r1.json"), ("trace", "profiles/trace-1.json")}
     base = "/results/-/run/r1/files/"
@@ -314,13 +314,13 @@ def test_a_record_cannot_name_the_database_as_its_file(tmp_path: Path) -> None:
 
 
 def test_the_recheck_line_says_what_the_recheck_decided() -> None:
-    assert run_page._recheck_verdict({"decision": "meets", "agrees": True}) == (
+    assert run_capacity.recheck_verdict({"decision": "meets", "agrees": True}) == (
         "it met every SLO, so it agrees.")
-    unsure = run_page._recheck_verdict({"decision": "unsure", "agrees": True,
+    unsure = run_capacity.recheck_verdict({"decision": "unsure", "agrees": True,
                                "reason": "median_tpot_ms"})
     assert unsure.startswith("it decided unsure (median_tpot_ms): not a miss")
     assert "agrees" not in unsure
-    assert run_page._recheck_verdict({"decision": "misses", "agrees": False}).startswith(
+    assert run_capacity.recheck_verdict({"decision": "misses", "agrees": False}).startswith(
         "it missed: the server changed")
 
 
@@ -337,14 +337,14 @@ def test_the_rerun_command_names_the_database_from_where_pytest_ran() -> None:
 
 def test_a_figure_is_never_shown_in_exponent_form() -> None:
     # A trace case's total token throughput, 25,470 tok/s, once read "2.547e+04".
-    assert run_page.shown(25470.3) == "25,470"
-    assert run_page.shown(9999.4) == "9999"
-    assert run_page.shown(0.06214) == "0.06214"
+    assert run_values.shown(25470.3) == "25,470"
+    assert run_values.shown(9999.4) == "9999"
+    assert run_values.shown(0.06214) == "0.06214"
 
 
 @given(st.floats(min_value=1e-4, max_value=1e15) | st.floats(min_value=-1e15, max_value=-1e-4))
 def test_any_figure_a_record_holds_reads_without_an_exponent(value: float) -> None:
-    assert "e" not in run_page.shown(value)
+    assert "e" not in run_values.shown(value)
 
 
 def test_the_new_parts_read_as_sentences_with_units(tmp_path: Path) -> None:

@@ -2,9 +2,9 @@
 arguments that differ from vLLM's defaults first), its workload and headline metrics, the
 distributions of its per-request latencies, its telemetry over time, and its files.
 
-`run_page` reads it all from a sqlite3 connection (tested without a browser); `run_files`
-finds the run's files in the results folder and nowhere else (browse/run_views.py serves
-them).
+`run_page` reads it all from a sqlite3 connection (tested without a browser). A capacity
+search's part is browse/run_capacity.py; the run's files, found in the results folder and
+nowhere else, browse/run_files.py.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ from typing import Any
 import numpy as np
 
 from pytest_profllm.browse import charts, request_timeline
+from pytest_profllm.browse.run_capacity import capacity_section
+from pytest_profllm.browse.run_values import shown, stored_json
 from pytest_profllm.browse.time_breakdown import breakdown, server_table
-from pytest_profllm.browse.upload import UPLOADS, stored_name
 from pytest_profllm.engine.registry import RegistryError, bundled
-from pytest_profllm.limits import MAX_TRACE_FILES
 from pytest_profllm.results.gate_tables import RUNS, SAMPLES, SERIES, SERIES_COLUMNS, VERDICTS
 from pytest_profllm.results.table import TABLE
-from pytest_profllm.server.launch import safe_name
 
 # The headline figures, with their units, in the order a reader wants them.
 HEADLINES = (
@@ -140,34 +139,12 @@ def _exists(connection: sqlite3.Connection, table: str) -> bool:
                               (table,)).fetchone() is not None
 
 
-def _json(value: Any, default: Any) -> Any:
-    if not isinstance(value, str):
-        return default
-    try:
-        return json.loads(value)
-    except ValueError:
-        return default
-
-
-def shown(value: Any) -> str:
-    """A figure as the page shows it (the template calls it too): four significant
-    figures, a whole number from 10,000 up, `-` for none."""
-    if isinstance(value, float):
-        if math.isinf(value):
-            return "inf"
-        # Four significant figures, never in exponent form: from 10,000 up, whole numbers.
-        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
-    if value is None:
-        return "-"
-    return str(value)
-
-
 def _headline(value: Any, unit: str = "") -> str:
     """A headline figure as shown; a rate whose unit is `%` as a percentage (one place); a
     list of rates (JSON text in its column: the acceptance rate by draft position) as its
     percentages, whole, in order."""
     if isinstance(value, str) and value.startswith("["):
-        numbers = _json(value, None)
+        numbers = stored_json(value, None)
         if isinstance(numbers, list) and all(isinstance(n, int | float) for n in numbers):
             if unit == "%":
                 return " · ".join(f"{100 * n:.0f}" for n in numbers)
@@ -185,8 +162,8 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
         return None
     row = dict(zip((d[0] for d in cursor.description), found, strict=True))
     page = RunPage(run_id, row)
-    page.verdicts = _json(row.get("verdicts"), [])
-    page.validity_reasons = _json(row.get("validity_reasons"), [])
+    page.verdicts = stored_json(row.get("verdicts"), [])
+    page.validity_reasons = stored_json(row.get("validity_reasons"), [])
     _gate(connection, page)
     _configuration(page)
     page.workload = [(name.removeprefix("bench_"), shown(value)) for name, value in row.items()
@@ -196,16 +173,16 @@ def run_page(connection: sqlite3.Connection, run_id: str) -> RunPage | None:
     page.system = [(name, shown(value)) for name, value in row.items()
                    if name.startswith(("system_", "runtime_", "cost_"))
                    and value not in (None, "", "[]")]
-    _capacity(page)
+    capacity_section(page)
     _accuracy(page)
     page.prefix_cache = prefix_cache_line(row)
     page.adapters = adapter_rows(row.get("by_adapter"))
-    page.until = until_line(_json(row.get("until"), None))
+    page.until = until_line(stored_json(row.get("until"), None))
     if (split := breakdown(row)) is not None:
         page.add("time-breakdown", split.spec, split.caption)
     page.server_view, page.server_view_problem = server_table(row)
     _requests(connection, page)
-    page.span_counts = span_counts_line(_json(row.get("engine_view"), None))
+    page.span_counts = span_counts_line(stored_json(row.get("engine_view"), None))
     _distributions(connection, page)
     _series(connection, page)
     return page
@@ -249,7 +226,7 @@ ADAPTER_COLUMNS = (
 
 def adapter_rows(stored: Any) -> list[dict[str, str]]:
     """A LoRA mix's figures per model (the `by_adapter` column's JSON), each value shown."""
-    rows = _json(stored, [])
+    rows = stored_json(stored, [])
     if not isinstance(rows, list):
         return []
     return [{key: shown(row.get(key)) for key, _ in ADAPTER_COLUMNS}
@@ -314,7 +291,7 @@ def metric_label(metric: Any) -> str:
 def _accuracy(page: RunPage) -> None:
     """lm-eval's metrics as headlines (value ± standard error), and one line of what it scored
     and how."""
-    accuracy = _json(page.row.get("accuracy"), None)
+    accuracy = stored_json(page.row.get("accuracy"), None)
     if not isinstance(accuracy, dict):
         return
     for metric in accuracy.get("metrics") or []:
@@ -333,101 +310,6 @@ def _accuracy(page: RunPage) -> None:
     page.plumbing_check = bool(accuracy.get("plumbing_check"))
 
 
-def _capacity(page: RunPage) -> None:
-    """The search's result and its probes: each load's decision, with every SLO's value and
-    interval; a chart of the first SLO's value against the load."""
-    search = _json(page.row.get("capacity_search"), None)
-    if not isinstance(search, dict):
-        return
-    unit = "req/s" if search.get("over", "request_rate") == "request_rate" else "concurrent"
-    page.headlines = [(label, value, unit if label.startswith("capacity") else shown_unit)
-                      for label, value, shown_unit in page.headlines]
-    low, high = [*(search.get("bracket") or []), None, None][:2]
-    if search.get("capacity") is None:
-        page.capacity = f"No load in the search range met every SLO ({search.get('limit')})."
-    elif high is None:
-        page.capacity = f"Capacity at least {shown(low)} {unit}: the highest load searched met."
-    else:
-        page.capacity = (f"Capacity {shown(low)} {unit}: bracket {shown(low)} .. "
-                         f"{shown(high)}, limited by {search.get('limit')}; stopped on "
-                         f"{search.get('stopped')}.")
-    points = []
-    for number, probe in enumerate(search.get("probes") or [], start=1):
-        readings = probe.get("readings") or []
-        page.probes.append(_probe_row(number, probe))
-        for reading in readings:
-            if isinstance(reading.get("value"), int | float):
-                points.append({"load": probe.get("load"), "slo": reading.get("slo"),
-                               "value": reading["value"], "low": reading.get("ci_low"),
-                               "high": reading.get("ci_high"), "target": reading.get("target"),
-                               "decision": probe.get("decision"), "probe": number})
-    recheck = search.get("recheck")
-    if isinstance(recheck, dict):
-        # The search's answer run once more after it (load/capacity/search.py `Recheck`).
-        page.probes.append(_probe_row("re-check", recheck))
-        page.capacity += (
-            f" Re-checked after the search at {shown(recheck.get('load'))} {unit}: "
-            + _recheck_verdict(recheck)
-        )
-    for slo in dict.fromkeys(point["slo"] for point in points):
-        mine = [point for point in points if point["slo"] == slo]
-        page.add(f"capacity-{slo}", charts.spec(mine, title=f"Probes: {slo}",
-                                                 layers=_probe_layers(unit)),
-                 f"{slo} at each probe with its interval, coloured by the probe's decision; "
-                 "dashed: the SLO.")
-
-
-def _recheck_verdict(recheck: dict[str, Any]) -> str:
-    """What the re-check decided, then what that makes of the capacity: only a miss voids it
-    (load/capacity/search.py `Recheck`), so an unsure re-check is said as unsure, not as met."""
-    if recheck.get("agrees") is not False:
-        decision = recheck.get("decision")
-        if decision == "meets":
-            return "it met every SLO, so it agrees."
-        reason = recheck.get("reason")
-        said = f"{decision} ({reason})" if decision and reason else decision or "not recorded"
-        return (f"it decided {said}: not a miss, so the capacity stands, unconfirmed by it.")
-    if recheck.get("steady_engine"):
-        # The virtual clock (load/capacity/search.py `search`'s steady_engine): no server to change.
-        return ("it missed: the engine cannot change, so that load counts as missed and the "
-                "capacity is the highest load below it that met.")
-    return ("it missed: the server changed during the search, so the capacity is no "
-            "measurement of it (the run is invalid).")
-
-
-def _probe_row(number: int | str, probe: dict[str, Any]) -> dict[str, Any]:
-    """One row of the probe table: a probe of the search, or its re-check."""
-    readings = probe.get("readings") or []
-    return {
-        "number": number, "load": shown(probe.get("load")),
-        "requests": probe.get("requests"), "achieved": shown(probe.get("achieved_rate")),
-        "decision": probe.get("decision"), "reason": probe.get("reason") or "",
-        "readings": "; ".join(
-            f"{r.get('slo')} {shown(r.get('value'))} [{shown(r.get('ci_low'))}, "
-            f"{shown(r.get('ci_high'))}] / {shown(r.get('target'))}"
-            for r in readings if isinstance(r, dict)),
-    }
-
-
-def _probe_layers(unit: str) -> list[dict[str, Any]]:
-    x = charts.field("load", "quantitative", f"load ({unit})", scale={"type": "log"})
-    return [
-        {"mark": {"type": "rule"},
-         "encoding": {"x": x, "y": {"field": "low", "type": "quantitative"},
-                      "y2": {"field": "high"}}},
-        {"mark": {"type": "point", "filled": True, "size": 70, "tooltip": True},
-         "encoding": {"x": x,
-                      "y": charts.field("value", "quantitative", "value (ms, or a ratio)"),
-                      "color": charts.field("decision", "nominal", "decision",
-                                            scale={"domain": ["meets", "unsure", "misses"],
-                                                   "range": ["#2a7", "#d90", "#c33"]}),
-                      "tooltip": charts.tooltips("probe", "load", "slo", "value", "low",
-                                                 "high", "target", "decision")}},
-        {"mark": {"type": "rule", "strokeDash": [4, 3], "color": "#555"},
-         "encoding": {"y": {"field": "target", "type": "quantitative"}}},
-    ]
-
-
 def _gate(connection: sqlite3.Connection, page: RunPage) -> None:
     if _exists(connection, VERDICTS):
         cursor = connection.execute(f"SELECT * FROM [{VERDICTS}] WHERE run_id = ? "
@@ -435,7 +317,7 @@ def _gate(connection: sqlite3.Connection, page: RunPage) -> None:
         names = [d[0] for d in cursor.description]
         page.gate = [dict(zip(names, r, strict=True)) for r in cursor]
     else:
-        page.gate = _json(page.row.get("regression"), [])
+        page.gate = stored_json(page.row.get("regression"), [])
     sessions = {str(v["baseline_session"]) for v in page.gate if v.get("baseline_session")}
     if sessions and _exists(connection, RUNS):
         fingerprint = connection.execute(f"SELECT fingerprint FROM [{RUNS}] WHERE run_id = ?",
@@ -478,7 +360,7 @@ def _same(value: Any, default: Any) -> bool:
     if value == stored:
         return True
     if isinstance(value, str) and value[:1] in ("{", "["):
-        return bool(_json(value, object()) == default)
+        return bool(stored_json(value, object()) == default)
     if isinstance(value, int | float) and isinstance(stored, int | float):
         return float(value) == float(stored)
     if value in (None, "") and stored in (None, ""):
@@ -511,7 +393,7 @@ def _distributions(connection: sqlite3.Connection, page: RunPage) -> None:
         for name, value in (("ttft_ms", ttft), ("tpot_ms", tpot), ("e2el_ms", e2el)):
             if isinstance(value, int | float) and math.isfinite(value):
                 values[name].append(float(value))
-        values["itl_ms"] += [float(v) for v in _json(itl, []) if isinstance(v, int | float)
+        values["itl_ms"] += [float(v) for v in stored_json(itl, []) if isinstance(v, int | float)
                              and math.isfinite(v)]
     for name, label in DISTRIBUTIONS:
         spec = histogram(values[name], f"{label} (ms)")
@@ -629,87 +511,3 @@ def _series(connection: sqlite3.Connection, page: RunPage) -> None:
     if not has_gpu:
         page.notes.append("No GPU figures: this run's engine used no GPU NVML could read "
                           "(the simulator, or vLLM's CPU build); its CPU and memory are shown.")
-
-
-@dataclass(frozen=True)
-class RunFile:
-    """A file of a run, found in the results folder: what it is and where."""
-
-    kind: str  # record, requests, log, trace
-    name: str  # as the download URL names it
-    path: Path
-    size: int
-
-
-# Where the plugin writes a run's profiler traces: the results folder's `profiles/`
-# (session/worker.py), or `logs/profiles/` without one (server/workers.py).
-TRACE_FOLDERS = ("profiles", "logs/profiles")
-_SQLITE_HEADER = b"SQLite format 3\x00"
-
-
-def run_files(results_dir: Path, row: Mapping[str, Any]) -> list[RunFile]:
-    """The run's files that lie in `results_dir` (the folder of its database): its record,
-    its request file, its server's log and its profiler traces, each only where the plugin
-    writes that kind of file. A path that leads elsewhere (`..`, an absolute path, a symbolic
-    link out, another folder of the results) is not one of them, and neither is a database
-    or its journal: a record names its trace files itself, and may name `results.db`."""
-    root = results_dir.resolve()
-    run_id = str(row["run_id"])
-    candidates: list[tuple[str, Path, Path]] = [
-        ("record", root, results_dir / f"{run_id}.json"),
-        ("record", root / UPLOADS, results_dir / UPLOADS / stored_name(run_id)),
-        ("requests", root, results_dir / f"{run_id}.requests.jsonl.gz"),
-    ]
-    candidates += [(kind, root / "logs", path) for kind, path in _server_logs(results_dir, row)]
-    traces = (_json(row.get("profiling"), {}) or {}).get("traces") or []
-    for trace in traces[:MAX_TRACE_FILES] if isinstance(traces, list) else []:
-        if isinstance(trace, dict) and isinstance(trace.get("path"), str):
-            path = Path(trace["path"])
-            path = path if path.is_absolute() else results_dir / path
-            candidates += [("trace", root / folder, path) for folder in TRACE_FOLDERS]
-    files: list[RunFile] = []
-    for kind, folder, path in candidates:
-        inside = within(folder, path)
-        if inside is None or not inside.is_file() or _is_database(inside):
-            continue
-        name = inside.relative_to(root).as_posix()
-        if all(f.name != name for f in files):
-            files.append(RunFile(kind, name, inside, inside.stat().st_size))
-    return files
-
-
-def _server_logs(results_dir: Path, row: Mapping[str, Any]) -> list[tuple[str, Path]]:
-    """The run's server log: the file its record names (one per server and session), else,
-    for a record from before logs were named by session, the log of its suite's server with
-    its key, which also holds the output of that server's other sessions (said in its kind).
-    Never a log of another suite's server with the same key."""
-    logs = results_dir / "logs"
-    named = row.get("runtime_server_log")
-    if isinstance(named, str) and named:
-        return [("log", logs / named)] if "/" not in named and "\\" not in named else []
-    server_key, suite = row.get("runtime_server_key"), row.get("suite")
-    if not (isinstance(server_key, str) and server_key.isalnum() and isinstance(suite, str)):
-        return []
-    prefix = f"{safe_name(suite)}-"
-    return [("log (every session of this server)", path) for path in sorted(
-        logs.glob(f"*-{server_key}.log")) if path.name.startswith(prefix)]
-
-
-def _is_database(path: Path) -> bool:
-    """A SQLite database or one of its journals: never a file of a run."""
-    if path.name.endswith(("-wal", "-shm", "-journal")):
-        return True
-    try:
-        with path.open("rb") as file:
-            return file.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
-    except OSError:
-        return True
-
-
-def within(root: Path, path: Path) -> Path | None:
-    """`path` resolved (links followed), where it lies inside `root`; else None."""
-    try:
-        resolved = path.resolve()
-    except (OSError, RuntimeError, ValueError):  # ValueError: a NUL in a record's path
-        return None
-    return resolved if resolved.is_relative_to(root) and resolved != root else None

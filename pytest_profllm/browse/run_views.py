@@ -3,7 +3,7 @@
 (`/api/export/traces/{run_id}`, the seed's address, where one results database is served).
 
 Files are served only from the results folder (the database file's folder), and only those
-that browse/run_page.py's `run_files` lists for the run: a name from the URL is looked up in
+that browse/run_files.py's `run_files` lists for the run: a name from the URL is looked up in
 that list, never joined to a path."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from datasette.utils import tilde_decode, tilde_encode
 from datasette.utils.asgi import Response
 
-from pytest_profllm.browse import request_timeline, run_page
+from pytest_profllm.browse import request_timeline, run_files, run_page, run_values
 from pytest_profllm.browse.pages import (
     PageError,
     guarded,
@@ -44,14 +44,14 @@ def run_url(datasette: Any, database: str, run_id: str) -> str:
 
 
 async def _page_and_files(datasette: Any, request: Any, name: str, encoded: str
-                          ) -> tuple[Any, run_page.RunPage, list[run_page.RunFile]]:
+                          ) -> tuple[Any, run_page.RunPage, list[run_files.RunFile]]:
     database = await results_database(datasette, request, name)
     run_id = tilde_decode(encoded)
     page = await database.execute_fn(lambda connection: run_page.run_page(connection, run_id))
     if page is None:
         raise PageError(404, f"No run {run_id!r} in {name}")
     folder = _results_dir(database)
-    files = run_page.run_files(folder, page.row) if folder is not None else []
+    files = run_files.run_files(folder, page.row) if folder is not None else []
     return database, page, files
 
 
@@ -77,7 +77,7 @@ async def run_view(datasette: Any, request: Any) -> Response:
         "rerun_command": run_page.rerun_command(page.run_id, Path(path) if path else None),
         "parts": request_timeline.PARTS,
         "adapter_columns": run_page.ADAPTER_COLUMNS,
-        "shown": run_page.shown,
+        "shown": run_values.shown,
         "requests_query_url": datasette.urls.database(name) + "/run_requests?run_id="
         + urllib.parse.quote(page.run_id, safe=""),
         "traces_url": f"/api/export/traces/{tilde_encode(page.run_id)}"
