@@ -178,7 +178,8 @@ class Table:
     max_client_overhead_tail = Option(
         "--profllm-max-client-overhead-tail", "profllm_max_client_overhead_tail",
         parse_milliseconds, DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS,
-        "with --profllm-trace-requests, a case whose client added more than this to a "
+        "where requests are traced (--profllm-trace-requests), a case whose client added "
+        "more than this to a "
         "request's TTFT at p99 (over its server span's) is invalid, not passed: the host made "
         "the client slow",
         metavar="MS",
