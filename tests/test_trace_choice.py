@@ -13,20 +13,25 @@ from pathlib import Path
 
 import pytest
 
+from pytest_profllm.engine.install import VllmInstall
 from pytest_profllm.engine.otel import INSTALL_HINT, OTEL_PACKAGES, otel_missing
+from pytest_profllm.hosts.pool import HostPool
 from pytest_profllm.options import Settings
 from pytest_profllm.options.parsers import parse_trace_mode
 from pytest_profllm.plan.case import Case
 from pytest_profllm.plan.suite import BenchmarkConfig, CapacityConfig
+from pytest_profllm.server.process import ServerStartError
 from pytest_profllm.server.tracing import (
     AUTO_VLLM,
     OFF,
     TRACE_MODES,
     TraceChoice,
     TraceMode,
+    Tracing,
     choose,
     wanting_spans,
 )
+from pytest_profllm.server.workers import WorkerServers
 
 MISSING = f"vLLM's Python has no opentelemetry-exporter-otlp: {INSTALL_HINT}"
 
@@ -190,3 +195,48 @@ def _case(capacity: bool = False, regression: bool = False, server: str = "m") -
         regression={"output_throughput": 0.05} if regression else {},
     )
 
+
+
+def test_on_with_a_vllm_python_without_opentelemetry_fails_the_group_in_one_line(
+    tmp_path: Path,
+) -> None:
+    python = _python_with(tmp_path / "bare", ())
+    vllm = VllmInstall(python=python, distribution="vllm", version="0.32.0", device="cpu",
+                       launcher="vllm.entrypoints.cli.main", parser_module=None, can_serve=True)
+    servers = WorkerServers(
+        engine="vllm", pool=HostPool(tmp_path / "pool", (), (), range(31990, 32000)),
+        log_dir=tmp_path, startup_timeout=1, lease_timeout=1, vllm=vllm,
+        tracing=Tracing("on"),
+    )
+    case = _case()
+    with pytest.raises(ServerStartError) as first:
+        servers.server_for(case)  # refused before any lease or process
+    assert str(first.value) == (
+        f"--profllm-trace-requests on: vLLM's Python has no opentelemetry-exporter-otlp "
+        f"({', '.join(OTEL_PACKAGES)} missing in {python}): {INSTALL_HINT}"
+    )
+    with pytest.raises(ServerStartError, match="see the first case"):
+        servers.server_for(case)  # the group's next case, without asking again
+    assert servers.span_receiver is None and servers.starts == 0
+
+
+def test_auto_leaves_a_vllm_server_untraced_outside_capacity_and_gate_runs(
+    tmp_path: Path,
+) -> None:
+    servers = WorkerServers(
+        engine="vllm", pool=HostPool(tmp_path / "pool", (), (), range(31990, 32000)),
+        log_dir=tmp_path, startup_timeout=1, lease_timeout=1, tracing=Tracing("auto"),
+    )
+    case = _case()
+    assert servers._traces_endpoint(case) is None
+    assert servers.untraced[case.server_key] == AUTO_VLLM
+    sim = WorkerServers(
+        engine="sim", pool=HostPool(tmp_path / "pool", (), (), range(31990, 32000)),
+        log_dir=tmp_path, startup_timeout=1, lease_timeout=1,
+    )
+    try:
+        endpoint = sim._traces_endpoint(case)
+        assert sim.span_receiver is not None and endpoint == sim.span_receiver.url
+        assert case.server_key not in sim.untraced
+    finally:
+        sim.close_receiver()
