@@ -240,3 +240,14 @@ def test_auto_leaves_a_vllm_server_untraced_outside_capacity_and_gate_runs(
         assert case.server_key not in sim.untraced
     finally:
         sim.close_receiver()
+
+
+def test_a_path_after_the_bare_flag_is_one_line_saying_how_to_write_it(
+    pytester: pytest.Pytester,
+) -> None:
+    result = pytester.runpytest_subprocess("--profllm-trace-requests", "benchmarks/")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        "*argument --profllm-trace-requests: expected auto, on or off, got 'benchmarks/' "
+        "(write --profllm-trace-requests=on, or put paths before the flag)",
+    ])
