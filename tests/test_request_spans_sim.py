@@ -168,7 +168,9 @@ def test_a_client_made_tail_is_measured_again_then_invalid(
     pytester.makefile(".yaml", bench_spans=SUITE)
     # The mean's bound set out of reach: what makes the case invalid is its tail.
     result = run_suites(pytester, ports, "-n", "0", "--profllm-trace-requests",
-                        "--profllm-remeasure", "1", "--profllm-max-client-overhead", "100000")
+                        "--profllm-remeasure", "1", "--profllm-max-client-overhead", "100000",
+                        "--profllm-max-client-overhead-tail",
+                        f"{DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS:g}")
     assert_invalid(result, 1)
     (record,) = run_records(pytester)
     assert record["server_view"]["server_spans_joined_share"] >= 0.99

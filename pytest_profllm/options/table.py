@@ -64,6 +64,7 @@ LIVE_MODES: tuple[LiveMode, ...] = ("on", "off", "auto")
 MAX_FOREIGN_CPU_ENV = "PROFLLM_MAX_FOREIGN_CPU"
 MAX_SCHEDULE_LAG_ENV = "PROFLLM_MAX_SCHEDULE_LAG"
 MAX_CLIENT_WAIT_ENV = "PROFLLM_MAX_CLIENT_WAIT"
+MAX_CLIENT_OVERHEAD_TAIL_ENV = "PROFLLM_MAX_CLIENT_OVERHEAD_TAIL"
 
 
 class Table:
@@ -182,7 +183,7 @@ class Table:
         "more than this to a "
         "request's TTFT at p99 (over its server span's) is invalid, not passed: the host made "
         "the client slow",
-        metavar="MS",
+        metavar="MS", env=MAX_CLIENT_OVERHEAD_TAIL_ENV,
         shown_default=f"{DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS:g}, or 15 % of the server's own "
         "p99 TTFT where that is more",
         doc="where each request's server span was joined to its row (`--profllm-trace-requests`"
