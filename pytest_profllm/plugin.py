@@ -196,6 +196,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     scheduler.group_by_server(items, case_of)
     saturation.order_rates(items, case_of)  # a sweep's lower rates first: see saturation.py
     worker.resume_cases(config, items, case_of)  # before the skipped cases are counted
+    worker.note_wanting_spans(config, items, case_of)
     scope_dir = getattr(config, "workerinput", {}).get(scheduler.SCOPE_DIR_INPUT)
     if scope_dir is not None:
         scopes = {

@@ -7,6 +7,7 @@ import contextlib
 import gzip
 import io
 import json
+import socket
 from pathlib import Path
 from typing import Any, get_args
 
@@ -352,3 +353,59 @@ def test_the_schedule_lag_limit_is_the_users(sim_url: str, tmp_path: Path) -> No
     assert code == EXIT_INVALID and result is not None
     assert result["validity"] == "invalid"
     assert "is over 1e-06 ms" in result["invalid_reason"], result["invalid_reason"]
+
+
+def test_spans_port_joins_each_requests_server_span(
+    port_range: str, tmp_path: Path
+) -> None:
+    # The receiver on a port of the test's own range; the simulator exports to it as vLLM
+    # would with --otlp-traces-endpoint.
+    spans_port = int(port_range.split("-")[0]) + 60
+    endpoint = f"http://127.0.0.1:{spans_port}/v1/traces"
+    first = int(port_range.split("-")[0]) + 50
+    with simulator(
+        first, tmp_path / "sim.log", "sim", "--otlp-traces-endpoint", endpoint
+    ) as url:
+        code, result = bench(
+            url, tmp_path, "--spans-port", str(spans_port), "--save-detailed",
+            "--max-client-overhead-tail", "100000",
+        )
+    assert code == 0
+    assert result is not None
+    assert result["server_spans_joined_share"] == 1.0
+    for phase in ("ttft", "e2el"):
+        for name in ("p50", "p90", "p99"):
+            assert isinstance(result[f"client_overhead_{phase}_{name}_ms"], float)
+    # Joined, the client's tail is judged as a case's is.
+    assert "client_overhead_tail" not in result["rules_not_applied"]
+    assert result["server_view"]["spans_problem"] is None
+    assert result["server_view"]["span_receiver"]["spans_kept"] == 6
+    spans = result["server_spans"]  # --save-detailed: each request's span
+    assert len(spans) == 6
+    assert all(span["server_ttft_ms"] is not None for span in spans)
+    with gzip.open(tmp_path / "out.requests.jsonl.gz", "rt") as handle:
+        rows = [json.loads(line) for line in handle]
+    assert all(row["server_e2el_ms"] is not None for row in rows)
+
+
+def test_without_spans_port_the_tail_is_not_judged(sim_url: str, tmp_path: Path) -> None:
+    code, result = bench(sim_url, tmp_path)
+    assert code == 0
+    assert result is not None
+    assert "client_overhead_tail" in result["rules_not_applied"]
+    assert "server_spans_joined_share" not in result
+
+
+def test_a_spans_port_in_use_is_one_line(
+    port_range: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    taken = int(port_range.split("-")[0]) + 61
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        # No server is needed: the port is refused before the benchmark starts.
+        code, result = bench("http://127.0.0.1:9", tmp_path, "--spans-port", str(taken))
+    assert (code, result) == (2, None)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"profllm bench: --spans-port {taken}: cannot receive spans on ")
+    assert "in use" in err and "\n" not in err

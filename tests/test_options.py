@@ -29,7 +29,9 @@ from pytest_profllm.options import (
 def _no_bounds_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     # conftest.py lifts these bounds for the sessions the tests start (they oversubscribe the
     # host); the settings under test here are the defaults and the ini file's.
-    for name in ("PROFLLM_MAX_SCHEDULE_LAG", "PROFLLM_MAX_CLIENT_WAIT"):
+    for name in (
+        "PROFLLM_MAX_SCHEDULE_LAG", "PROFLLM_MAX_CLIENT_WAIT", "PROFLLM_MAX_CLIENT_OVERHEAD_TAIL"
+    ):
         monkeypatch.delenv(name, raising=False)
 
 

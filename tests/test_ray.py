@@ -4,6 +4,7 @@ engine, real pytest runs. The tests marked `ray` run with `pytest -m ray` (as CI
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import sqlite3
@@ -353,3 +354,36 @@ def test_datasette_facets_on_the_node_where_records_name_one(tmp_path: Path) -> 
     assert status == 200 and "runtime_node_id" in ray_facets
     status, old_facets = asyncio.run(facets("old"))
     assert status == 200 and "runtime_node_id" not in old_facets and "status" in old_facets
+
+
+SUITE_TRACED = """
+server:
+  model: Qwen/Qwen3-8B
+benchmark:
+  num_prompts: 6
+  random_input_len: 32
+  random_output_len: 4
+  request_rate: 24
+"""
+
+
+@pytest.mark.ray
+@needs_ray
+def test_a_node_joins_each_requests_server_span(
+    pytester: pytest.Pytester, ports: str, two_nodes: LocalCluster
+) -> None:
+    # The node runs its group through the worker session, whose receiver the node's server
+    # exports to (--profllm-trace-requests auto traces the simulated engine).
+    pytester.makefile(".yaml", bench_traced=SUITE_TRACED)
+    result = run_suites(pytester, ports, f"--profllm-ray={two_nodes.address}", cache=False)
+    result.assert_outcomes(passed=1)
+    (record,) = run_records(pytester)
+    assert record["runtime"]["node_id"] in two_nodes.nodes
+    view = record["server_view"]
+    assert view["server_spans_joined_share"] == 1.0, view["spans_problem"]
+    assert view["span_receiver"]["spans_kept"] == 6
+    assert record["results"]["client_overhead_ttft_p99_ms"] is not None
+    with gzip.open(pytester.path / "results" / f"{record['run_id']}.requests.jsonl.gz") as f:
+        rows = [json.loads(line) for line in f]
+    assert len(rows) == 6
+    assert all(row["server_ttft_ms"] is not None and row["trace_id"] for row in rows)

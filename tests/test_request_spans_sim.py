@@ -1,5 +1,6 @@
 """Each request's own story on the simulated engine: the spans it exports agree with its own
-request log, and a suite run with --profllm-trace-requests joins them to its request rows."""
+request log, and a suite run with --profllm-trace-requests (or by default: auto traces the
+simulated engine) joins them to its request rows."""
 
 from __future__ import annotations
 
@@ -95,12 +96,35 @@ def test_a_traced_suite_joins_every_requests_span_to_its_row(
           f"client overhead p50 {p50:.3f} ms, p99 {p99:.3f} ms")
 
 
-def test_untraced_rows_say_why(pytester: pytest.Pytester, ports: str) -> None:
-    suite = SUITE.replace("num_prompts: 40", "num_prompts: 4")
+def test_a_default_run_traces_the_simulated_engine(
+    pytester: pytest.Pytester, ports: str
+) -> None:
+    # --profllm-trace-requests auto (the default): the simulated engine's servers are traced,
+    # and its spans are awaited only until they are in (it sends them as it goes idle).
+    suite = SUITE.replace("num_prompts: 40", "num_prompts: 8")
     pytester.makefile(".yaml", bench_spans=suite)
     run_suites(pytester, ports, "-n", "0").assert_outcomes(passed=1)
     (record,) = run_records(pytester)
-    assert record["server_view"]["spans_problem"].startswith("requests were not traced")
+    view = record["server_view"]
+    assert view["server_spans_joined_share"] == 1.0
+    assert view["spans_problem"] is None
+    assert view["span_receiver"]["spans_kept"] == 8
+    assert record["results"]["client_overhead_ttft_p99_ms"] is not None
+    with gzip.open(pytester.path / "results" / f"{record['run_id']}.requests.jsonl.gz") as f:
+        rows = [json.loads(line) for line in f]
+    assert all(row["server_ttft_ms"] is not None for row in rows)
+
+
+def test_untraced_rows_say_why(pytester: pytest.Pytester, ports: str) -> None:
+    suite = SUITE.replace("num_prompts: 40", "num_prompts: 4")
+    pytester.makefile(".yaml", bench_spans=suite)
+    run_suites(pytester, ports, "-n", "0", "--profllm-trace-requests=off").assert_outcomes(
+        passed=1
+    )
+    (record,) = run_records(pytester)
+    assert record["server_view"]["spans_problem"] == (
+        "not traced: --profllm-trace-requests is off"
+    )
     assert record["server_view"]["server_spans_joined_share"] is None
     assert record["results"].get("client_overhead_ttft_p99_ms") is None
 
@@ -144,7 +168,9 @@ def test_a_client_made_tail_is_measured_again_then_invalid(
     pytester.makefile(".yaml", bench_spans=SUITE)
     # The mean's bound set out of reach: what makes the case invalid is its tail.
     result = run_suites(pytester, ports, "-n", "0", "--profllm-trace-requests",
-                        "--profllm-remeasure", "1", "--profllm-max-client-overhead", "100000")
+                        "--profllm-remeasure", "1", "--profllm-max-client-overhead", "100000",
+                        "--profllm-max-client-overhead-tail",
+                        f"{DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS:g}")
     assert_invalid(result, 1)
     (record,) = run_records(pytester)
     assert record["server_view"]["server_spans_joined_share"] >= 0.99

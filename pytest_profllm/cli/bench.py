@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any, get_args
 
 from pydantic import ValidationError
@@ -30,7 +32,11 @@ from pytest_profllm.load.bench import (
 from pytest_profllm.load.capacity import Probe, describe_probe, search_server
 from pytest_profllm.load.dataset import DatasetError
 from pytest_profllm.load.metrics import MAX_CLIENT_RUNQUEUE_WAIT_SHARE
-from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
+from pytest_profllm.load.server_view import (
+    DEFAULT_MAX_CLIENT_OVERHEAD_MS,
+    DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS,
+)
+from pytest_profllm.load.span_receiver import SpanReceiver
 from pytest_profllm.plan.suite import BenchmarkConfig, CapacityConfig, CapacitySearch
 from pytest_profllm.results.record_files import write_requests
 from pytest_profllm.run.outcome import request_row
@@ -157,11 +163,23 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "is invalid, where the server is on this host (not a vLLM flag; default: "
         f"{DEFAULT_MAX_CLIENT_OVERHEAD_MS:g}, or 15%% of the server's mean TTFT where larger, "
         "as --profllm-max-client-overhead)")
+    add("--max-client-overhead-tail", type=float, metavar="MS",
+        default=DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS,
+        help="with --spans-port, a load to which the client added more than this to a "
+        "request's TTFT at p99 (over its server span's) is invalid, where the server is on "
+        f"this host (not a vLLM flag; default: {DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS:g}, or 15%% "
+        "of the server's p99 TTFT where larger, as --profllm-max-client-overhead-tail)")
     add("--max-client-wait", type=float, metavar="SHARE",
         default=MAX_CLIENT_RUNQUEUE_WAIT_SHARE,
         help="a load whose client waited for a core more than this share of it is invalid "
         f"(not a vLLM flag; default: {MAX_CLIENT_RUNQUEUE_WAIT_SHARE:g}, as "
         "--profllm-max-client-wait)")
+    add("--spans-port", type=_port, metavar="PORT",
+        help="receive the server's per-request trace spans on 127.0.0.1:PORT (start it with "
+        "--otlp-traces-endpoint http://127.0.0.1:PORT/v1/traces; vLLM also with "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf): each request's span is joined to "
+        "it, what the client added is reported at p50, p90, p99 and its tail judged (not a "
+        "vLLM flag)")
     add("--label")
     add("--save-result", action="store_true", help="write the result JSON (and per-request "
         "records beside it, .requests.jsonl.gz)")
@@ -258,16 +276,22 @@ def _bench(args: argparse.Namespace) -> int:
         raise CliError(message.replace("\n", " ")) from None
     base_url = args.base_url or f"http://{args.host}:{args.port}"
     if isinstance(config, CapacityConfig):
+        if args.spans_port is not None:
+            raise CliError("--spans-port: a capacity search (--slo) joins no spans; leave "
+                           "one of them out")
         return _bench_capacity(config, base_url, args)
-    try:
-        done = run_bench(config, base_url, args.model, save_detailed=args.save_detailed,
-                         **_target(args))
-    except ServerUnreachable as error:
-        raise CliError(str(error), EXIT_UNREACHABLE) from None
-    except BenchFailed as error:
-        raise CliError(str(error), EXIT_NOTHING_MEASURED) from None
-    except DatasetError as error:
-        raise CliError(str(error)) from None
+    with _receiver(args.spans_port) as receiver:
+        try:
+            done = run_bench(config, base_url, args.model, save_detailed=args.save_detailed,
+                             receiver=receiver,
+                             max_client_overhead_p99_ms=args.max_client_overhead_tail,
+                             **_target(args))
+        except ServerUnreachable as error:
+            raise CliError(str(error), EXIT_UNREACHABLE) from None
+        except BenchFailed as error:
+            raise CliError(str(error), EXIT_NOTHING_MEASURED) from None
+        except DatasetError as error:
+            raise CliError(str(error)) from None
     print("\n".join(summary_lines(done.result)))
     if args.save_result:
         path = result_path(config, args.model, args.label, args.result_dir, args.result_filename)
@@ -276,12 +300,45 @@ def _bench(args: argparse.Namespace) -> int:
             request_row(index, outcome, done.load.clock_start)
             for index, outcome in enumerate(done.load.outcomes)
         ]
+        if done.spans is not None:  # each row with its server span's figures, as a case's
+            for row, joined in zip(rows, done.spans.rows, strict=True):
+                row.update(joined)
         write_requests(path.parent, path.stem, rows)
         print(f"result: {path}")
     if done.invalid_reason:
         print(f"profllm bench: invalid measurement: {done.invalid_reason}", file=sys.stderr)
         return EXIT_INVALID
     return EXIT_OK
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {text!r}")
+    return port
+
+
+@contextlib.contextmanager
+def _receiver(port: int | None) -> Iterator[SpanReceiver | None]:
+    """The span receiver on 127.0.0.1:`port` for the benchmark's time; None without a port.
+    A port it cannot bind is one line."""
+    if port is None:
+        yield None
+        return
+    try:
+        receiver = SpanReceiver(port=port)
+    except OSError as error:
+        raise CliError(
+            f"--spans-port {port}: cannot receive spans on 127.0.0.1:{port}: "
+            f"{(error.strerror or str(error)).lower()}"
+        ) from None
+    try:
+        yield receiver
+    finally:
+        receiver.close()
 
 
 def _target(args: argparse.Namespace) -> dict[str, Any]:

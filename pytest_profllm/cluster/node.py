@@ -26,6 +26,7 @@ from pytest_profllm.hosts.pool import VIRTUAL_PREFIX, HostPool, default_pool_dir
 from pytest_profllm.options import Settings
 from pytest_profllm.plan.case import Case
 from pytest_profllm.run.outcome import CaseOutcome
+from pytest_profllm.server.tracing import wanting_spans
 from pytest_profllm.session.identity import RunIdentity
 from pytest_profllm.session.worker import CASE_ERRORS, OUTCOME_KEY, WorkerSession
 
@@ -73,7 +74,8 @@ def run_group(
     """The Ray task of one server group: first where it runs, then each case's result."""
     node = this_node()
     session = NodeSession(
-        node_settings(settings, identity), identity, f"ray-{node.node_id[:8]}", node=node
+        node_settings(settings, identity), identity, f"ray-{node.node_id[:8]}", node=node,
+        wanting_spans=wanting_spans((case for _, case in cases), settings.gated),
     )
     yield node
     try:

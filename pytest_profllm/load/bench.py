@@ -60,8 +60,14 @@ from pytest_profllm.load.server_state import (
     scrape_metrics,
     shared_on_purpose,
 )
-from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS, load_view
+from pytest_profllm.load.server_view import (
+    DEFAULT_MAX_CLIENT_OVERHEAD_MS,
+    DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS,
+    load_view,
+)
+from pytest_profllm.load.span_receiver import SpanReceiver
 from pytest_profllm.load.steady_state import steady_figures
+from pytest_profllm.load.trace_join import JOINED_SHARE, Joined, take_spans
 from pytest_profllm.load.validity import (
     Judgement,
     LoadFacts,
@@ -81,7 +87,13 @@ DETAILED_KEYS = (
     "itls",
     "generated_texts",
     "errors",
+    "server_spans",  # with --spans-port: each request's server span (load/trace_join.py)
 )
+# How long `profllm bench --spans-port` waits for a load's spans after its last response: the
+# server is the user's, and vLLM's exporter sends every OTEL_BSP_SCHEDULE_DELAY, 5 s unless
+# set (a server started with OTEL_BSP_SCHEDULE_DELAY=200 has them in within a fifth of a
+# second). The wait ends as soon as every span is in.
+BENCH_SPAN_WAIT_S = 10.0
 
 
 C = TypeVar("C", bound=BenchmarkConfig)
@@ -196,6 +208,8 @@ class BenchResult:
     result: dict[str, Any]  # vLLM's result JSON, plus the client's health and verdict
     load: LoadResult
     invalid_reason: str | None
+    # Each request's server span joined to it (with a receiver: --spans-port); None: none.
+    spans: Joined | None = None
 
 
 def measure(
@@ -284,10 +298,15 @@ def run_bench(
     max_schedule_lag_ms: float | None = None,
     max_client_overhead_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_MS,
     max_client_wait: float | None = metrics.MAX_CLIENT_RUNQUEUE_WAIT_SHARE,
+    receiver: SpanReceiver | None = None,
+    span_wait_s: float = BENCH_SPAN_WAIT_S,
+    max_client_overhead_p99_ms: float | None = DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS,
 ) -> BenchResult:
     """Run `config` against the server at `base_url`; raises BenchFailed for a benchmark of
     nothing (every request failed, a non-200 status, no output tokens), ServerUnreachable
-    when nothing listens at `base_url`."""
+    when nothing listens at `base_url`. With `receiver`, where the server exports its
+    `llm_request` spans, each request's span is awaited (`span_wait_s` at most), joined to
+    it, and judged as a case's are (the client's tail)."""
     check_reachable(base_url)
     name = served_model_name or model
     codec: Codec = (
@@ -297,15 +316,25 @@ def run_bench(
     config = prompts_of_its_own(config, cache)
     workload: Workload = make_workload(config, codec)
     settings = load_settings(config, base_url, name, api_key=api_key, endpoint=endpoint)
+    key = receiver.expect() if receiver is not None else ""
+    counted = receiver.snapshot() if receiver is not None else None
+    settings = dataclasses.replace(settings, trace_key=key)
     metrics_url = f"{base_url.rstrip('/')}/metrics"
     before = scrape_metrics(metrics_url)
     load = loops.run(run_load(settings, workload))
     window = (before, scrape_metrics(metrics_url))
+    spans = (
+        take_spans(receiver, key, load.outcomes, span_wait_s, before=counted)
+        if receiver is not None else None
+    )
     own = workload_own_hits(workload, config, codec)
-    rules = bench_rules(base_url, max_schedule_lag_ms, max_client_overhead_ms, max_client_wait)
+    rules = dataclasses.replace(
+        bench_rules(base_url, max_schedule_lag_ms, max_client_overhead_ms, max_client_wait),
+        max_client_overhead_p99_ms=max_client_overhead_p99_ms,
+    )
     result, judgement = judged_result(
         load, config, codec, window, own, rules, max_failed,
-        model=model, tokenizer=tokenizer, label=label,
+        model=model, tokenizer=tokenizer, label=label, spans=spans,
     )
     result["engine"] = server_engine(base_url, api_key)
     result["prefix_cache"] = cache.describe()
@@ -313,9 +342,9 @@ def run_bench(
     result["client_limit"] = load.client_limit
     invalid = judgement.line()
     if not save_detailed:
-        for key in DETAILED_KEYS:
-            result.pop(key, None)
-    return BenchResult(result, load, invalid)
+        for detailed in DETAILED_KEYS:
+            result.pop(detailed, None)
+    return BenchResult(result, load, invalid, spans)
 
 
 def judged_result(
@@ -330,15 +359,27 @@ def judged_result(
     model: str,
     tokenizer: str | None = None,
     label: str | None = None,
+    spans: Joined | None = None,
 ) -> tuple[dict[str, Any], Judgement]:
     """A finished load's result (vLLM's keys, the client's health, the server's view) and
     its judgement, judged as a suite's case is (load/validity.py) with the rules that apply
-    here; BenchFailed for a benchmark of nothing."""
+    here; BenchFailed for a benchmark of nothing. With the requests' joined server `spans`,
+    what the client added to each request (p50, p90, p99) and the share joined are in the
+    result, each request's span in `server_spans`, and the client's tail is judged."""
     summary, health = measure(load, config, codec)
     if (problem := metrics.served_problem(load.outcomes, summary, max_failed)) is not None:
         raise BenchFailed(problem)
     result = result_json(config, model, tokenizer, label, load, summary, health, codec)
-    judgement = judge(LoadFacts(load, config, health, result, own_hits), window, rules)
+    if spans is not None:
+        result.update(spans.figures)
+        result["server_spans"] = spans.rows
+    facts = LoadFacts(
+        load, config, health, result, own_hits,
+        spans_joined_share=spans.figures[JOINED_SHARE] if spans is not None else None,
+        spans_problem=spans.problem if spans is not None else None,
+        spans_server_ttft_p99_ms=spans.server_ttft_p99_ms if spans is not None else None,
+    )
+    judgement = judge(facts, window, rules)
     result["validity"] = judgement.validity
     result["invalid_reason"] = judgement.line()
     result["rules_not_applied"] = judgement.not_applied
@@ -347,6 +388,9 @@ def judged_result(
     # the client added to it.
     view, result["server_view"] = load_view(*window, result)
     result.update(view)
+    if spans is not None and result["server_view"] is not None:
+        result["server_view"]["spans_problem"] = spans.problem
+        result["server_view"]["span_receiver"] = spans.receiver
     return result, judgement
 
 
@@ -569,6 +613,12 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         ):
             rows.append((f"{key}:", value))
     rows += _server_view_rows(result)
+    if result.get(JOINED_SHARE) is not None:  # --spans-port: each request's own span
+        rows += [
+            ("Server spans joined (share):", result[JOINED_SHARE]),
+            ("Client overhead, TTFT p50 (ms):", result.get("client_overhead_ttft_p50_ms")),
+            ("Client overhead, TTFT p99 (ms):", result.get("client_overhead_ttft_p99_ms")),
+        ]
     rows += [
         ("Schedule lag p99 (ms):", result["p99_schedule_lag_ms"]),
         ("Achieved request rate (req/s):", result["achieved_request_rate"]),

@@ -27,7 +27,7 @@ from pytest_profllm.load.span_receiver import ReceiverCounts, ServerSpan, SpanRe
 # OTEL_BSP_SCHEDULE_DELAY (the plugin sets 200 ms; the simulator's default is the same), so
 # spans still in a batch come well within it. The wait ends as soon as every span is in.
 SPAN_WAIT_S = 2.0
-NOT_TRACED = "requests were not traced (--profllm-trace-requests is off)"
+NOT_TRACED = "not traced: --profllm-trace-requests is off"
 NO_SPANS = (
     f"no llm_request span came within {SPAN_WAIT_S:g} s of the load's end: the server exports "
     "none (vLLM without OpenTelemetry installed, or started without --otlp-traces-endpoint)"
@@ -75,11 +75,13 @@ def take_spans(
     outcomes: Sequence[RequestOutcome],
     wait_s: float = SPAN_WAIT_S,
     before: ReceiverCounts | None = None,
+    not_traced: str | None = None,
 ) -> Joined:
-    """The load's spans from `receiver` (None: not traced), joined to its requests; with
-    what the receiver counted since `before` (its `snapshot` as the load began)."""
+    """The load's spans from `receiver` (None: not traced, `not_traced` says why), joined to
+    its requests; with what the receiver counted since `before` (its `snapshot` as the load
+    began)."""
     if receiver is None:
-        return join(outcomes, None, NOT_TRACED)
+        return join(outcomes, None, not_traced or NOT_TRACED)
     wanted = [o.trace_id for o in outcomes if o.success and o.trace_id]
     spans = receiver.take(key, wanted, wait_s)
     joined = join(outcomes, spans.values(), NO_SPANS)

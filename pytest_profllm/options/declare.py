@@ -36,6 +36,8 @@ class Option(Generic[T]):
     doc: str | None = None
     # An environment variable read after the command line and before the ini file.
     env: str | None = None
+    # The value of the flag given alone, where it also takes one (`--flag` or `--flag=VALUE`).
+    bare: T | None = None
 
     @property
     def dest(self) -> str:
@@ -93,6 +95,11 @@ def _add_flag(group: pytest.OptionGroup, option: Option[Any]) -> None:
         # None: not given, so the ini value applies; without an ini key, the default.
         default = None if option.ini is not None else option.default
         group.addoption(option.flag, action="store_true", default=default, help=help_text)
+    elif option.bare is not None:
+        group.addoption(
+            option.flag, nargs="?", const=option.bare, type=option.parse, default=None,
+            metavar=option.metavar, help=help_text,
+        )
     elif option.choices is not None:
         # argparse checks the choices itself: its message lists them.
         group.addoption(option.flag, choices=option.choices, default=None, help=help_text)

@@ -26,6 +26,8 @@ def _row(option: Option[Any]) -> str:
         flag = ""
     elif option.is_switch:
         flag = f"`{option.flag}`"
+    elif option.bare is not None:
+        flag = f"`{option.flag}[={option.metavar}]`"
     elif option.choices is not None:
         flag = f"`{option.flag} {{{','.join(option.choices)}}}`"
     else:

@@ -14,6 +14,7 @@ from typing import Generic, TypeVar
 from pytest_profllm.hosts.devices import parse_cpu_sets
 from pytest_profllm.hosts.pool import PORT_BLOCK
 from pytest_profllm.limits import MAX_GPU_HOUR_PRICE_USD, MAX_REMEASURE
+from pytest_profllm.server.tracing import TRACE_MODES, TraceMode
 from pytest_profllm.sim.hardware import UnknownDevice, device_profile
 from pytest_profllm.sim.profile_file import ProfileFileError, ProfileSnapshot, read_profile
 
@@ -49,6 +50,24 @@ def parse_switch(text: str) -> bool:
     if value in _FALSE:
         return False
     raise argparse.ArgumentTypeError(f"invalid truth value {text!r}")
+
+
+def parse_trace_mode(text: str) -> TraceMode:
+    """--profllm-trace-requests: auto, on or off; the ini file's true and false (the option
+    was a switch) mean on and off."""
+    value = text.strip().lower()
+    for mode in TRACE_MODES:
+        if value == mode:
+            return mode
+    if value in _TRUE:
+        return "on"
+    if value in _FALSE:
+        return "off"
+    # The flag alone means on, so a path after it is read as its value: say how to write it.
+    raise argparse.ArgumentTypeError(
+        f"expected auto, on or off, got {text!r} (write --profllm-trace-requests=on, or put "
+        "paths before the flag)"
+    )
 
 
 def parse_gpus(text: str) -> int | tuple[str, ...]:

@@ -27,6 +27,7 @@ from pytest_profllm.options.table import (
     Table,
 )
 from pytest_profllm.plan.case import MAX_CASES
+from pytest_profllm.server.tracing import TraceMode
 from pytest_profllm.sim.profile_file import ProfileSnapshot
 
 T = TypeVar("T")
@@ -64,7 +65,11 @@ class Settings:
     gpu_hour_price: float | None = None  # USD per GPU-hour; None: cases are not priced
     # What an invalid case does to the session (--profllm-invalid).
     invalid: InvalidPolicy = field(default_factory=InvalidPolicy)
-    trace_requests: bool = False  # servers export per-request spans (load/span_receiver.py)
+    # Which servers export per-request spans (server/tracing.py, load/span_receiver.py).
+    trace_requests: TraceMode = "auto"
+    # The session compares with or writes a --profllm-baseline, or requires one: the gate's
+    # server groups are traced under `auto` (server/tracing.py).
+    gated: bool = False
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -107,6 +112,7 @@ class Settings:
             gpu_hour_price=get(Table.gpu_hour_price),
             invalid=get(Table.invalid),
             trace_requests=get(Table.trace_requests),
+            gated=get(Table.baseline) is not None or get(Table.require_baseline),
         )
 
 

@@ -39,9 +39,11 @@ from pytest_profllm.options.parsers import (
     parse_sim_device,
     parse_sim_profile,
     parse_switch,
+    parse_trace_mode,
 )
 from pytest_profllm.plan.case import MAX_CASES
 from pytest_profllm.plan.regression import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES
+from pytest_profllm.server.tracing import TraceMode
 from pytest_profllm.sim.hardware import DEFAULT_DEVICE
 from pytest_profllm.sim.profile_file import ProfileSnapshot
 
@@ -62,6 +64,7 @@ LIVE_MODES: tuple[LiveMode, ...] = ("on", "off", "auto")
 MAX_FOREIGN_CPU_ENV = "PROFLLM_MAX_FOREIGN_CPU"
 MAX_SCHEDULE_LAG_ENV = "PROFLLM_MAX_SCHEDULE_LAG"
 MAX_CLIENT_WAIT_ENV = "PROFLLM_MAX_CLIENT_WAIT"
+MAX_CLIENT_OVERHEAD_TAIL_ENV = "PROFLLM_MAX_CLIENT_OVERHEAD_TAIL"
 
 
 class Table:
@@ -176,10 +179,11 @@ class Table:
     max_client_overhead_tail = Option(
         "--profllm-max-client-overhead-tail", "profllm_max_client_overhead_tail",
         parse_milliseconds, DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS,
-        "with --profllm-trace-requests, a case whose client added more than this to a "
+        "where requests are traced (--profllm-trace-requests), a case whose client added "
+        "more than this to a "
         "request's TTFT at p99 (over its server span's) is invalid, not passed: the host made "
         "the client slow",
-        metavar="MS",
+        metavar="MS", env=MAX_CLIENT_OVERHEAD_TAIL_ENV,
         shown_default=f"{DEFAULT_MAX_CLIENT_OVERHEAD_P99_MS:g}, or 15 % of the server's own "
         "p99 TTFT where that is more",
         doc="where each request's server span was joined to its row (`--profllm-trace-requests`"
@@ -371,18 +375,28 @@ class Table:
         "with --profllm-ray: the cases a lost node had not finished run once more on another "
         "node, instead of failing with the node's name",
     )
-    trace_requests = Option(
-        "--profllm-trace-requests", "profllm_trace_requests", parse_switch, False,
-        "the servers the session starts export each request's trace span to the session, "
-        "which joins it to the request's row: the server's queue, prefill, decode, TTFT and "
-        "E2E and what the client added, per request (vLLM needs OpenTelemetry installed)",
-        doc="the servers the session starts get `--otlp-traces-endpoint` (vLLM also "
-        "`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`, which needs the "
-        "`opentelemetry-sdk` and `opentelemetry-exporter-otlp` packages in vLLM's Python) and "
-        "send their `llm_request` span of each request to a receiver in the worker; each "
-        "request row gets the server's phases and what the client added, and the record "
-        "`client_overhead_ttft_p50_ms` (p90, p99; E2E too) and `server_spans_joined_share` "
-        "([How a case is measured](how-a-case-is-measured.md))",
+    trace_requests = Option[TraceMode](
+        "--profllm-trace-requests", "profllm_trace_requests", parse_trace_mode, "auto",
+        "whether the servers the session starts export each request's trace span to the "
+        "session, which joins it to the request's row (the server's queue, prefill, decode, "
+        "TTFT and E2E and what the client added, per request): auto (the simulated engine's "
+        "servers; vLLM's where the server group measures capacity or is gated against "
+        "--profllm-baseline, and its Python has OpenTelemetry), on (every server: vLLM needs "
+        "OpenTelemetry installed), off; the flag alone is on",
+        metavar="{auto,on,off}", bare="on",
+        doc="`auto`: the simulated engine's servers are traced (it costs them under 2 % of "
+        "their throughput); vLLM's where their server group holds a `kind: capacity` case, or "
+        "a case with a `regression:` block in a session with `--profllm-baseline` or "
+        "`--profllm-require-baseline`, and vLLM's Python has the `opentelemetry-sdk` and "
+        "`opentelemetry-exporter-otlp` packages; elsewhere the record's "
+        "`server_view.spans_problem` says why not. `on`: every server (a vLLM server whose "
+        "Python lacks them fails its cases in one line); `off`: none. The flag alone is `on`; "
+        "the ini file's `true`/`false` are `on`/`off`. A traced server gets "
+        "`--otlp-traces-endpoint` (vLLM also `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="
+        "http/protobuf`) and sends its `llm_request` span of each request to a receiver in "
+        "the worker; each request row gets the server's phases and what the client added, and "
+        "the record `client_overhead_ttft_p50_ms` (p90, p99; E2E too) and "
+        "`server_spans_joined_share` ([How a case is measured](how-a-case-is-measured.md))",
     )
     saturation_margin = Option(
         "--profllm-saturation-margin", "profllm_saturation_margin", parse_saturation_margin,

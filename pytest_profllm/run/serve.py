@@ -88,9 +88,9 @@ def run_case(
     bench = case.benchmark
     assert isinstance(bench, BenchmarkConfig), "offline kinds run in offline.runner"
     attempts = Attempts(remeasure, budget or RemeasureBudget())
-    receiver = servers.span_receiver
     with servers.serving(case) as server:
         outcome.server = server
+        receiver, untraced = servers.spans_of(server)
         stages.enter("loading")
         codec = codec_for(case, servers.engine, server.base_url)
         # The host's load cores are held from drawing the prompts (the client's own work, kept
@@ -115,7 +115,9 @@ def run_case(
                 traced = dataclasses.replace(settings, trace_key=key)
                 load, sent = _load(server, traced, prompts, outcome, more_prompts(case, codec))
                 share = foreign.share()
-                spans = take_spans(receiver, key, load.outcomes, before=counted)
+                spans = take_spans(
+                    receiver, key, load.outcomes, before=counted, not_traced=untraced
+                )
                 judged = judge_attempt(
                     load, bench, codec, outcome.server_window,
                     own_hits if sent is prompts else workload_own_hits(sent, bench, codec),

@@ -5,6 +5,7 @@ A case takes it through `serving(case)`, which also ends the case at once if the
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from typing import Literal
 
 from pytest_profllm.engine.choice import EngineName
 from pytest_profllm.engine.install import VllmInstall
+from pytest_profllm.engine.otel import otel_missing
 from pytest_profllm.engine.registry import registry_for
 from pytest_profllm.hosts import nvml
 from pytest_profllm.hosts.cores import (
@@ -38,6 +40,7 @@ from pytest_profllm.server.process import (
     ServerProcess,
     ServerStartError,
 )
+from pytest_profllm.server.tracing import Tracing
 
 # How long a server waits for the one before it in the scheduler's order to reach the lease
 # queue: seconds at most, since that one may still be finishing a case on a busy worker.
@@ -72,9 +75,39 @@ class WorkerServers:
     # The session's id: each server's log is its own for the session (a log named by server
     # alone gathered every session's output, and a run page linked all of it).
     session_id: str | None = None
-    # Where the servers it starts export each request's trace span (--profllm-trace-requests);
-    # None: they export none.
+    # Which servers it starts export each request's trace span (--profllm-trace-requests).
+    tracing: Tracing = field(default_factory=Tracing)
+    # Where they export them: made for the first traced server, closed by `close_receiver`.
     span_receiver: SpanReceiver | None = None
+    # Why a server key's server exports no spans (the record's `spans_problem`).
+    untraced: dict[str, str] = field(default_factory=dict)
+
+    def spans_of(self, server: ServerProcess) -> tuple[SpanReceiver | None, str | None]:
+        """Where `server` exports its spans, or None and why it exports none."""
+        why_not = self.untraced.get(server.key)
+        if why_not is not None or self.span_receiver is None:
+            return None, why_not
+        return self.span_receiver, None
+
+    def close_receiver(self) -> None:
+        if self.span_receiver is not None:
+            self.span_receiver.close()
+            self.span_receiver = None
+
+    def _traces_endpoint(self, case: Case) -> str | None:
+        """The endpoint a case's server exports its spans to; None: it is not traced (why, in
+        `untraced`). Tracing asked for and impossible fails the server's start in one line."""
+        python = self.vllm.python if self.vllm is not None else sys.executable
+        choice = self.tracing.choose(case, self.engine, lambda: otel_missing(python))
+        if choice.error is not None:
+            raise ServerStartError(choice.error)
+        if not choice.traced:
+            self.untraced[case.server_key] = choice.why_not or "not traced"
+            return None
+        self.untraced.pop(case.server_key, None)
+        if self.span_receiver is None:
+            self.span_receiver = SpanReceiver()
+        return self.span_receiver.url
 
     def log_path(self, name: str) -> Path:
         """Where the server (or offline command) `name` writes its output this session."""
@@ -181,6 +214,11 @@ class WorkerServers:
 
     def _start(self, case: Case) -> ServerProcess:
         key = case.server_key
+        try:
+            traces_endpoint = self._traces_endpoint(case)
+        except ServerStartError as error:
+            self.failed[key] = error
+            raise
         lease = self.lease_devices(case)
         name = server_name(case)
         engine_args, profile_dir = engine_args_for(
@@ -195,7 +233,7 @@ class WorkerServers:
             device=self.device,
             sim_device=self.sim_device,
             sim_profile=self.sim_profile,
-            traces_endpoint=self.span_receiver.url if self.span_receiver else None,
+            traces_endpoint=traces_endpoint,
         )
         server = ServerProcess(
             key=key,

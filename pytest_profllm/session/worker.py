@@ -23,7 +23,6 @@ from pytest_profllm.hosts.pool import HostPool, LeaseTimeout
 from pytest_profllm.load import prometheus_counters, stages
 from pytest_profllm.load.accuracy import lm_eval_missing
 from pytest_profllm.load.remeasure_budget import RemeasureBudget
-from pytest_profllm.load.span_receiver import SpanReceiver
 from pytest_profllm.load.validity import Rules
 from pytest_profllm.offline.runner import run_offline
 from pytest_profllm.options import Settings
@@ -36,6 +35,7 @@ from pytest_profllm.run.serve import run_case
 from pytest_profllm.run.virtual import run_virtual_capacity, run_virtual_case
 from pytest_profllm.run.virtual import skip_reason as virtual_skip_reason
 from pytest_profllm.server.process import ServerLost, ServerStartError
+from pytest_profllm.server.tracing import Tracing, wanting_spans
 from pytest_profllm.server.workers import WorkerServers
 from pytest_profllm.session.identity import (
     IDENTITY_KEY,
@@ -144,6 +144,9 @@ class WorkerSession:
     saturation: SaturationStop = field(default_factory=lambda: SaturationStop(None))
     # This worker's time for measuring again (--profllm-remeasure), shared by its cases.
     remeasuring: RemeasureBudget = field(default_factory=RemeasureBudget)
+    # The server keys whose groups `--profllm-trace-requests auto` traces on vLLM: they
+    # measure capacity or are gated (server/tracing.py).
+    wanting_spans: frozenset[str] = frozenset()
 
     @functools.cached_property
     def pool(self) -> HostPool:
@@ -173,7 +176,7 @@ class WorkerSession:
             # session checked, whatever became of the user's file since.
             sim_profile=self._profile_copy(log_dir),
             session_id=self.identity.session_id,
-            span_receiver=SpanReceiver() if self.settings.trace_requests else None,
+            tracing=Tracing(self.settings.trace_requests, self.wanting_spans),
             cores=(
                 LoadCores.of(self.pool, self.identity.engine.device_kind)
                 if self.settings.load_cores else None
@@ -265,8 +268,7 @@ class WorkerSession:
     def close(self) -> None:
         if "servers" in self.__dict__:
             self.servers.release()
-            if self.servers.span_receiver is not None:
-                self.servers.span_receiver.close()
+            self.servers.close_receiver()
 
 
 def status_of(reports: dict[str, Any], outcome: CaseOutcome) -> tuple[Status, str | None]:
@@ -299,6 +301,7 @@ def _short(report: Any) -> str:
 
 
 WORKER_KEY = pytest.StashKey[WorkerSession]()
+WANTING_SPANS_KEY = pytest.StashKey[frozenset[str]]()
 # The cases this process skips as measured by an earlier session, and their earlier records.
 RESUMED_KEY = pytest.StashKey[list[tuple[Case, Earlier]]]()
 
@@ -322,6 +325,12 @@ def resume_cases(config: pytest.Config, items: list[Any], case_of: Any) -> None:
     )
 
 
+def note_wanting_spans(config: pytest.Config, items: list[Any], case_of: Any) -> None:
+    """The collected server groups that `--profllm-trace-requests auto` traces on vLLM."""
+    cases = (case for item in items if (case := case_of(item)) is not None)
+    config.stash[WANTING_SPANS_KEY] = wanting_spans(cases, config.stash[SETTINGS_KEY].gated)
+
+
 def worker_session(config: pytest.Config) -> WorkerSession:
     """This process's case runner, made on the first case it runs."""
     if WORKER_KEY not in config.stash:
@@ -337,5 +346,6 @@ def worker_session(config: pytest.Config) -> WorkerSession:
             worker_name(),
             ranks=config.stash.get(RANKS_KEY, {}),
             saturation=saturation,
+            wanting_spans=config.stash.get(WANTING_SPANS_KEY, frozenset()),
         )
     return config.stash[WORKER_KEY]

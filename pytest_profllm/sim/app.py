@@ -553,8 +553,10 @@ def _span(request: web.Request, sequence: Any, pooled: bool = False) -> None:
     state = request.app[_STATE]
     if state.spans is not None and isinstance(sequence, Sequence):
         headers = request.headers
+        scheduler = request.app[_SCHEDULER]
         state.spans.finished(sequence, headers.get("traceparent"),
-                             headers.get("x-request-id", ""), pooled=pooled)
+                             headers.get("x-request-id", ""), pooled=pooled,
+                             idle=not scheduler.running and not scheduler.waiting)
 
 
 async def _submit(

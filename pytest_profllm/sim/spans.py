@@ -115,15 +115,24 @@ class SpanExporter:
         self._queue: deque[_Finished] = deque()
         self._wake = threading.Condition()
         self._closing = False
+        self._flush = False  # send what is queued now: the engine went idle
         self._warned = False
         self._thread = threading.Thread(target=self._run, name="profllm-sim-spans", daemon=True)
         self._thread.start()
 
     def finished(
-        self, sequence: Sequence, traceparent: str | None, request_id: str, pooled: bool = False
+        self,
+        sequence: Sequence,
+        traceparent: str | None,
+        request_id: str,
+        pooled: bool = False,
+        idle: bool = False,
     ) -> None:
         """The span of a request that ended (called on the event loop: only queues it). A
-        pooled input generated nothing: vLLM counts no completion token for it."""
+        pooled input generated nothing: vLLM counts no completion token for it. `idle`: the
+        engine holds no other request, so a load has likely ended and its case is waiting
+        for its spans: they go now, not at the next batch (vLLM's exporter would wait; the
+        spans are the same)."""
         end = sequence.finished_at if sequence.finished_at is not None else self._clock()
         span = _Finished(
             parent=parent_of(traceparent),
@@ -139,7 +148,9 @@ class SpanExporter:
                 self.dropped += 1
                 return
             self._queue.append(span)
-            if len(self._queue) >= MAX_BATCH:
+            if idle:
+                self._flush = True
+            if self._flush or len(self._queue) >= MAX_BATCH:
                 self._wake.notify()
 
     def close(self) -> None:
@@ -152,8 +163,9 @@ class SpanExporter:
     def _run(self) -> None:
         while True:
             with self._wake:
-                if not self._closing and len(self._queue) < MAX_BATCH:
+                if not (self._closing or self._flush) and len(self._queue) < MAX_BATCH:
                     self._wake.wait(self.delay_s)
+                self._flush = False
                 batch = [self._queue.popleft() for _ in range(min(MAX_BATCH, len(self._queue)))]
                 closing = self._closing
             if batch:

@@ -158,7 +158,7 @@ class CapacityResult:
                  else f"the capacity {load_text(self.capacity)} {unit}")
         return (
             f"the host limited the capacity search: {found} was bounded by the probe at "
-            f"{load_text(probe.load)} {unit} ({probe.decision}), where the {probe.host}"
+            f"{load_text(probe.load)} {unit} ({probe.decision}), which the host made: {probe.host}"
         )
 
     def invalid_reason(self) -> str | None:
