@@ -66,6 +66,9 @@ def test_two_configurations_search_in_parallel(pytester: pytest.Pytester, ports:
         assert any(p["decision"] == "meets" and p["load"] == search["capacity"]
                    for p in search["probes"])
         assert all(p["readings"][0]["slo"] == "median_ttft_ms" for p in search["probes"])
+        # The simulator is traced by default: each probe's requests were joined to their
+        # server spans, and the kept probe's tail is in the record, as a case's is.
+        assert record["results"]["client_overhead_ttft_p99_ms"] >= 0.0
     # More sequences carry more load; both searches ran at once, on their own workers.
     assert large["results"]["capacity"] > small["results"]["capacity"]
     (start_a, end_a), (start_b, end_b) = _interval(small), _interval(large)

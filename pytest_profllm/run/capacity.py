@@ -84,6 +84,7 @@ def run_capacity(
             load_cores=lambda: load_cores_of(server, outcome.load_cores),
             client_processes=lambda: client_processes(bench.client_processes,
                                                       outcome.load_cores),
+            receiver=servers.spans_of(server)[0],
         )
         gpu_ids = server.lease.gpus if server.device == "gpu" else ()
         with Sampler(server.pid, gpu_ids, f"{server.base_url}/metrics") as sampler:
@@ -128,6 +129,11 @@ def keep_probe_at_capacity(
         problem = metrics.served_problem(load.outcomes, summary, 0)
         raise CaseFailed(problem or "no request of the capacity search completed")
     outcome.results = dict(summary)
+    # What the client added to each request of the probe's last run over its server span
+    # (where the server is traced): the figures its tail was judged on.
+    traced = probes.probe_runs(probe)[-1][2]
+    outcome.results.update({key: value for key, value in traced.items()
+                            if key.startswith("client_overhead_") and key not in summary})
     outcome.client_limit = load.client_limit
     outcome.requests = [
         request_row(index, o, load.clock_start) for index, o in enumerate(load.outcomes)

@@ -5,6 +5,7 @@ search against a server."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager
@@ -52,6 +53,8 @@ from pytest_profllm.load.remeasure_budget import RemeasureBudget
 from pytest_profllm.load.schedule import LoadResult, back_to_back
 from pytest_profllm.load.server_state import empty_caches, scrape_metrics
 from pytest_profllm.load.server_view import DEFAULT_MAX_CLIENT_OVERHEAD_MS
+from pytest_profllm.load.span_receiver import SpanReceiver
+from pytest_profllm.load.trace_join import JOINED_SHARE, take_spans
 from pytest_profllm.load.validity import (
     DEFAULT_RULES,
     Judgement,
@@ -92,8 +95,12 @@ class ServerProbes:
         budget: RemeasureBudget | None = None,
         load_cores: Callable[[], frozenset[int]] = frozenset,
         client_processes: Callable[[], int] | None = None,
+        receiver: SpanReceiver | None = None,
     ) -> None:
         self.bench = bench
+        # Where the server's trace spans arrive (None: not traced): each run's requests are
+        # joined to theirs, and the run is judged for the client's tail as a case's load is.
+        self.receiver = receiver
         self.base_url = base_url
         self.drive = drive
         self.endpoint = endpoint
@@ -200,15 +207,23 @@ class ServerProbes:
             self.cache_states.add(cache)
             before = scrape_metrics(metrics_url)
             foreign = ForeignCpu(self.load_cores())
-            result = self.drive(run_load(settings, chosen))
+            key = self.receiver.expect() if self.receiver is not None else ""
+            result = self.drive(run_load(dataclasses.replace(settings, trace_key=key), chosen))
             share = foreign.share()
             window = (before, scrape_metrics(metrics_url))
             summary, health = measure(result, config, self.codec)
             summary.update(health)
-            for key in REQUEST_TOTALS:
-                self.requests_sent[key] += int(summary.get(key) or 0)
+            for key_name in REQUEST_TOTALS:
+                self.requests_sent[key_name] += int(summary.get(key_name) or 0)
+            spans = take_spans(self.receiver, key, result.outcomes) if self.receiver else None
+            figures = dict(spans.figures) if spans is not None else {}
+            joined_share = figures.pop(JOINED_SHARE, None)
+            summary.update({k: v for k, v in figures.items() if v is not None})
             judgement = judge(
-                LoadFacts(result, config, health, summary, own_hits, share), window, self.rules
+                LoadFacts(result, config, health, summary, own_hits, share, joined_share,
+                          spans.problem if spans is not None else None,
+                          spans.server_ttft_p99_ms if spans is not None else None),
+                window, self.rules,
             )
             reasons = judgement.reasons
             attempts.add(started, reasons, summary, {}, cache)
