@@ -61,7 +61,7 @@ def a_record(index: int, concurrency: int, input_len: int, **changes: Any) -> di
     benchmark = BenchmarkConfig.model_validate(
         {
             # One wave of requests at each load (the fit and its six folds replay every record
-            # at each step: two waves took six times as long, and the fit is as sure here).
+            # at each step: with two waves the fixture took twice as long; the fit is as sure).
             "num_prompts": max(8, concurrency),
             "random_input_len": input_len,
             "random_output_len": OUTPUT_LEN,
