@@ -42,8 +42,11 @@ def suite_args(
 ) -> list[str]:
     """The options of a pytest run of suites on this test's ports. The schedule-lag verdict is
     off, and so are the loads' host cores (unless asked for): these runs test the path, side
-    by side, in a session that oversubscribes the host."""
+    by side, in a session that oversubscribes the host. Hypothesis' pytest plugin is off: these
+    runs have no property tests, and at each session's end it imported Hypothesis (about a tenth
+    of an empty session's CPU, in each of the suite's hundreds of such runs)."""
     return [
+        "-p", "no:hypothesispytest",
         f"--profllm-ports={ports}",
         *([f"--profllm-out={out}"] if out else []),
         *([f"--profllm-gpus={gpus}"] if gpus else []),

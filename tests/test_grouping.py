@@ -128,6 +128,8 @@ def pytest_command(ports: str, out: str, *args: str) -> list[str]:
         "pytest",
         "-p",
         "no:cacheprovider",
+        "-p",
+        "no:hypothesispytest",  # as in helpers.suite_args
         f"--profllm-ports={ports}",
         f"--profllm-out={out}",
         "--profllm-gpus=4",
