@@ -146,6 +146,19 @@ def test_a_file_that_fails_to_load_is_a_4xx_in_one_line_and_leaves_nothing(
     assert not list((tmp_path / upload.UPLOADS).glob("*"))
 
 
+@pytest.mark.parametrize("key", ["\n", "a\r\nb", "x" * 500])
+def test_an_unknown_key_is_named_on_one_line(tmp_path: Path, key: str) -> None:
+    """A key the record does not have is quoted, escaped and cut in the one line that refuses
+    it (a newline key once broke the line in two)."""
+    db = results_db(tmp_path)
+    record = make_record("gen", "s2", CASE, "2026-01-02T10:00:00+00:00")
+    record[key] = None
+    _, (answer,) = post(db, [("key.json", json.dumps(record).encode())], {"id": "root"})
+    reason = answer.json()["reason"]
+    assert 400 <= answer.status_code < 500 and "\n" not in reason and "\r" not in reason
+    assert "Extra inputs are not permitted" in reason and len(reason) < 300
+
+
 def _record_like() -> st.SearchStrategy[bytes]:
     """A good record with a key or value replaced by generated JSON (NUL and odd unicode
     included), or bytes that are hardly JSON at all."""

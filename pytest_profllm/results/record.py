@@ -8,6 +8,7 @@ record exists.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -662,6 +663,18 @@ def upgrade_keys(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def error_location(loc: tuple[int | str, ...]) -> str:
+    """Where in a record pydantic found a problem, as one line: a key from the file that is
+    not a plain name (a newline, a quote, a very long key) is quoted, escaped and cut."""
+    parts = []
+    for part in loc:
+        text = str(part)
+        if isinstance(part, str) and (not text.isidentifier() or len(text) > 60):
+            text = json.dumps(text[:60] + ("..." if len(text) > 60 else ""))
+        parts.append(text)
+    return ".".join(parts)
+
+
 def normalize(data: object) -> BenchmarkRecord:
     """A record read from disk, brought to the current schema (there is only version 1 yet;
     keys older records wrote are read under their current names, `upgrade_keys`). `data` is
@@ -685,7 +698,7 @@ def normalize(data: object) -> BenchmarkRecord:
         record = BenchmarkRecord.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
+        where = error_location(first["loc"])
         more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
         raise ValueError(f"{where}: {first['msg']}{more}") from None
     if record.validity is None:
@@ -768,7 +781,7 @@ def iter_requests(path: Path, expected: int | None = None) -> Iterator[dict[str,
                 RequestSample.model_validate(row)
             except ValidationError as error:
                 first = error.errors()[0]
-                where = ".".join(str(part) for part in first["loc"]) or "the line"
+                where = error_location(first["loc"]) or "the line"
                 raise ValueError(
                     f"{path}:{number}: not a request sample: {where}: {first['msg']}"
                 ) from None
