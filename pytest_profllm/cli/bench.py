@@ -22,13 +22,8 @@ from pytest_profllm.cli.errors import (
     CliError,
 )
 from pytest_profllm.hosts.files import write_atomic
-from pytest_profllm.load.bench import (
-    BenchFailed,
-    ServerUnreachable,
-    result_path,
-    run_bench,
-    summary_lines,
-)
+from pytest_profllm.load.bench import BenchFailed, ServerUnreachable, run_bench
+from pytest_profllm.load.bench_result import result_path, summary_lines
 from pytest_profllm.load.capacity import Probe, describe_probe, search_server
 from pytest_profllm.load.dataset import DatasetError
 from pytest_profllm.load.metrics import MAX_CLIENT_RUNQUEUE_WAIT_SHARE

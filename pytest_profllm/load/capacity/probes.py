@@ -16,17 +16,16 @@ from pytest_profllm.hosts.foreign_cpu import ForeignCpu
 from pytest_profllm.load import loops, stages
 from pytest_profllm.load.attempts import Attempts
 from pytest_profllm.load.bench import (
-    DETAILED_KEYS,
     bench_rules,
     check_reachable,
     load_settings,
     measure,
     prompts_of_its_own,
-    result_json,
     run_load,
     server_engine,
     workload_own_hits,
 )
+from pytest_profllm.load.bench_result import DETAILED_KEYS, result_json
 from pytest_profllm.load.capacity.search import (
     CapacityResult,
     Probe,
